@@ -1,0 +1,147 @@
+// mok_bench — the main job: benchmark the MoE layer on all visible GPUs, or, on a machine without
+// a GPU, run the CPU reference engine on simulated ranks (and say so).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "mok/errors.hpp"
+#include "mok/reference.hpp"
+#include "mok/workload.hpp"
+
+namespace {
+
+struct Preset {
+  const char* name;
+  int world;
+  int64_t T, H, I, E, k, Is;
+};
+
+// CPU presets: the model shapes scaled down so the reference finishes in seconds on 2 cores.
+constexpr Preset kCpuPresets[] = {
+    {"tiny", 2, 128, 128, 64, 8, 2, 64},
+    {"small", 4, 256, 256, 128, 16, 4, 128},
+    {"medium", 4, 512, 512, 256, 32, 4, 256},
+};
+
+void usage() {
+  std::printf(
+      "usage: mok_bench [--preset tiny|small|medium] [--ranks W] [--routing uniform|zipf|...]\n"
+      "                 [--threads N] [--reps N] [--cpu]\n"
+      "Runs the MoE layer benchmark on all visible GPUs; without a GPU (or with --cpu) runs the\n"
+      "CPU reference engine on W simulated ranks.\n");
+}
+
+int gpu_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int run_cpu(const Preset& p, int world, mok::Routing routing, int threads, int reps) {
+  mok::LayerShape shape = mok::LayerShape::uniform(world, p.T, p.H, p.I, p.E, p.k, p.Is);
+  mok::Config cfg;
+  cfg.cpu_threads = threads;
+  mok::ref::Engine engine(shape, cfg);
+  std::printf("[mok_bench] building workload: preset %s, %d simulated ranks, %s routing\n", p.name,
+              world, mok::to_string(routing));
+  const mok::Workload wl = mok::make_workload(shape, routing, 2026);
+
+  std::vector<double> fwd, bwd;
+  int64_t routed_rows = 0, padded_rows = 0;
+  for (int r = 0; r < reps; ++r) {
+    std::printf("[mok_bench] repetition %d/%d: forward...", r + 1, reps);
+    std::fflush(stdout);
+    auto t0 = std::chrono::steady_clock::now();
+    const auto res = engine.forward(wl.inputs, wl.weights);
+    fwd.push_back(seconds_since(t0));
+    std::printf(" %.3f s, backward...", fwd.back());
+    std::fflush(stdout);
+    t0 = std::chrono::steady_clock::now();
+    (void)engine.backward(wl.inputs, wl.weights, wl.d_out);
+    bwd.push_back(seconds_since(t0));
+    std::printf(" %.3f s\n", bwd.back());
+    routed_rows = padded_rows = 0;
+    for (const auto& s : res.schedules) {
+      padded_rows += s.total_rows;
+      for (int32_t n : s.expert_rows) routed_rows += n;
+    }
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double f = median(fwd), b = median(bwd);
+  const double tokens = double(shape.total_tokens());
+  const double flops = 2.0 * double(routed_rows) * 3.0 * double(p.H) * double(p.I) +
+                       2.0 * tokens * 3.0 * double(p.H) * double(p.Is);
+  std::printf("\nCPU reference engine (the executable spec), %d simulated ranks, %d thread(s); "
+              "not a GPU measurement\n", world, threads);
+  std::printf("| preset | T/rank | H | I | E | k | Is | ranks | routing | routed rows | padded rows "
+              "| fwd s | bwd s | fwd tokens/s | fwd GFLOP/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| %s | %lld | %lld | %lld | %lld | %lld | %lld | %d | %s | %lld | %lld | %.3f | %.3f "
+              "| %.0f | %.2f |\n",
+              p.name, (long long)p.T, (long long)p.H, (long long)p.I, (long long)p.E,
+              (long long)p.k, (long long)p.Is, world, mok::to_string(routing),
+              (long long)routed_rows, (long long)padded_rows, f, b, tokens / f, flops / f * 1e-9);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string preset = "medium", routing = "uniform";
+  int world = 0, threads = 0, reps = 3;
+  bool force_cpu = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "mok_bench: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--preset") preset = value();
+    else if (a == "--ranks") world = std::atoi(value().c_str());
+    else if (a == "--routing") routing = value();
+    else if (a == "--threads") threads = std::atoi(value().c_str());
+    else if (a == "--reps") reps = std::atoi(value().c_str());
+    else if (a == "--cpu") force_cpu = true;
+    else if (a == "--help" || a == "-h") { usage(); return 0; }
+    else { std::fprintf(stderr, "mok_bench: unknown argument '%s'\n", a.c_str()); usage(); return 2; }
+  }
+  try {
+    const Preset* p = nullptr;
+    for (const auto& c : kCpuPresets)
+      if (preset == c.name) p = &c;
+    MOK_REQUIRE(p != nullptr, "--preset", "must be one of tiny, small, medium; got '", preset, "'");
+    MOK_REQUIRE(reps >= 1, "--reps", "must be >= 1, got ", reps);
+    const int gpus = gpu_count();
+    if (gpus > 0 && !force_cpu) {
+      std::printf("[mok_bench] %d GPU(s) visible, but the GPU layer is not implemented yet; "
+                  "running the CPU reference engine instead\n", gpus);
+    } else if (!force_cpu) {
+      std::printf("[mok_bench] no GPU visible: running the CPU reference engine on simulated ranks\n");
+    }
+    if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    return run_cpu(*p, world > 0 ? world : p->world, mok::routing_from_string(routing), threads, reps);
+  } catch (const mok::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,69 @@
+// mok — layer shape and run-time configuration.
+//
+// LayerShape describes one expert-parallel MoE layer as every rank of the EP group sees it; all
+// ranks must hold the same LayerShape (the communicator's handshake checks this). Config holds the
+// knobs of the megakernels. Both validate themselves and throw mok::Error naming the field and the
+// violated constraint.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mok {
+
+enum class Precision {
+  BF16,     // bf16 operands, fp32 accumulation (the reference precision)
+  FP8,      // block-scaled E4M3: 1x128 activation blocks, 128x128 weight blocks, fp32 scales
+  MXFP8,    // OCP MX E4M3 + E8M0 per 32, re-blocked to 1x128 power-of-two scales on Hopper
+};
+
+const char* to_string(Precision p);
+
+struct LayerShape {
+  // Tokens per rank; entry r is T on EP rank r. May differ between ranks and may be 0.
+  std::vector<int64_t> tokens;
+  int64_t hidden = 0;               // H, multiple of 64
+  int64_t intermediate = 0;         // I of a routed expert, multiple of 64
+  int64_t experts = 0;              // E, total routed experts, divisible by world_size
+  int64_t top_k = 0;                // k, 1 <= k <= E
+  int64_t shared_intermediate = 0;  // Is of the shared expert, 0 = no shared expert
+
+  int world_size() const { return static_cast<int>(tokens.size()); }
+  int64_t local_experts() const { return experts / world_size(); }
+  int64_t tokens_of(int rank) const { return tokens.at(static_cast<size_t>(rank)); }
+  int64_t total_tokens() const;
+  int64_t max_tokens() const;
+  // Worst-case routed rows one rank may receive: every route of every rank lands on it, plus
+  // per-expert padding to the GEMM tile height. Buffers are sized by this, so no routing can
+  // overflow them (imbalance costs time, never correctness).
+  int64_t worst_case_rows() const;
+
+  // Throws mok::Error for the first violated constraint (argument names like "shape.hidden").
+  void validate() const;
+
+  // Convenience: the same T on every rank.
+  static LayerShape uniform(int world_size, int64_t tokens_per_rank, int64_t hidden,
+                            int64_t intermediate, int64_t experts, int64_t top_k,
+                            int64_t shared_intermediate = 0);
+};
+
+struct Config {
+  int fwd_comm_sms = 16;             // CTAs (one per SM) that move tokens in the forward kernel
+  int bwd_comm_sms = 16;             // same for the backward kernel
+  int64_t minibatch_tokens = 0;      // routed rows per minibatch; 0 = choose from the shape
+  int64_t macrobatch_tokens = 0;     // routed rows held by the ring buffer; 0 = worst case (no ring reuse)
+  Precision precision = Precision::BF16;
+  double wait_timeout_s = 5.0;       // bound of every device-side spin-wait
+  int cpu_threads = 0;               // CPU reference engine: worker threads, 0 = hardware concurrency
+
+  // Throws mok::Error for the first violated constraint. `sm_count` (0 = unknown, e.g. on a
+  // machine without GPU) bounds the comm SM counts: at least one SM must remain for compute.
+  void validate(const LayerShape& shape, int sm_count = 0) const;
+
+  // Resolved values (defaults filled in from the shape).
+  int64_t resolved_minibatch(const LayerShape& shape) const;
+  int64_t resolved_macrobatch(const LayerShape& shape) const;
+};
+
+}  // namespace mok

@@ -1,0 +1,42 @@
+// mok — validation of every tensor the layer takes.
+//
+// Shape/dtype/layout checks work on any TensorRef. Value checks (expert ids in range, router
+// weights finite and non-negative) need host-readable data; on the GPU path the schedule kernel
+// performs the id check itself and reports through the error word.
+#pragma once
+
+#include <cstdint>
+
+#include "mok/config.hpp"
+#include "mok/tensor.hpp"
+
+namespace mok {
+
+// One rank's activations and routing.
+struct RoutingRefs {
+  TensorRef x;         // [T, H] bf16
+  TensorRef topk_idx;  // [T, k] int32 or int64, global expert ids, -1 = empty slot
+  TensorRef topk_w;    // [T, k] f32, finite and >= 0
+};
+
+// One rank's weights: its E_loc routed experts and the (replicated) shared expert.
+struct WeightRefs {
+  TensorRef w_gate;   // [E_loc, I, H] bf16
+  TensorRef w_up;     // [E_loc, I, H] bf16
+  TensorRef w_down;   // [E_loc, H, I] bf16
+  TensorRef ws_gate;  // [Is, H] bf16 (ignored when Is = 0)
+  TensorRef ws_up;    // [Is, H] bf16
+  TensorRef ws_down;  // [H, Is] bf16
+};
+
+// Shapes, dtypes and layouts of one rank's forward inputs.
+void validate_routing_layout(const LayerShape& shape, int rank, const RoutingRefs& in);
+void validate_weights_layout(const LayerShape& shape, const WeightRefs& w);
+// d_out of the backward pass: [T, H] bf16.
+void validate_grad_output_layout(const LayerShape& shape, int rank, const TensorRef& d_out);
+
+// Values of host-resident routing tensors: every id in [-1, E), every weight finite and >= 0.
+// The error names the first offending element, e.g. "topk_idx[5,2]".
+void validate_routing_values(const LayerShape& shape, int rank, const RoutingRefs& in);
+
+}  // namespace mok

@@ -1,0 +1,150 @@
+#include "mok/config.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include "mok/errors.hpp"
+#include "schedule/schedule_math.h"
+
+namespace mok {
+
+namespace {
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+// Kernels index the routed, combine and routing buffers with 32-bit element offsets (weights use
+// 64-bit offsets). These are the shapes for which that is safe.
+bool fits_int32(int64_t a, int64_t b) { return a == 0 || b <= kInt32Max / a; }
+// SMs of the target parts (H100/H200 SXM) used for defaults when no device is known.
+constexpr int kDefaultSmCount = 132;
+}  // namespace
+
+const char* to_string(Precision p) {
+  switch (p) {
+    case Precision::BF16: return "bf16";
+    case Precision::FP8: return "fp8";
+    case Precision::MXFP8: return "mxfp8";
+  }
+  return "?";
+}
+
+int64_t LayerShape::total_tokens() const {
+  int64_t s = 0;
+  for (int64_t t : tokens) s += t;
+  return s;
+}
+
+int64_t LayerShape::max_tokens() const {
+  int64_t m = 0;
+  for (int64_t t : tokens) m = std::max(m, t);
+  return m;
+}
+
+int64_t LayerShape::worst_case_rows() const {
+  return sched::worst_case_rows(total_tokens() * top_k, local_experts());
+}
+
+LayerShape LayerShape::uniform(int world_size, int64_t tokens_per_rank, int64_t hidden,
+                               int64_t intermediate, int64_t experts, int64_t top_k,
+                               int64_t shared_intermediate) {
+  LayerShape s;
+  s.tokens.assign(static_cast<size_t>(std::max(world_size, 0)), tokens_per_rank);
+  s.hidden = hidden;
+  s.intermediate = intermediate;
+  s.experts = experts;
+  s.top_k = top_k;
+  s.shared_intermediate = shared_intermediate;
+  return s;
+}
+
+void LayerShape::validate() const {
+  const int64_t W = static_cast<int64_t>(tokens.size());
+  MOK_REQUIRE(W >= 1, "shape.tokens", "one entry per EP rank is required (world size >= 1), got ", W,
+              " entries");
+  MOK_REQUIRE(W <= sched::kMaxWorldSize, "shape.tokens", "EP world size must be <= ",
+              sched::kMaxWorldSize, ", got ", W);
+  for (int64_t r = 0; r < W; ++r) {
+    MOK_REQUIRE(tokens[static_cast<size_t>(r)] >= 0, "shape.tokens",
+                "tokens per rank must be >= 0, rank ", r, " has ", tokens[static_cast<size_t>(r)]);
+  }
+  MOK_REQUIRE(hidden > 0 && hidden % 64 == 0, "shape.hidden",
+              "H must be a positive multiple of 64, got ", hidden);
+  MOK_REQUIRE(intermediate > 0 && intermediate % 64 == 0, "shape.intermediate",
+              "I must be a positive multiple of 64, got ", intermediate);
+  MOK_REQUIRE(shared_intermediate >= 0 && shared_intermediate % 64 == 0,
+              "shape.shared_intermediate",
+              "Is must be 0 (no shared expert) or a positive multiple of 64, got ",
+              shared_intermediate);
+  MOK_REQUIRE(experts >= 1, "shape.experts", "E must be >= 1, got ", experts);
+  MOK_REQUIRE(experts % W == 0, "shape.experts", "E must be divisible by the EP world size (E = ",
+              experts, ", W = ", W, ")");
+  MOK_REQUIRE(top_k >= 1, "shape.top_k", "k must be >= 1, got ", top_k);
+  MOK_REQUIRE(top_k <= experts, "shape.top_k", "k must be <= E (k = ", top_k, ", E = ", experts,
+              ")");
+  MOK_REQUIRE(top_k <= sched::kMaxTopK, "shape.top_k", "k must be <= ", sched::kMaxTopK, ", got ",
+              top_k);
+  // 32-bit indexing limits (see fits_int32).
+  const int64_t routes = total_tokens() * top_k;
+  MOK_REQUIRE(fits_int32(total_tokens(), top_k) && worst_case_rows() <= kInt32Max, "shape.tokens",
+              "all ranks' routes (sum of T times k = ", routes,
+              ") and the worst-case routed rows must fit 32-bit indexing (< 2^31)");
+  for (int64_t r = 0; r < W; ++r) {
+    const int64_t t = tokens[static_cast<size_t>(r)];
+    MOK_REQUIRE(fits_int32(t * top_k, hidden), "shape.tokens",
+                "rank ", r, ": the combine buffer T*k*H = ", t, "*", top_k, "*", hidden,
+                " elements must fit 32-bit indexing (< 2^31)");
+  }
+}
+
+int64_t Config::resolved_minibatch(const LayerShape& shape) const {
+  if (minibatch_tokens > 0) return minibatch_tokens;
+  // MoK's rule: each GEMM of a minibatch gets >= 2 full waves of 128x256 tiles over the compute
+  // SMs, the narrower of FC1 (N = 2I) and FC2 (N = H) deciding.
+  const int64_t compute_sms = std::max<int64_t>(1, kDefaultSmCount - fwd_comm_sms);
+  const int64_t n = std::min(2 * shape.intermediate, shape.hidden);
+  const int64_t rows = (2 * compute_sms * 128 * 256 + n - 1) / n;
+  const int64_t mb = sched::round_up(rows, sched::kBlockM);
+  return std::max<int64_t>(sched::kBlockM,
+                           std::min(mb, sched::round_up(shape.worst_case_rows(), sched::kBlockM)));
+}
+
+int64_t Config::resolved_macrobatch(const LayerShape& shape) const {
+  const int64_t mb = resolved_minibatch(shape);
+  if (macrobatch_tokens > 0) return macrobatch_tokens;
+  const int64_t widest = std::max({shape.hidden, 2 * shape.intermediate});
+  const int64_t limit = (kInt32Max / widest) / mb * mb;  // largest ring that keeps 32-bit offsets
+  return std::max(mb, std::min(sched::round_up(shape.worst_case_rows(), mb), limit));
+}
+
+void Config::validate(const LayerShape& shape, int sm_count) const {
+  shape.validate();
+  MOK_REQUIRE(fwd_comm_sms >= 1, "config.fwd_comm_sms", "must be >= 1, got ", fwd_comm_sms);
+  MOK_REQUIRE(bwd_comm_sms >= 1, "config.bwd_comm_sms", "must be >= 1, got ", bwd_comm_sms);
+  if (sm_count > 0) {
+    MOK_REQUIRE(fwd_comm_sms < sm_count, "config.fwd_comm_sms",
+                "must leave at least one compute SM (SMs on this device = ", sm_count, ", got ",
+                fwd_comm_sms, ")");
+    MOK_REQUIRE(bwd_comm_sms < sm_count, "config.bwd_comm_sms",
+                "must leave at least one compute SM (SMs on this device = ", sm_count, ", got ",
+                bwd_comm_sms, ")");
+  }
+  MOK_REQUIRE(minibatch_tokens >= 0 && minibatch_tokens % sched::kBlockM == 0,
+              "config.minibatch_tokens", "must be 0 (automatic) or a positive multiple of ",
+              sched::kBlockM, ", got ", minibatch_tokens);
+  const int64_t mb = resolved_minibatch(shape);
+  MOK_REQUIRE(macrobatch_tokens >= 0 && macrobatch_tokens % mb == 0, "config.macrobatch_tokens",
+              "must be 0 (automatic) or a positive multiple of the minibatch (", mb, "), got ",
+              macrobatch_tokens);
+  const int64_t widest = std::max({shape.hidden, 2 * shape.intermediate});
+  MOK_REQUIRE(fits_int32(resolved_macrobatch(shape), widest), "config.macrobatch_tokens",
+              "the ring buffer rows * max(H, 2I) = ", resolved_macrobatch(shape), "*", widest,
+              " must fit 32-bit indexing (< 2^31)");
+  MOK_REQUIRE(wait_timeout_s > 0.0 && wait_timeout_s <= 3600.0, "config.wait_timeout_s",
+              "must be in (0, 3600] seconds, got ", wait_timeout_s);
+  MOK_REQUIRE(cpu_threads >= 0, "config.cpu_threads", "must be >= 0 (0 = all cores), got ",
+              cpu_threads);
+  if (precision != Precision::BF16) {
+    throw Error(ErrorKind::Unsupported, "config.precision",
+                detail::concat("only bf16 is implemented so far, got ", to_string(precision)));
+  }
+}
+
+}  // namespace mok

@@ -1,0 +1,340 @@
+// CPU reference engine: W simulated ranks executing mok's layout (see include/mok/reference.hpp
+// for the rounding points, which this file implements line by line).
+#include <algorithm>
+#include <numeric>
+#include <span>
+
+#include "mok/errors.hpp"
+#include "mok/reference.hpp"
+#include "mok/validate.hpp"
+#include "reference/cpu_math.h"
+#include "reference/merge_ref.h"
+#include "schedule/schedule_math.h"
+
+namespace mok::ref {
+
+namespace {
+
+using sched::chunk_begin;
+using sched::chunk_end;
+using sched::num_chunks;
+
+size_t sz(int64_t v) { return static_cast<size_t>(v); }
+
+// One expert's FFN weights in fp32, in the [K, N] layouts the GEMMs stream.
+struct ExpertF {
+  int64_t H = 0, I = 0;
+  std::vector<float> gate_t, up_t;  // [H, I]  FC1 forward
+  std::vector<float> down_t;        // [I, H]  FC2 forward
+  std::vector<float> down;          // [H, I]  FC2 dgrad
+  std::vector<float> gate_up;       // [2I, H] FC1 dgrad: gate rows, then up rows
+
+  ExpertF(const bf16* wg, const bf16* wu, const bf16* wd, int64_t H_, int64_t I_) : H(H_), I(I_) {
+    auto g = to_float(wg, I * H), u = to_float(wu, I * H);
+    down = to_float(wd, H * I);
+    gate_t = transpose(g.data(), I, H);
+    up_t = transpose(u.data(), I, H);
+    down_t = transpose(down.data(), H, I);
+    gate_up = std::move(g);
+    gate_up.insert(gate_up.end(), u.begin(), u.end());
+  }
+};
+
+// Activations of M rows through one FFN (forward), all at their rounding points.
+struct FfnActs {
+  std::vector<float> g, u, h, y;  // [M, I] x3, [M, H]
+};
+
+FfnActs ffn_forward(const ExpertF& e, const float* v, int64_t M, int threads) {
+  FfnActs a;
+  const int64_t H = e.H, I = e.I;
+  a.g.resize(sz(M * I));
+  a.u.resize(sz(M * I));
+  a.h.resize(sz(M * I));
+  a.y.resize(sz(M * H));
+  matmul(v, e.gate_t.data(), a.g.data(), M, H, I, threads);
+  matmul(v, e.up_t.data(), a.u.data(), M, H, I, threads);
+  round_in_place(a.g.data(), M * I);
+  round_in_place(a.u.data(), M * I);
+  for (int64_t i = 0; i < M * I; ++i) a.h[sz(i)] = round_bf16(silu(a.g[sz(i)]) * a.u[sz(i)]);
+  matmul(a.h.data(), e.down_t.data(), a.y.data(), M, I, H, threads);
+  round_in_place(a.y.data(), M * H);
+  return a;
+}
+
+// Backward of M rows through one FFN given dy (already weighted and rounded).
+struct FfnGrads {
+  std::vector<float> dg, du, dx;  // [M, I] x2, [M, H]
+};
+
+FfnGrads ffn_backward(const ExpertF& e, const FfnActs& a, const float* dy, int64_t M, int threads) {
+  FfnGrads d;
+  const int64_t H = e.H, I = e.I;
+  std::vector<float> dh(sz(M * I));
+  matmul(dy, e.down.data(), dh.data(), M, H, I, threads);
+  round_in_place(dh.data(), M * I);
+  d.dg.resize(sz(M * I));
+  d.du.resize(sz(M * I));
+  std::vector<float> dgu(sz(M * 2 * I));  // [M, 2I]: dg then du per row, matching gate_up
+  for (int64_t r = 0; r < M; ++r) {
+    for (int64_t i = 0; i < I; ++i) {
+      const size_t x = sz(r * I + i);
+      const float g = a.g[x], s = sigmoid(g);
+      d.du[x] = round_bf16(g * s * dh[x]);
+      d.dg[x] = round_bf16(s * (1.0f + g * (1.0f - s)) * a.u[x] * dh[x]);
+      dgu[sz(r * 2 * I + i)] = d.dg[x];
+      dgu[sz(r * 2 * I + I + i)] = d.du[x];
+    }
+  }
+  d.dx.resize(sz(M * H));
+  matmul(dgu.data(), e.gate_up.data(), d.dx.data(), M, 2 * I, H, threads);
+  round_in_place(d.dx.data(), M * H);
+  return d;
+}
+
+// dW[N_out, K_out] = rnd(sum_rows A[rows, N_out]^T B[rows, K_out]) with rows in the given order.
+void weight_grad(const std::vector<float>& A, const std::vector<float>& B, int64_t rows,
+                 int64_t n_out, int64_t k_out, bf16* out, int threads) {
+  auto at = transpose(A.data(), rows, n_out);  // [n_out, rows]
+  std::vector<float> c(sz(n_out * k_out));
+  matmul(at.data(), B.data(), c.data(), n_out, rows, k_out, threads);
+  for (int64_t i = 0; i < n_out * k_out; ++i) out[i] = bf16(c[sz(i)]);
+}
+
+std::vector<std::span<const int32_t>> routing_spans(const std::vector<RankInput>& in) {
+  std::vector<std::span<const int32_t>> s;
+  for (const auto& r : in) s.emplace_back(r.topk_idx);
+  return s;
+}
+
+}  // namespace
+
+Engine::Engine(LayerShape shape, Config config) : shape_(std::move(shape)), config_(config) {
+  config_.validate(shape_);
+}
+
+void Engine::validate_inputs(const std::vector<RankInput>& in, const LayerWeights& w) const {
+  const int W = shape_.world_size();
+  MOK_REQUIRE(static_cast<int>(in.size()) == W, "inputs", "one RankInput per rank is required (W = ",
+              W, "), got ", in.size());
+  for (int r = 0; r < W; ++r) {
+    const int64_t T = shape_.tokens_of(r);
+    RoutingRefs refs{TensorRef::contiguous(in[sz(r)].x.data(), DType::BF16, {static_cast<int64_t>(in[sz(r)].x.size() / std::max<int64_t>(1, shape_.hidden)), shape_.hidden}),
+                     TensorRef::contiguous(in[sz(r)].topk_idx.data(), DType::I32, {static_cast<int64_t>(in[sz(r)].topk_idx.size() / shape_.top_k), shape_.top_k}),
+                     TensorRef::contiguous(in[sz(r)].topk_w.data(), DType::F32, {static_cast<int64_t>(in[sz(r)].topk_w.size() / shape_.top_k), shape_.top_k})};
+    MOK_REQUIRE(static_cast<int64_t>(in[sz(r)].x.size()) == T * shape_.hidden, "x",
+                "rank ", r, " must hold T*H = ", T * shape_.hidden, " values, got ", in[sz(r)].x.size());
+    MOK_REQUIRE(static_cast<int64_t>(in[sz(r)].topk_idx.size()) == T * shape_.top_k, "topk_idx",
+                "rank ", r, " must hold T*k = ", T * shape_.top_k, " values, got ", in[sz(r)].topk_idx.size());
+    MOK_REQUIRE(static_cast<int64_t>(in[sz(r)].topk_w.size()) == T * shape_.top_k, "topk_w",
+                "rank ", r, " must hold T*k = ", T * shape_.top_k, " values, got ", in[sz(r)].topk_w.size());
+    validate_routing_values(shape_, r, refs);
+  }
+  const int64_t E = shape_.experts, H = shape_.hidden, I = shape_.intermediate,
+                Is = shape_.shared_intermediate;
+  MOK_REQUIRE(static_cast<int64_t>(w.w_gate.size()) == E * I * H, "w_gate", "must hold E*I*H = ", E * I * H, " values, got ", w.w_gate.size());
+  MOK_REQUIRE(static_cast<int64_t>(w.w_up.size()) == E * I * H, "w_up", "must hold E*I*H = ", E * I * H, " values, got ", w.w_up.size());
+  MOK_REQUIRE(static_cast<int64_t>(w.w_down.size()) == E * H * I, "w_down", "must hold E*H*I = ", E * H * I, " values, got ", w.w_down.size());
+  MOK_REQUIRE(static_cast<int64_t>(w.ws_gate.size()) == Is * H, "ws_gate", "must hold Is*H = ", Is * H, " values, got ", w.ws_gate.size());
+  MOK_REQUIRE(static_cast<int64_t>(w.ws_up.size()) == Is * H, "ws_up", "must hold Is*H = ", Is * H, " values, got ", w.ws_up.size());
+  MOK_REQUIRE(static_cast<int64_t>(w.ws_down.size()) == H * Is, "ws_down", "must hold H*Is = ", H * Is, " values, got ", w.ws_down.size());
+}
+
+ForwardResult Engine::forward(const std::vector<RankInput>& in, const LayerWeights& w) const {
+  validate_inputs(in, w);
+  const int W = shape_.world_size(), threads = config_.cpu_threads;
+  const int64_t H = shape_.hidden, I = shape_.intermediate, k = shape_.top_k,
+                e_loc = shape_.local_experts(), Is = shape_.shared_intermediate;
+  const int64_t ring_rows = config_.resolved_macrobatch(shape_);
+  const auto spans = routing_spans(in);
+
+  // Combine buffers: one [T*k, H] per source rank, written only by pushes.
+  std::vector<std::vector<float>> combine(sz(W));
+  for (int r = 0; r < W; ++r) combine[sz(r)].assign(sz(shape_.tokens_of(r) * k * H), 0.0f);
+
+  ForwardResult res;
+  std::vector<float> ring(sz(ring_rows * H));
+  for (int d = 0; d < W; ++d) {  // every destination rank runs its own "kernel"
+    ScheduleTable s = build_schedule_cpu(shape_, d, spans);
+    const int64_t n_macro = num_chunks(s.total_rows, ring_rows);
+    // Macrobatches last to first, so macrobatch 0 is resident at the end (kept for backward).
+    for (int64_t m = n_macro - 1; m >= 0; --m) {
+      const int64_t b = chunk_begin(m, ring_rows), e = chunk_end(m, ring_rows, s.total_rows);
+      // Pull dispatch: ring row (row - b) <- x[src][slot / k]; padding rows are zero.
+      for (int64_t row = b; row < e; ++row) {
+        float* dst = &ring[sz((row - b) * H)];
+        const int32_t src = s.src_rank[sz(row)];
+        if (src < 0) {
+          std::fill(dst, dst + H, 0.0f);
+          continue;
+        }
+        const bf16* x = &in[sz(src)].x[sz(s.src_slot[sz(row)] / k * H)];
+        for (int64_t h = 0; h < H; ++h) dst[h] = static_cast<float>(x[h]);
+      }
+      // Experts on their segments (valid rows only; padding rows would produce zeros).
+      for (int64_t le = 0; le < e_loc; ++le) {
+        const int64_t seg_b = std::max(b, int64_t{s.expert_offset[sz(le)]});
+        const int64_t seg_e = std::min(e, int64_t{s.expert_offset[sz(le)]} + s.expert_rows[sz(le)]);
+        if (seg_b >= seg_e) continue;
+        const int64_t ge = d * e_loc + le, M = seg_e - seg_b;
+        ExpertF ex(&w.w_gate[sz(ge * I * H)], &w.w_up[sz(ge * I * H)], &w.w_down[sz(ge * H * I)], H, I);
+        FfnActs a = ffn_forward(ex, &ring[sz((seg_b - b) * H)], M, threads);
+        // Push combine: unweighted y row -> combine[src][slot].
+        for (int64_t r = 0; r < M; ++r) {
+          const int64_t row = seg_b + r;
+          std::copy_n(&a.y[sz(r * H)], H,
+                      &combine[sz(s.src_rank[sz(row)])][sz(int64_t{s.src_slot[sz(row)]} * H)]);
+        }
+      }
+    }
+    res.macrobatches.push_back(n_macro);
+    res.schedules.push_back(std::move(s));
+  }
+
+  // Merge at the source: out = rnd(y_s + sum_j fma(w_j, y_j)), fixed j order.
+  std::unique_ptr<ExpertF> shared;
+  if (Is > 0) shared = std::make_unique<ExpertF>(w.ws_gate.data(), w.ws_up.data(), w.ws_down.data(), H, Is);
+  res.out.resize(sz(W));
+  for (int r = 0; r < W; ++r) {
+    const int64_t T = shape_.tokens_of(r);
+    std::vector<float> ys;
+    if (shared) {
+      auto xf = to_float(in[sz(r)].x.data(), T * H);
+      ys = ffn_forward(*shared, xf.data(), T, threads).y;
+    }
+    res.out[sz(r)] = merge_rows(shared ? ys.data() : nullptr, combine[sz(r)].data(),
+                                in[sz(r)].topk_w.data(), in[sz(r)].topk_idx.data(), T, k, H,
+                                threads);
+  }
+  return res;
+}
+
+Gradients Engine::backward(const std::vector<RankInput>& in, const LayerWeights& w,
+                           const std::vector<std::vector<bf16>>& d_out) const {
+  validate_inputs(in, w);
+  const int W = shape_.world_size(), threads = config_.cpu_threads;
+  const int64_t H = shape_.hidden, I = shape_.intermediate, k = shape_.top_k,
+                e_loc = shape_.local_experts(), Is = shape_.shared_intermediate, E = shape_.experts;
+  MOK_REQUIRE(static_cast<int>(d_out.size()) == W, "d_out", "one gradient per rank is required (W = ", W, "), got ", d_out.size());
+  for (int r = 0; r < W; ++r)
+    MOK_REQUIRE(static_cast<int64_t>(d_out[sz(r)].size()) == shape_.tokens_of(r) * H, "d_out",
+                "rank ", r, " must hold T*H = ", shape_.tokens_of(r) * H, " values, got ", d_out[sz(r)].size());
+  const int64_t ring_rows = config_.resolved_macrobatch(shape_);
+  const auto spans = routing_spans(in);
+
+  Gradients g;
+  g.d_w_gate.resize(sz(E * I * H));
+  g.d_w_up.resize(sz(E * I * H));
+  g.d_w_down.resize(sz(E * H * I));
+  std::vector<std::vector<float>> dx_slots(sz(W));  // reverse-dispatch targets [T*k, H]
+  g.d_topk_w.resize(sz(W));
+  for (int r = 0; r < W; ++r) {
+    dx_slots[sz(r)].assign(sz(shape_.tokens_of(r) * k * H), 0.0f);
+    g.d_topk_w[sz(r)].assign(sz(shape_.tokens_of(r) * k), 0.0f);
+  }
+
+  for (int d = 0; d < W; ++d) {
+    const ScheduleTable s = build_schedule_cpu(shape_, d, spans);
+    // Per local expert: rows kept for the weight gradients, keyed by (src rank, slot).
+    struct Row { int64_t key; std::vector<float> v, dy, h, dg, du; };
+    std::vector<std::vector<Row>> kept(sz(e_loc));
+    std::vector<float> ring_x(sz(ring_rows * H)), ring_dy(sz(ring_rows * H));
+    const int64_t n_macro = num_chunks(s.total_rows, ring_rows);
+    for (int64_t m = n_macro - 1; m >= 0; --m) {
+      const int64_t b = chunk_begin(m, ring_rows), e = chunk_end(m, ring_rows, s.total_rows);
+      // Pull x (replay of dispatch) and the weighted d_out rows (reverse-combine).
+      for (int64_t row = b; row < e; ++row) {
+        float* xd = &ring_x[sz((row - b) * H)];
+        float* dyd = &ring_dy[sz((row - b) * H)];
+        const int32_t src = s.src_rank[sz(row)];
+        if (src < 0) {
+          std::fill(xd, xd + H, 0.0f);
+          std::fill(dyd, dyd + H, 0.0f);
+          continue;
+        }
+        const int64_t slot = s.src_slot[sz(row)], t = slot / k;
+        const float wt = in[sz(src)].topk_w[sz(slot)];
+        for (int64_t h = 0; h < H; ++h) {
+          xd[h] = static_cast<float>(in[sz(src)].x[sz(t * H + h)]);
+          dyd[h] = round_bf16(wt * static_cast<float>(d_out[sz(src)][sz(t * H + h)]));
+        }
+      }
+      for (int64_t le = 0; le < e_loc; ++le) {
+        const int64_t seg_b = std::max(b, int64_t{s.expert_offset[sz(le)]});
+        const int64_t seg_e = std::min(e, int64_t{s.expert_offset[sz(le)]} + s.expert_rows[sz(le)]);
+        if (seg_b >= seg_e) continue;
+        const int64_t ge = d * e_loc + le, M = seg_e - seg_b;
+        ExpertF ex(&w.w_gate[sz(ge * I * H)], &w.w_up[sz(ge * I * H)], &w.w_down[sz(ge * H * I)], H, I);
+        const float* xv = &ring_x[sz((seg_b - b) * H)];
+        const float* dy = &ring_dy[sz((seg_b - b) * H)];
+        FfnActs a = ffn_forward(ex, xv, M, threads);
+        FfnGrads gr = ffn_backward(ex, a, dy, M, threads);
+        for (int64_t r = 0; r < M; ++r) {
+          const int64_t row = seg_b + r;
+          const int32_t src = s.src_rank[sz(row)];
+          const int64_t slot = s.src_slot[sz(row)], t = slot / k;
+          // Push reverse-dispatch and the router-weight gradient to the source slot.
+          std::copy_n(&gr.dx[sz(r * H)], H, &dx_slots[sz(src)][sz(slot * H)]);
+          float dw = 0.0f;
+          for (int64_t h = 0; h < H; ++h)
+            dw += static_cast<float>(d_out[sz(src)][sz(t * H + h)]) * a.y[sz(r * H + h)];
+          g.d_topk_w[sz(src)][sz(slot)] = dw;
+          auto span_of = [&](const std::vector<float>& v, int64_t n) {
+            return std::vector<float>(v.begin() + r * n, v.begin() + (r + 1) * n);
+          };
+          kept[sz(le)].push_back(Row{int64_t{src} * (int64_t{1} << 40) + slot,
+                                     std::vector<float>(xv + r * H, xv + (r + 1) * H),
+                                     std::vector<float>(dy + r * H, dy + (r + 1) * H),
+                                     span_of(a.h, I), span_of(gr.dg, I), span_of(gr.du, I)});
+        }
+      }
+    }
+    // Weight gradients of this rank's experts, rows in global token order.
+    for (int64_t le = 0; le < e_loc; ++le) {
+      auto& rows = kept[sz(le)];
+      std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.key < b.key; });
+      const int64_t M = static_cast<int64_t>(rows.size()), ge = d * e_loc + le;
+      std::vector<float> V, DY, Hh, DG, DU;
+      for (const auto& r : rows) {
+        V.insert(V.end(), r.v.begin(), r.v.end());
+        DY.insert(DY.end(), r.dy.begin(), r.dy.end());
+        Hh.insert(Hh.end(), r.h.begin(), r.h.end());
+        DG.insert(DG.end(), r.dg.begin(), r.dg.end());
+        DU.insert(DU.end(), r.du.begin(), r.du.end());
+      }
+      weight_grad(DY, Hh, M, H, I, &g.d_w_down[sz(ge * H * I)], threads);
+      weight_grad(DG, V, M, I, H, &g.d_w_gate[sz(ge * I * H)], threads);
+      weight_grad(DU, V, M, I, H, &g.d_w_up[sz(ge * I * H)], threads);
+    }
+  }
+
+  // Shared expert (local to each rank) and the d_x merge at the source.
+  std::unique_ptr<ExpertF> shared;
+  if (Is > 0) shared = std::make_unique<ExpertF>(w.ws_gate.data(), w.ws_up.data(), w.ws_down.data(), H, Is);
+  g.d_x.resize(sz(W));
+  g.d_ws_gate.resize(sz(W));
+  g.d_ws_up.resize(sz(W));
+  g.d_ws_down.resize(sz(W));
+  for (int r = 0; r < W; ++r) {
+    const int64_t T = shape_.tokens_of(r);
+    std::vector<float> dxs;
+    if (shared) {
+      auto xf = to_float(in[sz(r)].x.data(), T * H);
+      auto dof = to_float(d_out[sz(r)].data(), T * H);
+      FfnActs a = ffn_forward(*shared, xf.data(), T, threads);
+      FfnGrads gr = ffn_backward(*shared, a, dof.data(), T, threads);
+      dxs = std::move(gr.dx);
+      g.d_ws_down[sz(r)].resize(sz(H * Is));
+      g.d_ws_gate[sz(r)].resize(sz(Is * H));
+      g.d_ws_up[sz(r)].resize(sz(Is * H));
+      weight_grad(dof, a.h, T, H, Is, g.d_ws_down[sz(r)].data(), threads);
+      weight_grad(gr.dg, xf, T, Is, H, g.d_ws_gate[sz(r)].data(), threads);
+      weight_grad(gr.du, xf, T, Is, H, g.d_ws_up[sz(r)].data(), threads);
+    }
+    g.d_x[sz(r)] = merge_rows(shared ? dxs.data() : nullptr, dx_slots[sz(r)].data(), nullptr,
+                              in[sz(r)].topk_idx.data(), T, k, H, threads);
+  }
+  return g;
+}
+
+}  // namespace mok::ref

@@ -1,0 +1,76 @@
+// mok — routing-schedule index math shared by the CPU reference and the GPU schedule kernels.
+//
+// This header is the single definition of where a routed token lands on its expert's rank. The
+// CPU twin (schedule_cpu.cpp) and the GPU builder both call these functions, so their tables are
+// bitwise identical. Keep it free of host-only or device-only code.
+//
+// Layout of one destination rank's routed buffer ("receiver-side table"):
+//   * segments per local expert, in increasing local expert index;
+//   * each segment padded to a multiple of kBlockM rows, so every GEMM M-tile has one expert;
+//   * inside a segment, source ranks are interleaved round-robin: ordinal 0 of every source rank
+//     (in rank order), then ordinal 1 of every rank that still has one, and so on. Pulls of
+//     consecutive rows therefore spread across all NVLink peers;
+//   * the n-th route of source rank r to expert e is its n-th slot s = t*k + j in increasing slot
+//     order among that rank's routes to e;
+//   * padding rows hold src_rank = src_slot = -1.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define MOK_HD __host__ __device__ __forceinline__
+#else
+#define MOK_HD inline
+#endif
+
+namespace mok::sched {
+
+// GEMM M-tile height; every expert segment is padded to a multiple of it.
+inline constexpr int kBlockM = 128;
+// Largest EP group the kernels are written for (one NVLink domain of HGX H100/H200 is 8; the
+// schedule math itself has no such limit, the bound keeps per-expert count arrays on chip).
+inline constexpr int kMaxWorldSize = 64;
+// Largest top-k accepted.
+inline constexpr int kMaxTopK = 32;
+
+MOK_HD int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+MOK_HD int64_t ceil_div(int64_t n, int64_t m) { return (n + m - 1) / m; }
+MOK_HD int64_t pad_rows(int64_t n) { return round_up(n, kBlockM); }
+
+// Rows a rank can ever receive: all `routes` of all ranks land on it, and each non-empty expert
+// (at most min(routes, e_loc) of them) wastes up to kBlockM - 1 padding rows. A real table is a
+// whole number of tiles, so the bound rounds down to one.
+MOK_HD int64_t worst_case_rows(int64_t routes, int64_t e_loc) {
+  const int64_t busy = routes < e_loc ? routes : e_loc;
+  return (routes + busy * (kBlockM - 1)) / kBlockM * kBlockM;
+}
+
+// Owner rank and local index of a global expert id.
+MOK_HD int owner_rank(int64_t expert, int64_t e_loc) { return static_cast<int>(expert / e_loc); }
+MOK_HD int64_t local_expert(int64_t expert, int64_t e_loc) { return expert % e_loc; }
+
+// Row, relative to the start of the expert's segment, of the n-th route (0-based, slot order)
+// from source rank r, given every source rank's route count to this expert.
+//   row = sum_q min(count[q], n) + #{q < r : count[q] > n}
+// i.e. all earlier "rounds" (each rank contributes min(count, n) rows to rounds 0..n-1) plus the
+// ranks before r that still take part in round n.
+MOK_HD int64_t interleaved_row(const int32_t* counts, int world, int r, int64_t n) {
+  int64_t row = 0;
+  for (int q = 0; q < world; ++q) {
+    const int64_t c = counts[q];
+    row += c < n ? c : n;
+    if (q < r && c > n) ++row;
+  }
+  return row;
+}
+
+// Minibatches split the routed rows into equal chunks (a multiple of kBlockM rows, so no M-tile
+// straddles two minibatches); the last one may be shorter.
+MOK_HD int64_t num_chunks(int64_t rows, int64_t chunk) { return rows == 0 ? 0 : ceil_div(rows, chunk); }
+MOK_HD int64_t chunk_begin(int64_t index, int64_t chunk) { return index * chunk; }
+MOK_HD int64_t chunk_end(int64_t index, int64_t chunk, int64_t rows) {
+  const int64_t e = (index + 1) * chunk;
+  return e < rows ? e : rows;
+}
+
+}  // namespace mok::sched

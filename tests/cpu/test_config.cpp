@@ -1,0 +1,156 @@
+// Shape and config validation: each violated constraint gives an error naming the argument.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "mok/config.hpp"
+#include "mok/errors.hpp"
+
+namespace {
+
+mok::LayerShape good() { return mok::LayerShape::uniform(2, 256, 512, 256, 16, 4, 256); }
+
+// Runs fn, expects a mok::Error whose argument is `arg` and whose message contains `needle`.
+void expect_error(const std::function<void()>& fn, const std::string& arg, const std::string& needle,
+                  mok::ErrorKind kind = mok::ErrorKind::InvalidArgument) {
+  try {
+    fn();
+    FAIL() << "expected an error about " << arg;
+  } catch (const mok::Error& e) {
+    EXPECT_EQ(e.kind(), kind);
+    EXPECT_EQ(e.argument(), arg) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+TEST(ShapeValidation, GoodShapePasses) { EXPECT_NO_THROW(good().validate()); }
+
+TEST(ShapeValidation, TopKZero) {
+  auto s = good();
+  s.top_k = 0;
+  expect_error([&] { s.validate(); }, "shape.top_k", "k must be >= 1");
+}
+
+TEST(ShapeValidation, TopKAboveExperts) {
+  auto s = good();
+  s.top_k = 17;
+  expect_error([&] { s.validate(); }, "shape.top_k", "k must be <= E");
+}
+
+TEST(ShapeValidation, ExpertsNotDivisibleByWorld) {
+  auto s = mok::LayerShape::uniform(4, 256, 512, 256, 18, 4);
+  expect_error([&] { s.validate(); }, "shape.experts", "divisible by the EP world size");
+}
+
+TEST(ShapeValidation, HiddenNotMultipleOf64) {
+  auto s = good();
+  s.hidden = 500;
+  expect_error([&] { s.validate(); }, "shape.hidden", "multiple of 64");
+}
+
+TEST(ShapeValidation, IntermediateNotMultipleOf64) {
+  auto s = good();
+  s.intermediate = 96;
+  expect_error([&] { s.validate(); }, "shape.intermediate", "multiple of 64");
+}
+
+TEST(ShapeValidation, SharedIntermediateNotMultipleOf64) {
+  auto s = good();
+  s.shared_intermediate = 100;
+  expect_error([&] { s.validate(); }, "shape.shared_intermediate", "multiple of 64");
+}
+
+TEST(ShapeValidation, NegativeTokens) {
+  auto s = good();
+  s.tokens[1] = -5;
+  expect_error([&] { s.validate(); }, "shape.tokens", "rank 1 has -5");
+}
+
+TEST(ShapeValidation, NoRanks) {
+  mok::LayerShape s = good();
+  s.tokens.clear();
+  expect_error([&] { s.validate(); }, "shape.tokens", "world size >= 1");
+}
+
+TEST(ShapeValidation, ZeroTokensOnARankIsValid) {
+  auto s = good();
+  s.tokens[0] = 0;
+  EXPECT_NO_THROW(s.validate());
+}
+
+TEST(ShapeValidation, CombineBufferOverflowsInt32) {
+  // T*k*H = 70000 * 8 * 4096 > 2^31.
+  auto s = mok::LayerShape::uniform(2, 70000, 4096, 1536, 128, 8);
+  expect_error([&] { s.validate(); }, "shape.tokens", "fit 32-bit indexing");
+}
+
+TEST(ShapeValidation, DeepSeekShapesAreValid) {
+  for (int W : {1, 2, 4, 8})
+    for (int64_t T : {2048, 8192})
+      EXPECT_NO_THROW(mok::LayerShape::uniform(W, T, 7168, 2048, 256, 8).validate());
+}
+
+TEST(ConfigValidation, DefaultsResolve) {
+  const auto s = good();
+  mok::Config c;
+  EXPECT_NO_THROW(c.validate(s, 132));
+  EXPECT_EQ(c.resolved_minibatch(s) % 128, 0);
+  EXPECT_EQ(c.resolved_macrobatch(s) % c.resolved_minibatch(s), 0);
+  EXPECT_GE(c.resolved_macrobatch(s), s.worst_case_rows());
+}
+
+TEST(ConfigValidation, MinibatchFollowsTwoWaveRule) {
+  // DeepSeek-V3, 116 compute SMs: >= 2*116*128*256/4096 = 1856 rows -> 1920.
+  const auto s = mok::LayerShape::uniform(2, 8192, 7168, 2048, 256, 8);
+  mok::Config c;
+  EXPECT_EQ(c.resolved_minibatch(s), 1920);
+}
+
+TEST(ConfigValidation, MinibatchNotMultipleOf128) {
+  mok::Config c;
+  c.minibatch_tokens = 1000;
+  expect_error([&] { c.validate(good()); }, "config.minibatch_tokens", "multiple of 128");
+}
+
+TEST(ConfigValidation, MacrobatchNotMultipleOfMinibatch) {
+  mok::Config c;
+  c.minibatch_tokens = 256;
+  c.macrobatch_tokens = 384;
+  expect_error([&] { c.validate(good()); }, "config.macrobatch_tokens", "multiple of the minibatch");
+}
+
+TEST(ConfigValidation, CommSmsLeaveNoComputeSm) {
+  mok::Config c;
+  c.fwd_comm_sms = 132;
+  expect_error([&] { c.validate(good(), 132); }, "config.fwd_comm_sms", "at least one compute SM");
+  c.fwd_comm_sms = 16;
+  c.bwd_comm_sms = 0;
+  expect_error([&] { c.validate(good(), 132); }, "config.bwd_comm_sms", "must be >= 1");
+}
+
+TEST(ConfigValidation, WaitTimeoutMustBePositive) {
+  mok::Config c;
+  c.wait_timeout_s = 0;
+  expect_error([&] { c.validate(good()); }, "config.wait_timeout_s", "(0, 3600]");
+}
+
+TEST(ConfigValidation, Fp8IsNotImplementedYet) {
+  mok::Config c;
+  c.precision = mok::Precision::FP8;
+  expect_error([&] { c.validate(good()); }, "config.precision", "only bf16",
+               mok::ErrorKind::Unsupported);
+}
+
+TEST(ConfigValidation, RingTooLargeFor32BitOffsets) {
+  const auto s = mok::LayerShape::uniform(8, 8192, 7168, 2048, 256, 8);
+  mok::Config c;
+  c.minibatch_tokens = 2048;
+  c.macrobatch_tokens = 2048 * 200;  // 409600 rows * 7168 > 2^31
+  expect_error([&] { c.validate(s); }, "config.macrobatch_tokens", "fit 32-bit indexing");
+  c.macrobatch_tokens = 0;  // automatic: clamps to the 32-bit limit
+  EXPECT_NO_THROW(c.validate(s));
+  EXPECT_LT(c.resolved_macrobatch(s) * 7168, int64_t{1} << 31);
+}

@@ -1,0 +1,222 @@
+// The CPU reference engine against a naive fp64 dense model, and its layout invariances.
+#include <gtest/gtest.h>
+
+#include <tuple>
+
+#include "fp64_model.h"
+#include "test_names.h"
+#include "mok/reference.hpp"
+#include "mok/workload.hpp"
+
+namespace {
+
+using mok::bf16;
+using mok::test::rel_error;
+
+std::vector<double> flat(const std::vector<std::vector<bf16>>& v) {
+  std::vector<double> o;
+  for (const auto& r : v)
+    for (bf16 x : r) o.push_back(double(float(x)));
+  return o;
+}
+std::vector<double> flat(const std::vector<bf16>& v) { return flat(std::vector<std::vector<bf16>>{v}); }
+template <typename T>
+std::vector<double> flat(const std::vector<std::vector<T>>& v) {
+  std::vector<double> o;
+  for (const auto& r : v)
+    for (T x : r) o.push_back(double(x));
+  return o;
+}
+
+// Splits a W = 1 workload's tokens into contiguous per-rank pieces of the given sizes.
+mok::Workload split(const mok::Workload& one, const std::vector<int64_t>& tokens) {
+  mok::Workload w = one;
+  w.shape.tokens = tokens;
+  w.inputs.clear();
+  w.d_out.clear();
+  const int64_t H = one.shape.hidden, k = one.shape.top_k;
+  int64_t t0 = 0;
+  for (int64_t T : tokens) {
+    const auto& src = one.inputs[0];
+    mok::ref::RankInput in;
+    in.x.assign(src.x.begin() + t0 * H, src.x.begin() + (t0 + T) * H);
+    in.topk_idx.assign(src.topk_idx.begin() + t0 * k, src.topk_idx.begin() + (t0 + T) * k);
+    in.topk_w.assign(src.topk_w.begin() + t0 * k, src.topk_w.begin() + (t0 + T) * k);
+    w.inputs.push_back(std::move(in));
+    w.d_out.emplace_back(one.d_out[0].begin() + t0 * H, one.d_out[0].begin() + (t0 + T) * H);
+    t0 += T;
+  }
+  return w;
+}
+
+bool bitwise_equal(const std::vector<std::vector<bf16>>& a, const std::vector<std::vector<bf16>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t r = 0; r < a.size(); ++r) {
+    if (a[r].size() != b[r].size()) return false;
+    for (size_t i = 0; i < a[r].size(); ++i)
+      if (a[r][i].bits != b[r][i].bits) return false;
+  }
+  return true;
+}
+
+// Concatenates per-rank tensors (for comparing W ranks with W = 1).
+template <typename T>
+std::vector<std::vector<T>> concat(const std::vector<std::vector<T>>& v) {
+  std::vector<T> o;
+  for (const auto& r : v) o.insert(o.end(), r.begin(), r.end());
+  return {o};
+}
+
+}  // namespace
+
+// Bounds: bf16 rounding (2^-9 relative) at g, u, h, y and the output, accumulated over a few
+// GEMMs, stays well under 1% of the norm; gradients pass through more rounding points (2%).
+constexpr double kForwardTol = 1e-2;
+constexpr double kBackwardTol = 2e-2;
+
+class ReferenceVsFp64 : public ::testing::TestWithParam<std::tuple<mok::Routing, int, bool>> {};
+
+TEST_P(ReferenceVsFp64, ForwardAndBackward) {
+  const auto [routing, W, with_shared] = GetParam();
+  auto shape = mok::LayerShape::uniform(W, 48, 128, 128, 8, 2, with_shared ? 64 : 0);
+  if (W > 1) shape.tokens[1] = 17;
+  const auto wl = mok::make_workload(shape, routing, 99 + W);
+  const mok::ref::Engine eng(shape, mok::Config{});
+  const auto p = mok::test::to_f64(wl);
+
+  const auto fwd = eng.forward(wl.inputs, wl.weights);
+  const double e_out = rel_error(flat(fwd.out), flat(mok::test::f64_forward(shape, wl, p)));
+  EXPECT_LT(e_out, kForwardTol);
+  EXPECT_GT(e_out, 0.0) << "bf16 rounding must show: an exact match means the test is not comparing";
+
+  const auto g = eng.backward(wl.inputs, wl.weights, wl.d_out);
+  const auto r = mok::test::f64_backward(shape, wl, p);
+  EXPECT_LT(rel_error(flat(g.d_x), flat(r.d_x)), kBackwardTol);
+  EXPECT_LT(rel_error(flat(g.d_topk_w), flat(r.d_w)), kBackwardTol);
+  EXPECT_LT(rel_error(flat(g.d_w_gate), r.d_wg), kBackwardTol);
+  EXPECT_LT(rel_error(flat(g.d_w_up), r.d_wu), kBackwardTol);
+  EXPECT_LT(rel_error(flat(g.d_w_down), r.d_wd), kBackwardTol);
+  if (with_shared) {
+    EXPECT_LT(rel_error(flat(g.d_ws_gate), flat(r.d_sg)), kBackwardTol);
+    EXPECT_LT(rel_error(flat(g.d_ws_up), flat(r.d_su)), kBackwardTol);
+    EXPECT_LT(rel_error(flat(g.d_ws_down), flat(r.d_sd)), kBackwardTol);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Routings, ReferenceVsFp64,
+    ::testing::Combine(::testing::Values(mok::Routing::Uniform, mok::Routing::Zipf,
+                                         mok::Routing::OneExpert, mok::Routing::OneRank,
+                                         mok::Routing::EmptySlots),
+                       ::testing::Values(1, 2), ::testing::Bool()),
+    [](const auto& p) {
+      return mok::test::param_name(std::string(mok::to_string(std::get<0>(p.param))) + "_W" +
+                                   std::to_string(std::get<1>(p.param)) +
+                                   (std::get<2>(p.param) ? "_shared" : "_noshared"));
+    });
+
+class WorldInvariance : public ::testing::TestWithParam<mok::Routing> {};
+
+// The same global problem on W = 1, 2, 4, 8 simulated ranks (even and uneven token splits, one
+// rank with T = 0): outputs and gradients are bitwise identical; shared-expert gradients are
+// per-rank partial sums and add up to the W = 1 value.
+TEST_P(WorldInvariance, BitwiseSameAsOneRank) {
+  const auto one_shape = mok::LayerShape::uniform(1, 160, 128, 64, 16, 4, 64);
+  const auto one = mok::make_workload(one_shape, GetParam(), 2024);
+  mok::Config cfg;
+  const auto base_f = mok::ref::Engine(one_shape, cfg).forward(one.inputs, one.weights);
+  const auto base_g = mok::ref::Engine(one_shape, cfg).backward(one.inputs, one.weights, one.d_out);
+  for (const std::vector<int64_t>& split_sizes :
+       {std::vector<int64_t>{80, 80}, {40, 40, 40, 40}, {20, 20, 20, 20, 20, 20, 20, 20},
+        {0, 100, 7, 53}, {1, 2, 3, 0, 50, 50, 50, 4}}) {
+    const auto wl = split(one, split_sizes);
+    SCOPED_TRACE("W = " + std::to_string(split_sizes.size()));
+    const mok::ref::Engine eng(wl.shape, cfg);
+    const auto f = eng.forward(wl.inputs, wl.weights);
+    EXPECT_TRUE(bitwise_equal(concat(f.out), base_f.out));
+    const auto g = eng.backward(wl.inputs, wl.weights, wl.d_out);
+    EXPECT_TRUE(bitwise_equal(concat(g.d_x), base_g.d_x));
+    EXPECT_EQ(concat(g.d_topk_w), base_g.d_topk_w);
+    EXPECT_TRUE(bitwise_equal({g.d_w_gate}, {base_g.d_w_gate}));
+    EXPECT_TRUE(bitwise_equal({g.d_w_up}, {base_g.d_w_up}));
+    EXPECT_TRUE(bitwise_equal({g.d_w_down}, {base_g.d_w_down}));
+    std::vector<double> sum(base_g.d_ws_down[0].size(), 0.0);
+    for (const auto& r : g.d_ws_down)
+      for (size_t i = 0; i < r.size(); ++i) sum[i] += double(float(r[i]));
+    EXPECT_LT(rel_error(sum, flat(base_g.d_ws_down[0])), 1e-2);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Routings, WorldInvariance,
+                         ::testing::Values(mok::Routing::Uniform, mok::Routing::Zipf,
+                                           mok::Routing::EmptySlots),
+                         [](const auto& p) { return mok::test::param_name(mok::to_string(p.param)); });
+
+TEST(ReferenceDeterminism, BitwiseOverRunsAndThreadCounts) {
+  const auto shape = mok::LayerShape::uniform(4, 64, 128, 64, 8, 2, 64);
+  const auto wl = mok::make_workload(shape, mok::Routing::Zipf, 11);
+  mok::Config cfg;
+  cfg.cpu_threads = 1;
+  const auto f1 = mok::ref::Engine(shape, cfg).forward(wl.inputs, wl.weights);
+  const auto g1 = mok::ref::Engine(shape, cfg).backward(wl.inputs, wl.weights, wl.d_out);
+  for (int threads : {1, 2, 3, 7}) {
+    cfg.cpu_threads = threads;
+    const mok::ref::Engine eng(shape, cfg);
+    for (int rep = 0; rep < 2; ++rep) {
+      EXPECT_TRUE(bitwise_equal(eng.forward(wl.inputs, wl.weights).out, f1.out)) << threads;
+      const auto g = eng.backward(wl.inputs, wl.weights, wl.d_out);
+      EXPECT_TRUE(bitwise_equal(g.d_x, g1.d_x)) << threads;
+      EXPECT_EQ(g.d_topk_w, g1.d_topk_w) << threads;
+      EXPECT_TRUE(bitwise_equal({g.d_w_down}, {g1.d_w_down})) << threads;
+      EXPECT_TRUE(bitwise_equal(g.d_ws_gate, g1.d_ws_gate)) << threads;
+    }
+  }
+}
+
+TEST(ReferenceRing, SmallRingGivesSameResults) {
+  const auto shape = mok::LayerShape::uniform(2, 200, 128, 64, 4, 2, 0);
+  const auto wl = mok::make_workload(shape, mok::Routing::Uniform, 12);
+  mok::Config big, small;
+  small.minibatch_tokens = 128;
+  small.macrobatch_tokens = 128;  // one tile per refill
+  const auto fb = mok::ref::Engine(shape, big).forward(wl.inputs, wl.weights);
+  const auto fs = mok::ref::Engine(shape, small).forward(wl.inputs, wl.weights);
+  for (int64_t m : fs.macrobatches) EXPECT_GE(m, 3);
+  EXPECT_EQ(fb.macrobatches, (std::vector<int64_t>{1, 1}));
+  EXPECT_TRUE(bitwise_equal(fb.out, fs.out));
+  const auto gb = mok::ref::Engine(shape, big).backward(wl.inputs, wl.weights, wl.d_out);
+  const auto gs = mok::ref::Engine(shape, small).backward(wl.inputs, wl.weights, wl.d_out);
+  EXPECT_TRUE(bitwise_equal(gb.d_x, gs.d_x));
+  EXPECT_TRUE(bitwise_equal({gb.d_w_gate}, {gs.d_w_gate}));
+}
+
+TEST(ReferenceEdges, EmptySlotsAndZeroTokens) {
+  auto shape = mok::LayerShape::uniform(2, 8, 64, 64, 4, 2, 0);
+  shape.tokens[1] = 0;
+  auto wl = mok::make_workload(shape, mok::Routing::Uniform, 13);
+  // Token 3: both slots empty -> output 0 and d_topk_w 0; token 5: one slot empty.
+  wl.inputs[0].topk_idx[6] = wl.inputs[0].topk_idx[7] = -1;
+  wl.inputs[0].topk_idx[11] = -1;
+  const mok::ref::Engine eng(shape, mok::Config{});
+  const auto f = eng.forward(wl.inputs, wl.weights);
+  ASSERT_EQ(f.out[1].size(), 0u);
+  for (int h = 0; h < 64; ++h) EXPECT_EQ(float(f.out[0][3 * 64 + h]), 0.0f);
+  const auto g = eng.backward(wl.inputs, wl.weights, wl.d_out);
+  EXPECT_EQ(g.d_topk_w[0][6], 0.0f);
+  EXPECT_EQ(g.d_topk_w[0][7], 0.0f);
+  EXPECT_EQ(g.d_topk_w[0][11], 0.0f);
+  EXPECT_NE(g.d_topk_w[0][10], 0.0f);
+  for (int h = 0; h < 64; ++h) EXPECT_EQ(float(g.d_x[0][3 * 64 + h]), 0.0f);
+  EXPECT_EQ(g.d_x[1].size(), 0u);
+}
+
+TEST(ReferenceEdges, ExpertWithoutTokensHasZeroGradient) {
+  auto shape = mok::LayerShape::uniform(1, 32, 64, 64, 4, 1, 0);
+  auto wl = mok::make_workload(shape, mok::Routing::Uniform, 14);
+  for (auto& e : wl.inputs[0].topk_idx) e = e == 2 ? 1 : e;  // expert 2 unused
+  const auto g = mok::ref::Engine(shape, mok::Config{}).backward(wl.inputs, wl.weights, wl.d_out);
+  for (int64_t i = 2 * 64 * 64; i < 3 * 64 * 64; ++i) {
+    EXPECT_EQ(g.d_w_gate[i].bits, 0);
+    EXPECT_EQ(g.d_w_down[i].bits, 0);
+  }
+}

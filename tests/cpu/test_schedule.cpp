@@ -1,0 +1,174 @@
+// The schedule's index math (schedule_math.h) and its CPU builder.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "mok/schedule.hpp"
+#include "test_names.h"
+#include "mok/workload.hpp"
+#include "schedule/schedule_math.h"
+
+namespace sched = mok::sched;
+
+TEST(ScheduleMath, PaddingAndWorstCase) {
+  EXPECT_EQ(sched::pad_rows(0), 0);
+  EXPECT_EQ(sched::pad_rows(1), 128);
+  EXPECT_EQ(sched::pad_rows(128), 128);
+  EXPECT_EQ(sched::pad_rows(129), 256);
+  // 10 routes over 3 experts: at most 3 segments of 128 rows (e.g. 8 + 1 + 1).
+  EXPECT_EQ(sched::worst_case_rows(10, 3), 384);
+  EXPECT_EQ(sched::worst_case_rows(0, 5), 0);
+  EXPECT_EQ(sched::worst_case_rows(2, 5), 256);      // two single-token experts
+  EXPECT_EQ(sched::worst_case_rows(1000, 2), 1152);  // 873 + 127 -> 1024 + 128
+  // Brute force over all splits of 300 routes into 3 experts: the bound is reached, never beaten.
+  int64_t best = 0;
+  for (int64_t a = 0; a <= 300; ++a)
+    for (int64_t b = 0; a + b <= 300; ++b)
+      best = std::max(best, sched::pad_rows(a) + sched::pad_rows(b) + sched::pad_rows(300 - a - b));
+  EXPECT_EQ(best, sched::worst_case_rows(300, 3));
+}
+
+TEST(ScheduleMath, InterleavedRowsAreRoundRobin) {
+  const int32_t counts[3] = {3, 0, 2};
+  // Round 0: rank 0, rank 2; round 1: rank 0, rank 2; round 2: rank 0.
+  EXPECT_EQ(sched::interleaved_row(counts, 3, 0, 0), 0);
+  EXPECT_EQ(sched::interleaved_row(counts, 3, 2, 0), 1);
+  EXPECT_EQ(sched::interleaved_row(counts, 3, 0, 1), 2);
+  EXPECT_EQ(sched::interleaved_row(counts, 3, 2, 1), 3);
+  EXPECT_EQ(sched::interleaved_row(counts, 3, 0, 2), 4);
+}
+
+TEST(ScheduleMath, InterleavedRowsAreABijection) {
+  const int32_t counts[5] = {7, 1, 0, 4, 4};
+  std::set<int64_t> rows;
+  for (int r = 0; r < 5; ++r)
+    for (int64_t n = 0; n < counts[r]; ++n) rows.insert(sched::interleaved_row(counts, 5, r, n));
+  EXPECT_EQ(rows.size(), 16u);
+  EXPECT_EQ(*rows.begin(), 0);
+  EXPECT_EQ(*rows.rbegin(), 15);
+}
+
+TEST(ScheduleMath, Chunks) {
+  EXPECT_EQ(sched::num_chunks(0, 256), 0);
+  EXPECT_EQ(sched::num_chunks(640, 256), 3);
+  EXPECT_EQ(sched::chunk_begin(2, 256), 512);
+  EXPECT_EQ(sched::chunk_end(2, 256, 640), 640);
+  EXPECT_EQ(sched::chunk_end(0, 256, 640), 256);
+}
+
+namespace {
+
+std::vector<std::span<const int32_t>> spans(const mok::Workload& wl) {
+  std::vector<std::span<const int32_t>> s;
+  for (const auto& in : wl.inputs) s.emplace_back(in.topk_idx);
+  return s;
+}
+
+// Checks every property the GPU builder must share with the CPU twin.
+void check_table(const mok::Workload& wl, int d, const mok::ScheduleTable& s) {
+  const auto& shape = wl.shape;
+  const int W = shape.world_size();
+  const int64_t e_loc = shape.local_experts(), k = shape.top_k;
+  ASSERT_EQ(s.total_rows % 128, 0);
+  ASSERT_LE(s.total_rows, shape.worst_case_rows());
+  // Every route to this rank appears exactly once.
+  std::map<std::pair<int, int64_t>, int64_t> expected;  // (src, slot) -> local expert
+  for (int r = 0; r < W; ++r)
+    for (int64_t slot = 0; slot < shape.tokens_of(r) * k; ++slot) {
+      const int32_t e = wl.inputs[r].topk_idx[slot];
+      if (e >= 0 && e / e_loc == d) expected[{r, slot}] = e % e_loc;
+    }
+  std::map<std::pair<int, int64_t>, int64_t> seen;
+  for (int64_t le = 0; le < e_loc; ++le) {
+    const int64_t b = s.expert_offset[le], n = s.expert_rows[le];
+    ASSERT_EQ(s.expert_offset[le + 1] - b, sched::pad_rows(n));
+    int64_t last_slot[sched::kMaxWorldSize];
+    std::fill(std::begin(last_slot), std::end(last_slot), -1);
+    std::vector<int> seq;
+    for (int64_t row = b; row < s.expert_offset[le + 1]; ++row) {
+      EXPECT_EQ(s.tile_expert[row / 128], le);
+      if (row >= b + n) {  // padding at the end of the segment
+        EXPECT_EQ(s.src_rank[row], -1);
+        EXPECT_EQ(s.src_slot[row], -1);
+        continue;
+      }
+      const int r = s.src_rank[row];
+      ASSERT_GE(r, 0);
+      const int64_t slot = s.src_slot[row];
+      EXPECT_GT(slot, last_slot[r]) << "slot order within (expert, source rank)";
+      last_slot[r] = slot;
+      EXPECT_TRUE(seen.emplace(std::make_pair(r, slot), le).second) << "route placed twice";
+      seq.push_back(r);
+    }
+    // Round-robin: the sequence of source ranks is rounds of increasing ranks.
+    std::vector<int> want;
+    for (int64_t round = 0; static_cast<int64_t>(want.size()) < n; ++round)
+      for (int r = 0; r < W; ++r)
+        if (s.counts[le * W + r] > round) want.push_back(r);
+    EXPECT_EQ(seq, want);
+  }
+  EXPECT_EQ(seen, expected);
+}
+
+}  // namespace
+
+class ScheduleBuilder : public ::testing::TestWithParam<std::tuple<int, mok::Routing>> {};
+
+TEST_P(ScheduleBuilder, TableInvariants) {
+  const auto [W, routing] = GetParam();
+  auto shape = mok::LayerShape::uniform(W, 96, 64, 64, 16, 4);
+  shape.tokens[W - 1] = 33;  // T differs per rank
+  if (W > 1) shape.tokens[0] = 0;  // and may be 0
+  const auto wl = mok::make_workload(shape, routing, 7 + W);
+  for (int d = 0; d < W; ++d) {
+    SCOPED_TRACE("rank " + std::to_string(d));
+    check_table(wl, d, mok::build_schedule_cpu(shape, d, spans(wl)));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Routings, ScheduleBuilder,
+    ::testing::Combine(::testing::Values(1, 2, 4, 8),
+                       ::testing::Values(mok::Routing::Uniform, mok::Routing::Zipf,
+                                         mok::Routing::OneExpert, mok::Routing::OneRank,
+                                         mok::Routing::EmptySlots)),
+    [](const auto& p) {
+      return mok::test::param_name("W" + std::to_string(std::get<0>(p.param)) + "_" +
+                                   mok::to_string(std::get<1>(p.param)));
+    });
+
+TEST(ScheduleEdges, EmptyAndSingleTokenExperts) {
+  // 2 ranks, 4 experts; only expert 1 (rank 0) gets exactly one token, nothing else is routed.
+  auto shape = mok::LayerShape::uniform(2, 3, 64, 64, 4, 1);
+  mok::Workload wl = mok::make_workload(shape, mok::Routing::Uniform, 3);
+  for (auto& in : wl.inputs) std::fill(in.topk_idx.begin(), in.topk_idx.end(), -1);
+  wl.inputs[1].topk_idx[2] = 1;
+  const auto s0 = mok::build_schedule_cpu(shape, 0, spans(wl));
+  EXPECT_EQ(s0.total_rows, 128);
+  EXPECT_EQ(s0.expert_rows[0], 0);
+  EXPECT_EQ(s0.expert_rows[1], 1);
+  EXPECT_EQ(s0.expert_offset[1], 0);
+  EXPECT_EQ(s0.src_rank[0], 1);
+  EXPECT_EQ(s0.src_slot[0], 2);
+  EXPECT_EQ(s0.tile_expert[0], 1);
+  const auto s1 = mok::build_schedule_cpu(shape, 1, spans(wl));
+  EXPECT_EQ(s1.total_rows, 0);
+  EXPECT_TRUE(s1.src_rank.empty());
+}
+
+TEST(ScheduleEdges, AllTokensToOneExpert) {
+  auto shape = mok::LayerShape::uniform(4, 200, 64, 64, 8, 1);
+  mok::Workload wl = mok::make_workload(shape, mok::Routing::Uniform, 5);
+  for (auto& in : wl.inputs) std::fill(in.topk_idx.begin(), in.topk_idx.end(), 5);  // rank 2
+  const auto s = mok::build_schedule_cpu(shape, 2, spans(wl));
+  EXPECT_EQ(s.expert_rows[1], 800);
+  EXPECT_EQ(s.total_rows, 896);
+  // Perfect interleave: row i comes from rank i % 4, token i / 4.
+  for (int i = 0; i < 800; ++i) {
+    EXPECT_EQ(s.src_rank[i], i % 4);
+    EXPECT_EQ(s.src_slot[i], i / 4);
+  }
+}
