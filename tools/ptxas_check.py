@@ -12,6 +12,8 @@ It prints one line per entry function: registers, stack, spills.
 import argparse
 import pathlib
 import re
+import shutil
+import subprocess
 import sys
 
 ENTRY = re.compile(r"ptxas info\s*: Compiling entry function '([^']+)' for '(sm_[0-9a-z]+)'")
@@ -45,6 +47,15 @@ def parse(log: pathlib.Path):
         yield fn, arch_of.get(fn), regs_of.get(fn), stack, st, ld
 
 
+def demangle(names):
+    """Readable names through c++filt when it exists (binutils); mangled names otherwise."""
+    if not names or not shutil.which("c++filt"):
+        return {n: n for n in names}
+    out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout
+    lines = out.splitlines()
+    return dict(zip(names, lines)) if len(lines) == len(names) else {n: n for n in names}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--build-dir", required=True)
@@ -62,17 +73,20 @@ def main() -> int:
         if not log.exists():
             failures.append(f"{obj}: no ptxas report (was it built through cmake/ptxas_log.sh?)")
             continue
-        for fn, arch, regs, stack, st, ld in parse(log):
+        rows = list(parse(log))
+        readable = demangle([r[0] for r in rows])
+        for fn, arch, regs, stack, st, ld in rows:
             is_entry = arch is not None
             entries += is_entry
-            name = fn if len(fn) <= 88 else fn[:85] + "..."
+            full = readable[fn]
+            name = full if len(full) <= 88 else full[:85] + "..."
             if is_entry:
                 print(f"{name:<90} {arch:<7} {regs if regs is not None else '?':>4} {stack:>5} {st:>5}/{ld:<5}")
             if is_entry and arch != "sm_90a":
                 failures.append(f"{fn}: compiled for {arch}, expected sm_90a ({log})")
             if st or ld:
                 failures.append(f"{fn}: {st} bytes spill stores, {ld} bytes spill loads ({log})")
-            if is_entry and stack and not any(p.search(fn) for p in allow):
+            if is_entry and stack and not any(p.search(fn) or p.search(full) for p in allow):
                 failures.append(f"{fn}: {stack} bytes stack frame, not in {a.allow} ({log})")
     if not objects:
         failures.append(f"no CUDA objects found under {build}")

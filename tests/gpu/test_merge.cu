@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "gpu_test_util.h"
@@ -99,6 +100,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MergeTest,
                                            Case{513, 8, 2048, false, true},
                                            Case{0, 8, 2048, true, false},
                                            Case{77, 1, 64, true, true},
-                                           Case{300, 16, 4096, false, false}));
+                                           Case{300, 16, 4096, false, false}),
+                         [](const auto& p) {
+                           const Case& c = p.param;
+                           return "T" + std::to_string(c.T) + "_k" + std::to_string(c.k) + "_H" +
+                                  std::to_string(c.H) + (c.shared ? "_shared" : "") +
+                                  (c.int64_idx ? "_i64" : "_i32");
+                         });
 
 }  // namespace
