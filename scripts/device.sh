@@ -33,3 +33,8 @@ else
 fi
 cd "$ROOT"
 build/device/bench/mok_bench --reps 3 2>&1 | tee "$OUT/mok_bench.log" | tail -4
+gpus="$(nvidia-smi -L | grep -c '^GPU ')"
+gpu_tag="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z' 'a-z' | awk '{print $NF}')x$gpus"
+if [ -x build/device/bench/schedule/schedule_bench ]; then
+  build/device/bench/schedule/schedule_bench "$OUT/schedule-$gpu_tag.json" 2>&1 | tee "$OUT/schedule_bench.log"
+fi

@@ -1,0 +1,309 @@
+// GPU schedule builder. Four kernels, all index math from schedule_math.h:
+//   1. count:   per chunk of kChunk slots of one source rank, routes per local expert
+//               (shared-memory histogram; the chunk's row of chunk_hist, no global atomics);
+//   2. scan:    per local expert, exclusive scan of chunk_hist over each rank's chunks (in place:
+//               entries become the chunk's first ordinal) and the total per (expert, rank);
+//   3. offsets: padded segment sizes, their prefix sum, totals, tile -> expert, padding rows;
+//   4. place:   per chunk, the stable (slot-order) ordinal of each route within its
+//               (expert, source rank), then its interleaved row.
+// Integer atomics appear only in shared-memory histograms, whose sums are order-independent,
+// so the table is deterministic and equals the CPU twin's bit for bit.
+#include <cuda_runtime.h>
+
+#include "common/cuda_check.h"
+#include "common/error_word.h"
+#include "mok/errors.hpp"
+#include "schedule/schedule_gpu.h"
+#include "schedule/schedule_math.h"
+
+namespace mok::gpu {
+
+namespace {
+
+constexpr int kChunk = 2048;        // slots per count/place block
+constexpr int kPlaceThreads = 1024; // place kernel: two sub-rounds of 1024 slots
+constexpr int kScanThreads = 1024;
+
+struct Params {
+  const int32_t* const* tables;
+  int32_t routes[sched::kMaxWorldSize];           // T_r * k
+  int32_t chunk_first[sched::kMaxWorldSize + 1];  // first chunk of each rank
+  int world, rank, e_loc, first_expert, minibatch_rows, macrobatch_rows;
+  int32_t* chunk_hist;
+  int32_t* counts;
+  int32_t* expert_rows;
+  int32_t* expert_offset;
+  int32_t* src_rank;
+  int32_t* src_slot;
+  int32_t* tile_expert;
+  ScheduleTotals* totals;
+};
+
+__device__ __forceinline__ int rank_of_chunk(const Params& p, int chunk) {
+  int r = 0;
+  while (r + 1 < p.world && p.chunk_first[r + 1] <= chunk) ++r;
+  return r;
+}
+
+// Exclusive scan over the block; `total` receives the block sum. All threads must call it.
+template <int kThreads>
+__device__ __forceinline__ int block_exclusive_scan(int v, int& total) {
+  __shared__ int warp_sums[kThreads / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int incl = v;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int n = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += n;
+  }
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    int w = lane < kThreads / 32 ? warp_sums[lane] : 0;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int n = __shfl_up_sync(0xffffffffu, w, d);
+      if (lane >= d) w += n;
+    }
+    if (lane < kThreads / 32) warp_sums[lane] = w;  // inclusive warp prefix
+  }
+  __syncthreads();
+  const int before = warp == 0 ? 0 : warp_sums[warp - 1];
+  total = warp_sums[kThreads / 32 - 1];
+  __syncthreads();  // warp_sums is reused by the next call
+  return before + incl - v;
+}
+
+__global__ void __launch_bounds__(512) count_kernel(Params p) {
+  extern __shared__ int32_t hist[];
+  for (int e = threadIdx.x; e < p.e_loc; e += blockDim.x) hist[e] = 0;
+  __syncthreads();
+  const int chunk = blockIdx.x, r = rank_of_chunk(p, chunk);
+  const int begin = (chunk - p.chunk_first[r]) * kChunk;
+  const int end = min(begin + kChunk, p.routes[r]);
+  const int32_t* tab = p.tables[r];
+  for (int s = begin + threadIdx.x; s < end; s += blockDim.x) {
+    const int le = tab[s] - p.first_expert;  // -1 slots land far below 0
+    if (le >= 0 && le < p.e_loc) atomicAdd(&hist[le], 1);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < p.e_loc; e += blockDim.x)
+    p.chunk_hist[static_cast<int64_t>(chunk) * p.e_loc + e] = hist[e];
+}
+
+__global__ void __launch_bounds__(kScanThreads) scan_kernel(Params p) {
+  const int e = blockIdx.x;
+  for (int r = 0; r < p.world; ++r) {
+    int carry = 0;
+    for (int c0 = p.chunk_first[r]; c0 < p.chunk_first[r + 1]; c0 += kScanThreads) {
+      const int c = c0 + threadIdx.x;
+      const bool in = c < p.chunk_first[r + 1];
+      int32_t* slot = &p.chunk_hist[static_cast<int64_t>(in ? c : 0) * p.e_loc + e];
+      const int v = in ? *slot : 0;
+      int total;
+      const int excl = block_exclusive_scan<kScanThreads>(v, total);
+      if (in) *slot = carry + excl;
+      carry += total;
+    }
+    if (threadIdx.x == 0) p.counts[e * p.world + r] = carry;
+  }
+}
+
+__global__ void __launch_bounds__(kScanThreads) offsets_kernel(Params p) {
+  int carry = 0;
+  for (int e0 = 0; e0 < p.e_loc; e0 += kScanThreads) {
+    const int e = e0 + threadIdx.x;
+    int rows = 0;
+    if (e < p.e_loc)
+      for (int r = 0; r < p.world; ++r) rows += p.counts[e * p.world + r];
+    const int padded = static_cast<int>(sched::pad_rows(rows));
+    int total;
+    const int excl = block_exclusive_scan<kScanThreads>(padded, total);
+    if (e < p.e_loc) {
+      const int off = carry + excl;
+      p.expert_rows[e] = rows;
+      p.expert_offset[e] = off;
+      for (int row = off + rows; row < off + padded; ++row) {
+        p.src_rank[row] = -1;
+        p.src_slot[row] = -1;
+      }
+      for (int t = off / sched::kBlockM; t < (off + padded) / sched::kBlockM; ++t) p.tile_expert[t] = e;
+    }
+    carry += total;
+  }
+  if (threadIdx.x == 0) {
+    p.expert_offset[p.e_loc] = carry;
+    ScheduleTotals t;
+    t.total_rows = carry;
+    t.total_tiles = carry / sched::kBlockM;
+    t.num_minibatches = static_cast<int32_t>(sched::num_chunks(carry, p.minibatch_rows));
+    t.num_macrobatches = static_cast<int32_t>(sched::num_chunks(carry, p.macrobatch_rows));
+    *p.totals = t;
+  }
+}
+
+__global__ void __launch_bounds__(kPlaceThreads) place_kernel(Params p) {
+  // Shared: running ordinal per expert, per-warp counts of the current sub-round, segment
+  // offsets, and the (expert, rank) counts the interleave needs.
+  extern __shared__ int32_t sm[];
+  int32_t* run = sm;                                  // [E_loc]
+  int32_t* warp_cnt = run + p.e_loc;                  // [32, E_loc]
+  int32_t* offset = warp_cnt + 32 * p.e_loc;          // [E_loc]
+  int32_t* counts = offset + p.e_loc;                 // [E_loc, W]
+  const int chunk = blockIdx.x, r = rank_of_chunk(p, chunk);
+  for (int e = threadIdx.x; e < p.e_loc; e += blockDim.x) {
+    run[e] = p.chunk_hist[static_cast<int64_t>(chunk) * p.e_loc + e];
+    offset[e] = p.expert_offset[e];
+  }
+  for (int i = threadIdx.x; i < p.e_loc * p.world; i += blockDim.x) counts[i] = p.counts[i];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const unsigned lanes_below = (1u << lane) - 1u;
+  const int begin = (chunk - p.chunk_first[r]) * kChunk;
+  const int end = min(begin + kChunk, p.routes[r]);
+  const int32_t* tab = p.tables[r];
+  for (int sub = 0; sub < kChunk / kPlaceThreads; ++sub) {
+    for (int i = threadIdx.x; i < 32 * p.e_loc; i += blockDim.x) warp_cnt[i] = 0;
+    __syncthreads();
+    const int s = begin + sub * kPlaceThreads + threadIdx.x;
+    int le = s < end ? tab[s] - p.first_expert : -1;
+    const bool mine = le >= 0 && le < p.e_loc;
+    if (!mine) le = -1;
+    const unsigned same = __match_any_sync(0xffffffffu, le);
+    const int lane_rank = __popc(same & lanes_below);
+    if (mine && lane_rank == 0) warp_cnt[warp * p.e_loc + le] = __popc(same);
+    __syncthreads();
+    if (mine) {
+      int ordinal = run[le] + lane_rank;
+      for (int w = 0; w < warp; ++w) ordinal += warp_cnt[w * p.e_loc + le];
+      const int64_t row =
+          offset[le] + sched::interleaved_row(&counts[le * p.world], p.world, r, ordinal);
+      p.src_rank[row] = r;
+      p.src_slot[row] = s;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < p.e_loc; e += blockDim.x) {
+      int add = 0;
+      for (int w = 0; w < 32; ++w) add += warp_cnt[w * p.e_loc + e];
+      run[e] += add;
+    }
+    __syncthreads();
+  }
+}
+
+template <typename Idx>
+__global__ void publish_kernel(const Idx* __restrict__ in, int64_t n, int64_t experts, int rank,
+                               int32_t* __restrict__ out, unsigned long long* error_word) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const Idx id = in[i];
+  const bool ok = id >= -1 && id < static_cast<Idx>(experts);
+  if (!ok) report_device_error(error_word, DeviceErrorCode::InvalidExpertId, rank, static_cast<uint64_t>(i));
+  out[i] = ok ? static_cast<int32_t>(id) : -1;
+}
+
+size_t place_smem_bytes(int e_loc, int world) {
+  return sizeof(int32_t) * (static_cast<size_t>(e_loc) * (34 + world));
+}
+
+template <typename T>
+T* device_alloc(int64_t n, const char* what) {
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T));
+  if (err != cudaSuccess)
+    throw Error(ErrorKind::Runtime, what, cudaGetErrorString(err), "schedule buffer allocation");
+  return static_cast<T*>(p);
+}
+
+}  // namespace
+
+void publish_routing(const void* topk_idx, bool is_int64, int64_t tokens, int64_t top_k,
+                     int64_t experts, int rank, int32_t* published, unsigned long long* error_word,
+                     cudaStream_t stream) {
+  const int64_t n = tokens * top_k;
+  if (n == 0) return;
+  MOK_REQUIRE(topk_idx && published, "topk_idx", "input and published buffers must be non-null");
+  const int threads = 256;
+  const auto blocks = static_cast<unsigned>((n + threads - 1) / threads);
+  if (is_int64)
+    publish_kernel<<<blocks, threads, 0, stream>>>(static_cast<const int64_t*>(topk_idx), n, experts, rank, published, error_word);
+  else
+    publish_kernel<<<blocks, threads, 0, stream>>>(static_cast<const int32_t*>(topk_idx), n, experts, rank, published, error_word);
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+ScheduleBuilder::ScheduleBuilder(const LayerShape& shape, const Config& config, int rank,
+                                 const int32_t* const* tables)
+    : shape_(shape), rank_(rank), tables_(tables) {
+  config.validate(shape);
+  MOK_REQUIRE(rank >= 0 && rank < shape.world_size(), "rank", "must be in [0, W) (W = ",
+              shape.world_size(), "), got ", rank);
+  MOK_REQUIRE(tables != nullptr, "tables", "the device array of published routing tables is null");
+  minibatch_rows_ = config.resolved_minibatch(shape);
+  macrobatch_rows_ = config.resolved_macrobatch(shape);
+  capacity_rows_ = shape.worst_case_rows();
+  total_chunks_ = 0;
+  for (int r = 0; r < shape.world_size(); ++r)
+    total_chunks_ += sched::ceil_div(shape.tokens_of(r) * shape.top_k, kChunk);
+  const int64_t e_loc = shape.local_experts();
+  MOK_REQUIRE(place_smem_bytes(static_cast<int>(e_loc), shape.world_size()) <= 200 * 1024,
+              "shape.experts", "local experts times (34 + W) int32 must fit in shared memory (E_loc = ",
+              e_loc, ")");
+  chunk_hist_ = device_alloc<int32_t>(total_chunks_ * e_loc, "chunk_hist");
+  counts_ = device_alloc<int32_t>(e_loc * shape.world_size(), "counts");
+  expert_rows_ = device_alloc<int32_t>(e_loc, "expert_rows");
+  expert_offset_ = device_alloc<int32_t>(e_loc + 1, "expert_offset");
+  src_rank_ = device_alloc<int32_t>(capacity_rows_, "src_rank");
+  src_slot_ = device_alloc<int32_t>(capacity_rows_, "src_slot");
+  tile_expert_ = device_alloc<int32_t>(capacity_rows_ / sched::kBlockM, "tile_expert");
+  totals_ = device_alloc<ScheduleTotals>(1, "totals");
+  MOK_CUDA_CHECK(cudaFuncSetAttribute(place_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(place_smem_bytes(static_cast<int>(e_loc), shape.world_size()))));
+}
+
+ScheduleBuilder::~ScheduleBuilder() {
+  for (void* p : {static_cast<void*>(chunk_hist_), static_cast<void*>(counts_),
+                  static_cast<void*>(expert_rows_), static_cast<void*>(expert_offset_),
+                  static_cast<void*>(src_rank_), static_cast<void*>(src_slot_),
+                  static_cast<void*>(tile_expert_), static_cast<void*>(totals_)})
+    if (p) cudaFree(p);
+}
+
+void ScheduleBuilder::build(cudaStream_t stream) {
+  Params p{};
+  p.tables = tables_;
+  p.world = shape_.world_size();
+  p.rank = rank_;
+  p.e_loc = static_cast<int>(shape_.local_experts());
+  p.first_expert = static_cast<int>(rank_ * shape_.local_experts());
+  p.minibatch_rows = static_cast<int>(minibatch_rows_);
+  p.macrobatch_rows = static_cast<int>(macrobatch_rows_);
+  int32_t chunk = 0;
+  for (int r = 0; r < p.world; ++r) {
+    p.routes[r] = static_cast<int32_t>(shape_.tokens_of(r) * shape_.top_k);
+    p.chunk_first[r] = chunk;
+    chunk += static_cast<int32_t>(sched::ceil_div(p.routes[r], kChunk));
+  }
+  p.chunk_first[p.world] = chunk;
+  p.chunk_hist = chunk_hist_;
+  p.counts = counts_;
+  p.expert_rows = expert_rows_;
+  p.expert_offset = expert_offset_;
+  p.src_rank = src_rank_;
+  p.src_slot = src_slot_;
+  p.tile_expert = tile_expert_;
+  p.totals = totals_;
+  const auto chunks = static_cast<unsigned>(total_chunks_);
+  const size_t hist_bytes = sizeof(int32_t) * static_cast<size_t>(p.e_loc);
+  if (chunks > 0) count_kernel<<<chunks, 512, hist_bytes, stream>>>(p);
+  scan_kernel<<<static_cast<unsigned>(p.e_loc), kScanThreads, 0, stream>>>(p);
+  offsets_kernel<<<1, kScanThreads, 0, stream>>>(p);
+  if (chunks > 0)
+    place_kernel<<<chunks, kPlaceThreads, place_smem_bytes(p.e_loc, p.world), stream>>>(p);
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+ScheduleView ScheduleBuilder::view() const {
+  return {counts_, expert_rows_, expert_offset_, src_rank_, src_slot_, tile_expert_, totals_, capacity_rows_};
+}
+
+}  // namespace mok::gpu

@@ -1,0 +1,77 @@
+// mok — the routing schedule built on the GPU (no host synchronization, graph-capturable).
+//
+// Each rank first publishes its topk_idx as int32 (publish_routing: casts int64, checks every id
+// against [-1, E) and reports bad ones through the device error word, replacing them with -1 so
+// no kernel ever indexes out of range). After a barrier, every rank's ScheduleBuilder reads all
+// ranks' published tables (through peer pointers over NVLink) and builds its receiver-side table
+// with the index math of schedule_math.h — bitwise the table of the CPU twin
+// (build_schedule_cpu). All buffers are sized once for the worst case, so build() allocates
+// nothing and can be captured in a CUDA graph and replayed with new routing.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "mok/config.hpp"
+
+namespace mok::gpu {
+
+// Written by the builder for the megakernel (device memory).
+struct ScheduleTotals {
+  int32_t total_rows;        // padded routed rows (multiple of 128)
+  int32_t total_tiles;       // total_rows / 128
+  int32_t num_minibatches;   // ceil(total_rows / minibatch rows)
+  int32_t num_macrobatches;  // ceil(total_rows / macrobatch rows)
+};
+
+// Device views of a built schedule.
+struct ScheduleView {
+  const int32_t* counts;         // [E_loc, W]
+  const int32_t* expert_rows;    // [E_loc]
+  const int32_t* expert_offset;  // [E_loc + 1]
+  const int32_t* src_rank;       // [capacity] (valid up to total_rows)
+  const int32_t* src_slot;       // [capacity]
+  const int32_t* tile_expert;    // [capacity / 128]
+  const ScheduleTotals* totals;
+  int64_t capacity_rows;
+};
+
+// Casts/validates one rank's topk_idx ([T, k], int32 or int64) into `published` ([T, k] int32).
+// Invalid ids are reported to `error_word` (may be null) and written as -1.
+void publish_routing(const void* topk_idx, bool is_int64, int64_t tokens, int64_t top_k,
+                     int64_t experts, int rank, int32_t* published, unsigned long long* error_word,
+                     cudaStream_t stream);
+
+class ScheduleBuilder {
+ public:
+  // Allocates every buffer for the worst case of `shape` (throws mok::Error). `tables` is a
+  // device array of W pointers, entry r pointing at rank r's published [T_r, k] int32 table
+  // (a peer address for r != rank); it must stay valid while the builder is used.
+  ScheduleBuilder(const LayerShape& shape, const Config& config, int rank,
+                  const int32_t* const* tables);
+  ~ScheduleBuilder();
+  ScheduleBuilder(const ScheduleBuilder&) = delete;
+  ScheduleBuilder& operator=(const ScheduleBuilder&) = delete;
+
+  // Enqueues the build on `stream`: 4 kernels and one memset, no host synchronization.
+  void build(cudaStream_t stream);
+  ScheduleView view() const;
+
+ private:
+  LayerShape shape_;
+  int rank_;
+  int64_t minibatch_rows_, macrobatch_rows_, capacity_rows_, total_chunks_;
+  const int32_t* const* tables_;
+  int32_t* chunk_first_ = nullptr;  // [W + 1] first chunk of each rank
+  int32_t* chunk_hist_ = nullptr;   // [total_chunks, E_loc] routes per chunk and local expert
+  int32_t* counts_ = nullptr;
+  int32_t* expert_rows_ = nullptr;
+  int32_t* expert_offset_ = nullptr;
+  int32_t* src_rank_ = nullptr;
+  int32_t* src_slot_ = nullptr;
+  int32_t* tile_expert_ = nullptr;
+  ScheduleTotals* totals_ = nullptr;
+};
+
+}  // namespace mok::gpu
