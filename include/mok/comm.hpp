@@ -1,0 +1,243 @@
+// mok — the communicator: NCCL bootstrap, start-up checks, symmetric windows, bounded-wait errors.
+//
+// A Communicator wraps one rank of an NCCL communicator (one GPU) together with what mok's kernels
+// need from the NCCL 2.28 device API: symmetric windows (ncclMemAlloc + ncclCommWindowRegister),
+// one ncclDevComm (passed by value to kernels; see src/comm/device.cuh for the device side) and a
+// host-mapped record into which a kernel writes which bounded wait expired.
+//
+// Three ways to create one:
+//   * Communicator::from_nccl_comm(comm, ...)   an existing ncclComm_t it does not own (a torch
+//                                                ProcessGroupNCCL's, `pg._get_backend(dev)._comm_ptr()`);
+//   * Communicator::from_env(...)                torchrun / mpirun variables (RANK, WORLD_SIZE,
+//                                                LOCAL_RANK, MASTER_ADDR, MASTER_PORT, or OMPI_*);
+//                                                the NCCL unique id travels over a small TCP exchange
+//                                                (or NCCL's own NCCL_COMM_ID bootstrap when set);
+//   * LocalGroup::create({0, 1, ...}, ...)       one process driving several local GPUs (tests, bench).
+//
+// Creation is collective over the ranks. It checks, in this order, and throws mok::Error naming
+// what failed: the NCCL library loaded at run time is the one the device code was compiled against;
+// all ranks agree on world size, layer shape, config, window names/sizes and barrier count
+// (handshake); NCCL reports symmetric-memory support (window registered, ncclDevCommCreate ok,
+// lsaSize == nRanks on one node). NVLink multicast (NVLS) is never requested.
+//
+// Bounded waits: every device-side spin has a deadline (Config::wait_timeout_s). On expiry the
+// kernel records the wait id, rank, peer and values in a host-mapped WaitErrorRecord and returns.
+// check_waits() turns that into mok::Error(ErrorKind::Timeout, "<wait name>", ...). After a
+// timeout the communicator is poisoned (barrier epochs and flags are no longer consistent between
+// ranks): destroy it. Destruction never blocks on a peer kernel, so teardown is clean.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mok/config.hpp"
+#include "mok/errors.hpp"
+
+struct ncclDevComm;
+
+namespace mok::comm {
+
+// ---------------------------------------------------------------------------------------------
+// Bootstrap from environment variables (no MPI needed).
+// ---------------------------------------------------------------------------------------------
+struct BootstrapEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr;   // rank 0's address (unused when world_size == 1 or NCCL_COMM_ID is set)
+  int master_port = 0;       // torchrun's MASTER_PORT (its TCPStore); mok does not listen on it
+  int bootstrap_port = 0;    // where rank 0 serves the NCCL unique id: MOK_BOOTSTRAP_PORT or MASTER_PORT+1
+  std::string nccl_comm_id;  // NCCL_COMM_ID when set: NCCL's own bootstrap is used instead of mok's TCP
+  std::string launcher;      // which variables were read: "torchrun" or "mpirun"
+};
+
+// Reads RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT (torchrun; LOCAL_RANK defaults to
+// RANK when absent), else OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK (mpirun; MASTER_ADDR/MASTER_PORT
+// still needed unless NCCL_COMM_ID is set). Optional: MOK_BOOTSTRAP_PORT. Throws
+// mok::Error(InvalidArgument) naming the variable and the constraint. `lookup` replaces getenv
+// (tests); nullptr means the process environment.
+using EnvLookup = std::function<const char*(const char*)>;
+BootstrapEnv parse_bootstrap_env(const EnvLookup& lookup = nullptr);
+
+// Rank 0 sends `blob` to ranks 1..world_size-1 over TCP (rank 0 listens on `port`, the others
+// connect to addr:port); on the others `blob` is replaced by what rank 0 sent. Every step has a
+// deadline of `timeout_s`; on expiry throws mok::Error(Timeout, "bootstrap: ...").
+void tcp_broadcast(int rank, int world_size, const std::string& addr, int port,
+                   std::vector<uint8_t>& blob, double timeout_s);
+
+// ---------------------------------------------------------------------------------------------
+// Start-up checks (pure functions; the Communicator calls them, the CPU tests too).
+// ---------------------------------------------------------------------------------------------
+// Throws mok::Error(Unsupported, "NCCL version", ...) unless runtime == compiled.
+void check_nccl_version(int runtime_version, int compiled_version);
+
+struct WindowSpec {
+  std::string name;
+  size_t bytes = 0;
+};
+
+// One value every rank must agree on. Doubles travel as their bit pattern.
+struct HandshakeField {
+  std::string name;
+  int64_t value = 0;
+  bool is_double = false;
+};
+
+// Number of int64 words one rank contributes to the handshake exchange (fixed, so that the
+// exchange itself cannot disagree).
+inline constexpr size_t kHandshakeWords = 512;
+
+// The fields, in the order they are compared: protocol, NCCL versions, world size, barrier count,
+// shape (if given), config, then the window list.
+std::vector<HandshakeField> handshake_fields(const std::optional<LayerShape>& shape,
+                                             const Config& config,
+                                             const std::vector<WindowSpec>& windows,
+                                             int world_size, int lsa_barrier_count,
+                                             int nccl_runtime_version);
+// Packs fields into kHandshakeWords words (throws InvalidArgument if they do not fit).
+std::vector<int64_t> pack_handshake(const std::vector<HandshakeField>& fields);
+// `all[r]` is rank r's packed record. Throws mok::Error(InvalidArgument, "handshake: <field>",
+// "all ranks must pass the same value: rank 0 has ..., rank 1 has ...") for the first field on
+// which some rank differs from `mine`.
+void check_handshake(const std::vector<HandshakeField>& mine,
+                     const std::vector<std::vector<int64_t>>& all);
+
+// ---------------------------------------------------------------------------------------------
+// Bounded-wait error record (host-mapped; written by the device, read by the host).
+// ---------------------------------------------------------------------------------------------
+struct alignas(64) WaitErrorRecord {
+  uint32_t status;     // 0 = none, 1 = being written, 2 = complete
+  uint32_t wait_id;    // which wait (see wait ids below and register_wait_name)
+  int32_t rank;        // rank whose wait expired
+  int32_t peer;        // peer it waited for (-1 = not one peer)
+  uint32_t block;      // blockIdx.x of the waiting thread
+  uint32_t thread;     // threadIdx.x
+  uint64_t expected;   // value waited for
+  uint64_t observed;   // last value seen
+  uint64_t waited_ns;  // how long it waited
+};
+
+// Wait ids of the communication layer; other components register theirs (>= kWaitUserBase).
+enum WaitId : uint32_t {
+  kWaitNone = 0,
+  kWaitLsaBarrier = 1,  // "comm.lsa_barrier": a peer did not arrive at an LSA barrier
+  kWaitFlag = 2,        // "comm.flag": a flag did not reach its value
+  kWaitCounter = 3,     // "comm.counter": a counter did not reach its target
+  kWaitUserBase = 1000,
+};
+// Names a wait id for error messages (thread-safe; later registrations replace earlier ones).
+void register_wait_name(uint32_t wait_id, std::string name);
+std::string wait_name(uint32_t wait_id);
+// The error a WaitErrorRecord stands for (ErrorKind::Timeout, argument = wait name).
+Error wait_error(const WaitErrorRecord& record, double timeout_s);
+
+// ---------------------------------------------------------------------------------------------
+// Communicator.
+// ---------------------------------------------------------------------------------------------
+struct CommOptions {
+  std::optional<LayerShape> shape;   // checked in the handshake when given
+  Config config;                     // wait_timeout_s bounds every device wait
+  std::vector<WindowSpec> windows;   // symmetric windows, allocated and registered at creation
+  int lsa_barrier_count = 64;        // barrier indices kernels may use concurrently
+  double bootstrap_timeout_s = 300;  // from_env: how long to wait for the other ranks
+};
+
+struct Window {
+  std::string name;
+  size_t bytes = 0;
+  void* ptr = nullptr;            // this rank's buffer (ncclMemAlloc); for host-side CUDA calls
+  ncclWindow_t handle = nullptr;  // for kernels: ncclGetLsaPointer(handle, offset, peer)
+};
+
+class Communicator {
+ public:
+  // Collective over `comm`'s ranks; the current CUDA device must not matter (the comm's device is
+  // used). The communicator is not owned: it is never finalized or destroyed here.
+  static std::unique_ptr<Communicator> from_nccl_comm(ncclComm_t comm, const CommOptions& options);
+  // Collective over the processes started by torchrun/mpirun; uses GPU LOCAL_RANK.
+  static std::unique_ptr<Communicator> from_env(const CommOptions& options);
+
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  int device() const;
+  int lsa_size() const;
+  bool owns_nccl_comm() const;
+  ncclComm_t nccl_comm() const;
+  const ncclDevComm& dev_comm() const;  // complete type in <nccl_device.h>
+  cudaStream_t stream() const;          // a stream of this communicator's device
+  const CommOptions& options() const;
+
+  size_t window_count() const;
+  const Window& window(size_t index) const;
+  const Window& window(const std::string& name) const;  // throws InvalidArgument if unknown
+  // Collective: allocates and registers one more window (name and size checked across ranks).
+  const Window& add_window(const std::string& name, size_t bytes);
+
+  // Device pointer of the host-mapped wait-error record, and its host view.
+  WaitErrorRecord* wait_error_device() const;
+  // A word in device memory that the first expired wait on this GPU claims (atomicCAS) before it
+  // fills the record; other waits on this GPU see it and give up early.
+  uint32_t* wait_claim_device() const;
+  const volatile WaitErrorRecord* wait_error_host() const;
+  uint64_t wait_timeout_ns() const;
+  // Throws mok::Error(Timeout, "<wait name>", ...) if a kernel reported an expired wait (and
+  // poisons the communicator); returns otherwise. Cheap: reads host memory.
+  void check_waits();
+  // cudaStreamSynchronize(stream) (CUDA failure -> Runtime error), then check_waits().
+  void sync_and_check(cudaStream_t stream);
+  bool poisoned() const;
+  // Collective host-side barrier (a one-word ncclAllReduce on stream()).
+  void host_barrier();
+
+ private:
+  struct Impl;
+  explicit Communicator(std::unique_ptr<Impl> impl);
+  static std::unique_ptr<Communicator> create(ncclComm_t comm, bool owned, const CommOptions& options);
+  std::unique_ptr<Impl> impl_;
+  friend class LocalGroup;
+};
+
+// One process driving several local GPUs: one Communicator per device, created, used and
+// destroyed with one host thread per device (NCCL's collective host calls — window registration,
+// ncclDevCommCreate, finalize — block until every rank has joined).
+class LocalGroup {
+ public:
+  // Creates an NCCL communicator over `devices` (ncclCommInitAll) owned by the group.
+  static LocalGroup create(const std::vector<int>& devices, const CommOptions& options);
+  // Wraps communicators the caller owns (one per rank of one NCCL communicator, in rank order).
+  static LocalGroup adopt(const std::vector<ncclComm_t>& comms, const CommOptions& options);
+
+  LocalGroup() = default;
+  LocalGroup(LocalGroup&&) noexcept = default;
+  LocalGroup& operator=(LocalGroup&& other) noexcept;
+  ~LocalGroup();  // destroys the communicators in parallel (never throws)
+
+  size_t size() const { return comms_.size(); }
+  Communicator& operator[](size_t i) { return *comms_.at(i); }
+  const Communicator& operator[](size_t i) const { return *comms_.at(i); }
+  // Runs fn(comm, index) for every rank, each on its own thread with that rank's device current.
+  // Rethrows the first exception (by rank order) after all threads have finished.
+  void run(const std::function<void(Communicator&, size_t)>& fn);
+  // Destroys every communicator now (in parallel); the group is empty afterwards.
+  void destroy();
+
+ private:
+  std::vector<std::unique_ptr<Communicator>> comms_;
+};
+
+// Runs fn(i) for i in [0, n) on n threads and rethrows the first exception by index.
+void parallel_for_ranks(size_t n, const std::function<void(size_t)>& fn);
+
+}  // namespace mok::comm

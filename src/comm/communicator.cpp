@@ -1,0 +1,500 @@
+// mok — Communicator: NCCL communicator + symmetric windows + ncclDevComm + wait-error record.
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <nccl_device.h>
+
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <thread>
+
+#include "comm/nccl_check.h"
+#include "common/cuda_check.h"
+#include "mok/comm.hpp"
+
+namespace mok::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Restores the caller's current device on scope exit.
+struct DeviceGuard {
+  int saved = -1;
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
+    MOK_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceGuard() {
+    if (saved >= 0) (void)cudaSetDevice(saved);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+};
+
+// Waits for `stream` with a host-side deadline (a collective whose peer never comes must not hang
+// start-up forever).
+void wait_stream(cudaStream_t stream, double timeout_s, const char* what) {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(timeout_s));
+  while (true) {
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) {
+      throw Error(ErrorKind::Runtime, what, detail::concat(cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
+    }
+    if (Clock::now() > deadline) {
+      throw Error(ErrorKind::Timeout, what,
+                  detail::concat("the other ranks did not join within ", timeout_s,
+                                 " s (did every rank create its communicator at the same point?)"));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+void validate_options(const CommOptions& o, int nranks) {
+  MOK_REQUIRE(o.lsa_barrier_count >= 1 && o.lsa_barrier_count <= 4096, "options.lsa_barrier_count",
+              "must be in [1, 4096], got ", o.lsa_barrier_count);
+  MOK_REQUIRE(o.config.wait_timeout_s > 0 && o.config.wait_timeout_s <= 3600,
+              "config.wait_timeout_s", "must be in (0, 3600] seconds, got ", o.config.wait_timeout_s);
+  MOK_REQUIRE(o.bootstrap_timeout_s > 0, "options.bootstrap_timeout_s", "must be > 0, got ",
+              o.bootstrap_timeout_s);
+  if (o.shape) {
+    MOK_REQUIRE(o.shape->world_size() == nranks, "shape.tokens",
+                "needs one entry per rank of the communicator (", nranks, " ranks), got ",
+                o.shape->world_size());
+    o.config.validate(*o.shape);
+  }
+  for (size_t i = 0; i < o.windows.size(); ++i) {
+    const auto& w = o.windows[i];
+    MOK_REQUIRE(!w.name.empty(), detail::concat("windows[", i, "].name"), "must not be empty");
+    MOK_REQUIRE(w.bytes > 0, detail::concat("windows[", i, "].bytes ('", w.name, "')"),
+                "must be > 0");
+    for (size_t j = 0; j < i; ++j) {
+      MOK_REQUIRE(o.windows[j].name != w.name, detail::concat("windows[", i, "].name"),
+                  "window names must be unique, '", w.name, "' is also windows[", j, "]");
+    }
+  }
+}
+
+}  // namespace
+
+struct Communicator::Impl {
+  ncclComm_t comm = nullptr;
+  bool owned = false;
+  int rank = 0, nranks = 0, device = -1;
+  CommOptions options;
+  ncclDevComm dev{};
+  bool dev_created = false;
+  std::vector<Window> windows;
+  WaitErrorRecord* record_host = nullptr;
+  WaitErrorRecord* record_dev = nullptr;
+  uint32_t* claim_dev = nullptr;
+  cudaStream_t stream = nullptr;
+  bool poisoned = false;
+
+  ~Impl() { teardown(); }
+
+  // Never throws; safe on a partially built Impl.
+  void teardown() noexcept {
+    if (device < 0) {
+      // Failed before the device was known: only the communicator itself can be held.
+      if (owned && comm) (void)ncclCommAbort(comm);
+      comm = nullptr;
+      return;
+    }
+    if (cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
+    if (stream) (void)cudaStreamSynchronize(stream);  // our own work only; kernels have deadlines
+    if (dev_created) {
+      (void)ncclDevCommDestroy(comm, &dev);
+      dev_created = false;
+    }
+    for (auto& w : windows) {
+      if (w.handle) (void)ncclCommWindowDeregister(comm, w.handle);
+      if (w.ptr) (void)ncclMemFree(w.ptr);
+    }
+    windows.clear();
+    if (record_host) (void)cudaFreeHost(record_host);
+    record_host = record_dev = nullptr;
+    if (claim_dev) (void)cudaFree(claim_dev);
+    claim_dev = nullptr;
+    if (stream) (void)cudaStreamDestroy(stream);
+    stream = nullptr;
+    if (owned && comm) {
+      if (poisoned) {
+        (void)ncclCommAbort(comm);  // local: never waits for a peer that may be gone
+      } else {
+        (void)ncclCommFinalize(comm);
+        (void)ncclCommDestroy(comm);
+      }
+    }
+    comm = nullptr;
+    (void)cudaGetLastError();
+    device = -1;
+  }
+
+  void register_window(const WindowSpec& spec) {
+    Window w;
+    w.name = spec.name;
+    w.bytes = spec.bytes;
+    const std::string what = detail::concat("window '", spec.name, "'");
+    MOK_NCCL_CHECK(ncclMemAlloc(&w.ptr, spec.bytes), comm, what + ": ncclMemAlloc");
+    ncclResult_t r = ncclCommWindowRegister(comm, w.ptr, spec.bytes, &w.handle, NCCL_WIN_COLL_SYMMETRIC);
+    if (r != ncclSuccess) {
+      (void)ncclMemFree(w.ptr);
+      throw nccl_error(r, comm, what + ": ncclCommWindowRegister");
+    }
+    if (w.handle == nullptr) {
+      (void)ncclMemFree(w.ptr);
+      throw Error(ErrorKind::Unsupported, what,
+                  "NCCL did not register it as a symmetric window: this communicator has no "
+                  "symmetric-memory support (it needs CUDA P2P load/store between all GPUs of the "
+                  "node, NCCL_CUMEM_ENABLE unset or 1, NCCL_WIN_ENABLE unset or 1)");
+    }
+    windows.push_back(w);
+    MOK_CUDA_CHECK(cudaMemsetAsync(w.ptr, 0, spec.bytes, stream));
+  }
+
+  void handshake(const std::vector<WindowSpec>& specs, bool with_config) {
+    int runtime = 0;
+    MOK_NCCL_CHECK(ncclGetVersion(&runtime), comm, "ncclGetVersion");
+    std::vector<HandshakeField> fields;
+    if (with_config) {
+      fields = handshake_fields(options.shape, options.config, specs, nranks, options.lsa_barrier_count, runtime);
+    } else {
+      // add_window: only the new window.
+      fields = handshake_fields(std::nullopt, Config{}, specs, nranks, options.lsa_barrier_count, runtime);
+    }
+    const std::vector<int64_t> packed = pack_handshake(fields);
+    int64_t* buf = nullptr;
+    const size_t words = kHandshakeWords;
+    MOK_CUDA_CHECK(cudaMalloc(&buf, words * sizeof(int64_t) * (1 + static_cast<size_t>(nranks))));
+    std::vector<int64_t> gathered(words * static_cast<size_t>(nranks));
+    try {
+      MOK_CUDA_CHECK(cudaMemcpyAsync(buf, packed.data(), words * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
+      MOK_NCCL_CHECK(ncclAllGather(buf, buf + words, words, ncclInt64, comm, stream), comm,
+                     "handshake: ncclAllGather");
+      MOK_CUDA_CHECK(cudaMemcpyAsync(gathered.data(), buf + words, gathered.size() * sizeof(int64_t),
+                                     cudaMemcpyDeviceToHost, stream));
+      wait_stream(stream, options.bootstrap_timeout_s, "handshake");
+    } catch (...) {
+      (void)cudaFree(buf);
+      throw;
+    }
+    MOK_CUDA_CHECK(cudaFree(buf));
+    std::vector<std::vector<int64_t>> all(static_cast<size_t>(nranks));
+    for (size_t r = 0; r < all.size(); ++r) {
+      all[r].assign(gathered.begin() + static_cast<std::ptrdiff_t>(r * words),
+                    gathered.begin() + static_cast<std::ptrdiff_t>((r + 1) * words));
+    }
+    check_handshake(fields, all);
+  }
+
+  void barrier() {
+    int* buf = nullptr;
+    MOK_CUDA_CHECK(cudaMalloc(&buf, sizeof(int)));
+    try {
+      MOK_CUDA_CHECK(cudaMemsetAsync(buf, 0, sizeof(int), stream));
+      MOK_NCCL_CHECK(ncclAllReduce(buf, buf, 1, ncclInt32, ncclSum, comm, stream), comm,
+                     "host_barrier: ncclAllReduce");
+      wait_stream(stream, options.bootstrap_timeout_s, "host_barrier");
+    } catch (...) {
+      (void)cudaFree(buf);
+      throw;
+    }
+    MOK_CUDA_CHECK(cudaFree(buf));
+  }
+};
+
+Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Communicator::~Communicator() = default;
+
+std::unique_ptr<Communicator> Communicator::create(ncclComm_t comm, bool owned, const CommOptions& options) {
+  MOK_REQUIRE(comm != nullptr, "comm", "must be an initialized ncclComm_t, got null");
+  auto impl = std::make_unique<Impl>();
+  impl->comm = comm;
+  impl->owned = owned;
+  impl->options = options;
+
+  // 1. The NCCL library this process loaded must be the one the device code was compiled against.
+  int runtime = 0;
+  MOK_NCCL_CHECK(ncclGetVersion(&runtime), nullptr, "ncclGetVersion");
+  try {
+    check_nccl_version(runtime, NCCL_VERSION_CODE);
+  } catch (...) {
+    impl->comm = nullptr;  // never touch a communicator of another NCCL build
+    throw;
+  }
+
+  int device = -1;
+  MOK_NCCL_CHECK(ncclCommCuDevice(comm, &device), comm, "ncclCommCuDevice");
+  MOK_NCCL_CHECK(ncclCommUserRank(comm, &impl->rank), comm, "ncclCommUserRank");
+  MOK_NCCL_CHECK(ncclCommCount(comm, &impl->nranks), comm, "ncclCommCount");
+  DeviceGuard guard(device);
+  impl->device = device;
+  validate_options(options, impl->nranks);
+  MOK_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
+
+  // 2. Every rank must describe the same layer, config, windows and barriers.
+  impl->handshake(options.windows, /*with_config=*/true);
+
+  // 3. Wait-error record in host-mapped memory.
+  void* rec = nullptr;
+  MOK_CUDA_CHECK(cudaHostAlloc(&rec, sizeof(WaitErrorRecord), cudaHostAllocMapped | cudaHostAllocPortable));
+  impl->record_host = static_cast<WaitErrorRecord*>(rec);
+  std::memset(rec, 0, sizeof(WaitErrorRecord));
+  void* rec_dev = nullptr;
+  MOK_CUDA_CHECK(cudaHostGetDevicePointer(&rec_dev, rec, 0));
+  impl->record_dev = static_cast<WaitErrorRecord*>(rec_dev);
+  MOK_CUDA_CHECK(cudaMalloc(&impl->claim_dev, sizeof(uint32_t)));
+  MOK_CUDA_CHECK(cudaMemsetAsync(impl->claim_dev, 0, sizeof(uint32_t), impl->stream));
+
+  // 4. Symmetric windows (collective), zeroed.
+  for (const auto& spec : options.windows) impl->register_window(spec);
+
+  // 5. Device communicator: LSA barriers only; never multimem (NVLS).
+  ncclDevCommRequirements reqs;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
+  reqs = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
+#else
+  std::memset(&reqs, 0, sizeof(reqs));
+#endif
+  reqs.lsaMultimem = false;
+  reqs.lsaBarrierCount = options.lsa_barrier_count;
+  const ncclResult_t r = ncclDevCommCreate(comm, &reqs, &impl->dev);
+  if (r != ncclSuccess) {
+    throw Error(ErrorKind::Unsupported, "ncclDevCommCreate",
+                detail::concat("NCCL could not create a device communicator (", ncclGetErrorString(r), ": ",
+                               ncclGetLastError(comm),
+                               "); mok needs symmetric memory with load/store access between all GPUs "
+                               "(CUDA P2P over NVLink)"));
+  }
+  impl->dev_created = true;
+  if (impl->dev.lsaSize != impl->nranks) {
+    throw Error(ErrorKind::Unsupported, "ncclDevComm.lsaSize",
+                detail::concat("all ranks must reach each other by load/store (one NVLink domain): lsaSize = ",
+                               impl->dev.lsaSize, ", nRanks = ", impl->nranks,
+                               " (multi-node needs NCCL GIN, not supported yet)"));
+  }
+
+  // 6. Windows are zeroed on every rank before any kernel of any rank may touch them.
+  MOK_CUDA_CHECK(cudaStreamSynchronize(impl->stream));
+  impl->barrier();
+  return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
+}
+
+std::unique_ptr<Communicator> Communicator::from_nccl_comm(ncclComm_t comm, const CommOptions& options) {
+  return create(comm, /*owned=*/false, options);
+}
+
+std::unique_ptr<Communicator> Communicator::from_env(const CommOptions& options) {
+  int runtime = 0;
+  MOK_NCCL_CHECK(ncclGetVersion(&runtime), nullptr, "ncclGetVersion");
+  check_nccl_version(runtime, NCCL_VERSION_CODE);
+  const BootstrapEnv env = parse_bootstrap_env();
+  int ndev = 0;
+  MOK_CUDA_CHECK(cudaGetDeviceCount(&ndev));
+  MOK_REQUIRE(env.local_rank < ndev, env.launcher == "mpirun" ? "OMPI_COMM_WORLD_LOCAL_RANK" : "LOCAL_RANK",
+              "must be < the number of visible GPUs (", ndev, "), got ", env.local_rank);
+  MOK_CUDA_CHECK(cudaSetDevice(env.local_rank));
+
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  if (!env.nccl_comm_id.empty() || env.world_size == 1) {
+    // NCCL_COMM_ID set: every rank derives the same id from it (NCCL's own bootstrap).
+    MOK_NCCL_CHECK(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId");
+  } else {
+    std::vector<uint8_t> blob(sizeof(id));
+    if (env.rank == 0) {
+      MOK_NCCL_CHECK(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId");
+      std::memcpy(blob.data(), &id, sizeof(id));
+    }
+    tcp_broadcast(env.rank, env.world_size, env.master_addr, env.bootstrap_port, blob,
+                  options.bootstrap_timeout_s);
+    std::memcpy(&id, blob.data(), sizeof(id));
+  }
+  ncclComm_t comm = nullptr;
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 1;
+  MOK_NCCL_CHECK(ncclCommInitRankConfig(&comm, env.world_size, id, env.rank, &cfg), nullptr,
+                 "ncclCommInitRankConfig");
+  return create(comm, /*owned=*/true, options);  // on failure create()'s Impl destroys `comm`
+}
+
+int Communicator::rank() const { return impl_->rank; }
+int Communicator::world_size() const { return impl_->nranks; }
+int Communicator::device() const { return impl_->device; }
+int Communicator::lsa_size() const { return impl_->dev.lsaSize; }
+bool Communicator::owns_nccl_comm() const { return impl_->owned; }
+ncclComm_t Communicator::nccl_comm() const { return impl_->comm; }
+const ncclDevComm& Communicator::dev_comm() const { return impl_->dev; }
+cudaStream_t Communicator::stream() const { return impl_->stream; }
+const CommOptions& Communicator::options() const { return impl_->options; }
+size_t Communicator::window_count() const { return impl_->windows.size(); }
+
+const Window& Communicator::window(size_t index) const {
+  MOK_REQUIRE(index < impl_->windows.size(), "window index", "must be < ", impl_->windows.size(),
+              ", got ", index);
+  return impl_->windows[index];
+}
+
+const Window& Communicator::window(const std::string& name) const {
+  for (const auto& w : impl_->windows) {
+    if (w.name == name) return w;
+  }
+  std::string known;
+  for (const auto& w : impl_->windows) known += (known.empty() ? "'" : ", '") + w.name + "'";
+  throw Error(ErrorKind::InvalidArgument, "window name",
+              detail::concat("no window named '", name, "' (known: ", known.empty() ? "none" : known, ")"));
+}
+
+const Window& Communicator::add_window(const std::string& name, size_t bytes) {
+  if (impl_->poisoned) {
+    throw Error(ErrorKind::Runtime, "add_window", "the communicator is unusable after a wait timeout");
+  }
+  DeviceGuard guard(impl_->device);
+  MOK_REQUIRE(!name.empty(), "window name", "must not be empty");
+  MOK_REQUIRE(bytes > 0, detail::concat("window '", name, "' bytes"), "must be > 0");
+  for (const auto& w : impl_->windows) {
+    MOK_REQUIRE(w.name != name, "window name", "must be unique, '", name, "' exists");
+  }
+  const WindowSpec spec{name, bytes};
+  impl_->handshake({spec}, /*with_config=*/false);
+  impl_->register_window(spec);
+  MOK_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+  impl_->barrier();
+  impl_->options.windows.push_back(spec);
+  return impl_->windows.back();
+}
+
+WaitErrorRecord* Communicator::wait_error_device() const { return impl_->record_dev; }
+const volatile WaitErrorRecord* Communicator::wait_error_host() const { return impl_->record_host; }
+uint32_t* Communicator::wait_claim_device() const { return impl_->claim_dev; }
+
+uint64_t Communicator::wait_timeout_ns() const {
+  return static_cast<uint64_t>(impl_->options.config.wait_timeout_s * 1e9);
+}
+
+void Communicator::check_waits() {
+  const volatile WaitErrorRecord* r = impl_->record_host;
+  if (r == nullptr || r->status == 0) return;
+  // A writer may still be filling the record (status 1): give it a moment.
+  for (int i = 0; i < 1000 && r->status != 2; ++i) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  WaitErrorRecord copy;
+  copy.status = r->status;
+  copy.wait_id = r->wait_id;
+  copy.rank = r->rank;
+  copy.peer = r->peer;
+  copy.block = r->block;
+  copy.thread = r->thread;
+  copy.expected = r->expected;
+  copy.observed = r->observed;
+  copy.waited_ns = r->waited_ns;
+  impl_->poisoned = true;
+  throw wait_error(copy, impl_->options.config.wait_timeout_s);
+}
+
+void Communicator::sync_and_check(cudaStream_t stream) {
+  DeviceGuard guard(impl_->device);
+  MOK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  check_waits();
+}
+
+bool Communicator::poisoned() const { return impl_->poisoned; }
+
+void Communicator::host_barrier() {
+  DeviceGuard guard(impl_->device);
+  impl_->barrier();
+}
+
+// ---------------------------------------------------------------------------------------------
+// LocalGroup
+// ---------------------------------------------------------------------------------------------
+void parallel_for_ranks(size_t n, const std::function<void(size_t)>& fn) {
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        fn(i);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+LocalGroup LocalGroup::create(const std::vector<int>& devices, const CommOptions& options) {
+  MOK_REQUIRE(!devices.empty(), "devices", "at least one device is required");
+  int runtime = 0;
+  MOK_NCCL_CHECK(ncclGetVersion(&runtime), nullptr, "ncclGetVersion");
+  check_nccl_version(runtime, NCCL_VERSION_CODE);
+  int ndev = 0;
+  MOK_CUDA_CHECK(cudaGetDeviceCount(&ndev));
+  for (size_t i = 0; i < devices.size(); ++i) {
+    MOK_REQUIRE(devices[i] >= 0 && devices[i] < ndev, detail::concat("devices[", i, "]"),
+                "must be a visible GPU index in [0, ", ndev, "), got ", devices[i]);
+  }
+  std::vector<ncclComm_t> comms(devices.size(), nullptr);
+  MOK_NCCL_CHECK(ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data()), nullptr,
+                 "ncclCommInitAll");
+  LocalGroup g;
+  g.comms_.resize(devices.size());
+  try {
+    parallel_for_ranks(devices.size(), [&](size_t i) {
+      // From here on `comms[i]` is owned by the Impl that create() builds first; that Impl tears
+      // it down on any failure.
+      g.comms_[i] = Communicator::create(comms[i], /*owned=*/true, options);
+    });
+  } catch (...) {
+    g.destroy();
+    throw;
+  }
+  return g;
+}
+
+LocalGroup LocalGroup::adopt(const std::vector<ncclComm_t>& comms, const CommOptions& options) {
+  LocalGroup g;
+  g.comms_.resize(comms.size());
+  try {
+    parallel_for_ranks(comms.size(), [&](size_t i) {
+      g.comms_[i] = Communicator::from_nccl_comm(comms[i], options);
+    });
+  } catch (...) {
+    g.destroy();
+    throw;
+  }
+  return g;
+}
+
+LocalGroup& LocalGroup::operator=(LocalGroup&& other) noexcept {
+  if (this != &other) {
+    destroy();
+    comms_ = std::move(other.comms_);
+  }
+  return *this;
+}
+
+LocalGroup::~LocalGroup() { destroy(); }
+
+void LocalGroup::run(const std::function<void(Communicator&, size_t)>& fn) {
+  parallel_for_ranks(comms_.size(), [&](size_t i) {
+    MOK_CUDA_CHECK(cudaSetDevice(comms_[i]->device()));
+    fn(*comms_[i], i);
+  });
+}
+
+void LocalGroup::destroy() {
+  if (comms_.empty()) return;
+  try {
+    parallel_for_ranks(comms_.size(), [&](size_t i) { comms_[i].reset(); });
+  } catch (...) {
+  }
+  comms_.clear();
+}
+
+}  // namespace mok::comm
