@@ -101,6 +101,21 @@ void weight_grad(const std::vector<float>& A, const std::vector<float>& B, int64
   for (int64_t i = 0; i < n_out * k_out; ++i) out[i] = bf16(c[sz(i)]);
 }
 
+// Calls fn(local_expert, first_row, rows, weights) for the valid rows of each of rank d's
+// expert segments that fall inside the ring window [b, e) (padding rows would give zeros).
+template <typename Fn>
+void for_each_segment(const ScheduleTable& s, int d, int64_t b, int64_t e, const LayerWeights& w,
+                      int64_t H, int64_t I, Fn&& fn) {
+  for (int64_t le = 0; le < s.local_experts; ++le) {
+    const int64_t seg_b = std::max(b, int64_t{s.expert_offset[sz(le)]});
+    const int64_t seg_e = std::min(e, int64_t{s.expert_offset[sz(le)]} + s.expert_rows[sz(le)]);
+    if (seg_b >= seg_e) continue;
+    const int64_t ge = d * s.local_experts + le;
+    const ExpertF ex(&w.w_gate[sz(ge * I * H)], &w.w_up[sz(ge * I * H)], &w.w_down[sz(ge * H * I)], H, I);
+    fn(le, seg_b, seg_e - seg_b, ex);
+  }
+}
+
 std::vector<std::span<const int32_t>> routing_spans(const std::vector<RankInput>& in) {
   std::vector<std::span<const int32_t>> s;
   for (const auto& r : in) s.emplace_back(r.topk_idx);
@@ -144,7 +159,7 @@ ForwardResult Engine::forward(const std::vector<RankInput>& in, const LayerWeigh
   validate_inputs(in, w);
   const int W = shape_.world_size(), threads = config_.cpu_threads;
   const int64_t H = shape_.hidden, I = shape_.intermediate, k = shape_.top_k,
-                e_loc = shape_.local_experts(), Is = shape_.shared_intermediate;
+                Is = shape_.shared_intermediate;
   const int64_t ring_rows = config_.resolved_macrobatch(shape_);
   const auto spans = routing_spans(in);
 
@@ -171,13 +186,8 @@ ForwardResult Engine::forward(const std::vector<RankInput>& in, const LayerWeigh
         const bf16* x = &in[sz(src)].x[sz(s.src_slot[sz(row)] / k * H)];
         for (int64_t h = 0; h < H; ++h) dst[h] = static_cast<float>(x[h]);
       }
-      // Experts on their segments (valid rows only; padding rows would produce zeros).
-      for (int64_t le = 0; le < e_loc; ++le) {
-        const int64_t seg_b = std::max(b, int64_t{s.expert_offset[sz(le)]});
-        const int64_t seg_e = std::min(e, int64_t{s.expert_offset[sz(le)]} + s.expert_rows[sz(le)]);
-        if (seg_b >= seg_e) continue;
-        const int64_t ge = d * e_loc + le, M = seg_e - seg_b;
-        ExpertF ex(&w.w_gate[sz(ge * I * H)], &w.w_up[sz(ge * I * H)], &w.w_down[sz(ge * H * I)], H, I);
+      // Experts on their segments.
+      for_each_segment(s, d, b, e, w, H, I, [&](int64_t, int64_t seg_b, int64_t M, const ExpertF& ex) {
         FfnActs a = ffn_forward(ex, &ring[sz((seg_b - b) * H)], M, threads);
         // Push combine: unweighted y row -> combine[src][slot].
         for (int64_t r = 0; r < M; ++r) {
@@ -185,7 +195,7 @@ ForwardResult Engine::forward(const std::vector<RankInput>& in, const LayerWeigh
           std::copy_n(&a.y[sz(r * H)], H,
                       &combine[sz(s.src_rank[sz(row)])][sz(int64_t{s.src_slot[sz(row)]} * H)]);
         }
-      }
+      });
     }
     res.macrobatches.push_back(n_macro);
     res.schedules.push_back(std::move(s));
@@ -259,12 +269,7 @@ Gradients Engine::backward(const std::vector<RankInput>& in, const LayerWeights&
           dyd[h] = round_bf16(wt * static_cast<float>(d_out[sz(src)][sz(t * H + h)]));
         }
       }
-      for (int64_t le = 0; le < e_loc; ++le) {
-        const int64_t seg_b = std::max(b, int64_t{s.expert_offset[sz(le)]});
-        const int64_t seg_e = std::min(e, int64_t{s.expert_offset[sz(le)]} + s.expert_rows[sz(le)]);
-        if (seg_b >= seg_e) continue;
-        const int64_t ge = d * e_loc + le, M = seg_e - seg_b;
-        ExpertF ex(&w.w_gate[sz(ge * I * H)], &w.w_up[sz(ge * I * H)], &w.w_down[sz(ge * H * I)], H, I);
+      for_each_segment(s, d, b, e, w, H, I, [&](int64_t le, int64_t seg_b, int64_t M, const ExpertF& ex) {
         const float* xv = &ring_x[sz((seg_b - b) * H)];
         const float* dy = &ring_dy[sz((seg_b - b) * H)];
         FfnActs a = ffn_forward(ex, xv, M, threads);
@@ -287,7 +292,7 @@ Gradients Engine::backward(const std::vector<RankInput>& in, const LayerWeights&
                                      std::vector<float>(dy + r * H, dy + (r + 1) * H),
                                      span_of(a.h, I), span_of(gr.dg, I), span_of(gr.du, I)});
         }
-      }
+      });
     }
     // Weight gradients of this rank's experts, rows in global token order.
     for (int64_t le = 0; le < e_loc; ++le) {
