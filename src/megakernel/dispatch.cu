@@ -1,0 +1,88 @@
+#include <cuda_runtime.h>
+
+#include "common/cuda_check.h"
+#include "megakernel/dispatch.h"
+#include "mok/errors.hpp"
+
+namespace mok::gpu {
+
+namespace {
+
+constexpr int kThreads = 512;
+
+// One warp moves one row at a time with 16-byte accesses, 4 in flight per lane; warps of all
+// CTAs stride over the window's rows. `kPull` selects the direction.
+template <bool kPull>
+__global__ void __launch_bounds__(kThreads) move_rows_kernel(ScheduleView s, int hidden_vecs, int top_k,
+                                                             int64_t row_begin, int64_t row_end,
+                                                             const uint4* const* src_peers,
+                                                             const uint4* local_src, uint4* local_dst,
+                                                             uint4* const* dst_peers) {
+  const int64_t total = s.totals->total_rows;
+  const int64_t end = row_end < 0 || row_end > total ? total : row_end;
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t row = row_begin + warp; row < end; row += warps) {
+    const int src = s.src_rank[row];
+    const int64_t local = (row - row_begin) * hidden_vecs;
+    if constexpr (kPull) {
+      uint4* dst = local_dst + local;
+      if (src < 0) {
+        for (int v = lane; v < hidden_vecs; v += 32) dst[v] = make_uint4(0, 0, 0, 0);
+        continue;
+      }
+      const uint4* from = src_peers[src] + static_cast<int64_t>(s.src_slot[row] / top_k) * hidden_vecs;
+      int v = lane;
+      for (; v + 96 < hidden_vecs; v += 128) {
+        const uint4 a = from[v], b = from[v + 32], c = from[v + 64], d = from[v + 96];
+        dst[v] = a;
+        dst[v + 32] = b;
+        dst[v + 64] = c;
+        dst[v + 96] = d;
+      }
+      for (; v < hidden_vecs; v += 32) dst[v] = from[v];
+    } else {
+      if (src < 0) continue;
+      const uint4* from = local_src + local;
+      uint4* dst = dst_peers[src] + static_cast<int64_t>(s.src_slot[row]) * hidden_vecs;
+      int v = lane;
+      for (; v + 96 < hidden_vecs; v += 128) {
+        const uint4 a = from[v], b = from[v + 32], c = from[v + 64], d = from[v + 96];
+        dst[v] = a;
+        dst[v + 32] = b;
+        dst[v + 64] = c;
+        dst[v + 96] = d;
+      }
+      for (; v < hidden_vecs; v += 32) dst[v] = from[v];
+    }
+  }
+}
+
+void check(const MoveArgs& a) {
+  MOK_REQUIRE(a.hidden > 0 && a.hidden % 8 == 0, "hidden", "must be a positive multiple of 8, got ", a.hidden);
+  MOK_REQUIRE(a.top_k >= 1, "top_k", "must be >= 1, got ", a.top_k);
+  MOK_REQUIRE(a.sms >= 1, "sms", "must be >= 1, got ", a.sms);
+  MOK_REQUIRE(a.row_begin >= 0 && (a.row_end < 0 || a.row_end >= a.row_begin), "row_begin/row_end",
+              "need 0 <= row_begin <= row_end (or row_end = -1), got ", a.row_begin, ", ", a.row_end);
+}
+
+}  // namespace
+
+void pull_dispatch(const MoveArgs& a, const void* const* x_peers, void* x_routed, cudaStream_t stream) {
+  check(a);
+  move_rows_kernel<true><<<a.sms, kThreads, 0, stream>>>(
+      a.schedule, static_cast<int>(a.hidden / 8), static_cast<int>(a.top_k), a.row_begin, a.row_end,
+      reinterpret_cast<const uint4* const*>(x_peers), nullptr, static_cast<uint4*>(x_routed), nullptr);
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+void push_combine(const MoveArgs& a, const void* y_routed, void* const* combine_peers, cudaStream_t stream) {
+  check(a);
+  move_rows_kernel<false><<<a.sms, kThreads, 0, stream>>>(
+      a.schedule, static_cast<int>(a.hidden / 8), static_cast<int>(a.top_k), a.row_begin, a.row_end,
+      nullptr, static_cast<const uint4*>(y_routed), nullptr, reinterpret_cast<uint4* const*>(combine_peers));
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace mok::gpu

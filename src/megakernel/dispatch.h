@@ -1,0 +1,31 @@
+// mok — token movement of the unfused path (and the reference loops of the megakernel's comm
+// CTAs): pull dispatch and push combine driven by the receiver-side schedule.
+//   pull:  x_routed[i] = x[src_rank[i]][src_slot[i] / k]   (padding rows: zero)
+//   push:  combine[src_rank[i]][src_slot[i]] = y_routed[i]  (valid rows only)
+// `peers` arguments are device arrays of W pointers (peer addresses over NVLink for other
+// ranks). Row counts come from the schedule's device-side totals: no host synchronization.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "schedule/schedule_gpu.h"
+
+namespace mok::gpu {
+
+struct MoveArgs {
+  ScheduleView schedule;
+  int64_t hidden = 0;     // H, multiple of 8
+  int64_t top_k = 0;
+  int64_t row_begin = 0;  // first routed row of the window (ring / macrobatch); rows are
+  int64_t row_end = -1;   // clipped to [row_begin, min(row_end, total_rows)); -1 = to the end
+  int sms = 16;           // CTAs used (one per SM)
+};
+
+// x_peers[r]: rank r's x [T_r, H] bf16. x_routed: [rows of the window, H] bf16 (window-relative).
+void pull_dispatch(const MoveArgs& a, const void* const* x_peers, void* x_routed, cudaStream_t stream);
+// y_routed: [rows of the window, H] bf16 (window-relative). combine_peers[r]: [T_r * k, H] bf16.
+void push_combine(const MoveArgs& a, const void* y_routed, void* const* combine_peers, cudaStream_t stream);
+
+}  // namespace mok::gpu
