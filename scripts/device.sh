@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: print the environment, build, run the CPU and GPU tests, run the
-# main job. Logs go to $OUT (when set). Usage (from the repo root): scripts/device.sh [ctest -R regex]
+# main job. Logs go to $OUT (when set). Usage (from the repo root):
+#   [MOK_TARGETS="t1 t2 ..."] [MOK_COMMIT=<hash>] scripts/device.sh [ctest -R regex]
+# MOK_TARGETS limits the build to those targets (others' unfinished areas cannot break the run);
+# the build keeps going past failures (-k 0) either way.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT="${OUT:-/tmp/mok-out}"
@@ -23,9 +26,11 @@ export MOK_GTEST_SOURCE="$ROOT/.deps/googletest"
 export MOK_BUILD="$ROOT/build/device"
 cd "$ROOT"
 set -o pipefail
-( source scripts/common.sh && mok_ensure_deps && mok_build ) 2>&1 | tee "$OUT/build.log" | tail -5
+targets=()
+for t in ${MOK_TARGETS:-}; do targets+=(--target "$t"); done
+( source scripts/common.sh && mok_ensure_deps && mok_build "${targets[@]}" -- -k 0 ) 2>&1 | tee "$OUT/build.log" | grep -E "FAILED|error" | head -20
 cd build/device
-ctest -L cpu -j 8 --output-on-failure 2>&1 | tee "$OUT/ctest-cpu.log" | tail -4
+ctest -L cpu -j 8 --output-on-failure ${1:+-R "$1"} 2>&1 | tee "$OUT/ctest-cpu.log" | tail -4
 if [ $# -gt 0 ]; then
   ctest -L gpu --output-on-failure -R "$1" 2>&1 | tee "$OUT/ctest-gpu.log" | tail -15
 else
