@@ -1,0 +1,307 @@
+// mok — the SM90 BF16 tile engine: warp-specialized, TMA-fed, wgmma-based, persistent.
+//
+// Roles inside one CTA of 384 threads (3 warpgroups):
+//   * warpgroup 0 = producer: drops to kProducerRegs registers; one elected thread of its first
+//     warp issues the TMA loads of every K block into a kStages-deep ring of shared-memory stages
+//     (full barrier: 1 arrival + the stage's bytes; empty barrier: one arrival per consumer warp);
+//   * warpgroups 1 and 2 = consumers: raise to kConsumerRegs registers; each owns 64 rows of the
+//     128-row tile and all 256 columns (m64n256k16 wgmma, 128 fp32 accumulators per thread), keeps
+//     one wgmma group in flight (a stage is released when the next one's group was issued), then
+//     runs the epilogue: accumulators -> bf16 (stmatrix into a 128B-swizzled 64x64 chunk buffer,
+//     two buffers per warpgroup) -> TMA store, overlapping the next chunk and the next tile.
+// Producer and consumers walk the same tile sequence (a Schedule with a deterministic next()),
+// so the pipeline needs no other coordination. The pieces (produce_tile, mma_tile, the epilogue
+// helpers) are device functions over an Smem view, a PipeState and a Tile: a megakernel that owns
+// its own task list calls them directly (see notes/gemm.md, "Using the engine in a megakernel").
+//
+// Named barriers used: 1 + consumer warpgroup index (epilogue, 128 threads), 3 (both consumer
+// warpgroups, 256 threads; only for K-masked tiles).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "gemm/sm90.cuh"
+
+namespace mok::gemm::engine {
+
+using namespace mok::gemm::sm90;
+
+inline constexpr int kBlockM = 128;
+inline constexpr int kBlockN = 256;
+inline constexpr int kBlockK = 64;
+inline constexpr int kStages = 4;
+inline constexpr int kThreads = 384;
+inline constexpr uint32_t kProducerRegs = 40;
+inline constexpr uint32_t kConsumerRegs = 232;
+inline constexpr int kAccRegs = kBlockN / 2;  // m64n256 fp32 accumulators per thread
+
+inline constexpr uint32_t kATileBytes = kBlockM * kBlockK * 2;  // 16 KB
+inline constexpr uint32_t kBTileBytes = kBlockN * kBlockK * 2;  // 32 KB
+inline constexpr uint32_t kStageBytes = kATileBytes + kBTileBytes;
+inline constexpr uint32_t kChunkBytes = 64 * 64 * 2;  // 8 KB: [64 rows][64 bf16], 128B-swizzled
+inline constexpr uint32_t kEpiOffset = kStages * kStageBytes;
+inline constexpr uint32_t kBarOffset = kEpiOffset + 4 * kChunkBytes;
+inline constexpr uint32_t kSmemBytes = kBarOffset + 2 * kStages * 8 + 1024;  // + alignment slack
+static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of shared memory a CTA may use");
+
+inline constexpr uint32_t kBarEpilogue = 1;   // + consumer warpgroup index
+inline constexpr uint32_t kBarConsumers = 3;  // both consumer warpgroups
+
+// Wait sites recorded in the error word when a bounded wait expires.
+inline constexpr unsigned int kSiteProducerEmpty = 0x6e01;
+inline constexpr unsigned int kSiteConsumerFull = 0x6e02;
+
+// View of the engine's shared memory (base 1024-byte aligned).
+struct Smem {
+  uint8_t* base;
+  __device__ uint8_t* a(uint32_t s) const { return base + s * kATileBytes; }
+  __device__ uint8_t* b(uint32_t s) const { return base + kStages * kATileBytes + s * kBTileBytes; }
+  __device__ uint8_t* epi(int cwg, uint32_t buf) const {
+    return base + kEpiOffset + (uint32_t(cwg) * 2u + buf) * kChunkBytes;
+  }
+  __device__ uint64_t* full(uint32_t s) const {
+    return reinterpret_cast<uint64_t*>(base + kBarOffset) + s;
+  }
+  __device__ uint64_t* empty(uint32_t s) const {
+    return reinterpret_cast<uint64_t*>(base + kBarOffset) + kStages + s;
+  }
+};
+
+__device__ __forceinline__ Smem smem_view(uint8_t* raw) {
+  const uintptr_t p = (reinterpret_cast<uintptr_t>(raw) + 1023u) & ~uintptr_t(1023u);
+  return Smem{reinterpret_cast<uint8_t*>(p)};
+}
+
+// One thread initialises the ring's barriers; a CTA-wide barrier must follow.
+__device__ __forceinline__ void init_barriers(const Smem& sm) {
+  for (uint32_t s = 0; s < kStages; ++s) {
+    mbar_init(sm.full(s), 1);
+    mbar_init(sm.empty(s), 8);  // one arrival per consumer warp
+  }
+  mbar_fence_init();
+}
+
+struct PipeState {
+  uint32_t stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == uint32_t(kStages)) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
+// One output tile of kBlockM x kBlockN.
+struct Tile {
+  int32_t a_m;           // A coordinate along M (K-major A: routed row; MN-major A: column)
+  int32_t b_n;           // first output column (B coordinate along N)
+  int32_t b_batch;       // B's outer coordinate (expert of a [E, ., .] weight map)
+  int32_t k_begin;       // first K coordinate
+  int32_t k_blocks;      // 64-wide K blocks (0: the tile is zero)
+  int32_t k_last_valid;  // valid K rows of the last block (64 unless the tile is K-masked)
+  int32_t out_row;       // output row of the tile's first row
+  int32_t out_batch;     // output outer coordinate (3-D output maps)
+};
+
+// ------------------------------------------------------------------------------------------------
+// Producer (one thread)
+// ------------------------------------------------------------------------------------------------
+// A maps: K-major 2-D {K, rows} with box {64, 128}; MN-major 2-D {M, K rows} with box {64, 64}.
+// B maps: K-major 3-D {K, N, batch} with box {64, 256, 1}; MN-major 3-D {N, K, batch} with box
+// {64, 64, 1}.
+template <bool kAMN, bool kBMN>
+__device__ __forceinline__ void produce_tile(const Smem& sm, PipeState& ps, const Tile& t,
+                                             const CUtensorMap* map_a, const CUtensorMap* map_b,
+                                             const WaitBound& wb) {
+  for (int kb = 0; kb < t.k_blocks; ++kb) {
+    mbar_wait(sm.empty(ps.stage), ps.phase ^ 1u, wb, kSiteProducerEmpty);
+    uint64_t* full = sm.full(ps.stage);
+    mbar_arrive_expect_tx(full, kStageBytes);
+    const int32_t k = t.k_begin + kb * kBlockK;
+    uint8_t* a = sm.a(ps.stage);
+    uint8_t* b = sm.b(ps.stage);
+    if constexpr (!kAMN) {
+      tma_load_2d(a, map_a, full, k, t.a_m);
+    } else {
+      tma_load_2d(a, map_a, full, t.a_m, k);
+      tma_load_2d(a + kChunkBytes, map_a, full, t.a_m + 64, k);
+    }
+    if constexpr (!kBMN) {
+      tma_load_3d(b, map_b, full, k, t.b_n, t.b_batch);
+    } else {
+#pragma unroll
+      for (int c = 0; c < kBlockN / 64; ++c)
+        tma_load_3d(b + c * kChunkBytes, map_b, full, t.b_n + 64 * c, k, t.b_batch);
+    }
+    ps.advance();
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Consumer mainloop (one warpgroup; cwg = 0 or 1 picks rows 0..63 or 64..127 of the tile)
+// ------------------------------------------------------------------------------------------------
+__device__ __forceinline__ void release_stage(const Smem& sm, uint32_t s) {
+  if (lane_id() == 0) mbar_arrive(sm.empty(s));
+}
+
+// Zeroes K rows [valid, 64) of both operands of stage s (MN-major A and B only): rows past an
+// expert's last token are padding whose contents are unspecified (possibly NaN). Called by all
+// 256 consumer threads (ct = 0..255).
+__device__ __forceinline__ void mask_k_rows(const Smem& sm, uint32_t s, int valid, uint32_t ct) {
+  const uint32_t rows = uint32_t(kBlockK - valid);
+  const uint32_t per_chunk = rows * 8u;  // 16-byte units
+  const uint32_t units = per_chunk * 6u;  // 2 A chunks + 4 B chunks
+  for (uint32_t u = ct; u < units; u += 256u) {
+    const uint32_t chunk = u / per_chunk;
+    const uint32_t rem = u - chunk * per_chunk;
+    const uint32_t row = uint32_t(valid) + rem / 8u;
+    uint8_t* base = chunk < 2u ? sm.a(s) + chunk * kChunkBytes : sm.b(s) + (chunk - 2u) * kChunkBytes;
+    *reinterpret_cast<uint4*>(base + row * 128u + (rem % 8u) * 16u) = make_uint4(0u, 0u, 0u, 0u);
+  }
+  fence_async_shared();
+  named_bar_sync(kBarConsumers, 256);
+}
+
+template <bool kAMN, bool kBMN, bool kMaskK>
+__device__ __forceinline__ void mma_tile(const Smem& sm, PipeState& ps, const Tile& t, int cwg,
+                                         uint32_t ct, float (&acc)[kAccRegs], const WaitBound& wb) {
+  // Zeroing (the first wgmma also starts from 0) ends the previous tile's accumulators' lifetime
+  // at its epilogue: wgmma's operands are read-write, so without it they would stay live.
+#pragma unroll
+  for (int i = 0; i < kAccRegs; ++i) acc[i] = 0.0f;
+  if (t.k_blocks == 0) return;
+  // Both A layouts put warpgroup cwg's 64 rows at +cwg * 8 KB of the stage's A tile.
+  const uint32_t a0 = smem_addr(sm.a(0)) + uint32_t(cwg) * kChunkBytes;
+  const uint32_t b0 = smem_addr(sm.b(0));
+  uint32_t prev = 0;
+  for (int kb = 0; kb < t.k_blocks; ++kb) {
+    const uint32_t s = ps.stage;
+    mbar_wait(sm.full(s), ps.phase, wb, kSiteConsumerFull);
+    if constexpr (kMaskK) {
+      if (kb == t.k_blocks - 1 && t.k_last_valid < kBlockK) mask_k_rows(sm, s, t.k_last_valid, ct);
+    }
+    const uint32_t as = a0 + s * kATileBytes;
+    const uint32_t bs = b0 + s * kBTileBytes;
+    fence_operands(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int k16 = 0; k16 < kBlockK / 16; ++k16) {
+      const uint64_t da = kAMN ? desc_mn_major(as, k16, kChunkBytes) : desc_k_major(as, k16);
+      const uint64_t db = kBMN ? desc_mn_major(bs, k16, kChunkBytes) : desc_k_major(bs, k16);
+      wgmma_bf16<kBlockN, kAMN ? 1 : 0, kBMN ? 1 : 0>(acc, da, db, (kb > 0 || k16 > 0) ? 1u : 0u);
+    }
+    wgmma_commit();
+    fence_operands(acc);
+    wgmma_wait<1>();  // the previous block's group is done: its stage can be refilled
+    fence_operands(acc);
+    if (kb > 0) release_stage(sm, prev);
+    prev = s;
+    ps.advance();
+  }
+  wgmma_wait<0>();
+  fence_operands(acc);
+  release_stage(sm, prev);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Epilogue building blocks (one consumer warpgroup; wt = thread index inside it, 0..127)
+// ------------------------------------------------------------------------------------------------
+// Chunks of [64 rows][64 columns] bf16 go through two shared-memory buffers per warpgroup:
+//   buf = epi_begin(...)   waits until the buffer's previous TMA store has read it;
+//   write_chunk...(buf)    stmatrix from registers (128B swizzle, as the output map expects);
+//   epi_end_*(...)         proxy fence + barrier, then one thread issues the TMA store.
+// A custom epilogue (e.g. the combine scatter) replaces write/end with its own stores.
+struct EpiState {
+  uint32_t chunks = 0;
+};
+
+__device__ __forceinline__ uint8_t* epi_begin(const Smem& sm, int cwg, const EpiState& es, bool leader) {
+  if (leader) tma_store_wait_read<1>();
+  named_bar_sync(kBarEpilogue + uint32_t(cwg), 128);
+  return sm.epi(cwg, es.chunks & 1u);
+}
+__device__ __forceinline__ void epi_end_2d(const uint8_t* buf, int cwg, EpiState& es, bool leader,
+                                           const CUtensorMap* map, int32_t col, int32_t row) {
+  fence_async_shared();
+  named_bar_sync(kBarEpilogue + uint32_t(cwg), 128);
+  if (leader) {
+    tma_store_2d(map, buf, col, row);
+    tma_store_commit();
+  }
+  ++es.chunks;
+}
+__device__ __forceinline__ void epi_end_3d(const uint8_t* buf, int cwg, EpiState& es, bool leader,
+                                           const CUtensorMap* map, int32_t col, int32_t row,
+                                           int32_t batch) {
+  fence_async_shared();
+  named_bar_sync(kBarEpilogue + uint32_t(cwg), 128);
+  if (leader) {
+    tma_store_3d(map, buf, col, row, batch);
+    tma_store_commit();
+  }
+  ++es.chunks;
+}
+// Call once at the end of the kernel (leader): all stores complete before the CTA exits.
+__device__ __forceinline__ void epi_finish(bool leader) {
+  if (leader) tma_store_wait_all<0>();
+}
+
+// Accumulator layout of m64nNk16 (per warpgroup thread wt, warp w = wt/32, lane l): n8 block j
+// holds acc[4j+0..1] at (row 16w + l/4, cols 8j + 2(l%4) + 0..1) and acc[4j+2..3] at row + 8.
+// stmatrix x4 stores two such blocks (16 rows x 16 columns) of a warp; lane l addresses row l%8 of
+// matrix l/8 (matrices: block b rows 0-7, block b rows 8-15, block b+1 rows 0-7, rows 8-15).
+__device__ __forceinline__ uint32_t stmatrix_addr(uint32_t buf_addr, uint32_t wt, int unit_pair) {
+  const uint32_t warp = wt >> 5, lane = wt & 31u;
+  const uint32_t mi = lane >> 3, ri = lane & 7u;
+  const uint32_t row = warp * 16u + (mi & 1u) * 8u + ri;
+  const uint32_t unit = uint32_t(unit_pair) * 2u + (mi >> 1);
+  return buf_addr + row * 128u + ((unit ^ ri) << 4);  // row % 8 == ri
+}
+
+// Writes accumulator blocks kB0 .. kB0+7 (64 columns) as bf16.
+template <int kB0>
+__device__ __forceinline__ void write_chunk_bf16(uint8_t* buf, const float (&acc)[kAccRegs], uint32_t wt) {
+  const uint32_t base = smem_addr(buf);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    constexpr int kStride = 4;
+    const int b = kB0 + 2 * q;
+    stmatrix_x4(stmatrix_addr(base, wt, q), pack_bf16x2(acc[kStride * b + 0], acc[kStride * b + 1]),
+                pack_bf16x2(acc[kStride * b + 2], acc[kStride * b + 3]),
+                pack_bf16x2(acc[kStride * b + 4], acc[kStride * b + 5]),
+                pack_bf16x2(acc[kStride * b + 6], acc[kStride * b + 7]));
+  }
+}
+
+// SwiGLU of one gate/up pair at the reference's rounding points: g and u rounded to bf16, then
+// silu(g) * u in fp32 (silu(g) = g / (1 + exp(-g))); the caller rounds the result to bf16.
+__device__ __forceinline__ float swiglu(float acc_g, float acc_u) {
+  const float g = bf16_round(acc_g);
+  const float u = bf16_round(acc_u);
+  const float silu = g / (1.0f + expf(-g));
+  return silu * u;
+}
+
+// FC1 with gate/up rows interleaved in groups of 8: accumulator block 2j is gate, 2j+1 is up, for
+// the same 8 intermediate columns. Writes h blocks kH0 .. kH0+7 (64 h columns).
+template <int kH0>
+__device__ __forceinline__ void write_chunk_swiglu(uint8_t* buf, const float (&acc)[kAccRegs], uint32_t wt) {
+  const uint32_t base = smem_addr(buf);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    uint32_t r[4];
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const int hb = kH0 + 2 * q + m;
+      const int g = 4 * (2 * hb), u = 4 * (2 * hb + 1);
+      r[2 * m + 0] = pack_bf16x2(swiglu(acc[g + 0], acc[u + 0]), swiglu(acc[g + 1], acc[u + 1]));
+      r[2 * m + 1] = pack_bf16x2(swiglu(acc[g + 2], acc[u + 2]), swiglu(acc[g + 3], acc[u + 3]));
+    }
+    stmatrix_x4(stmatrix_addr(base, wt, q), r[0], r[1], r[2], r[3]);
+  }
+}
+
+}  // namespace mok::gemm::engine

@@ -1,0 +1,174 @@
+// mok — grouped GEMM plans (host side): validation, tensor maps, grid.
+#include "gemm/grouped_gemm.h"
+
+#include <algorithm>
+
+#include "common/cuda_check.h"
+#include "gemm/tensor_map.h"
+#include "mok/errors.hpp"
+
+namespace mok::gemm {
+namespace {
+
+constexpr int64_t kBlockM = 128, kBlockN = 256, kBlockK = 64;
+// Must match engine.cuh (kept here so this file needs no CUDA device headers).
+constexpr int kSmem = 4 * (16384 + 32768) + 4 * 8192 + 2 * 4 * 8 + 1024;
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int sm_count() {
+  int dev = 0, sms = 0;
+  MOK_CUDA_CHECK(cudaGetDevice(&dev));
+  MOK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
+void fill_common(Plan& p, const Options& o, int64_t tiles) {
+  MOK_REQUIRE(o.group_m >= 1, "options.group_m", ">= 1, got ", o.group_m);
+  MOK_REQUIRE(o.max_ctas >= 0, "options.max_ctas", ">= 0, got ", o.max_ctas);
+  MOK_REQUIRE(tiles < (int64_t(1) << 31), "problem size", "fewer than 2^31 output tiles");
+  p.params.group_m = o.group_m;
+  p.params.error = o.error;
+  p.params.wait_limit_ns = static_cast<unsigned long long>(o.wait_limit_s * 1e9);
+  const int64_t ctas = o.max_ctas > 0 ? o.max_ctas : sm_count();
+  p.grid = static_cast<int>(std::min<int64_t>(ctas, tiles));
+}
+
+void require_dims(int64_t k, int64_t n, const char* what) {
+  MOK_REQUIRE(k >= 1 && k % 8 == 0, what, "K must be a positive multiple of 8, got ", k);
+  MOK_REQUIRE(n >= 1 && n % 8 == 0, what, "N must be a positive multiple of 8, got ", n);
+  MOK_REQUIRE(k < (int64_t(1) << 31) && n < (int64_t(1) << 31), what, "dims below 2^31");
+}
+
+void require_routed(const int32_t* tile_expert, int64_t num_m_tiles, int64_t experts, const char* what) {
+  MOK_REQUIRE(num_m_tiles >= 0 && num_m_tiles * kBlockM < (int64_t(1) << 31), what,
+              "0 <= num_m_tiles*128 < 2^31, got num_m_tiles = ", num_m_tiles);
+  MOK_REQUIRE(num_m_tiles == 0 || tile_expert != nullptr, what, "tile_expert must be given");
+  MOK_REQUIRE(experts >= 1, what, "experts >= 1, got ", experts);
+}
+
+}  // namespace
+
+int smem_bytes() { return kSmem; }
+
+Plan plan_fc1(const Fc1Args& a, const Options& o) {
+  require_dims(a.hidden, 2 * a.inter, "fc1");
+  MOK_REQUIRE(a.inter % 8 == 0, "fc1.inter", "multiple of 8 (gate/up interleave), got ", a.inter);
+  require_routed(a.tile_expert, a.num_m_tiles, a.experts, "fc1");
+  MOK_REQUIRE(a.x && a.w1p && a.h, "fc1", "x, w1p and h must be given");
+  Plan p;
+  p.form = Form::Fc1SwiGLU;
+  const int64_t rows = a.num_m_tiles * kBlockM, n = 2 * a.inter;
+  p.params.num_m_tiles = static_cast<int32_t>(a.num_m_tiles);
+  p.params.n_tiles = static_cast<int32_t>(cdiv(n, kBlockN));
+  p.params.k_blocks = static_cast<int32_t>(cdiv(a.hidden, kBlockK));
+  p.params.n = static_cast<int32_t>(n);
+  p.params.store_gu = a.gu != nullptr;
+  p.params.tile_expert = a.tile_expert;
+  fill_common(p, o, a.num_m_tiles * p.params.n_tiles);
+  p.padded_flops = 2.0 * double(rows) * double(n) * double(a.hidden);
+  if (p.grid == 0) return p;
+  const auto u = static_cast<uint64_t>(rows);
+  p.map_a = make_map_2d(a.x, u, uint64_t(a.hidden), 128);
+  p.map_b = make_map_3d(a.w1p, uint64_t(a.experts), uint64_t(n), uint64_t(a.hidden), 256);
+  p.map_d1 = make_map_2d(a.h, u, uint64_t(a.inter), 64);
+  p.map_d0 = a.gu ? make_map_2d(a.gu, u, uint64_t(n), 64) : p.map_d1;
+  return p;
+}
+
+Plan plan_fc2(const Fc2Args& a, const Options& o) {
+  require_dims(a.k, a.n, "fc2");
+  require_routed(a.tile_expert, a.num_m_tiles, a.experts, "fc2");
+  MOK_REQUIRE(a.a && a.w && a.y, "fc2", "a, w and y must be given");
+  Plan p;
+  p.form = Form::Plain;
+  const int64_t rows = a.num_m_tiles * kBlockM;
+  p.params.num_m_tiles = static_cast<int32_t>(a.num_m_tiles);
+  p.params.n_tiles = static_cast<int32_t>(cdiv(a.n, kBlockN));
+  p.params.k_blocks = static_cast<int32_t>(cdiv(a.k, kBlockK));
+  p.params.n = static_cast<int32_t>(a.n);
+  p.params.tile_expert = a.tile_expert;
+  fill_common(p, o, a.num_m_tiles * p.params.n_tiles);
+  p.padded_flops = 2.0 * double(rows) * double(a.n) * double(a.k);
+  if (p.grid == 0) return p;
+  const auto u = static_cast<uint64_t>(rows);
+  p.map_a = make_map_2d(a.a, u, uint64_t(a.k), 128);
+  p.map_b = make_map_3d(a.w, uint64_t(a.experts), uint64_t(a.n), uint64_t(a.k), 256);
+  p.map_d0 = make_map_2d(a.y, u, uint64_t(a.n), 64);
+  p.map_d1 = p.map_d0;
+  return p;
+}
+
+Plan plan_dgrad(const DgradArgs& a, const Options& o) {
+  require_dims(a.k, a.n, "dgrad");
+  require_routed(a.tile_expert, a.num_m_tiles, a.experts, "dgrad");
+  MOK_REQUIRE(a.dy && a.w && a.dx, "dgrad", "dy, w and dx must be given");
+  Plan p;
+  p.form = Form::Dgrad;
+  const int64_t rows = a.num_m_tiles * kBlockM;
+  p.params.num_m_tiles = static_cast<int32_t>(a.num_m_tiles);
+  p.params.n_tiles = static_cast<int32_t>(cdiv(a.n, kBlockN));
+  p.params.k_blocks = static_cast<int32_t>(cdiv(a.k, kBlockK));
+  p.params.n = static_cast<int32_t>(a.n);
+  p.params.tile_expert = a.tile_expert;
+  fill_common(p, o, a.num_m_tiles * p.params.n_tiles);
+  p.padded_flops = 2.0 * double(rows) * double(a.n) * double(a.k);
+  if (p.grid == 0) return p;
+  const auto u = static_cast<uint64_t>(rows);
+  p.map_a = make_map_2d(a.dy, u, uint64_t(a.k), 128);
+  p.map_b = make_map_3d(a.w, uint64_t(a.experts), uint64_t(a.k), uint64_t(a.n), 64);  // {n, k, e}
+  p.map_d0 = make_map_2d(a.dx, u, uint64_t(a.n), 64);
+  p.map_d1 = p.map_d0;
+  return p;
+}
+
+Plan plan_wgrad(const WgradArgs& a, const Options& o) {
+  require_dims(a.m, a.n, "wgrad");
+  MOK_REQUIRE(a.experts >= 1, "wgrad.experts", ">= 1, got ", a.experts);
+  MOK_REQUIRE(a.rows_total >= 1 && a.rows_total < (int64_t(1) << 31), "wgrad.rows_total",
+              "1 <= rows_total < 2^31, got ", a.rows_total);
+  MOK_REQUIRE(a.a && a.b && a.dw && a.expert_row_begin && a.expert_rows, "wgrad",
+              "a, b, dw, expert_row_begin and expert_rows must be given");
+  Plan p;
+  p.form = Form::Wgrad;
+  p.params.num_m_tiles = static_cast<int32_t>(cdiv(a.m, kBlockM));
+  p.params.n_tiles = static_cast<int32_t>(cdiv(a.n, kBlockN));
+  p.params.n = static_cast<int32_t>(a.n);
+  p.params.m_out = static_cast<int32_t>(a.m);
+  p.params.experts = static_cast<int32_t>(a.experts);
+  p.params.expert_row_begin = a.expert_row_begin;
+  p.params.expert_rows = a.expert_rows;
+  fill_common(p, o, a.experts * p.params.num_m_tiles * p.params.n_tiles);
+  p.padded_flops = 2.0 * double(a.rows_total) * double(a.m) * double(a.n);
+  if (p.grid == 0) return p;
+  const auto u = static_cast<uint64_t>(a.rows_total);
+  p.map_a = make_map_2d(a.a, u, uint64_t(a.m), 64);                 // {m, rows}: MN-major A
+  p.map_b = make_map_3d(a.b, 1, u, uint64_t(a.n), 64);              // {n, rows, 1}: MN-major B
+  p.map_d0 = make_map_3d(a.dw, uint64_t(a.experts), uint64_t(a.m), uint64_t(a.n), 64);
+  p.map_d1 = p.map_d0;
+  return p;
+}
+
+void run(const Plan& plan, cudaStream_t stream) {
+  switch (plan.form) {
+    case Form::Fc1SwiGLU: detail::launch_fc1(plan, stream); break;
+    case Form::Plain: detail::launch_plain(plan, stream); break;
+    case Form::Dgrad: detail::launch_dgrad(plan, stream); break;
+    case Form::Wgrad: detail::launch_wgrad(plan, stream); break;
+  }
+}
+
+void pack_gate_up_host(const uint16_t* w_gate, const uint16_t* w_up, uint16_t* w1p, int64_t experts,
+                       int64_t inter, int64_t hidden) {
+  MOK_REQUIRE(inter % 8 == 0, "pack_gate_up.inter", "multiple of 8, got ", inter);
+  for (int64_t e = 0; e < experts; ++e) {
+    for (int64_t i = 0; i < inter; ++i) {
+      const uint16_t* g = w_gate + (e * inter + i) * hidden;
+      const uint16_t* u = w_up + (e * inter + i) * hidden;
+      std::copy(g, g + hidden, w1p + (e * 2 * inter + packed_gate_row(i)) * hidden);
+      std::copy(u, u + hidden, w1p + (e * 2 * inter + packed_up_row(i)) * hidden);
+    }
+  }
+}
+
+}  // namespace mok::gemm

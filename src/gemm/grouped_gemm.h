@@ -1,0 +1,113 @@
+// mok — grouped BF16 GEMMs over the experts of one rank (SM90 engine, host API).
+//
+// Row layout (the schedule's): the routed buffer holds num_m_tiles * 128 rows, each expert's rows
+// contiguous and padded to a multiple of 128; tile_expert[m] (device memory) is the expert of
+// M tile m (-1: skip). Weights of all experts are one [E, ., .] tensor (one 3-D tensor map).
+// Element type is bf16 everywhere (pointers to 16-bit storage); accumulation is fp32, every
+// output is rounded once to bf16 (the rounding points of include/mok/reference.hpp).
+//
+// Use: build a Plan once per shape and set of buffers (it encodes the TMA tensor maps), then
+// run() it as often as needed; run() only launches. Results are bitwise reproducible: every
+// output element is one fixed-order fp32 sum, no atomics, no split-K.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gemm/params.h"
+
+namespace mok::gemm {
+
+struct Options {
+  int max_ctas = 0;                // persistent CTAs; 0 = one per SM
+  int group_m = 8;                 // tile raster: M tiles per group
+  unsigned int* error = nullptr;   // device word: nonzero after a bounded wait expired
+  double wait_limit_s = 2.0;       // bound of every in-kernel wait when `error` is set
+};
+
+// FC1 forward: gu[r] = x[r] . W1p[e]^T (2*inter values, gate/up interleaved in groups of 8, see
+// pack_gate_up), h[r] = rnd(silu(rnd(g)) * rnd(u)) (inter values).
+struct Fc1Args {
+  const void* x = nullptr;    // [num_m_tiles*128, hidden]
+  const void* w1p = nullptr;  // [experts, 2*inter, hidden], packed by pack_gate_up
+  void* h = nullptr;          // [num_m_tiles*128, inter]
+  void* gu = nullptr;         // [num_m_tiles*128, 2*inter] (packed order), or nullptr: not stored
+  int64_t hidden = 0, inter = 0, experts = 0;
+  const int32_t* tile_expert = nullptr;
+  int64_t num_m_tiles = 0;
+};
+
+// FC2 forward (and any "rows times transposed weights"): y[r] = a[r] . W[e]^T.
+struct Fc2Args {
+  const void* a = nullptr;  // [num_m_tiles*128, k]  (FC2: h, k = inter)
+  const void* w = nullptr;  // [experts, n, k]       (FC2: w_down, n = hidden)
+  void* y = nullptr;        // [num_m_tiles*128, n]
+  int64_t k = 0, n = 0, experts = 0;
+  const int32_t* tile_expert = nullptr;
+  int64_t num_m_tiles = 0;
+};
+
+// Dgrad: dx[r] = dy[r] . W[e] with W untransposed ([experts, k, n], n contiguous: MN-major B).
+// FC2's dgrad: dy = d_y, W = w_down [E, hidden, inter] -> d_h. FC1's: dy = d_gu (packed order),
+// W = W1p [E, 2*inter, hidden] -> d_x.
+struct DgradArgs {
+  const void* dy = nullptr;  // [num_m_tiles*128, k]
+  const void* w = nullptr;   // [experts, k, n]
+  void* dx = nullptr;        // [num_m_tiles*128, n]
+  int64_t k = 0, n = 0, experts = 0;
+  const int32_t* tile_expert = nullptr;
+  int64_t num_m_tiles = 0;
+};
+
+// Wgrad (K-grouped): dw[e] = sum over expert e's rows r of a[r]^T b[r], i.e. [m, n] per expert,
+// fp32 sums in increasing row order, rounded to bf16. Rows past expert_rows[e] inside the padded
+// segment are ignored whatever they hold. Experts without rows get dw[e] = 0.
+struct WgradArgs {
+  const void* a = nullptr;  // [rows_total, m]  (e.g. d_y for dW_down, d_gu for dW1p)
+  const void* b = nullptr;  // [rows_total, n]  (e.g. h, x)
+  void* dw = nullptr;       // [experts, m, n]
+  int64_t m = 0, n = 0, experts = 0, rows_total = 0;
+  const int32_t* expert_row_begin = nullptr;  // [experts] (device)
+  const int32_t* expert_rows = nullptr;       // [experts] (device)
+};
+
+struct Plan {
+  Form form = Form::Plain;
+  CUtensorMap map_a{}, map_b{}, map_d0{}, map_d1{};
+  KernelParams params{};
+  int grid = 0;  // 0: nothing to do
+  // Useful work in FLOPs for the padded problem (2 * rows * n * k), for reporting.
+  double padded_flops = 0;
+};
+
+Plan plan_fc1(const Fc1Args& a, const Options& o = {});
+Plan plan_fc2(const Fc2Args& a, const Options& o = {});
+Plan plan_dgrad(const DgradArgs& a, const Options& o = {});
+Plan plan_wgrad(const WgradArgs& a, const Options& o = {});
+// Launches the plan's kernel on `stream` (asynchronous; nothing when grid == 0).
+void run(const Plan& plan, cudaStream_t stream);
+
+// Shared memory the kernels use (bytes per CTA).
+int smem_bytes();
+
+// Gate/up packing, done once when weights are loaded: row 16j + r of W1p[e] is gate row 8j + r,
+// row 16j + 8 + r is up row 8j + r (r < 8). inter must be a multiple of 8.
+constexpr int64_t packed_gate_row(int64_t i) { return (i / 8) * 16 + i % 8; }
+constexpr int64_t packed_up_row(int64_t i) { return (i / 8) * 16 + 8 + i % 8; }
+// Host version on bf16 bit patterns: w_gate, w_up [experts, inter, hidden] -> w1p [experts, 2*inter, hidden].
+void pack_gate_up_host(const uint16_t* w_gate, const uint16_t* w_up, uint16_t* w1p, int64_t experts,
+                       int64_t inter, int64_t hidden);
+// Device version (all pointers in device memory; hidden must be a multiple of 8).
+void pack_gate_up(const void* w_gate, const void* w_up, void* w1p, int64_t experts, int64_t inter,
+                  int64_t hidden, cudaStream_t stream);
+
+namespace detail {
+void launch_fc1(const Plan& plan, cudaStream_t stream);
+void launch_plain(const Plan& plan, cudaStream_t stream);
+void launch_dgrad(const Plan& plan, cudaStream_t stream);
+void launch_wgrad(const Plan& plan, cudaStream_t stream);
+}  // namespace detail
+
+}  // namespace mok::gemm

@@ -1,0 +1,31 @@
+// mok — kernel parameters of the grouped GEMM kernels (shared by host and device code).
+#pragma once
+
+#include <cstdint>
+
+namespace mok::gemm {
+
+enum class Form : int {
+  Fc1SwiGLU = 0,  // gu = x . W1p[e]^T (gate/up interleaved), h = silu(g) * u
+  Plain = 1,      // out = a . W[e]^T, W [E, N, K] (FC2 forward)
+  Dgrad = 2,      // out = a . W[e], W [E, K, N] (MN-major B)
+  Wgrad = 3,      // dw[e] = a_e^T . b_e over expert e's rows (K-grouped, both operands MN-major)
+};
+
+struct KernelParams {
+  int32_t num_m_tiles = 0;  // M-grouped: 128-row tiles of the routed buffer; Wgrad: M tiles per expert
+  int32_t n_tiles = 0;      // 256-column output tiles
+  int32_t k_blocks = 0;     // M-grouped: 64-wide K blocks
+  int32_t n = 0;            // output columns (FC1: 2*inter, the packed gate/up width)
+  int32_t m_out = 0;        // Wgrad: output rows per expert
+  int32_t experts = 0;      // Wgrad: experts
+  int32_t group_m = 8;      // tile raster: M tiles per group (N outer, M inner inside a group)
+  int32_t store_gu = 1;     // FC1: also store the gate/up pre-activations
+  const int32_t* tile_expert = nullptr;       // M-grouped: [num_m_tiles], -1 = skip the tile
+  const int32_t* expert_row_begin = nullptr;  // Wgrad: [experts] first routed row of each expert
+  const int32_t* expert_rows = nullptr;       // Wgrad: [experts] valid rows of each expert
+  unsigned int* error = nullptr;              // bounded waits: error word (nullptr: unbounded)
+  unsigned long long wait_limit_ns = 0;
+};
+
+}  // namespace mok::gemm

@@ -1,0 +1,239 @@
+// mok — SM90 (Hopper, sm_90a) primitives for the GEMM engine.
+//
+// Raw PTX for what CCCL does not wrap (wgmma, setmaxnreg, stmatrix, elect.sync, named barriers,
+// the shared-memory matrix descriptor, tensor-map prefetch); CCCL's cuda::ptx for TMA
+// (cp.async.bulk.tensor), mbarrier and proxy fences. Device-only; every wrapper has a GPU unit
+// test in tests/gpu/gemm/test_sm90_primitives.cu.
+//
+// Conventions used throughout src/gemm:
+//   * bf16 operands; a "K-major" tile is stored row by row with K contiguous, an "MN-major" tile
+//     with M (or N) contiguous;
+//   * every operand tile in shared memory uses the 128-byte swizzle that TMA writes with
+//     CU_TENSOR_MAP_SWIZZLE_128B: a tile is a stack of 128-byte rows, and the 16-byte unit u of
+//     row r lives at unit position u ^ (r % 8). Tiles start at 1024-byte aligned addresses;
+//   * K-major tile [rows][64]: row r (an M or N index) at byte r*128 — the wgmma canonical
+//     K-major SW128 layout with SBO = 1024 (8 rows) and the K offset added to the start address;
+//   * MN-major tile: chunks of 64 M/N values; chunk c holds [64 K rows][64 MN] at c * chunk_bytes,
+//     K row k at byte k*128 — the canonical MN-major SW128 layout with LBO = chunk_bytes (next 64
+//     MN values) and SBO = 1024 (next 8 K rows).
+#pragma once
+
+#include <cuda.h>  // CUtensorMap
+#include <cuda/ptx>
+
+#include <cstdint>
+
+namespace mok::gemm::sm90 {
+
+// ------------------------------------------------------------------------------------------------
+// Addresses, lanes, warps
+// ------------------------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ uint32_t lane_id() {
+  uint32_t l;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(l));
+  return l;
+}
+
+// elect.sync: true in exactly one active lane of the (fully converged) warp.
+__device__ __forceinline__ bool elect_one() {
+  uint32_t pred = 0;
+  asm volatile(
+      "{\n"
+      ".reg .b32 rx;\n"
+      ".reg .pred px;\n"
+      "elect.sync rx|px, %1;\n"
+      "selp.u32 %0, 1, 0, px;\n"
+      "}\n"
+      : "=r"(pred)
+      : "r"(0xffffffffu));
+  return pred != 0;
+}
+
+// Named barriers (ids 1..15; 0 is __syncthreads). `threads` is a multiple of 32.
+__device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Register budget of the calling warpgroup (all 128 threads must execute it). Takes effect only
+// in kernels with a register cap at entry (__launch_bounds__(threads, 1)).
+template <uint32_t kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg: 24..256, step 8");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+template <uint32_t kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg: 24..256, step 8");
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// ------------------------------------------------------------------------------------------------
+// wgmma
+// ------------------------------------------------------------------------------------------------
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving accumulator reads/writes across wgmma issue/wait points.
+__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) fence_operand(r[i]);
+}
+
+#include "gemm/sm90_wgmma.inl"
+
+// Shared-memory matrix descriptor (PTX ISA "matrix descriptor" for wgmma), 128-byte swizzle:
+// bits 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4,
+// 49-51 base offset (0: tiles are 1024-byte aligned), 62-63 layout (1 = 128B swizzle).
+__host__ __device__ constexpr uint64_t make_desc_sw128(uint32_t smem_byte_addr, uint32_t lbo_bytes,
+                                                       uint32_t sbo_bytes) {
+  return (uint64_t((smem_byte_addr & 0x3FFFFu) >> 4)) | (uint64_t((lbo_bytes >> 4) & 0x3FFFu) << 16) |
+         (uint64_t((sbo_bytes >> 4) & 0x3FFFu) << 32) | (uint64_t(1) << 62);
+}
+// K-major tile (rows of 64 bf16 = 128 B); k16 selects the 16-wide K slice (0..3).
+__device__ __forceinline__ uint64_t desc_k_major(uint32_t tile_addr, int k16) {
+  return make_desc_sw128(tile_addr + uint32_t(k16) * 32u, 16u, 1024u);
+}
+// MN-major tile made of chunks of [64 K rows][64 MN] (chunk_bytes apart); k16 selects K rows
+// 16*k16 .. 16*k16+15.
+__device__ __forceinline__ uint64_t desc_mn_major(uint32_t tile_addr, int k16, uint32_t chunk_bytes) {
+  return make_desc_sw128(tile_addr + uint32_t(k16) * 2048u, chunk_bytes, 1024u);
+}
+
+// Byte offset of bf16 element (row, col) in a 128-byte-swizzled tile of 64-column rows.
+__host__ __device__ constexpr uint32_t sw128_offset(uint32_t row, uint32_t col) {
+  return row * 128u + ((((col >> 3) ^ (row & 7u)) & 7u) << 4) + (col & 7u) * 2u;
+}
+
+// ------------------------------------------------------------------------------------------------
+// stmatrix (m8n8, four 8x8 bf16 matrices). Lane l gives the address of row l%8 of matrix l/8;
+// register i of lane l holds row l/4, columns 2*(l%4), 2*(l%4)+1 of matrix i (low half first).
+// ------------------------------------------------------------------------------------------------
+__device__ __forceinline__ void stmatrix_x4(uint32_t smem_byte_addr, uint32_t r0, uint32_t r1,
+                                            uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_byte_addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
+// Two floats rounded to nearest-even bf16 and packed (first in the low half).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ float bf16_round(float x) {
+  uint16_t h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return __uint_as_float(uint32_t(h) << 16);
+}
+
+// ------------------------------------------------------------------------------------------------
+// mbarrier (CCCL) with bounded waits
+// ------------------------------------------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  cuda::ptx::mbarrier_init(bar, count);
+}
+// Makes barrier initialisation visible to the async proxy (TMA) and other threads.
+__device__ __forceinline__ void mbar_fence_init() {
+  cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) { (void)cuda::ptx::mbarrier_arrive(bar); }
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  (void)cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
+                                             cuda::ptx::space_shared, bar, bytes);
+}
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+  return cuda::ptx::mbarrier_try_wait_parity(bar, parity);
+}
+
+// Bound on every in-kernel wait. With `error` null the waits are unbounded. Otherwise a wait that
+// lasts longer than limit_ns writes `site` into *error (first one wins) and returns; once *error
+// is set every later slow wait returns at once, so a broken pipeline ends the kernel with garbage
+// output and a recorded error instead of hanging the GPU.
+struct WaitBound {
+  unsigned int* error = nullptr;
+  unsigned long long limit_ns = 0;
+};
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, const WaitBound& wb,
+                                          unsigned int site) {
+  if (mbar_try_wait(bar, parity)) return;
+  const uint64_t t0 = global_timer_ns();
+  uint32_t spins = 0;
+  while (!mbar_try_wait(bar, parity)) {
+    if (wb.error != nullptr && (++spins & 255u) == 0) {
+      if (*reinterpret_cast<volatile unsigned int*>(wb.error) != 0u) return;
+      if (global_timer_ns() - t0 > wb.limit_ns) {
+        atomicCAS(wb.error, 0u, site);
+        return;
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// TMA (CCCL), proxy fences
+// ------------------------------------------------------------------------------------------------
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0,
+                                            int32_t c1) {
+  const int32_t coords[2] = {c0, c1};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords,
+                                  bar);
+}
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0,
+                                            int32_t c1, int32_t c2) {
+  const int32_t coords[3] = {c0, c1, c2};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords,
+                                  bar);
+}
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int32_t c0,
+                                             int32_t c1) {
+  const int32_t coords[2] = {c0, c1};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, map, coords, src);
+}
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* src, int32_t c0,
+                                             int32_t c1, int32_t c2) {
+  const int32_t coords[3] = {c0, c1, c2};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, map, coords, src);
+}
+__device__ __forceinline__ void tma_store_commit() { cuda::ptx::cp_async_bulk_commit_group(); }
+// Waits until at most kPending committed store groups still read shared memory.
+template <int kPending>
+__device__ __forceinline__ void tma_store_wait_read() {
+  cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<kPending>{});
+}
+// Waits until at most kPending committed store groups are still in flight (writes complete).
+template <int kPending>
+__device__ __forceinline__ void tma_store_wait_all() {
+  cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<kPending>{});
+}
+// Orders this thread's generic-proxy shared-memory writes before later async-proxy accesses
+// (TMA stores, wgmma operand reads).
+__device__ __forceinline__ void fence_async_shared() {
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+}
+
+}  // namespace mok::gemm::sm90

@@ -1,0 +1,26 @@
+// mok — TMA tensor maps for the GEMM engine (host side).
+//
+// cuTensorMapEncodeTiled is a driver entry point; it is fetched once through the runtime
+// (cudaGetDriverEntryPointByVersion, the non-deprecated form of cudaGetDriverEntryPoint), so mok
+// does not link libcuda. Maps are passed to kernels by value as __grid_constant__ parameters.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace mok::gemm {
+
+// A bf16 tensor of rank 2 or 3, dims innermost first (dims[0] is contiguous), row strides in
+// elements; box dims innermost first. All maps use the 128-byte swizzle, so box[0] must be 64
+// (128 bytes). Out-of-bounds elements read as zero and are not written by stores.
+CUtensorMap make_tensor_map_bf16(const void* base, int rank, const uint64_t* dims,
+                                 const uint64_t* strides_elems, const uint32_t* box);
+
+// Convenience: [rows, cols] row-major matrix (cols contiguous), box {64, box_rows}.
+CUtensorMap make_map_2d(const void* base, uint64_t rows, uint64_t cols, uint32_t box_rows);
+// [batch, rows, cols] row-major (cols contiguous), box {64, box_rows, 1}.
+CUtensorMap make_map_3d(const void* base, uint64_t batch, uint64_t rows, uint64_t cols,
+                        uint32_t box_rows);
+
+}  // namespace mok::gemm

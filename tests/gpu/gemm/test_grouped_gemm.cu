@@ -1,0 +1,335 @@
+// Grouped GEMM forms (FC1 + SwiGLU, FC2, dgrad, wgrad) vs fp64 computations on random data.
+//
+// Every case: random bf16 inputs (padding rows of the routed buffer hold NaN, so a leak of a
+// padding row into a real one fails), outputs poisoned with NaN before the run, every element of
+// every real row checked (finite, and relative error ||gpu - ref|| / ||ref|| <= 1e-2 against the
+// fp64 product), experts with 0, 1, few and many rows, K and N not multiples of the block sizes,
+// few CTAs (many tiles per CTA, the stage ring wraps) and all SMs, and bitwise equality of two runs.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "gemm/grouped_gemm.h"
+#include "gemm_test_util.h"
+#include "gpu_test_util.h"
+
+namespace {
+
+using mok::test::bits_of;
+using mok::test::DevBuf;
+using mok::test::download;
+using mok::test::ErrStat;
+using mok::test::float_of;
+using mok::test::kNaNBits;
+using mok::test::random_bf16;
+using mok::test::Routed;
+using mok::test::upload;
+namespace gemm = mok::gemm;
+
+constexpr double kTol = 1e-2;
+
+// Routed activations [rows, cols]: random in real rows, NaN in padding rows.
+std::vector<uint16_t> routed_input(const Routed& rt, int64_t cols, uint64_t seed) {
+  auto v = random_bf16(size_t(rt.rows * cols), seed);
+  for (int64_t r = 0; r < rt.rows; ++r)
+    if (rt.expert_of(r) < 0)
+      for (int64_t c = 0; c < cols; ++c) v[r * cols + c] = kNaNBits;
+  return v;
+}
+
+std::vector<double> to_double(const std::vector<uint16_t>& v) {
+  std::vector<double> d(v.size());
+  for (size_t i = 0; i < v.size(); ++i) d[i] = float_of(v[i]);
+  return d;
+}
+
+struct Device {
+  DevBuf err{sizeof(unsigned)};
+  gemm::Options opts(int max_ctas) {
+    cudaMemset(err.p, 0, sizeof(unsigned));
+    gemm::Options o;
+    o.max_ctas = max_ctas;
+    o.error = err.as<unsigned>();
+    o.wait_limit_s = 5.0;
+    return o;
+  }
+  unsigned error() { return download<unsigned>(err, 1)[0]; }
+};
+
+void poison(DevBuf& d) { ASSERT_EQ(cudaSuccess, cudaMemset(d.p, 0xFF, d.bytes)); }
+
+// Runs a plan twice (poisoning before each run) and returns the outputs of both runs.
+template <typename Outs>
+void run_twice(const gemm::Plan& plan, Device& dev, Outs&& outs, std::vector<std::vector<uint16_t>>& first,
+               std::vector<std::vector<uint16_t>>& second) {
+  for (int rep = 0; rep < 2; ++rep) {
+    for (DevBuf* o : outs) poison(*o);
+    gemm::run(plan, nullptr);
+    ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    ASSERT_EQ(dev.error(), 0u) << "a bounded wait expired";
+    auto& dst = rep == 0 ? first : second;
+    dst.clear();
+    for (DevBuf* o : outs) dst.push_back(download<uint16_t>(*o, o->bytes / 2));
+  }
+  for (size_t i = 0; i < first.size(); ++i) EXPECT_TRUE(first[i] == second[i]) << "output " << i << " differs between runs";
+}
+
+// ---------------------------------------------------------------------------------------------
+// FC1 + SwiGLU
+// ---------------------------------------------------------------------------------------------
+void fc1_case(const std::vector<int32_t>& counts, int64_t hidden, int64_t inter, int max_ctas, uint64_t seed,
+              int check_cols_stride = 1) {
+  SCOPED_TRACE(testing::Message() << "fc1 hidden=" << hidden << " inter=" << inter << " ctas=" << max_ctas);
+  const Routed rt(counts);
+  const int64_t E = int64_t(counts.size()), rows = rt.rows, n = 2 * inter;
+  const auto x = routed_input(rt, hidden, seed);
+  const auto wg = random_bf16(size_t(E * inter * hidden), seed + 1, 0.05);
+  const auto wu = random_bf16(size_t(E * inter * hidden), seed + 2, 0.05);
+  std::vector<uint16_t> w1p(size_t(E * n * hidden));
+  gemm::pack_gate_up_host(wg.data(), wu.data(), w1p.data(), E, inter, hidden);
+
+  DevBuf dx(x.size() * 2), dwg(wg.size() * 2), dwu(wu.size() * 2), dw1p(w1p.size() * 2), dte(rt.tile_expert.size() * 4 + 4);
+  DevBuf dh(size_t(rows * inter) * 2), dgu(size_t(rows * n) * 2);
+  upload(dx, x);
+  upload(dwg, wg);
+  upload(dwu, wu);
+  upload(dte, rt.tile_expert);
+  // The device packing must match the host packing.
+  gemm::pack_gate_up(dwg.p, dwu.p, dw1p.p, E, inter, hidden, nullptr);
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  EXPECT_TRUE(download<uint16_t>(dw1p, w1p.size()) == w1p) << "pack_gate_up (device) != pack_gate_up_host";
+
+  Device dev;
+  gemm::Fc1Args a;
+  a.x = dx.p;
+  a.w1p = dw1p.p;
+  a.h = dh.p;
+  a.gu = dgu.p;
+  a.hidden = hidden;
+  a.inter = inter;
+  a.experts = E;
+  a.tile_expert = dte.as<int32_t>();
+  a.num_m_tiles = rt.num_m_tiles();
+  const auto plan = gemm::plan_fc1(a, dev.opts(max_ctas));
+  std::vector<std::vector<uint16_t>> r1, r2;
+  std::vector<DevBuf*> outs{&dh, &dgu};
+  run_twice(plan, dev, outs, r1, r2);
+  const auto& h = r1[0];
+  const auto& gu = r1[1];
+
+  const auto xd = to_double(x), wgd = to_double(wg), wud = to_double(wu);
+  ErrStat sg, su, sh;
+  int64_t swiglu_mismatch = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int e = rt.expert_of(r);
+    if (e < 0) continue;
+    const double* xr = &xd[size_t(r * hidden)];
+    for (int64_t i = 0; i < inter; i += check_cols_stride) {
+      const double* g_w = &wgd[size_t((e * inter + i) * hidden)];
+      const double* u_w = &wud[size_t((e * inter + i) * hidden)];
+      double g = 0, u = 0;
+      for (int64_t k = 0; k < hidden; ++k) {
+        g += xr[k] * g_w[k];
+        u += xr[k] * u_w[k];
+      }
+      const float gg = float_of(gu[size_t(r * n + gemm::packed_gate_row(i))]);
+      const float ug = float_of(gu[size_t(r * n + gemm::packed_up_row(i))]);
+      const float hg = float_of(h[size_t(r * inter + i)]);
+      sg.add(gg, g);
+      su.add(ug, u);
+      sh.add(hg, g / (1.0 + std::exp(-g)) * u);
+      // The epilogue's rounding points, replayed on the GPU's own g and u.
+      const float want = mok::round_bf16(gg / (1.0f + std::exp(-gg)) * ug);
+      if (std::fabs(hg - want) > 0.0079f * std::fabs(want) + 1e-30f) ++swiglu_mismatch;
+    }
+  }
+  EXPECT_EQ(sg.nonfinite + su.nonfinite + sh.nonfinite, 0) << "unwritten or NaN outputs in real rows";
+  EXPECT_LE(sg.rel(), kTol) << "gate";
+  EXPECT_LE(su.rel(), kTol) << "up";
+  EXPECT_LE(sh.rel(), kTol) << "h";
+  EXPECT_EQ(swiglu_mismatch, 0) << "h differs from rnd(silu(g)*u) of the stored g, u by more than 1 ulp";
+  std::printf("[fc1] rows=%lld H=%lld I=%lld ctas=%d  rel err gate %.2e up %.2e h %.2e (checked %lld)\n",
+              (long long)rows, (long long)hidden, (long long)inter, plan.grid, sg.rel(), su.rel(), sh.rel(),
+              (long long)sh.count);
+}
+
+TEST(GroupedGemm, Fc1SwiGLUSmallExpertsPartialBlocks) {
+  MOK_REQUIRE_GPUS(1);
+  // K = 328 (5 full blocks + 8), N = 2*200 = 400 (one full tile + 144 columns).
+  fc1_case({0, 1, 63, 128, 200, 385}, 328, 200, 5, 101);
+  fc1_case({0, 1, 63, 128, 200, 385}, 328, 200, 0, 102);
+}
+
+TEST(GroupedGemm, Fc1SwiGLUManyTiles) {
+  MOK_REQUIRE_GPUS(1);
+  fc1_case({512, 300, 0, 1000, 17}, 1024, 512, 13, 103, 7);
+  fc1_case({512, 300, 0, 1000, 17}, 1024, 512, 0, 104, 7);
+}
+
+// ---------------------------------------------------------------------------------------------
+// FC2 (plain): y = a . W[e]^T, W [E, n, k]; and dgrad: dx = dy . W[e], W [E, k, n]
+// ---------------------------------------------------------------------------------------------
+void plain_case(bool dgrad, const std::vector<int32_t>& counts, int64_t k, int64_t n, int max_ctas, uint64_t seed,
+                int check_cols_stride = 1) {
+  SCOPED_TRACE(testing::Message() << (dgrad ? "dgrad" : "fc2") << " k=" << k << " n=" << n << " ctas=" << max_ctas);
+  const Routed rt(counts);
+  const int64_t E = int64_t(counts.size()), rows = rt.rows;
+  const auto a = routed_input(rt, k, seed);
+  const auto w = random_bf16(size_t(E * n * k), seed + 1, 0.05);  // [E, n, k] (fc2) or [E, k, n] (dgrad)
+  DevBuf da(a.size() * 2), dw(w.size() * 2), dte(rt.tile_expert.size() * 4 + 4), dy(size_t(rows * n) * 2);
+  upload(da, a);
+  upload(dw, w);
+  upload(dte, rt.tile_expert);
+  Device dev;
+  gemm::Plan plan;
+  if (dgrad) {
+    gemm::DgradArgs g;
+    g.dy = da.p;
+    g.w = dw.p;
+    g.dx = dy.p;
+    g.k = k;
+    g.n = n;
+    g.experts = E;
+    g.tile_expert = dte.as<int32_t>();
+    g.num_m_tiles = rt.num_m_tiles();
+    plan = gemm::plan_dgrad(g, dev.opts(max_ctas));
+  } else {
+    gemm::Fc2Args f;
+    f.a = da.p;
+    f.w = dw.p;
+    f.y = dy.p;
+    f.k = k;
+    f.n = n;
+    f.experts = E;
+    f.tile_expert = dte.as<int32_t>();
+    f.num_m_tiles = rt.num_m_tiles();
+    plan = gemm::plan_fc2(f, dev.opts(max_ctas));
+  }
+  std::vector<std::vector<uint16_t>> r1, r2;
+  std::vector<DevBuf*> outs{&dy};
+  run_twice(plan, dev, outs, r1, r2);
+  const auto& y = r1[0];
+  const auto ad = to_double(a), wd = to_double(w);
+  ErrStat st;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int e = rt.expert_of(r);
+    if (e < 0) continue;
+    const double* ar = &ad[size_t(r * k)];
+    const double* we = &wd[size_t(e * n * k)];
+    for (int64_t c = 0; c < n; c += check_cols_stride) {
+      double ref = 0;
+      if (dgrad)
+        for (int64_t kk = 0; kk < k; ++kk) ref += ar[kk] * we[kk * n + c];
+      else
+        for (int64_t kk = 0; kk < k; ++kk) ref += ar[kk] * we[c * k + kk];
+      st.add(float_of(y[size_t(r * n + c)]), ref);
+    }
+  }
+  EXPECT_EQ(st.nonfinite, 0) << "unwritten or NaN outputs in real rows";
+  EXPECT_LE(st.rel(), kTol);
+  std::printf("[%s] rows=%lld K=%lld N=%lld ctas=%d  rel err %.2e (checked %lld)\n", dgrad ? "dgrad" : "fc2",
+              (long long)rows, (long long)k, (long long)n, plan.grid, st.rel(), (long long)st.count);
+}
+
+TEST(GroupedGemm, Fc2SmallExpertsPartialBlocks) {
+  MOK_REQUIRE_GPUS(1);
+  plain_case(false, {0, 1, 63, 128, 200, 385}, 200, 328, 5, 201);
+  plain_case(false, {0, 1, 63, 128, 200, 385}, 200, 328, 0, 202);
+}
+
+TEST(GroupedGemm, Fc2ManyTiles) {
+  MOK_REQUIRE_GPUS(1);
+  plain_case(false, {512, 300, 0, 1000, 17}, 512, 1024, 11, 203, 5);
+}
+
+TEST(GroupedGemm, DgradMNMajorWeights) {
+  MOK_REQUIRE_GPUS(1);
+  plain_case(true, {0, 1, 63, 128, 200, 385}, 328, 200, 5, 301);
+  plain_case(true, {512, 300, 0, 1000, 17}, 1024, 512, 0, 302, 5);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Wgrad: dw[e] = sum_{rows of e} a[r]^T b[r], a [rows, m], b [rows, n]
+// ---------------------------------------------------------------------------------------------
+void wgrad_case(const std::vector<int32_t>& counts, int64_t m, int64_t n, int max_ctas, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "wgrad m=" << m << " n=" << n << " ctas=" << max_ctas);
+  const Routed rt(counts);
+  const int64_t E = int64_t(counts.size()), rows = rt.rows;
+  const auto a = routed_input(rt, m, seed);      // padding rows NaN: the K mask must drop them
+  const auto b = routed_input(rt, n, seed + 1);
+  DevBuf da(a.size() * 2), db(b.size() * 2), dw(size_t(E * m * n) * 2), dbeg(size_t(E) * 4), dcnt(size_t(E) * 4);
+  upload(da, a);
+  upload(db, b);
+  upload(dbeg, rt.begin);
+  upload(dcnt, rt.counts);
+  Device dev;
+  gemm::WgradArgs g;
+  g.a = da.p;
+  g.b = db.p;
+  g.dw = dw.p;
+  g.m = m;
+  g.n = n;
+  g.experts = E;
+  g.rows_total = rows;
+  g.expert_row_begin = dbeg.as<int32_t>();
+  g.expert_rows = dcnt.as<int32_t>();
+  const auto plan = gemm::plan_wgrad(g, dev.opts(max_ctas));
+  std::vector<std::vector<uint16_t>> r1, r2;
+  std::vector<DevBuf*> outs{&dw};
+  run_twice(plan, dev, outs, r1, r2);
+  const auto& w = r1[0];
+  const auto ad = to_double(a), bd = to_double(b);
+  ErrStat st;
+  int64_t nonzero_empty = 0;
+  std::vector<double> acc(static_cast<size_t>(n), 0.0);
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t i = 0; i < m; ++i) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t r = rt.begin[size_t(e)]; r < rt.begin[size_t(e)] + counts[size_t(e)]; ++r) {
+        const double av = ad[size_t(r * m + i)];
+        const double* br = &bd[size_t(r * n)];
+        for (int64_t j = 0; j < n; ++j) acc[size_t(j)] += av * br[j];
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        const float got = float_of(w[size_t((e * m + i) * n + j)]);
+        if (counts[size_t(e)] == 0) {
+          nonzero_empty += got != 0.0f;
+          continue;
+        }
+        st.add(got, acc[size_t(j)]);
+      }
+    }
+  EXPECT_EQ(st.nonfinite, 0) << "unwritten or NaN outputs (padding rows leaked?)";
+  EXPECT_EQ(nonzero_empty, 0) << "experts without rows must get a zero gradient";
+  EXPECT_LE(st.rel(), kTol);
+  std::printf("[wgrad] E=%lld M=%lld N=%lld ctas=%d  rel err %.2e (checked %lld)\n", (long long)E, (long long)m,
+              (long long)n, plan.grid, st.rel(), (long long)st.count);
+}
+
+TEST(GroupedGemm, WgradKGroupedMaskedPadding) {
+  MOK_REQUIRE_GPUS(1);
+  wgrad_case({0, 1, 63, 128, 200, 385}, 200, 328, 7, 401);
+  wgrad_case({0, 1, 63, 128, 200, 385}, 200, 328, 0, 402);
+  wgrad_case({700, 64, 129}, 512, 768, 0, 403);
+}
+
+TEST(GroupedGemm, NoTilesLaunchesNothing) {
+  MOK_REQUIRE_GPUS(1);
+  gemm::Fc2Args f;
+  DevBuf d(64);
+  f.a = d.p;
+  f.w = d.p;
+  f.y = d.p;
+  f.k = 64;
+  f.n = 64;
+  f.experts = 4;
+  f.num_m_tiles = 0;
+  const auto plan = gemm::plan_fc2(f);
+  EXPECT_EQ(plan.grid, 0);
+  gemm::run(plan, nullptr);
+  EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+}
+
+}  // namespace
