@@ -1,0 +1,380 @@
+// mok_gemm_bench — grouped GEMM engine throughput on one GPU.
+//
+// For each case (model shape x form x rows per expert x routing) it builds the schedule's row
+// layout (experts contiguous, padded to 128 rows), fills every buffer with random bf16 on the
+// device, checks 256 sampled outputs against an fp64 dot product (correctness before timing),
+// then times the kernel with CUDA events (warm-up, then the median of many launches; buffer sets
+// rotate when one set would fit in L2). Writes one JSON file with every case, including the exact
+// per-expert row counts, which torch_baseline.py reads to time torch._grouped_mm on the same
+// problems in the same device call.
+//
+//   mok_gemm_bench --out mok.json [--quick] [--filter SUBSTR] [--reps N]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/cuda_check.h"
+#include "gemm/grouped_gemm.h"
+#include "mok/bf16.hpp"
+#include "mok/workload.hpp"
+
+namespace {
+
+namespace gemm = mok::gemm;
+
+struct Model {
+  const char* name;
+  int64_t hidden, inter, experts;  // experts: local experts of one rank at EP8
+};
+const Model kModels[] = {
+    {"dsv3", 7168, 2048, 32},
+    {"qwen3-30b-a3b", 2048, 768, 16},
+    {"qwen3-235b-a22b", 4096, 1536, 16},
+};
+
+struct Case {
+  std::string name, form, routing;
+  const Model* model;
+  int64_t rows_per_expert;
+  // GEMM view: out[M, N] with reduction K (wgrad: out [E, M, N] per expert, K = rows)
+  int64_t m_or_rows = 0, n = 0, k = 0;
+};
+
+__global__ void fill_kernel(uint16_t* p, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t z = (uint64_t(i) + seed * 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 31;
+    z *= 0x94D049BB133111EBull;
+    z ^= z >> 29;
+    const float u = float(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // [-1, 1)
+    const float v = u * scale;
+    uint32_t b = __float_as_uint(v);
+    b += 0x7fffu + ((b >> 16) & 1u);
+    p[i] = uint16_t(b >> 16);
+  }
+}
+
+void fill(void* p, int64_t n, uint64_t seed, float scale) {
+  fill_kernel<<<1024, 256>>>(static_cast<uint16_t*>(p), n, seed, scale);
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+struct Buf {
+  void* p = nullptr;
+  explicit Buf(size_t bytes) { MOK_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16))); }
+  ~Buf() { cudaFree(p); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+};
+
+std::vector<int32_t> expert_counts(int64_t experts, int64_t per_expert, const std::string& routing) {
+  std::vector<int32_t> c(static_cast<size_t>(experts), static_cast<int32_t>(per_expert));
+  if (routing == "uniform") return c;
+  // skewed: popularity ~ 1/(e+1)^1.2 (the workload generator's Zipf), counts in multiples of 16,
+  // the same total rows as uniform.
+  const int64_t total = experts * per_expert;
+  double norm = 0;
+  for (int64_t e = 0; e < experts; ++e) norm += std::pow(double(e + 1), -1.2);
+  int64_t used = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    c[size_t(e)] = int32_t(int64_t(double(total) * std::pow(double(e + 1), -1.2) / norm) / 16 * 16);
+    used += c[size_t(e)];
+  }
+  c[0] += int32_t(total - used);
+  return c;
+}
+
+float host_bf16(uint16_t b) { return mok::bf16::to_float(b); }
+
+std::vector<uint16_t> fetch(const void* base, int64_t offset_elems, int64_t n) {
+  std::vector<uint16_t> v(size_t(std::max<int64_t>(n, 0)));
+  MOK_CUDA_CHECK(cudaMemcpy(v.data(), static_cast<const uint16_t*>(base) + offset_elems, size_t(n) * 2,
+                            cudaMemcpyDeviceToHost));
+  return v;
+}
+
+double dot_rows(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += double(host_bf16(a[i])) * double(host_bf16(b[i]));
+  return s;
+}
+
+// Strided gather of n elements (device) starting at `offset`, `stride` apart.
+std::vector<uint16_t> fetch_strided(const void* base, int64_t offset, int64_t stride, int64_t n) {
+  std::vector<uint16_t> v(static_cast<size_t>(n));
+  MOK_CUDA_CHECK(cudaMemcpy2D(v.data(), 2, static_cast<const uint16_t*>(base) + offset, size_t(stride) * 2, 2,
+                              size_t(n), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+struct Result {
+  double ms = 0, tflops = 0, err = 0;
+  double flops = 0;
+  int sets = 1;
+};
+
+Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps) {
+  const Model& md = *c.model;
+  const int64_t E = md.experts;
+  std::vector<int32_t> begin, tile_expert;
+  int64_t rows = 0, real_rows = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    begin.push_back(int32_t(rows));
+    const int64_t t = (counts[size_t(e)] + 127) / 128;
+    for (int64_t i = 0; i < t; ++i) tile_expert.push_back(int32_t(e));
+    rows += t * 128;
+    real_rows += counts[size_t(e)];
+  }
+  const int64_t tiles = rows / 128;
+  Buf d_te(tile_expert.size() * 4), d_beg(size_t(E) * 4), d_cnt(size_t(E) * 4);
+  MOK_CUDA_CHECK(cudaMemcpy(d_te.p, tile_expert.data(), tile_expert.size() * 4, cudaMemcpyHostToDevice));
+  MOK_CUDA_CHECK(cudaMemcpy(d_beg.p, begin.data(), size_t(E) * 4, cudaMemcpyHostToDevice));
+  MOK_CUDA_CHECK(cudaMemcpy(d_cnt.p, counts.data(), size_t(E) * 4, cudaMemcpyHostToDevice));
+
+  // Operand shapes: A [rows, ka] routed, W [E, ., .] weights, outputs.
+  int64_t a_cols = 0, w_elems = 0, out_elems = 0, out2_elems = 0, b_cols = 0;
+  const int64_t H = md.hidden, I = md.inter;
+  if (c.form == "fc1") {
+    a_cols = H; w_elems = E * 2 * I * H; out_elems = rows * I; out2_elems = rows * 2 * I;
+  } else if (c.form == "fc2") {
+    a_cols = I; w_elems = E * H * I; out_elems = rows * H;
+  } else if (c.form == "dgrad") {
+    a_cols = c.k; w_elems = E * c.k * c.n; out_elems = rows * c.n;
+  } else {  // wgrad: a [rows, m], b [rows, n], out [E, m, n]
+    a_cols = c.m_or_rows; b_cols = c.n; out_elems = E * c.m_or_rows * c.n;
+  }
+  const int64_t set_bytes = (rows * a_cols + w_elems + rows * b_cols) * 2;
+  const int sets = int(std::clamp<int64_t>((256ll << 20) / std::max<int64_t>(set_bytes, 1) + 1, 1, 4));
+  std::vector<std::unique_ptr<Buf>> A, W, B;
+  for (int s = 0; s < sets; ++s) {
+    A.emplace_back(new Buf(size_t(rows * a_cols) * 2));
+    fill(A.back()->p, rows * a_cols, 1000 + s, 1.0f);
+    if (w_elems) {
+      W.emplace_back(new Buf(size_t(w_elems) * 2));
+      fill(W.back()->p, w_elems, 2000 + s, 0.03f);
+    }
+    if (b_cols) {
+      B.emplace_back(new Buf(size_t(rows * b_cols) * 2));
+      fill(B.back()->p, rows * b_cols, 3000 + s, 1.0f);
+    }
+  }
+  Buf out(size_t(out_elems) * 2), out2(size_t(std::max<int64_t>(out2_elems, 1)) * 2);
+  Buf err(4);
+  MOK_CUDA_CHECK(cudaMemset(err.p, 0, 4));
+  gemm::Options o;
+  o.error = static_cast<unsigned*>(err.p);
+  o.wait_limit_s = 2.0;
+
+  std::vector<gemm::Plan> plans;
+  for (int s = 0; s < sets; ++s) {
+    if (c.form == "fc1") {
+      gemm::Fc1Args a;
+      a.x = A[s]->p; a.w1p = W[s]->p; a.h = out.p; a.gu = out2.p;
+      a.hidden = H; a.inter = I; a.experts = E;
+      a.tile_expert = static_cast<int32_t*>(d_te.p); a.num_m_tiles = tiles;
+      plans.push_back(gemm::plan_fc1(a, o));
+    } else if (c.form == "fc2") {
+      gemm::Fc2Args a;
+      a.a = A[s]->p; a.w = W[s]->p; a.y = out.p; a.k = I; a.n = H; a.experts = E;
+      a.tile_expert = static_cast<int32_t*>(d_te.p); a.num_m_tiles = tiles;
+      plans.push_back(gemm::plan_fc2(a, o));
+    } else if (c.form == "dgrad") {
+      gemm::DgradArgs a;
+      a.dy = A[s]->p; a.w = W[s]->p; a.dx = out.p; a.k = c.k; a.n = c.n; a.experts = E;
+      a.tile_expert = static_cast<int32_t*>(d_te.p); a.num_m_tiles = tiles;
+      plans.push_back(gemm::plan_dgrad(a, o));
+    } else {
+      gemm::WgradArgs a;
+      a.a = A[s]->p; a.b = B[s]->p; a.dw = out.p; a.m = c.m_or_rows; a.n = c.n; a.experts = E;
+      a.rows_total = rows;
+      a.expert_row_begin = static_cast<int32_t*>(d_beg.p);
+      a.expert_rows = static_cast<int32_t*>(d_cnt.p);
+      plans.push_back(gemm::plan_wgrad(a, o));
+    }
+  }
+
+  // Correctness first: 256 sampled outputs of set 0 against fp64.
+  gemm::run(plans[0], nullptr);
+  MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  unsigned e_word = 0;
+  MOK_CUDA_CHECK(cudaMemcpy(&e_word, err.p, 4, cudaMemcpyDeviceToHost));
+  if (e_word != 0) std::fprintf(stderr, "%s: bounded wait expired (site 0x%x)\n", c.name.c_str(), e_word);
+  mok::Rng rng(77 + uint64_t(c.rows_per_expert));
+  double d2 = 0, r2 = 0;
+  int nonfinite = 0;
+  for (int smp = 0; smp < 256; ++smp) {
+    int64_t e = 0;
+    do e = rng.below(E); while (counts[size_t(e)] == 0);
+    const int64_t r = begin[size_t(e)] + rng.below(counts[size_t(e)]);
+    double ref = 0, got = 0;
+    if (c.form == "fc1") {
+      const int64_t i = rng.below(I);
+      const auto x = fetch(A[0]->p, r * H, H);
+      const auto g = fetch(W[0]->p, (e * 2 * I + gemm::packed_gate_row(i)) * H, H);
+      const auto u = fetch(W[0]->p, (e * 2 * I + gemm::packed_up_row(i)) * H, H);
+      const double gv = dot_rows(x, g), uv = dot_rows(x, u);
+      ref = gv / (1.0 + std::exp(-gv)) * uv;
+      got = host_bf16(fetch(out.p, r * I + i, 1)[0]);
+    } else if (c.form == "fc2") {
+      const int64_t j = rng.below(H);
+      ref = dot_rows(fetch(A[0]->p, r * I, I), fetch(W[0]->p, (e * H + j) * I, I));
+      got = host_bf16(fetch(out.p, r * H + j, 1)[0]);
+    } else if (c.form == "dgrad") {
+      const int64_t j = rng.below(c.n);
+      ref = dot_rows(fetch(A[0]->p, r * c.k, c.k), fetch_strided(W[0]->p, e * c.k * c.n + j, c.n, c.k));
+      got = host_bf16(fetch(out.p, r * c.n + j, 1)[0]);
+    } else {
+      const int64_t i = rng.below(c.m_or_rows), j = rng.below(c.n);
+      const int64_t b0 = begin[size_t(e)], cnt = counts[size_t(e)];
+      ref = dot_rows(fetch_strided(A[0]->p, b0 * c.m_or_rows + i, c.m_or_rows, cnt),
+                     fetch_strided(B[0]->p, b0 * c.n + j, c.n, cnt));
+      got = host_bf16(fetch(out.p, (e * c.m_or_rows + i) * c.n + j, 1)[0]);
+    }
+    if (!std::isfinite(got)) ++nonfinite;
+    else {
+      d2 += (got - ref) * (got - ref);
+      r2 += ref * ref;
+    }
+  }
+  Result res;
+  res.err = nonfinite ? INFINITY : std::sqrt(d2 / std::max(r2, 1e-300));
+  res.sets = sets;
+  if (e_word != 0) {  // a broken pipeline: do not spend seconds per launch timing it
+    res.err = INFINITY;
+    res.ms = NAN;
+    return res;
+  }
+
+  // Timing: warm-up, then `reps` individually timed launches, median.
+  cudaEvent_t t0, t1;
+  MOK_CUDA_CHECK(cudaEventCreate(&t0));
+  MOK_CUDA_CHECK(cudaEventCreate(&t1));
+  for (int i = 0; i < 3; ++i) gemm::run(plans[size_t(i % sets)], nullptr);
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    MOK_CUDA_CHECK(cudaEventRecord(t0));
+    gemm::run(plans[size_t(i % sets)], nullptr);
+    MOK_CUDA_CHECK(cudaEventRecord(t1));
+    MOK_CUDA_CHECK(cudaEventSynchronize(t1));
+    float t = 0;
+    MOK_CUDA_CHECK(cudaEventElapsedTime(&t, t0, t1));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+  std::sort(ms.begin(), ms.end());
+  res.ms = ms[ms.size() / 2];
+  // Useful FLOPs: real rows only (padding rows are mok's overhead).
+  if (c.form == "fc1") res.flops = 2.0 * double(real_rows) * double(2 * I) * double(H);
+  else if (c.form == "fc2") res.flops = 2.0 * double(real_rows) * double(H) * double(I);
+  else if (c.form == "dgrad") res.flops = 2.0 * double(real_rows) * double(c.n) * double(c.k);
+  else res.flops = 2.0 * double(real_rows) * double(c.m_or_rows) * double(c.n);
+  res.tflops = res.flops / (res.ms * 1e-3) / 1e12;
+  MOK_CUDA_CHECK(cudaMemcpy(&e_word, err.p, 4, cudaMemcpyDeviceToHost));
+  if (e_word != 0) res.err = INFINITY;
+  return res;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_path = "mok_gemm.json", filter;
+  bool quick = false;
+  int reps = 30;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--out" && i + 1 < argc) out_path = argv[++i];
+    else if (a == "--filter" && i + 1 < argc) filter = argv[++i];
+    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (a == "--quick") quick = true;
+    else {
+      std::fprintf(stderr, "usage: %s [--out FILE] [--filter SUBSTR] [--reps N] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  cudaDeviceProp prop{};
+  MOK_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+
+  std::vector<Case> cases;
+  const int64_t row_set[] = {128, 512, 2048};
+  for (const Model& m : kModels) {
+    for (const char* routing : {"uniform", "skewed"})
+      for (int64_t r : row_set)
+        for (const char* form : {"fc1", "fc2"}) {
+          Case c;
+          c.model = &m;
+          c.form = form;
+          c.routing = routing;
+          c.rows_per_expert = r;
+          c.name = std::string(m.name) + "-" + form;
+          if (c.form == "fc1") { c.n = 2 * m.inter; c.k = m.hidden; }
+          else { c.n = m.hidden; c.k = m.inter; }
+          cases.push_back(c);
+        }
+    // Backward forms, uniform routing.
+    for (int64_t r : row_set) {
+      const bool big = std::string(m.name) == "dsv3";
+      if (!big && r != 512) continue;
+      Case c;
+      c.model = &m;
+      c.routing = "uniform";
+      c.rows_per_expert = r;
+      c.form = "dgrad";  // d_h = d_y . W_down[e]   (K = hidden, N = inter)
+      c.name = std::string(m.name) + "-dgrad-fc2"; c.k = m.hidden; c.n = m.inter;
+      cases.push_back(c);
+      c.name = std::string(m.name) + "-dgrad-fc1"; c.k = 2 * m.inter; c.n = m.hidden;  // d_x = d_gu . W1p[e]
+      cases.push_back(c);
+      c.form = "wgrad";  // dW_down[e] = d_y^T h   (M = hidden, N = inter)
+      c.name = std::string(m.name) + "-wgrad-fc2"; c.m_or_rows = m.hidden; c.n = m.inter;
+      cases.push_back(c);
+      c.name = std::string(m.name) + "-wgrad-fc1"; c.m_or_rows = 2 * m.inter; c.n = m.hidden;  // dW1p[e] = d_gu^T x
+      cases.push_back(c);
+    }
+  }
+
+  FILE* f = std::fopen(out_path.c_str(), "w");
+  if (!f) {
+    std::perror(out_path.c_str());
+    return 1;
+  }
+  std::fprintf(f, "{\"device\": \"%s\", \"sms\": %d, \"cases\": [\n", prop.name, prop.multiProcessorCount);
+  bool first = true;
+  std::printf("%-28s %-6s %5s %-8s %10s %9s %9s\n", "case", "form", "rows", "routing", "ms", "TFLOP/s", "rel_err");
+  for (const Case& c : cases) {
+    const std::string key = c.name + "/" + c.routing + "/" + std::to_string(c.rows_per_expert);
+    if (!filter.empty() && key.find(filter) == std::string::npos) continue;
+    if (quick && !(c.rows_per_expert == 512 && c.routing == "uniform")) continue;
+    const auto counts = expert_counts(c.model->experts, c.rows_per_expert, c.routing);
+    Result r;
+    try {
+      r = run_case(c, counts, reps);
+    } catch (const std::exception& ex) {
+      std::fprintf(stderr, "%s: %s\n", key.c_str(), ex.what());
+      continue;
+    }
+    std::printf("%-28s %-6s %5lld %-8s %10.4f %9.1f %9.2e\n", c.name.c_str(), c.form.c_str(),
+                (long long)c.rows_per_expert, c.routing.c_str(), r.ms, r.tflops, r.err);
+    std::fflush(stdout);
+    std::fprintf(f, "%s  {\"name\": \"%s\", \"form\": \"%s\", \"rows_per_expert\": %lld, \"routing\": \"%s\", "
+                 "\"experts\": %lld, \"hidden\": %lld, \"inter\": %lld, \"m\": %lld, \"n\": %lld, \"k\": %lld, "
+                 "\"flops\": %.6e, \"mok_ms\": %.6f, \"mok_tflops\": %.3f, \"check_rel_err\": %.3e, "
+                 "\"buffer_sets\": %d, \"counts\": [",
+                 first ? "" : ",\n", c.name.c_str(), c.form.c_str(), (long long)c.rows_per_expert,
+                 c.routing.c_str(), (long long)c.model->experts, (long long)c.model->hidden,
+                 (long long)c.model->inter, (long long)c.m_or_rows, (long long)c.n, (long long)c.k, r.flops,
+                 r.ms, r.tflops, std::isfinite(r.err) ? r.err : -1.0, r.sets);
+    for (size_t i = 0; i < counts.size(); ++i) std::fprintf(f, "%s%d", i ? ", " : "", counts[i]);
+    std::fprintf(f, "]}");
+    first = false;
+  }
+  std::fprintf(f, "\n]}\n");
+  std::fclose(f);
+  return 0;
+}

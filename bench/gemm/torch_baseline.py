@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""PyTorch baseline for bench/gemm, run in the same device call as mok_gemm_bench.
+
+Reads the cases mok_gemm_bench wrote (with their exact per-expert row counts), times
+torch._grouped_mm on the same problems (same M/N/K, same groups, random bf16 data, buffer sets
+rotated when one set would fit in L2; median of CUDA-event-timed launches after warm-up), and
+torch.matmul 8192^3 in bf16 as the cuBLAS dense peak. Writes a JSON with one entry per case.
+
+  python3 bench/gemm/torch_baseline.py --cases mok.json --out torch.json
+"""
+import argparse
+import json
+import statistics
+
+import torch
+
+
+def time_ms(fn, reps, warm=3):
+    for _ in range(warm):
+        fn(0)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        s = torch.cuda.Event(enable_timing=True)
+        e = torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn(i)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def peak_tflops():
+    n = 8192
+    a = [torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    b = [torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    ms = time_ms(lambda i: torch.matmul(a[i % 2], b[i % 2]), reps=30, warm=5)
+    return 2.0 * n**3 / (ms * 1e-3) / 1e12, ms
+
+
+def rnd(*shape, scale=1.0):
+    return (torch.randn(*shape, device="cuda", dtype=torch.float32) * scale).to(torch.bfloat16)
+
+
+def build(case):
+    """Returns (make_set, call) for one case: make_set() allocates one buffer set, call(set) runs
+    torch._grouped_mm on it."""
+    counts = case["counts"]
+    E, M = len(counts), sum(counts)
+    H, I = case["hidden"], case["inter"]
+    offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
+    form, name = case["form"], case["name"]
+
+    if form == "fc1":  # [M, H] x [E, 2I, H]^T
+        def make():
+            return rnd(M, H), rnd(E, 2 * I, H, scale=0.03)
+        return make, lambda s: torch._grouped_mm(s[0], s[1].transpose(-2, -1), offs=offs), M
+    if form == "fc2":  # [M, I] x [E, H, I]^T
+        def make():
+            return rnd(M, I), rnd(E, H, I, scale=0.03)
+        return make, lambda s: torch._grouped_mm(s[0], s[1].transpose(-2, -1), offs=offs), M
+    if form == "dgrad":  # [M, k] x [E, k, n]
+        k, n = case["k"], case["n"]
+        def make():
+            return rnd(M, k), rnd(E, k, n, scale=0.03)
+        return make, lambda s: torch._grouped_mm(s[0], s[1], offs=offs), M
+    if form == "wgrad":  # out[e] = a_e^T b_e: [m, M] x [M, n] grouped along M
+        m, n = case["m"], case["n"]
+        def make():
+            return rnd(M, m), rnd(M, n)
+        return make, lambda s: torch._grouped_mm(s[0].t(), s[1], offs=offs), M
+    raise ValueError(f"unknown form {form} ({name})")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=30)
+    a = ap.parse_args()
+    mok = json.load(open(a.cases))
+    torch.manual_seed(0)
+    peak, peak_ms = peak_tflops()
+    print(f"cuBLAS bf16 8192^3: {peak:.1f} TFLOP/s ({peak_ms:.3f} ms)", flush=True)
+    out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+           "peak_bf16_tflops": peak, "cases": []}
+    for case in mok["cases"]:
+        entry = {k: case[k] for k in ("name", "form", "rows_per_expert", "routing")}
+        try:
+            make, call, _ = build(case)
+            one = make()
+            set_bytes = sum(t.numel() * t.element_size() for t in one)
+            nsets = max(1, min(4, (256 << 20) // max(set_bytes, 1) + 1))
+            sets = [one] + [make() for _ in range(nsets - 1)]
+            ms = time_ms(lambda i: call(sets[i % nsets]), reps=a.reps)
+            entry["torch_ms"] = ms
+            entry["torch_tflops"] = case["flops"] / (ms * 1e-3) / 1e12
+            del sets, one
+        except Exception as ex:  # noqa: BLE001 - report and keep going
+            entry["torch_error"] = f"{type(ex).__name__}: {ex}"[:300]
+            print(f"{case['name']}: torch failed: {entry['torch_error']}", flush=True)
+        torch.cuda.empty_cache()
+        out["cases"].append(entry)
+        t = entry.get("torch_tflops")
+        print(f"{case['name']:<24} {case['form']:<6} {case['rows_per_expert']:>5} {case['routing']:<8} "
+              f"mok {case['mok_tflops']:7.1f}  torch {t if t is None else round(t, 1)!s:>7}", flush=True)
+    json.dump(out, open(a.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
