@@ -34,6 +34,7 @@
 
 #include <cstdint>
 
+#include "common/cuda_check.h"
 #include "mok/comm.hpp"
 
 namespace mok::comm::dev {
@@ -191,6 +192,39 @@ __device__ __forceinline__ bool lsa_barrier(const DeviceComm& c, uint32_t index,
   }
   bar.epoch += 1u;  // NCCL's destructor stores it back for the next session on this index
   return __syncthreads_and(ok) != 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host helper: the address at which kernels on `c`'s device reach `peer`'s part of window `w`
+// (NCCL's flat alias; NCCL 2.28 has no host-side getter, so one tiny kernel computes it). Use it
+// to hand raw peer pointers to kernels that should not carry a window handle.
+// ---------------------------------------------------------------------------------------------
+template <int kUnused = 0>
+__global__ void lsa_pointer_kernel(ncclWindow_t w, size_t offset, int peer, void** out) {
+  *out = ncclGetLsaPointer(w, offset, peer);
+}
+
+inline void* lsa_pointer(const Communicator& c, const Window& w, int peer, size_t offset = 0) {
+  MOK_REQUIRE(peer >= 0 && peer < c.world_size(), "peer", "must be a rank in [0, ", c.world_size(),
+              "), got ", peer);
+  MOK_REQUIRE(offset < w.bytes, "offset", "must be inside window '", w.name, "' (", w.bytes,
+              " bytes), got ", offset);
+  int saved = -1;
+  MOK_CUDA_CHECK(cudaGetDevice(&saved));
+  MOK_CUDA_CHECK(cudaSetDevice(c.device()));
+  void** d = nullptr;
+  void* h = nullptr;
+  MOK_CUDA_CHECK(cudaMalloc(&d, sizeof(void*)));
+  lsa_pointer_kernel<<<1, 1, 0, c.stream()>>>(w.handle, offset, peer, d);
+  const cudaError_t launch = cudaGetLastError();
+  const cudaError_t copy = cudaMemcpyAsync(&h, d, sizeof(void*), cudaMemcpyDeviceToHost, c.stream());
+  const cudaError_t sync = cudaStreamSynchronize(c.stream());
+  (void)cudaFree(d);
+  (void)cudaSetDevice(saved);
+  MOK_CUDA_CHECK(launch);
+  MOK_CUDA_CHECK(copy);
+  MOK_CUDA_CHECK(sync);
+  return h;
 }
 
 #endif  // __CUDACC__
