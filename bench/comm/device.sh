@@ -41,13 +41,13 @@ python3 tools/ptxas_check.py --build-dir "$B" --allow tools/ptxas_allow.txt > "$
 echo "ptxas check rc=$? ($(tail -1 "$OUT/ptxas.txt"))"
 
 stamp "tests"
-( cd "$B" && ctest -R '^Comm' --output-on-failure --timeout 240 ) > "$OUT/tests.log" 2>&1
+( cd "$B" && timeout 300 ctest -R '^Comm' --output-on-failure --timeout 240 ) > "$OUT/tests.log" 2>&1
 TRC=$?
 grep -E "tests passed|tests failed|Failed|\*\*\*|SKIPPED|hand-offs|timeout error|teardown" "$OUT/tests.log" | head -40
 stamp "tests rc=$TRC"
 
 stamp "bench"
-"$B/bench/comm/mok_comm_bench" --out "$OUT/comm-h200x2.json" --commit "$COMMIT" > "$OUT/bench.log" 2>&1
+timeout 200 "$B/bench/comm/mok_comm_bench" --out "$OUT/comm-h200x2.json" --commit "$COMMIT" > "$OUT/bench.log" 2>&1
 BRC=$?
 stamp "bench rc=$BRC"
 sed -n '/=== comm bench/,$p' "$OUT/bench.log"
