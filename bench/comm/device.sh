@@ -40,16 +40,16 @@ ldd "$B/bench/comm/mok_comm_bench" | grep -i nccl | tee -a "$OUT/env.txt"
 python3 tools/ptxas_check.py --build-dir "$B" --allow tools/ptxas_allow.txt > "$OUT/ptxas.txt" 2>&1
 echo "ptxas check rc=$? ($(tail -1 "$OUT/ptxas.txt"))"
 
-stamp "tests"
-( cd "$B" && timeout 300 ctest -R '^Comm' --output-on-failure --timeout 240 ) > "$OUT/tests.log" 2>&1
-TRC=$?
-grep -E "tests passed|tests failed|Failed|\*\*\*|SKIPPED|hand-offs|timeout error|teardown" "$OUT/tests.log" | head -40
-stamp "tests rc=$TRC"
-
 stamp "bench"
 timeout 200 "$B/bench/comm/mok_comm_bench" --out "$OUT/comm-h200x2.json" --commit "$COMMIT" > "$OUT/bench.log" 2>&1
 BRC=$?
 stamp "bench rc=$BRC"
+stamp "tests"
+( cd "$B" && timeout 280 ctest -V -R '^Comm' --timeout 120 ) > "$OUT/tests.log" 2>&1
+TRC=$?
+grep -E "tests passed|tests failed|Failed|\*\*\*|SKIPPED|hand-offs|timeout error|teardown" "$OUT/tests.log" | head -40
+stamp "tests rc=$TRC"
+
 sed -n '/=== comm bench/,$p' "$OUT/bench.log"
 [ $BRC -ne 0 ] && tail -30 "$OUT/bench.log"
 echo "tests rc=$TRC bench rc=$BRC"
