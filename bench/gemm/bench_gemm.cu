@@ -8,7 +8,8 @@
 // per-expert row counts, which torch_baseline.py reads to time torch._grouped_mm on the same
 // problems in the same device call.
 //
-//   mok_gemm_bench --out mok.json [--quick] [--filter SUBSTR] [--reps N]
+//   mok_gemm_bench --out mok.json [--quick] [--filter SUBSTR] [--reps N] [--group-m N] [--max-ctas N]
+//                  [--no-gu] [--skew N]   (knobs for experiments: tile raster group, persistent CTAs, FC1 without g/u)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -120,7 +121,14 @@ struct Result {
   int sets = 1;
 };
 
-Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps) {
+struct Knobs {
+  int group_m = 8;
+  int max_ctas = 0;
+  bool store_gu = true;
+  int skew = 0;
+};
+
+Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, const Knobs& kn) {
   const Model& md = *c.model;
   const int64_t E = md.experts;
   std::vector<int32_t> begin, tile_expert;
@@ -171,12 +179,15 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps) {
   gemm::Options o;
   o.error = static_cast<unsigned*>(err.p);
   o.wait_limit_s = 2.0;
+  o.group_m = kn.group_m;
+  o.max_ctas = kn.max_ctas;
+  o.skew_stages = kn.skew;
 
   std::vector<gemm::Plan> plans;
   for (int s = 0; s < sets; ++s) {
     if (c.form == "fc1") {
       gemm::Fc1Args a;
-      a.x = A[s]->p; a.w1p = W[s]->p; a.h = out.p; a.gu = out2.p;
+      a.x = A[s]->p; a.w1p = W[s]->p; a.h = out.p; a.gu = kn.store_gu ? out2.p : nullptr;
       a.hidden = H; a.inter = I; a.experts = E;
       a.tile_expert = static_cast<int32_t*>(d_te.p); a.num_m_tiles = tiles;
       plans.push_back(gemm::plan_fc1(a, o));
@@ -288,14 +299,22 @@ int main(int argc, char** argv) {
   std::string out_path = "mok_gemm.json", filter;
   bool quick = false;
   int reps = 30;
+  Knobs kn;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--out" && i + 1 < argc) out_path = argv[++i];
     else if (a == "--filter" && i + 1 < argc) filter = argv[++i];
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (a == "--quick") quick = true;
+    else if (a == "--group-m" && i + 1 < argc) kn.group_m = std::atoi(argv[++i]);
+    else if (a == "--max-ctas" && i + 1 < argc) kn.max_ctas = std::atoi(argv[++i]);
+    else if (a == "--no-gu") kn.store_gu = false;
+    else if (a == "--skew" && i + 1 < argc) kn.skew = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--out FILE] [--filter SUBSTR] [--reps N] [--quick]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--out FILE] [--filter SUBSTR] [--reps N] [--quick] [--group-m N] [--max-ctas N] "
+                   "[--no-gu] [--skew N]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -354,7 +373,7 @@ int main(int argc, char** argv) {
     const auto counts = expert_counts(c.model->experts, c.rows_per_expert, c.routing);
     Result r;
     try {
-      r = run_case(c, counts, reps);
+      r = run_case(c, counts, reps, kn);
     } catch (const std::exception& ex) {
       std::fprintf(stderr, "%s: %s\n", key.c_str(), ex.what());
       continue;

@@ -2,8 +2,11 @@
 # One call on the GPU machine for the GEMM engine: build only its targets, run its GPU tests,
 # check ptxas reports and SASS (HGMMA present, no local memory), then the benchmark: mok and
 # torch (torch._grouped_mm, cuBLAS 8192^3) in the same call, merged into gemm-h200x1.json.
-# Everything lands in $OUT (log.txt, build.log, sass_mainloop.txt, mok.json, torch.json,
-# gemm-h200x1.json). Usage from the repo root: bench/gemm/device.sh [mok_gemm_bench args...]
+# Everything lands in $OUT (log.txt, build.log, tests.log, mok.json, torch.json, gemm-h200x1.json,
+# and on request sass_fc1.txt / ncu.txt). Usage from the repo root:
+#   [GEMM_SASS=1] [GEMM_NCU=1] [GEMM_SWEEP="args1;args2"] [GEMM_EXPERIMENTS="args1;args2"] \
+#     bench/gemm/device.sh [bench args...]
+# GEMM_EXPERIMENTS: extra mok_gemm_bench runs (e.g. "--quick --group-m 16"), tables into log.txt.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"
@@ -22,7 +25,7 @@ log() { echo "$@" | tee -a "$LOG"; }
 t0=$(date +%s)
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOK_GTEST_SOURCE="$ROOT/.deps/googletest" \
   >"$OUT/build.log" 2>&1 || log "CONFIGURE FAILED"
-cmake --build "$B" -j "$(nproc)" -k 0 --target mok_gpu_gemm_primitive_tests mok_gpu_gemm_tests mok_gemm_bench \
+cmake --build "$B" -j "$(nproc)" --target mok_gpu_gemm_primitive_tests mok_gpu_gemm_tests mok_gemm_bench -- -k 0 \
   >>"$OUT/build.log" 2>&1 || { log "BUILD FAILED"; grep -E "error" "$OUT/build.log" | head -20 | tee -a "$LOG"; }
 log "build: $(( $(date +%s) - t0 )) s"
 python3 tools/ptxas_check.py --build-dir "$B" --allow tools/ptxas_allow.txt >>"$LOG" 2>&1
@@ -33,7 +36,7 @@ if command -v cuobjdump >/dev/null; then
   awk '/Function :/{f=$3} /HGMMA/{h[f]++} /LDL|STL/{l[f]++} /WARPGROUP.ARRIVE|WARPGROUP.DEPBAR/{w[f]++}
        END{for (k in h) printf "SASS %-80s HGMMA %d  LDL/STL %d  warpgroup sync %d\n", substr(k,1,80), h[k], l[k]+0, w[k]+0}' \
     "$OUT/sass_all.txt" | tee -a "$LOG"
-  awk '/Function :/{p=($3 ~ /FormFc1/)} p' "$OUT/sass_all.txt" >"$OUT/sass_fc1.txt"
+  [ "${GEMM_SASS:-0}" = 1 ] && awk '/Function :/{p=($3 ~ /FormFc1/)} p' "$OUT/sass_all.txt" >"$OUT/sass_fc1.txt"
   rm -f "$OUT/sass_all.txt"
 fi
 for t in mok_gpu_gemm_primitive_tests mok_gpu_gemm_tests; do
@@ -44,9 +47,64 @@ for t in mok_gpu_gemm_primitive_tests mok_gpu_gemm_tests; do
   grep -E "^\[(fc1|fc2|dgrad|wgrad)\]|FAILED|Failure|error|Expected|Which is|actual|want" "$OUT/$t.log" | head -40 | tee -a "$LOG"
 done
 cat "$OUT"/mok_gpu_gemm_*tests.log >"$OUT/tests.log"; rm -f "$OUT"/mok_gpu_gemm_*tests.log
+# GEMM_SWEEP="argsA;argsB;...": quick-set runs of each variant; the one with the best geometric
+# mean TFLOP/s is used for the full benchmark (and ncu).
+best=""
+IFS=';' read -ra sweep <<<"${GEMM_SWEEP:-}"
+if [ ${#sweep[@]} -gt 0 ]; then
+  i=0
+  for v in "${sweep[@]}"; do
+    # shellcheck disable=SC2086
+    timeout 120 "$B/bench/gemm/mok_gemm_bench" --quick --reps 20 --out "/tmp/gemm_sweep_$i.json" $v >/dev/null 2>&1
+    i=$((i + 1))
+  done
+  best=$(python3 - "${sweep[@]}" <<'PY'
+import json, math, sys
+best, best_g = "", -1.0
+for i, v in enumerate(sys.argv[1:]):
+    try:
+        cs = json.load(open(f"/tmp/gemm_sweep_{i}.json"))["cases"]
+    except Exception:
+        continue
+    ok = [c for c in cs if c["check_rel_err"] >= 0 and c["mok_tflops"] > 0]
+    g = math.exp(sum(math.log(c["mok_tflops"]) for c in ok) / max(len(ok), 1)) if len(ok) == len(cs) else 0.0
+    row = " ".join(f"{c['name'].replace('qwen3-','q')}={c['mok_tflops']:.0f}" for c in cs)
+    print(f"sweep [{v}] geomean {g:.1f}: {row}", file=sys.stderr)
+    if g > best_g:
+        best, best_g = v, g
+print(best)
+PY
+  2>>"$LOG")
+  log "sweep choice: [$best]"
+fi
 t1=$(date +%s)
-timeout 420 "$B/bench/gemm/mok_gemm_bench" --out "$OUT/mok.json" "$@" >"$OUT/mok_bench.log" 2>&1
+nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 250 \
+  >/tmp/gemm_clocks.csv 2>/dev/null &
+smi=$!
+# shellcheck disable=SC2086
+timeout 420 "$B/bench/gemm/mok_gemm_bench" --out "$OUT/mok.json" $best "$@" >"$OUT/mok_bench.log" 2>&1
+log "full benchmark with: $best $*"
 log "mok_gemm_bench rc=$? ($(( $(date +%s) - t1 )) s)"
+kill "$smi" 2>/dev/null
+sort -t, -k2 -n -r /tmp/gemm_clocks.csv | head -40 | awk -F, '{c+=$1; p+=$2; n++; if(min==""||$1<min)min=$1} END{if(n) printf "under load (40 highest-power samples): SM clock avg %.0f MHz min %d, power avg %.0f W\n", c/n, min, p/n}' | tee -a "$LOG"
+IFS=';' read -ra exps <<<"${GEMM_EXPERIMENTS:-}"
+for e in "${exps[@]}"; do
+  [ -z "$e" ] && continue
+  log "== experiment: mok_gemm_bench $e"
+  # shellcheck disable=SC2086
+  timeout 120 "$B/bench/gemm/mok_gemm_bench" --out /tmp/gemm_exp.json $e 2>&1 | tee -a "$LOG" >/dev/null
+done
+if [ "${GEMM_NCU:-0}" = 1 ]; then
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for f in dsv3-fc1/uniform/512 dsv3-fc2/uniform/512; do
+    log "== ncu $f"
+    timeout 120 "$NCU" --clock-control none --kernel-name regex:grouped_gemm --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      --section LaunchStats --section Occupancy --section SchedulerStats --section WarpStateStats \
+      "$B/bench/gemm/mok_gemm_bench" --filter "$f" --reps 2 --out /tmp/gemm_ncu.json $best >>"$OUT/ncu.txt" 2>&1
+    log "ncu rc=$?"
+  done
+fi
 t1=$(date +%s)
 timeout 300 python3 bench/gemm/torch_baseline.py --cases "$OUT/mok.json" --out "$OUT/torch.json" >"$OUT/torch.log" 2>&1
 log "torch_baseline rc=$? ($(( $(date +%s) - t1 )) s)"

@@ -40,6 +40,8 @@ def main():
             "mok_ms": c["mok_ms"], "torch_ms": t.get("torch_ms"),
             "experts": c["experts"], "n": c["n"], "k": c["k"], "m": c["m"],
             "check_rel_err": c["check_rel_err"],
+            **({"torch_fc1_swiglu_tflops": round(t["torch_fc1_swiglu_tflops"], 1)}
+               if "torch_fc1_swiglu_tflops" in t else {}),
             **({"torch_error": t["torch_error"]} if "torch_error" in t else {}),
         })
     res = {
@@ -53,12 +55,13 @@ def main():
     }
     json.dump(res, open(a.out, "w"), indent=1)
     print(f"{res['device']}  peak (cuBLAS 8192^3) {res['peak_bf16_tflops']} TFLOP/s")
-    print(f"{'case':<26}{'rows':>5} {'routing':<8}{'mok':>8}{'torch':>8}{'x':>7}{'err':>10}")
+    print(f"{'case':<26}{'rows':>5} {'routing':<8}{'mok':>8}{'torch':>8}{'x':>7}{'t+swiglu':>9}{'err':>10}")
     for c in cases:
         t = c["torch_grouped_mm_tflops"]
+        ts = c.get("torch_fc1_swiglu_tflops")
         print(f"{c['name']:<26}{c['rows_per_expert']:>5} {c['routing']:<8}{c['mok_tflops']:>8.1f}"
               f"{(t if t is not None else float('nan')):>8.1f}{(c['speedup'] or float('nan')):>7.2f}"
-              f"{c['check_rel_err']:>10.1e}")
+              f"{(ts if ts is not None else float('nan')):>9.1f}{c['check_rel_err']:>10.1e}")
 
 
 if __name__ == "__main__":

@@ -96,6 +96,17 @@ def main():
             ms = time_ms(lambda i: call(sets[i % nsets]), reps=a.reps)
             entry["torch_ms"] = ms
             entry["torch_tflops"] = case["flops"] / (ms * 1e-3) / 1e12
+            if case["form"] == "fc1":
+                # What an FC1 costs in torch: the grouped GEMM, then SwiGLU on its output.
+                inter = case["inter"]
+
+                def fc1_swiglu(i):
+                    y = call(sets[i % nsets])
+                    return torch.nn.functional.silu(y[:, :inter]) * y[:, inter:]
+
+                ms2 = time_ms(fc1_swiglu, reps=a.reps)
+                entry["torch_fc1_swiglu_ms"] = ms2
+                entry["torch_fc1_swiglu_tflops"] = case["flops"] / (ms2 * 1e-3) / 1e12
             del sets, one
         except Exception as ex:  # noqa: BLE001 - report and keep going
             entry["torch_error"] = f"{type(ex).__name__}: {ex}"[:300]

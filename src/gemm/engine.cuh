@@ -43,7 +43,8 @@ inline constexpr uint32_t kStageBytes = kATileBytes + kBTileBytes;
 inline constexpr uint32_t kChunkBytes = 64 * 64 * 2;  // 8 KB: [64 rows][64 bf16], 128B-swizzled
 inline constexpr uint32_t kEpiOffset = kStages * kStageBytes;
 inline constexpr uint32_t kBarOffset = kEpiOffset + 4 * kChunkBytes;
-inline constexpr uint32_t kSmemBytes = kBarOffset + 2 * kStages * 8 + 1024;  // + alignment slack
+inline constexpr uint32_t kNumBars = 2 * kStages + 2;  // full[], empty[], skew[2]
+inline constexpr uint32_t kSmemBytes = kBarOffset + kNumBars * 8 + 1024;  // + alignment slack
 static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of shared memory a CTA may use");
 
 inline constexpr uint32_t kBarEpilogue = 1;   // + consumer warpgroup index
@@ -52,6 +53,7 @@ inline constexpr uint32_t kBarConsumers = 3;  // both consumer warpgroups
 // Wait sites recorded in the error word when a bounded wait expires.
 inline constexpr unsigned int kSiteProducerEmpty = 0x6e01;
 inline constexpr unsigned int kSiteConsumerFull = 0x6e02;
+inline constexpr unsigned int kSiteSkew = 0x6e03;
 
 // View of the engine's shared memory (base 1024-byte aligned).
 struct Smem {
@@ -67,6 +69,10 @@ struct Smem {
   __device__ uint64_t* empty(uint32_t s) const {
     return reinterpret_cast<uint64_t*>(base + kBarOffset) + kStages + s;
   }
+  // Two barriers (alternating per tile) that stagger the consumer warpgroups (see Skew).
+  __device__ uint64_t* skew(uint32_t i) const {
+    return reinterpret_cast<uint64_t*>(base + kBarOffset) + 2 * kStages + i;
+  }
 };
 
 __device__ __forceinline__ Smem smem_view(uint8_t* raw) {
@@ -80,6 +86,8 @@ __device__ __forceinline__ void init_barriers(const Smem& sm) {
     mbar_init(sm.full(s), 1);
     mbar_init(sm.empty(s), 8);  // one arrival per consumer warp
   }
+  mbar_init(sm.skew(0), 1);
+  mbar_init(sm.skew(1), 1);
   mbar_fence_init();
 }
 
@@ -165,9 +173,31 @@ __device__ __forceinline__ void mask_k_rows(const Smem& sm, uint32_t s, int vali
   named_bar_sync(kBarConsumers, 256);
 }
 
+// Optional stagger of the two consumer warpgroups: warpgroup 1 starts a tile only after warpgroup
+// 0 has issued its first `stages` K blocks of it, so their epilogues (which leave the tensor cores
+// idle when both run them at once) overlap the other warpgroup's MMAs. Warpgroup 0 can run at most
+// kStages blocks ahead (the ring), so with stages <= kStages and tiles longer than kStages +
+// stages blocks neither waits on the other in a cycle, and a barrier never completes twice before
+// it is waited on (two barriers alternate per tile). Tiles too short for that are not staggered.
+struct Skew {
+  int32_t stages = 0;  // 0: off
+  uint32_t tiles = 0;  // staggered tiles so far (same count in both warpgroups)
+  __device__ bool applies(const Tile& t) const {
+    return stages > 0 && t.k_blocks > kStages + stages;
+  }
+};
+
 template <bool kAMN, bool kBMN, bool kMaskK>
 __device__ __forceinline__ void mma_tile(const Smem& sm, PipeState& ps, const Tile& t, int cwg,
-                                         uint32_t ct, float (&acc)[kAccRegs], const WaitBound& wb) {
+                                         uint32_t ct, float (&acc)[kAccRegs], const WaitBound& wb,
+                                         Skew& skew) {
+  const bool staggered = skew.applies(t);
+  uint64_t* skew_bar = sm.skew(skew.tiles & 1u);
+  const uint32_t skew_parity = (skew.tiles >> 1) & 1u;
+  if (staggered) {
+    ++skew.tiles;
+    if (cwg == 1) mbar_wait(skew_bar, skew_parity, wb, kSiteSkew);
+  }
   // Zeroing (the first wgmma also starts from 0) ends the previous tile's accumulators' lifetime
   // at its epilogue: wgmma's operands are read-write, so without it they would stay live.
 #pragma unroll
@@ -198,6 +228,7 @@ __device__ __forceinline__ void mma_tile(const Smem& sm, PipeState& ps, const Ti
     wgmma_wait<1>();  // the previous block's group is done: its stage can be refilled
     fence_operands(acc);
     if (kb > 0) release_stage(sm, prev);
+    if (staggered && cwg == 0 && kb == skew.stages - 1 && ct == 0) mbar_arrive(skew_bar);
     prev = s;
     ps.advance();
   }
@@ -278,10 +309,13 @@ __device__ __forceinline__ void write_chunk_bf16(uint8_t* buf, const float (&acc
 
 // SwiGLU of one gate/up pair at the reference's rounding points: g and u rounded to bf16, then
 // silu(g) * u in fp32 (silu(g) = g / (1 + exp(-g))); the caller rounds the result to bf16.
+// exp and the division use the SFU approximations (__expf: ex2.approx, __fdividef: rcp.approx),
+// a few 1e-7 relative, far below the bf16 rounding that follows; the exact forms cost several
+// percent of an FC1 tile's time in this epilogue. For g < -87 exp overflows: silu -> -0.
 __device__ __forceinline__ float swiglu(float acc_g, float acc_u) {
   const float g = bf16_round(acc_g);
   const float u = bf16_round(acc_u);
-  const float silu = g / (1.0f + expf(-g));
+  const float silu = __fdividef(g, 1.0f + __expf(-g));
   return silu * u;
 }
 

@@ -12,7 +12,7 @@ namespace {
 
 constexpr int64_t kBlockM = 128, kBlockN = 256, kBlockK = 64;
 // Must match engine.cuh (kept here so this file needs no CUDA device headers).
-constexpr int kSmem = 4 * (16384 + 32768) + 4 * 8192 + 2 * 4 * 8 + 1024;
+constexpr int kSmem = 4 * (16384 + 32768) + 4 * 8192 + (2 * 4 + 2) * 8 + 1024;
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -27,7 +27,9 @@ void fill_common(Plan& p, const Options& o, int64_t tiles) {
   MOK_REQUIRE(o.group_m >= 1, "options.group_m", ">= 1, got ", o.group_m);
   MOK_REQUIRE(o.max_ctas >= 0, "options.max_ctas", ">= 0, got ", o.max_ctas);
   MOK_REQUIRE(tiles < (int64_t(1) << 31), "problem size", "fewer than 2^31 output tiles");
+  MOK_REQUIRE(o.skew_stages >= 0 && o.skew_stages <= 4, "options.skew_stages", "0..4, got ", o.skew_stages);
   p.params.group_m = o.group_m;
+  p.params.skew_stages = o.skew_stages;
   p.params.error = o.error;
   p.params.wait_limit_ns = static_cast<unsigned long long>(o.wait_limit_s * 1e9);
   const int64_t ctas = o.max_ctas > 0 ? o.max_ctas : sm_count();

@@ -25,6 +25,7 @@ struct Options {
   int group_m = 8;                 // tile raster: M tiles per group
   unsigned int* error = nullptr;   // device word: nonzero after a bounded wait expired
   double wait_limit_s = 2.0;       // bound of every in-kernel wait when `error` is set
+  int skew_stages = 0;             // stagger of the two consumer warpgroups (K blocks, 0..4)
 };
 
 // FC1 forward: gu[r] = x[r] . W1p[e]^T (2*inter values, gate/up interleaved in groups of 8, see

@@ -200,9 +200,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     EpiState es;
     Tile t;
     typename Form::Schedule sched(p);
+    Skew skew;
+    skew.stages = p.skew_stages;
     float acc[kAccRegs];
     while (sched.next(t)) {
-      mma_tile<Form::kAMN, Form::kBMN, Form::kMaskK>(sm, ps, t, cwg, ct, acc, wb);
+      mma_tile<Form::kAMN, Form::kBMN, Form::kMaskK>(sm, ps, t, cwg, ct, acc, wb, skew);
       Form::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
     }
     epi_finish(wt == 0);

@@ -21,6 +21,7 @@ struct KernelParams {
   int32_t experts = 0;      // Wgrad: experts
   int32_t group_m = 8;      // tile raster: M tiles per group (N outer, M inner inside a group)
   int32_t store_gu = 1;     // FC1: also store the gate/up pre-activations
+  int32_t skew_stages = 0;  // stagger of the consumer warpgroups in K blocks (0: off, <= 4)
   const int32_t* tile_expert = nullptr;       // M-grouped: [num_m_tiles], -1 = skip the tile
   const int32_t* expert_row_begin = nullptr;  // Wgrad: [experts] first routed row of each expert
   const int32_t* expert_rows = nullptr;       // Wgrad: [experts] valid rows of each expert

@@ -47,10 +47,12 @@ std::vector<double> to_double(const std::vector<uint16_t>& v) {
 
 struct Device {
   DevBuf err{sizeof(unsigned)};
+  int skew = 0;
   gemm::Options opts(int max_ctas) {
     cudaMemset(err.p, 0, sizeof(unsigned));
     gemm::Options o;
     o.max_ctas = max_ctas;
+    o.skew_stages = skew;
     o.error = err.as<unsigned>();
     o.wait_limit_s = 5.0;
     return o;
@@ -80,8 +82,9 @@ void run_twice(const gemm::Plan& plan, Device& dev, Outs&& outs, std::vector<std
 // FC1 + SwiGLU
 // ---------------------------------------------------------------------------------------------
 void fc1_case(const std::vector<int32_t>& counts, int64_t hidden, int64_t inter, int max_ctas, uint64_t seed,
-              int check_cols_stride = 1) {
-  SCOPED_TRACE(testing::Message() << "fc1 hidden=" << hidden << " inter=" << inter << " ctas=" << max_ctas);
+              int check_cols_stride = 1, int skew = 0) {
+  SCOPED_TRACE(testing::Message() << "fc1 hidden=" << hidden << " inter=" << inter << " ctas=" << max_ctas
+                                  << " skew=" << skew);
   const Routed rt(counts);
   const int64_t E = int64_t(counts.size()), rows = rt.rows, n = 2 * inter;
   const auto x = routed_input(rt, hidden, seed);
@@ -102,6 +105,7 @@ void fc1_case(const std::vector<int32_t>& counts, int64_t hidden, int64_t inter,
   EXPECT_TRUE(download<uint16_t>(dw1p, w1p.size()) == w1p) << "pack_gate_up (device) != pack_gate_up_host";
 
   Device dev;
+  dev.skew = skew;
   gemm::Fc1Args a;
   a.x = dx.p;
   a.w1p = dw1p.p;
@@ -172,8 +176,9 @@ TEST(GroupedGemm, Fc1SwiGLUManyTiles) {
 // FC2 (plain): y = a . W[e]^T, W [E, n, k]; and dgrad: dx = dy . W[e], W [E, k, n]
 // ---------------------------------------------------------------------------------------------
 void plain_case(bool dgrad, const std::vector<int32_t>& counts, int64_t k, int64_t n, int max_ctas, uint64_t seed,
-                int check_cols_stride = 1) {
-  SCOPED_TRACE(testing::Message() << (dgrad ? "dgrad" : "fc2") << " k=" << k << " n=" << n << " ctas=" << max_ctas);
+                int check_cols_stride = 1, int skew = 0) {
+  SCOPED_TRACE(testing::Message() << (dgrad ? "dgrad" : "fc2") << " k=" << k << " n=" << n << " ctas=" << max_ctas
+                                  << " skew=" << skew);
   const Routed rt(counts);
   const int64_t E = int64_t(counts.size()), rows = rt.rows;
   const auto a = routed_input(rt, k, seed);
@@ -183,6 +188,7 @@ void plain_case(bool dgrad, const std::vector<int32_t>& counts, int64_t k, int64
   upload(dw, w);
   upload(dte, rt.tile_expert);
   Device dev;
+  dev.skew = skew;
   gemm::Plan plan;
   if (dgrad) {
     gemm::DgradArgs g;
@@ -330,6 +336,16 @@ TEST(GroupedGemm, NoTilesLaunchesNothing) {
   EXPECT_EQ(plan.grid, 0);
   gemm::run(plan, nullptr);
   EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+}
+
+TEST(GroupedGemm, StaggeredConsumerWarpgroups) {
+  MOK_REQUIRE_GPUS(1);
+  // K = 1024: 16 blocks per tile, staggered; K = 320: 5 blocks, too short, not staggered.
+  for (int skew = 1; skew <= 4; ++skew) {
+    fc1_case({512, 300, 0, 1000, 17}, 1024, 512, 13, 105 + skew, 7, skew);
+    plain_case(false, {512, 300, 0, 1000, 17}, 1024, 512, 7, 205 + skew, 5, skew);
+  }
+  plain_case(true, {0, 1, 63, 128, 200, 385}, 320, 200, 5, 305, 1, 3);
 }
 
 }  // namespace
