@@ -15,6 +15,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <functional>
+#include <thread>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -41,6 +43,7 @@ struct Args {
   std::string commit = "unknown";
   int reps = 10;
   bool quick = false;
+  bool probe = false;  // per-SM and NVLink-counter probes instead of the main bench
 };
 
 double median(std::vector<double> v) {
@@ -96,7 +99,7 @@ void launch_copy(const std::string& method, int sms, const mb::CopyArgs& a, cuda
     const TmaShape t = tma_shape(a.row_bytes);
     mb::tma_copy_rows<<<sms, mb::kTmaThreads, t.smem, s>>>(a, t.rows_per_task, t.stages);
   } else {
-    mb::ldst_copy_rows<<<sms, mb::kLdstThreads, 120 * 1024, s>>>(a);  // smem only to force 1 CTA/SM
+    mb::ldst_copy_rows<><<<sms, mb::kLdstThreads, 120 * 1024, s>>>(a);  // smem only to force 1 CTA/SM
   }
   MOK_CUDA_CHECK(cudaGetLastError());
 }
@@ -104,7 +107,9 @@ void launch_copy(const std::string& method, int sms, const mb::CopyArgs& a, cuda
 void set_kernel_attributes(int device) {
   MOK_CUDA_CHECK(cudaSetDevice(device));
   MOK_CUDA_CHECK(cudaFuncSetAttribute(mb::tma_copy_rows, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynSmem));
-  MOK_CUDA_CHECK(cudaFuncSetAttribute(mb::ldst_copy_rows, cudaFuncAttributeMaxDynamicSharedMemorySize, 120 * 1024));
+  MOK_CUDA_CHECK(cudaFuncSetAttribute(mb::ldst_copy_rows<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 120 * 1024));
+  MOK_CUDA_CHECK(cudaFuncSetAttribute(mb::ldst_copy_rows<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 120 * 1024));
+  MOK_CUDA_CHECK(cudaFuncSetAttribute(mb::ldst_copy_rows<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, 120 * 1024));
 }
 
 unsigned long long check(int device, cudaStream_t s, const void* data, uint32_t rows, uint32_t row_bytes, uint32_t tag,
@@ -130,6 +135,39 @@ void fill(int device, cudaStream_t s, void* data, uint32_t rows, uint32_t row_by
   MOK_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
+
+// NVLink throughput counters summed over the links of GPUs 0 and 1, from
+// `nvidia-smi nvlink -gt d` (data payload) or `-gt r` (payload + protocol overhead), in bytes.
+struct LinkCounters {
+  double tx[2] = {0, 0}, rx[2] = {0, 0};
+  int lines = 0;
+  std::string first_line;
+};
+LinkCounters read_links(const char* kind) {
+  LinkCounters c;
+  const std::string cmd = std::string("nvidia-smi nvlink -gt ") + kind + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return c;
+  char line[512];
+  int gpu = -1;
+  while (std::fgets(line, sizeof(line), p)) {
+    const std::string l = line;
+    if (c.first_line.empty()) c.first_line = l.substr(0, l.find('\n'));
+    if (l.rfind("GPU ", 0) == 0) gpu = std::atoi(l.c_str() + 4);
+    for (const char* key : {"Tx:", "Rx:"}) {
+      const size_t at = l.find(key);
+      if (at == std::string::npos || gpu < 0 || gpu > 1) continue;
+      double v = std::atof(l.c_str() + at + 3);
+      if (l.find("MiB", at) != std::string::npos) v *= 1024.0;
+      const double bytes = v * 1024.0;  // KiB
+      (key[0] == 'T' ? c.tx : c.rx)[gpu] += bytes;
+      ++c.lines;
+    }
+  }
+  pclose(p);
+  return c;
+}
+
 std::string now_utc() {
   std::time_t t = std::time(nullptr);
   char buf[64];
@@ -147,8 +185,9 @@ int main(int argc, char** argv) {
     else if (a == "--commit" && i + 1 < argc) args.commit = argv[++i];
     else if (a == "--reps" && i + 1 < argc) args.reps = std::max(3, std::atoi(argv[++i]));
     else if (a == "--quick") args.quick = true;
+    else if (a == "--probe") args.probe = true;
     else {
-      std::printf("usage: mok_comm_bench [--out FILE.json] [--commit SHA] [--reps N] [--quick]\n");
+      std::printf("usage: mok_comm_bench [--out FILE.json] [--commit SHA] [--reps N] [--quick] [--probe]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -199,6 +238,153 @@ int main(int argc, char** argv) {
       const cudaError_t e = cudaDeviceEnablePeerAccess(1 - r, 0);
       if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) MOK_CUDA_CHECK(e);
       (void)cudaGetLastError();
+    }
+
+
+    if (args.probe) {
+      // ---------------------------------------------------------------- per-SM rate probes
+      const int hidden = 7168;
+      const uint32_t rows = 16384, row_bytes = 2u * hidden;
+      const double bytes = static_cast<double>(rows) * row_bytes;
+      std::vector<int> perm(rows);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::mt19937 rng(77u);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (int r = 0; r < 2; ++r) {
+        MOK_CUDA_CHECK(cudaSetDevice(rb[r].dev));
+        MOK_CUDA_CHECK(cudaMemcpy(rb[r].perm, perm.data(), sizeof(int) * rows, cudaMemcpyHostToDevice));
+        fill(rb[r].dev, rb[r].s, rb[r].x_local, rows, row_bytes, static_cast<uint32_t>(r));
+      }
+      auto time_it = [&](const std::function<void()>& launch) {
+        Timer t(0);
+        MOK_CUDA_CHECK(cudaSetDevice(0));
+        std::vector<double> ms;
+        for (int i = 0; i < 4; ++i) {
+          MOK_CUDA_CHECK(cudaEventRecord(t.a, rb[0].s));
+          launch();
+          MOK_CUDA_CHECK(cudaGetLastError());
+          MOK_CUDA_CHECK(cudaEventRecord(t.b, rb[0].s));
+          MOK_CUDA_CHECK(cudaEventSynchronize(t.b));
+          if (i >= 1) ms.push_back(t.ms());
+        }
+        return bytes / (median(ms) * 1e-3) / 1e9;
+      };
+      const mb::CopyArgs pull{rb[0].x_peer, static_cast<char*>(rb[0].y), rb[0].perm, nullptr, rows, row_bytes};
+      const mb::CopyArgs local{rb[0].x_local, static_cast<char*>(rb[0].y), rb[0].perm, nullptr, rows, row_bytes};
+      const mb::CopyArgs push{static_cast<const char*>(rb[0].y), rb[0].x_peer, nullptr, rb[0].perm, rows, row_bytes};
+      const TmaShape ts = tma_shape(row_bytes);
+      std::printf("[probe] GB/s by SM count and bytes in flight per SM (H=7168, %u rows, GPU0)\n", rows);
+      std::printf("[probe] %-34s %9s %9s %9s\n", "variant (in flight per SM)", "1 SM", "2 SM", "4 SM");
+      auto row = [&](const char* name, const std::function<void(int)>& launch) {
+        std::printf("[probe] %-34s", name);
+        for (int nsm : {1, 2, 4}) std::printf(" %9.1f", time_it([&] { launch(nsm); }));
+        std::printf("\n");
+      };
+      const size_t ldsm = 120 * 1024;
+      row("pull ldst unroll 2 (32 KiB)", [&](int n) { mb::ldst_copy_rows<2><<<n, mb::kLdstThreads, ldsm, rb[0].s>>>(pull); });
+      row("pull ldst unroll 4 (64 KiB)", [&](int n) { mb::ldst_copy_rows<4><<<n, mb::kLdstThreads, ldsm, rb[0].s>>>(pull); });
+      row("pull ldst unroll 8 (128 KiB)", [&](int n) { mb::ldst_copy_rows<8><<<n, mb::kLdstThreads, ldsm, rb[0].s>>>(pull); });
+      for (uint32_t st : {2u, 4u, ts.stages}) {
+        const std::string name = "pull tma " + std::to_string(st) + " stages (" +
+                                 std::to_string(st * ts.rows_per_task * row_bytes / 1024) + " KiB)";
+        row(name.c_str(), [&](int n) {
+          mb::tma_copy_rows<<<n, mb::kTmaThreads, 1024 + st * ts.rows_per_task * row_bytes, rb[0].s>>>(pull, ts.rows_per_task, st);
+        });
+      }
+      row("local gather ldst unroll 8", [&](int n) { mb::ldst_copy_rows<8><<<n, mb::kLdstThreads, ldsm, rb[0].s>>>(local); });
+      row("local gather tma max stages", [&](int n) {
+        mb::tma_copy_rows<<<n, mb::kTmaThreads, ts.smem, rb[0].s>>>(local, ts.rows_per_task, ts.stages);
+      });
+      row("push ldst unroll 8", [&](int n) { mb::ldst_copy_rows<8><<<n, mb::kLdstThreads, ldsm, rb[0].s>>>(push); });
+      row("push tma max stages", [&](int n) {
+        mb::tma_copy_rows<<<n, mb::kTmaThreads, ts.smem, rb[0].s>>>(push, ts.rows_per_task, ts.stages);
+      });
+
+      // ---------------------------------------------------------------- NVLink counters
+      auto settle = [] { std::this_thread::sleep_for(std::chrono::milliseconds(1500)); };
+      auto measure_links = [&](const char* name, double payload, const std::function<void()>& work) {
+        for (int d = 0; d < 2; ++d) {
+          MOK_CUDA_CHECK(cudaSetDevice(d));
+          MOK_CUDA_CHECK(cudaDeviceSynchronize());
+        }
+        settle();
+        const LinkCounters d0 = read_links("d"), r0 = read_links("r");
+        work();
+        for (int d = 0; d < 2; ++d) {
+          MOK_CUDA_CHECK(cudaSetDevice(d));
+          MOK_CUDA_CHECK(cudaDeviceSynchronize());
+        }
+        settle();
+        const LinkCounters d1 = read_links("d"), r1 = read_links("r");
+        if (d1.lines == 0) {
+          std::printf("[probe-link] %s: no NVLink counters from nvidia-smi ('%s')\n", name, d1.first_line.c_str());
+          return;
+        }
+        std::printf("[probe-link] %-28s payload %.3f GB | data GPU0 tx %.3f rx %.3f, GPU1 tx %.3f rx %.3f GB | "
+                    "raw GPU0 tx %.3f rx %.3f, GPU1 tx %.3f rx %.3f GB\n",
+                    name, payload / 1e9, (d1.tx[0] - d0.tx[0]) / 1e9, (d1.rx[0] - d0.rx[0]) / 1e9,
+                    (d1.tx[1] - d0.tx[1]) / 1e9, (d1.rx[1] - d0.rx[1]) / 1e9, (r1.tx[0] - r0.tx[0]) / 1e9,
+                    (r1.rx[0] - r0.rx[0]) / 1e9, (r1.tx[1] - r0.tx[1]) / 1e9, (r1.rx[1] - r0.rx[1]) / 1e9);
+      };
+      measure_links("idle", 0, [] {});
+      const uint32_t big_rows = rows_for(7168);
+      for (int r = 0; r < 2; ++r) {
+        MOK_CUDA_CHECK(cudaSetDevice(rb[r].dev));
+        fill(rb[r].dev, rb[r].s, rb[r].x_local, big_rows, row_bytes, static_cast<uint32_t>(r));
+      }
+      const double big = static_cast<double>(big_rows) * row_bytes;
+      const mb::CopyArgs bpull{rb[0].x_peer, static_cast<char*>(rb[0].y), rb[0].perm, nullptr, big_rows, row_bytes};
+      const mb::CopyArgs bpush{static_cast<const char*>(rb[0].y), rb[0].x_peer, nullptr, rb[0].perm, big_rows, row_bytes};
+      std::vector<int> bperm(big_rows);
+      std::iota(bperm.begin(), bperm.end(), 0);
+      std::shuffle(bperm.begin(), bperm.end(), rng);
+      MOK_CUDA_CHECK(cudaSetDevice(0));
+      MOK_CUDA_CHECK(cudaMemcpy(rb[0].perm, bperm.data(), sizeof(int) * big_rows, cudaMemcpyHostToDevice));
+      for (const char* method : {"ldst", "tma"}) {
+        measure_links((std::string("pull ") + method + " 16 SMs x10").c_str(), 10 * big, [&] {
+          MOK_CUDA_CHECK(cudaSetDevice(0));
+          for (int i = 0; i < 10; ++i) launch_copy(method, 16, bpull, rb[0].s);
+        });
+        measure_links((std::string("push ") + method + " 16 SMs x10").c_str(), 10 * big, [&] {
+          MOK_CUDA_CHECK(cudaSetDevice(0));
+          for (int i = 0; i < 10; ++i) launch_copy(method, 16, bpush, rb[0].s);
+        });
+      }
+      for (bool push_mode : {true, false}) {
+        const uint32_t hops = 20000;
+        measure_links(push_mode ? "hand-off push 1 CTA x20000" : "hand-off pull 1 CTA x20000",
+                      static_cast<double>(hops) * mb::kSigBlockBytes, [&] {
+          std::vector<unsigned long long*> out(2);
+          for (int r = 0; r < 2; ++r) {
+            auto& c = group[static_cast<size_t>(r)];
+            MOK_CUDA_CHECK(cudaSetDevice(c.device()));
+            MOK_CUDA_CHECK(cudaMalloc(&out[r], 5 * sizeof(unsigned long long)));
+            MOK_CUDA_CHECK(cudaMemset(out[r], 0, 5 * sizeof(unsigned long long)));
+            MOK_CUDA_CHECK(cudaMemset(c.window("sig").ptr, 0, mb::kSigWindowBytes));
+            MOK_CUDA_CHECK(cudaDeviceSynchronize());
+          }
+          for (int r = 0; r < 2; ++r) {
+            auto& c = group[static_cast<size_t>(r)];
+            MOK_CUDA_CHECK(cudaSetDevice(c.device()));
+            const auto dc = mc::dev::make_device_comm(c);
+            if (push_mode) {
+              mb::signal_pingpong<16, true><<<1, mb::kSigThreads, 0, c.stream()>>>(dc, c.window("sig").handle, 0, hops,
+                                                                                  out[r], mc::kWaitUserBase + 100);
+            } else {
+              mb::signal_pingpong<16, false><<<1, mb::kSigThreads, 0, c.stream()>>>(dc, c.window("sig").handle, 0, hops,
+                                                                                   out[r], mc::kWaitUserBase + 100);
+            }
+            MOK_CUDA_CHECK(cudaGetLastError());
+          }
+          for (int r = 0; r < 2; ++r) {
+            auto& c = group[static_cast<size_t>(r)];
+            c.sync_and_check(c.stream());
+            MOK_CUDA_CHECK(cudaSetDevice(c.device()));
+            MOK_CUDA_CHECK(cudaFree(out[r]));
+          }
+        });
+      }
+      return 0;
     }
 
     // ---------------------------------------------------------------- copy ceiling

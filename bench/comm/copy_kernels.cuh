@@ -155,6 +155,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
 constexpr int kLdstThreads = 1024;
 constexpr int kLdstUnroll = 8;
 
+template <int kUnroll = kLdstUnroll>
 __global__ void __launch_bounds__(kLdstThreads, 1) ldst_copy_rows(CopyArgs a) {
   const uint32_t lane = threadIdx.x % 32;
   const uint32_t warps = gridDim.x * (kLdstThreads / 32);
@@ -171,15 +172,15 @@ __global__ void __launch_bounds__(kLdstThreads, 1) ldst_copy_rows(CopyArgs a) {
     }
     const int4* src = reinterpret_cast<const int4*>(a.src + static_cast<size_t>(s_row) * a.row_bytes);
     int4* dst = reinterpret_cast<int4*>(a.dst + static_cast<size_t>(d_row) * a.row_bytes);
-    for (uint32_t base = 0; base < vecs; base += 32 * kLdstUnroll) {
-      int4 v[kLdstUnroll];
+    for (uint32_t base = 0; base < vecs; base += 32 * kUnroll) {
+      int4 v[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kLdstUnroll; ++u) {
+      for (int u = 0; u < kUnroll; ++u) {
         const uint32_t i = base + u * 32 + lane;
         if (i < vecs) v[u] = src[i];
       }
 #pragma unroll
-      for (int u = 0; u < kLdstUnroll; ++u) {
+      for (int u = 0; u < kUnroll; ++u) {
         const uint32_t i = base + u * 32 + lane;
         if (i < vecs) dst[i] = v[u];
       }

@@ -8,6 +8,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 OUT="${OUT:-/tmp/mok-comm-out}"
 mkdir -p "$OUT"
 COMMIT="${1:-unknown}"
+MODE="${2:-all}"   # all: tests + bench; probe: per-SM and NVLink-counter probes only
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 B=build/comm-device
@@ -32,14 +33,24 @@ if ! cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release ${NCCL_ARG[@]+"${NCC
   tail -40 "$OUT/build.log"; exit 1
 fi
 stamp "build"
-if ! cmake --build "$B" -j "$(nproc)" --target mok_cpu_comm_tests mok_gpu_comm_tests mok_gpu_comm_env_tests \
-     mok_comm_env_worker mok_comm_bench >> "$OUT/build.log" 2>&1; then
+TARGETS=(mok_cpu_comm_tests mok_gpu_comm_tests mok_gpu_comm_env_tests mok_comm_env_worker mok_comm_bench)
+[ "$MODE" = probe ] && TARGETS=(mok_comm_bench)
+if ! cmake --build "$B" -j "$(nproc)" --target "${TARGETS[@]}" >> "$OUT/build.log" 2>&1; then
   grep -E "error|FAILED" -A3 "$OUT/build.log" | head -60; exit 1
 fi
 ldd "$B/bench/comm/mok_comm_bench" | grep -i nccl | tee -a "$OUT/env.txt"
 python3 tools/ptxas_check.py --build-dir "$B" --allow tools/ptxas_allow.txt > "$OUT/ptxas.txt" 2>&1
 echo "ptxas check rc=$? ($(tail -1 "$OUT/ptxas.txt"))"
 
+if [ "$MODE" = probe ]; then
+  stamp "probe"
+  timeout 150 "$B/bench/comm/mok_comm_bench" --probe > "$OUT/probe.log" 2>&1
+  PRC=$?
+  stamp "probe rc=$PRC"
+  grep -E "^\[probe" "$OUT/probe.log"
+  [ $PRC -ne 0 ] && tail -20 "$OUT/probe.log"
+  exit $PRC
+fi
 stamp "bench"
 timeout 200 "$B/bench/comm/mok_comm_bench" --out "$OUT/comm-h200x2.json" --commit "$COMMIT" > "$OUT/bench.log" 2>&1
 BRC=$?
