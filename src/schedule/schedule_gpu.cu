@@ -28,7 +28,7 @@ struct Params {
   const int32_t* const* tables;
   int32_t routes[sched::kMaxWorldSize];           // T_r * k
   int32_t chunk_first[sched::kMaxWorldSize + 1];  // first chunk of each rank
-  int world, rank, e_loc, first_expert, minibatch_rows, macrobatch_rows;
+  int world, rank, e_loc, first_expert, minibatch_rows, macrobatch_rows, capacity_tiles;
   int32_t* chunk_hist;
   int32_t* counts;
   int32_t* expert_rows;
@@ -131,6 +131,9 @@ __global__ void __launch_bounds__(kScanThreads) offsets_kernel(Params p) {
     }
     carry += total;
   }
+  // Tiles past the end belong to no expert: GEMMs sized for the worst case skip them.
+  for (int t = carry / sched::kBlockM + threadIdx.x; t < p.capacity_tiles; t += blockDim.x)
+    p.tile_expert[t] = -1;
   if (threadIdx.x == 0) {
     p.expert_offset[p.e_loc] = carry;
     ScheduleTotals t;
@@ -277,6 +280,7 @@ void ScheduleBuilder::build(cudaStream_t stream) {
   p.first_expert = static_cast<int>(rank_ * shape_.local_experts());
   p.minibatch_rows = static_cast<int>(minibatch_rows_);
   p.macrobatch_rows = static_cast<int>(macrobatch_rows_);
+  p.capacity_tiles = static_cast<int>(capacity_rows_ / sched::kBlockM);
   int32_t chunk = 0;
   for (int r = 0; r < p.world; ++r) {
     p.routes[r] = static_cast<int32_t>(shape_.tokens_of(r) * shape_.top_k);

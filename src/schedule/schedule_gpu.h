@@ -32,7 +32,7 @@ struct ScheduleView {
   const int32_t* expert_offset;  // [E_loc + 1]
   const int32_t* src_rank;       // [capacity] (valid up to total_rows)
   const int32_t* src_slot;       // [capacity]
-  const int32_t* tile_expert;    // [capacity / 128]
+  const int32_t* tile_expert;    // [capacity / 128], -1 past total_tiles
   const ScheduleTotals* totals;
   int64_t capacity_rows;
 };
