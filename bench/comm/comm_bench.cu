@@ -241,66 +241,17 @@ int main(int argc, char** argv) {
     }
 
 
-    if (args.probe) {
-      // ---------------------------------------------------------------- per-SM rate probes
-      const int hidden = 7168;
-      const uint32_t rows = 16384, row_bytes = 2u * hidden;
-      const double bytes = static_cast<double>(rows) * row_bytes;
-      std::vector<int> perm(rows);
-      std::iota(perm.begin(), perm.end(), 0);
-      std::mt19937 rng(77u);
-      std::shuffle(perm.begin(), perm.end(), rng);
-      for (int r = 0; r < 2; ++r) {
-        MOK_CUDA_CHECK(cudaSetDevice(rb[r].dev));
-        MOK_CUDA_CHECK(cudaMemcpy(rb[r].perm, perm.data(), sizeof(int) * rows, cudaMemcpyHostToDevice));
-        fill(rb[r].dev, rb[r].s, rb[r].x_local, rows, row_bytes, static_cast<uint32_t>(r));
-      }
-      auto time_it = [&](const std::function<void()>& launch) {
-        Timer t(0);
-        MOK_CUDA_CHECK(cudaSetDevice(0));
-        std::vector<double> ms;
-        for (int i = 0; i < 4; ++i) {
-          MOK_CUDA_CHECK(cudaEventRecord(t.a, rb[0].s));
-          launch();
-          MOK_CUDA_CHECK(cudaGetLastError());
-          MOK_CUDA_CHECK(cudaEventRecord(t.b, rb[0].s));
-          MOK_CUDA_CHECK(cudaEventSynchronize(t.b));
-          if (i >= 1) ms.push_back(t.ms());
-        }
-        return bytes / (median(ms) * 1e-3) / 1e9;
-      };
-      const mb::CopyArgs pull{rb[0].x_peer, static_cast<char*>(rb[0].y), rb[0].perm, nullptr, rows, row_bytes};
-      const mb::CopyArgs local{rb[0].x_local, static_cast<char*>(rb[0].y), rb[0].perm, nullptr, rows, row_bytes};
-      const mb::CopyArgs push{static_cast<const char*>(rb[0].y), rb[0].x_peer, nullptr, rb[0].perm, rows, row_bytes};
-      const TmaShape ts = tma_shape(row_bytes);
-      std::printf("[probe] GB/s by SM count and bytes in flight per SM (H=7168, %u rows, GPU0)\n", rows);
-      std::printf("[probe] %-34s %9s %9s %9s\n", "variant (in flight per SM)", "1 SM", "2 SM", "4 SM");
-      auto row = [&](const char* name, const std::function<void(int)>& launch) {
-        std::printf("[probe] %-34s", name);
-        for (int nsm : {1, 2, 4}) std::printf(" %9.1f", time_it([&] { launch(nsm); }));
-        std::printf("\n");
-      };
-      const size_t ldsm = 120 * 1024;
-      row("pull ldst unroll 2 (32 KiB)", [&](int n) { mb::ldst_copy_rows<2><<<n, mb::kLdstThreads, ldsm, rb[0].s>>>(pull); });
-      row("pull ldst unroll 4 (64 KiB)", [&](int n) { mb::ldst_copy_rows<4><<<n, mb::kLdstThreads, ldsm, rb[0].s>>>(pull); });
-      row("pull ldst unroll 8 (128 KiB)", [&](int n) { mb::ldst_copy_rows<8><<<n, mb::kLdstThreads, ldsm, rb[0].s>>>(pull); });
-      for (uint32_t st : {2u, 4u, ts.stages}) {
-        const std::string name = "pull tma " + std::to_string(st) + " stages (" +
-                                 std::to_string(st * ts.rows_per_task * row_bytes / 1024) + " KiB)";
-        row(name.c_str(), [&](int n) {
-          mb::tma_copy_rows<<<n, mb::kTmaThreads, 1024 + st * ts.rows_per_task * row_bytes, rb[0].s>>>(pull, ts.rows_per_task, st);
-        });
-      }
-      row("local gather ldst unroll 8", [&](int n) { mb::ldst_copy_rows<8><<<n, mb::kLdstThreads, ldsm, rb[0].s>>>(local); });
-      row("local gather tma max stages", [&](int n) {
-        mb::tma_copy_rows<<<n, mb::kTmaThreads, ts.smem, rb[0].s>>>(local, ts.rows_per_task, ts.stages);
-      });
-      row("push ldst unroll 8", [&](int n) { mb::ldst_copy_rows<8><<<n, mb::kLdstThreads, ldsm, rb[0].s>>>(push); });
-      row("push tma max stages", [&](int n) {
-        mb::tma_copy_rows<<<n, mb::kTmaThreads, ts.smem, rb[0].s>>>(push, ts.rows_per_task, ts.stages);
-      });
-
-      // ---------------------------------------------------------------- NVLink counters
+    // NVLink hardware counters (nvidia-smi nvlink -gt d|r) around known workloads: bytes each way.
+    struct LinkRow {
+      std::string name;
+      double payload;
+      double data[4], raw[4];  // GPU0 tx, GPU0 rx, GPU1 tx, GPU1 rx (bytes)
+    };
+    std::vector<LinkRow> links;
+    std::mt19937 link_rng(4242u);
+    auto run_link_probes = [&](bool full) {
+      const uint32_t row_bytes = 2u * 7168u;
+      auto& rng = link_rng;
       auto settle = [] { std::this_thread::sleep_for(std::chrono::milliseconds(1500)); };
       auto measure_links = [&](const char* name, double payload, const std::function<void()>& work) {
         for (int d = 0; d < 2; ++d) {
@@ -320,6 +271,9 @@ int main(int argc, char** argv) {
           std::printf("[probe-link] %s: no NVLink counters from nvidia-smi ('%s')\n", name, d1.first_line.c_str());
           return;
         }
+        links.push_back({name, payload,
+                         {d1.tx[0] - d0.tx[0], d1.rx[0] - d0.rx[0], d1.tx[1] - d0.tx[1], d1.rx[1] - d0.rx[1]},
+                         {r1.tx[0] - r0.tx[0], r1.rx[0] - r0.rx[0], r1.tx[1] - r0.tx[1], r1.rx[1] - r0.rx[1]}});
         std::printf("[probe-link] %-28s payload %.3f GB | data GPU0 tx %.3f rx %.3f, GPU1 tx %.3f rx %.3f GB | "
                     "raw GPU0 tx %.3f rx %.3f, GPU1 tx %.3f rx %.3f GB\n",
                     name, payload / 1e9, (d1.tx[0] - d0.tx[0]) / 1e9, (d1.rx[0] - d0.rx[0]) / 1e9,
@@ -341,6 +295,7 @@ int main(int argc, char** argv) {
       MOK_CUDA_CHECK(cudaSetDevice(0));
       MOK_CUDA_CHECK(cudaMemcpy(rb[0].perm, bperm.data(), sizeof(int) * big_rows, cudaMemcpyHostToDevice));
       for (const char* method : {"ldst", "tma"}) {
+        if (!full && std::string(method) == "tma") continue;
         measure_links((std::string("pull ") + method + " 16 SMs x10").c_str(), 10 * big, [&] {
           MOK_CUDA_CHECK(cudaSetDevice(0));
           for (int i = 0; i < 10; ++i) launch_copy(method, 16, bpull, rb[0].s);
@@ -384,6 +339,82 @@ int main(int argc, char** argv) {
           }
         });
       }
+    };
+
+    struct SmProbe {
+      std::string name;
+      double gbps[3];  // 1, 2, 4 SMs
+    };
+    std::vector<SmProbe> sm_probes;
+    auto run_sm_probes = [&]() {
+      // ---------------------------------------------------------------- per-SM rate probes
+      const int hidden = 7168;
+      const uint32_t rows = 16384, row_bytes = 2u * hidden;
+      const double bytes = static_cast<double>(rows) * row_bytes;
+      std::vector<int> perm(rows);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::mt19937 rng(77u);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (int r = 0; r < 2; ++r) {
+        MOK_CUDA_CHECK(cudaSetDevice(rb[r].dev));
+        MOK_CUDA_CHECK(cudaMemcpy(rb[r].perm, perm.data(), sizeof(int) * rows, cudaMemcpyHostToDevice));
+        fill(rb[r].dev, rb[r].s, rb[r].x_local, rows, row_bytes, static_cast<uint32_t>(r));
+      }
+      auto time_it = [&](const std::function<void()>& launch) {
+        Timer t(0);
+        MOK_CUDA_CHECK(cudaSetDevice(0));
+        std::vector<double> ms;
+        for (int i = 0; i < 4; ++i) {
+          MOK_CUDA_CHECK(cudaEventRecord(t.a, rb[0].s));
+          launch();
+          MOK_CUDA_CHECK(cudaGetLastError());
+          MOK_CUDA_CHECK(cudaEventRecord(t.b, rb[0].s));
+          MOK_CUDA_CHECK(cudaEventSynchronize(t.b));
+          if (i >= 1) ms.push_back(t.ms());
+        }
+        return bytes / (median(ms) * 1e-3) / 1e9;
+      };
+      const mb::CopyArgs pull{rb[0].x_peer, static_cast<char*>(rb[0].y), rb[0].perm, nullptr, rows, row_bytes};
+      const mb::CopyArgs local{rb[0].x_local, static_cast<char*>(rb[0].y), rb[0].perm, nullptr, rows, row_bytes};
+      const mb::CopyArgs push{static_cast<const char*>(rb[0].y), rb[0].x_peer, nullptr, rb[0].perm, rows, row_bytes};
+      const TmaShape ts = tma_shape(row_bytes);
+      std::printf("[probe] GB/s by SM count and bytes in flight per SM (H=7168, %u rows, GPU0)\n", rows);
+      std::printf("[probe] %-34s %9s %9s %9s\n", "variant (in flight per SM)", "1 SM", "2 SM", "4 SM");
+      auto row = [&](const char* name, const std::function<void(int)>& launch) {
+        std::printf("[probe] %-34s", name);
+        SmProbe p{name, {}};
+        for (int i = 0; i < 3; ++i) {
+          const int nsm = 1 << i;
+          p.gbps[i] = time_it([&] { launch(nsm); });
+          std::printf(" %9.1f", p.gbps[i]);
+        }
+        sm_probes.push_back(p);
+        std::printf("\n");
+      };
+      const size_t ldsm = 120 * 1024;
+      row("pull ldst unroll 2 (32 KiB)", [&](int n) { mb::ldst_copy_rows<2><<<n, mb::kLdstThreads, ldsm, rb[0].s>>>(pull); });
+      row("pull ldst unroll 4 (64 KiB)", [&](int n) { mb::ldst_copy_rows<4><<<n, mb::kLdstThreads, ldsm, rb[0].s>>>(pull); });
+      row("pull ldst unroll 8 (128 KiB)", [&](int n) { mb::ldst_copy_rows<8><<<n, mb::kLdstThreads, ldsm, rb[0].s>>>(pull); });
+      for (uint32_t st : {2u, 4u, ts.stages}) {
+        const std::string name = "pull tma " + std::to_string(st) + " stages (" +
+                                 std::to_string(st * ts.rows_per_task * row_bytes / 1024) + " KiB)";
+        row(name.c_str(), [&](int n) {
+          mb::tma_copy_rows<<<n, mb::kTmaThreads, 1024 + st * ts.rows_per_task * row_bytes, rb[0].s>>>(pull, ts.rows_per_task, st);
+        });
+      }
+      row("local gather ldst unroll 8", [&](int n) { mb::ldst_copy_rows<8><<<n, mb::kLdstThreads, ldsm, rb[0].s>>>(local); });
+      row("local gather tma max stages", [&](int n) {
+        mb::tma_copy_rows<<<n, mb::kTmaThreads, ts.smem, rb[0].s>>>(local, ts.rows_per_task, ts.stages);
+      });
+      row("push ldst unroll 8", [&](int n) { mb::ldst_copy_rows<8><<<n, mb::kLdstThreads, ldsm, rb[0].s>>>(push); });
+      row("push tma max stages", [&](int n) {
+        mb::tma_copy_rows<<<n, mb::kTmaThreads, ts.smem, rb[0].s>>>(push, ts.rows_per_task, ts.stages);
+      });
+
+    };
+    if (args.probe) {
+      run_sm_probes();
+      run_link_probes(true);
       return 0;
     }
 
@@ -633,6 +664,10 @@ int main(int argc, char** argv) {
       }
     }
 
+    // ---------------------------------------------------------------- probes (per-SM rate, NVLink bytes)
+    run_sm_probes();
+    run_link_probes(false);
+
     // ---------------------------------------------------------------- JSON
     auto find_lat = [&](const std::string& mode, int k) {
       for (const auto& l : lats) {
@@ -685,6 +720,29 @@ int main(int argc, char** argv) {
          << (i + 1 < lats.size() ? "," : "") << "\n";
     }
     js << "  ],\n";
+    js << "  \"per_sm_probe\": {\"what\": \"GB/s of one copy variant with 1, 2, 4 SMs (H=7168, 16384 rows, GPU0): "
+          "bytes in flight vs the per-SM limit; local gather = the same kernel on GPU0's own memory\", \"rows\": [\n";
+    for (size_t i = 0; i < sm_probes.size(); ++i) {
+      js << "    {\"variant\": \"" << sm_probes[i].name << "\", \"GBps_1sm\": " << sm_probes[i].gbps[0]
+         << ", \"GBps_2sm\": " << sm_probes[i].gbps[1] << ", \"GBps_4sm\": " << sm_probes[i].gbps[2] << "}"
+         << (i + 1 < sm_probes.size() ? "," : "") << "\n";
+    }
+    js << "  ]},\n";
+    js << "  \"nvlink_bytes\": {\"what\": \"NVLink counters (nvidia-smi nvlink -gt d = data payload, -gt r = payload + "
+          "protocol) summed over links, read before/after each workload; bytes\", \"rows\": [\n";
+    for (size_t i = 0; i < links.size(); ++i) {
+      const auto& l = links[i];
+      js << "    {\"workload\": \"" << l.name << "\", \"payload_bytes\": " << l.payload
+         << ", \"data\": {\"gpu0_tx\": " << l.data[0] << ", \"gpu0_rx\": " << l.data[1] << ", \"gpu1_tx\": " << l.data[2]
+         << ", \"gpu1_rx\": " << l.data[3] << "}, \"raw\": {\"gpu0_tx\": " << l.raw[0] << ", \"gpu0_rx\": " << l.raw[1]
+         << ", \"gpu1_tx\": " << l.raw[2] << ", \"gpu1_rx\": " << l.raw[3] << "}";
+      if (l.payload > 0) {
+        js << ", \"raw_gpu0_tx_per_payload_byte\": " << l.raw[0] / l.payload
+           << ", \"raw_gpu1_tx_per_payload_byte\": " << l.raw[2] / l.payload;
+      }
+      js << "}" << (i + 1 < links.size() ? "," : "") << "\n";
+    }
+    js << "  ]},\n";
     js << "  \"notes\": \"GBps = payload bytes / median kernel time (1e9 B/GB); pull = GPU0 gathers rows from GPU1's "
           "NCCL window through ncclGetLsaPointer addresses, push = GPU0 scatters rows into it; rows in random order; "
           "every configuration's output is poisoned, copied once and checked. Signal latency: one 128 KiB block "
@@ -721,6 +779,15 @@ int main(int argc, char** argv) {
     }
     std::printf("hand-off 256x256 bf16 (1 CTA): push %.2f us, pull %.2f us; 16 CTAs: push %.2f us, pull %.2f us\n",
                 find_lat("push", 1).us, find_lat("pull", 1).us, find_lat("push", 16).us, find_lat("pull", 16).us);
+    for (const auto& p : sm_probes) {
+      if (p.name.rfind("pull ldst unroll 8", 0) == 0 || p.name.rfind("local gather ldst", 0) == 0)
+        std::printf("per-SM: %-30s 1/2/4 SMs %.1f / %.1f / %.1f GB/s\n", p.name.c_str(), p.gbps[0], p.gbps[1], p.gbps[2]);
+    }
+    for (const auto& l : links) {
+      if (l.payload > 0)
+        std::printf("NVLink raw bytes per payload byte, %-28s GPU0 tx %.3f, GPU1 tx %.3f\n", l.name.c_str(),
+                    l.raw[0] / l.payload, l.raw[2] / l.payload);
+    }
     unsigned long long wrong = 0;
     for (const auto& r : results) wrong += r.bad;
     for (const auto& r : bidir) wrong += r.bad;
