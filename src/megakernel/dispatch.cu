@@ -10,8 +10,21 @@ namespace {
 
 constexpr int kThreads = 512;
 
-// One warp moves one row at a time with 16-byte accesses, 4 in flight per lane; warps of all
-// CTAs stride over the window's rows. `kPull` selects the direction.
+// One warp copies one row with 16-byte accesses, four in flight per lane.
+__device__ __forceinline__ void copy_row(const uint4* __restrict__ from, uint4* __restrict__ to,
+                                         int vecs, int lane) {
+  int v = lane;
+  for (; v + 96 < vecs; v += 128) {
+    const uint4 a = from[v], b = from[v + 32], c = from[v + 64], d = from[v + 96];
+    to[v] = a;
+    to[v + 32] = b;
+    to[v + 64] = c;
+    to[v + 96] = d;
+  }
+  for (; v < vecs; v += 32) to[v] = from[v];
+}
+
+// Warps of all CTAs stride over the window's rows; `kPull` selects the direction.
 template <bool kPull>
 __global__ void __launch_bounds__(kThreads) move_rows_kernel(ScheduleView s, int hidden_vecs, int top_k,
                                                              int64_t row_begin, int64_t row_end,
@@ -21,40 +34,22 @@ __global__ void __launch_bounds__(kThreads) move_rows_kernel(ScheduleView s, int
   const int64_t total = s.totals->total_rows;
   const int64_t end = row_end < 0 || row_end > total ? total : row_end;
   const int lane = threadIdx.x & 31;
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const int warps = static_cast<int>((gridDim.x * blockDim.x) >> 5);
+  const int warp = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
   for (int64_t row = row_begin + warp; row < end; row += warps) {
     const int src = s.src_rank[row];
+    const int slot = s.src_slot[row];
     const int64_t local = (row - row_begin) * hidden_vecs;
     if constexpr (kPull) {
-      uint4* dst = local_dst + local;
-      if (src < 0) {
-        for (int v = lane; v < hidden_vecs; v += 32) dst[v] = make_uint4(0, 0, 0, 0);
-        continue;
+      if (src >= 0) {
+        copy_row(src_peers[src] + static_cast<int64_t>(slot / top_k) * hidden_vecs, local_dst + local,
+                 hidden_vecs, lane);
+      } else {
+        for (int v = lane; v < hidden_vecs; v += 32) local_dst[local + v] = make_uint4(0, 0, 0, 0);
       }
-      const uint4* from = src_peers[src] + static_cast<int64_t>(s.src_slot[row] / top_k) * hidden_vecs;
-      int v = lane;
-      for (; v + 96 < hidden_vecs; v += 128) {
-        const uint4 a = from[v], b = from[v + 32], c = from[v + 64], d = from[v + 96];
-        dst[v] = a;
-        dst[v + 32] = b;
-        dst[v + 64] = c;
-        dst[v + 96] = d;
-      }
-      for (; v < hidden_vecs; v += 32) dst[v] = from[v];
-    } else {
-      if (src < 0) continue;
-      const uint4* from = local_src + local;
-      uint4* dst = dst_peers[src] + static_cast<int64_t>(s.src_slot[row]) * hidden_vecs;
-      int v = lane;
-      for (; v + 96 < hidden_vecs; v += 128) {
-        const uint4 a = from[v], b = from[v + 32], c = from[v + 64], d = from[v + 96];
-        dst[v] = a;
-        dst[v + 32] = b;
-        dst[v + 64] = c;
-        dst[v + 96] = d;
-      }
-      for (; v < hidden_vecs; v += 32) dst[v] = from[v];
+    } else if (src >= 0) {
+      copy_row(local_src + local, dst_peers[src] + static_cast<int64_t>(slot) * hidden_vecs,
+               hidden_vecs, lane);
     }
   }
 }

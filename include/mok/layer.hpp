@@ -1,0 +1,59 @@
+// mok — one rank's expert-parallel MoE layer on the GPU.
+//
+// Construct one Layer per rank (collectively: window registration is collective over the
+// communicator) with this rank's weights; call forward() each step. forward() only enqueues
+// work on the given stream: no host synchronization, no allocation. Device-side problems
+// (invalid expert ids, an expired wait) are raised by check().
+//
+// Current implementation: the unfused path — publish routing, LSA barrier, GPU schedule, pull
+// dispatch, grouped FC1 (+SwiGLU), grouped FC2, push combine, LSA barrier, shared expert, merge —
+// as a sequence of kernels. It is the baseline and fallback of the forward megakernel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "mok/comm.hpp"
+#include "mok/config.hpp"
+#include "mok/validate.hpp"
+
+namespace mok {
+
+// This rank's weights in device memory (bf16, contiguous): the E_loc routed experts and the
+// shared expert (ignored when Is = 0). Layouts as in validate.hpp's WeightRefs.
+struct DeviceWeights {
+  const void* w_gate = nullptr;   // [E_loc, I, H]
+  const void* w_up = nullptr;     // [E_loc, I, H]
+  const void* w_down = nullptr;   // [E_loc, H, I]
+  const void* ws_gate = nullptr;  // [Is, H]
+  const void* ws_up = nullptr;    // [Is, H]
+  const void* ws_down = nullptr;  // [H, Is]
+};
+
+class Layer {
+ public:
+  // Collective over `comm`'s ranks; `comm` must outlive the layer. Validates shape/config against
+  // the device (comm SMs < SM count), allocates every buffer for the worst case, registers the
+  // symmetric windows, and packs the gate/up weights (so later weight updates need repack()).
+  Layer(comm::Communicator& comm, const LayerShape& shape, const Config& config,
+        const DeviceWeights& weights);
+  ~Layer();
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  // out [T, H] bf16 (device) = the layer applied to this rank's x / topk_idx / topk_w (device
+  // tensors, checked with validate_routing_layout). Enqueued on `stream`.
+  void forward(const RoutingRefs& in, void* out, cudaStream_t stream);
+  // Re-packs the gate/up weights after the caller changed them in place.
+  void repack(cudaStream_t stream);
+  // Raises pending device-side errors (invalid expert ids: InvalidArgument naming topk_idx[t,j];
+  // expired waits: Timeout naming the wait). Call after synchronizing the stream.
+  void check();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mok
