@@ -3,8 +3,8 @@
 // For each case (model shape x form x rows per expert x routing) it builds the schedule's row
 // layout (experts contiguous, padded to 128 rows), fills every buffer with random bf16 on the
 // device, checks 256 sampled outputs against an fp64 dot product (correctness before timing),
-// then times the kernel with CUDA events (warm-up, then the median of many launches; buffer sets
-// rotate when one set would fit in L2). Writes one JSON file with every case, including the exact
+// then times the kernel with CUDA events (warm-up, then the median over batches of back-to-back
+// launches; buffer sets rotate when one set would fit in L2). Writes one JSON file with every case, including the exact
 // per-expert row counts, which torch_baseline.py reads to time torch._grouped_mm on the same
 // problems in the same device call.
 //
@@ -118,14 +118,15 @@ std::vector<uint16_t> fetch_strided(const void* base, int64_t offset, int64_t st
 struct Result {
   double ms = 0, tflops = 0, err = 0;
   double flops = 0;
-  int sets = 1;
+  int sets = 1, launches = 0, block_n = 0;
 };
 
 struct Knobs {
-  int group_m = 8;
+  int group_m = gemm::Options{}.group_m;
   int max_ctas = 0;
   bool store_gu = true;
-  int skew = 0;
+  int skew = gemm::Options{}.skew_stages;  // the library's defaults unless a knob says otherwise
+  int block_n = gemm::Options{}.block_n;
 };
 
 Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, const Knobs& kn) {
@@ -182,6 +183,7 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
   o.group_m = kn.group_m;
   o.max_ctas = kn.max_ctas;
   o.skew_stages = kn.skew;
+  o.block_n = kn.block_n;
 
   std::vector<gemm::Plan> plans;
   for (int s = 0; s < sets; ++s) {
@@ -255,6 +257,7 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
     }
   }
   Result res;
+  res.block_n = plans[0].block_n;
   res.err = nonfinite ? INFINITY : std::sqrt(d2 / std::max(r2, 1e-300));
   res.sets = sets;
   if (e_word != 0) {  // a broken pipeline: do not spend seconds per launch timing it
@@ -263,25 +266,31 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
     return res;
   }
 
-  // Timing: warm-up, then `reps` individually timed launches, median.
+  // Timing: warm-up, then batches of back-to-back launches between two events (so host launch
+  // overhead overlaps the GPU and is not counted), the per-launch time of each batch, median over
+  // batches. A batch lasts ~2 ms or at least 3 launches; `reps` launches in all (>= 5 batches).
   cudaEvent_t t0, t1;
   MOK_CUDA_CHECK(cudaEventCreate(&t0));
   MOK_CUDA_CHECK(cudaEventCreate(&t1));
-  for (int i = 0; i < 3; ++i) gemm::run(plans[size_t(i % sets)], nullptr);
-  std::vector<float> ms;
-  for (int i = 0; i < reps; ++i) {
+  auto time_batch = [&](int n, int first) {
     MOK_CUDA_CHECK(cudaEventRecord(t0));
-    gemm::run(plans[size_t(i % sets)], nullptr);
+    for (int i = 0; i < n; ++i) gemm::run(plans[size_t((first + i) % sets)], nullptr);
     MOK_CUDA_CHECK(cudaEventRecord(t1));
     MOK_CUDA_CHECK(cudaEventSynchronize(t1));
     float t = 0;
     MOK_CUDA_CHECK(cudaEventElapsedTime(&t, t0, t1));
-    ms.push_back(t);
-  }
+    return t / float(n);
+  };
+  const float est = time_batch(3, 0);  // also the warm-up
+  const int per_batch = int(std::clamp(2.0f / std::max(est, 1e-3f), 3.0f, 50.0f));
+  const int batches = std::max(5, reps / per_batch);
+  std::vector<float> ms;
+  for (int b = 0; b < batches; ++b) ms.push_back(time_batch(per_batch, b * per_batch));
   cudaEventDestroy(t0);
   cudaEventDestroy(t1);
   std::sort(ms.begin(), ms.end());
   res.ms = ms[ms.size() / 2];
+  res.launches = batches * per_batch;
   // Useful FLOPs: real rows only (padding rows are mok's overhead).
   if (c.form == "fc1") res.flops = 2.0 * double(real_rows) * double(2 * I) * double(H);
   else if (c.form == "fc2") res.flops = 2.0 * double(real_rows) * double(H) * double(I);
@@ -310,10 +319,11 @@ int main(int argc, char** argv) {
     else if (a == "--max-ctas" && i + 1 < argc) kn.max_ctas = std::atoi(argv[++i]);
     else if (a == "--no-gu") kn.store_gu = false;
     else if (a == "--skew" && i + 1 < argc) kn.skew = std::atoi(argv[++i]);
+    else if (a == "--block-n" && i + 1 < argc) kn.block_n = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr,
                    "usage: %s [--out FILE] [--filter SUBSTR] [--reps N] [--quick] [--group-m N] [--max-ctas N] "
-                   "[--no-gu] [--skew N]\n",
+                   "[--no-gu] [--skew N] [--block-n 0|128|256]\n",
                    argv[0]);
       return 2;
     }
@@ -378,17 +388,18 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s: %s\n", key.c_str(), ex.what());
       continue;
     }
-    std::printf("%-28s %-6s %5lld %-8s %10.4f %9.1f %9.2e\n", c.name.c_str(), c.form.c_str(),
-                (long long)c.rows_per_expert, c.routing.c_str(), r.ms, r.tflops, r.err);
+    std::printf("%-28s %-6s %5lld %-8s %10.4f %9.1f %9.2e  bn=%d\n", c.name.c_str(), c.form.c_str(),
+                (long long)c.rows_per_expert, c.routing.c_str(), r.ms, r.tflops, r.err, r.block_n);
     std::fflush(stdout);
     std::fprintf(f, "%s  {\"name\": \"%s\", \"form\": \"%s\", \"rows_per_expert\": %lld, \"routing\": \"%s\", "
                  "\"experts\": %lld, \"hidden\": %lld, \"inter\": %lld, \"m\": %lld, \"n\": %lld, \"k\": %lld, "
                  "\"flops\": %.6e, \"mok_ms\": %.6f, \"mok_tflops\": %.3f, \"check_rel_err\": %.3e, "
-                 "\"buffer_sets\": %d, \"counts\": [",
+                 "\"buffer_sets\": %d, \"timed_launches\": %d, \"block_n\": %d, \"skew\": %d, \"group_m\": %d, "
+                 "\"counts\": [",
                  first ? "" : ",\n", c.name.c_str(), c.form.c_str(), (long long)c.rows_per_expert,
                  c.routing.c_str(), (long long)c.model->experts, (long long)c.model->hidden,
                  (long long)c.model->inter, (long long)c.m_or_rows, (long long)c.n, (long long)c.k, r.flops,
-                 r.ms, r.tflops, std::isfinite(r.err) ? r.err : -1.0, r.sets);
+                 r.ms, r.tflops, std::isfinite(r.err) ? r.err : -1.0, r.sets, r.launches, r.block_n, kn.skew, kn.group_m);
     for (size_t i = 0; i < counts.size(); ++i) std::fprintf(f, "%s%d", i ? ", " : "", counts[i]);
     std::fprintf(f, "]}");
     first = false;

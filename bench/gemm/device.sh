@@ -77,16 +77,27 @@ PY
   2>>"$LOG")
   log "sweep choice: [$best]"
 fi
-t1=$(date +%s)
-nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 250 \
-  >/tmp/gemm_clocks.csv 2>/dev/null &
-smi=$!
-# shellcheck disable=SC2086
-timeout 420 "$B/bench/gemm/mok_gemm_bench" --out "$OUT/mok.json" $best "$@" >"$OUT/mok_bench.log" 2>&1
-log "full benchmark with: $best $*"
-log "mok_gemm_bench rc=$? ($(( $(date +%s) - t1 )) s)"
-kill "$smi" 2>/dev/null
-sort -t, -k2 -n -r /tmp/gemm_clocks.csv | head -40 | awk -F, '{c+=$1; p+=$2; n++; if(min==""||$1<min)min=$1} END{if(n) printf "under load (40 highest-power samples): SM clock avg %.0f MHz min %d, power avg %.0f W\n", c/n, min, p/n}' | tee -a "$LOG"
+# Two alternating passes (mok, torch, mok, torch): each side's time is the mean of its passes,
+# so both see the same thermal history.
+for pass in 1 2; do
+  t1=$(date +%s)
+  nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 100 \
+    >/tmp/gemm_clocks.csv 2>/dev/null &
+  smi=$!
+  # shellcheck disable=SC2086
+  timeout 300 "$B/bench/gemm/mok_gemm_bench" --out "/tmp/gemm_mok$pass.json" $best "$@" >"/tmp/gemm_mok$pass.log" 2>&1
+  log "mok_gemm_bench pass $pass rc=$? ($(( $(date +%s) - t1 )) s) with: $best $*"
+  kill "$smi" 2>/dev/null
+  awk -F, '$2 > 300 {c+=$1; p+=$2; n++} END{if(n) printf "  samples above 300 W: %d, SM clock avg %.0f MHz, power avg %.0f W\n", n, c/n, p/n}' \
+    /tmp/gemm_clocks.csv | tee -a "$LOG"
+  t1=$(date +%s)
+  timeout 300 python3 bench/gemm/torch_baseline.py --cases "/tmp/gemm_mok$pass.json" --out "/tmp/gemm_torch$pass.json" \
+    >"/tmp/gemm_torch$pass.log" 2>&1
+  log "torch_baseline pass $pass rc=$? ($(( $(date +%s) - t1 )) s)"
+done
+cp /tmp/gemm_mok1.json "$OUT/mok.json"
+cp /tmp/gemm_torch1.json "$OUT/torch.json" 2>/dev/null
+cat /tmp/gemm_mok1.log /tmp/gemm_torch1.log /tmp/gemm_mok2.log /tmp/gemm_torch2.log >>"$LOG" 2>/dev/null
 IFS=';' read -ra exps <<<"${GEMM_EXPERIMENTS:-}"
 for e in "${exps[@]}"; do
   [ -z "$e" ] && continue
@@ -96,19 +107,22 @@ for e in "${exps[@]}"; do
 done
 if [ "${GEMM_NCU:-0}" = 1 ]; then
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  for f in dsv3-fc1/uniform/512 dsv3-fc2/uniform/512; do
-    log "== ncu $f"
-    timeout 120 "$NCU" --clock-control none --kernel-name regex:grouped_gemm --launch-skip 2 --launch-count 1 \
-      --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-      --section LaunchStats --section Occupancy --section SchedulerStats --section WarpStateStats \
-      "$B/bench/gemm/mok_gemm_bench" --filter "$f" --reps 2 --out /tmp/gemm_ncu.json $best >>"$OUT/ncu.txt" 2>&1
+  SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section SchedulerStats --section WarpStateStats"
+  for f in ${GEMM_NCU_CASES:-dsv3-fc1/uniform/2048}; do
+    log "== ncu mok $f"
+    # shellcheck disable=SC2086
+    timeout 120 "$NCU" --clock-control none --kernel-name regex:grouped_gemm --launch-skip 4 --launch-count 1 $SECTIONS \
+      "$B/bench/gemm/mok_gemm_bench" --filter "$f" --reps 6 --out /tmp/gemm_ncu.json $best >>"$OUT/ncu.txt" 2>&1
+    log "ncu rc=$?"
+    log "== ncu torch $f"
+    # shellcheck disable=SC2086
+    timeout 150 "$NCU" --clock-control none --kernel-name regex:'(?i)gemm|cutlass' --launch-skip 4 --launch-count 1 \
+      $SECTIONS python3 bench/gemm/torch_baseline.py --cases /tmp/gemm_mok1.json --only "$f" --no-peak --reps 6 \
+      --out /tmp/gemm_ncu_torch.json >>"$OUT/ncu.txt" 2>&1
     log "ncu rc=$?"
   done
 fi
-t1=$(date +%s)
-timeout 300 python3 bench/gemm/torch_baseline.py --cases "$OUT/mok.json" --out "$OUT/torch.json" >"$OUT/torch.log" 2>&1
-log "torch_baseline rc=$? ($(( $(date +%s) - t1 )) s)"
-cat "$OUT/mok_bench.log" "$OUT/torch.log" >>"$LOG"; rm -f "$OUT/mok_bench.log" "$OUT/torch.log"
 nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv >>"$LOG" 2>&1
-python3 bench/gemm/make_json.py --mok "$OUT/mok.json" --torch "$OUT/torch.json" --out "$OUT/gemm-h200x1.json" \
+python3 bench/gemm/make_json.py --mok /tmp/gemm_mok1.json /tmp/gemm_mok2.json \
+  --torch /tmp/gemm_torch1.json /tmp/gemm_torch2.json --out "$OUT/gemm-h200x1.json" \
   --commit "${MOK_COMMIT:-unknown}" 2>&1 | tee -a "$LOG"

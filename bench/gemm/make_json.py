@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Merges mok_gemm_bench's and torch_baseline.py's JSON (same device call) into
-bench/results/gemm-h200x1.json and prints the table.
+bench/results/gemm-h200x1.json and prints the table. With several passes (mok, torch, mok,
+torch, ... alternating in one call), each side's time is the mean over its passes.
 
-  python3 bench/gemm/make_json.py --mok mok.json --torch torch.json --out gemm-h200x1.json \
-      [--commit SHA] [--date YYYY-MM-DD]
+  python3 bench/gemm/make_json.py --mok mok1.json [mok2.json] --torch torch1.json [torch2.json] \
+      --out gemm-h200x1.json [--commit SHA] [--date YYYY-MM-DD]
 """
 import argparse
 import datetime
@@ -13,42 +14,67 @@ import subprocess
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mok", required=True)
-    ap.add_argument("--torch", required=True)
+    ap.add_argument("--mok", required=True, nargs="+")
+    ap.add_argument("--torch", required=True, nargs="+")
     ap.add_argument("--out", required=True)
     ap.add_argument("--commit")
     ap.add_argument("--date")
     a = ap.parse_args()
-    mok = json.load(open(a.mok))
-    tor = json.load(open(a.torch))
+    moks = [json.load(open(f)) for f in a.mok]
+    tors = []
+    for f in a.torch:
+        try:
+            tors.append(json.load(open(f)))
+        except Exception:  # noqa: BLE001 - a missing pass is reported, not fatal
+            print(f"warning: no torch results in {f}")
+    mok, tor = moks[0], tors[0]
     commit = a.commit
     if not commit:
         try:
             commit = subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip()
         except Exception:  # noqa: BLE001
             commit = "unknown"
-    tmap = {(c["name"], c["rows_per_expert"], c["routing"]): c for c in tor["cases"]}
+
+    def key(c):
+        return (c["name"], c["rows_per_expert"], c["routing"])
+
+    def mean(v):
+        v = [x for x in v if x is not None]
+        return sum(v) / len(v) if v else None
+
+    mok_passes = [{key(c): c for c in m["cases"]} for m in moks]
+    tor_passes = [{key(c): c for c in t["cases"]} for t in tors]
     cases = []
     for c in mok["cases"]:
-        t = tmap.get((c["name"], c["rows_per_expert"], c["routing"]), {})
-        tt = t.get("torch_tflops")
+        k = key(c)
+        mms = [p[k]["mok_ms"] for p in mok_passes if k in p and p[k]["mok_ms"] == p[k]["mok_ms"]]
+        tms = [p[k].get("torch_ms") for p in tor_passes if k in p]
+        sms = [p[k].get("torch_fc1_swiglu_ms") for p in tor_passes if k in p]
+        mm, tm, sm = mean(mms), mean(tms), mean(sms)
+        mt = c["flops"] / (mm * 1e-3) / 1e12 if mm else 0.0
+        tt = c["flops"] / (tm * 1e-3) / 1e12 if tm else None
+        st = c["flops"] / (sm * 1e-3) / 1e12 if sm else None
+        terr = next((p[k]["torch_error"] for p in tor_passes if k in p and "torch_error" in p[k]), None)
         cases.append({
             "name": c["name"], "form": c["form"], "rows_per_expert": c["rows_per_expert"],
-            "routing": c["routing"], "mok_tflops": round(c["mok_tflops"], 1),
+            "routing": c["routing"], "mok_tflops": round(mt, 1),
             "torch_grouped_mm_tflops": None if tt is None else round(tt, 1),
-            "speedup": None if not tt else round(c["mok_tflops"] / tt, 3),
-            "mok_ms": c["mok_ms"], "torch_ms": t.get("torch_ms"),
+            "speedup": None if not tt else round(mt / tt, 3),
+            **({"torch_fc1_swiglu_tflops": round(st, 1)} if st else {}),
+            "mok_tflops_passes": [round(c["flops"] / (x * 1e-3) / 1e12, 1) for x in mms],
+            "torch_tflops_passes": [round(c["flops"] / (x * 1e-3) / 1e12, 1) for x in tms if x],
+            "mok_ms": mm, "torch_ms": tm,
             "experts": c["experts"], "n": c["n"], "k": c["k"], "m": c["m"],
+            "block_n": c.get("block_n"), "skew": c.get("skew"), "group_m": c.get("group_m"),
             "check_rel_err": c["check_rel_err"],
-            **({"torch_fc1_swiglu_tflops": round(t["torch_fc1_swiglu_tflops"], 1)}
-               if "torch_fc1_swiglu_tflops" in t else {}),
-            **({"torch_error": t["torch_error"]} if "torch_error" in t else {}),
+            **({"torch_error": terr} if terr else {}),
         })
     res = {
         "device": mok["device"], "gpus": 1,
         "date": a.date or datetime.date.today().isoformat(),
         "commit": commit, "torch": tor.get("torch"),
-        "peak_bf16_tflops": round(tor["peak_bf16_tflops"], 1),
+        "peak_bf16_tflops": round(mean([t["peak_bf16_tflops"] for t in tors if t["peak_bf16_tflops"]]), 1),
+        "passes": {"mok": len(moks), "torch": len(tors)},
         "flops": "2 * real routed rows * N * K (padding rows not counted); fc1 = x . W1^T with N = 2*inter "
                  "(mok also applies SwiGLU and stores h and gate/up; torch only the product)",
         "cases": cases,

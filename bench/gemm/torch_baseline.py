@@ -16,19 +16,26 @@ import torch
 
 
 def time_ms(fn, reps, warm=3):
-    for _ in range(warm):
-        fn(0)
+    """Median over batches of back-to-back launches between two CUDA events (Python dispatch
+    overlaps the GPU, as in mok_gemm_bench), per launch."""
+    for i in range(warm):
+        fn(i)
     torch.cuda.synchronize()
-    times = []
-    for i in range(reps):
+
+    def batch(n, first):
         s = torch.cuda.Event(enable_timing=True)
         e = torch.cuda.Event(enable_timing=True)
         s.record()
-        fn(i)
+        for i in range(n):
+            fn(first + i)
         e.record()
         e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
+        return s.elapsed_time(e) / n
+
+    est = batch(3, 0)
+    per = int(min(50, max(3, 2.0 / max(est, 1e-3))))
+    nb = max(5, reps // per)
+    return statistics.median(batch(per, b * per) for b in range(nb))
 
 
 def peak_tflops():
@@ -78,10 +85,15 @@ def main():
     ap.add_argument("--cases", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--only", help="NAME/ROUTING/ROWS: run this case alone (e.g. under ncu)")
+    ap.add_argument("--no-peak", action="store_true")
     a = ap.parse_args()
     mok = json.load(open(a.cases))
+    if a.only:
+        mok["cases"] = [c for c in mok["cases"]
+                        if f"{c['name']}/{c['routing']}/{c['rows_per_expert']}" == a.only]
     torch.manual_seed(0)
-    peak, peak_ms = peak_tflops()
+    peak, peak_ms = (0.0, 0.0) if a.no_peak else peak_tflops()
     print(f"cuBLAS bf16 8192^3: {peak:.1f} TFLOP/s ({peak_ms:.3f} ms)", flush=True)
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "peak_bf16_tflops": peak, "cases": []}

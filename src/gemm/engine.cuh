@@ -5,7 +5,8 @@
 //     warp issues the TMA loads of every K block into a kStages-deep ring of shared-memory stages
 //     (full barrier: 1 arrival + the stage's bytes; empty barrier: one arrival per consumer warp);
 //   * warpgroups 1 and 2 = consumers: raise to kConsumerRegs registers; each owns 64 rows of the
-//     128-row tile and all 256 columns (m64n256k16 wgmma, 128 fp32 accumulators per thread), keeps
+//     128-row tile and all BLOCK_N (256, or 128 for small problems) columns (m64nNk16 wgmma, N/2
+//     fp32 accumulators per thread), keeps
 //     one wgmma group in flight (a stage is released when the next one's group was issued), then
 //     runs the epilogue: accumulators -> bf16 (stmatrix into a 128B-swizzled 64x64 chunk buffer,
 //     two buffers per warpgroup) -> TMA store, overlapping the next chunk and the next tile.
@@ -29,23 +30,31 @@ namespace mok::gemm::engine {
 using namespace mok::gemm::sm90;
 
 inline constexpr int kBlockM = 128;
-inline constexpr int kBlockN = 256;
 inline constexpr int kBlockK = 64;
-inline constexpr int kStages = 4;
 inline constexpr int kThreads = 384;
 inline constexpr uint32_t kProducerRegs = 40;
 inline constexpr uint32_t kConsumerRegs = 232;
-inline constexpr int kAccRegs = kBlockN / 2;  // m64n256 fp32 accumulators per thread
-
 inline constexpr uint32_t kATileBytes = kBlockM * kBlockK * 2;  // 16 KB
-inline constexpr uint32_t kBTileBytes = kBlockN * kBlockK * 2;  // 32 KB
-inline constexpr uint32_t kStageBytes = kATileBytes + kBTileBytes;
 inline constexpr uint32_t kChunkBytes = 64 * 64 * 2;  // 8 KB: [64 rows][64 bf16], 128B-swizzled
-inline constexpr uint32_t kEpiOffset = kStages * kStageBytes;
-inline constexpr uint32_t kBarOffset = kEpiOffset + 4 * kChunkBytes;
-inline constexpr uint32_t kNumBars = 2 * kStages + 2;  // full[], empty[], skew[2]
-inline constexpr uint32_t kSmemBytes = kBarOffset + kNumBars * 8 + 1024;  // + alignment slack
-static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of shared memory a CTA may use");
+
+// Tile configuration: BLOCK_N = 256 (the default: 128 accumulators per consumer thread, 4 stages
+// of 48 KB) or 128 (problems with too few 256-wide tiles to fill the GPU: 64 accumulators, 6
+// stages of 32 KB).
+template <int kBN>
+struct Cfg {
+  static_assert(kBN == 256 || kBN == 128, "BLOCK_N is 256 or 128");
+  static constexpr int kBlockN = kBN;
+  static constexpr int kStages = kBN == 256 ? 4 : 6;
+  static constexpr int kAccRegs = kBN / 2;  // m64nN fp32 accumulators per thread
+  static constexpr int kChunks = kBN / 64;  // 64-column chunks of the output / MN-major B tile
+  static constexpr uint32_t kBTileBytes = uint32_t(kBN) * kBlockK * 2;
+  static constexpr uint32_t kStageBytes = kATileBytes + kBTileBytes;
+  static constexpr uint32_t kEpiOffset = kStages * kStageBytes;
+  static constexpr uint32_t kBarOffset = kEpiOffset + 4 * kChunkBytes;
+  static constexpr uint32_t kNumBars = 2 * kStages + 2;  // full[], empty[], skew[2]
+  static constexpr uint32_t kSmemBytes = kBarOffset + kNumBars * 8 + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of shared memory a CTA may use");
+};
 
 inline constexpr uint32_t kBarEpilogue = 1;   // + consumer warpgroup index
 inline constexpr uint32_t kBarConsumers = 3;  // both consumer warpgroups
@@ -56,33 +65,36 @@ inline constexpr unsigned int kSiteConsumerFull = 0x6e02;
 inline constexpr unsigned int kSiteSkew = 0x6e03;
 
 // View of the engine's shared memory (base 1024-byte aligned).
+template <class C>
 struct Smem {
   uint8_t* base;
   __device__ uint8_t* a(uint32_t s) const { return base + s * kATileBytes; }
-  __device__ uint8_t* b(uint32_t s) const { return base + kStages * kATileBytes + s * kBTileBytes; }
+  __device__ uint8_t* b(uint32_t s) const { return base + C::kStages * kATileBytes + s * C::kBTileBytes; }
   __device__ uint8_t* epi(int cwg, uint32_t buf) const {
-    return base + kEpiOffset + (uint32_t(cwg) * 2u + buf) * kChunkBytes;
+    return base + C::kEpiOffset + (uint32_t(cwg) * 2u + buf) * kChunkBytes;
   }
   __device__ uint64_t* full(uint32_t s) const {
-    return reinterpret_cast<uint64_t*>(base + kBarOffset) + s;
+    return reinterpret_cast<uint64_t*>(base + C::kBarOffset) + s;
   }
   __device__ uint64_t* empty(uint32_t s) const {
-    return reinterpret_cast<uint64_t*>(base + kBarOffset) + kStages + s;
+    return reinterpret_cast<uint64_t*>(base + C::kBarOffset) + C::kStages + s;
   }
   // Two barriers (alternating per tile) that stagger the consumer warpgroups (see Skew).
   __device__ uint64_t* skew(uint32_t i) const {
-    return reinterpret_cast<uint64_t*>(base + kBarOffset) + 2 * kStages + i;
+    return reinterpret_cast<uint64_t*>(base + C::kBarOffset) + 2 * C::kStages + i;
   }
 };
 
-__device__ __forceinline__ Smem smem_view(uint8_t* raw) {
+template <class C>
+__device__ __forceinline__ Smem<C> smem_view(uint8_t* raw) {
   const uintptr_t p = (reinterpret_cast<uintptr_t>(raw) + 1023u) & ~uintptr_t(1023u);
-  return Smem{reinterpret_cast<uint8_t*>(p)};
+  return Smem<C>{reinterpret_cast<uint8_t*>(p)};
 }
 
 // One thread initialises the ring's barriers; a CTA-wide barrier must follow.
-__device__ __forceinline__ void init_barriers(const Smem& sm) {
-  for (uint32_t s = 0; s < kStages; ++s) {
+template <class C>
+__device__ __forceinline__ void init_barriers(const Smem<C>& sm) {
+  for (uint32_t s = 0; s < uint32_t(C::kStages); ++s) {
     mbar_init(sm.full(s), 1);
     mbar_init(sm.empty(s), 8);  // one arrival per consumer warp
   }
@@ -91,11 +103,12 @@ __device__ __forceinline__ void init_barriers(const Smem& sm) {
   mbar_fence_init();
 }
 
+template <class C>
 struct PipeState {
   uint32_t stage = 0;
   uint32_t phase = 0;
   __device__ __forceinline__ void advance() {
-    if (++stage == uint32_t(kStages)) {
+    if (++stage == uint32_t(C::kStages)) {
       stage = 0;
       phase ^= 1u;
     }
@@ -118,16 +131,16 @@ struct Tile {
 // Producer (one thread)
 // ------------------------------------------------------------------------------------------------
 // A maps: K-major 2-D {K, rows} with box {64, 128}; MN-major 2-D {M, K rows} with box {64, 64}.
-// B maps: K-major 3-D {K, N, batch} with box {64, 256, 1}; MN-major 3-D {N, K, batch} with box
+// B maps: K-major 3-D {K, N, batch} with box {64, BLOCK_N, 1}; MN-major 3-D {N, K, batch} with box
 // {64, 64, 1}.
-template <bool kAMN, bool kBMN>
-__device__ __forceinline__ void produce_tile(const Smem& sm, PipeState& ps, const Tile& t,
+template <class C, bool kAMN, bool kBMN>
+__device__ __forceinline__ void produce_tile(const Smem<C>& sm, PipeState<C>& ps, const Tile& t,
                                              const CUtensorMap* map_a, const CUtensorMap* map_b,
                                              const WaitBound& wb) {
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     mbar_wait(sm.empty(ps.stage), ps.phase ^ 1u, wb, kSiteProducerEmpty);
     uint64_t* full = sm.full(ps.stage);
-    mbar_arrive_expect_tx(full, kStageBytes);
+    mbar_arrive_expect_tx(full, C::kStageBytes);
     const int32_t k = t.k_begin + kb * kBlockK;
     uint8_t* a = sm.a(ps.stage);
     uint8_t* b = sm.b(ps.stage);
@@ -141,7 +154,7 @@ __device__ __forceinline__ void produce_tile(const Smem& sm, PipeState& ps, cons
       tma_load_3d(b, map_b, full, k, t.b_n, t.b_batch);
     } else {
 #pragma unroll
-      for (int c = 0; c < kBlockN / 64; ++c)
+      for (int c = 0; c < C::kChunks; ++c)
         tma_load_3d(b + c * kChunkBytes, map_b, full, t.b_n + 64 * c, k, t.b_batch);
     }
     ps.advance();
@@ -151,17 +164,19 @@ __device__ __forceinline__ void produce_tile(const Smem& sm, PipeState& ps, cons
 // ------------------------------------------------------------------------------------------------
 // Consumer mainloop (one warpgroup; cwg = 0 or 1 picks rows 0..63 or 64..127 of the tile)
 // ------------------------------------------------------------------------------------------------
-__device__ __forceinline__ void release_stage(const Smem& sm, uint32_t s) {
+template <class C>
+__device__ __forceinline__ void release_stage(const Smem<C>& sm, uint32_t s) {
   if (lane_id() == 0) mbar_arrive(sm.empty(s));
 }
 
 // Zeroes K rows [valid, 64) of both operands of stage s (MN-major A and B only): rows past an
 // expert's last token are padding whose contents are unspecified (possibly NaN). Called by all
 // 256 consumer threads (ct = 0..255).
-__device__ __forceinline__ void mask_k_rows(const Smem& sm, uint32_t s, int valid, uint32_t ct) {
+template <class C>
+__device__ __forceinline__ void mask_k_rows(const Smem<C>& sm, uint32_t s, int valid, uint32_t ct) {
   const uint32_t rows = uint32_t(kBlockK - valid);
   const uint32_t per_chunk = rows * 8u;  // 16-byte units
-  const uint32_t units = per_chunk * 6u;  // 2 A chunks + 4 B chunks
+  const uint32_t units = per_chunk * uint32_t(2 + C::kChunks);  // 2 A chunks + the B chunks
   for (uint32_t u = ct; u < units; u += 256u) {
     const uint32_t chunk = u / per_chunk;
     const uint32_t rem = u - chunk * per_chunk;
@@ -179,18 +194,19 @@ __device__ __forceinline__ void mask_k_rows(const Smem& sm, uint32_t s, int vali
 // kStages blocks ahead (the ring), so with stages <= kStages and tiles longer than kStages +
 // stages blocks neither waits on the other in a cycle, and a barrier never completes twice before
 // it is waited on (two barriers alternate per tile). Tiles too short for that are not staggered.
+template <class C>
 struct Skew {
   int32_t stages = 0;  // 0: off
   uint32_t tiles = 0;  // staggered tiles so far (same count in both warpgroups)
   __device__ bool applies(const Tile& t) const {
-    return stages > 0 && t.k_blocks > kStages + stages;
+    return stages > 0 && stages <= C::kStages && t.k_blocks > C::kStages + stages;
   }
 };
 
-template <bool kAMN, bool kBMN, bool kMaskK>
-__device__ __forceinline__ void mma_tile(const Smem& sm, PipeState& ps, const Tile& t, int cwg,
-                                         uint32_t ct, float (&acc)[kAccRegs], const WaitBound& wb,
-                                         Skew& skew) {
+template <class C, bool kAMN, bool kBMN, bool kMaskK>
+__device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg,
+                                         uint32_t ct, float (&acc)[C::kAccRegs], const WaitBound& wb,
+                                         Skew<C>& skew) {
   const bool staggered = skew.applies(t);
   uint64_t* skew_bar = sm.skew(skew.tiles & 1u);
   const uint32_t skew_parity = (skew.tiles >> 1) & 1u;
@@ -201,7 +217,7 @@ __device__ __forceinline__ void mma_tile(const Smem& sm, PipeState& ps, const Ti
   // Zeroing (the first wgmma also starts from 0) ends the previous tile's accumulators' lifetime
   // at its epilogue: wgmma's operands are read-write, so without it they would stay live.
 #pragma unroll
-  for (int i = 0; i < kAccRegs; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < C::kAccRegs; ++i) acc[i] = 0.0f;
   if (t.k_blocks == 0) return;
   // Both A layouts put warpgroup cwg's 64 rows at +cwg * 8 KB of the stage's A tile.
   const uint32_t a0 = smem_addr(sm.a(0)) + uint32_t(cwg) * kChunkBytes;
@@ -214,14 +230,14 @@ __device__ __forceinline__ void mma_tile(const Smem& sm, PipeState& ps, const Ti
       if (kb == t.k_blocks - 1 && t.k_last_valid < kBlockK) mask_k_rows(sm, s, t.k_last_valid, ct);
     }
     const uint32_t as = a0 + s * kATileBytes;
-    const uint32_t bs = b0 + s * kBTileBytes;
+    const uint32_t bs = b0 + s * C::kBTileBytes;
     fence_operands(acc);
     wgmma_fence();
 #pragma unroll
     for (int k16 = 0; k16 < kBlockK / 16; ++k16) {
       const uint64_t da = kAMN ? desc_mn_major(as, k16, kChunkBytes) : desc_k_major(as, k16);
       const uint64_t db = kBMN ? desc_mn_major(bs, k16, kChunkBytes) : desc_k_major(bs, k16);
-      wgmma_bf16<kBlockN, kAMN ? 1 : 0, kBMN ? 1 : 0>(acc, da, db, (kb > 0 || k16 > 0) ? 1u : 0u);
+      wgmma_bf16<C::kBlockN, kAMN ? 1 : 0, kBMN ? 1 : 0>(acc, da, db, (kb > 0 || k16 > 0) ? 1u : 0u);
     }
     wgmma_commit();
     fence_operands(acc);
@@ -249,7 +265,8 @@ struct EpiState {
   uint32_t chunks = 0;
 };
 
-__device__ __forceinline__ uint8_t* epi_begin(const Smem& sm, int cwg, const EpiState& es, bool leader) {
+template <class C>
+__device__ __forceinline__ uint8_t* epi_begin(const Smem<C>& sm, int cwg, const EpiState& es, bool leader) {
   if (leader) tma_store_wait_read<1>();
   named_bar_sync(kBarEpilogue + uint32_t(cwg), 128);
   return sm.epi(cwg, es.chunks & 1u);
@@ -293,8 +310,9 @@ __device__ __forceinline__ uint32_t stmatrix_addr(uint32_t buf_addr, uint32_t wt
 }
 
 // Writes accumulator blocks kB0 .. kB0+7 (64 columns) as bf16.
-template <int kB0>
-__device__ __forceinline__ void write_chunk_bf16(uint8_t* buf, const float (&acc)[kAccRegs], uint32_t wt) {
+template <int kB0, int kN>
+__device__ __forceinline__ void write_chunk_bf16(uint8_t* buf, const float (&acc)[kN], uint32_t wt) {
+  static_assert(4 * (kB0 + 8) <= kN, "chunk outside the accumulators");
   const uint32_t base = smem_addr(buf);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
@@ -321,8 +339,9 @@ __device__ __forceinline__ float swiglu(float acc_g, float acc_u) {
 
 // FC1 with gate/up rows interleaved in groups of 8: accumulator block 2j is gate, 2j+1 is up, for
 // the same 8 intermediate columns. Writes h blocks kH0 .. kH0+7 (64 h columns).
-template <int kH0>
-__device__ __forceinline__ void write_chunk_swiglu(uint8_t* buf, const float (&acc)[kAccRegs], uint32_t wt) {
+template <int kH0, int kN>
+__device__ __forceinline__ void write_chunk_swiglu(uint8_t* buf, const float (&acc)[kN], uint32_t wt) {
+  static_assert(8 * (kH0 + 8) <= kN, "chunk outside the accumulators");
   const uint32_t base = smem_addr(buf);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {

@@ -10,9 +10,7 @@
 namespace mok::gemm {
 namespace {
 
-constexpr int64_t kBlockM = 128, kBlockN = 256, kBlockK = 64;
-// Must match engine.cuh (kept here so this file needs no CUDA device headers).
-constexpr int kSmem = 4 * (16384 + 32768) + 4 * 8192 + (2 * 4 + 2) * 8 + 1024;
+constexpr int64_t kBlockM = 128, kBlockK = 64;
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -23,11 +21,20 @@ int sm_count() {
   return sms;
 }
 
+// Picks the tile width (Options.block_n or the heuristic) and the number of N tiles.
+void pick_block_n(Plan& p, const Options& o, int64_t m_tiles, int64_t n) {
+  MOK_REQUIRE(o.block_n == 0 || o.block_n == 128 || o.block_n == 256, "options.block_n",
+              "0 (auto), 128 or 256, got ", o.block_n);
+  p.block_n = o.block_n ? o.block_n : choose_block_n(m_tiles, n, sm_count());
+  p.params.n_tiles = static_cast<int32_t>(cdiv(n, p.block_n));
+}
+
 void fill_common(Plan& p, const Options& o, int64_t tiles) {
   MOK_REQUIRE(o.group_m >= 1, "options.group_m", ">= 1, got ", o.group_m);
   MOK_REQUIRE(o.max_ctas >= 0, "options.max_ctas", ">= 0, got ", o.max_ctas);
   MOK_REQUIRE(tiles < (int64_t(1) << 31), "problem size", "fewer than 2^31 output tiles");
   MOK_REQUIRE(o.skew_stages >= 0 && o.skew_stages <= 4, "options.skew_stages", "0..4, got ", o.skew_stages);
+  MOK_REQUIRE(p.params.n_tiles > 0, "plan", "n_tiles must be set before fill_common");
   p.params.group_m = o.group_m;
   p.params.skew_stages = o.skew_stages;
   p.params.error = o.error;
@@ -51,7 +58,19 @@ void require_routed(const int32_t* tile_expert, int64_t num_m_tiles, int64_t exp
 
 }  // namespace
 
-int smem_bytes() { return kSmem; }
+int smem_bytes(int block_n) {
+  // Must match engine::Cfg (kept here so this file needs no CUDA device headers).
+  const int stages = block_n == 128 ? 6 : 4;
+  return stages * (16384 + block_n * 128) + 4 * 8192 + (2 * stages + 2) * 8 + 1024;
+}
+
+int choose_block_n(int64_t m_tiles, int64_t n, int sms) {
+  // Time in units of one 256-wide tile: whole waves of tiles; a 128-wide tile costs a bit more
+  // than half of a 256-wide one (fixed per-tile work, lower operand reuse).
+  const double waves256 = double(cdiv(m_tiles * cdiv(n, 256), sms));
+  const double waves128 = double(cdiv(m_tiles * cdiv(n, 128), sms)) * 0.55;
+  return waves128 < waves256 ? 128 : 256;
+}
 
 Plan plan_fc1(const Fc1Args& a, const Options& o) {
   require_dims(a.hidden, 2 * a.inter, "fc1");
@@ -62,7 +81,7 @@ Plan plan_fc1(const Fc1Args& a, const Options& o) {
   p.form = Form::Fc1SwiGLU;
   const int64_t rows = a.num_m_tiles * kBlockM, n = 2 * a.inter;
   p.params.num_m_tiles = static_cast<int32_t>(a.num_m_tiles);
-  p.params.n_tiles = static_cast<int32_t>(cdiv(n, kBlockN));
+  pick_block_n(p, o, a.num_m_tiles, n);
   p.params.k_blocks = static_cast<int32_t>(cdiv(a.hidden, kBlockK));
   p.params.n = static_cast<int32_t>(n);
   p.params.store_gu = a.gu != nullptr;
@@ -72,7 +91,7 @@ Plan plan_fc1(const Fc1Args& a, const Options& o) {
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(rows);
   p.map_a = make_map_2d(a.x, u, uint64_t(a.hidden), 128);
-  p.map_b = make_map_3d(a.w1p, uint64_t(a.experts), uint64_t(n), uint64_t(a.hidden), 256);
+  p.map_b = make_map_3d(a.w1p, uint64_t(a.experts), uint64_t(n), uint64_t(a.hidden), uint32_t(p.block_n));
   p.map_d1 = make_map_2d(a.h, u, uint64_t(a.inter), 64);
   p.map_d0 = a.gu ? make_map_2d(a.gu, u, uint64_t(n), 64) : p.map_d1;
   return p;
@@ -86,7 +105,7 @@ Plan plan_fc2(const Fc2Args& a, const Options& o) {
   p.form = Form::Plain;
   const int64_t rows = a.num_m_tiles * kBlockM;
   p.params.num_m_tiles = static_cast<int32_t>(a.num_m_tiles);
-  p.params.n_tiles = static_cast<int32_t>(cdiv(a.n, kBlockN));
+  pick_block_n(p, o, a.num_m_tiles, a.n);
   p.params.k_blocks = static_cast<int32_t>(cdiv(a.k, kBlockK));
   p.params.n = static_cast<int32_t>(a.n);
   p.params.tile_expert = a.tile_expert;
@@ -95,7 +114,7 @@ Plan plan_fc2(const Fc2Args& a, const Options& o) {
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(rows);
   p.map_a = make_map_2d(a.a, u, uint64_t(a.k), 128);
-  p.map_b = make_map_3d(a.w, uint64_t(a.experts), uint64_t(a.n), uint64_t(a.k), 256);
+  p.map_b = make_map_3d(a.w, uint64_t(a.experts), uint64_t(a.n), uint64_t(a.k), uint32_t(p.block_n));
   p.map_d0 = make_map_2d(a.y, u, uint64_t(a.n), 64);
   p.map_d1 = p.map_d0;
   return p;
@@ -109,7 +128,7 @@ Plan plan_dgrad(const DgradArgs& a, const Options& o) {
   p.form = Form::Dgrad;
   const int64_t rows = a.num_m_tiles * kBlockM;
   p.params.num_m_tiles = static_cast<int32_t>(a.num_m_tiles);
-  p.params.n_tiles = static_cast<int32_t>(cdiv(a.n, kBlockN));
+  pick_block_n(p, o, a.num_m_tiles, a.n);
   p.params.k_blocks = static_cast<int32_t>(cdiv(a.k, kBlockK));
   p.params.n = static_cast<int32_t>(a.n);
   p.params.tile_expert = a.tile_expert;
@@ -134,7 +153,7 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
   Plan p;
   p.form = Form::Wgrad;
   p.params.num_m_tiles = static_cast<int32_t>(cdiv(a.m, kBlockM));
-  p.params.n_tiles = static_cast<int32_t>(cdiv(a.n, kBlockN));
+  pick_block_n(p, o, a.experts * p.params.num_m_tiles, a.n);
   p.params.n = static_cast<int32_t>(a.n);
   p.params.m_out = static_cast<int32_t>(a.m);
   p.params.experts = static_cast<int32_t>(a.experts);

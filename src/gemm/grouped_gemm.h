@@ -25,7 +25,8 @@ struct Options {
   int group_m = 8;                 // tile raster: M tiles per group
   unsigned int* error = nullptr;   // device word: nonzero after a bounded wait expired
   double wait_limit_s = 2.0;       // bound of every in-kernel wait when `error` is set
-  int skew_stages = 0;             // stagger of the two consumer warpgroups (K blocks, 0..4)
+  int skew_stages = 2;             // stagger of the two consumer warpgroups (K blocks, 0..4)
+  int block_n = 0;                 // output tile width: 256, 128, or 0 = choose by tile count
 };
 
 // FC1 forward: gu[r] = x[r] . W1p[e]^T (2*inter values, gate/up interleaved in groups of 8, see
@@ -78,7 +79,8 @@ struct Plan {
   Form form = Form::Plain;
   CUtensorMap map_a{}, map_b{}, map_d0{}, map_d1{};
   KernelParams params{};
-  int grid = 0;  // 0: nothing to do
+  int block_n = 256;  // tile width of the kernel that runs
+  int grid = 0;       // 0: nothing to do
   // Useful work in FLOPs for the padded problem (2 * rows * n * k), for reporting.
   double padded_flops = 0;
 };
@@ -90,8 +92,11 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o = {});
 // Launches the plan's kernel on `stream` (asynchronous; nothing when grid == 0).
 void run(const Plan& plan, cudaStream_t stream);
 
-// Shared memory the kernels use (bytes per CTA).
-int smem_bytes();
+// Shared memory the kernel of a plan uses (bytes per CTA).
+int smem_bytes(int block_n);
+// The tile width plan_* picks for `m_tiles` 128-row tiles (times experts for wgrad) and n output
+// columns on `sms` SMs: 128 when 256-wide tiles would leave too much of the last wave idle.
+int choose_block_n(int64_t m_tiles, int64_t n, int sms);
 
 // Gate/up packing, done once when weights are loaded: row 16j + r of W1p[e] is gate row 8j + r,
 // row 16j + 8 + r is up row 8j + r (r < 8). inter must be a multiple of 8.

@@ -1,7 +1,8 @@
 // mok — the standalone persistent grouped-GEMM kernel built on the tile engine (engine.cuh).
 //
 // Included by exactly one .cu per form (grouped_fc1.cu, grouped_plain.cu, grouped_dgrad.cu,
-// grouped_wgrad.cu), which instantiates grouped_gemm_kernel<Form...> and its launcher.
+// grouped_wgrad.cu), which instantiates grouped_gemm_kernel<Cfg<BLOCK_N>, Form> for BLOCK_N 256
+// and 128 and the launcher.
 #pragma once
 
 #include "gemm/engine.cuh"
@@ -24,6 +25,7 @@ __device__ __forceinline__ void raster(int32_t r, int32_t num_m, int32_t n_tiles
 
 // M-grouped tiles (forward, dgrad): the routed buffer's 128-row tiles x the N tiles; the expert of
 // each M tile comes from tile_expert (the schedule's table). Static round-robin over CTAs.
+template <class C>
 struct MGroupedSchedule {
   int32_t t;
   int32_t total;
@@ -38,13 +40,14 @@ struct MGroupedSchedule {
       raster(t, p->num_m_tiles, p->n_tiles, p->group_m, m, n);
       const int32_t e = __ldg(p->tile_expert + m);
       if (e < 0) continue;
-      out = Tile{m * kBlockM, n * kBlockN, e, 0, p->k_blocks, kBlockK, m * kBlockM, 0};
+      out = Tile{m * kBlockM, n * C::kBlockN, e, 0, p->k_blocks, kBlockK, m * kBlockM, 0};
       return true;
     }
   }
 };
 
 // K-grouped tiles (wgrad): per expert, its M x N output tiles; K runs over the expert's rows.
+template <class C>
 struct KGroupedSchedule {
   int32_t t;
   int32_t total;
@@ -64,7 +67,7 @@ struct KGroupedSchedule {
     const int32_t begin = __ldg(p->expert_row_begin + e);
     const int32_t kb = (rows + kBlockK - 1) / kBlockK;
     const int32_t valid = rows - (kb - 1) * kBlockK;
-    out = Tile{m * kBlockM, n * kBlockN, 0, begin, kb, kb > 0 ? valid : kBlockK, m * kBlockM, e};
+    out = Tile{m * kBlockM, n * C::kBlockN, 0, begin, kb, kb > 0 ? valid : kBlockK, m * kBlockM, e};
     return true;
   }
 };
@@ -75,28 +78,34 @@ struct KGroupedSchedule {
 // FC1: A = routed x [rows, H] (K-major), B = W1p [E, 2I, H] (K-major). Epilogue: the gate/up
 // pre-activations (bf16, interleaved as packed) to map_d0 [rows, 2I] if store_gu, and
 // h = silu(g) * u to map_d1 [rows, I].
+template <class C>
 struct FormFc1 {
   static constexpr bool kAMN = false, kBMN = false, kMaskK = false;
-  using Schedule = MGroupedSchedule;
-  __device__ __forceinline__ static void epilogue(const Smem& sm, EpiState& es, const Tile& t, int cwg, uint32_t wt,
-                                  const float (&acc)[kAccRegs], const CUtensorMap* d0,
-                                  const CUtensorMap* d1, const KernelParams& p) {
+  using Schedule = MGroupedSchedule<C>;
+  __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
+                                                  uint32_t wt, const float (&acc)[C::kAccRegs],
+                                                  const CUtensorMap* d0, const CUtensorMap* d1,
+                                                  const KernelParams& p) {
     const bool leader = wt == 0;
     const int32_t row = t.out_row + 64 * cwg;
     const int32_t h0 = t.b_n / 2;
     // Order gu0, gu1, h0, gu2, gu3, h1: h chunk j reads accumulator blocks 16j..16j+15 (= gu
     // chunks 2j, 2j+1), so the first half of the accumulators dies halfway through.
-#define MOK_FC1_GU_CHUNK(C)                                                  \
-  if (p.store_gu && t.b_n + 64 * (C) < p.n) {                                \
-    uint8_t* buf = epi_begin(sm, cwg, es, leader);                           \
-    write_chunk_bf16<8 * (C)>(buf, acc, wt);                                 \
-    epi_end_2d(buf, cwg, es, leader, d0, t.b_n + 64 * (C), row);             \
+#define MOK_FC1_GU_CHUNK(CH)                                                 \
+  if constexpr ((CH) < C::kChunks) {                                         \
+    if (p.store_gu && t.b_n + 64 * (CH) < p.n) {                             \
+      uint8_t* buf = epi_begin(sm, cwg, es, leader);                         \
+      write_chunk_bf16<8 * (CH)>(buf, acc, wt);                              \
+      epi_end_2d(buf, cwg, es, leader, d0, t.b_n + 64 * (CH), row);          \
+    }                                                                        \
   }
 #define MOK_FC1_H_CHUNK(J)                                                   \
-  if (h0 + 64 * (J) < p.n / 2) {                                             \
-    uint8_t* buf = epi_begin(sm, cwg, es, leader);                           \
-    write_chunk_swiglu<8 * (J)>(buf, acc, wt);                               \
-    epi_end_2d(buf, cwg, es, leader, d1, h0 + 64 * (J), row);                \
+  if constexpr (2 * (J) < C::kChunks) {                                      \
+    if (h0 + 64 * (J) < p.n / 2) {                                           \
+      uint8_t* buf = epi_begin(sm, cwg, es, leader);                         \
+      write_chunk_swiglu<8 * (J)>(buf, acc, wt);                             \
+      epi_end_2d(buf, cwg, es, leader, d1, h0 + 64 * (J), row);              \
+    }                                                                        \
   }
     MOK_FC1_GU_CHUNK(0)
     MOK_FC1_GU_CHUNK(1)
@@ -109,22 +118,25 @@ struct FormFc1 {
   }
 };
 
-// Plain bf16 store of the 128 x 256 tile to map_d0 [rows, N]. This is the FC2 epilogue; the
+// Plain bf16 store of the 128 x BLOCK_N tile to map_d0 [rows, N]. This is the FC2 epilogue; the
 // combine scatter (rows pushed to their source slots) will replace it with per-row stores.
-template <bool kBMNArg>
+template <class C, bool kBMNArg>
 struct FormStore2d {
   static constexpr bool kAMN = false, kBMN = kBMNArg, kMaskK = false;
-  using Schedule = MGroupedSchedule;
-  __device__ __forceinline__ static void epilogue(const Smem& sm, EpiState& es, const Tile& t, int cwg, uint32_t wt,
-                                  const float (&acc)[kAccRegs], const CUtensorMap* d0,
-                                  const CUtensorMap*, const KernelParams& p) {
+  using Schedule = MGroupedSchedule<C>;
+  __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
+                                                  uint32_t wt, const float (&acc)[C::kAccRegs],
+                                                  const CUtensorMap* d0, const CUtensorMap*,
+                                                  const KernelParams& p) {
     const bool leader = wt == 0;
     const int32_t row = t.out_row + 64 * cwg;
-#define MOK_STORE_CHUNK(C)                                                   \
-  if (t.b_n + 64 * (C) < p.n) {                                              \
-    uint8_t* buf = epi_begin(sm, cwg, es, leader);                           \
-    write_chunk_bf16<8 * (C)>(buf, acc, wt);                                 \
-    epi_end_2d(buf, cwg, es, leader, d0, t.b_n + 64 * (C), row);             \
+#define MOK_STORE_CHUNK(CH)                                                  \
+  if constexpr ((CH) < C::kChunks) {                                         \
+    if (t.b_n + 64 * (CH) < p.n) {                                           \
+      uint8_t* buf = epi_begin(sm, cwg, es, leader);                         \
+      write_chunk_bf16<8 * (CH)>(buf, acc, wt);                              \
+      epi_end_2d(buf, cwg, es, leader, d0, t.b_n + 64 * (CH), row);          \
+    }                                                                        \
   }
     MOK_STORE_CHUNK(0)
     MOK_STORE_CHUNK(1)
@@ -133,25 +145,31 @@ struct FormStore2d {
 #undef MOK_STORE_CHUNK
   }
 };
-using FormPlain = FormStore2d<false>;
-using FormDgrad = FormStore2d<true>;
+template <class C>
+using FormPlain = FormStore2d<C, false>;
+template <class C>
+using FormDgrad = FormStore2d<C, true>;
 
 // Wgrad: dw [E, M, N] (3-D map_d0) of expert e = a_e^T . b_e, where a = [rows, M] and b = [rows, N]
 // (both MN-major operands); the last K block of each expert is masked to its valid rows.
+template <class C>
 struct FormWgrad {
   static constexpr bool kAMN = true, kBMN = true, kMaskK = true;
-  using Schedule = KGroupedSchedule;
-  __device__ __forceinline__ static void epilogue(const Smem& sm, EpiState& es, const Tile& t, int cwg, uint32_t wt,
-                                  const float (&acc)[kAccRegs], const CUtensorMap* d0,
-                                  const CUtensorMap*, const KernelParams& p) {
+  using Schedule = KGroupedSchedule<C>;
+  __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
+                                                  uint32_t wt, const float (&acc)[C::kAccRegs],
+                                                  const CUtensorMap* d0, const CUtensorMap*,
+                                                  const KernelParams& p) {
     const bool leader = wt == 0;
     const int32_t row = t.out_row + 64 * cwg;
     if (row >= p.m_out) return;
-#define MOK_WGRAD_CHUNK(C)                                                   \
-  if (t.b_n + 64 * (C) < p.n) {                                              \
-    uint8_t* buf = epi_begin(sm, cwg, es, leader);                           \
-    write_chunk_bf16<8 * (C)>(buf, acc, wt);                                 \
-    epi_end_3d(buf, cwg, es, leader, d0, t.b_n + 64 * (C), row, t.out_batch); \
+#define MOK_WGRAD_CHUNK(CH)                                                  \
+  if constexpr ((CH) < C::kChunks) {                                         \
+    if (t.b_n + 64 * (CH) < p.n) {                                           \
+      uint8_t* buf = epi_begin(sm, cwg, es, leader);                         \
+      write_chunk_bf16<8 * (CH)>(buf, acc, wt);                              \
+      epi_end_3d(buf, cwg, es, leader, d0, t.b_n + 64 * (CH), row, t.out_batch); \
+    }                                                                        \
   }
     MOK_WGRAD_CHUNK(0)
     MOK_WGRAD_CHUNK(1)
@@ -164,13 +182,14 @@ struct FormWgrad {
 // ------------------------------------------------------------------------------------------------
 // The kernel: one CTA per SM, persistent over the form's schedule.
 // ------------------------------------------------------------------------------------------------
-template <class Form>
+template <class C, template <class> class FormT>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                         const __grid_constant__ CUtensorMap map_d0,
                         const __grid_constant__ CUtensorMap map_d1, const KernelParams p) {
+  using Form = FormT<C>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  const Smem sm = smem_view(smem_raw);
+  const Smem<C> sm = smem_view<C>(smem_raw);
   if (threadIdx.x == 0) init_barriers(sm);
   __syncthreads();
   const WaitBound wb{p.error, p.wait_limit_ns};
@@ -182,10 +201,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (warp == 0 && elect_one()) {
       prefetch_tensor_map(&map_a);
       prefetch_tensor_map(&map_b);
-      PipeState ps;
+      PipeState<C> ps;
       Tile t;
       typename Form::Schedule sched(p);
-      while (sched.next(t)) produce_tile<Form::kAMN, Form::kBMN>(sm, ps, t, &map_a, &map_b, wb);
+      while (sched.next(t)) produce_tile<C, Form::kAMN, Form::kBMN>(sm, ps, t, &map_a, &map_b, wb);
     }
   } else {
     setmaxnreg_inc<kConsumerRegs>();
@@ -196,15 +215,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       prefetch_tensor_map(&map_d0);
       prefetch_tensor_map(&map_d1);
     }
-    PipeState ps;
+    PipeState<C> ps;
     EpiState es;
     Tile t;
     typename Form::Schedule sched(p);
-    Skew skew;
+    Skew<C> skew;
     skew.stages = p.skew_stages;
-    float acc[kAccRegs];
+    float acc[C::kAccRegs];
     while (sched.next(t)) {
-      mma_tile<Form::kAMN, Form::kBMN, Form::kMaskK>(sm, ps, t, cwg, ct, acc, wb, skew);
+      mma_tile<C, Form::kAMN, Form::kBMN, Form::kMaskK>(sm, ps, t, cwg, ct, acc, wb, skew);
       Form::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
     }
     epi_finish(wt == 0);

@@ -29,6 +29,8 @@ using mok::test::upload;
 namespace gemm = mok::gemm;
 
 constexpr double kTol = 1e-2;
+// Tile width the cases below run with (tests set it; 256 unless a test says otherwise).
+int g_block_n = 256;
 
 // Routed activations [rows, cols]: random in real rows, NaN in padding rows.
 std::vector<uint16_t> routed_input(const Routed& rt, int64_t cols, uint64_t seed) {
@@ -48,11 +50,13 @@ std::vector<double> to_double(const std::vector<uint16_t>& v) {
 struct Device {
   DevBuf err{sizeof(unsigned)};
   int skew = 0;
+  int block_n = 256;
   gemm::Options opts(int max_ctas) {
     cudaMemset(err.p, 0, sizeof(unsigned));
     gemm::Options o;
     o.max_ctas = max_ctas;
     o.skew_stages = skew;
+    o.block_n = block_n;
     o.error = err.as<unsigned>();
     o.wait_limit_s = 5.0;
     return o;
@@ -106,6 +110,7 @@ void fc1_case(const std::vector<int32_t>& counts, int64_t hidden, int64_t inter,
 
   Device dev;
   dev.skew = skew;
+  dev.block_n = g_block_n;
   gemm::Fc1Args a;
   a.x = dx.p;
   a.w1p = dw1p.p;
@@ -154,8 +159,9 @@ void fc1_case(const std::vector<int32_t>& counts, int64_t hidden, int64_t inter,
   EXPECT_LE(su.rel(), kTol) << "up";
   EXPECT_LE(sh.rel(), kTol) << "h";
   EXPECT_EQ(swiglu_mismatch, 0) << "h differs from rnd(silu(g)*u) of the stored g, u by more than 1 ulp";
-  std::printf("[fc1] rows=%lld H=%lld I=%lld ctas=%d  rel err gate %.2e up %.2e h %.2e (checked %lld)\n",
-              (long long)rows, (long long)hidden, (long long)inter, plan.grid, sg.rel(), su.rel(), sh.rel(),
+  EXPECT_EQ(plan.block_n, g_block_n);
+  std::printf("[fc1 bn=%d] rows=%lld H=%lld I=%lld ctas=%d  rel err gate %.2e up %.2e h %.2e (checked %lld)\n",
+              plan.block_n, (long long)rows, (long long)hidden, (long long)inter, plan.grid, sg.rel(), su.rel(), sh.rel(),
               (long long)sh.count);
 }
 
@@ -189,6 +195,7 @@ void plain_case(bool dgrad, const std::vector<int32_t>& counts, int64_t k, int64
   upload(dte, rt.tile_expert);
   Device dev;
   dev.skew = skew;
+  dev.block_n = g_block_n;
   gemm::Plan plan;
   if (dgrad) {
     gemm::DgradArgs g;
@@ -235,8 +242,9 @@ void plain_case(bool dgrad, const std::vector<int32_t>& counts, int64_t k, int64
   }
   EXPECT_EQ(st.nonfinite, 0) << "unwritten or NaN outputs in real rows";
   EXPECT_LE(st.rel(), kTol);
-  std::printf("[%s] rows=%lld K=%lld N=%lld ctas=%d  rel err %.2e (checked %lld)\n", dgrad ? "dgrad" : "fc2",
-              (long long)rows, (long long)k, (long long)n, plan.grid, st.rel(), (long long)st.count);
+  EXPECT_EQ(plan.block_n, g_block_n);
+  std::printf("[%s bn=%d] rows=%lld K=%lld N=%lld ctas=%d  rel err %.2e (checked %lld)\n", dgrad ? "dgrad" : "fc2",
+              plan.block_n, (long long)rows, (long long)k, (long long)n, plan.grid, st.rel(), (long long)st.count);
 }
 
 TEST(GroupedGemm, Fc2SmallExpertsPartialBlocks) {
@@ -271,6 +279,7 @@ void wgrad_case(const std::vector<int32_t>& counts, int64_t m, int64_t n, int ma
   upload(dbeg, rt.begin);
   upload(dcnt, rt.counts);
   Device dev;
+  dev.block_n = g_block_n;
   gemm::WgradArgs g;
   g.a = da.p;
   g.b = db.p;
@@ -310,7 +319,9 @@ void wgrad_case(const std::vector<int32_t>& counts, int64_t m, int64_t n, int ma
   EXPECT_EQ(st.nonfinite, 0) << "unwritten or NaN outputs (padding rows leaked?)";
   EXPECT_EQ(nonzero_empty, 0) << "experts without rows must get a zero gradient";
   EXPECT_LE(st.rel(), kTol);
-  std::printf("[wgrad] E=%lld M=%lld N=%lld ctas=%d  rel err %.2e (checked %lld)\n", (long long)E, (long long)m,
+  EXPECT_EQ(plan.block_n, g_block_n);
+  std::printf("[wgrad bn=%d] E=%lld M=%lld N=%lld ctas=%d  rel err %.2e (checked %lld)\n", plan.block_n,
+              (long long)E, (long long)m,
               (long long)n, plan.grid, st.rel(), (long long)st.count);
 }
 
@@ -346,6 +357,25 @@ TEST(GroupedGemm, StaggeredConsumerWarpgroups) {
     plain_case(false, {512, 300, 0, 1000, 17}, 1024, 512, 7, 205 + skew, 5, skew);
   }
   plain_case(true, {0, 1, 63, 128, 200, 385}, 320, 200, 5, 305, 1, 3);
+}
+
+TEST(GroupedGemm, BlockN128AllForms) {
+  MOK_REQUIRE_GPUS(1);
+  g_block_n = 128;
+  fc1_case({0, 1, 63, 128, 200, 385}, 328, 200, 5, 501);
+  fc1_case({512, 300, 0, 1000, 17}, 1024, 512, 0, 502, 7, 3);
+  plain_case(false, {0, 1, 63, 128, 200, 385}, 200, 328, 5, 503);
+  plain_case(false, {512, 300, 0, 1000, 17}, 1024, 512, 11, 504, 5, 2);
+  plain_case(true, {0, 1, 63, 128, 200, 385}, 328, 200, 0, 505);
+  wgrad_case({0, 1, 63, 128, 200, 385}, 200, 328, 7, 506);
+  g_block_n = 256;
+}
+
+TEST(GroupedGemm, BlockNHeuristic) {
+  // 192 tiles of 256 on 132 SMs: 2 waves; 384 tiles of 128: 3 waves of half the work -> 128.
+  EXPECT_EQ(gemm::choose_block_n(16, 3072, 132), 128);
+  // Many waves either way -> 256.
+  EXPECT_EQ(gemm::choose_block_n(128, 4096, 132), 256);
 }
 
 }  // namespace
