@@ -179,6 +179,8 @@ class Communicator {
   cudaStream_t stream() const;          // a stream of this communicator's device
   const CommOptions& options() const;
 
+  // Windows are never moved: references returned by window()/add_window() stay valid until the
+  // communicator is destroyed.
   size_t window_count() const;
   const Window& window(size_t index) const;
   const Window& window(const std::string& name) const;  // throws InvalidArgument if unknown

@@ -4,6 +4,7 @@
 #include <nccl_device.h>
 
 #include <chrono>
+#include <deque>
 #include <cstring>
 #include <exception>
 #include <thread>
@@ -85,7 +86,7 @@ struct Communicator::Impl {
   CommOptions options;
   ncclDevComm dev{};
   bool dev_created = false;
-  std::vector<Window> windows;
+  std::deque<Window> windows;  // deque: references returned by window()/add_window() stay valid
   WaitErrorRecord* record_host = nullptr;
   WaitErrorRecord* record_dev = nullptr;
   uint32_t* claim_dev = nullptr;

@@ -80,7 +80,15 @@ TEST(CommGpu, LocalGroupStartupChecks) {
     EXPECT_FALSE(c.poisoned());
   }
   // A window added later is registered on every rank and usable (collective).
-  group.run([](mc::Communicator& c, size_t) { c.add_window("late", 4096); });
+  // References to windows stay valid while more are added (callers keep them).
+  group.run([](mc::Communicator& c, size_t) {
+    const mc::Window& first = c.add_window("late", 4096);
+    const ncclWindow_t handle = first.handle;
+    for (int i = 0; i < 40; ++i) c.add_window("more" + std::to_string(i), 4096);
+    EXPECT_EQ(first.name, "late");
+    EXPECT_EQ(first.handle, handle);
+    EXPECT_EQ(&first, &c.window("late"));
+  });
   for (size_t i = 0; i < group.size(); ++i) EXPECT_NE(group[i].window("late").handle, nullptr);
 }
 
