@@ -43,3 +43,8 @@ gpu_tag="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z
 if [ -x build/device/bench/schedule/schedule_bench ]; then
   build/device/bench/schedule/schedule_bench "$OUT/schedule-$gpu_tag.json" 2>&1 | tee "$OUT/schedule_bench.log"
 fi
+if [ "${MOK_BASELINE:-0}" = 1 ] && [ "$gpus" -ge 1 ]; then
+  PYTHONUNBUFFERED=1 MOK_COMMIT="${MOK_COMMIT:-unknown}" timeout 400 \
+    python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" \
+    bench/baseline/torch_moe_baseline.py --out "$OUT/baseline-$gpu_tag.json" 2>&1 | tee "$OUT/baseline.log" | grep -E "baseline|Error|error" | tail -20
+fi
