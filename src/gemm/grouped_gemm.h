@@ -25,7 +25,7 @@ struct Options {
   int group_m = 8;                 // tile raster: M tiles per group
   unsigned int* error = nullptr;   // device word: nonzero after a bounded wait expired
   double wait_limit_s = 2.0;       // bound of every in-kernel wait when `error` is set
-  int skew_stages = 2;             // stagger of the two consumer warpgroups (K blocks, 0..4)
+  int skew_stages = 0;             // stagger of the two consumer warpgroups (K blocks, 0..4)
   int block_n = 0;                 // output tile width: 256, 128, or 0 = choose by tile count
 };
 
