@@ -127,6 +127,7 @@ struct Knobs {
   bool store_gu = true;
   int skew = gemm::Options{}.skew_stages;  // the library's defaults unless a knob says otherwise
   int block_n = gemm::Options{}.block_n;
+  bool cluster = gemm::Options{}.cluster;
 };
 
 Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, const Knobs& kn) {
@@ -184,6 +185,7 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
   o.max_ctas = kn.max_ctas;
   o.skew_stages = kn.skew;
   o.block_n = kn.block_n;
+  o.cluster = kn.cluster;
 
   std::vector<gemm::Plan> plans;
   for (int s = 0; s < sets; ++s) {
@@ -320,10 +322,11 @@ int main(int argc, char** argv) {
     else if (a == "--no-gu") kn.store_gu = false;
     else if (a == "--skew" && i + 1 < argc) kn.skew = std::atoi(argv[++i]);
     else if (a == "--block-n" && i + 1 < argc) kn.block_n = std::atoi(argv[++i]);
+    else if (a == "--cluster" && i + 1 < argc) kn.cluster = std::atoi(argv[++i]) != 0;
     else {
       std::fprintf(stderr,
                    "usage: %s [--out FILE] [--filter SUBSTR] [--reps N] [--quick] [--group-m N] [--max-ctas N] "
-                   "[--no-gu] [--skew N] [--block-n 0|128|256]\n",
+                   "[--no-gu] [--skew N] [--block-n 0|128|256] [--cluster 0|1]\n",
                    argv[0]);
       return 2;
     }
@@ -395,11 +398,11 @@ int main(int argc, char** argv) {
                  "\"experts\": %lld, \"hidden\": %lld, \"inter\": %lld, \"m\": %lld, \"n\": %lld, \"k\": %lld, "
                  "\"flops\": %.6e, \"mok_ms\": %.6f, \"mok_tflops\": %.3f, \"check_rel_err\": %.3e, "
                  "\"buffer_sets\": %d, \"timed_launches\": %d, \"block_n\": %d, \"skew\": %d, \"group_m\": %d, "
-                 "\"counts\": [",
+                 "\"cluster\": %d, \"counts\": [",
                  first ? "" : ",\n", c.name.c_str(), c.form.c_str(), (long long)c.rows_per_expert,
                  c.routing.c_str(), (long long)c.model->experts, (long long)c.model->hidden,
                  (long long)c.model->inter, (long long)c.m_or_rows, (long long)c.n, (long long)c.k, r.flops,
-                 r.ms, r.tflops, std::isfinite(r.err) ? r.err : -1.0, r.sets, r.launches, r.block_n, kn.skew, kn.group_m);
+                 r.ms, r.tflops, std::isfinite(r.err) ? r.err : -1.0, r.sets, r.launches, r.block_n, kn.skew, kn.group_m, int(kn.cluster));
     for (size_t i = 0; i < counts.size(); ++i) std::fprintf(f, "%s%d", i ? ", " : "", counts[i]);
     std::fprintf(f, "]}");
     first = false;

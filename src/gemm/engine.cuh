@@ -92,11 +92,13 @@ __device__ __forceinline__ Smem<C> smem_view(uint8_t* raw) {
 }
 
 // One thread initialises the ring's barriers; a CTA-wide barrier must follow.
+// With 2-CTA clusters every stage is released by the consumer warps of both CTAs (16 arrivals):
+// a multicast B load writes into the partner's stage too.
 template <class C>
-__device__ __forceinline__ void init_barriers(const Smem<C>& sm) {
+__device__ __forceinline__ void init_barriers(const Smem<C>& sm, uint32_t cluster_size = 1) {
   for (uint32_t s = 0; s < uint32_t(C::kStages); ++s) {
     mbar_init(sm.full(s), 1);
-    mbar_init(sm.empty(s), 8);  // one arrival per consumer warp
+    mbar_init(sm.empty(s), 8 * cluster_size);  // one arrival per consumer warp of the cluster
   }
   mbar_init(sm.skew(0), 1);
   mbar_init(sm.skew(1), 1);
@@ -133,10 +135,14 @@ struct Tile {
 // A maps: K-major 2-D {K, rows} with box {64, 128}; MN-major 2-D {M, K rows} with box {64, 64}.
 // B maps: K-major 3-D {K, N, batch} with box {64, BLOCK_N, 1}; MN-major 3-D {N, K, batch} with box
 // {64, 64, 1}.
-template <class C, bool kAMN, bool kBMN>
+// Clusters (kCluster): when the tile's B is `shared` with the partner CTA (same expert and
+// columns, the other 128 rows), this CTA loads half of B (rows or chunks of its `rank`) and
+// multicasts it to both CTAs; map_b_half is the K-major B map with a box of BLOCK_N/2 rows.
+template <class C, bool kAMN, bool kBMN, bool kCluster = false>
 __device__ __forceinline__ void produce_tile(const Smem<C>& sm, PipeState<C>& ps, const Tile& t,
                                              const CUtensorMap* map_a, const CUtensorMap* map_b,
-                                             const WaitBound& wb) {
+                                             const WaitBound& wb, const CUtensorMap* map_b_half = nullptr,
+                                             bool shared = false, uint32_t rank = 0) {
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     mbar_wait(sm.empty(ps.stage), ps.phase ^ 1u, wb, kSiteProducerEmpty);
     uint64_t* full = sm.full(ps.stage);
@@ -150,7 +156,18 @@ __device__ __forceinline__ void produce_tile(const Smem<C>& sm, PipeState<C>& ps
       tma_load_2d(a, map_a, full, t.a_m, k);
       tma_load_2d(a + kChunkBytes, map_a, full, t.a_m + 64, k);
     }
-    if constexpr (!kBMN) {
+    if (kCluster && shared) {
+      if constexpr (!kBMN) {
+        tma_load_3d_multicast(b + rank * (C::kBTileBytes / 2), map_b_half, full, k,
+                              t.b_n + int32_t(rank) * (C::kBlockN / 2), t.b_batch, 0x3);
+      } else {
+#pragma unroll
+        for (int h = 0; h < C::kChunks / 2; ++h) {
+          const int c = int(rank) * (C::kChunks / 2) + h;
+          tma_load_3d_multicast(b + c * kChunkBytes, map_b, full, t.b_n + 64 * c, k, t.b_batch, 0x3);
+        }
+      }
+    } else if constexpr (!kBMN) {
       tma_load_3d(b, map_b, full, k, t.b_n, t.b_batch);
     } else {
 #pragma unroll
@@ -161,12 +178,25 @@ __device__ __forceinline__ void produce_tile(const Smem<C>& sm, PipeState<C>& ps
   }
 }
 
+// Clusters: before the CTA exits, wait until every stage's last use was released by the consumers
+// of both CTAs, so no remote arrival or multicast targets a CTA that has exited.
+template <class C>
+__device__ __forceinline__ void producer_tail(const Smem<C>& sm, PipeState<C>& ps, const WaitBound& wb) {
+  for (int i = 0; i < C::kStages; ++i) {
+    mbar_wait(sm.empty(ps.stage), ps.phase ^ 1u, wb, kSiteProducerEmpty);
+    ps.advance();
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // Consumer mainloop (one warpgroup; cwg = 0 or 1 picks rows 0..63 or 64..127 of the tile)
 // ------------------------------------------------------------------------------------------------
-template <class C>
-__device__ __forceinline__ void release_stage(const Smem<C>& sm, uint32_t s) {
-  if (lane_id() == 0) mbar_arrive(sm.empty(s));
+template <class C, bool kCluster = false>
+__device__ __forceinline__ void release_stage(const Smem<C>& sm, uint32_t s, uint32_t peer = 0) {
+  if (lane_id() == 0) {
+    mbar_arrive(sm.empty(s));
+    if constexpr (kCluster) mbar_arrive_remote(sm.empty(s), peer);
+  }
 }
 
 // Zeroes K rows [valid, 64) of both operands of stage s (MN-major A and B only): rows past an
@@ -203,10 +233,10 @@ struct Skew {
   }
 };
 
-template <class C, bool kAMN, bool kBMN, bool kMaskK>
+template <class C, bool kAMN, bool kBMN, bool kMaskK, bool kCluster = false>
 __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg,
                                          uint32_t ct, float (&acc)[C::kAccRegs], const WaitBound& wb,
-                                         Skew<C>& skew) {
+                                         Skew<C>& skew, uint32_t peer = 0) {
   const bool staggered = skew.applies(t);
   uint64_t* skew_bar = sm.skew(skew.tiles & 1u);
   const uint32_t skew_parity = (skew.tiles >> 1) & 1u;
@@ -243,14 +273,14 @@ __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, co
     fence_operands(acc);
     wgmma_wait<1>();  // the previous block's group is done: its stage can be refilled
     fence_operands(acc);
-    if (kb > 0) release_stage(sm, prev);
+    if (kb > 0) release_stage<C, kCluster>(sm, prev, peer);
     if (staggered && cwg == 0 && kb == skew.stages - 1 && ct == 0) mbar_arrive(skew_bar);
     prev = s;
     ps.advance();
   }
   wgmma_wait<0>();
   fence_operands(acc);
-  release_stage(sm, prev);
+  release_stage<C, kCluster>(sm, prev, peer);
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -29,7 +29,8 @@ void pick_block_n(Plan& p, const Options& o, int64_t m_tiles, int64_t n) {
   p.params.n_tiles = static_cast<int32_t>(cdiv(n, p.block_n));
 }
 
-void fill_common(Plan& p, const Options& o, int64_t tiles) {
+// tiles: output tiles; pair_units: units of the 2-CTA cluster schedule (pairs of M tiles x N tiles).
+void fill_common(Plan& p, const Options& o, int64_t tiles, int64_t pair_units) {
   MOK_REQUIRE(o.group_m >= 1, "options.group_m", ">= 1, got ", o.group_m);
   MOK_REQUIRE(o.max_ctas >= 0, "options.max_ctas", ">= 0, got ", o.max_ctas);
   MOK_REQUIRE(tiles < (int64_t(1) << 31), "problem size", "fewer than 2^31 output tiles");
@@ -40,7 +41,13 @@ void fill_common(Plan& p, const Options& o, int64_t tiles) {
   p.params.error = o.error;
   p.params.wait_limit_ns = static_cast<unsigned long long>(o.wait_limit_s * 1e9);
   const int64_t ctas = o.max_ctas > 0 ? o.max_ctas : sm_count();
-  p.grid = static_cast<int>(std::min<int64_t>(ctas, tiles));
+  p.cluster = o.cluster;
+  if (o.cluster) {
+    MOK_REQUIRE(ctas >= 2, "options.max_ctas", ">= 2 with clusters, got ", ctas);
+    p.grid = static_cast<int>(2 * std::min<int64_t>(ctas / 2, pair_units));
+  } else {
+    p.grid = static_cast<int>(std::min<int64_t>(ctas, tiles));
+  }
 }
 
 void require_dims(int64_t k, int64_t n, const char* what) {
@@ -86,12 +93,13 @@ Plan plan_fc1(const Fc1Args& a, const Options& o) {
   p.params.n = static_cast<int32_t>(n);
   p.params.store_gu = a.gu != nullptr;
   p.params.tile_expert = a.tile_expert;
-  fill_common(p, o, a.num_m_tiles * p.params.n_tiles);
+  fill_common(p, o, a.num_m_tiles * p.params.n_tiles, cdiv(a.num_m_tiles, 2) * p.params.n_tiles);
   p.padded_flops = 2.0 * double(rows) * double(n) * double(a.hidden);
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(rows);
   p.map_a = make_map_2d(a.x, u, uint64_t(a.hidden), 128);
   p.map_b = make_map_3d(a.w1p, uint64_t(a.experts), uint64_t(n), uint64_t(a.hidden), uint32_t(p.block_n));
+  p.map_b_half = make_map_3d(a.w1p, uint64_t(a.experts), uint64_t(n), uint64_t(a.hidden), uint32_t(p.block_n / 2));
   p.map_d1 = make_map_2d(a.h, u, uint64_t(a.inter), 64);
   p.map_d0 = a.gu ? make_map_2d(a.gu, u, uint64_t(n), 64) : p.map_d1;
   return p;
@@ -109,12 +117,13 @@ Plan plan_fc2(const Fc2Args& a, const Options& o) {
   p.params.k_blocks = static_cast<int32_t>(cdiv(a.k, kBlockK));
   p.params.n = static_cast<int32_t>(a.n);
   p.params.tile_expert = a.tile_expert;
-  fill_common(p, o, a.num_m_tiles * p.params.n_tiles);
+  fill_common(p, o, a.num_m_tiles * p.params.n_tiles, cdiv(a.num_m_tiles, 2) * p.params.n_tiles);
   p.padded_flops = 2.0 * double(rows) * double(a.n) * double(a.k);
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(rows);
   p.map_a = make_map_2d(a.a, u, uint64_t(a.k), 128);
   p.map_b = make_map_3d(a.w, uint64_t(a.experts), uint64_t(a.n), uint64_t(a.k), uint32_t(p.block_n));
+  p.map_b_half = make_map_3d(a.w, uint64_t(a.experts), uint64_t(a.n), uint64_t(a.k), uint32_t(p.block_n / 2));
   p.map_d0 = make_map_2d(a.y, u, uint64_t(a.n), 64);
   p.map_d1 = p.map_d0;
   return p;
@@ -132,12 +141,13 @@ Plan plan_dgrad(const DgradArgs& a, const Options& o) {
   p.params.k_blocks = static_cast<int32_t>(cdiv(a.k, kBlockK));
   p.params.n = static_cast<int32_t>(a.n);
   p.params.tile_expert = a.tile_expert;
-  fill_common(p, o, a.num_m_tiles * p.params.n_tiles);
+  fill_common(p, o, a.num_m_tiles * p.params.n_tiles, cdiv(a.num_m_tiles, 2) * p.params.n_tiles);
   p.padded_flops = 2.0 * double(rows) * double(a.n) * double(a.k);
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(rows);
   p.map_a = make_map_2d(a.dy, u, uint64_t(a.k), 128);
   p.map_b = make_map_3d(a.w, uint64_t(a.experts), uint64_t(a.k), uint64_t(a.n), 64);  // {n, k, e}
+  p.map_b_half = p.map_b;  // MN-major B is loaded in 64-column chunks either way
   p.map_d0 = make_map_2d(a.dx, u, uint64_t(a.n), 64);
   p.map_d1 = p.map_d0;
   return p;
@@ -159,12 +169,14 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
   p.params.experts = static_cast<int32_t>(a.experts);
   p.params.expert_row_begin = a.expert_row_begin;
   p.params.expert_rows = a.expert_rows;
-  fill_common(p, o, a.experts * p.params.num_m_tiles * p.params.n_tiles);
+  fill_common(p, o, a.experts * p.params.num_m_tiles * p.params.n_tiles,
+              a.experts * cdiv(p.params.num_m_tiles, 2) * p.params.n_tiles);
   p.padded_flops = 2.0 * double(a.rows_total) * double(a.m) * double(a.n);
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(a.rows_total);
   p.map_a = make_map_2d(a.a, u, uint64_t(a.m), 64);                 // {m, rows}: MN-major A
   p.map_b = make_map_3d(a.b, 1, u, uint64_t(a.n), 64);              // {n, rows, 1}: MN-major B
+  p.map_b_half = p.map_b;
   p.map_d0 = make_map_3d(a.dw, uint64_t(a.experts), uint64_t(a.m), uint64_t(a.n), 64);
   p.map_d1 = p.map_d0;
   return p;

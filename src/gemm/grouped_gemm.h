@@ -27,6 +27,7 @@ struct Options {
   double wait_limit_s = 2.0;       // bound of every in-kernel wait when `error` is set
   int skew_stages = 0;             // stagger of the two consumer warpgroups (K blocks, 0..4)
   int block_n = 0;                 // output tile width: 256, 128, or 0 = choose by tile count
+  bool cluster = false;            // 2-CTA clusters sharing (multicasting) the B operand
 };
 
 // FC1 forward: gu[r] = x[r] . W1p[e]^T (2*inter values, gate/up interleaved in groups of 8, see
@@ -77,9 +78,10 @@ struct WgradArgs {
 
 struct Plan {
   Form form = Form::Plain;
-  CUtensorMap map_a{}, map_b{}, map_d0{}, map_d1{};
+  CUtensorMap map_a{}, map_b{}, map_b_half{}, map_d0{}, map_d1{};
   KernelParams params{};
-  int block_n = 256;  // tile width of the kernel that runs
+  int block_n = 256;     // tile width of the kernel that runs
+  bool cluster = false;  // 2-CTA clusters (grid is even)
   int grid = 0;       // 0: nothing to do
   // Useful work in FLOPs for the padded problem (2 * rows * n * k), for reporting.
   double padded_flops = 0;

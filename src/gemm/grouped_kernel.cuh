@@ -5,6 +5,8 @@
 // and 128 and the launcher.
 #pragma once
 
+#include <type_traits>
+
 #include "gemm/engine.cuh"
 #include "gemm/params.h"
 
@@ -32,7 +34,8 @@ struct MGroupedSchedule {
   const KernelParams* p;
   __device__ explicit MGroupedSchedule(const KernelParams& params)
       : t(int32_t(blockIdx.x) - int32_t(gridDim.x)), total(params.num_m_tiles * params.n_tiles), p(&params) {}
-  __device__ bool next(Tile& out) {
+  __device__ bool next(Tile& out, bool& shared, bool& dummy) {
+    shared = dummy = false;
     for (;;) {
       t += int32_t(gridDim.x);
       if (t >= total) return false;
@@ -40,6 +43,47 @@ struct MGroupedSchedule {
       raster(t, p->num_m_tiles, p->n_tiles, p->group_m, m, n);
       const int32_t e = __ldg(p->tile_expert + m);
       if (e < 0) continue;
+      out = Tile{m * kBlockM, n * C::kBlockN, e, 0, p->k_blocks, kBlockK, m * kBlockM, 0};
+      return true;
+    }
+  }
+};
+
+// 2-CTA clusters: cluster c takes units (pair of M tiles 2i, 2i+1) x (N tile); CTA rank r computes
+// M tile 2i + r. B is shared (multicast) when both tiles belong to one expert. A rank without a
+// tile (odd tail, skipped tile) recomputes its partner's tile as a dummy: it must take part in
+// the pipeline (both CTAs release every stage) but stores nothing.
+template <class C>
+struct MPairSchedule {
+  int32_t u;
+  int32_t total;
+  int32_t pairs;
+  int32_t nclusters;
+  uint32_t rank;
+  const KernelParams* p;
+  __device__ explicit MPairSchedule(const KernelParams& params)
+      : pairs((params.num_m_tiles + 1) / 2), nclusters(int32_t(gridDim.x / 2u)), p(&params) {
+    rank = cluster_ctarank();
+    u = int32_t(blockIdx.x / 2u) - nclusters;
+    total = pairs * params.n_tiles;
+  }
+  __device__ bool next(Tile& out, bool& shared, bool& dummy) {
+    for (;;) {
+      u += nclusters;
+      if (u >= total) return false;
+      int32_t mp, n;
+      raster(u, pairs, p->n_tiles, max(1, p->group_m / 2), mp, n);
+      const int32_t m0 = 2 * mp, m1 = m0 + 1;
+      const int32_t e0 = __ldg(p->tile_expert + m0);
+      const int32_t e1 = m1 < p->num_m_tiles ? __ldg(p->tile_expert + m1) : -1;
+      if (e0 < 0 && e1 < 0) continue;
+      int32_t m = rank ? m1 : m0, e = rank ? e1 : e0;
+      dummy = e < 0;
+      if (dummy) {
+        m = rank ? m0 : m1;
+        e = rank ? e0 : e1;
+      }
+      shared = e0 >= 0 && e1 >= 0 && e0 == e1;
       out = Tile{m * kBlockM, n * C::kBlockN, e, 0, p->k_blocks, kBlockK, m * kBlockM, 0};
       return true;
     }
@@ -56,13 +100,52 @@ struct KGroupedSchedule {
       : t(int32_t(blockIdx.x) - int32_t(gridDim.x)),
         total(params.experts * params.num_m_tiles * params.n_tiles),
         p(&params) {}
-  __device__ bool next(Tile& out) {
+  __device__ bool next(Tile& out, bool& shared, bool& dummy) {
+    shared = dummy = false;
     t += int32_t(gridDim.x);
     if (t >= total) return false;
     const int32_t per_e = p->num_m_tiles * p->n_tiles;
     const int32_t e = t / per_e;
     int32_t m, n;
     raster(t - e * per_e, p->num_m_tiles, p->n_tiles, p->group_m, m, n);
+    const int32_t rows = __ldg(p->expert_rows + e);
+    const int32_t begin = __ldg(p->expert_row_begin + e);
+    const int32_t kb = (rows + kBlockK - 1) / kBlockK;
+    const int32_t valid = rows - (kb - 1) * kBlockK;
+    out = Tile{m * kBlockM, n * C::kBlockN, 0, begin, kb, kb > 0 ? valid : kBlockK, m * kBlockM, e};
+    return true;
+  }
+};
+
+// 2-CTA clusters for wgrad: the two CTAs take output M tiles 2i and 2i+1 of the same expert and N
+// tile, so B (the activations over the expert's rows) is always shared; an odd last M tile is
+// recomputed by rank 1 as a dummy.
+template <class C>
+struct KPairSchedule {
+  int32_t u;
+  int32_t total;
+  int32_t pairs;
+  int32_t nclusters;
+  uint32_t rank;
+  const KernelParams* p;
+  __device__ explicit KPairSchedule(const KernelParams& params)
+      : pairs((params.num_m_tiles + 1) / 2), nclusters(int32_t(gridDim.x / 2u)), p(&params) {
+    rank = cluster_ctarank();
+    u = int32_t(blockIdx.x / 2u) - nclusters;
+    total = params.experts * pairs * params.n_tiles;
+  }
+  __device__ bool next(Tile& out, bool& shared, bool& dummy) {
+    u += nclusters;
+    if (u >= total) return false;
+    const int32_t per_e = pairs * p->n_tiles;
+    const int32_t e = u / per_e;
+    int32_t mp, n;
+    raster(u - e * per_e, pairs, p->n_tiles, max(1, p->group_m / 2), mp, n);
+    const int32_t m0 = 2 * mp;
+    const bool has1 = m0 + 1 < p->num_m_tiles;
+    dummy = rank == 1u && !has1;
+    shared = has1;
+    const int32_t m = dummy ? m0 : m0 + int32_t(rank);
     const int32_t rows = __ldg(p->expert_rows + e);
     const int32_t begin = __ldg(p->expert_row_begin + e);
     const int32_t kb = (rows + kBlockK - 1) / kBlockK;
@@ -82,6 +165,7 @@ template <class C>
 struct FormFc1 {
   static constexpr bool kAMN = false, kBMN = false, kMaskK = false;
   using Schedule = MGroupedSchedule<C>;
+  using PairSchedule = MPairSchedule<C>;
   __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
                                                   uint32_t wt, const float (&acc)[C::kAccRegs],
                                                   const CUtensorMap* d0, const CUtensorMap* d1,
@@ -124,6 +208,7 @@ template <class C, bool kBMNArg>
 struct FormStore2d {
   static constexpr bool kAMN = false, kBMN = kBMNArg, kMaskK = false;
   using Schedule = MGroupedSchedule<C>;
+  using PairSchedule = MPairSchedule<C>;
   __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
                                                   uint32_t wt, const float (&acc)[C::kAccRegs],
                                                   const CUtensorMap* d0, const CUtensorMap*,
@@ -156,6 +241,7 @@ template <class C>
 struct FormWgrad {
   static constexpr bool kAMN = true, kBMN = true, kMaskK = true;
   using Schedule = KGroupedSchedule<C>;
+  using PairSchedule = KPairSchedule<C>;
   __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
                                                   uint32_t wt, const float (&acc)[C::kAccRegs],
                                                   const CUtensorMap* d0, const CUtensorMap*,
@@ -182,18 +268,25 @@ struct FormWgrad {
 // ------------------------------------------------------------------------------------------------
 // The kernel: one CTA per SM, persistent over the form's schedule.
 // ------------------------------------------------------------------------------------------------
-template <class C, template <class> class FormT>
+template <class C, template <class> class FormT, bool kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                        const __grid_constant__ CUtensorMap map_b_half,
                         const __grid_constant__ CUtensorMap map_d0,
                         const __grid_constant__ CUtensorMap map_d1, const KernelParams p) {
   using Form = FormT<C>;
+  using Schedule = std::conditional_t<kCluster, typename Form::PairSchedule, typename Form::Schedule>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const Smem<C> sm = smem_view<C>(smem_raw);
-  if (threadIdx.x == 0) init_barriers(sm);
-  __syncthreads();
+  if (threadIdx.x == 0) init_barriers(sm, kCluster ? 2u : 1u);
+  if constexpr (kCluster)
+    cluster_sync();  // the partner's barriers are initialised before any remote arrival
+  else
+    __syncthreads();
   const WaitBound wb{p.error, p.wait_limit_ns};
   const uint32_t warp = threadIdx.x / 32u;
+  const uint32_t rank = kCluster ? cluster_ctarank() : 0u;
+  bool shared = false, dummy = false;
 
   if (threadIdx.x < 128) {
     // Producer warpgroup: one thread issues every load.
@@ -203,8 +296,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       prefetch_tensor_map(&map_b);
       PipeState<C> ps;
       Tile t;
-      typename Form::Schedule sched(p);
-      while (sched.next(t)) produce_tile<C, Form::kAMN, Form::kBMN>(sm, ps, t, &map_a, &map_b, wb);
+      Schedule sched(p);
+      while (sched.next(t, shared, dummy))
+        produce_tile<C, Form::kAMN, Form::kBMN, kCluster>(sm, ps, t, &map_a, &map_b, wb, &map_b_half, shared,
+                                                           rank);
+      if constexpr (kCluster) producer_tail(sm, ps, wb);
     }
   } else {
     setmaxnreg_inc<kConsumerRegs>();
@@ -218,13 +314,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     PipeState<C> ps;
     EpiState es;
     Tile t;
-    typename Form::Schedule sched(p);
+    Schedule sched(p);
     Skew<C> skew;
     skew.stages = p.skew_stages;
     float acc[C::kAccRegs];
-    while (sched.next(t)) {
-      mma_tile<C, Form::kAMN, Form::kBMN, Form::kMaskK>(sm, ps, t, cwg, ct, acc, wb, skew);
-      Form::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
+    while (sched.next(t, shared, dummy)) {
+      mma_tile<C, Form::kAMN, Form::kBMN, Form::kMaskK, kCluster>(sm, ps, t, cwg, ct, acc, wb, skew, rank ^ 1u);
+      if (!dummy) Form::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
     }
     epi_finish(wt == 0);
   }

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "common/cuda_check.h"
@@ -11,32 +12,63 @@
 
 namespace mok::gemm::detail {
 
-template <int kBN, template <class> class FormT>
+template <int kBN, template <class> class FormT, bool kCluster>
 void launch_cfg(const Plan& plan, cudaStream_t stream) {
   using C = engine::Cfg<kBN>;
-  auto* kernel = &engine::grouped_gemm_kernel<C, FormT>;
-  // The dynamic shared-memory limit is a per-device function attribute: set it once per device.
+  auto* kernel = &engine::grouped_gemm_kernel<C, FormT, kCluster>;
+  // Per-device function attributes and limits: set/query once per device.
   static std::atomic<unsigned long long> configured{0};
+  static std::atomic<int> max_clusters[64];
   int dev = 0;
   MOK_CUDA_CHECK(cudaGetDevice(&dev));
   const unsigned long long bit = 1ull << (dev & 63);
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[1];
+  cfg.gridDim = dim3(unsigned(plan.grid));
+  cfg.blockDim = dim3(engine::kThreads);
+  cfg.dynamicSmemBytes = C::kSmemBytes;
+  cfg.stream = stream;
+  if constexpr (kCluster) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
   if ((configured.load() & bit) == 0) {
     MOK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         int(C::kSmemBytes)));
+    if constexpr (kCluster) {
+      int n = 0;
+      MOK_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
+      max_clusters[dev & 63].store(n);
+    }
     configured.fetch_or(bit);
   }
-  kernel<<<plan.grid, engine::kThreads, C::kSmemBytes, stream>>>(plan.map_a, plan.map_b, plan.map_d0,
-                                                                  plan.map_d1, plan.params);
-  MOK_CUDA_CHECK(cudaGetLastError());
+  if constexpr (kCluster) {
+    // Every CTA of the persistent grid must be resident: at most the clusters that fit at once.
+    const int fit = 2 * std::max(1, max_clusters[dev & 63].load());
+    cfg.gridDim = dim3(unsigned(std::min(plan.grid, fit)));
+  }
+  MOK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, plan.map_a, plan.map_b, plan.map_b_half, plan.map_d0,
+                                    plan.map_d1, plan.params));
 }
 
 template <template <class> class FormT>
 void launch_form(const Plan& plan, cudaStream_t stream) {
   if (plan.grid == 0) return;
-  if (plan.block_n == 128)
-    launch_cfg<128, FormT>(plan, stream);
-  else
-    launch_cfg<256, FormT>(plan, stream);
+  if (plan.cluster) {
+    if (plan.block_n == 128)
+      launch_cfg<128, FormT, true>(plan, stream);
+    else
+      launch_cfg<256, FormT, true>(plan, stream);
+  } else {
+    if (plan.block_n == 128)
+      launch_cfg<128, FormT, false>(plan, stream);
+    else
+      launch_cfg<256, FormT, false>(plan, stream);
+  }
 }
 
 }  // namespace mok::gemm::detail

@@ -31,6 +31,7 @@ namespace gemm = mok::gemm;
 constexpr double kTol = 1e-2;
 // Tile width the cases below run with (tests set it; 256 unless a test says otherwise).
 int g_block_n = 256;
+bool g_cluster = false;  // 2-CTA clusters with B multicast
 
 // Routed activations [rows, cols]: random in real rows, NaN in padding rows.
 std::vector<uint16_t> routed_input(const Routed& rt, int64_t cols, uint64_t seed) {
@@ -57,6 +58,7 @@ struct Device {
     o.max_ctas = max_ctas;
     o.skew_stages = skew;
     o.block_n = block_n;
+    o.cluster = g_cluster;
     o.error = err.as<unsigned>();
     o.wait_limit_s = 5.0;
     return o;
@@ -376,6 +378,26 @@ TEST(GroupedGemm, BlockNHeuristic) {
   EXPECT_EQ(gemm::choose_block_n(16, 3072, 132), 128);
   // Many waves either way -> 256.
   EXPECT_EQ(gemm::choose_block_n(128, 4096, 132), 256);
+}
+
+TEST(GroupedGemm, ClustersMulticastB) {
+  MOK_REQUIRE_GPUS(1);
+  g_cluster = true;
+  for (int bn : {256, 128}) {
+    g_block_n = bn;
+    // Expert tile runs of odd length (pairs straddle experts: B not shared), an odd tile count
+    // (the last pair has a dummy), zero-row experts, few CTAs (ring wraps) and all SMs.
+    fc1_case({0, 1, 63, 128, 200, 385}, 328, 200, 4, 601);
+    fc1_case({512, 300, 0, 1000, 17}, 1024, 512, 0, 602, 7);
+    plain_case(false, {0, 1, 63, 128, 200, 385}, 200, 328, 6, 603);
+    plain_case(false, {512, 300, 0, 1000, 17}, 1024, 512, 10, 604, 5);
+    plain_case(true, {0, 1, 63, 128, 200, 385}, 328, 200, 4, 605);
+    plain_case(true, {512, 300, 0, 1000, 17}, 1024, 512, 0, 606, 5);
+    wgrad_case({0, 1, 63, 128, 200, 385}, 200, 328, 6, 607);
+    wgrad_case({700, 64, 129}, 512, 768, 0, 608);
+  }
+  g_block_n = 256;
+  g_cluster = false;
 }
 
 }  // namespace
