@@ -116,7 +116,7 @@ if [ "${GEMM_NCU:-0}" = 1 ]; then
     log "ncu rc=$?"
     log "== ncu torch $f"
     # shellcheck disable=SC2086
-    timeout 150 "$NCU" --clock-control none --kernel-name regex:'(?i)gemm|cutlass' --launch-skip 4 --launch-count 1 \
+    timeout 150 "$NCU" --clock-control none --kernel-name regex:'^(?!prepare).*([Gg]emm|cutlass)' --launch-skip 4 --launch-count 1 \
       $SECTIONS python3 bench/gemm/torch_baseline.py --cases /tmp/gemm_mok1.json --only "$f" --no-peak --reps 6 \
       --out /tmp/gemm_ncu_torch.json >>"$OUT/ncu.txt" 2>&1
     log "ncu rc=$?"
