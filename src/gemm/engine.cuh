@@ -193,9 +193,10 @@ __device__ __forceinline__ void producer_tail(const Smem<C>& sm, PipeState<C>& p
 // ------------------------------------------------------------------------------------------------
 template <class C, bool kCluster = false>
 __device__ __forceinline__ void release_stage(const Smem<C>& sm, uint32_t s, uint32_t peer = 0) {
-  if (lane_id() == 0) {
-    mbar_arrive(sm.empty(s));
-    if constexpr (kCluster) mbar_arrive_remote(sm.empty(s), peer);
+  const uint32_t lane = lane_id();
+  if (lane == 0) mbar_arrive(sm.empty(s));
+  if constexpr (kCluster) {
+    if (lane == 1) mbar_arrive_remote(sm.empty(s), peer);  // another lane: no serial fence chain
   }
 }
 

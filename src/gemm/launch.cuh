@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 
 #include "common/cuda_check.h"
 #include "gemm/grouped_gemm.h"
@@ -50,6 +51,9 @@ void launch_cfg(const Plan& plan, cudaStream_t stream) {
     // Every CTA of the persistent grid must be resident: at most the clusters that fit at once.
     const int fit = 2 * std::max(1, max_clusters[dev & 63].load());
     cfg.gridDim = dim3(unsigned(std::min(plan.grid, fit)));
+    static std::atomic<bool> told{false};
+    if (plan.grid > fit && !told.exchange(true))
+      std::fprintf(stderr, "mok gemm: cluster grid limited to %d CTAs (%d asked)\n", fit, plan.grid);
   }
   MOK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, plan.map_a, plan.map_b, plan.map_b_half, plan.map_d0,
                                     plan.map_d1, plan.params));

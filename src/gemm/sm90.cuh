@@ -207,13 +207,16 @@ __device__ __forceinline__ void cluster_sync() {
       "barrier.cluster.wait.acquire.aligned;\n" ::
           : "memory");
 }
-// Arrives on the mbarrier at the same shared-memory offset in CTA `cta` of the cluster.
+// Arrives on the mbarrier at the same shared-memory offset in CTA `cta` of the cluster (default
+// .release.cta semantics, as CUTLASS's cluster barriers: the arrival only signals that this
+// thread's wgmma reads of its own CTA's stage are complete; a .cluster-scope release costs a
+// heavier fence on the consumer's critical path).
 __device__ __forceinline__ void mbar_arrive_remote(uint64_t* local_bar, uint32_t cta) {
   asm volatile(
       "{\n"
       ".reg .b32 ra;\n"
       "mapa.shared::cluster.u32 ra, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n"
       "}\n" ::"r"(smem_addr(local_bar)),
       "r"(cta)
       : "memory");
