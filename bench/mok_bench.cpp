@@ -11,6 +11,9 @@
 #include <string>
 #include <vector>
 
+#ifdef MOK_HAVE_GPU_LAYER
+#include "gpu_layer_bench.h"
+#endif
 #include "mok/errors.hpp"
 #include "mok/reference.hpp"
 #include "mok/workload.hpp"
@@ -32,10 +35,25 @@ constexpr Preset kCpuPresets[] = {
 
 void usage() {
   std::printf(
-      "usage: mok_bench [--preset tiny|small|medium] [--ranks W] [--routing uniform|zipf|...]\n"
-      "                 [--threads N] [--reps N] [--cpu]\n"
-      "Runs the MoE layer benchmark on all visible GPUs; without a GPU (or with --cpu) runs the\n"
-      "CPU reference engine on W simulated ranks.\n");
+      "usage: mok_bench [GPU options] | --cpu [CPU options]\n"
+      "Runs the MoE layer benchmark on all visible GPUs (one EP rank per GPU); without a GPU (or\n"
+      "with --cpu) runs the CPU reference engine on W simulated ranks.\n"
+      "GPU options: --models dsv3,qwen3-30b-a3b,qwen3-235b  --tokens 2048,8192\n"
+      "             --routings uniform,zipf  --iters N (>= 20)  --warmup N  --comm-sms N  --json FILE\n"
+      "CPU options: --preset tiny|small|medium  --ranks W  --routing uniform|zipf|one-expert|\n"
+      "             one-rank|empty-slots  --threads N  --reps N\n");
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  while (b <= s.size()) {
+    const size_t e = s.find(',', b);
+    out.push_back(s.substr(b, e == std::string::npos ? std::string::npos : e - b));
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  return out;
 }
 
 int gpu_count() {
@@ -107,6 +125,8 @@ int main(int argc, char** argv) {
   std::string preset = "medium", routing = "uniform";
   int world = 0, threads = 0, reps = 3;
   bool force_cpu = false;
+  std::string models, tokens, routings, json;
+  int iters = 20, warmup = 5, comm_sms = 16;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -122,6 +142,13 @@ int main(int argc, char** argv) {
     else if (a == "--threads") threads = std::atoi(value().c_str());
     else if (a == "--reps") reps = std::atoi(value().c_str());
     else if (a == "--cpu") force_cpu = true;
+    else if (a == "--models") models = value();
+    else if (a == "--tokens") tokens = value();
+    else if (a == "--routings") routings = value();
+    else if (a == "--iters") iters = std::atoi(value().c_str());
+    else if (a == "--warmup") warmup = std::atoi(value().c_str());
+    else if (a == "--comm-sms") comm_sms = std::atoi(value().c_str());
+    else if (a == "--json") json = value();
     else if (a == "--help" || a == "-h") { usage(); return 0; }
     else { std::fprintf(stderr, "mok_bench: unknown argument '%s'\n", a.c_str()); usage(); return 2; }
   }
@@ -133,14 +160,32 @@ int main(int argc, char** argv) {
     MOK_REQUIRE(reps >= 1, "--reps", "must be >= 1, got ", reps);
     const int gpus = gpu_count();
     if (gpus > 0 && !force_cpu) {
-      std::printf("[mok_bench] %d GPU(s) visible, but the GPU layer is not implemented yet; "
-                  "running the CPU reference engine instead\n", gpus);
+#ifdef MOK_HAVE_GPU_LAYER
+      mok::bench::GpuBenchOptions o;
+      if (!models.empty()) o.models = split_list(models);
+      if (!tokens.empty()) {
+        o.tokens.clear();
+        for (const auto& t : split_list(tokens)) o.tokens.push_back(std::atoll(t.c_str()));
+      }
+      if (!routings.empty()) {
+        o.routings.clear();
+        for (const auto& r : split_list(routings)) o.routings.push_back(mok::routing_from_string(r));
+      }
+      o.iters = iters;
+      o.warmup = warmup;
+      o.comm_sms = comm_sms;
+      o.json = json;
+      return mok::bench::run_gpu_layer_bench(o);
+#else
+      std::printf("[mok_bench] %d GPU(s) visible, but this build has no GPU layer (NCCL or the GEMM "
+                  "engine missing); running the CPU reference engine instead\n", gpus);
+#endif
     } else if (!force_cpu) {
       std::printf("[mok_bench] no GPU visible: running the CPU reference engine on simulated ranks\n");
     }
     if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     return run_cpu(*p, world > 0 ? world : p->world, mok::routing_from_string(routing), threads, reps);
-  } catch (const mok::Error& e) {
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;
   }

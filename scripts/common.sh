@@ -67,3 +67,11 @@ mok_gpu_count() {
     echo 0
   fi
 }
+
+# e.g. "h200x2": the GPU model's last word and the count, for results file names.
+mok_gpu_tag() {
+  local n name
+  n="$(mok_gpu_count)"
+  name="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | awk '{print tolower($NF)}')"
+  echo "${name:-gpu}x$n"
+}

@@ -37,14 +37,10 @@ else
   ctest -L gpu --output-on-failure 2>&1 | tee "$OUT/ctest-gpu.log" | tail -15
 fi
 cd "$ROOT"
-build/device/bench/mok_bench --reps 3 2>&1 | tee "$OUT/mok_bench.log" | tail -4
 gpus="$(nvidia-smi -L | grep -c '^GPU ')"
-gpu_tag="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z' 'a-z' | awk '{print $NF}')x$gpus"
-if [ -x build/device/bench/schedule/schedule_bench ]; then
-  build/device/bench/schedule/schedule_bench "$OUT/schedule-$gpu_tag.json" 2>&1 | tee "$OUT/schedule_bench.log"
+gpu_tag="$(source scripts/common.sh && mok_gpu_tag)"
+if [ -x build/device/bench/schedule/schedule_bench ] && [ "${MOK_SCHEDULE_BENCH:-0}" = 1 ]; then
+  build/device/bench/schedule/schedule_bench "$OUT/schedule-$gpu_tag.json" 2>&1 | tee "$OUT/schedule_bench.log" | tail -14
 fi
-if [ "${MOK_BASELINE:-0}" = 1 ] && [ "$gpus" -ge 1 ]; then
-  PYTHONUNBUFFERED=1 MOK_COMMIT="${MOK_COMMIT:-unknown}" timeout 400 \
-    python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" \
-    bench/baseline/torch_moe_baseline.py --out "$OUT/baseline-$gpu_tag.json" 2>&1 | tee "$OUT/baseline.log" | grep -E "baseline|Error|error" | tail -20
-fi
+# The main job (README's run command): mok vs the PyTorch+NCCL baseline in one run.
+MOK_OUT="$OUT" timeout 900 scripts/run.sh ${MOK_BENCH_ARGS:-} 2>&1 | tee "$OUT/run.log" | grep -vE "^\[mok\] (building|configuring)" | tail -30

@@ -30,7 +30,11 @@ struct Workload {
   std::vector<std::vector<bf16>> d_out;      // per rank [T, H]
 };
 
-Workload make_workload(const LayerShape& shape, Routing routing, uint64_t seed);
+// `parts` selects what to generate: benchmarks at model shapes make weights on the GPU instead
+// (tens of GB at DeepSeek-V3 shapes) and need no d_out for the forward pass.
+enum WorkloadParts : unsigned { kWeights = 1, kGradOutput = 2, kAllParts = 3 };
+Workload make_workload(const LayerShape& shape, Routing routing, uint64_t seed,
+                       unsigned parts = kAllParts);
 
 // Deterministic generator used by make_workload (splitmix64).
 class Rng {

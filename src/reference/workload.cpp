@@ -55,7 +55,7 @@ void draw_distinct(std::vector<int64_t> pool, std::vector<double> weight, int64_
 
 }  // namespace
 
-Workload make_workload(const LayerShape& shape, Routing routing, uint64_t seed) {
+Workload make_workload(const LayerShape& shape, Routing routing, uint64_t seed, unsigned parts) {
   shape.validate();
   Workload wl;
   wl.shape = shape;
@@ -65,12 +65,14 @@ Workload make_workload(const LayerShape& shape, Routing routing, uint64_t seed) 
                 Is = shape.shared_intermediate, e_loc = shape.local_experts();
 
   // Weights ~ N(0, 1/fan_in) keep activations O(1) through both GEMMs.
-  fill_normal(wl.weights.w_gate, E * I * H, 1.0 / std::sqrt(double(H)), rng);
-  fill_normal(wl.weights.w_up, E * I * H, 1.0 / std::sqrt(double(H)), rng);
-  fill_normal(wl.weights.w_down, E * H * I, 1.0 / std::sqrt(double(I)), rng);
-  fill_normal(wl.weights.ws_gate, Is * H, 1.0 / std::sqrt(double(H)), rng);
-  fill_normal(wl.weights.ws_up, Is * H, 1.0 / std::sqrt(double(H)), rng);
-  fill_normal(wl.weights.ws_down, H * Is, 1.0 / std::sqrt(double(std::max<int64_t>(Is, 1))), rng);
+  if (parts & kWeights) {
+    fill_normal(wl.weights.w_gate, E * I * H, 1.0 / std::sqrt(double(H)), rng);
+    fill_normal(wl.weights.w_up, E * I * H, 1.0 / std::sqrt(double(H)), rng);
+    fill_normal(wl.weights.w_down, E * H * I, 1.0 / std::sqrt(double(I)), rng);
+    fill_normal(wl.weights.ws_gate, Is * H, 1.0 / std::sqrt(double(H)), rng);
+    fill_normal(wl.weights.ws_up, Is * H, 1.0 / std::sqrt(double(H)), rng);
+    fill_normal(wl.weights.ws_down, H * Is, 1.0 / std::sqrt(double(std::max<int64_t>(Is, 1))), rng);
+  }
 
   std::vector<int64_t> all(sz(E));
   for (int64_t e = 0; e < E; ++e) all[sz(e)] = e;
@@ -83,7 +85,7 @@ Workload make_workload(const LayerShape& shape, Routing routing, uint64_t seed) 
     const int64_t T = shape.tokens_of(r);
     auto& in = wl.inputs[sz(r)];
     fill_normal(in.x, T * H, 1.0, rng);
-    fill_normal(wl.d_out[sz(r)], T * H, 1.0, rng);
+    if (parts & kGradOutput) fill_normal(wl.d_out[sz(r)], T * H, 1.0, rng);
     in.topk_idx.assign(sz(T * k), -1);
     in.topk_w.assign(sz(T * k), 0.0f);
     for (int64_t t = 0; t < T; ++t) {

@@ -1,0 +1,25 @@
+// mok_bench's GPU mode: the layer on all visible GPUs at the model shapes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mok/workload.hpp"
+
+namespace mok::bench {
+
+struct GpuBenchOptions {
+  std::vector<std::string> models = {"dsv3", "qwen3-30b-a3b", "qwen3-235b"};
+  std::vector<int64_t> tokens = {2048, 8192};
+  std::vector<Routing> routings = {Routing::Uniform, Routing::Zipf};
+  int warmup = 5;
+  int iters = 20;
+  int comm_sms = 16;
+  std::string json;  // results file ("" = none)
+};
+
+// Returns 0 on success; throws mok::Error on bad options or device failures.
+int run_gpu_layer_bench(const GpuBenchOptions& o);
+
+}  // namespace mok::bench
