@@ -40,10 +40,6 @@ void DeviceErrorWord::check(int64_t top_k) {
                   "expert ids must satisfy -1 <= id < E (found on the GPU; the entry was "
                   "treated as an empty slot)",
                   detail::concat("rank ", rank));
-    case DeviceErrorCode::WaitTimeout:
-      throw Error(ErrorKind::Timeout, detail::concat("wait ", d >> 16),
-                  detail::concat("no progress before the deadline (peer ", d & 0xffff, ")"),
-                  detail::concat("rank ", rank));
     default:
       throw Error(ErrorKind::Runtime, "device error word",
                   detail::concat("unknown code ", static_cast<unsigned>(device_error_code(w))),

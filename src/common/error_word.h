@@ -1,8 +1,8 @@
 // mok — the device error word: how a kernel reports a problem without trapping.
 //
-// A kernel that finds bad input (or, in the communication layer, a wait that expired) records
-// the first problem in one 64-bit word and carries on or returns; nothing traps, so the CUDA
-// context stays usable. The host reads the word at its next check (after a synchronization it
+// A kernel that finds bad input records the first problem in one 64-bit word and carries on;
+// nothing traps, so the CUDA context stays usable. (Expired waits have their own, richer record
+// in the communication layer: comm::WaitErrorRecord.) The host reads the word at its next check (after a synchronization it
 // does anyway) and raises a mok::Error that names the problem. The word lives in host-mapped
 // memory, so reading it needs no copy.
 //
@@ -22,7 +22,6 @@ namespace mok {
 enum class DeviceErrorCode : uint32_t {
   None = 0,
   InvalidExpertId = 1,  // detail: flat index t*k + j of the offending topk_idx entry
-  WaitTimeout = 2,      // detail: (wait id << 16) | peer
 };
 
 MOK_ERR_HD uint64_t encode_device_error(DeviceErrorCode code, int rank, uint64_t detail) {

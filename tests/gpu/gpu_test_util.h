@@ -4,7 +4,9 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <vector>
 
 namespace mok::test {
 
@@ -15,6 +17,25 @@ inline int visible_gpus() {
     return 0;
   }
   return n;
+}
+
+// Device copy of `n` host values (at least one element is allocated, so n = 0 is fine).
+template <typename T>
+T* upload(const T* h, size_t n) {
+  T* d = nullptr;
+  EXPECT_EQ(cudaSuccess, cudaMalloc(&d, std::max<size_t>(1, n) * sizeof(T)));
+  if (n) EXPECT_EQ(cudaSuccess, cudaMemcpy(d, h, n * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+template <typename T>
+T* upload(const std::vector<T>& h) {
+  return upload(h.data(), h.size());
+}
+template <typename T>
+std::vector<T> download(const T* d, int64_t n) {
+  std::vector<T> h(static_cast<size_t>(n));
+  if (n > 0) EXPECT_EQ(cudaSuccess, cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
 }
 
 }  // namespace mok::test

@@ -12,18 +12,13 @@
 
 namespace {
 
+using mok::test::download;
+using mok::test::upload;
+
 struct Case {
   int64_t T, k, H;
   bool shared, int64_idx;
 };
-
-template <typename T>
-T* upload(const std::vector<T>& v) {
-  T* d = nullptr;
-  if (cudaMalloc(&d, std::max<size_t>(1, v.size() * sizeof(T))) != cudaSuccess) return nullptr;
-  cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-  return d;
-}
 
 void run_case(const Case& c, bool weighted) {
   mok::Rng rng(1234 + c.T * 7 + c.k);

@@ -14,19 +14,8 @@
 
 namespace {
 
-template <typename T>
-T* upload(const std::vector<T>& h) {
-  T* d = nullptr;
-  EXPECT_EQ(cudaSuccess, cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)));
-  if (!h.empty()) EXPECT_EQ(cudaSuccess, cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
-template <typename T>
-std::vector<T> download(const T* d, size_t n) {
-  std::vector<T> h(n);
-  if (n) EXPECT_EQ(cudaSuccess, cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
+using mok::test::download;
+using mok::test::upload;
 
 // Runs dispatch + combine for every destination rank; `gpu_of(r)` places rank r's buffers.
 void run(const mok::LayerShape& shape, mok::Routing routing, int (*gpu_of)(int), int64_t window) {

@@ -16,13 +16,8 @@
 
 namespace {
 
-template <typename T>
-T* upload(const T* h, size_t n) {
-  T* d = nullptr;
-  EXPECT_EQ(cudaSuccess, cudaMalloc(&d, std::max<size_t>(1, n) * sizeof(T)));
-  if (n) EXPECT_EQ(cudaSuccess, cudaMemcpy(d, h, n * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
+using mok::test::download;
+using mok::test::upload;
 
 struct Case {
   const char* name;

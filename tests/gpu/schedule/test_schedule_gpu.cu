@@ -14,20 +14,8 @@
 
 namespace {
 
-template <typename T>
-std::vector<T> download(const T* d, int64_t n) {
-  std::vector<T> h(static_cast<size_t>(n));
-  if (n > 0) EXPECT_EQ(cudaSuccess, cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-
-template <typename T>
-T* upload(const std::vector<T>& h) {
-  T* d = nullptr;
-  EXPECT_EQ(cudaSuccess, cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)));
-  if (!h.empty()) EXPECT_EQ(cudaSuccess, cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
+using mok::test::download;
+using mok::test::upload;
 
 std::vector<std::span<const int32_t>> spans(const mok::Workload& wl) {
   std::vector<std::span<const int32_t>> s;
