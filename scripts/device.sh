@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: print the environment, build, run the CPU and GPU tests, run the
 # main job. Logs go to $OUT (when set). Usage (from the repo root):
-#   [MOK_TARGETS="t1 t2 ..."] [MOK_COMMIT=<hash>] scripts/device.sh [ctest -R regex]
+#   [MOK_TARGETS="t1 t2 ..."] [MOK_COMMIT=<hash>] [MOK_SKIP_MAIN=1] [MOK_SCHEDULE_BENCH=1]
+#   scripts/device.sh [ctest -R regex]
 # MOK_TARGETS limits the build to those targets (others' unfinished areas cannot break the run);
 # the build keeps going past failures (-k 0) either way.
 set -uo pipefail
@@ -43,4 +44,4 @@ if [ -x build/device/bench/schedule/schedule_bench ] && [ "${MOK_SCHEDULE_BENCH:
   build/device/bench/schedule/schedule_bench "$OUT/schedule-$gpu_tag.json" 2>&1 | tee "$OUT/schedule_bench.log" | tail -14
 fi
 # The main job (README's run command): mok vs the PyTorch+NCCL baseline in one run.
-MOK_OUT="$OUT" timeout 900 scripts/run.sh ${MOK_BENCH_ARGS:-} 2>&1 | tee "$OUT/run.log" | grep -vE "^\[mok\] (building|configuring)" | tail -30
+[ "${MOK_SKIP_MAIN:-0}" = 1 ] || MOK_OUT="$OUT" timeout 900 scripts/run.sh ${MOK_BENCH_ARGS:-} 2>&1 | tee "$OUT/run.log" | grep -vE "^\[mok\] (building|configuring)" | tail -30
