@@ -79,22 +79,30 @@ int choose_block_n(int64_t m_tiles, int64_t n, int sms) {
   return waves128 < waves256 ? 128 : 256;
 }
 
-Plan plan_fc1(const Fc1Args& a, const Options& o) {
-  require_dims(a.hidden, 2 * a.inter, "fc1");
-  MOK_REQUIRE(a.inter % 8 == 0, "fc1.inter", "multiple of 8 (gate/up interleave), got ", a.inter);
-  require_routed(a.tile_expert, a.num_m_tiles, a.experts, "fc1");
-  MOK_REQUIRE(a.x && a.w1p && a.h, "fc1", "x, w1p and h must be given");
+// What every M-grouped plan (FC1, FC2, dgrad) shares: validation of the routed layout, tile
+// counts, grid and FLOPs. The caller adds its form-specific parameters and tensor maps.
+Plan m_grouped_plan(Form form, int64_t k, int64_t n, int64_t experts, const int32_t* tile_expert,
+                    int64_t num_m_tiles, const Options& o, const char* what) {
+  require_dims(k, n, what);
+  require_routed(tile_expert, num_m_tiles, experts, what);
   Plan p;
-  p.form = Form::Fc1SwiGLU;
-  const int64_t rows = a.num_m_tiles * kBlockM, n = 2 * a.inter;
-  p.params.num_m_tiles = static_cast<int32_t>(a.num_m_tiles);
-  pick_block_n(p, o, a.num_m_tiles, n);
-  p.params.k_blocks = static_cast<int32_t>(cdiv(a.hidden, kBlockK));
+  p.form = form;
+  p.params.num_m_tiles = static_cast<int32_t>(num_m_tiles);
+  pick_block_n(p, o, num_m_tiles, n);
+  p.params.k_blocks = static_cast<int32_t>(cdiv(k, kBlockK));
   p.params.n = static_cast<int32_t>(n);
+  p.params.tile_expert = tile_expert;
+  fill_common(p, o, num_m_tiles * p.params.n_tiles, cdiv(num_m_tiles, 2) * p.params.n_tiles);
+  p.padded_flops = 2.0 * double(num_m_tiles * kBlockM) * double(n) * double(k);
+  return p;
+}
+
+Plan plan_fc1(const Fc1Args& a, const Options& o) {
+  MOK_REQUIRE(a.inter % 8 == 0, "fc1.inter", "multiple of 8 (gate/up interleave), got ", a.inter);
+  MOK_REQUIRE(a.x && a.w1p && a.h, "fc1", "x, w1p and h must be given");
+  const int64_t rows = a.num_m_tiles * kBlockM, n = 2 * a.inter;
+  Plan p = m_grouped_plan(Form::Fc1SwiGLU, a.hidden, n, a.experts, a.tile_expert, a.num_m_tiles, o, "fc1");
   p.params.store_gu = a.gu != nullptr;
-  p.params.tile_expert = a.tile_expert;
-  fill_common(p, o, a.num_m_tiles * p.params.n_tiles, cdiv(a.num_m_tiles, 2) * p.params.n_tiles);
-  p.padded_flops = 2.0 * double(rows) * double(n) * double(a.hidden);
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(rows);
   p.map_a = make_map_2d(a.x, u, uint64_t(a.hidden), 128);
@@ -106,19 +114,9 @@ Plan plan_fc1(const Fc1Args& a, const Options& o) {
 }
 
 Plan plan_fc2(const Fc2Args& a, const Options& o) {
-  require_dims(a.k, a.n, "fc2");
-  require_routed(a.tile_expert, a.num_m_tiles, a.experts, "fc2");
   MOK_REQUIRE(a.a && a.w && a.y, "fc2", "a, w and y must be given");
-  Plan p;
-  p.form = Form::Plain;
   const int64_t rows = a.num_m_tiles * kBlockM;
-  p.params.num_m_tiles = static_cast<int32_t>(a.num_m_tiles);
-  pick_block_n(p, o, a.num_m_tiles, a.n);
-  p.params.k_blocks = static_cast<int32_t>(cdiv(a.k, kBlockK));
-  p.params.n = static_cast<int32_t>(a.n);
-  p.params.tile_expert = a.tile_expert;
-  fill_common(p, o, a.num_m_tiles * p.params.n_tiles, cdiv(a.num_m_tiles, 2) * p.params.n_tiles);
-  p.padded_flops = 2.0 * double(rows) * double(a.n) * double(a.k);
+  Plan p = m_grouped_plan(Form::Plain, a.k, a.n, a.experts, a.tile_expert, a.num_m_tiles, o, "fc2");
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(rows);
   p.map_a = make_map_2d(a.a, u, uint64_t(a.k), 128);
@@ -130,19 +128,9 @@ Plan plan_fc2(const Fc2Args& a, const Options& o) {
 }
 
 Plan plan_dgrad(const DgradArgs& a, const Options& o) {
-  require_dims(a.k, a.n, "dgrad");
-  require_routed(a.tile_expert, a.num_m_tiles, a.experts, "dgrad");
   MOK_REQUIRE(a.dy && a.w && a.dx, "dgrad", "dy, w and dx must be given");
-  Plan p;
-  p.form = Form::Dgrad;
   const int64_t rows = a.num_m_tiles * kBlockM;
-  p.params.num_m_tiles = static_cast<int32_t>(a.num_m_tiles);
-  pick_block_n(p, o, a.num_m_tiles, a.n);
-  p.params.k_blocks = static_cast<int32_t>(cdiv(a.k, kBlockK));
-  p.params.n = static_cast<int32_t>(a.n);
-  p.params.tile_expert = a.tile_expert;
-  fill_common(p, o, a.num_m_tiles * p.params.n_tiles, cdiv(a.num_m_tiles, 2) * p.params.n_tiles);
-  p.padded_flops = 2.0 * double(rows) * double(a.n) * double(a.k);
+  Plan p = m_grouped_plan(Form::Dgrad, a.k, a.n, a.experts, a.tile_expert, a.num_m_tiles, o, "dgrad");
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(rows);
   p.map_a = make_map_2d(a.dy, u, uint64_t(a.k), 128);
