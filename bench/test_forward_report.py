@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""Tests forward_report.py and plot_forward.py on synthetic results files.
+
+usage: python3 bench/test_forward_report.py   (plain unittest; the plot tests are skipped when
+matplotlib is not installed)
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPORT = os.path.join(HERE, "forward_report.py")
+PLOT = os.path.join(HERE, "plot_forward.py")
+HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def mok_case(model, t, routing, ms, comm_sms=16, minibatch=1920):
+    return {"model": model, "T": t, "routing": routing, "variant": "megakernel", "mok_ms": ms,
+            "mok_tflops": 1000.0 / ms, "comm_sms": comm_sms, "minibatch_tokens": minibatch,
+            "check_rel_err": 0.001}
+
+
+def ablation_entry(model, t, routing, variant, comm_sms, minibatch, ms, macrobatch=8192):
+    return {"model": model, "T": t, "routing": routing, "variant": variant, "comm_sms": comm_sms,
+            "minibatch_tokens": minibatch, "macrobatch_tokens": macrobatch, "ms": ms,
+            "tflops": 1000.0 / ms}
+
+
+def synthetic_mok(with_ablation=True):
+    doc = {"device": "NVIDIA H200", "gpus": 2, "date": "2026-12-01T00:00:00Z", "commit": "abc1234",
+           "ep": 2, "what": "mok forward (synthetic)",
+           "cases": [mok_case("dsv3", 2048, "uniform", 4.0),
+                     mok_case("qwen3-30b-a3b", 8192, "zipf", 2.0, minibatch=4992)]}
+    if with_ablation:
+        doc["ablation"] = [
+            # dsv3: a comm SM sweep and a minibatch sweep of the megakernel, plus the unfused path
+            ablation_entry("dsv3", 2048, "uniform", "megakernel", 8, 1920, 5.0),
+            ablation_entry("dsv3", 2048, "uniform", "megakernel", 16, 1920, 4.0),
+            ablation_entry("dsv3", 2048, "uniform", "megakernel", 24, 1920, 4.5),
+            ablation_entry("dsv3", 2048, "uniform", "megakernel", 16, 960, 4.4),
+            ablation_entry("dsv3", 2048, "uniform", "unfused", 16, 1920, 6.0),
+            # qwen3: no entry at the default point for "unfused" (panel b falls back to the best)
+            ablation_entry("qwen3-30b-a3b", 8192, "zipf", "megakernel", 16, 4992, 2.0),
+            ablation_entry("qwen3-30b-a3b", 8192, "zipf", "unfused", 32, 2496, 3.0),
+            # a case the baseline did not run: no baseline fields expected
+            ablation_entry("qwen3-235b", 2048, "uniform", "megakernel", 16, 2560, 1.5),
+        ]
+    return doc
+
+
+def synthetic_baseline():
+    return {"device": "NVIDIA H200", "gpus": 2, "date": "2026-12-01T00:00:01Z", "commit": "abc1234",
+            "what": "torch baseline (synthetic)", "torch": "2.x", "nccl": "2.28.9",
+            "cases": [{"model": "dsv3", "T": 2048, "routing": "uniform", "baseline_ms": 8.0,
+                       "baseline_tflops": 500.0, "ep": 2},
+                      {"model": "qwen3-30b-a3b", "T": 8192, "routing": "zipf", "baseline_ms": 5.0,
+                       "baseline_tflops": 400.0, "ep": 2}]}
+
+
+class ForwardReportTest(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory()
+        self.tmp = self._tmp.name
+
+    def tearDown(self):
+        self._tmp.cleanup()
+
+    def write(self, name, doc):
+        path = os.path.join(self.tmp, name)
+        with open(path, "w") as f:
+            if isinstance(doc, str):
+                f.write(doc)
+            else:
+                json.dump(doc, f)
+        return path
+
+    def report(self, mok, baseline):
+        """Runs forward_report.py; `baseline` is a document, a raw string, or None (no file)."""
+        mok_path = self.write("mok.json", mok)
+        base_path = (os.path.join(self.tmp, "missing-baseline.json") if baseline is None
+                     else self.write("baseline.json", baseline))
+        out_path = os.path.join(self.tmp, "forward.json")
+        run = subprocess.run([sys.executable, REPORT, mok_path, base_path, out_path],
+                             capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        with open(out_path) as f:
+            return json.load(f), run
+
+    def test_join_and_ablation(self):
+        mok = synthetic_mok()
+        out, run = self.report(mok, synthetic_baseline())
+        self.assertEqual(out["commit"], "abc1234")
+        self.assertEqual(out["baseline_torch"], "2.x")
+        # cases: joined as before, "variant" carried through
+        self.assertEqual(out["cases"][0]["variant"], "megakernel")
+        self.assertAlmostEqual(out["cases"][0]["baseline_ms"], 8.0)
+        self.assertAlmostEqual(out["cases"][0]["speedup"], 2.0)
+        self.assertAlmostEqual(out["cases"][1]["speedup"], 2.5)
+        # ablation: same entries, same order, mok's fields unchanged
+        self.assertEqual(len(out["ablation"]), len(mok["ablation"]))
+        for got, want in zip(out["ablation"], mok["ablation"]):
+            self.assertEqual({k: got[k] for k in want}, want)
+        # baseline_ms / speedup where the baseline ran the same (model, T, routing) ...
+        unfused = out["ablation"][4]
+        self.assertAlmostEqual(unfused["baseline_ms"], 8.0)
+        self.assertAlmostEqual(unfused["speedup"], 8.0 / 6.0)
+        self.assertAlmostEqual(out["ablation"][6]["speedup"], 5.0 / 3.0)
+        # ... and nowhere else
+        self.assertNotIn("baseline_ms", out["ablation"][7])
+        self.assertNotIn("speedup", out["ablation"][7])
+        # the ablation table: a header, and "vs best" relative to the group's fastest entry
+        self.assertIn("vs best", run.stdout)
+        self.assertIn("| dsv3 | 2048 | uniform | unfused | 16 | 1920 | 8192 | 6.000 | 167 | 1.33x | 1.50x |",
+                      run.stdout)
+
+    def test_no_ablation_gives_empty_list(self):
+        out, run = self.report(synthetic_mok(with_ablation=False), synthetic_baseline())
+        self.assertEqual(out["ablation"], [])
+        self.assertNotIn("vs best", run.stdout)
+        self.assertAlmostEqual(out["cases"][0]["speedup"], 2.0)
+
+    def check_without_baseline(self, baseline):
+        out, run = self.report(synthetic_mok(), baseline)
+        self.assertIn("baseline", run.stderr)
+        self.assertNotIn("baseline_torch", out)
+        for entry in out["cases"] + out["ablation"]:
+            self.assertNotIn("baseline_ms", entry)
+            self.assertNotIn("speedup", entry)
+        self.assertEqual(len(out["ablation"]), 8)
+        self.assertAlmostEqual(out["cases"][0]["mok_ms"], 4.0)
+
+    def test_missing_baseline(self):
+        self.check_without_baseline(None)
+
+    def test_empty_baseline(self):
+        self.check_without_baseline("")
+
+    def plot(self, doc):
+        forward = self.write("forward-in.json", doc)
+        png = os.path.join(self.tmp, "forward.png")
+        run = subprocess.run([sys.executable, PLOT, forward, png], capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        with open(png, "rb") as f:
+            data = f.read()
+        self.assertTrue(data.startswith(PNG_SIGNATURE))
+        self.assertGreater(len(data), 1000)
+
+    @unittest.skipUnless(HAVE_MATPLOTLIB, "matplotlib is not installed")
+    def test_plot_with_ablation(self):
+        out, _ = self.report(synthetic_mok(), synthetic_baseline())
+        self.plot(out)
+
+    @unittest.skipUnless(HAVE_MATPLOTLIB, "matplotlib is not installed")
+    def test_plot_old_file_and_no_baseline(self):
+        out, _ = self.report(synthetic_mok(with_ablation=False), synthetic_baseline())
+        del out["ablation"]  # files written before the ablation existed
+        self.plot(out)
+        out, _ = self.report(synthetic_mok(), None)
+        self.plot(out)
+
+    def test_plot_without_matplotlib_exits_2(self):
+        # Hide matplotlib from the import system whether or not it is installed.
+        hide = ("import runpy, sys; sys.modules['matplotlib'] = None; "
+                f"sys.argv = [{PLOT!r}, 'in.json', 'out.png']; runpy.run_path({PLOT!r}, run_name='__main__')")
+        run = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True, cwd=self.tmp)
+        self.assertEqual(run.returncode, 2, run.stderr)
+        self.assertIn("pip install matplotlib", run.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
