@@ -1,6 +1,9 @@
 // mok_bench's GPU mode: the GPU layer on every visible GPU (one EP rank each, one process), at
 // the model shapes, after a sampled check against the spec's arithmetic. Timing: per iteration
 // the slowest rank's CUDA-event time of one forward(); the median over iterations is reported.
+// Ablation variants (other path, comm SMs, minibatch, ring size) run on the same inputs, and their
+// sampled outputs must equal the main variant's bit for bit (the layer is deterministic and its
+// results do not depend on how the work is split).
 #include "gpu_layer_bench.h"
 
 #include <cuda_runtime.h>
@@ -36,6 +39,45 @@ struct RankWeights {
   void* up = nullptr;
   void* down = nullptr;
 };
+
+struct Variant {
+  std::string name;
+  Config cfg;
+};
+
+// The variants measured at one shape: the main one first.
+std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& shape) {
+  Config main;
+  main.forward_path = o.path;
+  main.fwd_comm_sms = o.comm_sms;
+  std::vector<Variant> v{{to_string(o.path), main}};
+  if (!o.ablation) return v;
+  Config other = main;
+  other.forward_path = o.path == ForwardPath::Megakernel ? ForwardPath::Unfused : ForwardPath::Megakernel;
+  v.push_back({to_string(other.forward_path), other});
+  Config mk = main;
+  mk.forward_path = ForwardPath::Megakernel;
+  for (int sms : {4, 8, 32}) {
+    if (sms == o.comm_sms) continue;
+    Config c = mk;
+    c.fwd_comm_sms = sms;
+    v.push_back({"megakernel", c});
+  }
+  const int64_t mb = mk.resolved_minibatch(shape);
+  for (int64_t m : {std::max<int64_t>(128, mb / 2 / 128 * 128), 2 * mb}) {
+    if (m == mb) continue;
+    Config c = mk;
+    c.minibatch_tokens = m;
+    v.push_back({"megakernel", c});
+  }
+  if (4 * mb < shape.worst_case_rows()) {
+    Config c = mk;
+    c.minibatch_tokens = mb;
+    c.macrobatch_tokens = 4 * mb;
+    v.push_back({"megakernel-ring4", c});
+  }
+  return v;
+}
 
 // The spec's arithmetic (include/mok/reference.hpp) for one token, fp32 sums in order.
 std::vector<float> expected_token(const Model& m, const std::vector<RankWeights>& w, int64_t e_loc,
@@ -90,15 +132,15 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
   MOK_REQUIRE(o.iters >= 20, "--iters", "at least 20 timed iterations are required, got ", o.iters);
   std::vector<int> devices(static_cast<size_t>(W));
   for (int g = 0; g < W; ++g) devices[static_cast<size_t>(g)] = g;
-  Config cfg;
-  cfg.fwd_comm_sms = o.comm_sms;
   comm::CommOptions copt;
-  copt.config = cfg;
-  std::printf("[mok_bench] GPU layer (unfused path) on %d x %s, EP %d, %d comm SMs, %d warm-up + %d timed iterations\n",
-              W, device_name().c_str(), W, o.comm_sms, o.warmup, o.iters);
+  copt.config.fwd_comm_sms = o.comm_sms;
+  std::printf("[mok_bench] GPU layer (%s) on %d x %s, EP %d, %d comm SMs, %d warm-up + %d timed iterations%s\n",
+              to_string(o.path), W, device_name().c_str(), W, o.comm_sms, o.warmup, o.iters,
+              o.ablation ? ", with ablation variants" : "");
   auto group = comm::LocalGroup::create(devices, copt);
-  std::string cases;
-  std::printf("| model | T/rank | routing | check rel err | mok ms (slowest rank, median) | TFLOP/s per GPU |\n|---|---|---|---|---|---|\n");
+  std::string cases, ablation;
+  std::printf("| model | T/rank | routing | variant | comm SMs | minibatch | ring | check | mok ms (slowest rank, median) | TFLOP/s per GPU |\n"
+              "|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& name : o.models) {
     const Model* m = nullptr;
     for (const auto& c : kModels)
@@ -122,86 +164,113 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
       for (Routing routing : o.routings) {
         const LayerShape shape = LayerShape::uniform(W, T, H, I, m->E, k, 0);
         const Workload wl = make_workload(shape, routing, 2026 + static_cast<uint64_t>(T), 0);
-        std::vector<std::vector<double>> ms(static_cast<size_t>(W));
-        std::vector<std::vector<bf16>> sampled(static_cast<size_t>(W));
         const int64_t samples[2] = {0, T / 2 + 1};
-        group.run([&](comm::Communicator& c, size_t r) {
-          const auto& in = wl.inputs[r];
-          void *x = nullptr, *idx = nullptr, *w = nullptr, *out = nullptr;
-          MOK_CUDA_CHECK(cudaMalloc(&x, in.x.size() * 2));
-          MOK_CUDA_CHECK(cudaMalloc(&idx, in.topk_idx.size() * 4));
-          MOK_CUDA_CHECK(cudaMalloc(&w, in.topk_w.size() * 4));
-          MOK_CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(T * H) * 2));
-          MOK_CUDA_CHECK(cudaMemcpy(x, in.x.data(), in.x.size() * 2, cudaMemcpyHostToDevice));
-          MOK_CUDA_CHECK(cudaMemcpy(idx, in.topk_idx.data(), in.topk_idx.size() * 4, cudaMemcpyHostToDevice));
-          MOK_CUDA_CHECK(cudaMemcpy(w, in.topk_w.data(), in.topk_w.size() * 4, cudaMemcpyHostToDevice));
-          const RankWeights& rw = weights[r];
-          DeviceWeights dw{rw.gate, rw.up, rw.down, nullptr, nullptr, nullptr};
-          Layer layer(c, shape, cfg, dw);
-          RoutingRefs refs{TensorRef::contiguous(x, DType::BF16, {T, H}),
-                           TensorRef::contiguous(idx, DType::I32, {T, k}),
-                           TensorRef::contiguous(w, DType::F32, {T, k})};
-          cudaStream_t s = c.stream();
-          MOK_CUDA_CHECK(cudaMemsetAsync(out, 0xff, static_cast<size_t>(T * H) * 2, s));  // poison
-          layer.forward(refs, out, s);
-          MOK_CUDA_CHECK(cudaStreamSynchronize(s));
-          layer.check();
-          for (int64_t t : samples) {
-            const size_t at = sampled[r].size();
-            sampled[r].resize(at + static_cast<size_t>(H));
-            MOK_CUDA_CHECK(cudaMemcpy(sampled[r].data() + at, static_cast<bf16*>(out) + t * H, H * 2, cudaMemcpyDeviceToHost));
-          }
-          std::vector<cudaEvent_t> ev(static_cast<size_t>(2 * (o.warmup + o.iters)));
-          for (auto& e : ev) MOK_CUDA_CHECK(cudaEventCreate(&e));
-          for (int it = 0; it < o.warmup + o.iters; ++it) {
-            MOK_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(2 * it)], s));
+        const double flops = 2.0 * double(T) * double(k) * 3.0 * double(H) * double(I);  // per GPU
+        std::vector<std::vector<bf16>> main_sampled;
+        double rel = 0;
+        for (const Variant& var : variants_for(o, shape)) {
+          const Config& cfg = var.cfg;
+          std::vector<std::vector<double>> ms(static_cast<size_t>(W));
+          std::vector<std::vector<bf16>> sampled(static_cast<size_t>(W));
+          group.run([&](comm::Communicator& c, size_t r) {
+            const auto& in = wl.inputs[r];
+            void *x = nullptr, *idx = nullptr, *w = nullptr, *out = nullptr;
+            MOK_CUDA_CHECK(cudaMalloc(&x, in.x.size() * 2));
+            MOK_CUDA_CHECK(cudaMalloc(&idx, in.topk_idx.size() * 4));
+            MOK_CUDA_CHECK(cudaMalloc(&w, in.topk_w.size() * 4));
+            MOK_CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(T * H) * 2));
+            MOK_CUDA_CHECK(cudaMemcpy(x, in.x.data(), in.x.size() * 2, cudaMemcpyHostToDevice));
+            MOK_CUDA_CHECK(cudaMemcpy(idx, in.topk_idx.data(), in.topk_idx.size() * 4, cudaMemcpyHostToDevice));
+            MOK_CUDA_CHECK(cudaMemcpy(w, in.topk_w.data(), in.topk_w.size() * 4, cudaMemcpyHostToDevice));
+            const RankWeights& rw = weights[r];
+            DeviceWeights dw{rw.gate, rw.up, rw.down, nullptr, nullptr, nullptr};
+            Layer layer(c, shape, cfg, dw);
+            RoutingRefs refs{TensorRef::contiguous(x, DType::BF16, {T, H}),
+                             TensorRef::contiguous(idx, DType::I32, {T, k}),
+                             TensorRef::contiguous(w, DType::F32, {T, k})};
+            cudaStream_t s = c.stream();
+            MOK_CUDA_CHECK(cudaMemsetAsync(out, 0xff, static_cast<size_t>(T * H) * 2, s));  // poison
             layer.forward(refs, out, s);
-            MOK_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(2 * it + 1)], s));
-          }
-          MOK_CUDA_CHECK(cudaStreamSynchronize(s));
-          layer.check();
-          for (int it = o.warmup; it < o.warmup + o.iters; ++it) {
-            float e = 0;
-            MOK_CUDA_CHECK(cudaEventElapsedTime(&e, ev[static_cast<size_t>(2 * it)], ev[static_cast<size_t>(2 * it + 1)]));
-            ms[r].push_back(e);
-          }
-          for (auto& e : ev) cudaEventDestroy(e);
-          for (void* p : {x, idx, w, out}) cudaFree(p);
-        });
-        // Sampled check against the spec's arithmetic (2 tokens per rank, all their experts).
-        double num = 0, den = 0;
-        std::map<int64_t, std::vector<float>> cache;
-        for (int r = 0; r < W; ++r) {
-          const auto& in = wl.inputs[static_cast<size_t>(r)];
-          for (int q = 0; q < 2; ++q) {
-            const int64_t t = samples[q];
-            std::vector<float> xv(static_cast<size_t>(H));
-            for (int64_t c = 0; c < H; ++c) xv[c] = float(in.x[t * H + c]);
-            const auto want = expected_token(*m, weights, e_loc, xv, &in.topk_idx[t * k], &in.topk_w[t * k], cache);
-            for (int64_t c = 0; c < H; ++c) {
-              const double a = float(sampled[r][q * H + c]), b = want[c];
-              num += std::isnan(a) ? INFINITY : (a - b) * (a - b);
-              den += b * b;
+            MOK_CUDA_CHECK(cudaStreamSynchronize(s));
+            layer.check();
+            for (int64_t t : samples) {
+              const size_t at = sampled[r].size();
+              sampled[r].resize(at + static_cast<size_t>(H));
+              MOK_CUDA_CHECK(cudaMemcpy(sampled[r].data() + at, static_cast<bf16*>(out) + t * H, H * 2, cudaMemcpyDeviceToHost));
             }
+            std::vector<cudaEvent_t> ev(static_cast<size_t>(2 * (o.warmup + o.iters)));
+            for (auto& e : ev) MOK_CUDA_CHECK(cudaEventCreate(&e));
+            for (int it = 0; it < o.warmup + o.iters; ++it) {
+              MOK_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(2 * it)], s));
+              layer.forward(refs, out, s);
+              MOK_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(2 * it + 1)], s));
+            }
+            MOK_CUDA_CHECK(cudaStreamSynchronize(s));
+            layer.check();
+            for (int it = o.warmup; it < o.warmup + o.iters; ++it) {
+              float e = 0;
+              MOK_CUDA_CHECK(cudaEventElapsedTime(&e, ev[static_cast<size_t>(2 * it)], ev[static_cast<size_t>(2 * it + 1)]));
+              ms[r].push_back(e);
+            }
+            for (auto& e : ev) cudaEventDestroy(e);
+            for (void* p : {x, idx, w, out}) cudaFree(p);
+          });
+          std::string check;
+          if (main_sampled.empty()) {
+            // Sampled check against the spec's arithmetic (2 tokens per rank, all their experts).
+            double num = 0, den = 0;
+            std::map<int64_t, std::vector<float>> cache;
+            for (int r = 0; r < W; ++r) {
+              const auto& in = wl.inputs[static_cast<size_t>(r)];
+              for (int q = 0; q < 2; ++q) {
+                const int64_t t = samples[q];
+                std::vector<float> xv(static_cast<size_t>(H));
+                for (int64_t c = 0; c < H; ++c) xv[c] = float(in.x[t * H + c]);
+                const auto want = expected_token(*m, weights, e_loc, xv, &in.topk_idx[t * k], &in.topk_w[t * k], cache);
+                for (int64_t c = 0; c < H; ++c) {
+                  const double a = float(sampled[r][q * H + c]), b = want[c];
+                  num += std::isnan(a) ? INFINITY : (a - b) * (a - b);
+                  den += b * b;
+                }
+              }
+            }
+            rel = std::sqrt(num / std::max(den, 1e-30));
+            MOK_REQUIRE(rel < 1e-2, "GPU layer check", "sampled outputs must match the spec within 1e-2 (",
+                        m->name, " T=", T, " ", to_string(routing), ": rel err ", rel, ")");
+            main_sampled = sampled;
+            char buf[32];
+            std::snprintf(buf, sizeof buf, "rel %.1e", rel);
+            check = buf;
+          } else {
+            int64_t differ = 0;
+            for (int r = 0; r < W; ++r)
+              for (size_t i = 0; i < sampled[r].size(); ++i) differ += sampled[r][i].bits != main_sampled[r][i].bits;
+            MOK_REQUIRE(differ == 0, "GPU layer check", "every variant must give the main variant's bits (",
+                        m->name, " T=", T, " ", to_string(routing), " ", var.name, ": ", differ, " values differ)");
+            check = "bitwise";
+          }
+          std::vector<double> slowest(static_cast<size_t>(o.iters), 0.0);
+          for (int r = 0; r < W; ++r)
+            for (int it = 0; it < o.iters; ++it) slowest[it] = std::max(slowest[it], ms[r][it]);
+          const double t_ms = median(slowest);
+          const double tflops = flops / (t_ms * 1e-3) / 1e12;
+          const int64_t mb = cfg.resolved_minibatch(shape), ring = cfg.resolved_macrobatch(shape);
+          std::printf("| %s | %lld | %s | %s | %d | %lld | %lld | %s | %.3f | %.0f |\n", m->name, (long long)T,
+                      to_string(routing), var.name.c_str(), cfg.fwd_comm_sms, (long long)mb, (long long)ring,
+                      check.c_str(), t_ms, tflops);
+          std::fflush(stdout);
+          const std::string key = "{\"model\": \"" + std::string(m->name) + "\", \"T\": " + std::to_string(T) +
+                                  ", \"routing\": \"" + to_string(routing) + "\", \"variant\": \"" + var.name + "\"";
+          const std::string knobs = ", \"comm_sms\": " + std::to_string(cfg.fwd_comm_sms) + ", \"minibatch_tokens\": " +
+                                    std::to_string(mb) + ", \"macrobatch_tokens\": " + std::to_string(ring);
+          if (!ablation.empty()) ablation += ",\n    ";
+          ablation += key + knobs + ", \"ms\": " + std::to_string(t_ms) + ", \"tflops\": " + std::to_string(tflops) + "}";
+          if (check.rfind("rel", 0) == 0) {  // the main variant (checked against the spec)
+            if (!cases.empty()) cases += ",\n    ";
+            cases += key + ", \"mok_ms\": " + std::to_string(t_ms) + ", \"mok_tflops\": " + std::to_string(tflops) +
+                     knobs + ", \"check_rel_err\": " + std::to_string(rel) + "}";
           }
         }
-        const double rel = std::sqrt(num / std::max(den, 1e-30));
-        MOK_REQUIRE(rel < 1e-2, "GPU layer check", "sampled outputs must match the spec within 1e-2 (",
-                    m->name, " T=", T, " ", to_string(routing), ": rel err ", rel, ")");
-        std::vector<double> slowest(static_cast<size_t>(o.iters), 0.0);
-        for (int r = 0; r < W; ++r)
-          for (int it = 0; it < o.iters; ++it) slowest[it] = std::max(slowest[it], ms[r][it]);
-        const double t_ms = median(slowest);
-        const double flops = 2.0 * double(T) * double(k) * 3.0 * double(H) * double(I);  // per GPU
-        const double tflops = flops / (t_ms * 1e-3) / 1e12;
-        std::printf("| %s | %lld | %s | %.1e | %.3f | %.0f |\n", m->name, (long long)T, to_string(routing), rel, t_ms, tflops);
-        std::fflush(stdout);
-        if (!cases.empty()) cases += ",\n    ";
-        cases += "{\"model\": \"" + std::string(m->name) + "\", \"T\": " + std::to_string(T) +
-                 ", \"routing\": \"" + to_string(routing) + "\", \"variant\": \"unfused\", \"mok_ms\": " +
-                 std::to_string(t_ms) + ", \"mok_tflops\": " + std::to_string(tflops) +
-                 ", \"comm_sms\": " + std::to_string(o.comm_sms) + ", \"minibatch_tokens\": " +
-                 std::to_string(cfg.resolved_minibatch(shape)) + ", \"check_rel_err\": " + std::to_string(rel) + "}";
       }
     }
     group.run([&](comm::Communicator&, size_t r) {
@@ -213,8 +282,10 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
   if (!o.json.empty()) {
     std::ofstream f(o.json);
     f << "{" << json_meta(W) << ", \"ep\": " << W
-      << ", \"what\": \"mok GPU layer forward (unfused path), slowest rank per iteration, median of "
-      << o.iters << " after " << o.warmup << " warm-up\", \"cases\": [\n    " << cases << "\n  ]}\n";
+      << ", \"what\": \"mok GPU layer forward (" << to_string(o.path)
+      << "), slowest rank per iteration, median of " << o.iters << " after " << o.warmup
+      << " warm-up; ablation variants checked bitwise against the main one\", \"cases\": [\n    " << cases
+      << "\n  ], \"ablation\": [\n    " << ablation << "\n  ]}\n";
     std::printf("[mok_bench] wrote %s\n", o.json.c_str());
   }
   return 0;

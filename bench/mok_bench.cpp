@@ -127,6 +127,8 @@ int main(int argc, char** argv) {
   bool force_cpu = false;
   std::string models, tokens, routings, json;
   int iters = 20, warmup = 5, comm_sms = 16;
+  std::string path = "megakernel";
+  bool ablation = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -149,6 +151,8 @@ int main(int argc, char** argv) {
     else if (a == "--warmup") warmup = std::atoi(value().c_str());
     else if (a == "--comm-sms") comm_sms = std::atoi(value().c_str());
     else if (a == "--json") json = value();
+    else if (a == "--path") path = value();
+    else if (a == "--no-ablation") ablation = false;
     else if (a == "--help" || a == "-h") { usage(); return 0; }
     else { std::fprintf(stderr, "mok_bench: unknown argument '%s'\n", a.c_str()); usage(); return 2; }
   }
@@ -174,6 +178,9 @@ int main(int argc, char** argv) {
       o.iters = iters;
       o.warmup = warmup;
       o.comm_sms = comm_sms;
+      MOK_REQUIRE(path == "megakernel" || path == "unfused", "--path", "must be megakernel or unfused, got '", path, "'");
+      o.path = path == "megakernel" ? mok::ForwardPath::Megakernel : mok::ForwardPath::Unfused;
+      o.ablation = ablation;
       o.json = json;
       return mok::bench::run_gpu_layer_bench(o);
 #else

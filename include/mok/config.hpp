@@ -48,7 +48,13 @@ struct LayerShape {
                             int64_t shared_intermediate = 0);
 };
 
+// How the GPU layer runs the forward: the persistent megakernel, or the unfused sequence of
+// kernels (pull dispatch, grouped FC1, grouped FC2, push combine) kept as baseline and fallback.
+enum class ForwardPath { Megakernel, Unfused };
+const char* to_string(ForwardPath p);
+
 struct Config {
+  ForwardPath forward_path = ForwardPath::Megakernel;  // GPU layer only (the CPU reference ignores it)
   int fwd_comm_sms = 16;             // CTAs (one per SM) that move tokens in the forward kernel
   int bwd_comm_sms = 16;             // same for the backward kernel
   int64_t minibatch_tokens = 0;      // routed rows per minibatch; 0 = choose from the shape

@@ -17,6 +17,10 @@ bool fits_int32(int64_t a, int64_t b) { return a == 0 || b <= kInt32Max / a; }
 constexpr int kDefaultSmCount = 132;
 }  // namespace
 
+const char* to_string(ForwardPath p) {
+  return p == ForwardPath::Megakernel ? "megakernel" : "unfused";
+}
+
 const char* to_string(Precision p) {
   switch (p) {
     case Precision::BF16: return "bf16";

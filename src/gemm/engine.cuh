@@ -234,10 +234,17 @@ struct Skew {
   }
 };
 
-template <class C, bool kAMN, bool kBMN, bool kMaskK, bool kCluster = false>
+// Called once per tile, right after the first K block's MMAs were issued (they run
+// asynchronously): a megakernel uses it to publish the previous tile's completion off the
+// critical path.
+struct NoHook {
+  __device__ __forceinline__ void operator()() const {}
+};
+
+template <class C, bool kAMN, bool kBMN, bool kMaskK, bool kCluster = false, class Hook = NoHook>
 __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg,
                                          uint32_t ct, float (&acc)[C::kAccRegs], const WaitBound& wb,
-                                         Skew<C>& skew, uint32_t peer = 0) {
+                                         Skew<C>& skew, uint32_t peer = 0, const Hook& on_first_block = Hook{}) {
   const bool staggered = skew.applies(t);
   uint64_t* skew_bar = sm.skew(skew.tiles & 1u);
   const uint32_t skew_parity = (skew.tiles >> 1) & 1u;
@@ -271,6 +278,7 @@ __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, co
       wgmma_bf16<C::kBlockN, kAMN ? 1 : 0, kBMN ? 1 : 0>(acc, da, db, (kb > 0 || k16 > 0) ? 1u : 0u);
     }
     wgmma_commit();
+    if (kb == 0) on_first_block();
     fence_operands(acc);
     wgmma_wait<1>();  // the previous block's group is done: its stage can be refilled
     fence_operands(acc);
@@ -386,6 +394,72 @@ __device__ __forceinline__ void write_chunk_swiglu(uint8_t* buf, const float (&a
     }
     stmatrix_x4(stmatrix_addr(base, wt, q), r[0], r[1], r[2], r[3]);
   }
+}
+
+
+// ------------------------------------------------------------------------------------------------
+// Whole-tile epilogues (one consumer warpgroup: rows 64*cwg .. 64*cwg+63 of the tile)
+// ------------------------------------------------------------------------------------------------
+// FC1: the gate/up pre-activations (bf16, packed order) to `gu` at gu_row (skipped when gu is
+// null) and h = silu(g) * u to `h` at h_row. The two outputs may live at different rows (the
+// megakernel keeps gu for every routed row but h only in the ring). b_n: first packed column of
+// the tile; n: packed width 2I. Order gu0, gu1, h0, gu2, gu3, h1: h chunk j reads accumulator
+// blocks 16j..16j+15 (= gu chunks 2j, 2j+1), so the first half of the accumulators dies halfway.
+template <class C>
+__device__ __forceinline__ void epilogue_fc1(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
+                                             const float (&acc)[C::kAccRegs], const CUtensorMap* gu,
+                                             int32_t gu_row, const CUtensorMap* h, int32_t h_row,
+                                             int32_t b_n, int32_t n) {
+  const bool leader = wt == 0;
+  gu_row += 64 * cwg;
+  h_row += 64 * cwg;
+  const int32_t h0 = b_n / 2;
+#define MOK_FC1_GU_CHUNK(CH)                                                 \
+  if constexpr ((CH) < C::kChunks) {                                         \
+    if (gu != nullptr && b_n + 64 * (CH) < n) {                              \
+      uint8_t* buf = epi_begin(sm, cwg, es, leader);                         \
+      write_chunk_bf16<8 * (CH)>(buf, acc, wt);                              \
+      epi_end_2d(buf, cwg, es, leader, gu, b_n + 64 * (CH), gu_row);         \
+    }                                                                        \
+  }
+#define MOK_FC1_H_CHUNK(J)                                                   \
+  if constexpr (2 * (J) < C::kChunks) {                                      \
+    if (h0 + 64 * (J) < n / 2) {                                             \
+      uint8_t* buf = epi_begin(sm, cwg, es, leader);                         \
+      write_chunk_swiglu<8 * (J)>(buf, acc, wt);                             \
+      epi_end_2d(buf, cwg, es, leader, h, h0 + 64 * (J), h_row);             \
+    }                                                                        \
+  }
+  MOK_FC1_GU_CHUNK(0)
+  MOK_FC1_GU_CHUNK(1)
+  MOK_FC1_H_CHUNK(0)
+  MOK_FC1_GU_CHUNK(2)
+  MOK_FC1_GU_CHUNK(3)
+  MOK_FC1_H_CHUNK(1)
+#undef MOK_FC1_GU_CHUNK
+#undef MOK_FC1_H_CHUNK
+}
+
+// Plain bf16 store of the tile to the 2-D map `d` [rows, n] at `row` (FC2, dgrad).
+template <class C>
+__device__ __forceinline__ void epilogue_store_2d(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
+                                                  const float (&acc)[C::kAccRegs], const CUtensorMap* d,
+                                                  int32_t row, int32_t b_n, int32_t n) {
+  const bool leader = wt == 0;
+  row += 64 * cwg;
+#define MOK_STORE_CHUNK(CH)                                                  \
+  if constexpr ((CH) < C::kChunks) {                                         \
+    if (b_n + 64 * (CH) < n) {                                               \
+      uint8_t* buf = epi_begin(sm, cwg, es, leader);                         \
+      write_chunk_bf16<8 * (CH)>(buf, acc, wt);                              \
+      epi_end_2d(buf, cwg, es, leader, d, b_n + 64 * (CH), row);             \
+    }                                                                        \
+  }
+  MOK_STORE_CHUNK(0)
+  MOK_STORE_CHUNK(1)
+  MOK_STORE_CHUNK(2)
+  MOK_STORE_CHUNK(3)
+#undef MOK_STORE_CHUNK
 }
 
 }  // namespace mok::gemm::engine

@@ -170,35 +170,7 @@ struct FormFc1 {
                                                   uint32_t wt, const float (&acc)[C::kAccRegs],
                                                   const CUtensorMap* d0, const CUtensorMap* d1,
                                                   const KernelParams& p) {
-    const bool leader = wt == 0;
-    const int32_t row = t.out_row + 64 * cwg;
-    const int32_t h0 = t.b_n / 2;
-    // Order gu0, gu1, h0, gu2, gu3, h1: h chunk j reads accumulator blocks 16j..16j+15 (= gu
-    // chunks 2j, 2j+1), so the first half of the accumulators dies halfway through.
-#define MOK_FC1_GU_CHUNK(CH)                                                 \
-  if constexpr ((CH) < C::kChunks) {                                         \
-    if (p.store_gu && t.b_n + 64 * (CH) < p.n) {                             \
-      uint8_t* buf = epi_begin(sm, cwg, es, leader);                         \
-      write_chunk_bf16<8 * (CH)>(buf, acc, wt);                              \
-      epi_end_2d(buf, cwg, es, leader, d0, t.b_n + 64 * (CH), row);          \
-    }                                                                        \
-  }
-#define MOK_FC1_H_CHUNK(J)                                                   \
-  if constexpr (2 * (J) < C::kChunks) {                                      \
-    if (h0 + 64 * (J) < p.n / 2) {                                           \
-      uint8_t* buf = epi_begin(sm, cwg, es, leader);                         \
-      write_chunk_swiglu<8 * (J)>(buf, acc, wt);                             \
-      epi_end_2d(buf, cwg, es, leader, d1, h0 + 64 * (J), row);              \
-    }                                                                        \
-  }
-    MOK_FC1_GU_CHUNK(0)
-    MOK_FC1_GU_CHUNK(1)
-    MOK_FC1_H_CHUNK(0)
-    MOK_FC1_GU_CHUNK(2)
-    MOK_FC1_GU_CHUNK(3)
-    MOK_FC1_H_CHUNK(1)
-#undef MOK_FC1_GU_CHUNK
-#undef MOK_FC1_H_CHUNK
+    epilogue_fc1<C>(sm, es, cwg, wt, acc, p.store_gu ? d0 : nullptr, t.out_row, d1, t.out_row, t.b_n, p.n);
   }
 };
 
@@ -213,21 +185,7 @@ struct FormStore2d {
                                                   uint32_t wt, const float (&acc)[C::kAccRegs],
                                                   const CUtensorMap* d0, const CUtensorMap*,
                                                   const KernelParams& p) {
-    const bool leader = wt == 0;
-    const int32_t row = t.out_row + 64 * cwg;
-#define MOK_STORE_CHUNK(CH)                                                  \
-  if constexpr ((CH) < C::kChunks) {                                         \
-    if (t.b_n + 64 * (CH) < p.n) {                                           \
-      uint8_t* buf = epi_begin(sm, cwg, es, leader);                         \
-      write_chunk_bf16<8 * (CH)>(buf, acc, wt);                              \
-      epi_end_2d(buf, cwg, es, leader, d0, t.b_n + 64 * (CH), row);          \
-    }                                                                        \
-  }
-    MOK_STORE_CHUNK(0)
-    MOK_STORE_CHUNK(1)
-    MOK_STORE_CHUNK(2)
-    MOK_STORE_CHUNK(3)
-#undef MOK_STORE_CHUNK
+    epilogue_store_2d<C>(sm, es, cwg, wt, acc, d0, t.out_row, t.b_n, p.n);
   }
 };
 template <class C>

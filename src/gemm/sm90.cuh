@@ -240,6 +240,15 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, u
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords,
                                   bar);
 }
+// Plain (non-tensor) bulk copies of `bytes` (a multiple of 16, 16-byte aligned addresses): global
+// -> shared completing on an mbarrier, and shared -> global in the thread's bulk group. Global may
+// be a peer GPU's memory (NVLink-mapped). Used by the megakernel's comm CTAs to move token rows.
+__device__ __forceinline__ void bulk_load(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_t* bar) {
+  cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, smem_dst, gmem_src, bytes, bar);
+}
+__device__ __forceinline__ void bulk_store(void* gmem_dst, const void* smem_src, uint32_t bytes) {
+  cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, gmem_dst, smem_src, bytes);
+}
 // Multicast load: the box lands at the same shared-memory offset in every CTA of `cta_mask`, and
 // completes bytes on the mbarrier at the same offset in each of them.
 __device__ __forceinline__ void tma_load_3d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar,

@@ -2,6 +2,7 @@
 
 #include "common/cuda_check.h"
 #include "megakernel/dispatch.h"
+#include "megakernel/move_row.cuh"
 #include "mok/errors.hpp"
 
 namespace mok::gpu {
@@ -9,20 +10,6 @@ namespace mok::gpu {
 namespace {
 
 constexpr int kThreads = 512;
-
-// One warp copies one row with 16-byte accesses, four in flight per lane.
-__device__ __forceinline__ void copy_row(const uint4* __restrict__ from, uint4* __restrict__ to,
-                                         int vecs, int lane) {
-  int v = lane;
-  for (; v + 96 < vecs; v += 128) {
-    const uint4 a = from[v], b = from[v + 32], c = from[v + 64], d = from[v + 96];
-    to[v] = a;
-    to[v + 32] = b;
-    to[v + 64] = c;
-    to[v + 96] = d;
-  }
-  for (; v < vecs; v += 32) to[v] = from[v];
-}
 
 // Warps of all CTAs stride over the window's rows; `kPull` selects the direction.
 template <bool kPull>
@@ -45,7 +32,7 @@ __global__ void __launch_bounds__(kThreads) move_rows_kernel(ScheduleView s, int
         copy_row(src_peers[src] + static_cast<int64_t>(slot / top_k) * hidden_vecs, local_dst + local,
                  hidden_vecs, lane);
       } else {
-        for (int v = lane; v < hidden_vecs; v += 32) local_dst[local + v] = make_uint4(0, 0, 0, 0);
+        zero_row(local_dst + local, hidden_vecs, lane);
       }
     } else if (src >= 0) {
       copy_row(local_src + local, dst_peers[src] + static_cast<int64_t>(slot) * hidden_vecs,

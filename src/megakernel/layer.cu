@@ -9,7 +9,9 @@
 #include "common/cuda_check.h"
 #include "common/device_error.h"
 #include "gemm/grouped_gemm.h"
+#include "gemm/tensor_map.h"
 #include "megakernel/dispatch.h"
+#include "megakernel/forward_kernel.h"
 #include "megakernel/merge.h"
 #include "mok/errors.hpp"
 #include "mok/layer.hpp"
@@ -71,13 +73,21 @@ struct Layer::Impl {
   DeviceBuffer w1p, x_routed, gu, h, y;
   DeviceBuffer ws1p, shared_tiles, gu_s, h_s, y_s;
   gemm::Plan fc1, fc2, fc1_s, fc2_s;
+  // Megakernel: ring buffers, counters, tensor maps and parameters.
+  bool fused = true;
+  int sms = 0;
+  DeviceBuffer counters;
+  mk::ForwardMaps maps{};
+  mk::ForwardParams mkp{};
 
   Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg, const DeviceWeights& w)
       : comm(c), shape(s), config(cfg), weights(w) {
-    int sms = 0;
+    comm::register_wait_name(comm::kWaitUserBase + 40, "megakernel.task_dependency");
+    comm::register_wait_name(comm::kWaitUserBase + 41, "megakernel.comm_dependency");
     MOK_CUDA_CHECK(cudaSetDevice(comm.device()));
     MOK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, comm.device()));
     config.validate(shape, sms);
+    fused = config.forward_path == ForwardPath::Megakernel;
     rank = comm.rank();
     world = comm.world_size();
     MOK_REQUIRE(world == shape.world_size(), "shape.tokens",
@@ -113,11 +123,29 @@ struct Layer::Impl {
     combine_peers = upload_array(cp, "combine peers");
     schedule = std::make_unique<gpu::ScheduleBuilder>(shape, config, rank, tables.get<const int32_t* const>());
 
-    // Routed buffers for the worst case (one macrobatch: the ring is the megakernel's).
     cap_rows = shape.worst_case_rows();
+    t_tiles = sched::ceil_div(T, sched::kBlockM);
     w1p = DeviceBuffer(static_cast<size_t>(e_loc * 2 * I * H) * 2, "w1p");
-    x_routed = DeviceBuffer(static_cast<size_t>(cap_rows * H) * 2, "x_routed");
+    // gate/up pre-activations of every routed row (kept for backward on both paths).
     gu = DeviceBuffer(static_cast<size_t>(cap_rows * 2 * I) * 2, "gu");
+    const bool has_shared = Is > 0 && T > 0;
+    if (has_shared) {
+      ws1p = DeviceBuffer(static_cast<size_t>(2 * Is * H) * 2, "ws1p");
+      gu_s = DeviceBuffer(static_cast<size_t>(t_tiles * 128 * 2 * Is) * 2, "gu_s");
+      h_s = DeviceBuffer(static_cast<size_t>(t_tiles * 128 * Is) * 2, "h_s");
+      y_s = DeviceBuffer(static_cast<size_t>(t_tiles * 128 * H) * 2, "y_s");
+    }
+    if (fused)
+      setup_megakernel();
+    else
+      setup_unfused();
+    repack(nullptr);
+    MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  // Unfused path: routed buffers for the worst case (one macrobatch) and one GEMM plan per stage.
+  void setup_unfused() {
+    x_routed = DeviceBuffer(static_cast<size_t>(cap_rows * H) * 2, "x_routed");
     h = DeviceBuffer(static_cast<size_t>(cap_rows * I) * 2, "h");
     y = DeviceBuffer(static_cast<size_t>(cap_rows * H) * 2, "y");
     const gpu::ScheduleView v = schedule->view();
@@ -142,15 +170,9 @@ struct Layer::Impl {
     a2.tile_expert = v.tile_expert;
     a2.num_m_tiles = cap_rows / sched::kBlockM;
     fc2 = gemm::plan_fc2(a2);
-
     // Shared expert: one "expert" over this rank's tokens, read straight from the x window.
-    t_tiles = sched::ceil_div(T, sched::kBlockM);
     if (Is > 0 && T > 0) {
-      ws1p = DeviceBuffer(static_cast<size_t>(2 * Is * H) * 2, "ws1p");
       shared_tiles = upload_array(std::vector<int32_t>(static_cast<size_t>(t_tiles), 0), "shared tiles");
-      gu_s = DeviceBuffer(static_cast<size_t>(t_tiles * 128 * 2 * Is) * 2, "gu_s");
-      h_s = DeviceBuffer(static_cast<size_t>(t_tiles * 128 * Is) * 2, "h_s");
-      y_s = DeviceBuffer(static_cast<size_t>(t_tiles * 128 * H) * 2, "y_s");
       gemm::Fc1Args s1 = a1;
       s1.x = win_x->ptr;
       s1.w1p = ws1p.p;
@@ -171,8 +193,70 @@ struct Layer::Impl {
       s2.num_m_tiles = t_tiles;
       fc2_s = gemm::plan_fc2(s2);
     }
-    repack(nullptr);
-    MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  // Megakernel: the ring (macrobatch) buffers, the counter block and the tensor maps.
+  void setup_megakernel() {
+    const int64_t mb = config.resolved_minibatch(shape), ring = config.resolved_macrobatch(shape);
+    MOK_REQUIRE(ring >= cap_rows || ring >= 2 * mb, "config.macrobatch_tokens",
+                "the megakernel's ring must hold at least two minibatches (2 x ", mb,
+                " rows) when it is smaller than the worst case (", cap_rows, " rows), got ", ring);
+    MOK_REQUIRE(Is == 0 || Is % 64 == 0, "shape.shared_intermediate", "must be a multiple of 64, got ", Is);
+    const int64_t R = std::min(ring, sched::round_up(cap_rows, mb));  // never more than can be used
+    x_routed = DeviceBuffer(static_cast<size_t>(R * H) * 2, "x ring");
+    h = DeviceBuffer(static_cast<size_t>(R * I) * 2, "h ring");
+    y = DeviceBuffer(static_cast<size_t>(R * H) * 2, "y ring");
+    constexpr int64_t kBN = 256;
+    mk::PlanShape& ps = mkp.plan;
+    ps.mb_rows = static_cast<int32_t>(mb);
+    ps.ring_rows = static_cast<int32_t>(R);
+    ps.n1 = static_cast<int32_t>(sched::ceil_div(2 * I, kBN));
+    ps.n2 = static_cast<int32_t>(sched::ceil_div(H, kBN));
+    const bool has_shared = Is > 0 && T > 0;
+    ps.s_tiles = has_shared ? static_cast<int32_t>(t_tiles) : 0;
+    ps.n1s = static_cast<int32_t>(sched::ceil_div(2 * Is, kBN));
+    ps.n2s = ps.n2;
+    ps.comm_ctas = config.fwd_comm_sms;
+    mkp.layout.max_positions = static_cast<int32_t>(sched::ceil_div(cap_rows, mb));
+    mkp.layout.max_tiles = static_cast<int32_t>(cap_rows / sched::kBlockM);
+    mkp.layout.s_tiles = ps.s_tiles;
+    MOK_REQUIRE(mk::num_tickets(ps, mkp.layout.max_positions) < (int64_t(1) << 31), "shape",
+                "the megakernel's task tickets (", mk::num_tickets(ps, mkp.layout.max_positions),
+                ") must fit 31 bits");
+    counters = DeviceBuffer(static_cast<size_t>(mkp.layout.words()) * 4, "megakernel counters");
+    mkp.counters = counters.get<uint32_t>();
+    mkp.schedule = schedule->view();
+    mkp.x_peers = x_peers.get<const void* const>();
+    mkp.combine_peers = combine_peers.get<void* const>();
+    mkp.x_ring = x_routed.p;
+    mkp.y_ring = y.p;
+    mkp.hidden = static_cast<int32_t>(H);
+    mkp.inter = static_cast<int32_t>(I);
+    mkp.shared_inter = static_cast<int32_t>(Is);
+    mkp.top_k = static_cast<int32_t>(k);
+    using gemm::make_map_2d;
+    using gemm::make_map_3d;
+    const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
+    maps.x_ring = make_map_2d(x_routed.p, u(R), u(H), 128);
+    maps.w1p = make_map_3d(w1p.p, u(e_loc), u(2 * I), u(H), kBN);
+    maps.gu = make_map_2d(gu.p, u(cap_rows), u(2 * I), 64);
+    maps.h_out = make_map_2d(h.p, u(R), u(I), 64);
+    maps.h_in = make_map_2d(h.p, u(R), u(I), 128);
+    maps.w_down = make_map_3d(weights.w_down, u(e_loc), u(H), u(I), kBN);
+    maps.y_out = make_map_2d(y.p, u(R), u(H), 64);
+    if (has_shared) {
+      const int64_t rows = t_tiles * sched::kBlockM;
+      maps.xs_in = make_map_2d(win_x->ptr, u(rows), u(H), 128);
+      maps.ws1p = make_map_3d(ws1p.p, 1, u(2 * Is), u(H), kBN);
+      maps.gus_out = make_map_2d(gu_s.p, u(rows), u(2 * Is), 64);
+      maps.hs_out = make_map_2d(h_s.p, u(rows), u(Is), 64);
+      maps.hs_in = make_map_2d(h_s.p, u(rows), u(Is), 128);
+      maps.ws_down = make_map_3d(weights.ws_down, 1, u(H), u(Is), kBN);
+      maps.ys_out = make_map_2d(y_s.p, u(rows), u(H), 64);
+    } else {
+      // Never used (no shared tasks); every map must still be a valid encoding.
+      maps.xs_in = maps.ws1p = maps.gus_out = maps.hs_out = maps.hs_in = maps.ws_down = maps.ys_out = maps.x_ring;
+    }
   }
 
   void repack(cudaStream_t stream) {
@@ -200,13 +284,18 @@ struct Layer::Impl {
     barrier_kernel<<<1, 64, 0, stream>>>(dc, 0);  // routing and x visible to every rank
     MOK_CUDA_CHECK(cudaGetLastError());
     schedule->build(stream);
-    gpu::pull_dispatch(move_args(), x_peers.get<const void* const>(), x_routed.p, stream);
-    gemm::run(fc1, stream);
-    gemm::run(fc2, stream);
-    gpu::push_combine(move_args(), y.p, combine_peers.get<void* const>(), stream);
+    if (fused) {
+      MOK_CUDA_CHECK(cudaMemsetAsync(counters.p, 0, static_cast<size_t>(mkp.layout.words()) * 4, stream));
+      mk::launch_forward(maps, mkp, dc, sms, stream);
+    } else {
+      gpu::pull_dispatch(move_args(), x_peers.get<const void* const>(), x_routed.p, stream);
+      gemm::run(fc1, stream);
+      gemm::run(fc2, stream);
+      gpu::push_combine(move_args(), y.p, combine_peers.get<void* const>(), stream);
+    }
     barrier_kernel<<<1, 64, 0, stream>>>(dc, 0);  // every push into our combine slots landed
     MOK_CUDA_CHECK(cudaGetLastError());
-    if (Is > 0 && T > 0) {
+    if (!fused && Is > 0 && T > 0) {
       gemm::run(fc1_s, stream);
       gemm::run(fc2_s, stream);
     }
@@ -236,6 +325,14 @@ void Layer::repack(cudaStream_t stream) { impl_->repack(stream); }
 
 void Layer::check() {
   impl_->comm.check_waits();
+  // A pipeline wait inside a GEMM tile (engine barriers) claims the word without a record.
+  uint32_t claim = 0;
+  MOK_CUDA_CHECK(cudaMemcpy(&claim, impl_->comm.wait_claim_device(), sizeof(claim), cudaMemcpyDeviceToHost));
+  if (claim != 0)
+    throw Error(ErrorKind::Timeout, "megakernel pipeline",
+                detail::concat("every wait completes within config.wait_timeout_s = ",
+                               impl_->config.wait_timeout_s, " s"),
+                detail::concat("a shared-memory pipeline wait expired (site 0x", std::hex, claim, ")"));
   impl_->errors.check(impl_->k);
 }
 

@@ -1,9 +1,12 @@
-// The GPU layer (unfused path) against the CPU reference, on 1 and 2 GPUs, with the routing
-// cases of the spec; bitwise identical over repeated runs.
+// The GPU layer (megakernel and unfused path) against the CPU reference, on 1 and 2 GPUs: the
+// routing cases of the spec, small rings (several macrobatches), comm SM counts and minibatch
+// sizes; bitwise identical over repeated runs; CUDA graph capture and replay; the timeout path.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <latch>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -25,13 +28,25 @@ struct Case {
   std::vector<int64_t> tokens;
   int64_t H, I, E, k, Is;
   mok::Routing routing;
+  mok::ForwardPath path = mok::ForwardPath::Megakernel;
+  int comm_sms = 8;
+  int64_t minibatch = 0, macrobatch = 0;
+  int reps = 3;
 };
 
-class LayerForward : public ::testing::TestWithParam<Case> {};
+// The same case with other execution settings (results must not change).
+Case with(Case c, const char* name, mok::ForwardPath path, int comm_sms, int64_t minibatch = 0,
+          int64_t macrobatch = 0, int reps = 3) {
+  c.name = name;
+  c.path = path;
+  c.comm_sms = comm_sms;
+  c.minibatch = minibatch;
+  c.macrobatch = macrobatch;
+  c.reps = reps;
+  return c;
+}
 
-TEST_P(LayerForward, MatchesReferenceAndIsBitwiseReproducible) {
-  const Case& c = GetParam();
-  MOK_REQUIRE_GPUS(c.world);
+mok::LayerShape shape_of(const Case& c) {
   mok::LayerShape shape;
   shape.tokens = c.tokens;
   shape.hidden = c.H;
@@ -39,8 +54,77 @@ TEST_P(LayerForward, MatchesReferenceAndIsBitwiseReproducible) {
   shape.experts = c.E;
   shape.top_k = c.k;
   shape.shared_intermediate = c.Is;
+  return shape;
+}
+
+mok::Config config_of(const Case& c) {
   mok::Config cfg;
-  cfg.fwd_comm_sms = 8;
+  cfg.forward_path = c.path;
+  cfg.fwd_comm_sms = c.comm_sms;
+  cfg.minibatch_tokens = c.minibatch;
+  cfg.macrobatch_tokens = c.macrobatch;
+  return cfg;
+}
+
+// One rank's device inputs and weights for a workload (freed on destruction).
+struct RankData {
+  mok::DeviceWeights dw;
+  mok::bf16* x = nullptr;
+  int32_t* idx = nullptr;
+  float* w = nullptr;
+  mok::bf16* out = nullptr;
+  int64_t T = 0, H = 0;
+  mok::RoutingRefs refs;
+  RankData(const mok::LayerShape& shape, const mok::Workload& wl, int r) {
+    T = shape.tokens_of(r);
+    H = shape.hidden;
+    const int64_t I = shape.intermediate, k = shape.top_k;
+    const int64_t e_loc = shape.local_experts(), e0 = static_cast<int64_t>(r) * e_loc;
+    const auto& W = wl.weights;
+    dw.w_gate = upload(&W.w_gate[e0 * I * H], e_loc * I * H);
+    dw.w_up = upload(&W.w_up[e0 * I * H], e_loc * I * H);
+    dw.w_down = upload(&W.w_down[e0 * H * I], e_loc * H * I);
+    if (shape.shared_intermediate > 0) {
+      dw.ws_gate = upload(W.ws_gate.data(), W.ws_gate.size());
+      dw.ws_up = upload(W.ws_up.data(), W.ws_up.size());
+      dw.ws_down = upload(W.ws_down.data(), W.ws_down.size());
+    }
+    const auto& in = wl.inputs[r];
+    x = upload(in.x.data(), in.x.size());
+    idx = upload(in.topk_idx.data(), in.topk_idx.size());
+    w = upload(in.topk_w.data(), in.topk_w.size());
+    EXPECT_EQ(cudaSuccess, cudaMalloc(&out, std::max<int64_t>(1, T * H) * 2));
+    refs = mok::RoutingRefs{mok::TensorRef::contiguous(x, mok::DType::BF16, {T, H}),
+                            mok::TensorRef::contiguous(idx, mok::DType::I32, {T, k}),
+                            mok::TensorRef::contiguous(w, mok::DType::F32, {T, k})};
+  }
+  ~RankData() {
+    for (const void* p : {dw.w_gate, dw.w_up, dw.w_down, dw.ws_gate, dw.ws_up, dw.ws_down})
+      if (p) cudaFree(const_cast<void*>(p));
+    cudaFree(x);
+    cudaFree(idx);
+    cudaFree(w);
+    cudaFree(out);
+  }
+  RankData(const RankData&) = delete;
+  RankData& operator=(const RankData&) = delete;
+  void poison() const { EXPECT_EQ(cudaSuccess, cudaMemset(out, 0xff, std::max<int64_t>(1, T * H) * 2)); }
+  std::vector<mok::bf16> result() const { return download(out, T * H); }
+};
+
+int64_t bit_diffs(const std::vector<mok::bf16>& a, const std::vector<mok::bf16>& b) {
+  int64_t d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d += a[i].bits != b[i].bits;
+  return d;
+}
+
+class LayerForward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(LayerForward, MatchesReferenceAndIsBitwiseReproducible) {
+  const Case& c = GetParam();
+  MOK_REQUIRE_GPUS(c.world);
+  const mok::LayerShape shape = shape_of(c);
+  const mok::Config cfg = config_of(c);
   const auto wl = mok::make_workload(shape, c.routing, 31337);
   const auto ref = mok::ref::Engine(shape, cfg).forward(wl.inputs, wl.weights);
 
@@ -54,62 +138,32 @@ TEST_P(LayerForward, MatchesReferenceAndIsBitwiseReproducible) {
   std::vector<double> rel(c.world);
   std::vector<int64_t> diffs(c.world);
   group.run([&](mok::comm::Communicator& comm, size_t r) {
-    const int64_t T = shape.tokens_of(static_cast<int>(r)), H = c.H, I = c.I, k = c.k;
-    const int64_t e_loc = shape.local_experts(), e0 = static_cast<int64_t>(r) * e_loc;
-    const auto& W = wl.weights;
-    mok::DeviceWeights dw;
-    dw.w_gate = upload(&W.w_gate[e0 * I * H], e_loc * I * H);
-    dw.w_up = upload(&W.w_up[e0 * I * H], e_loc * I * H);
-    dw.w_down = upload(&W.w_down[e0 * H * I], e_loc * H * I);
-    if (c.Is > 0) {
-      dw.ws_gate = upload(W.ws_gate.data(), W.ws_gate.size());
-      dw.ws_up = upload(W.ws_up.data(), W.ws_up.size());
-      dw.ws_down = upload(W.ws_down.data(), W.ws_down.size());
-    }
-    const auto& in = wl.inputs[r];
-    auto* x = upload(in.x.data(), in.x.size());
-    auto* idx = upload(in.topk_idx.data(), in.topk_idx.size());
-    auto* w = upload(in.topk_w.data(), in.topk_w.size());
-    mok::bf16* out = nullptr;
-    ASSERT_EQ(cudaSuccess, cudaMalloc(&out, std::max<int64_t>(1, T * H) * 2));
-    mok::Layer layer(comm, shape, cfg, dw);
-    mok::RoutingRefs refs{mok::TensorRef::contiguous(x, mok::DType::BF16, {T, H}),
-                          mok::TensorRef::contiguous(idx, mok::DType::I32, {T, k}),
-                          mok::TensorRef::contiguous(w, mok::DType::F32, {T, k})};
+    RankData d(shape, wl, static_cast<int>(r));
+    const int64_t T = d.T, H = d.H;
+    mok::Layer layer(comm, shape, cfg, d.dw);
     std::vector<mok::bf16> first;
-    for (int rep = 0; rep < 3; ++rep) {
-      ASSERT_EQ(cudaSuccess, cudaMemset(out, 0xff, std::max<int64_t>(1, T * H) * 2));  // poison
-      layer.forward(refs, out, comm.stream());
+    for (int rep = 0; rep < c.reps; ++rep) {
+      d.poison();
+      layer.forward(d.refs, d.out, comm.stream());
       ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
       layer.check();
-      std::vector<mok::bf16> got(T * H);
-      if (T) ASSERT_EQ(cudaSuccess, cudaMemcpy(got.data(), out, T * H * 2, cudaMemcpyDeviceToHost));
+      const std::vector<mok::bf16> got = d.result();
       if (rep == 0) {
         first = got;
         double num = 0, den = 0;
-        int64_t d = 0;
         for (int64_t i = 0; i < T * H; ++i) {
           const double a = float(got[i]), b = float(ref.out[r][i]);
           num += (a - b) * (a - b);
           den += b * b;
-          d += got[i].bits != ref.out[r][i].bits;
           if (std::isnan(a)) num = INFINITY;
         }
         std::lock_guard<std::mutex> lock(m);
         rel[r] = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-        diffs[r] = d;
+        diffs[r] = bit_diffs(got, ref.out[r]);
       } else {
-        int64_t changed = 0;
-        for (int64_t i = 0; i < T * H; ++i) changed += got[i].bits != first[i].bits;
-        EXPECT_EQ(changed, 0) << "rank " << r << " repetition " << rep << " differs from the first";
+        EXPECT_EQ(bit_diffs(got, first), 0) << "rank " << r << " repetition " << rep << " differs from the first";
       }
     }
-    for (const void* p : {dw.w_gate, dw.w_up, dw.w_down, dw.ws_gate, dw.ws_up, dw.ws_down})
-      if (p) cudaFree(const_cast<void*>(p));
-    cudaFree(x);
-    cudaFree(idx);
-    cudaFree(w);
-    cudaFree(out);
   });
   for (int r = 0; r < c.world; ++r) {
     std::printf("[layer] %s rank %d: rel err %.2e vs CPU reference, %lld of %lld values differ in bits\n",
@@ -118,14 +172,139 @@ TEST_P(LayerForward, MatchesReferenceAndIsBitwiseReproducible) {
   }
 }
 
+const Case kUniformShared{"ep1_uniform_shared", 1, {700}, 1024, 512, 16, 4, 512, mok::Routing::Uniform};
+const Case kZipf{"ep2_zipf", 2, {600, 333}, 1024, 512, 16, 4, 0, mok::Routing::Zipf};
+const Case kEmptyShared{"ep2_empty_slots_t0_shared", 2, {512, 0}, 2048, 768, 32, 8, 256, mok::Routing::EmptySlots};
+const Case kOneRank{"ep2_one_rank", 2, {400, 400}, 1024, 256, 8, 2, 0, mok::Routing::OneRank};
+const Case kOneExpertShared{"ep2_one_expert_shared", 2, {300, 500}, 1024, 512, 16, 4, 512, mok::Routing::OneExpert};
+constexpr auto kMk = mok::ForwardPath::Megakernel;
+constexpr auto kUnfused = mok::ForwardPath::Unfused;
+
 INSTANTIATE_TEST_SUITE_P(
     Routings, LayerForward,
-    ::testing::Values(
-        Case{"ep1_uniform_shared", 1, {700}, 1024, 512, 16, 4, 512, mok::Routing::Uniform},
-        Case{"ep2_zipf", 2, {600, 333}, 1024, 512, 16, 4, 0, mok::Routing::Zipf},
-        Case{"ep2_empty_slots_t0_shared", 2, {512, 0}, 2048, 768, 32, 8, 256, mok::Routing::EmptySlots},
-        Case{"ep2_one_rank", 2, {400, 400}, 1024, 256, 8, 2, 0, mok::Routing::OneRank},
-        Case{"ep2_one_expert_shared", 2, {300, 500}, 1024, 512, 16, 4, 512, mok::Routing::OneExpert}),
+    ::testing::Values(kUniformShared, kZipf, kEmptyShared, kOneRank, kOneExpertShared,
+                      with(kUniformShared, "ep1_uniform_shared_unfused", kUnfused, 8),
+                      with(kZipf, "ep2_zipf_unfused", kUnfused, 16),
+                      with(kEmptyShared, "ep2_empty_slots_t0_shared_unfused", kUnfused, 8)),
     [](const auto& p) { return std::string(p.param.name); });
+
+// A small ring forces many macrobatches (ring reuse), with minibatches of 1 and 2 tiles.
+INSTANTIATE_TEST_SUITE_P(
+    Ring, LayerForward,
+    ::testing::Values(with(kZipf, "ring_mb128_macro256", kMk, 8, 128, 256),
+                      with(kZipf, "ring_mb256_macro512", kMk, 4, 256, 512),
+                      with(kOneExpertShared, "ring_one_expert_shared_mb128_macro384", kMk, 8, 128, 384),
+                      with(kUniformShared, "ring_ep1_mb128_macro256", kMk, 16, 128, 256)),
+    [](const auto& p) { return std::string(p.param.name); });
+
+INSTANTIATE_TEST_SUITE_P(
+    CommSms, LayerForward,
+    ::testing::Values(with(kZipf, "comm2", kMk, 2), with(kZipf, "comm8", kMk, 8), with(kZipf, "comm16", kMk, 16),
+                      with(kZipf, "comm32", kMk, 32)),
+    [](const auto& p) { return std::string(p.param.name); });
+
+INSTANTIATE_TEST_SUITE_P(
+    Minibatch, LayerForward,
+    ::testing::Values(with(kZipf, "mb128", kMk, 8, 128), with(kZipf, "mb384", kMk, 8, 384),
+                      with(kZipf, "mb1024", kMk, 8, 1024),
+                      with(kOneExpertShared, "bitwise_20_runs", kMk, 8, 256, 0, 20)),
+    [](const auto& p) { return std::string(p.param.name); });
+
+// The whole forward captured once in a CUDA graph and replayed: the same bits as direct calls,
+// also after the inputs changed in place.
+TEST(LayerForwardGraph, CaptureAndReplay) {
+  const Case c = kOneExpertShared;
+  MOK_REQUIRE_GPUS(c.world);
+  const mok::LayerShape shape = shape_of(c);
+  const mok::Config cfg = config_of(c);
+  const auto wl = mok::make_workload(shape, c.routing, 7);
+  const auto wl2 = mok::make_workload(shape, mok::Routing::Zipf, 8);  // other x and routing
+  mok::comm::CommOptions opt;
+  opt.shape = shape;
+  opt.config = cfg;
+  auto group = mok::comm::LocalGroup::create({0, 1}, opt);
+  group.run([&](mok::comm::Communicator& comm, size_t r) {
+    RankData d(shape, wl, static_cast<int>(r));
+    mok::Layer layer(comm, shape, cfg, d.dw);
+    cudaStream_t s = comm.stream();
+    layer.forward(d.refs, d.out, s);
+    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+    layer.check();
+    const auto direct = d.result();
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    layer.forward(d.refs, d.out, s);
+    ASSERT_EQ(cudaSuccess, cudaStreamEndCapture(s, &graph));
+    ASSERT_EQ(cudaSuccess, cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 3; ++rep) {
+      d.poison();
+      ASSERT_EQ(cudaSuccess, cudaGraphLaunch(exec, s));
+      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+      layer.check();
+      EXPECT_EQ(bit_diffs(d.result(), direct), 0) << "rank " << r << " replay " << rep;
+    }
+    // New inputs in the same buffers: the replay follows them.
+    const auto& in2 = wl2.inputs[r];
+    ASSERT_EQ(cudaSuccess, cudaMemcpy(d.x, in2.x.data(), in2.x.size() * 2, cudaMemcpyHostToDevice));
+    ASSERT_EQ(cudaSuccess, cudaMemcpy(d.idx, in2.topk_idx.data(), in2.topk_idx.size() * 4, cudaMemcpyHostToDevice));
+    ASSERT_EQ(cudaSuccess, cudaMemcpy(d.w, in2.topk_w.data(), in2.topk_w.size() * 4, cudaMemcpyHostToDevice));
+    ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    // Both ranks must have changed their inputs before either replays (peers pull our x).
+    comm.host_barrier();
+    ASSERT_EQ(cudaSuccess, cudaGraphLaunch(exec, s));
+    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+    layer.check();
+    const auto replayed = d.result();
+    layer.forward(d.refs, d.out, s);
+    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+    layer.check();
+    EXPECT_EQ(bit_diffs(replayed, d.result()), 0) << "rank " << r << ": replay with new inputs";
+    EXPECT_GT(bit_diffs(replayed, direct), 0) << "rank " << r << ": new inputs did not change the output";
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  });
+}
+
+// One rank never calls forward: the other's first barrier expires; check() names it, the
+// megakernel that follows exits at once (the communicator is poisoned), teardown is clean.
+TEST(LayerForwardTimeout, MissingPeerIsNamedAndTerminates) {
+  Case c = kZipf;
+  MOK_REQUIRE_GPUS(c.world);
+  const mok::LayerShape shape = shape_of(c);
+  mok::Config cfg = config_of(c);
+  cfg.wait_timeout_s = 0.5;
+  const auto wl = mok::make_workload(shape, c.routing, 5);
+  mok::comm::CommOptions opt;
+  opt.shape = shape;
+  opt.config = cfg;
+  auto group = mok::comm::LocalGroup::create({0, 1}, opt);
+  std::string error;
+  int kind = -1;
+  double waited = 0;
+  std::latch done(2);
+  group.run([&](mok::comm::Communicator& comm, size_t r) {
+    RankData d(shape, wl, static_cast<int>(r));
+    mok::Layer layer(comm, shape, cfg, d.dw);
+    if (r == 0) {
+      const auto t0 = std::chrono::steady_clock::now();
+      layer.forward(d.refs, d.out, comm.stream());
+      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
+      waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      try {
+        layer.check();
+      } catch (const mok::Error& e) {
+        error = e.what();
+        kind = static_cast<int>(e.kind());
+      }
+    }
+    done.arrive_and_wait();  // rank 1 keeps its buffers until rank 0 has finished
+  });
+  EXPECT_EQ(kind, static_cast<int>(mok::ErrorKind::Timeout)) << error;
+  EXPECT_NE(error.find("lsa_barrier"), std::string::npos) << error;
+  EXPECT_LT(waited, 10.0);
+  std::printf("layer timeout after %.2f s: %s\n", waited, error.c_str());
+  group.destroy();
+}
 
 }  // namespace

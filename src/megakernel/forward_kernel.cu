@@ -1,0 +1,463 @@
+// mok — the BF16 forward megakernel (see forward_kernel.h and, for the plan, forward_plan.h).
+//
+// CTA roles (one CTA of 384 threads per SM, all resident: cooperative launch):
+//   * blockIdx.x < C: comm CTA. Thread 0 decides, for the whole CTA, the next action: pull the next
+//     minibatch (when its ring rows are free) or push the next one (when its FC2 is complete);
+//     all 12 warps then copy rows (one warp per row, 16-byte accesses), and thread 0 publishes
+//     the minibatch on a counter (release). Pulls run ahead as far as the ring allows; pushes
+//     follow FC2 minibatch by minibatch.
+//   * otherwise: compute CTA = the GEMM engine (engine.cuh). The producer thread claims tickets,
+//     waits for the task's dependencies (acquire, then a proxy fence before its TMA loads) and
+//     hands the tile to both consumer warpgroups through a 2-slot task ring in shared memory.
+//     Each consumer warpgroup runs the tile's MMAs and epilogue, then reports the tile on its
+//     counter. The report is lazy: the warpgroup leader waits for its TMA stores and releases
+//     the counter once the next tile's first MMAs are in flight, or earlier when it would
+//     otherwise wait for the next task or its first operands (the producer may be waiting on
+//     this very report). That keeps the store latency off the critical path without any
+//     possibility of a cycle.
+// Every wait is bounded (the communicator's deadline); an expired wait is recorded once per GPU
+// and makes every other wait give up, so the kernel always terminates.
+#include <cuda_runtime.h>
+
+#include "common/cuda_check.h"
+#include "gemm/engine.cuh"
+#include "megakernel/forward_kernel.h"
+#include "mok/errors.hpp"
+
+namespace mok::mk {
+
+namespace {
+
+using namespace mok::gemm::engine;
+using C = Cfg<256>;
+namespace dev = mok::comm::dev;
+
+constexpr int kTaskSlots = 2;
+// Register split: the producer thread decodes tickets and waits on counters besides issuing TMA,
+// which needs more than the plain engine's 40 registers; the consumers give up 8.
+// 128 x 56 + 256 x 224 = 64512 <= 65536.
+constexpr uint32_t kMkProducerRegs = 56;
+constexpr uint32_t kMkConsumerRegs = 224;
+// Wait ids (names registered by the layer).
+constexpr uint32_t kWaitTaskDeps = comm::kWaitUserBase + 40;  // "megakernel.task_dependency"
+constexpr uint32_t kWaitCommDeps = comm::kWaitUserBase + 41;  // "megakernel.comm_dependency"
+constexpr unsigned int kSiteTaskSlot = 0x6e10;
+constexpr unsigned int kSiteCommRow = 0x6e11;
+
+// One task handed from the producer to the consumers.
+struct TaskSlot {
+  Tile tile;
+  int32_t kind;
+  int32_t gu_row;   // FC1: global routed row of the tile (gu keeps every row)
+  int32_t counter;  // counter word reported when the tile is stored (-1: none)
+  int32_t n_cols;   // output width of the GEMM (FC1: 2I)
+};
+
+struct TaskRing {
+  TaskSlot* slot;
+  uint64_t* full;   // [kTaskSlots], 1 arrival (producer)
+  uint64_t* empty;  // [kTaskSlots], 256 arrivals (every consumer thread)
+};
+
+__device__ __forceinline__ TaskRing task_ring(uint8_t* smem_raw) {
+  uint8_t* p = smem_raw + C::kSmemBytes;  // after the engine's region (8-byte aligned)
+  TaskRing r;
+  r.slot = reinterpret_cast<TaskSlot*>(p);
+  r.full = reinterpret_cast<uint64_t*>(p + kTaskSlots * sizeof(TaskSlot));
+  r.empty = r.full + kTaskSlots;
+  return r;
+}
+constexpr int kExtraSmem = kTaskSlots * int(sizeof(TaskSlot)) + 2 * kTaskSlots * 8 + 16;
+static_assert(C::kSmemBytes % 8 == 0 && sizeof(TaskSlot) % 8 == 0, "task ring alignment");
+
+// Local (same GPU) counters: gpu-scope release/acquire.
+__device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release(uint32_t* p, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Bounded wait for a local counter (one thread). False when it expired or another wait did.
+__device__ __forceinline__ bool wait_counter(const dev::DeviceComm& dc, const uint32_t* p, uint32_t target,
+                                             uint32_t wait_id) {
+  if (ld_acquire(p) >= target) return true;
+  const uint64_t start = dev::globaltimer_ns();
+#pragma unroll 1
+  for (uint32_t spins = 1;; ++spins) {
+    const uint32_t v = ld_acquire(p);
+    if (v >= target) return true;
+    if ((spins & 63u) == 0u) {
+      const uint64_t waited = dev::globaltimer_ns() - start;
+      if (waited > dc.timeout_ns) {
+        dev::report_timeout(dc, wait_id, -1, target, v, waited);
+        return false;
+      }
+      if (dev::wait_aborted(dc)) return false;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Comm CTAs
+// ------------------------------------------------------------------------------------------------
+enum CommAction : int32_t { kActPull = 0, kActPush = 1, kActDone = 2 };
+
+__device__ bool pull_ready(const ForwardParams& p, int32_t total, int32_t g) {
+  const int32_t s = ring_slots(p.plan);
+  if (g < s) return true;
+  const MbRows old = mb_rows(p.plan, total, g - s);
+  const uint32_t target = fc1_tile_target(p.plan);
+  for (int32_t m = old.begin / sched::kBlockM; m < old.end / sched::kBlockM; ++m)
+    if (ld_acquire(p.counters + p.layout.fc1_done(m)) < target) return false;
+  return true;
+}
+
+__device__ bool push_ready(const ForwardParams& p, int32_t total, int32_t g) {
+  const MbRows r = mb_rows(p.plan, total, g);
+  return ld_acquire(p.counters + p.layout.fc2_done(g)) >= fc2_mb_target(p.plan, r);
+}
+
+// Thread 0: the next action of this comm CTA (bounded).
+__device__ int32_t comm_decide(const ForwardParams& p, const dev::DeviceComm& dc, int32_t total, int32_t npos,
+                               int32_t pull_next, int32_t push_next) {
+  uint64_t start = 0;
+#pragma unroll 1
+  for (uint32_t spins = 0;; ++spins) {
+    if (pull_next < npos && pull_ready(p, total, pull_next)) return kActPull;
+    if (push_next < npos && push_ready(p, total, push_next)) return kActPush;
+    if (pull_next >= npos && push_next >= npos) return kActDone;
+    if (spins == 0) start = dev::globaltimer_ns();
+    if ((spins & 15u) == 15u) {
+      const uint64_t waited = dev::globaltimer_ns() - start;
+      if (waited > dc.timeout_ns) {
+        dev::report_timeout(dc, kWaitCommDeps, -1, uint64_t(pull_next), uint64_t(push_next), waited);
+        return kActDone;
+      }
+      if (dev::wait_aborted(dc)) return kActDone;
+    }
+  }
+}
+
+// Shared memory of a comm CTA: the action word, mbarriers (one per slot), one zero row (source of
+// padding rows), then `slots` row buffers. Thread t < slots owns slot t and moves one row at a
+// time through it with bulk copies (TMA engine): global -> shared (mbarrier), shared -> global
+// (bulk group). Bytes in flight per SM ~ slots x row bytes (~210 KB), which is what it takes to
+// run NVLink near its rate from few SMs (a warp's ld/st keeps only a few KB in flight).
+struct CommSmem {
+  int32_t* cmd;
+  uint64_t* bars;
+  uint8_t* zero;
+  uint8_t* rows;
+  int32_t slots;
+};
+
+__device__ __forceinline__ CommSmem comm_smem(uint8_t* smem_raw, uint32_t row_bytes, uint32_t smem_bytes) {
+  CommSmem c;
+  c.cmd = reinterpret_cast<int32_t*>(smem_raw);
+  c.bars = reinterpret_cast<uint64_t*>(smem_raw + 128);
+  constexpr uint32_t kMaxSlots = kThreads;
+  uint8_t* base = smem_raw + 128 + kMaxSlots * 8;
+  base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(base) + 127u) & ~uintptr_t(127u));
+  c.zero = base;
+  c.rows = base + row_bytes;
+  const uint32_t used = uint32_t(c.rows - smem_raw);
+  const uint32_t fit = smem_bytes > used ? (smem_bytes - used) / row_bytes : 0u;
+  c.slots = int32_t(fit < kMaxSlots ? fit : kMaxSlots);
+  return c;
+}
+
+__device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint8_t* smem_raw, uint32_t smem_bytes) {
+  const int32_t total = p.schedule.totals->total_rows;
+  const int32_t npos = num_positions(p.plan, total);
+  const uint32_t row_bytes = uint32_t(p.hidden) * 2u;
+  const CommSmem cs = comm_smem(smem_raw, row_bytes, smem_bytes);
+  const int32_t t = int32_t(threadIdx.x);
+  for (uint32_t b = threadIdx.x * 16u; b < row_bytes; b += blockDim.x * 16u)
+    *reinterpret_cast<uint4*>(cs.zero + b) = make_uint4(0u, 0u, 0u, 0u);
+  fence_async_shared();  // the zero row is read by bulk copies (async proxy)
+  if (t < cs.slots) mbar_init(cs.bars + t, 1);
+  mbar_fence_init();
+  __syncthreads();
+  const bool mover = t < cs.slots;
+  uint8_t* my_row = cs.rows + size_t(t) * row_bytes;
+  uint64_t* my_bar = cs.bars + t;
+  uint32_t parity = 0;
+  const int32_t first = int32_t(blockIdx.x) * cs.slots + t;
+  const int32_t stride = p.plan.comm_ctas * cs.slots;
+  const char* const* x_peers = reinterpret_cast<const char* const*>(p.x_peers);
+  char* const* combine = reinterpret_cast<char* const*>(p.combine_peers);
+  char* x_ring = static_cast<char*>(p.x_ring);
+  const char* y_ring = static_cast<const char*>(p.y_ring);
+  const int64_t rb = int64_t(row_bytes);
+  int32_t pull_next = 0, push_next = 0;
+#pragma unroll 1
+  for (;;) {
+    if (t == 0) *cs.cmd = comm_decide(p, dc, total, npos, pull_next, push_next);
+    __syncthreads();  // orders thread 0's acquire before every thread's copies
+    const int32_t act = *cs.cmd;
+    if (act == kActDone) break;
+    const int32_t g = act == kActPull ? pull_next : push_next;
+    const MbRows r = mb_rows(p.plan, total, g);
+    if (mover) {
+#pragma unroll 1
+      for (int32_t row = r.begin + first; row < r.end; row += stride) {
+        const int32_t src = p.schedule.src_rank[row];
+        const int32_t slot = p.schedule.src_slot[row];
+        const int64_t ring_row = int64_t(r.ring + (row - r.begin));
+        const char* from;
+        char* to;
+        if (act == kActPull) {
+          from = src >= 0 ? x_peers[src] + int64_t(slot / p.top_k) * rb : nullptr;
+          to = x_ring + ring_row * rb;
+        } else {
+          if (src < 0) continue;  // padding rows are not pushed
+          from = y_ring + ring_row * rb;
+          to = combine[src] + int64_t(slot) * rb;
+        }
+        const uint8_t* staged = cs.zero;
+        if (from != nullptr) {
+          mbar_arrive_expect_tx(my_bar, row_bytes);
+          bulk_load(my_row, from, row_bytes, my_bar);
+          mbar_wait(my_bar, parity, WaitBound{dc.claim, dc.timeout_ns}, kSiteCommRow);
+          parity ^= 1u;
+          staged = my_row;
+        }
+        bulk_store(to, staged, row_bytes);
+        tma_store_commit();
+        tma_store_wait_read<0>();  // the slot is free again
+      }
+      tma_store_wait_all<0>();  // this thread's rows are written
+    }
+    __syncthreads();  // every thread's rows are written (and thread 0 may overwrite the action)
+    if (t == 0) {
+      // The ring rows are read next by TMA (async proxy) on other SMs.
+      dev::fence_proxy_async();
+      red_release(p.counters + (act == kActPull ? p.layout.pulled(g) : p.layout.pushed(g)), 1u);
+    }
+    if (act == kActPull)
+      ++pull_next;
+    else
+      ++push_next;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Compute CTAs
+// ------------------------------------------------------------------------------------------------
+// Producer thread: waits for the dependencies of task `tk` (see forward_plan.h). False on timeout.
+__device__ bool wait_deps(const ForwardParams& p, const dev::DeviceComm& dc, int32_t total, const Task& tk) {
+  const uint32_t* c = p.counters;
+  const CounterLayout& L = p.layout;
+  const int32_t s = ring_slots(p.plan);
+  switch (tk.kind) {
+    case kTaskFc1:
+      if (!wait_counter(dc, c + L.pulled(tk.g), uint32_t(p.plan.comm_ctas), kWaitTaskDeps)) return false;
+      if (tk.g >= s) {
+        const MbRows old = mb_rows(p.plan, total, tk.g - s);
+        if (!wait_counter(dc, c + L.fc2_done(tk.g - s), fc2_mb_target(p.plan, old), kWaitTaskDeps)) return false;
+      }
+      return true;
+    case kTaskFc2:
+      if (!wait_counter(dc, c + L.fc1_done(tk.m), fc1_tile_target(p.plan), kWaitTaskDeps)) return false;
+      if (tk.g >= s && !wait_counter(dc, c + L.pushed(tk.g - s), uint32_t(p.plan.comm_ctas), kWaitTaskDeps))
+        return false;
+      return true;
+    case kTaskShared2:
+      return wait_counter(dc, c + L.s1_done(tk.m), s1_tile_target(p.plan), kWaitTaskDeps);
+    default:
+      return true;
+  }
+}
+
+// Writes the engine tile and report counter of a task into the task slot `s` (shared memory).
+__device__ __forceinline__ void fill_slot(TaskSlot& s, const ForwardParams& p, int32_t total, const Task& tk) {
+  s.kind = tk.kind;
+  s.counter = -1;
+  if (tk.kind == kTaskEnd) return;
+  const int32_t b_n = tk.n * C::kBlockN;
+  const int32_t kb1 = p.hidden / kBlockK;
+  if (tk.kind == kTaskFc1 || tk.kind == kTaskFc2) {
+    const MbRows r = mb_rows(p.plan, total, tk.g);
+    const int32_t ring_row = r.ring + tk.m * sched::kBlockM - r.begin;
+    const int32_t expert = p.schedule.tile_expert[tk.m];
+    if (tk.kind == kTaskFc1) {
+      s.tile = Tile{ring_row, b_n, expert, 0, kb1, kBlockK, ring_row, 0};
+      s.gu_row = tk.m * sched::kBlockM;
+      s.counter = p.layout.fc1_done(tk.m);
+      s.n_cols = 2 * p.inter;
+    } else {
+      s.tile = Tile{ring_row, b_n, expert, 0, p.inter / kBlockK, kBlockK, ring_row, 0};
+      s.counter = p.layout.fc2_done(tk.g);
+      s.n_cols = p.hidden;
+    }
+  } else {
+    const int32_t row = tk.m * sched::kBlockM;
+    if (tk.kind == kTaskShared1) {
+      s.tile = Tile{row, b_n, 0, 0, kb1, kBlockK, row, 0};
+      s.gu_row = row;
+      s.counter = p.layout.s1_done(tk.m);
+      s.n_cols = 2 * p.shared_inter;
+    } else {
+      s.tile = Tile{row, b_n, 0, 0, p.shared_inter / kBlockK, kBlockK, row, 0};
+      s.n_cols = p.hidden;
+    }
+  }
+}
+
+__device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const dev::DeviceComm& dc,
+                         const Smem<C>& sm, const TaskRing& ring, const WaitBound& wb) {
+  const int32_t total = p.schedule.totals->total_rows;
+  PipeState<C> ps;
+  uint32_t ti = 0, tphase = 0;
+#pragma unroll 1
+  for (;;) {
+    const int32_t ticket = int32_t(atomicAdd(p.counters + p.layout.ticket(), 1u));
+    Task tk = decode_ticket(p.plan, total, ticket);
+    if (tk.kind == kTaskSkip) continue;
+    if (tk.kind != kTaskEnd && !wait_deps(p, dc, total, tk)) tk.kind = kTaskEnd;
+    mbar_wait(ring.empty + ti, tphase ^ 1u, wb, kSiteTaskSlot);
+    TaskSlot& slot = ring.slot[ti];  // stays valid until the consumers release it after the tile
+    fill_slot(slot, p, total, tk);
+    mbar_arrive(ring.full + ti);  // release (CTA scope): the slot's contents before the arrival
+    if (++ti == kTaskSlots) {
+      ti = 0;
+      tphase ^= 1u;
+    }
+    if (tk.kind == kTaskEnd) break;
+    dev::fence_proxy_async();  // the acquired rows are read by TMA next
+    const CUtensorMap* a = &maps.x_ring;
+    const CUtensorMap* b = &maps.w1p;
+    if (tk.kind == kTaskFc2) {
+      a = &maps.h_in;
+      b = &maps.w_down;
+    } else if (tk.kind == kTaskShared1) {
+      a = &maps.xs_in;
+      b = &maps.ws1p;
+    } else if (tk.kind == kTaskShared2) {
+      a = &maps.hs_in;
+      b = &maps.ws_down;
+    }
+    produce_tile<C, false, false>(sm, ps, slot.tile, a, b, wb);
+  }
+}
+
+// Warpgroup leader: the previous tile's stores are complete and visible, then its counter.
+__device__ __forceinline__ void report(const ForwardParams& p, int32_t& pending) {
+  if (pending < 0) return;
+  tma_store_wait_all<0>();
+  dev::fence_proxy_async();
+  red_release(p.counters + pending, 1u);
+  pending = -1;
+}
+
+__device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const Smem<C>& sm, const TaskRing& ring,
+                         const WaitBound& wb) {
+  const int cwg = int(threadIdx.x / 128u) - 1;
+  const uint32_t wt = threadIdx.x % 128u;
+  const uint32_t ct = threadIdx.x - 128u;
+  const bool leader = wt == 0;
+  PipeState<C> ps;
+  EpiState es;
+  Skew<C> skew;  // off
+  float acc[C::kAccRegs];
+  int32_t pending = -1;  // leader only: counter of the last stored tile, not yet reported
+  uint32_t ti = 0, tphase = 0;
+#pragma unroll 1
+  for (;;) {
+    if (leader && pending >= 0 && !mbar_try_wait(ring.full + ti, tphase)) report(p, pending);
+    mbar_wait(ring.full + ti, tphase, wb, kSiteTaskSlot);
+    // The slot is read in place (fewer live registers next to the accumulators) and released
+    // after the epilogue; the producer meanwhile fills the other slot.
+    const TaskSlot& slot = ring.slot[ti];
+    const int32_t kind = slot.kind;
+    if (kind == kTaskEnd) break;
+    if (leader && pending >= 0 && !mbar_try_wait(sm.full(ps.stage), ps.phase)) report(p, pending);
+    mma_tile<C, false, false, false>(sm, ps, slot.tile, cwg, ct, acc, wb, skew, 0u, [&] {
+      if (leader) report(p, pending);
+    });
+    const Tile& t = slot.tile;
+    if (kind == kTaskFc1 || kind == kTaskShared1) {
+      const bool routed = kind == kTaskFc1;
+      epilogue_fc1<C>(sm, es, cwg, wt, acc, routed ? &maps.gu : &maps.gus_out, slot.gu_row,
+                      routed ? &maps.h_out : &maps.hs_out, t.out_row, t.b_n, slot.n_cols);
+    } else {
+      epilogue_store_2d<C>(sm, es, cwg, wt, acc, kind == kTaskFc2 ? &maps.y_out : &maps.ys_out, t.out_row, t.b_n,
+                           slot.n_cols);
+    }
+    if (leader) pending = slot.counter;
+    mbar_arrive(ring.empty + ti);
+    if (++ti == kTaskSlots) {
+      ti = 0;
+      tphase ^= 1u;
+    }
+  }
+  if (leader) report(p, pending);
+  epi_finish(leader);
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    forward_megakernel(const __grid_constant__ ForwardMaps maps, const __grid_constant__ ForwardParams p,
+                       const __grid_constant__ dev::DeviceComm dc) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // A wait of an earlier kernel on this GPU expired: the communicator is poisoned, do nothing.
+  if (__syncthreads_or(threadIdx.x == 0 && dev::wait_aborted(dc))) return;
+  const TaskRing ring = task_ring(smem_raw);
+  if (blockIdx.x < uint32_t(p.plan.comm_ctas)) {
+    comm_cta(p, dc, smem_raw, uint32_t(C::kSmemBytes) + uint32_t(kExtraSmem));
+    return;
+  }
+  const Smem<C> sm = smem_view<C>(smem_raw);
+  if (threadIdx.x == 0) {
+    init_barriers(sm);
+    for (int i = 0; i < kTaskSlots; ++i) {
+      mbar_init(ring.full + i, 1);
+      mbar_init(ring.empty + i, 256);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  const WaitBound wb{dc.claim, dc.timeout_ns};
+  if (threadIdx.x < 128) {
+    setmaxnreg_dec<kMkProducerRegs>();
+    if (threadIdx.x / 32u == 0 && elect_one()) producer(maps, p, dc, sm, ring, wb);
+  } else {
+    setmaxnreg_inc<kMkConsumerRegs>();
+    consumer(maps, p, sm, ring, wb);
+  }
+}
+
+}  // namespace
+
+int forward_smem_bytes() { return int(C::kSmemBytes) + kExtraSmem; }
+
+void launch_forward(const ForwardMaps& maps, const ForwardParams& params, const comm::dev::DeviceComm& dc,
+                    int grid, cudaStream_t stream) {
+  MOK_REQUIRE(params.plan.comm_ctas >= 1 && params.plan.comm_ctas < grid, "config.fwd_comm_sms",
+              "must be in [1, grid) = [1, ", grid, "), got ", params.plan.comm_ctas);
+  const int smem = forward_smem_bytes();
+  MOK_CUDA_CHECK(cudaFuncSetAttribute(forward_megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int per_sm = 0;
+  MOK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, forward_megakernel, kThreads, smem));
+  int dev = 0, sms = 0;
+  MOK_CUDA_CHECK(cudaGetDevice(&dev));
+  MOK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  if (per_sm < 1 || grid > per_sm * sms)
+    throw Error(ErrorKind::Runtime, "megakernel", "cannot keep every CTA resident",
+                detail::concat(grid, " CTAs asked, ", per_sm, " per SM x ", sms, " SMs fit"));
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;  // all CTAs co-resident, or the launch fails
+  attr[0].val.cooperative = 1;
+  cfg.gridDim = dim3(unsigned(grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  MOK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, forward_megakernel, maps, params, dc));
+}
+
+}  // namespace mok::mk

@@ -1,0 +1,56 @@
+// mok — the BF16 forward megakernel (host interface). One persistent kernel per rank and forward
+// call: the first `plan.comm_ctas` CTAs pull routed rows from the peers into the ring and push
+// FC2 rows back into the owners' combine slots; the other CTAs claim FC1 (+SwiGLU), FC2 and
+// shared-expert tiles from an atomic ticket and run them on the SM90 tile engine. The plan,
+// ticket order and dependency counters are in forward_plan.h; the kernel in forward_kernel.cu.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "comm/device.cuh"
+#include "megakernel/forward_plan.h"
+#include "schedule/schedule_gpu.h"
+
+namespace mok::mk {
+
+// TMA tensor maps (bf16, 128-byte swizzle). A operands: box 128 rows; outputs: box 64 rows;
+// weights: 3-D [E, N, K] with box BLOCK_N rows.
+struct ForwardMaps {
+  CUtensorMap x_ring;    // A of FC1: ring [R, H]
+  CUtensorMap w1p;       // B of FC1: [E_loc, 2I, H] (gate/up packed)
+  CUtensorMap gu;        // FC1 out: gate/up pre-activations [cap_rows, 2I] (every routed row)
+  CUtensorMap h_out;     // FC1 out: ring [R, I]
+  CUtensorMap h_in;      // A of FC2: ring [R, I]
+  CUtensorMap w_down;    // B of FC2: [E_loc, H, I]
+  CUtensorMap y_out;     // FC2 out: ring [R, H]
+  CUtensorMap xs_in;     // shared expert A: this rank's x [s_tiles*128, H]
+  CUtensorMap ws1p;      // [1, 2Is, H]
+  CUtensorMap gus_out;   // [s_tiles*128, 2Is]
+  CUtensorMap hs_out;    // [s_tiles*128, Is]
+  CUtensorMap hs_in;     // [s_tiles*128, Is]
+  CUtensorMap ws_down;   // [1, H, Is]
+  CUtensorMap ys_out;    // [s_tiles*128, H]
+};
+
+struct ForwardParams {
+  PlanShape plan;
+  CounterLayout layout;
+  uint32_t* counters = nullptr;  // layout.words() words, zero at launch
+  gpu::ScheduleView schedule;
+  const void* const* x_peers = nullptr;  // [W] rank r's x [T_r, H] (flat peer aliases)
+  void* const* combine_peers = nullptr;  // [W] rank r's combine slots [T_r * k, H]
+  void* x_ring = nullptr;                // [R, H] (written by the comm CTAs)
+  const void* y_ring = nullptr;          // [R, H] (read by the comm CTAs)
+  int32_t hidden = 0, inter = 0, shared_inter = 0, top_k = 0;
+};
+
+// Dynamic shared memory of one CTA.
+int forward_smem_bytes();
+// Launches the megakernel on `grid` CTAs (one per SM; refused when they cannot all be resident).
+void launch_forward(const ForwardMaps& maps, const ForwardParams& params, const comm::dev::DeviceComm& dc,
+                    int grid, cudaStream_t stream);
+
+}  // namespace mok::mk
