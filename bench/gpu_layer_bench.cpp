@@ -57,8 +57,8 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   v.push_back({to_string(other.forward_path), other});
   Config mk = main;
   mk.forward_path = ForwardPath::Megakernel;
-  for (int sms : {4, 8, 32}) {
-    if (sms == o.comm_sms) continue;
+  for (int sms : {4, 8, 16, 32}) {
+    if (sms == main.resolved_fwd_comm_sms(shape)) continue;
     Config c = mk;
     c.fwd_comm_sms = sms;
     v.push_back({"megakernel", c});
@@ -134,8 +134,9 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
   for (int g = 0; g < W; ++g) devices[static_cast<size_t>(g)] = g;
   comm::CommOptions copt;
   copt.config.fwd_comm_sms = o.comm_sms;
-  std::printf("[mok_bench] GPU layer (%s) on %d x %s, EP %d, %d comm SMs, %d warm-up + %d timed iterations%s\n",
-              to_string(o.path), W, device_name().c_str(), W, o.comm_sms, o.warmup, o.iters,
+  const std::string sms_text = o.comm_sms > 0 ? std::to_string(o.comm_sms) : std::string("shape-chosen");
+  std::printf("[mok_bench] GPU layer (%s) on %d x %s, EP %d, %s comm SMs, %d warm-up + %d timed iterations%s\n",
+              to_string(o.path), W, device_name().c_str(), W, sms_text.c_str(), o.warmup, o.iters,
               o.ablation ? ", with ablation variants" : "");
   auto group = comm::LocalGroup::create(devices, copt);
   std::string cases, ablation;
@@ -172,6 +173,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           const Config& cfg = var.cfg;
           std::vector<std::vector<double>> ms(static_cast<size_t>(W));
           std::vector<std::vector<bf16>> sampled(static_cast<size_t>(W));
+          std::vector<std::string> profile(static_cast<size_t>(W));
           group.run([&](comm::Communicator& c, size_t r) {
             const auto& in = wl.inputs[r];
             void *x = nullptr, *idx = nullptr, *w = nullptr, *out = nullptr;
@@ -212,6 +214,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
               MOK_CUDA_CHECK(cudaEventElapsedTime(&e, ev[static_cast<size_t>(2 * it)], ev[static_cast<size_t>(2 * it + 1)]));
               ms[r].push_back(e);
             }
+            profile[r] = layer.profile_summary();
             for (auto& e : ev) cudaEventDestroy(e);
             for (void* p : {x, idx, w, out}) cudaFree(p);
           });
@@ -255,13 +258,16 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           const double t_ms = median(slowest);
           const double tflops = flops / (t_ms * 1e-3) / 1e12;
           const int64_t mb = cfg.resolved_minibatch(shape), ring = cfg.resolved_macrobatch(shape);
+          const int sms = cfg.resolved_fwd_comm_sms(shape);
           std::printf("| %s | %lld | %s | %s | %d | %lld | %lld | %s | %.3f | %.0f |\n", m->name, (long long)T,
-                      to_string(routing), var.name.c_str(), cfg.fwd_comm_sms, (long long)mb, (long long)ring,
-                      check.c_str(), t_ms, tflops);
+                      to_string(routing), var.name.c_str(), sms, (long long)mb, (long long)ring, check.c_str(),
+                      t_ms, tflops);
+          for (int r = 0; r < W; ++r)
+            if (!profile[r].empty()) std::printf("  profile rank %d: %s\n", r, profile[r].c_str());
           std::fflush(stdout);
           const std::string key = "{\"model\": \"" + std::string(m->name) + "\", \"T\": " + std::to_string(T) +
                                   ", \"routing\": \"" + to_string(routing) + "\", \"variant\": \"" + var.name + "\"";
-          const std::string knobs = ", \"comm_sms\": " + std::to_string(cfg.fwd_comm_sms) + ", \"minibatch_tokens\": " +
+          const std::string knobs = ", \"comm_sms\": " + std::to_string(sms) + ", \"minibatch_tokens\": " +
                                     std::to_string(mb) + ", \"macrobatch_tokens\": " + std::to_string(ring);
           if (!ablation.empty()) ablation += ",\n    ";
           ablation += key + knobs + ", \"ms\": " + std::to_string(t_ms) + ", \"tflops\": " + std::to_string(tflops) + "}";

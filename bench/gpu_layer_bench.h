@@ -15,9 +15,9 @@ struct GpuBenchOptions {
   std::vector<Routing> routings = {Routing::Uniform, Routing::Zipf};
   int warmup = 5;
   int iters = 20;
-  int comm_sms = 16;
+  int comm_sms = 0;  // 0 = chosen from the shape (Config::resolved_fwd_comm_sms)
   ForwardPath path = ForwardPath::Megakernel;  // the variant reported in `cases`
-  // Ablation: besides the main variant, at every shape: the other path, comm SMs {4, 8, 32}, half and
+  // Ablation: besides the main variant, at every shape: the other path, comm SMs {4, 8, 16, 32}, half and
   // double the minibatch, and a ring of 4 minibatches; each checked bitwise against the main one.
   bool ablation = true;
   std::string json;  // results file ("" = none)

@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
   int world = 0, threads = 0, reps = 3;
   bool force_cpu = false;
   std::string models, tokens, routings, json;
-  int iters = 20, warmup = 5, comm_sms = 16;
+  int iters = 20, warmup = 5, comm_sms = 0;
   std::string path = "megakernel";
   bool ablation = true;
   for (int i = 1; i < argc; ++i) {

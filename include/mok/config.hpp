@@ -55,7 +55,7 @@ const char* to_string(ForwardPath p);
 
 struct Config {
   ForwardPath forward_path = ForwardPath::Megakernel;  // GPU layer only (the CPU reference ignores it)
-  int fwd_comm_sms = 16;             // CTAs (one per SM) that move tokens in the forward kernel
+  int fwd_comm_sms = 0;              // CTAs (one per SM) that move tokens in the forward kernel; 0 = from the shape
   int bwd_comm_sms = 16;             // same for the backward kernel
   int64_t minibatch_tokens = 0;      // routed rows per minibatch; 0 = choose from the shape
   int64_t macrobatch_tokens = 0;     // routed rows held by the ring buffer; 0 = worst case (no ring reuse)
@@ -68,6 +68,7 @@ struct Config {
   void validate(const LayerShape& shape, int sm_count = 0) const;
 
   // Resolved values (defaults filled in from the shape).
+  int resolved_fwd_comm_sms(const LayerShape& shape) const;
   int64_t resolved_minibatch(const LayerShape& shape) const;
   int64_t resolved_macrobatch(const LayerShape& shape) const;
 };

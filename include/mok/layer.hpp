@@ -5,14 +5,16 @@
 // work on the given stream: no host synchronization, no allocation. Device-side problems
 // (invalid expert ids, an expired wait) are raised by check().
 //
-// Current implementation: the unfused path — publish routing, LSA barrier, GPU schedule, pull
-// dispatch, grouped FC1 (+SwiGLU), grouped FC2, push combine, LSA barrier, shared expert, merge —
-// as a sequence of kernels. It is the baseline and fallback of the forward megakernel.
+// Forward: publish routing, LSA barrier, GPU schedule, then (Config::forward_path) either the
+// persistent megakernel (src/megakernel/forward_kernel.cu: pull dispatch, FC1 + SwiGLU, FC2, push
+// combine and the shared expert in one kernel) or the unfused sequence of kernels kept as
+// baseline and fallback; then an LSA barrier and the merge.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <string>
 
 #include "mok/comm.hpp"
 #include "mok/config.hpp"
@@ -50,6 +52,11 @@ class Layer {
   // Raises pending device-side errors (invalid expert ids: InvalidArgument naming topk_idx[t,j];
   // expired waits: Timeout naming the wait). Call after synchronizing the stream.
   void check();
+  // With MOK_PROFILE=1 in the environment when the layer was built (megakernel path): one line on
+  // where the last forward's kernel spent its time — compute CTAs busy in tiles / waiting for a
+  // task / producer waiting on dependencies, comm CTAs pulling / pushing / idle; "" otherwise.
+  // Synchronizes with the device.
+  std::string profile_summary() const;
 
  private:
   struct Impl;

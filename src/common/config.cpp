@@ -98,11 +98,21 @@ void LayerShape::validate() const {
   }
 }
 
+int Config::resolved_fwd_comm_sms(const LayerShape& shape) const {
+  if (fwd_comm_sms > 0) return fwd_comm_sms;
+  // Movement per routed row is ~4H bytes (pull + push), compute 6HI FLOPs: the comm share of the
+  // SMs scales with 1/I. Fitted on 2xH200 (bench/results/forward-h200x2.json, comm SM sweep):
+  // best at 8 for I = 2048 (DeepSeek-V3), 12-16 for I = 1536 and 16-32 for I = 768; one TMA-driven
+  // comm SM moves ~50-100 GB/s. Multiple of 4, within [4, 32].
+  const int64_t sms = sched::round_up(16384 / std::max<int64_t>(1, shape.intermediate), 4);
+  return static_cast<int>(std::clamp<int64_t>(sms, 4, 32));
+}
+
 int64_t Config::resolved_minibatch(const LayerShape& shape) const {
   if (minibatch_tokens > 0) return minibatch_tokens;
   // MoK's rule: each GEMM of a minibatch gets >= 2 full waves of 128x256 tiles over the compute
   // SMs, the narrower of FC1 (N = 2I) and FC2 (N = H) deciding.
-  const int64_t compute_sms = std::max<int64_t>(1, kDefaultSmCount - fwd_comm_sms);
+  const int64_t compute_sms = std::max<int64_t>(1, kDefaultSmCount - resolved_fwd_comm_sms(shape));
   const int64_t n = std::min(2 * shape.intermediate, shape.hidden);
   const int64_t rows = (2 * compute_sms * 128 * 256 + n - 1) / n;
   const int64_t mb = sched::round_up(rows, sched::kBlockM);
@@ -120,12 +130,13 @@ int64_t Config::resolved_macrobatch(const LayerShape& shape) const {
 
 void Config::validate(const LayerShape& shape, int sm_count) const {
   shape.validate();
-  MOK_REQUIRE(fwd_comm_sms >= 1, "config.fwd_comm_sms", "must be >= 1, got ", fwd_comm_sms);
+  MOK_REQUIRE(fwd_comm_sms >= 0, "config.fwd_comm_sms", "must be >= 1 (or 0 = from the shape), got ",
+              fwd_comm_sms);
   MOK_REQUIRE(bwd_comm_sms >= 1, "config.bwd_comm_sms", "must be >= 1, got ", bwd_comm_sms);
   if (sm_count > 0) {
-    MOK_REQUIRE(fwd_comm_sms < sm_count, "config.fwd_comm_sms",
+    MOK_REQUIRE(resolved_fwd_comm_sms(shape) < sm_count, "config.fwd_comm_sms",
                 "must leave at least one compute SM (SMs on this device = ", sm_count, ", got ",
-                fwd_comm_sms, ")");
+                resolved_fwd_comm_sms(shape), ")");
     MOK_REQUIRE(bwd_comm_sms < sm_count, "config.bwd_comm_sms",
                 "must leave at least one compute SM (SMs on this device = ", sm_count, ", got ",
                 bwd_comm_sms, ")");

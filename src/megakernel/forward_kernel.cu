@@ -33,6 +33,7 @@ using C = Cfg<256>;
 namespace dev = mok::comm::dev;
 
 constexpr int kTaskSlots = 2;
+constexpr int kStatWords = kForwardStatWords;
 // Register split: the producer thread decodes tickets and waits on counters besides issuing TMA,
 // which needs more than the plain engine's 40 registers; the consumers give up 8.
 // 128 x 56 + 256 x 224 = 64512 <= 65536.
@@ -99,6 +100,18 @@ __device__ __forceinline__ bool wait_counter(const dev::DeviceComm& dc, const ui
     }
   }
 }
+
+// Optional profile (params.stats != nullptr): kStatWords words per CTA, written once at the end.
+// Compute CTAs: span, busy (consumer warpgroup 0: tile MMAs + epilogues), waiting for a task
+// (consumer warpgroup 0), dependency waits (producer), tiles. Comm CTAs: span, pulling, pushing,
+// waiting for work, 0.
+struct StatClock {
+  unsigned long long* out;
+  uint64_t t0;
+  __device__ __forceinline__ explicit StatClock(unsigned long long* stats)
+      : out(stats ? stats + size_t(blockIdx.x) * kStatWords : nullptr), t0(out ? dev::globaltimer_ns() : 0) {}
+  __device__ __forceinline__ uint64_t now() const { return out ? dev::globaltimer_ns() : 0; }
+};
 
 // ------------------------------------------------------------------------------------------------
 // Comm CTAs
@@ -193,11 +206,16 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
   const char* y_ring = static_cast<const char*>(p.y_ring);
   const int64_t rb = int64_t(row_bytes);
   int32_t pull_next = 0, push_next = 0;
+  const StatClock clock(t == 0 ? p.stats : nullptr);
+  uint64_t pull_ns = 0, push_ns = 0, idle_ns = 0;
 #pragma unroll 1
   for (;;) {
+    const uint64_t w0 = clock.now();
     if (t == 0) *cs.cmd = comm_decide(p, dc, total, npos, pull_next, push_next);
     __syncthreads();  // orders thread 0's acquire before every thread's copies
     const int32_t act = *cs.cmd;
+    const uint64_t w1 = clock.now();
+    idle_ns += w1 - w0;
     if (act == kActDone) break;
     const int32_t g = act == kActPull ? pull_next : push_next;
     const MbRows r = mb_rows(p.plan, total, g);
@@ -237,10 +255,18 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
       dev::fence_proxy_async();
       red_release(p.counters + (act == kActPull ? p.layout.pulled(g) : p.layout.pushed(g)), 1u);
     }
+    (act == kActPull ? pull_ns : push_ns) += clock.now() - w1;
     if (act == kActPull)
       ++pull_next;
     else
       ++push_next;
+  }
+  if (clock.out) {
+    clock.out[0] = clock.now() - clock.t0;
+    clock.out[1] = pull_ns;
+    clock.out[2] = push_ns;
+    clock.out[3] = idle_ns;
+    clock.out[4] = 0;
   }
 }
 
@@ -312,12 +338,16 @@ __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const 
   const int32_t total = p.schedule.totals->total_rows;
   PipeState<C> ps;
   uint32_t ti = 0, tphase = 0;
+  const StatClock clock(p.stats);
+  uint64_t dep_ns = 0;
 #pragma unroll 1
   for (;;) {
     const int32_t ticket = int32_t(atomicAdd(p.counters + p.layout.ticket(), 1u));
     Task tk = decode_ticket(p.plan, total, ticket);
     if (tk.kind == kTaskSkip) continue;
+    const uint64_t d0 = clock.now();
     if (tk.kind != kTaskEnd && !wait_deps(p, dc, total, tk)) tk.kind = kTaskEnd;
+    dep_ns += clock.now() - d0;
     mbar_wait(ring.empty + ti, tphase ^ 1u, wb, kSiteTaskSlot);
     TaskSlot& slot = ring.slot[ti];  // stays valid until the consumers release it after the tile
     fill_slot(slot, p, total, tk);
@@ -326,7 +356,10 @@ __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const 
       ti = 0;
       tphase ^= 1u;
     }
-    if (tk.kind == kTaskEnd) break;
+    if (tk.kind == kTaskEnd) {
+      if (clock.out) clock.out[3] = dep_ns;
+      break;
+    }
     dev::fence_proxy_async();  // the acquired rows are read by TMA next
     const CUtensorMap* a = &maps.x_ring;
     const CUtensorMap* b = &maps.w1p;
@@ -365,10 +398,15 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
   float acc[C::kAccRegs];
   int32_t pending = -1;  // leader only: counter of the last stored tile, not yet reported
   uint32_t ti = 0, tphase = 0;
+  const StatClock clock(leader && cwg == 0 ? p.stats : nullptr);
+  uint64_t busy_ns = 0, wait_ns = 0, tiles = 0;
 #pragma unroll 1
   for (;;) {
+    const uint64_t w0 = clock.now();
     if (leader && pending >= 0 && !mbar_try_wait(ring.full + ti, tphase)) report(p, pending);
     mbar_wait(ring.full + ti, tphase, wb, kSiteTaskSlot);
+    const uint64_t w1 = clock.now();
+    wait_ns += w1 - w0;
     // The slot is read in place (fewer live registers next to the accumulators) and released
     // after the epilogue; the producer meanwhile fills the other slot.
     const TaskSlot& slot = ring.slot[ti];
@@ -388,6 +426,8 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
                            slot.n_cols);
     }
     if (leader) pending = slot.counter;
+    busy_ns += clock.now() - w1;
+    ++tiles;
     mbar_arrive(ring.empty + ti);
     if (++ti == kTaskSlots) {
       ti = 0;
@@ -396,6 +436,12 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
   }
   if (leader) report(p, pending);
   epi_finish(leader);
+  if (clock.out) {
+    clock.out[0] = clock.now() - clock.t0;
+    clock.out[1] = busy_ns;
+    clock.out[2] = wait_ns;
+    clock.out[4] = tiles;
+  }
 }
 
 __global__ void __launch_bounds__(kThreads, 1)

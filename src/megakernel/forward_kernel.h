@@ -45,7 +45,10 @@ struct ForwardParams {
   void* x_ring = nullptr;                // [R, H] (written by the comm CTAs)
   const void* y_ring = nullptr;          // [R, H] (read by the comm CTAs)
   int32_t hidden = 0, inter = 0, shared_inter = 0, top_k = 0;
+  unsigned long long* stats = nullptr;  // optional profile: kForwardStatWords per CTA (see the kernel)
 };
+
+inline constexpr int kForwardStatWords = 8;
 
 // Dynamic shared memory of one CTA.
 int forward_smem_bytes();

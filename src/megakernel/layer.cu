@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "comm/device.cuh"
@@ -79,6 +81,7 @@ struct Layer::Impl {
   DeviceBuffer counters;
   mk::ForwardMaps maps{};
   mk::ForwardParams mkp{};
+  DeviceBuffer stats;  // MOK_PROFILE=1: per-CTA profile of the last megakernel
 
   Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg, const DeviceWeights& w)
       : comm(c), shape(s), config(cfg), weights(w) {
@@ -216,7 +219,7 @@ struct Layer::Impl {
     ps.s_tiles = has_shared ? static_cast<int32_t>(t_tiles) : 0;
     ps.n1s = static_cast<int32_t>(sched::ceil_div(2 * Is, kBN));
     ps.n2s = ps.n2;
-    ps.comm_ctas = config.fwd_comm_sms;
+    ps.comm_ctas = config.resolved_fwd_comm_sms(shape);
     mkp.layout.max_positions = static_cast<int32_t>(sched::ceil_div(cap_rows, mb));
     mkp.layout.max_tiles = static_cast<int32_t>(cap_rows / sched::kBlockM);
     mkp.layout.s_tiles = ps.s_tiles;
@@ -225,6 +228,12 @@ struct Layer::Impl {
                 ") must fit 31 bits");
     counters = DeviceBuffer(static_cast<size_t>(mkp.layout.words()) * 4, "megakernel counters");
     mkp.counters = counters.get<uint32_t>();
+    const char* prof = std::getenv("MOK_PROFILE");
+    if (prof != nullptr && std::string(prof) == "1") {
+      stats = DeviceBuffer(static_cast<size_t>(sms) * mk::kForwardStatWords * 8, "megakernel profile");
+      MOK_CUDA_CHECK(cudaMemset(stats.p, 0, static_cast<size_t>(sms) * mk::kForwardStatWords * 8));
+      mkp.stats = stats.get<unsigned long long>();
+    }
     mkp.schedule = schedule->view();
     mkp.x_peers = x_peers.get<const void* const>();
     mkp.combine_peers = combine_peers.get<void* const>();
@@ -269,7 +278,7 @@ struct Layer::Impl {
     a.schedule = schedule->view();
     a.hidden = H;
     a.top_k = k;
-    a.sms = config.fwd_comm_sms;
+    a.sms = config.resolved_fwd_comm_sms(shape);
     return a;
   }
 
@@ -322,6 +331,41 @@ Layer::~Layer() = default;
 void Layer::forward(const RoutingRefs& in, void* out, cudaStream_t stream) { impl_->forward(in, out, stream); }
 
 void Layer::repack(cudaStream_t stream) { impl_->repack(stream); }
+
+std::string Layer::profile_summary() const {
+  const Impl& m = *impl_;
+  if (m.stats.p == nullptr) return "";
+  std::vector<unsigned long long> w(static_cast<size_t>(m.sms) * mk::kForwardStatWords);
+  MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  MOK_CUDA_CHECK(cudaMemcpy(w.data(), m.stats.p, w.size() * 8, cudaMemcpyDeviceToHost));
+  const int c = m.mkp.plan.comm_ctas;
+  double span = 0, busy = 0, wait = 0, dep = 0, tiles = 0, cspan = 0, pull = 0, push = 0, idle = 0, max_span = 0;
+  for (int b = 0; b < m.sms; ++b) {
+    const unsigned long long* s = &w[static_cast<size_t>(b) * mk::kForwardStatWords];
+    max_span = std::max(max_span, double(s[0]));
+    if (b < c) {
+      cspan += double(s[0]);
+      pull += double(s[1]);
+      push += double(s[2]);
+      idle += double(s[3]);
+    } else {
+      span += double(s[0]);
+      busy += double(s[1]);
+      wait += double(s[2]);
+      dep += double(s[3]);
+      tiles += double(s[4]);
+    }
+  }
+  const auto pct = [](double a, double b) { return b > 0 ? 100.0 * a / b : 0.0; };
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "kernel %.3f ms; %d compute CTAs: busy %.1f%%, waiting for a task %.1f%%, producer on "
+                "dependencies %.1f%%, %.1f tiles/CTA, %.1f us/tile; %d comm CTAs: pull %.1f%%, push %.1f%%, idle %.1f%%",
+                max_span * 1e-6, m.sms - c, pct(busy, span), pct(wait, span), pct(dep, span),
+                tiles / std::max(1, m.sms - c), tiles > 0 ? busy / tiles * 1e-3 : 0.0, c, pct(pull, cspan),
+                pct(push, cspan), pct(idle, cspan));
+  return line;
+}
 
 void Layer::check() {
   impl_->comm.check_waits();

@@ -103,10 +103,29 @@ TEST(ConfigValidation, DefaultsResolve) {
 }
 
 TEST(ConfigValidation, MinibatchFollowsTwoWaveRule) {
-  // DeepSeek-V3, 116 compute SMs: >= 2*116*128*256/4096 = 1856 rows -> 1920.
+  // DeepSeek-V3 with 16 comm SMs, 116 compute SMs: >= 2*116*128*256/4096 = 1856 rows -> 1920.
   const auto s = mok::LayerShape::uniform(2, 8192, 7168, 2048, 256, 8);
   mok::Config c;
+  c.fwd_comm_sms = 16;
   EXPECT_EQ(c.resolved_minibatch(s), 1920);
+  // Shape-chosen comm SMs (8 for I = 2048): 124 compute SMs -> 1984 -> 2048.
+  c.fwd_comm_sms = 0;
+  EXPECT_EQ(c.resolved_fwd_comm_sms(s), 8);
+  EXPECT_EQ(c.resolved_minibatch(s), 2048);
+}
+
+TEST(ConfigValidation, CommSmsFromTheShape) {
+  mok::Config c;
+  const auto sms = [&](int64_t H, int64_t I) {
+    return c.resolved_fwd_comm_sms(mok::LayerShape::uniform(2, 8192, H, I, 128, 8));
+  };
+  EXPECT_EQ(sms(7168, 2048), 8);   // DeepSeek-V3
+  EXPECT_EQ(sms(4096, 1536), 12);  // Qwen3-235B
+  EXPECT_EQ(sms(2048, 768), 24);   // Qwen3-30B-A3B
+  EXPECT_EQ(sms(1024, 128), 32);   // clamped
+  EXPECT_EQ(sms(8192, 8192), 4);   // clamped
+  c.fwd_comm_sms = 20;
+  EXPECT_EQ(sms(7168, 2048), 20);  // explicit value wins
 }
 
 TEST(ConfigValidation, MinibatchNotMultipleOf128) {

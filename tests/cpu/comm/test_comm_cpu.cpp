@@ -246,7 +246,7 @@ TEST(CommHandshake, MismatchNamesTheField) {
     Rank a, b;
     b.config.fwd_comm_sms = 24;
     expect_error([&] { check_pair(a, b); }, K::InvalidArgument, "handshake: config.fwd_comm_sms",
-                 {"rank 0 has 16", "rank 1 has 24"});
+                 {"rank 0 has 0", "rank 1 has 24"});
   }
   {
     Rank a, b;
