@@ -111,11 +111,16 @@ int Config::resolved_fwd_comm_sms(const LayerShape& shape) const {
 int64_t Config::resolved_minibatch(const LayerShape& shape) const {
   if (minibatch_tokens > 0) return minibatch_tokens;
   // MoK's rule: each GEMM of a minibatch gets >= 2 full waves of 128x256 tiles over the compute
-  // SMs, the narrower of FC1 (N = 2I) and FC2 (N = H) deciding.
+  // SMs, the narrower of FC1 (N = 2I) and FC2 (N = H) deciding. But the last minibatch's FC2 runs
+  // with nothing to overlap, so when a rank has few routed rows the minibatch shrinks to about
+  // 1/16 of them, down to one wave. Measured on 2xH200 (bench/results/forward-h200x2.json,
+  // minibatch sweep): T = 2048 runs 5-12% faster at half the two-wave size, T = 8192 best at it.
   const int64_t compute_sms = std::max<int64_t>(1, kDefaultSmCount - resolved_fwd_comm_sms(shape));
   const int64_t n = std::min(2 * shape.intermediate, shape.hidden);
-  const int64_t rows = (2 * compute_sms * 128 * 256 + n - 1) / n;
-  const int64_t mb = sched::round_up(rows, sched::kBlockM);
+  const int64_t one_wave = sched::round_up((compute_sms * 128 * 256 + n - 1) / n, sched::kBlockM);
+  const int64_t two_waves = sched::round_up((2 * compute_sms * 128 * 256 + n - 1) / n, sched::kBlockM);
+  const int64_t routes_per_rank = shape.total_tokens() * shape.top_k / std::max(1, shape.world_size());
+  const int64_t mb = std::max(one_wave, std::min(two_waves, sched::round_up(routes_per_rank / 16, sched::kBlockM)));
   return std::max<int64_t>(sched::kBlockM,
                            std::min(mb, sched::round_up(shape.worst_case_rows(), sched::kBlockM)));
 }

@@ -112,6 +112,9 @@ TEST(ConfigValidation, MinibatchFollowsTwoWaveRule) {
   c.fwd_comm_sms = 0;
   EXPECT_EQ(c.resolved_fwd_comm_sms(s), 8);
   EXPECT_EQ(c.resolved_minibatch(s), 2048);
+  // Few routed rows per rank (T = 2048: 16384): 1/16 of them, but at least one wave (992 -> 1024).
+  EXPECT_EQ(c.resolved_minibatch(mok::LayerShape::uniform(2, 2048, 7168, 2048, 256, 8)), 1024);
+  EXPECT_EQ(c.resolved_minibatch(mok::LayerShape::uniform(2, 64, 7168, 2048, 256, 8)), 1024);
 }
 
 TEST(ConfigValidation, CommSmsFromTheShape) {
