@@ -57,13 +57,14 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   v.push_back({to_string(other.forward_path), other});
   Config mk = main;
   mk.forward_path = ForwardPath::Megakernel;
+  const int64_t mb = mk.resolved_minibatch(shape);
   for (int sms : {4, 8, 16, 32}) {
     if (sms == main.resolved_fwd_comm_sms(shape)) continue;
     Config c = mk;
     c.fwd_comm_sms = sms;
+    c.minibatch_tokens = mb;  // the sweep varies one knob
     v.push_back({"megakernel", c});
   }
-  const int64_t mb = mk.resolved_minibatch(shape);
   for (int64_t m : {std::max<int64_t>(128, mb / 2 / 128 * 128), 2 * mb}) {
     if (m == mb) continue;
     Config c = mk;

@@ -292,6 +292,20 @@ __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, co
   release_stage<C, kCluster>(sm, prev, peer);
 }
 
+// A consumer warpgroup whose 64 rows of the tile are all padding: waits for each stage of the tile
+// and releases it without computing, so the pipeline stays in step with the other warpgroup (which
+// then has the tensor cores to itself). Its epilogue is skipped too.
+template <class C, class Hook = NoHook>
+__device__ __forceinline__ void skip_tile(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, const WaitBound& wb,
+                                          const Hook& on_first_block = Hook{}) {
+  for (int kb = 0; kb < t.k_blocks; ++kb) {
+    mbar_wait(sm.full(ps.stage), ps.phase, wb, kSiteConsumerFull);
+    if (kb == 0) on_first_block();
+    release_stage<C>(sm, ps.stage);
+    ps.advance();
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // Epilogue building blocks (one consumer warpgroup; wt = thread index inside it, 0..127)
 // ------------------------------------------------------------------------------------------------

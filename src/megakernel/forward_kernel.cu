@@ -52,6 +52,8 @@ struct TaskSlot {
   int32_t gu_row;   // FC1: global routed row of the tile (gu keeps every row)
   int32_t counter;  // counter word reported when the tile is stored (-1: none)
   int32_t n_cols;   // output width of the GEMM (FC1: 2I)
+  int32_t rows;     // rows of the tile that hold tokens (<= 64: warpgroup 1 skips its half)
+  int32_t pad_;
 };
 
 struct TaskRing {
@@ -309,6 +311,9 @@ __device__ __forceinline__ void fill_slot(TaskSlot& s, const ForwardParams& p, i
     const MbRows r = mb_rows(p.plan, total, tk.g);
     const int32_t ring_row = r.ring + tk.m * sched::kBlockM - r.begin;
     const int32_t expert = p.schedule.tile_expert[tk.m];
+    // Token rows of this tile: the expert's segment holds expert_rows[e] tokens, then padding.
+    s.rows = min(int32_t(sched::kBlockM),
+                 p.schedule.expert_offset[expert] + p.schedule.expert_rows[expert] - tk.m * sched::kBlockM);
     if (tk.kind == kTaskFc1) {
       s.tile = Tile{ring_row, b_n, expert, 0, kb1, kBlockK, ring_row, 0};
       s.gu_row = tk.m * sched::kBlockM;
@@ -321,6 +326,7 @@ __device__ __forceinline__ void fill_slot(TaskSlot& s, const ForwardParams& p, i
     }
   } else {
     const int32_t row = tk.m * sched::kBlockM;
+    s.rows = min(int32_t(sched::kBlockM), p.tokens - row);
     if (tk.kind == kTaskShared1) {
       s.tile = Tile{row, b_n, 0, 0, kb1, kBlockK, row, 0};
       s.gu_row = row;
@@ -394,7 +400,7 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
   const bool leader = wt == 0;
   PipeState<C> ps;
   EpiState es;
-  Skew<C> skew;  // off
+  Skew<C> skew;  // optional stagger of the two warpgroups (ForwardParams::skew_stages)
   float acc[C::kAccRegs];
   int32_t pending = -1;  // leader only: counter of the last stored tile, not yet reported
   uint32_t ti = 0, tphase = 0;
@@ -413,17 +419,24 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
     const int32_t kind = slot.kind;
     if (kind == kTaskEnd) break;
     if (leader && pending >= 0 && !mbar_try_wait(sm.full(ps.stage), ps.phase)) report(p, pending);
-    mma_tile<C, false, false, false>(sm, ps, slot.tile, cwg, ct, acc, wb, skew, 0u, [&] {
+    const auto report_previous = [&] {
       if (leader) report(p, pending);
-    });
-    const Tile& t = slot.tile;
-    if (kind == kTaskFc1 || kind == kTaskShared1) {
-      const bool routed = kind == kTaskFc1;
-      epilogue_fc1<C>(sm, es, cwg, wt, acc, routed ? &maps.gu : &maps.gus_out, slot.gu_row,
-                      routed ? &maps.h_out : &maps.hs_out, t.out_row, t.b_n, slot.n_cols);
+    };
+    if (cwg == 1 && slot.rows <= 64) {
+      // This warpgroup's rows are all padding: keep the pipeline in step, compute and store nothing.
+      skip_tile<C>(sm, ps, slot.tile, wb, report_previous);
     } else {
-      epilogue_store_2d<C>(sm, es, cwg, wt, acc, kind == kTaskFc2 ? &maps.y_out : &maps.ys_out, t.out_row, t.b_n,
-                           slot.n_cols);
+      skew.stages = slot.rows <= 64 ? 0 : p.skew_stages;  // same choice in both warpgroups
+      mma_tile<C, false, false, false>(sm, ps, slot.tile, cwg, ct, acc, wb, skew, 0u, report_previous);
+      const Tile& t = slot.tile;
+      if (kind == kTaskFc1 || kind == kTaskShared1) {
+        const bool routed = kind == kTaskFc1;
+        epilogue_fc1<C>(sm, es, cwg, wt, acc, routed ? &maps.gu : &maps.gus_out, slot.gu_row,
+                        routed ? &maps.h_out : &maps.hs_out, t.out_row, t.b_n, slot.n_cols);
+      } else {
+        epilogue_store_2d<C>(sm, es, cwg, wt, acc, kind == kTaskFc2 ? &maps.y_out : &maps.ys_out, t.out_row,
+                             t.b_n, slot.n_cols);
+      }
     }
     if (leader) pending = slot.counter;
     busy_ns += clock.now() - w1;

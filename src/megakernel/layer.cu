@@ -228,6 +228,9 @@ struct Layer::Impl {
                 ") must fit 31 bits");
     counters = DeviceBuffer(static_cast<size_t>(mkp.layout.words()) * 4, "megakernel counters");
     mkp.counters = counters.get<uint32_t>();
+    // Experiment knob (not API): MOK_MK_SKEW=1..4 staggers the consumer warpgroups so one's
+    // epilogue overlaps the other's MMAs (see the engine's Skew).
+    if (const char* sk = std::getenv("MOK_MK_SKEW")) mkp.skew_stages = std::clamp(std::atoi(sk), 0, 4);
     const char* prof = std::getenv("MOK_PROFILE");
     if (prof != nullptr && std::string(prof) == "1") {
       stats = DeviceBuffer(static_cast<size_t>(sms) * mk::kForwardStatWords * 8, "megakernel profile");
@@ -243,6 +246,7 @@ struct Layer::Impl {
     mkp.inter = static_cast<int32_t>(I);
     mkp.shared_inter = static_cast<int32_t>(Is);
     mkp.top_k = static_cast<int32_t>(k);
+    mkp.tokens = static_cast<int32_t>(T);
     using gemm::make_map_2d;
     using gemm::make_map_3d;
     const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
