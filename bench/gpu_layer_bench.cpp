@@ -71,6 +71,11 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
     c.minibatch_tokens = m;
     v.push_back({"megakernel", c});
   }
+  {
+    Config c = mk;
+    c.combine = CombinePath::Fc2Epilogue;
+    v.push_back({"megakernel-epilogue-combine", c});
+  }
   if (4 * mb < shape.worst_case_rows()) {
     Config c = mk;
     c.minibatch_tokens = mb;

@@ -52,9 +52,15 @@ struct LayerShape {
 // kernels (pull dispatch, grouped FC1, grouped FC2, push combine) kept as baseline and fallback.
 enum class ForwardPath { Megakernel, Unfused };
 const char* to_string(ForwardPath p);
+// Who sends FC2 rows back to their owners in the megakernel: the comm CTAs (FC2 stores its tile
+// into the ring, a comm CTA pushes each finished minibatch), or the FC2 epilogue itself (each
+// row straight from the tile into the owner's combine slot; the comm CTAs only pull).
+enum class CombinePath { CommCtas, Fc2Epilogue };
+const char* to_string(CombinePath p);
 
 struct Config {
   ForwardPath forward_path = ForwardPath::Megakernel;  // GPU layer only (the CPU reference ignores it)
+  CombinePath combine = CombinePath::CommCtas;         // megakernel only
   int fwd_comm_sms = 0;              // CTAs (one per SM) that move tokens in the forward kernel; 0 = from the shape
   int bwd_comm_sms = 16;             // same for the backward kernel
   int64_t minibatch_tokens = 0;      // routed rows per minibatch; 0 = choose from the shape

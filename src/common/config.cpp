@@ -21,6 +21,10 @@ const char* to_string(ForwardPath p) {
   return p == ForwardPath::Megakernel ? "megakernel" : "unfused";
 }
 
+const char* to_string(CombinePath p) {
+  return p == CombinePath::CommCtas ? "comm-ctas" : "fc2-epilogue";
+}
+
 const char* to_string(Precision p) {
   switch (p) {
     case Precision::BF16: return "bf16";
@@ -104,7 +108,9 @@ int Config::resolved_fwd_comm_sms(const LayerShape& shape) const {
   // SMs scales with 1/I. Fitted on 2xH200 (bench/results/forward-h200x2.json, comm SM sweep):
   // best at 8 for I = 2048 (DeepSeek-V3), 12-16 for I = 1536 and 16-32 for I = 768; one TMA-driven
   // comm SM moves ~50-100 GB/s. Multiple of 4, within [4, 32].
-  const int64_t sms = sched::round_up(16384 / std::max<int64_t>(1, shape.intermediate), 4);
+  // With the combine in the FC2 epilogue the comm CTAs only pull: half the bytes.
+  const int64_t per = combine == CombinePath::Fc2Epilogue ? 8192 : 16384;
+  const int64_t sms = sched::round_up(per / std::max<int64_t>(1, shape.intermediate), 4);
   return static_cast<int>(std::clamp<int64_t>(sms, 4, 32));
 }
 

@@ -49,7 +49,7 @@ constexpr unsigned int kSiteCommRow = 0x6e11;
 struct TaskSlot {
   Tile tile;
   int32_t kind;
-  int32_t gu_row;   // FC1: global routed row of the tile (gu keeps every row)
+  int32_t gu_row;   // routed row of the tile's first row (FC1: gu keeps every row; FC2: combine)
   int32_t counter;  // counter word reported when the tile is stored (-1: none)
   int32_t n_cols;   // output width of the GEMM (FC1: 2I)
   int32_t rows;     // rows of the tile that hold tokens (<= 64: warpgroup 1 skips its half)
@@ -207,7 +207,8 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
   char* x_ring = static_cast<char*>(p.x_ring);
   const char* y_ring = static_cast<const char*>(p.y_ring);
   const int64_t rb = int64_t(row_bytes);
-  int32_t pull_next = 0, push_next = 0;
+  int32_t pull_next = 0;
+  int32_t push_next = p.combine_in_epilogue ? npos : 0;  // the FC2 epilogue pushes: nothing to do
   const StatClock clock(t == 0 ? p.stats : nullptr);
   uint64_t pull_ns = 0, push_ns = 0, idle_ns = 0;
 #pragma unroll 1
@@ -290,7 +291,8 @@ __device__ bool wait_deps(const ForwardParams& p, const dev::DeviceComm& dc, int
       return true;
     case kTaskFc2:
       if (!wait_counter(dc, c + L.fc1_done(tk.m), fc1_tile_target(p.plan), kWaitTaskDeps)) return false;
-      if (tk.g >= s && !wait_counter(dc, c + L.pushed(tk.g - s), uint32_t(p.plan.comm_ctas), kWaitTaskDeps))
+      if (!p.combine_in_epilogue && tk.g >= s &&
+          !wait_counter(dc, c + L.pushed(tk.g - s), uint32_t(p.plan.comm_ctas), kWaitTaskDeps))
         return false;
       return true;
     case kTaskShared2:
@@ -321,6 +323,7 @@ __device__ __forceinline__ void fill_slot(TaskSlot& s, const ForwardParams& p, i
       s.n_cols = 2 * p.inter;
     } else {
       s.tile = Tile{ring_row, b_n, expert, 0, p.inter / kBlockK, kBlockK, ring_row, 0};
+      s.gu_row = tk.m * sched::kBlockM;  // the routed row (schedule index) of the tile's first row
       s.counter = p.layout.fc2_done(tk.g);
       s.n_cols = p.hidden;
     }
@@ -383,6 +386,42 @@ __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const 
   }
 }
 
+// FC2 epilogue with the combine folded in: each 64-column chunk goes registers -> the warpgroup's
+// shared chunk buffer (stmatrix, 128-byte swizzle) -> 16-byte stores of whole 128-byte row pieces
+// straight into the owner's combine slot (peer memory over NVLink, or local). Thread wt moves
+// unit wt % 8 of rows wt / 8 + 16 i; padding rows are skipped. Visibility at the owner comes from
+// the kernel's end and the LSA barrier after it.
+__device__ __forceinline__ void epilogue_combine(const ForwardParams& p, const Smem<C>& sm, EpiState& es, int cwg,
+                                                 uint32_t wt, const float (&acc)[C::kAccRegs], int32_t routed_row,
+                                                 int32_t b_n) {
+  const bool leader = wt == 0;
+  const int32_t row0 = routed_row + 64 * cwg;
+  const int64_t row_bytes = int64_t(p.hidden) * 2;
+  char* const* combine = reinterpret_cast<char* const*>(p.combine_peers);
+  const uint32_t unit = wt % 8u;
+#define MOK_COMBINE_CHUNK(CH)                                                                     \
+  if (b_n + 64 * (CH) < p.hidden) {                                                               \
+    uint8_t* buf = epi_begin(sm, cwg, es, leader);                                                \
+    write_chunk_bf16<8 * (CH)>(buf, acc, wt);                                                     \
+    named_bar_sync(kBarEpilogue + uint32_t(cwg), 128);                                            \
+    _Pragma("unroll") for (uint32_t i = 0; i < 4; ++i) {                                          \
+      const uint32_t r = wt / 8u + 16u * i;                                                       \
+      const int32_t src = p.schedule.src_rank[row0 + int32_t(r)];                                 \
+      if (src >= 0) {                                                                             \
+        const int64_t slot = p.schedule.src_slot[row0 + int32_t(r)];                              \
+        const uint4 v = *reinterpret_cast<const uint4*>(buf + r * 128u + ((unit ^ (r % 8u)) << 4)); \
+        *reinterpret_cast<uint4*>(combine[src] + slot * row_bytes + int64_t(b_n + 64 * (CH)) * 2 + unit * 16u) = v; \
+      }                                                                                           \
+    }                                                                                             \
+    ++es.chunks;                                                                                  \
+  }
+  MOK_COMBINE_CHUNK(0)
+  MOK_COMBINE_CHUNK(1)
+  MOK_COMBINE_CHUNK(2)
+  MOK_COMBINE_CHUNK(3)
+#undef MOK_COMBINE_CHUNK
+}
+
 // Warpgroup leader: the previous tile's stores are complete and visible, then its counter.
 __device__ __forceinline__ void report(const ForwardParams& p, int32_t& pending) {
   if (pending < 0) return;
@@ -433,6 +472,8 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
         const bool routed = kind == kTaskFc1;
         epilogue_fc1<C>(sm, es, cwg, wt, acc, routed ? &maps.gu : &maps.gus_out, slot.gu_row,
                         routed ? &maps.h_out : &maps.hs_out, t.out_row, t.b_n, slot.n_cols);
+      } else if (kind == kTaskFc2 && p.combine_in_epilogue) {
+        epilogue_combine(p, sm, es, cwg, wt, acc, slot.gu_row, t.b_n);
       } else {
         epilogue_store_2d<C>(sm, es, cwg, wt, acc, kind == kTaskFc2 ? &maps.y_out : &maps.ys_out, t.out_row,
                              t.b_n, slot.n_cols);

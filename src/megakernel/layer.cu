@@ -247,6 +247,7 @@ struct Layer::Impl {
     mkp.shared_inter = static_cast<int32_t>(Is);
     mkp.top_k = static_cast<int32_t>(k);
     mkp.tokens = static_cast<int32_t>(T);
+    mkp.combine_in_epilogue = config.combine == CombinePath::Fc2Epilogue ? 1 : 0;
     using gemm::make_map_2d;
     using gemm::make_map_3d;
     const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };

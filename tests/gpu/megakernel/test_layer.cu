@@ -32,6 +32,7 @@ struct Case {
   int comm_sms = 8;
   int64_t minibatch = 0, macrobatch = 0;
   int reps = 3;
+  mok::CombinePath combine = mok::CombinePath::CommCtas;
 };
 
 // The same case with other execution settings (results must not change).
@@ -63,6 +64,7 @@ mok::Config config_of(const Case& c) {
   cfg.fwd_comm_sms = c.comm_sms;
   cfg.minibatch_tokens = c.minibatch;
   cfg.macrobatch_tokens = c.macrobatch;
+  cfg.combine = c.combine;
   return cfg;
 }
 
@@ -208,6 +210,21 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(with(kZipf, "mb128", kMk, 8, 128), with(kZipf, "mb384", kMk, 8, 384),
                       with(kZipf, "mb1024", kMk, 8, 1024),
                       with(kOneExpertShared, "bitwise_20_runs", kMk, 8, 256, 0, 20)),
+    [](const auto& p) { return std::string(p.param.name); });
+
+Case epilogue_combine(Case c, const char* name) {
+  c.name = name;
+  c.combine = mok::CombinePath::Fc2Epilogue;
+  return c;
+}
+
+// The combine done by the FC2 epilogue (stores straight into the owners' slots).
+INSTANTIATE_TEST_SUITE_P(
+    EpilogueCombine, LayerForward,
+    ::testing::Values(epilogue_combine(kUniformShared, "ep1_uniform_shared"), epilogue_combine(kZipf, "ep2_zipf"),
+                      epilogue_combine(kEmptyShared, "ep2_empty_slots_t0_shared"),
+                      epilogue_combine(kOneExpertShared, "ep2_one_expert_shared"),
+                      epilogue_combine(with(kZipf, "", kMk, 4, 128, 256), "ring_mb128_macro256_comm4")),
     [](const auto& p) { return std::string(p.param.name); });
 
 // The whole forward captured once in a CUDA graph and replayed: the same bits as direct calls,
