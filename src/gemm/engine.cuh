@@ -414,6 +414,30 @@ __device__ __forceinline__ void write_chunk_swiglu(uint8_t* buf, const float (&a
 // ------------------------------------------------------------------------------------------------
 // Whole-tile epilogues (one consumer warpgroup: rows 64*cwg .. 64*cwg+63 of the tile)
 // ------------------------------------------------------------------------------------------------
+// One 64-column chunk of a warpgroup's 64 rows, when `active`: staged in the shared chunk buffer,
+// then TMA-stored to `map` at (col, row) or, with batch >= 0, (col, row, batch). Plain: bf16 of
+// accumulator blocks 8*kCH..8*kCH+7; kSwiGLU: h chunk kCH (from gate/up blocks 16*kCH..). Chunks
+// beyond the tile's accumulators compile to nothing.
+template <class C, int kCH, bool kSwiGLU = false>
+__device__ __forceinline__ void store_chunk(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
+                                            const float (&acc)[C::kAccRegs], bool active,
+                                            const CUtensorMap* map, int32_t col, int32_t row,
+                                            int32_t batch = -1) {
+  if constexpr ((kSwiGLU ? 2 * kCH : kCH) < C::kChunks) {
+    if (!active) return;
+    const bool leader = wt == 0;
+    uint8_t* buf = epi_begin(sm, cwg, es, leader);
+    if constexpr (kSwiGLU)
+      write_chunk_swiglu<8 * kCH>(buf, acc, wt);
+    else
+      write_chunk_bf16<8 * kCH>(buf, acc, wt);
+    if (batch < 0)
+      epi_end_2d(buf, cwg, es, leader, map, col, row);
+    else
+      epi_end_3d(buf, cwg, es, leader, map, col, row, batch);
+  }
+}
+
 // FC1: the gate/up pre-activations (bf16, packed order) to `gu` at gu_row (skipped when gu is
 // null) and h = silu(g) * u to `h` at h_row. The two outputs may live at different rows (the
 // megakernel keeps gu for every routed row but h only in the ring). b_n: first packed column of
@@ -424,56 +448,29 @@ __device__ __forceinline__ void epilogue_fc1(const Smem<C>& sm, EpiState& es, in
                                              const float (&acc)[C::kAccRegs], const CUtensorMap* gu,
                                              int32_t gu_row, const CUtensorMap* h, int32_t h_row,
                                              int32_t b_n, int32_t n) {
-  const bool leader = wt == 0;
   gu_row += 64 * cwg;
   h_row += 64 * cwg;
   const int32_t h0 = b_n / 2;
-#define MOK_FC1_GU_CHUNK(CH)                                                 \
-  if constexpr ((CH) < C::kChunks) {                                         \
-    if (gu != nullptr && b_n + 64 * (CH) < n) {                              \
-      uint8_t* buf = epi_begin(sm, cwg, es, leader);                         \
-      write_chunk_bf16<8 * (CH)>(buf, acc, wt);                              \
-      epi_end_2d(buf, cwg, es, leader, gu, b_n + 64 * (CH), gu_row);         \
-    }                                                                        \
-  }
-#define MOK_FC1_H_CHUNK(J)                                                   \
-  if constexpr (2 * (J) < C::kChunks) {                                      \
-    if (h0 + 64 * (J) < n / 2) {                                             \
-      uint8_t* buf = epi_begin(sm, cwg, es, leader);                         \
-      write_chunk_swiglu<8 * (J)>(buf, acc, wt);                             \
-      epi_end_2d(buf, cwg, es, leader, h, h0 + 64 * (J), h_row);             \
-    }                                                                        \
-  }
-  MOK_FC1_GU_CHUNK(0)
-  MOK_FC1_GU_CHUNK(1)
-  MOK_FC1_H_CHUNK(0)
-  MOK_FC1_GU_CHUNK(2)
-  MOK_FC1_GU_CHUNK(3)
-  MOK_FC1_H_CHUNK(1)
-#undef MOK_FC1_GU_CHUNK
-#undef MOK_FC1_H_CHUNK
+  const bool g = gu != nullptr;
+  store_chunk<C, 0>(sm, es, cwg, wt, acc, g && b_n < n, gu, b_n, gu_row);
+  store_chunk<C, 1>(sm, es, cwg, wt, acc, g && b_n + 64 < n, gu, b_n + 64, gu_row);
+  store_chunk<C, 0, true>(sm, es, cwg, wt, acc, h0 < n / 2, h, h0, h_row);
+  store_chunk<C, 2>(sm, es, cwg, wt, acc, g && b_n + 128 < n, gu, b_n + 128, gu_row);
+  store_chunk<C, 3>(sm, es, cwg, wt, acc, g && b_n + 192 < n, gu, b_n + 192, gu_row);
+  store_chunk<C, 1, true>(sm, es, cwg, wt, acc, h0 + 64 < n / 2, h, h0 + 64, h_row);
 }
 
-// Plain bf16 store of the tile to the 2-D map `d` [rows, n] at `row` (FC2, dgrad).
+// Plain bf16 store of the tile to `d` [rows, n] at `row` (FC2, dgrad), or with batch >= 0 to the
+// 3-D map [batch, rows, n] (wgrad).
 template <class C>
-__device__ __forceinline__ void epilogue_store_2d(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
-                                                  const float (&acc)[C::kAccRegs], const CUtensorMap* d,
-                                                  int32_t row, int32_t b_n, int32_t n) {
-  const bool leader = wt == 0;
+__device__ __forceinline__ void epilogue_store(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
+                                               const float (&acc)[C::kAccRegs], const CUtensorMap* d,
+                                               int32_t row, int32_t b_n, int32_t n, int32_t batch = -1) {
   row += 64 * cwg;
-#define MOK_STORE_CHUNK(CH)                                                  \
-  if constexpr ((CH) < C::kChunks) {                                         \
-    if (b_n + 64 * (CH) < n) {                                               \
-      uint8_t* buf = epi_begin(sm, cwg, es, leader);                         \
-      write_chunk_bf16<8 * (CH)>(buf, acc, wt);                              \
-      epi_end_2d(buf, cwg, es, leader, d, b_n + 64 * (CH), row);             \
-    }                                                                        \
-  }
-  MOK_STORE_CHUNK(0)
-  MOK_STORE_CHUNK(1)
-  MOK_STORE_CHUNK(2)
-  MOK_STORE_CHUNK(3)
-#undef MOK_STORE_CHUNK
+  store_chunk<C, 0>(sm, es, cwg, wt, acc, b_n < n, d, b_n, row, batch);
+  store_chunk<C, 1>(sm, es, cwg, wt, acc, b_n + 64 < n, d, b_n + 64, row, batch);
+  store_chunk<C, 2>(sm, es, cwg, wt, acc, b_n + 128 < n, d, b_n + 128, row, batch);
+  store_chunk<C, 3>(sm, es, cwg, wt, acc, b_n + 192 < n, d, b_n + 192, row, batch);
 }
 
 }  // namespace mok::gemm::engine

@@ -185,7 +185,7 @@ struct FormStore2d {
                                                   uint32_t wt, const float (&acc)[C::kAccRegs],
                                                   const CUtensorMap* d0, const CUtensorMap*,
                                                   const KernelParams& p) {
-    epilogue_store_2d<C>(sm, es, cwg, wt, acc, d0, t.out_row, t.b_n, p.n);
+    epilogue_store<C>(sm, es, cwg, wt, acc, d0, t.out_row, t.b_n, p.n);
   }
 };
 template <class C>
@@ -204,22 +204,8 @@ struct FormWgrad {
                                                   uint32_t wt, const float (&acc)[C::kAccRegs],
                                                   const CUtensorMap* d0, const CUtensorMap*,
                                                   const KernelParams& p) {
-    const bool leader = wt == 0;
-    const int32_t row = t.out_row + 64 * cwg;
-    if (row >= p.m_out) return;
-#define MOK_WGRAD_CHUNK(CH)                                                  \
-  if constexpr ((CH) < C::kChunks) {                                         \
-    if (t.b_n + 64 * (CH) < p.n) {                                           \
-      uint8_t* buf = epi_begin(sm, cwg, es, leader);                         \
-      write_chunk_bf16<8 * (CH)>(buf, acc, wt);                              \
-      epi_end_3d(buf, cwg, es, leader, d0, t.b_n + 64 * (CH), row, t.out_batch); \
-    }                                                                        \
-  }
-    MOK_WGRAD_CHUNK(0)
-    MOK_WGRAD_CHUNK(1)
-    MOK_WGRAD_CHUNK(2)
-    MOK_WGRAD_CHUNK(3)
-#undef MOK_WGRAD_CHUNK
+    if (t.out_row + 64 * cwg >= p.m_out) return;
+    epilogue_store<C>(sm, es, cwg, wt, acc, d0, t.out_row, t.b_n, p.n, t.out_batch);
   }
 };
 

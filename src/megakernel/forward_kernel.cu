@@ -475,7 +475,7 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
       } else if (kind == kTaskFc2 && p.combine_in_epilogue) {
         epilogue_combine(p, sm, es, cwg, wt, acc, slot.gu_row, t.b_n);
       } else {
-        epilogue_store_2d<C>(sm, es, cwg, wt, acc, kind == kTaskFc2 ? &maps.y_out : &maps.ys_out, t.out_row,
+        epilogue_store<C>(sm, es, cwg, wt, acc, kind == kTaskFc2 ? &maps.y_out : &maps.ys_out, t.out_row,
                              t.b_n, slot.n_cols);
       }
     }

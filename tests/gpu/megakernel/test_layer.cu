@@ -47,16 +47,7 @@ Case with(Case c, const char* name, mok::ForwardPath path, int comm_sms, int64_t
   return c;
 }
 
-mok::LayerShape shape_of(const Case& c) {
-  mok::LayerShape shape;
-  shape.tokens = c.tokens;
-  shape.hidden = c.H;
-  shape.intermediate = c.I;
-  shape.experts = c.E;
-  shape.top_k = c.k;
-  shape.shared_intermediate = c.Is;
-  return shape;
-}
+mok::LayerShape shape_of(const Case& c) { return mok::LayerShape{c.tokens, c.H, c.I, c.E, c.k, c.Is}; }
 
 mok::Config config_of(const Case& c) {
   mok::Config cfg;
