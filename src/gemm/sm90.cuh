@@ -166,6 +166,18 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   return cuda::ptx::mbarrier_try_wait_parity(bar, parity);
 }
 
+// Non-blocking probe: mbarrier.test_wait never suspends the thread (try_wait may, for an
+// implementation-defined time, before it returns false).
+__device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
 // Bound on every in-kernel wait. With `error` null the waits are unbounded. Otherwise a wait that
 // lasts longer than limit_ns writes `site` into *error (first one wins) and returns; once *error
 // is set every later slow wait returns at once, so a broken pipeline ends the kernel with garbage

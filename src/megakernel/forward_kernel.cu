@@ -115,6 +115,24 @@ struct StatClock {
   __device__ __forceinline__ uint64_t now() const { return out ? dev::globaltimer_ns() : 0; }
 };
 
+// Waits of the producer <-> consumer task hand-off. They do not give up when another wait on the
+// GPU expired (unlike mbar_wait): the producer always fills the slot, with END at worst, within
+// its own bounded waits, and the consumers always release slots within theirs, so these waits
+// are bounded through the others. Giving up early here would let the 256 consumer threads read
+// the slot at different moments (some the old task, some END) and split at a warpgroup-wide
+// instruction. The own bound (8 x the deadline) only catches a broken invariant; false = expired.
+__device__ __forceinline__ bool handoff_wait(uint64_t* bar, uint32_t parity, const WaitBound& wb) {
+  if (mbar_try_wait(bar, parity)) return true;
+  const uint64_t t0 = global_timer_ns();
+  for (uint32_t spins = 1;; ++spins) {
+    if (mbar_try_wait(bar, parity)) return true;
+    if ((spins & 255u) == 0 && global_timer_ns() - t0 > 8 * wb.limit_ns) {
+      atomicCAS(wb.error, 0u, kSiteTaskSlot);
+      return false;
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // Comm CTAs
 // ------------------------------------------------------------------------------------------------
@@ -223,6 +241,10 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
     const int32_t g = act == kActPull ? pull_next : push_next;
     const MbRows r = mb_rows(p.plan, total, g);
     if (mover) {
+      // Thread 0's acquire (ordered before us by the barrier) covers generic-proxy accesses; our
+      // bulk copies are async proxy: ring rows written by TMA stores (push) or read by TMA loads
+      // (pull) on other SMs.
+      dev::fence_proxy_async();
 #pragma unroll 1
       for (int32_t row = r.begin + first; row < r.end; row += stride) {
         const int32_t src = p.schedule.src_rank[row];
@@ -250,7 +272,8 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
         tma_store_commit();
         tma_store_wait_read<0>();  // the slot is free again
       }
-      tma_store_wait_all<0>();  // this thread's rows are written
+      tma_store_wait_all<0>();   // this thread's rows are written
+      dev::fence_proxy_async();  // ... and ordered before thread 0's release, per issuing thread
     }
     __syncthreads();  // every thread's rows are written (and thread 0 may overwrite the action)
     if (t == 0) {
@@ -357,7 +380,7 @@ __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const 
     const uint64_t d0 = clock.now();
     if (tk.kind != kTaskEnd && !wait_deps(p, dc, total, tk)) tk.kind = kTaskEnd;
     dep_ns += clock.now() - d0;
-    mbar_wait(ring.empty + ti, tphase ^ 1u, wb, kSiteTaskSlot);
+    if (!handoff_wait(ring.empty + ti, tphase ^ 1u, wb)) tk.kind = kTaskEnd;  // never expected
     TaskSlot& slot = ring.slot[ti];  // stays valid until the consumers release it after the tile
     fill_slot(slot, p, total, tk);
     mbar_arrive(ring.full + ti);  // release (CTA scope): the slot's contents before the arrival
@@ -395,6 +418,9 @@ __device__ __forceinline__ void epilogue_combine(const ForwardParams& p, const S
                                                  uint32_t wt, const float (&acc)[C::kAccRegs], int32_t routed_row,
                                                  int32_t b_n) {
   const bool leader = wt == 0;
+  // epi_begin lets the newest TMA store group still read "the other" buffer; this epilogue issues
+  // no TMA stores, so an earlier tile's store could still be reading either buffer.
+  if (leader) tma_store_wait_read<0>();
   const int32_t row0 = routed_row + 64 * cwg;
   const int64_t row_bytes = int64_t(p.hidden) * 2;
   char* const* combine = reinterpret_cast<char* const*>(p.combine_peers);
@@ -448,16 +474,16 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
 #pragma unroll 1
   for (;;) {
     const uint64_t w0 = clock.now();
-    if (leader && pending >= 0 && !mbar_try_wait(ring.full + ti, tphase)) report(p, pending);
-    mbar_wait(ring.full + ti, tphase, wb, kSiteTaskSlot);
+    if (leader && pending >= 0 && !mbar_test(ring.full + ti, tphase)) report(p, pending);
+    const bool got = handoff_wait(ring.full + ti, tphase, wb);
     const uint64_t w1 = clock.now();
     wait_ns += w1 - w0;
     // The slot is read in place (fewer live registers next to the accumulators) and released
     // after the epilogue; the producer meanwhile fills the other slot.
     const TaskSlot& slot = ring.slot[ti];
-    const int32_t kind = slot.kind;
+    const int32_t kind = got ? slot.kind : int32_t(kTaskEnd);
     if (kind == kTaskEnd) break;
-    if (leader && pending >= 0 && !mbar_try_wait(sm.full(ps.stage), ps.phase)) report(p, pending);
+    if (leader && pending >= 0 && !mbar_test(sm.full(ps.stage), ps.phase)) report(p, pending);
     const auto report_previous = [&] {
       if (leader) report(p, pending);
     };
@@ -479,7 +505,10 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
                              t.b_n, slot.n_cols);
       }
     }
-    if (leader) pending = slot.counter;
+    if (leader) {
+      report(p, pending);  // normally already done by the first-block hook (then a no-op)
+      pending = slot.counter;
+    }
     busy_ns += clock.now() - w1;
     ++tiles;
     mbar_arrive(ring.empty + ti);
@@ -531,12 +560,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
+static_assert(C::kSmemBytes + kExtraSmem <= 232448, "the megakernel's shared memory exceeds 227 KB");
+
 int forward_smem_bytes() { return int(C::kSmemBytes) + kExtraSmem; }
 
-void launch_forward(const ForwardMaps& maps, const ForwardParams& params, const comm::dev::DeviceComm& dc,
-                    int grid, cudaStream_t stream) {
-  MOK_REQUIRE(params.plan.comm_ctas >= 1 && params.plan.comm_ctas < grid, "config.fwd_comm_sms",
-              "must be in [1, grid) = [1, ", grid, "), got ", params.plan.comm_ctas);
+int forward_max_hidden() {
+  // A comm CTA needs its action word, kThreads mbarriers, one zero row and >= 1 row buffer.
+  return (forward_smem_bytes() - 128 - kThreads * 8 - 256) / 2 / 2;
+}
+
+void prepare_forward(int comm_ctas, int grid) {
+  MOK_REQUIRE(comm_ctas >= 1 && comm_ctas < grid, "config.fwd_comm_sms",
+              "must be in [1, grid) = [1, ", grid, "), got ", comm_ctas);
   const int smem = forward_smem_bytes();
   MOK_CUDA_CHECK(cudaFuncSetAttribute(forward_megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int per_sm = 0;
@@ -547,6 +582,11 @@ void launch_forward(const ForwardMaps& maps, const ForwardParams& params, const 
   if (per_sm < 1 || grid > per_sm * sms)
     throw Error(ErrorKind::Runtime, "megakernel", "cannot keep every CTA resident",
                 detail::concat(grid, " CTAs asked, ", per_sm, " per SM x ", sms, " SMs fit"));
+}
+
+void launch_forward(const ForwardMaps& maps, const ForwardParams& params, const comm::dev::DeviceComm& dc,
+                    int grid, cudaStream_t stream) {
+  const int smem = forward_smem_bytes();
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeCooperative;  // all CTAs co-resident, or the launch fails

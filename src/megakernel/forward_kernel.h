@@ -21,7 +21,9 @@ namespace mok::mk {
 struct ForwardMaps {
   CUtensorMap x_ring;    // A of FC1: ring [R, H]
   CUtensorMap w1p;       // B of FC1: [E_loc, 2I, H] (gate/up packed)
-  CUtensorMap gu;        // FC1 out: gate/up pre-activations [cap_rows, 2I] (every routed row)
+  CUtensorMap gu;        // FC1 out: gate/up pre-activations [cap_rows, 2I] (every routed row; rows
+                         // 64-127 of a tile whose tokens fit in rows 0-63 are padding and stay
+                         // unwritten, so padding rows of gu are undefined)
   CUtensorMap h_out;     // FC1 out: ring [R, I]
   CUtensorMap h_in;      // A of FC2: ring [R, I]
   CUtensorMap w_down;    // B of FC2: [E_loc, H, I]
@@ -55,7 +57,12 @@ inline constexpr int kForwardStatWords = 8;
 
 // Dynamic shared memory of one CTA.
 int forward_smem_bytes();
-// Launches the megakernel on `grid` CTAs (one per SM; refused when they cannot all be resident).
+// Largest hidden size whose rows fit a comm CTA's shared memory (zero row + one row buffer).
+int forward_max_hidden();
+// Once per layer (current device): checks the comm/compute split and that `grid` CTAs (one per
+// SM) can all be resident, and sets the kernel's shared-memory attribute.
+void prepare_forward(int comm_ctas, int grid);
+// Launches the megakernel on `grid` CTAs (cooperative: all resident or the launch fails).
 void launch_forward(const ForwardMaps& maps, const ForwardParams& params, const comm::dev::DeviceComm& dc,
                     int grid, cudaStream_t stream);
 

@@ -130,7 +130,8 @@ struct Layer::Impl {
     t_tiles = sched::ceil_div(T, sched::kBlockM);
     w1p = DeviceBuffer(static_cast<size_t>(e_loc * 2 * I * H) * 2, "w1p");
     // gate/up pre-activations of every routed row (kept for backward on both paths).
-    gu = DeviceBuffer(static_cast<size_t>(cap_rows * 2 * I) * 2, "gu");
+    // (at least one tile of rows, so tensor maps stay valid when no rank has tokens)
+    gu = DeviceBuffer(static_cast<size_t>(std::max<int64_t>(cap_rows, sched::kBlockM) * 2 * I) * 2, "gu");
     const bool has_shared = Is > 0 && T > 0;
     if (has_shared) {
       ws1p = DeviceBuffer(static_cast<size_t>(2 * Is * H) * 2, "ws1p");
@@ -205,7 +206,11 @@ struct Layer::Impl {
                 "the megakernel's ring must hold at least two minibatches (2 x ", mb,
                 " rows) when it is smaller than the worst case (", cap_rows, " rows), got ", ring);
     MOK_REQUIRE(Is == 0 || Is % 64 == 0, "shape.shared_intermediate", "must be a multiple of 64, got ", Is);
-    const int64_t R = std::min(ring, sched::round_up(cap_rows, mb));  // never more than can be used
+    MOK_REQUIRE(H <= mk::forward_max_hidden(), "shape.hidden",
+                "the megakernel's comm CTAs stage whole rows in shared memory: at most ",
+                mk::forward_max_hidden(), ", got ", H);
+    // Never more than can be used; at least one tile (valid tensor maps without any tokens).
+    const int64_t R = std::max<int64_t>(sched::kBlockM, std::min(ring, sched::round_up(cap_rows, mb)));
     x_routed = DeviceBuffer(static_cast<size_t>(R * H) * 2, "x ring");
     h = DeviceBuffer(static_cast<size_t>(R * I) * 2, "h ring");
     y = DeviceBuffer(static_cast<size_t>(R * H) * 2, "y ring");
@@ -227,6 +232,7 @@ struct Layer::Impl {
                 "the megakernel's task tickets (", mk::num_tickets(ps, mkp.layout.max_positions),
                 ") must fit 31 bits");
     counters = DeviceBuffer(static_cast<size_t>(mkp.layout.words()) * 4, "megakernel counters");
+    mk::prepare_forward(ps.comm_ctas, sms);
     mkp.counters = counters.get<uint32_t>();
     // Experiment knob (not API): MOK_MK_SKEW=1..4 staggers the consumer warpgroups so one's
     // epilogue overlaps the other's MMAs (see the engine's Skew).
@@ -253,7 +259,7 @@ struct Layer::Impl {
     const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
     maps.x_ring = make_map_2d(x_routed.p, u(R), u(H), 128);
     maps.w1p = make_map_3d(w1p.p, u(e_loc), u(2 * I), u(H), kBN);
-    maps.gu = make_map_2d(gu.p, u(cap_rows), u(2 * I), 64);
+    maps.gu = make_map_2d(gu.p, u(std::max<int64_t>(cap_rows, sched::kBlockM)), u(2 * I), 64);
     maps.h_out = make_map_2d(h.p, u(R), u(I), 64);
     maps.h_in = make_map_2d(h.p, u(R), u(I), 128);
     maps.w_down = make_map_3d(weights.w_down, u(e_loc), u(H), u(I), kBN);
