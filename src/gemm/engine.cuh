@@ -306,6 +306,47 @@ __device__ __forceinline__ void skip_tile(const Smem<C>& sm, PipeState<C>& ps, c
   }
 }
 
+// Split-N form of a tile whose tokens all sit in its first 64 rows: both consumer warpgroups
+// compute those 64 rows, warpgroup c the output columns [c, c+1) * BLOCK_N/2 (B rows of the
+// stage's K-major B tile), with m64n(BLOCK_N/2) MMAs into the first half of `acc`. The K order is
+// mma_tile's, so every output element is the same fp32 sum; the tile takes about half the time
+// of a full one (a lone warpgroup, as in skip_tile, does not run faster than two).
+template <class C, class Hook = NoHook>
+__device__ __forceinline__ void mma_tile_split_n(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg,
+                                                 float (&acc)[C::kAccRegs], const WaitBound& wb,
+                                                 const Hook& on_first_block = Hook{}) {
+  constexpr int kHalfN = C::kBlockN / 2;
+  float(&h)[kHalfN / 2] = reinterpret_cast<float(&)[kHalfN / 2]>(acc);
+#pragma unroll
+  for (int i = 0; i < kHalfN / 2; ++i) h[i] = 0.0f;
+  if (t.k_blocks == 0) return;
+  const uint32_t a0 = smem_addr(sm.a(0));  // rows 0..63 for both warpgroups
+  const uint32_t b0 = smem_addr(sm.b(0)) + uint32_t(cwg) * uint32_t(kHalfN) * 128u;  // 1024-aligned
+  uint32_t prev = 0;
+  for (int kb = 0; kb < t.k_blocks; ++kb) {
+    const uint32_t s = ps.stage;
+    mbar_wait(sm.full(s), ps.phase, wb, kSiteConsumerFull);
+    const uint32_t as = a0 + s * kATileBytes;
+    const uint32_t bs = b0 + s * C::kBTileBytes;
+    fence_operands(h);
+    wgmma_fence();
+#pragma unroll
+    for (int k16 = 0; k16 < kBlockK / 16; ++k16)
+      wgmma_bf16<kHalfN, 0, 0>(h, desc_k_major(as, k16), desc_k_major(bs, k16), (kb > 0 || k16 > 0) ? 1u : 0u);
+    wgmma_commit();
+    if (kb == 0) on_first_block();
+    fence_operands(h);
+    wgmma_wait<1>();
+    fence_operands(h);
+    if (kb > 0) release_stage<C>(sm, prev);
+    prev = s;
+    ps.advance();
+  }
+  wgmma_wait<0>();
+  fence_operands(h);
+  release_stage<C>(sm, prev);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Epilogue building blocks (one consumer warpgroup; wt = thread index inside it, 0..127)
 // ------------------------------------------------------------------------------------------------
@@ -418,12 +459,11 @@ __device__ __forceinline__ void write_chunk_swiglu(uint8_t* buf, const float (&a
 // then TMA-stored to `map` at (col, row) or, with batch >= 0, (col, row, batch). Plain: bf16 of
 // accumulator blocks 8*kCH..8*kCH+7; kSwiGLU: h chunk kCH (from gate/up blocks 16*kCH..). Chunks
 // beyond the tile's accumulators compile to nothing.
-template <class C, int kCH, bool kSwiGLU = false>
+template <class C, int kCH, bool kSwiGLU = false, int kAcc = C::kAccRegs>
 __device__ __forceinline__ void store_chunk(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
-                                            const float (&acc)[C::kAccRegs], bool active,
-                                            const CUtensorMap* map, int32_t col, int32_t row,
-                                            int32_t batch = -1) {
-  if constexpr ((kSwiGLU ? 2 * kCH : kCH) < C::kChunks) {
+                                            const float (&acc)[kAcc], bool active, const CUtensorMap* map,
+                                            int32_t col, int32_t row, int32_t batch = -1) {
+  if constexpr ((kSwiGLU ? 2 * kCH : kCH) < kAcc / 32) {  // kAcc / 32 = 64-column chunks held
     if (!active) return;
     const bool leader = wt == 0;
     uint8_t* buf = epi_begin(sm, cwg, es, leader);
@@ -438,6 +478,33 @@ __device__ __forceinline__ void store_chunk(const Smem<C>& sm, EpiState& es, int
   }
 }
 
+// The FC1 chunks of one warpgroup's accumulators (kAcc of them: its rows `gu_row`/`h_row`,
+// packed columns from b_n).
+template <class C, int kAcc>
+__device__ __forceinline__ void fc1_chunks(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
+                                           const float (&acc)[kAcc], const CUtensorMap* gu, int32_t gu_row,
+                                           const CUtensorMap* h, int32_t h_row, int32_t b_n, int32_t n) {
+  const int32_t h0 = b_n / 2;
+  const bool g = gu != nullptr;
+  store_chunk<C, 0, false, kAcc>(sm, es, cwg, wt, acc, g && b_n < n, gu, b_n, gu_row);
+  store_chunk<C, 1, false, kAcc>(sm, es, cwg, wt, acc, g && b_n + 64 < n, gu, b_n + 64, gu_row);
+  store_chunk<C, 0, true, kAcc>(sm, es, cwg, wt, acc, h0 < n / 2, h, h0, h_row);
+  store_chunk<C, 2, false, kAcc>(sm, es, cwg, wt, acc, g && b_n + 128 < n, gu, b_n + 128, gu_row);
+  store_chunk<C, 3, false, kAcc>(sm, es, cwg, wt, acc, g && b_n + 192 < n, gu, b_n + 192, gu_row);
+  store_chunk<C, 1, true, kAcc>(sm, es, cwg, wt, acc, h0 + 64 < n / 2, h, h0 + 64, h_row);
+}
+
+// The plain bf16 chunks of one warpgroup's accumulators.
+template <class C, int kAcc>
+__device__ __forceinline__ void store_chunks(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
+                                             const float (&acc)[kAcc], const CUtensorMap* d, int32_t row,
+                                             int32_t b_n, int32_t n, int32_t batch) {
+  store_chunk<C, 0, false, kAcc>(sm, es, cwg, wt, acc, b_n < n, d, b_n, row, batch);
+  store_chunk<C, 1, false, kAcc>(sm, es, cwg, wt, acc, b_n + 64 < n, d, b_n + 64, row, batch);
+  store_chunk<C, 2, false, kAcc>(sm, es, cwg, wt, acc, b_n + 128 < n, d, b_n + 128, row, batch);
+  store_chunk<C, 3, false, kAcc>(sm, es, cwg, wt, acc, b_n + 192 < n, d, b_n + 192, row, batch);
+}
+
 // FC1: the gate/up pre-activations (bf16, packed order) to `gu` at gu_row (skipped when gu is
 // null) and h = silu(g) * u to `h` at h_row. The two outputs may live at different rows (the
 // megakernel keeps gu for every routed row but h only in the ring). b_n: first packed column of
@@ -448,16 +515,7 @@ __device__ __forceinline__ void epilogue_fc1(const Smem<C>& sm, EpiState& es, in
                                              const float (&acc)[C::kAccRegs], const CUtensorMap* gu,
                                              int32_t gu_row, const CUtensorMap* h, int32_t h_row,
                                              int32_t b_n, int32_t n) {
-  gu_row += 64 * cwg;
-  h_row += 64 * cwg;
-  const int32_t h0 = b_n / 2;
-  const bool g = gu != nullptr;
-  store_chunk<C, 0>(sm, es, cwg, wt, acc, g && b_n < n, gu, b_n, gu_row);
-  store_chunk<C, 1>(sm, es, cwg, wt, acc, g && b_n + 64 < n, gu, b_n + 64, gu_row);
-  store_chunk<C, 0, true>(sm, es, cwg, wt, acc, h0 < n / 2, h, h0, h_row);
-  store_chunk<C, 2>(sm, es, cwg, wt, acc, g && b_n + 128 < n, gu, b_n + 128, gu_row);
-  store_chunk<C, 3>(sm, es, cwg, wt, acc, g && b_n + 192 < n, gu, b_n + 192, gu_row);
-  store_chunk<C, 1, true>(sm, es, cwg, wt, acc, h0 + 64 < n / 2, h, h0 + 64, h_row);
+  fc1_chunks<C, C::kAccRegs>(sm, es, cwg, wt, acc, gu, gu_row + 64 * cwg, h, h_row + 64 * cwg, b_n, n);
 }
 
 // Plain bf16 store of the tile to `d` [rows, n] at `row` (FC2, dgrad), or with batch >= 0 to the
@@ -466,11 +524,27 @@ template <class C>
 __device__ __forceinline__ void epilogue_store(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
                                                const float (&acc)[C::kAccRegs], const CUtensorMap* d,
                                                int32_t row, int32_t b_n, int32_t n, int32_t batch = -1) {
-  row += 64 * cwg;
-  store_chunk<C, 0>(sm, es, cwg, wt, acc, b_n < n, d, b_n, row, batch);
-  store_chunk<C, 1>(sm, es, cwg, wt, acc, b_n + 64 < n, d, b_n + 64, row, batch);
-  store_chunk<C, 2>(sm, es, cwg, wt, acc, b_n + 128 < n, d, b_n + 128, row, batch);
-  store_chunk<C, 3>(sm, es, cwg, wt, acc, b_n + 192 < n, d, b_n + 192, row, batch);
+  store_chunks<C, C::kAccRegs>(sm, es, cwg, wt, acc, d, row + 64 * cwg, b_n, n, batch);
+}
+
+// Epilogues of a split-N tile (mma_tile_split_n): rows 0..63 of the tile, warpgroup cwg's half
+// of the columns, from the first half of the accumulators.
+template <class C>
+__device__ __forceinline__ void epilogue_fc1_split_n(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
+                                                     const float (&acc)[C::kAccRegs], const CUtensorMap* gu,
+                                                     int32_t gu_row, const CUtensorMap* h, int32_t h_row,
+                                                     int32_t b_n, int32_t n) {
+  constexpr int kHalf = C::kAccRegs / 2;
+  const float(&a)[kHalf] = reinterpret_cast<const float(&)[kHalf]>(acc);
+  fc1_chunks<C, kHalf>(sm, es, cwg, wt, a, gu, gu_row, h, h_row, b_n + cwg * (C::kBlockN / 2), n);
+}
+template <class C>
+__device__ __forceinline__ void epilogue_store_split_n(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
+                                                       const float (&acc)[C::kAccRegs], const CUtensorMap* d,
+                                                       int32_t row, int32_t b_n, int32_t n) {
+  constexpr int kHalf = C::kAccRegs / 2;
+  const float(&a)[kHalf] = reinterpret_cast<const float(&)[kHalf]>(acc);
+  store_chunks<C, kHalf>(sm, es, cwg, wt, a, d, row, b_n + cwg * (C::kBlockN / 2), n, -1);
 }
 
 }  // namespace mok::gemm::engine

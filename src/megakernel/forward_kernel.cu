@@ -487,7 +487,21 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
     const auto report_previous = [&] {
       if (leader) report(p, pending);
     };
-    if (cwg == 1 && slot.rows <= 64) {
+    const bool half = slot.rows <= 64;
+    const bool combine = kind == kTaskFc2 && p.combine_in_epilogue;
+    if (half && p.split_n && !combine) {
+      // Tokens only in rows 0..63: both warpgroups on those rows, each on half of the columns.
+      mma_tile_split_n<C>(sm, ps, slot.tile, cwg, acc, wb, report_previous);
+      const Tile& t = slot.tile;
+      if (kind == kTaskFc1 || kind == kTaskShared1) {
+        const bool routed = kind == kTaskFc1;
+        epilogue_fc1_split_n<C>(sm, es, cwg, wt, acc, routed ? &maps.gu : &maps.gus_out, slot.gu_row,
+                                routed ? &maps.h_out : &maps.hs_out, t.out_row, t.b_n, slot.n_cols);
+      } else {
+        epilogue_store_split_n<C>(sm, es, cwg, wt, acc, kind == kTaskFc2 ? &maps.y_out : &maps.ys_out, t.out_row,
+                                  t.b_n, slot.n_cols);
+      }
+    } else if (half && cwg == 1) {
       // This warpgroup's rows are all padding: keep the pipeline in step, compute and store nothing.
       skip_tile<C>(sm, ps, slot.tile, wb, report_previous);
     } else {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <latch>
 #include <mutex>
@@ -272,6 +273,38 @@ TEST(LayerForwardGraph, CaptureAndReplay) {
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
   });
+}
+
+// Tiles whose tokens fit in their first 64 rows run in split-N form (both warpgroups on those
+// rows, half of the columns each). Same bits as computing them on warpgroup 0 alone.
+TEST(LayerForwardSplitN, SameBitsAsOneWarpgroup) {
+  const Case c = kOneExpertShared;
+  MOK_REQUIRE_GPUS(c.world);
+  const mok::LayerShape shape = shape_of(c);
+  const mok::Config cfg = config_of(c);
+  const auto wl = mok::make_workload(shape, mok::Routing::Zipf, 99);
+  mok::comm::CommOptions opt;
+  opt.shape = shape;
+  opt.config = cfg;
+  auto group = mok::comm::LocalGroup::create({0, 1}, opt);
+  std::vector<std::vector<mok::bf16>> outs[2];
+  std::mutex m;
+  for (int split = 1; split >= 0; --split) {
+    ASSERT_EQ(0, setenv("MOK_MK_SPLIT_N", split ? "1" : "0", 1));  // read when a layer is built
+    group.run([&](mok::comm::Communicator& comm, size_t r) {
+      RankData d(shape, wl, static_cast<int>(r));
+      mok::Layer layer(comm, shape, cfg, d.dw);
+      d.poison();
+      layer.forward(d.refs, d.out, comm.stream());
+      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
+      layer.check();
+      std::lock_guard<std::mutex> lock(m);
+      outs[split].resize(2);
+      outs[split][r] = d.result();
+    });
+  }
+  unsetenv("MOK_MK_SPLIT_N");
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(bit_diffs(outs[0][r], outs[1][r]), 0) << "rank " << r;
 }
 
 // One rank never calls forward: the other's first barrier expires; check() names it, the
