@@ -310,7 +310,8 @@ __device__ __forceinline__ void skip_tile(const Smem<C>& sm, PipeState<C>& ps, c
 // compute those 64 rows, warpgroup c the output columns [c, c+1) * BLOCK_N/2 (B rows of the
 // stage's K-major B tile), with m64n(BLOCK_N/2) MMAs into the first half of `acc`. The K order is
 // mma_tile's, so every output element is the same fp32 sum; the tile takes about half the time
-// of a full one (a lone warpgroup, as in skip_tile, does not run faster than two).
+// of a full one (a lone warpgroup, as in skip_tile, does not run faster than two). Forward forms
+// only: K-major A and B, no K mask, no clusters.
 template <class C, class Hook = NoHook>
 __device__ __forceinline__ void mma_tile_split_n(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg,
                                                  float (&acc)[C::kAccRegs], const WaitBound& wb,
@@ -463,7 +464,8 @@ template <class C, int kCH, bool kSwiGLU = false, int kAcc = C::kAccRegs>
 __device__ __forceinline__ void store_chunk(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
                                             const float (&acc)[kAcc], bool active, const CUtensorMap* map,
                                             int32_t col, int32_t row, int32_t batch = -1) {
-  if constexpr ((kSwiGLU ? 2 * kCH : kCH) < kAcc / 32) {  // kAcc / 32 = 64-column chunks held
+  // kAcc / 32 = 64-column chunks held; a SwiGLU chunk needs the gate/up chunks 2kCH and 2kCH+1.
+  if constexpr ((kSwiGLU ? 2 * kCH + 1 : kCH) < kAcc / 32) {
     if (!active) return;
     const bool leader = wt == 0;
     uint8_t* buf = epi_begin(sm, cwg, es, leader);

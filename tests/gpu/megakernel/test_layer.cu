@@ -289,6 +289,9 @@ TEST(LayerForwardSplitN, SameBitsAsOneWarpgroup) {
   auto group = mok::comm::LocalGroup::create({0, 1}, opt);
   std::vector<std::vector<mok::bf16>> outs[2];
   std::mutex m;
+  struct Unset {
+    ~Unset() { unsetenv("MOK_MK_SPLIT_N"); }
+  } unset_at_exit;
   for (int split = 1; split >= 0; --split) {
     ASSERT_EQ(0, setenv("MOK_MK_SPLIT_N", split ? "1" : "0", 1));  // read when a layer is built
     group.run([&](mok::comm::Communicator& comm, size_t r) {
@@ -303,7 +306,6 @@ TEST(LayerForwardSplitN, SameBitsAsOneWarpgroup) {
       outs[split][r] = d.result();
     });
   }
-  unsetenv("MOK_MK_SPLIT_N");
   for (int r = 0; r < 2; ++r) EXPECT_EQ(bit_diffs(outs[0][r], outs[1][r]), 0) << "rank " << r;
 }
 
