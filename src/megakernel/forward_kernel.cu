@@ -32,7 +32,9 @@ using namespace mok::gemm::engine;
 using C = Cfg<256>;
 namespace dev = mok::comm::dev;
 
-constexpr int kTaskSlots = 2;
+// Three slots: with the prefetching producer, the consumers run task i while task i+1 is published
+// and the slot of task i-1 is still being released.
+constexpr int kTaskSlots = 3;
 constexpr int kStatWords = kForwardStatWords;
 // Register split: the producer thread decodes tickets and waits on counters besides issuing TMA,
 // which needs more than the plain engine's 40 registers; the consumers give up 8.
@@ -105,8 +107,9 @@ __device__ __forceinline__ bool wait_counter(const dev::DeviceComm& dc, const ui
 
 // Optional profile (params.stats != nullptr): kStatWords words per CTA, written once at the end.
 // Compute CTAs: span, busy (consumer warpgroup 0: tile MMAs + epilogues), waiting for a task
-// (consumer warpgroup 0), dependency waits (producer), tiles. Comm CTAs: span, pulling, pushing,
-// waiting for work, 0.
+// (consumer warpgroup 0), dependency waits (producer), tiles, then (consumer warpgroup 0) the wait
+// from holding a task to its first stage's MMAs, epilogues, FC2 busy time, FC2 tiles. Comm CTAs:
+// span, pulling, pushing, waiting for work, 0.
 struct StatClock {
   unsigned long long* out;
   uint64_t t0;
@@ -365,28 +368,63 @@ __device__ __forceinline__ void fill_slot(TaskSlot& s, const ForwardParams& p, i
   }
 }
 
+// The next task that is not Skip (tickets past the end decode to End).
+__device__ __forceinline__ Task claim_task(const ForwardParams& p, int32_t total) {
+#pragma unroll 1
+  for (;;) {
+    const int32_t ticket = int32_t(atomicAdd(p.counters + p.layout.ticket(), 1u));
+    const Task tk = decode_ticket(p.plan, total, ticket);
+    if (tk.kind != kTaskSkip) return tk;
+  }
+}
+
+// Position of the producer (or of the consumers) in the task ring.
+struct SlotCursor {
+  uint32_t i = 0, phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++i == uint32_t(kTaskSlots)) {
+      i = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
+// Hands `tk` to the consumers in the producer's next slot and returns that slot.
+__device__ __forceinline__ TaskSlot* publish(const TaskRing& ring, SlotCursor& c, const ForwardParams& p,
+                                             int32_t total, Task tk, const WaitBound& wb) {
+  if (!handoff_wait(ring.empty + c.i, c.phase ^ 1u, wb)) tk.kind = kTaskEnd;  // never expected
+  TaskSlot* slot = ring.slot + c.i;  // stays valid until the consumers release it after the tile
+  fill_slot(*slot, p, total, tk);
+  mbar_arrive(ring.full + c.i);  // release (CTA scope): the slot's contents before the arrival
+  c.advance();
+  return slot;
+}
+
+// Producer thread. With p.prefetch, the next task is claimed and handed to the consumers while
+// the current tile's loads are in flight (produce_tile's when_full hook): the ticket atomic and the
+// schedule lookups of fill_slot leave the critical path between two tiles, and only the (usually
+// satisfied) dependency check remains there. The consumers may so hold a task whose dependencies
+// are still pending: they wait on its stages, which this thread loads only after the check.
 __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const dev::DeviceComm& dc,
                          const Smem<C>& sm, const TaskRing& ring, const WaitBound& wb) {
   const int32_t total = p.schedule.totals->total_rows;
   PipeState<C> ps;
-  uint32_t ti = 0, tphase = 0;
+  SlotCursor cur;
   const StatClock clock(p.stats);
   uint64_t dep_ns = 0;
+  Task tk = claim_task(p, total);
+  TaskSlot* slot = p.prefetch ? publish(ring, cur, p, total, tk, wb) : nullptr;
 #pragma unroll 1
   for (;;) {
-    const int32_t ticket = int32_t(atomicAdd(p.counters + p.layout.ticket(), 1u));
-    Task tk = decode_ticket(p.plan, total, ticket);
-    if (tk.kind == kTaskSkip) continue;
     const uint64_t d0 = clock.now();
-    if (tk.kind != kTaskEnd && !wait_deps(p, dc, total, tk)) tk.kind = kTaskEnd;
+    const bool ok = tk.kind == kTaskEnd || wait_deps(p, dc, total, tk);
     dep_ns += clock.now() - d0;
-    if (!handoff_wait(ring.empty + ti, tphase ^ 1u, wb)) tk.kind = kTaskEnd;  // never expected
-    TaskSlot& slot = ring.slot[ti];  // stays valid until the consumers release it after the tile
-    fill_slot(slot, p, total, tk);
-    mbar_arrive(ring.full + ti);  // release (CTA scope): the slot's contents before the arrival
-    if (++ti == kTaskSlots) {
-      ti = 0;
-      tphase ^= 1u;
+    if (!p.prefetch) {
+      if (!ok) tk.kind = kTaskEnd;
+      slot = publish(ring, cur, p, total, tk, wb);
+    } else if (!ok) {
+      tk.kind = kTaskEnd;  // the consumers finish the published task (its waits give up) and stop
+      publish(ring, cur, p, total, tk, wb);
     }
     if (tk.kind == kTaskEnd) {
       if (clock.out) clock.out[3] = dep_ns;
@@ -405,7 +443,21 @@ __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const 
       a = &maps.hs_in;
       b = &maps.ws_down;
     }
-    produce_tile<C, false, false>(sm, ps, slot.tile, a, b, wb);
+    Task next{kTaskEnd, -1, -1, -1};
+    TaskSlot* next_slot = nullptr;
+    bool claimed = false;
+    const auto claim_next = [&] {
+      next = claim_task(p, total);
+      if (p.prefetch) next_slot = publish(ring, cur, p, total, next, wb);
+      claimed = true;
+    };
+    if (p.prefetch)
+      produce_tile<C, false, false>(sm, ps, slot->tile, a, b, wb, nullptr, false, 0u, claim_next);
+    else
+      produce_tile<C, false, false>(sm, ps, slot->tile, a, b, wb);
+    if (!claimed) claim_next();
+    tk = next;
+    slot = next_slot;
   }
 }
 
@@ -468,30 +520,33 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
   Skew<C> skew;  // optional stagger of the two warpgroups (ForwardParams::skew_stages)
   float acc[C::kAccRegs];
   int32_t pending = -1;  // leader only: counter of the last stored tile, not yet reported
-  uint32_t ti = 0, tphase = 0;
+  SlotCursor cur;
   const StatClock clock(leader && cwg == 0 ? p.stats : nullptr);
-  uint64_t busy_ns = 0, wait_ns = 0, tiles = 0;
+  uint64_t busy_ns = 0, wait_ns = 0, tiles = 0, start_ns = 0, epi_ns = 0, fc2_ns = 0, fc2_tiles = 0;
 #pragma unroll 1
   for (;;) {
     const uint64_t w0 = clock.now();
-    if (leader && pending >= 0 && !mbar_test(ring.full + ti, tphase)) report(p, pending);
-    const bool got = handoff_wait(ring.full + ti, tphase, wb);
+    if (leader && pending >= 0 && !mbar_test(ring.full + cur.i, cur.phase)) report(p, pending);
+    const bool got = handoff_wait(ring.full + cur.i, cur.phase, wb);
     const uint64_t w1 = clock.now();
     wait_ns += w1 - w0;
     // The slot is read in place (fewer live registers next to the accumulators) and released
-    // after the epilogue; the producer meanwhile fills the other slot.
-    const TaskSlot& slot = ring.slot[ti];
+    // after the epilogue; the producer meanwhile fills the next slot.
+    const TaskSlot& slot = ring.slot[cur.i];
     const int32_t kind = got ? slot.kind : int32_t(kTaskEnd);
     if (kind == kTaskEnd) break;
     if (leader && pending >= 0 && !mbar_test(sm.full(ps.stage), ps.phase)) report(p, pending);
     const auto report_previous = [&] {
+      if (clock.out) start_ns += clock.now() - w1;  // profile: the tile's first stage arrived
       if (leader) report(p, pending);
     };
+    uint64_t e0 = 0;  // profile: start of the epilogue
     const bool half = slot.rows <= 64;
     const bool combine = kind == kTaskFc2 && p.combine_in_epilogue;
     if (half && p.split_n && !combine) {
       // Tokens only in rows 0..63: both warpgroups on those rows, each on half of the columns.
       mma_tile_split_n<C>(sm, ps, slot.tile, cwg, acc, wb, report_previous);
+      e0 = clock.now();
       const Tile& t = slot.tile;
       if (kind == kTaskFc1 || kind == kTaskShared1) {
         const bool routed = kind == kTaskFc1;
@@ -504,9 +559,11 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
     } else if (half && cwg == 1) {
       // This warpgroup's rows are all padding: keep the pipeline in step, compute and store nothing.
       skip_tile<C>(sm, ps, slot.tile, wb, report_previous);
+      e0 = clock.now();
     } else {
       skew.stages = slot.rows <= 64 ? 0 : p.skew_stages;  // same choice in both warpgroups
       mma_tile<C, false, false, false>(sm, ps, slot.tile, cwg, ct, acc, wb, skew, 0u, report_previous);
+      e0 = clock.now();
       const Tile& t = slot.tile;
       if (kind == kTaskFc1 || kind == kTaskShared1) {
         const bool routed = kind == kTaskFc1;
@@ -523,13 +580,16 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
       report(p, pending);  // normally already done by the first-block hook (then a no-op)
       pending = slot.counter;
     }
-    busy_ns += clock.now() - w1;
-    ++tiles;
-    mbar_arrive(ring.empty + ti);
-    if (++ti == kTaskSlots) {
-      ti = 0;
-      tphase ^= 1u;
+    const uint64_t w2 = clock.now();
+    busy_ns += w2 - w1;
+    epi_ns += w2 - e0;
+    if (kind == kTaskFc2) {
+      fc2_ns += w2 - w1;
+      ++fc2_tiles;
     }
+    ++tiles;
+    mbar_arrive(ring.empty + cur.i);
+    cur.advance();
   }
   if (leader) report(p, pending);
   epi_finish(leader);
@@ -538,6 +598,10 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
     clock.out[1] = busy_ns;
     clock.out[2] = wait_ns;
     clock.out[4] = tiles;
+    clock.out[5] = start_ns;
+    clock.out[6] = epi_ns;
+    clock.out[7] = fc2_ns;
+    clock.out[8] = fc2_tiles;
   }
 }
 

@@ -239,6 +239,7 @@ struct Layer::Impl {
     if (const char* sk = std::getenv("MOK_MK_SKEW")) mkp.skew_stages = std::clamp(std::atoi(sk), 0, 4);
     // MOK_MK_SPLIT_N=0: tiles with <= 64 token rows on warpgroup 0 alone (A/B of the split-N form).
     if (const char* sn = std::getenv("MOK_MK_SPLIT_N")) mkp.split_n = std::atoi(sn) != 0 ? 1 : 0;
+    if (const char* pf = std::getenv("MOK_MK_PREFETCH")) mkp.prefetch = std::atoi(pf) != 0 ? 1 : 0;
     const char* prof = std::getenv("MOK_PROFILE");
     if (prof != nullptr && std::string(prof) == "1") {
       stats = DeviceBuffer(static_cast<size_t>(sms) * mk::kForwardStatWords * 8, "megakernel profile");
@@ -353,6 +354,7 @@ std::string Layer::profile_summary() const {
   MOK_CUDA_CHECK(cudaMemcpy(w.data(), m.stats.p, w.size() * 8, cudaMemcpyDeviceToHost));
   const int c = m.mkp.plan.comm_ctas;
   double span = 0, busy = 0, wait = 0, dep = 0, tiles = 0, cspan = 0, pull = 0, push = 0, idle = 0, max_span = 0;
+  double start = 0, epi = 0, fc2 = 0, fc2_tiles = 0;
   for (int b = 0; b < m.sms; ++b) {
     const unsigned long long* s = &w[static_cast<size_t>(b) * mk::kForwardStatWords];
     max_span = std::max(max_span, double(s[0]));
@@ -367,16 +369,22 @@ std::string Layer::profile_summary() const {
       wait += double(s[2]);
       dep += double(s[3]);
       tiles += double(s[4]);
+      start += double(s[5]);
+      epi += double(s[6]);
+      fc2 += double(s[7]);
+      fc2_tiles += double(s[8]);
     }
   }
   const auto pct = [](double a, double b) { return b > 0 ? 100.0 * a / b : 0.0; };
-  char line[512];
+  const auto per_tile_us = [](double ns, double n) { return n > 0 ? ns / n * 1e-3 : 0.0; };
+  char line[768];
   std::snprintf(line, sizeof line,
-                "kernel %.3f ms; %d compute CTAs: busy %.1f%%, waiting for a task %.1f%%, producer on "
-                "dependencies %.1f%%, %.1f tiles/CTA, %.1f us/tile; %d comm CTAs: pull %.1f%%, push %.1f%%, idle %.1f%%",
-                max_span * 1e-6, m.sms - c, pct(busy, span), pct(wait, span), pct(dep, span),
-                tiles / std::max(1, m.sms - c), tiles > 0 ? busy / tiles * 1e-3 : 0.0, c, pct(pull, cspan),
-                pct(push, cspan), pct(idle, cspan));
+                "kernel %.3f ms; %d compute CTAs: busy %.1f%% (of it: first stage of a tile %.1f%%, epilogues "
+                "%.1f%%), waiting for a task %.1f%%, producer on dependencies %.1f%%, %.1f tiles/CTA, %.1f us/tile "
+                "(FC2 %.1f, others %.1f); %d comm CTAs: pull %.1f%%, push %.1f%%, idle %.1f%%",
+                max_span * 1e-6, m.sms - c, pct(busy, span), pct(start, span), pct(epi, span), pct(wait, span),
+                pct(dep, span), tiles / std::max(1, m.sms - c), per_tile_us(busy, tiles), per_tile_us(fc2, fc2_tiles),
+                per_tile_us(busy - fc2, tiles - fc2_tiles), c, pct(pull, cspan), pct(push, cspan), pct(idle, cspan));
   return line;
 }
 

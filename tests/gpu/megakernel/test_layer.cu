@@ -275,9 +275,15 @@ TEST(LayerForwardGraph, CaptureAndReplay) {
   });
 }
 
-// Tiles whose tokens fit in their first 64 rows run in split-N form (both warpgroups on those
-// rows, half of the columns each). Same bits as computing them on warpgroup 0 alone.
-TEST(LayerForwardSplitN, SameBitsAsOneWarpgroup) {
+// Scheduling knobs that must not change a bit (read from the environment when a layer is built):
+//   MOK_MK_SPLIT_N   tiles whose tokens fit in their first 64 rows run in split-N form (both
+//                    warpgroups on those rows, half of the columns each) or on warpgroup 0 alone;
+//   MOK_MK_PREFETCH  the producer claims and hands over the next task during the current tile's
+//                    loads, or after them.
+class LayerForwardKnob : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LayerForwardKnob, SameBitsOnAndOff) {
+  const char* knob = GetParam();
   const Case c = kOneExpertShared;
   MOK_REQUIRE_GPUS(c.world);
   const mok::LayerShape shape = shape_of(c);
@@ -290,10 +296,11 @@ TEST(LayerForwardSplitN, SameBitsAsOneWarpgroup) {
   std::vector<std::vector<mok::bf16>> outs[2];
   std::mutex m;
   struct Unset {
-    ~Unset() { unsetenv("MOK_MK_SPLIT_N"); }
-  } unset_at_exit;
-  for (int split = 1; split >= 0; --split) {
-    ASSERT_EQ(0, setenv("MOK_MK_SPLIT_N", split ? "1" : "0", 1));  // read when a layer is built
+    const char* name;
+    ~Unset() { unsetenv(name); }
+  } unset_at_exit{knob};
+  for (int on = 1; on >= 0; --on) {
+    ASSERT_EQ(0, setenv(knob, on ? "1" : "0", 1));
     group.run([&](mok::comm::Communicator& comm, size_t r) {
       RankData d(shape, wl, static_cast<int>(r));
       mok::Layer layer(comm, shape, cfg, d.dw);
@@ -302,12 +309,17 @@ TEST(LayerForwardSplitN, SameBitsAsOneWarpgroup) {
       ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
       layer.check();
       std::lock_guard<std::mutex> lock(m);
-      outs[split].resize(2);
-      outs[split][r] = d.result();
+      outs[on].resize(2);
+      outs[on][r] = d.result();
     });
   }
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(bit_diffs(outs[0][r], outs[1][r]), 0) << "rank " << r;
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(bit_diffs(outs[0][r], outs[1][r]), 0) << knob << ", rank " << r;
 }
+
+INSTANTIATE_TEST_SUITE_P(Megakernel, LayerForwardKnob, ::testing::Values("MOK_MK_SPLIT_N", "MOK_MK_PREFETCH"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           return std::string(i.param).substr(7);  // SPLIT_N, PREFETCH
+                         });
 
 // One rank never calls forward: the other's first barrier expires; check() names it, the
 // megakernel that follows exits at once (the communicator is poisoned), teardown is clean.
