@@ -51,7 +51,7 @@ struct ForwardParams {
   int32_t combine_in_epilogue = 0;  // 1: FC2 tiles store rows into combine_peers, comm CTAs only pull
   int32_t skew_stages = 0;  // stagger of the consumer warpgroups in K blocks (engine's Skew; 0 = off)
   int32_t split_n = 1;      // tiles with <= 64 token rows: both warpgroups on those rows (0: warpgroup 0 alone)
-  int32_t prefetch = 1;     // producer claims and hands over the next task during the current tile's loads
+  int32_t prefetch = 0;     // producer claims and hands over the next task during the current tile's loads
   unsigned long long* stats = nullptr;  // optional profile: kForwardStatWords per CTA (see the kernel)
 };
 

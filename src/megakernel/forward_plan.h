@@ -16,9 +16,10 @@
 // Tickets. Compute CTAs claim tickets 0, 1, 2, ... from one atomic counter. The ticket order is
 //   S1 | FC1(0) | S2 | FC1(1) FC2(0) | FC1(2) FC2(1) | ... | FC1(G-1) FC2(G-2) | FC2(G-1) | end
 // (S1/S2: the shared expert's FC1/FC2 tiles, which need no communication and so start while the
-// first rows land). Inside a block the M tiles run fastest, so CTAs working at the same time share
-// weight tiles. A block of a minibatch always has M/128 x n_tiles tickets; tiles past the end of
-// a partial minibatch decode to Skip.
+// first rows land). Inside a block the M tiles are taken in raster groups of group_m: N outer, M
+// fastest inside a group, so CTAs working at the same time share weight (B) tiles, and each A tile
+// is read by all its N tiles within about one wave. A block of a minibatch always has
+// M/128 x n_tiles tickets; tiles past the end of a partial minibatch decode to Skip.
 //
 // Dependencies (counter >= target), all pointing to lower tickets or to the comm CTAs:
 //   FC1(g) tile:  pulled[g] >= C                       (the comm CTAs landed the rows)
@@ -57,6 +58,7 @@ struct PlanShape {
   int32_t n1s = 0;        // shared FC1 N tiles (2Is / BLOCK_N)
   int32_t n2s = 0;        // shared FC2 N tiles (H / BLOCK_N)
   int32_t comm_ctas = 0;  // C
+  int32_t group_m = 0;    // M tiles per raster group inside a block (0: all of the minibatch)
 };
 
 MOK_HD int32_t tiles_per_mb(const PlanShape& p) { return p.mb_rows / sched::kBlockM; }
@@ -102,6 +104,18 @@ MOK_HD int64_t num_tickets(const PlanShape& p, int64_t positions) {
   return int64_t(p.s_tiles) * (p.n1s + p.n2s) + positions * tpm * (p.n1 + p.n2);
 }
 
+// M tile (within the minibatch) and N tile of index u of a block with n_tiles N tiles.
+MOK_HD void block_tile(const PlanShape& p, int32_t n_tiles, int32_t u, int32_t& ml, int32_t& n) {
+  const int32_t tpm = tiles_per_mb(p);
+  const int32_t gm = p.group_m > 0 && p.group_m < tpm ? p.group_m : tpm;
+  const int32_t grp = u / (gm * n_tiles);
+  const int32_t first = grp * gm;
+  const int32_t width = gm < tpm - first ? gm : tpm - first;
+  const int32_t r = u - grp * gm * n_tiles;
+  ml = first + r % width;
+  n = r / width;
+}
+
 // The task of ticket t (see the header comment for the order). 32-bit arithmetic: this runs in
 // the producer thread, which has few registers.
 MOK_HD Task decode_ticket(const PlanShape& p, int32_t total_rows, int32_t t) {
@@ -135,9 +149,10 @@ MOK_HD Task decode_ticket(const PlanShape& p, int32_t total_rows, int32_t t) {
     }
   }
   const MbRows r = mb_rows(p, total_rows, g);
-  const int32_t ml = u % tpm;
+  int32_t ml, n;
+  block_tile(p, kind == kTaskFc1 ? p.n1 : p.n2, u, ml, n);
   if (ml >= mb_tiles(r)) return Task{kTaskSkip, g, -1, -1};
-  return Task{kind, g, r.begin / sched::kBlockM + ml, u / tpm};
+  return Task{kind, g, r.begin / sched::kBlockM + ml, n};
 }
 
 // Counter block layout (uint32 words), zeroed before every launch.

@@ -239,7 +239,10 @@ struct Layer::Impl {
     if (const char* sk = std::getenv("MOK_MK_SKEW")) mkp.skew_stages = std::clamp(std::atoi(sk), 0, 4);
     // MOK_MK_SPLIT_N=0: tiles with <= 64 token rows on warpgroup 0 alone (A/B of the split-N form).
     if (const char* sn = std::getenv("MOK_MK_SPLIT_N")) mkp.split_n = std::atoi(sn) != 0 ? 1 : 0;
+    // MOK_MK_PREFETCH=1: the producer claims the next task during the current tile's loads.
     if (const char* pf = std::getenv("MOK_MK_PREFETCH")) mkp.prefetch = std::atoi(pf) != 0 ? 1 : 0;
+    // MOK_MK_GROUP_M=n: raster groups of n M tiles inside a minibatch's block (0: all).
+    if (const char* gm = std::getenv("MOK_MK_GROUP_M")) ps.group_m = std::max(0, std::atoi(gm));
     const char* prof = std::getenv("MOK_PROFILE");
     if (prof != nullptr && std::string(prof) == "1") {
       stats = DeviceBuffer(static_cast<size_t>(sms) * mk::kForwardStatWords * 8, "megakernel profile");

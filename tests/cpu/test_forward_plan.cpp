@@ -62,9 +62,19 @@ TEST_P(ForwardPlan, PositionsCoverRowsAndRingSlotsAreReusedInOrder) {
   }
 }
 
+void check_tickets(const PlanCase& c, int32_t group_m);
+
 TEST_P(ForwardPlan, TicketsIssueEveryTileOnceWithDependenciesBelow) {
-  const PlanCase c = GetParam();
-  PlanShape p{c.mb, c.ring, c.n1, c.n2, c.s_tiles, c.n1s, c.n2s, 4};
+  // Raster groups: all M tiles of a minibatch, groups that divide them, and groups that leave a
+  // short last group.
+  for (const int32_t group_m : {0, 1, 3, 8}) {
+    SCOPED_TRACE(::testing::Message() << "group_m " << group_m);
+    check_tickets(GetParam(), group_m);
+  }
+}
+
+void check_tickets(const PlanCase& c, int32_t group_m) {
+  PlanShape p{c.mb, c.ring, c.n1, c.n2, c.s_tiles, c.n1s, c.n2s, 4, group_m};
   const int32_t G = mok::mk::num_positions(p, c.total_rows);
   const int32_t S = mok::mk::ring_slots(p);
   const int32_t tiles = c.total_rows / 128;

@@ -280,6 +280,7 @@ TEST(LayerForwardGraph, CaptureAndReplay) {
 //                    warpgroups on those rows, half of the columns each) or on warpgroup 0 alone;
 //   MOK_MK_PREFETCH  the producer claims and hands over the next task during the current tile's
 //                    loads, or after them.
+//   MOK_MK_GROUP_M   raster groups of 1 M tile inside a minibatch's block, or of all of them.
 class LayerForwardKnob : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(LayerForwardKnob, SameBitsOnAndOff) {
@@ -316,9 +317,9 @@ TEST_P(LayerForwardKnob, SameBitsOnAndOff) {
   for (int r = 0; r < 2; ++r) EXPECT_EQ(bit_diffs(outs[0][r], outs[1][r]), 0) << knob << ", rank " << r;
 }
 
-INSTANTIATE_TEST_SUITE_P(Megakernel, LayerForwardKnob, ::testing::Values("MOK_MK_SPLIT_N", "MOK_MK_PREFETCH"),
+INSTANTIATE_TEST_SUITE_P(Megakernel, LayerForwardKnob, ::testing::Values("MOK_MK_SPLIT_N", "MOK_MK_PREFETCH", "MOK_MK_GROUP_M"),
                          [](const ::testing::TestParamInfo<const char*>& i) {
-                           return std::string(i.param).substr(7);  // SPLIT_N, PREFETCH
+                           return std::string(i.param).substr(7);  // SPLIT_N, PREFETCH, GROUP_M
                          });
 
 // One rank never calls forward: the other's first barrier expires; check() names it, the
