@@ -50,6 +50,7 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   Config main;
   main.forward_path = o.path;
   main.fwd_comm_sms = o.comm_sms;
+  if (o.clusters >= 0) main.fwd_clusters = o.clusters != 0;
   std::vector<Variant> v{{to_string(o.path), main}};
   if (!o.ablation) return v;
   Config other = main;
@@ -75,6 +76,11 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
     Config c = mk;
     c.combine = CombinePath::Fc2Epilogue;
     v.push_back({"megakernel-epilogue-combine", c});
+  }
+  {
+    Config c = mk;
+    c.fwd_clusters = !main.fwd_clusters;
+    if (c.resolved_fwd_comm_sms(shape) % 2 == 0) v.push_back({c.fwd_clusters ? "megakernel-clusters" : "megakernel-no-clusters", c});
   }
   if (4 * mb < shape.worst_case_rows()) {
     Config c = mk;

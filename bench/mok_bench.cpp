@@ -40,6 +40,7 @@ void usage() {
       "with --cpu) runs the CPU reference engine on W simulated ranks.\n"
       "GPU options: --models dsv3,qwen3-30b-a3b,qwen3-235b  --tokens 2048,8192\n"
       "             --routings uniform,zipf  --iters N (>= 20)  --warmup N  --comm-sms N  --json FILE\n"
+      "             --path megakernel|unfused  --clusters 0|1  --no-ablation\n"
       "CPU options: --preset tiny|small|medium  --ranks W  --routing uniform|zipf|one-expert|\n"
       "             one-rank|empty-slots  --threads N  --reps N\n");
 }
@@ -126,7 +127,7 @@ int main(int argc, char** argv) {
   int world = 0, threads = 0, reps = 3;
   bool force_cpu = false;
   std::string models, tokens, routings, json;
-  int iters = 20, warmup = 5, comm_sms = 0;
+  int iters = 20, warmup = 5, comm_sms = 0, clusters = -1;
   std::string path = "megakernel";
   bool ablation = true;
   for (int i = 1; i < argc; ++i) {
@@ -150,6 +151,7 @@ int main(int argc, char** argv) {
     else if (a == "--iters") iters = std::atoi(value().c_str());
     else if (a == "--warmup") warmup = std::atoi(value().c_str());
     else if (a == "--comm-sms") comm_sms = std::atoi(value().c_str());
+    else if (a == "--clusters") clusters = std::atoi(value().c_str());
     else if (a == "--json") json = value();
     else if (a == "--path") path = value();
     else if (a == "--no-ablation") ablation = false;
@@ -178,6 +180,8 @@ int main(int argc, char** argv) {
       o.iters = iters;
       o.warmup = warmup;
       o.comm_sms = comm_sms;
+      MOK_REQUIRE(clusters >= -1 && clusters <= 1, "--clusters", "must be 0 or 1, got ", clusters);
+      o.clusters = clusters;
       MOK_REQUIRE(path == "megakernel" || path == "unfused", "--path", "must be megakernel or unfused, got '", path, "'");
       o.path = path == "megakernel" ? mok::ForwardPath::Megakernel : mok::ForwardPath::Unfused;
       o.ablation = ablation;

@@ -61,6 +61,10 @@ const char* to_string(CombinePath p);
 struct Config {
   ForwardPath forward_path = ForwardPath::Megakernel;  // GPU layer only (the CPU reference ignores it)
   CombinePath combine = CombinePath::CommCtas;         // megakernel only
+  // Megakernel only: compute SMs work in pairs (2-CTA clusters) on two M tiles of one expert and
+  // share each weight tile (TMA multicast), halving weight traffic from L2; fwd_comm_sms must be
+  // even. Off: every compute SM loads its own weight tiles.
+  bool fwd_clusters = false;
   int fwd_comm_sms = 0;              // CTAs (one per SM) that move tokens in the forward kernel; 0 = from the shape
   int bwd_comm_sms = 16;             // same for the backward kernel
   int64_t minibatch_tokens = 0;      // routed rows per minibatch; 0 = choose from the shape

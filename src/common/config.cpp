@@ -143,6 +143,9 @@ void Config::validate(const LayerShape& shape, int sm_count) const {
   shape.validate();
   MOK_REQUIRE(fwd_comm_sms >= 0, "config.fwd_comm_sms", "must be >= 1 (or 0 = from the shape), got ",
               fwd_comm_sms);
+  MOK_REQUIRE(!fwd_clusters || resolved_fwd_comm_sms(shape) % 2 == 0, "config.fwd_comm_sms",
+              "must be even with config.fwd_clusters (SMs pair up into 2-CTA clusters), got ",
+              resolved_fwd_comm_sms(shape));
   MOK_REQUIRE(bwd_comm_sms >= 1, "config.bwd_comm_sms", "must be >= 1, got ", bwd_comm_sms);
   if (sm_count > 0) {
     MOK_REQUIRE(resolved_fwd_comm_sms(shape) < sm_count, "config.fwd_comm_sms",

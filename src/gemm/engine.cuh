@@ -302,13 +302,13 @@ __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, co
 // A consumer warpgroup whose 64 rows of the tile are all padding: waits for each stage of the tile
 // and releases it without computing, so the pipeline stays in step with the other warpgroup (which
 // then has the tensor cores to itself). Its epilogue is skipped too.
-template <class C, class Hook = NoHook>
+template <class C, bool kCluster = false, class Hook = NoHook>
 __device__ __forceinline__ void skip_tile(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, const WaitBound& wb,
-                                          const Hook& on_first_block = Hook{}) {
+                                          uint32_t peer = 0, const Hook& on_first_block = Hook{}) {
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     mbar_wait(sm.full(ps.stage), ps.phase, wb, kSiteConsumerFull);
     if (kb == 0) on_first_block();
-    release_stage<C>(sm, ps.stage);
+    release_stage<C, kCluster>(sm, ps.stage, peer);
     ps.advance();
   }
 }
@@ -318,10 +318,10 @@ __device__ __forceinline__ void skip_tile(const Smem<C>& sm, PipeState<C>& ps, c
 // stage's K-major B tile), with m64n(BLOCK_N/2) MMAs into the first half of `acc`. The K order is
 // mma_tile's, so every output element is the same fp32 sum; the tile takes about half the time
 // of a full one (a lone warpgroup, as in skip_tile, does not run faster than two). Forward forms
-// only: K-major A and B, no K mask, no clusters.
-template <class C, class Hook = NoHook>
+// only: K-major A and B, no K mask.
+template <class C, bool kCluster = false, class Hook = NoHook>
 __device__ __forceinline__ void mma_tile_split_n(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg,
-                                                 float (&acc)[C::kAccRegs], const WaitBound& wb,
+                                                 float (&acc)[C::kAccRegs], const WaitBound& wb, uint32_t peer = 0,
                                                  const Hook& on_first_block = Hook{}) {
   constexpr int kHalfN = C::kBlockN / 2;
   float(&h)[kHalfN / 2] = reinterpret_cast<float(&)[kHalfN / 2]>(acc);
@@ -346,13 +346,13 @@ __device__ __forceinline__ void mma_tile_split_n(const Smem<C>& sm, PipeState<C>
     fence_operands(h);
     wgmma_wait<1>();
     fence_operands(h);
-    if (kb > 0) release_stage<C>(sm, prev);
+    if (kb > 0) release_stage<C, kCluster>(sm, prev, peer);
     prev = s;
     ps.advance();
   }
   wgmma_wait<0>();
   fence_operands(h);
-  release_stage<C>(sm, prev);
+  release_stage<C, kCluster>(sm, prev, peer);
 }
 
 // ------------------------------------------------------------------------------------------------

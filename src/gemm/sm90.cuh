@@ -234,6 +234,40 @@ __device__ __forceinline__ void mbar_arrive_remote(uint64_t* local_bar, uint32_t
       : "memory");
 }
 
+// Hand-off of data written into another CTA's shared memory (a megakernel's task slots): the
+// writer stores with st_cluster, then arrives with .release.cluster; readers in the target CTA
+// wait with .acquire.cluster. Used once per tile, off the MMA path.
+__device__ __forceinline__ uint32_t cluster_addr(const void* local, uint32_t cta) {
+  uint32_t ra;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(smem_addr(local)), "r"(cta));
+  return ra;
+}
+__device__ __forceinline__ void st_cluster(uint32_t cluster_address, uint32_t v) {
+  asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(cluster_address), "r"(v) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_remote_release(uint64_t* local_bar, uint32_t cta) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr(local_bar, cta))
+               : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait_cluster(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// cluster_sync for threads that reach it at different times (no .aligned: warps need not be
+// converged), e.g. at the end of a warp-specialised kernel.
+__device__ __forceinline__ void cluster_sync_any() {
+  asm volatile(
+      "barrier.cluster.arrive.release;\n"
+      "barrier.cluster.wait.acquire;\n" ::
+          : "memory");
+}
+
 // ------------------------------------------------------------------------------------------------
 // TMA (CCCL), proxy fences
 // ------------------------------------------------------------------------------------------------

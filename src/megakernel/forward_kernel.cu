@@ -19,6 +19,8 @@
 // and makes every other wait give up, so the kernel always terminates.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "common/cuda_check.h"
 #include "gemm/engine.cuh"
 #include "megakernel/forward_kernel.h"
@@ -37,10 +39,13 @@ namespace dev = mok::comm::dev;
 constexpr int kTaskSlots = 3;
 constexpr int kStatWords = kForwardStatWords;
 // Register split: the producer thread decodes tickets and waits on counters besides issuing TMA,
-// which needs more than the plain engine's 40 registers; the consumers give up 8.
-// 128 x 56 + 256 x 224 = 64512 <= 65536.
-constexpr uint32_t kMkProducerRegs = 56;
-constexpr uint32_t kMkConsumerRegs = 224;
+// which needs more than the plain engine's 40 registers; the consumers give up 8. With clusters
+// the producer also stages and copies the partner's task slot (spills below 88); the consumers
+// still fit in 208 without spills. 128 x 56 + 256 x 224 = 128 x 88 + 256 x 208 = 64512 <= 65536.
+template <bool kCluster>
+constexpr uint32_t kMkProducerRegs = kCluster ? 88 : 56;
+template <bool kCluster>
+constexpr uint32_t kMkConsumerRegs = kCluster ? 208 : 224;
 // Wait ids (names registered by the layer).
 constexpr uint32_t kWaitTaskDeps = comm::kWaitUserBase + 40;  // "megakernel.task_dependency"
 constexpr uint32_t kWaitCommDeps = comm::kWaitUserBase + 41;  // "megakernel.comm_dependency"
@@ -55,8 +60,12 @@ struct TaskSlot {
   int32_t counter;  // counter word reported when the tile is stored (-1: none)
   int32_t n_cols;   // output width of the GEMM (FC1: 2I)
   int32_t rows;     // rows of the tile that hold tokens (<= 64: warpgroup 1 skips its half)
-  int32_t pad_;
+  int32_t flags;    // kSlotDummy, kSlotSharedB (clusters)
 };
+// Clusters: the CTA recomputes its partner's tile only to keep the shared pipeline in step (odd
+// last unit) and stores and reports nothing; B is multicast (both tiles use one weight tile).
+constexpr int32_t kSlotDummy = 1;
+constexpr int32_t kSlotSharedB = 2;
 
 struct TaskRing {
   TaskSlot* slot;
@@ -124,11 +133,14 @@ struct StatClock {
 // are bounded through the others. Giving up early here would let the 256 consumer threads read
 // the slot at different moments (some the old task, some END) and split at a warpgroup-wide
 // instruction. The own bound (8 x the deadline) only catches a broken invariant; false = expired.
+// kCluster: the slot may have been written by the other CTA of the cluster (acquire.cluster).
+template <bool kCluster = false>
 __device__ __forceinline__ bool handoff_wait(uint64_t* bar, uint32_t parity, const WaitBound& wb) {
-  if (mbar_try_wait(bar, parity)) return true;
+  const auto ready = [&] { return kCluster ? mbar_try_wait_cluster(bar, parity) : mbar_try_wait(bar, parity); };
+  if (ready()) return true;
   const uint64_t t0 = global_timer_ns();
   for (uint32_t spins = 1;; ++spins) {
-    if (mbar_try_wait(bar, parity)) return true;
+    if (ready()) return true;
     if ((spins & 255u) == 0 && global_timer_ns() - t0 > 8 * wb.limit_ns) {
       atomicCAS(wb.error, 0u, kSiteTaskSlot);
       return false;
@@ -316,50 +328,55 @@ __device__ bool wait_deps(const ForwardParams& p, const dev::DeviceComm& dc, int
       }
       return true;
     case kTaskFc2:
-      if (!wait_counter(dc, c + L.fc1_done(tk.m), fc1_tile_target(p.plan), kWaitTaskDeps)) return false;
+      for (int32_t m = tk.m; m < tk.m + tk.tiles; ++m)
+        if (!wait_counter(dc, c + L.fc1_done(m), fc1_tile_target(p.plan), kWaitTaskDeps)) return false;
       if (!p.combine_in_epilogue && tk.g >= s &&
           !wait_counter(dc, c + L.pushed(tk.g - s), uint32_t(p.plan.comm_ctas), kWaitTaskDeps))
         return false;
       return true;
     case kTaskShared2:
-      return wait_counter(dc, c + L.s1_done(tk.m), s1_tile_target(p.plan), kWaitTaskDeps);
+      for (int32_t m = tk.m; m < tk.m + tk.tiles; ++m)
+        if (!wait_counter(dc, c + L.s1_done(m), s1_tile_target(p.plan), kWaitTaskDeps)) return false;
+      return true;
     default:
       return true;
   }
 }
 
-// Writes the engine tile and report counter of a task into the task slot `s` (shared memory).
-__device__ __forceinline__ void fill_slot(TaskSlot& s, const ForwardParams& p, int32_t total, const Task& tk) {
+// Writes the engine tile (M tile m of task tk) and its report counter into the task slot `s`.
+__device__ __forceinline__ void fill_slot(TaskSlot& s, const ForwardParams& p, int32_t total, const Task& tk,
+                                          int32_t m, int32_t flags) {
   s.kind = tk.kind;
   s.counter = -1;
+  s.flags = flags;
   if (tk.kind == kTaskEnd) return;
   const int32_t b_n = tk.n * C::kBlockN;
   const int32_t kb1 = p.hidden / kBlockK;
   if (tk.kind == kTaskFc1 || tk.kind == kTaskFc2) {
     const MbRows r = mb_rows(p.plan, total, tk.g);
-    const int32_t ring_row = r.ring + tk.m * sched::kBlockM - r.begin;
-    const int32_t expert = p.schedule.tile_expert[tk.m];
+    const int32_t ring_row = r.ring + m * sched::kBlockM - r.begin;
+    const int32_t expert = p.schedule.tile_expert[m];
     // Token rows of this tile: the expert's segment holds expert_rows[e] tokens, then padding.
     s.rows = min(int32_t(sched::kBlockM),
-                 p.schedule.expert_offset[expert] + p.schedule.expert_rows[expert] - tk.m * sched::kBlockM);
+                 p.schedule.expert_offset[expert] + p.schedule.expert_rows[expert] - m * sched::kBlockM);
     if (tk.kind == kTaskFc1) {
       s.tile = Tile{ring_row, b_n, expert, 0, kb1, kBlockK, ring_row, 0};
-      s.gu_row = tk.m * sched::kBlockM;
-      s.counter = p.layout.fc1_done(tk.m);
+      s.gu_row = m * sched::kBlockM;
+      s.counter = flags & kSlotDummy ? -1 : p.layout.fc1_done(m);
       s.n_cols = 2 * p.inter;
     } else {
       s.tile = Tile{ring_row, b_n, expert, 0, p.inter / kBlockK, kBlockK, ring_row, 0};
-      s.gu_row = tk.m * sched::kBlockM;  // the routed row (schedule index) of the tile's first row
-      s.counter = p.layout.fc2_done(tk.g);
+      s.gu_row = m * sched::kBlockM;  // the routed row (schedule index) of the tile's first row
+      s.counter = flags & kSlotDummy ? -1 : p.layout.fc2_done(tk.g);
       s.n_cols = p.hidden;
     }
   } else {
-    const int32_t row = tk.m * sched::kBlockM;
+    const int32_t row = m * sched::kBlockM;
     s.rows = min(int32_t(sched::kBlockM), p.tokens - row);
     if (tk.kind == kTaskShared1) {
       s.tile = Tile{row, b_n, 0, 0, kb1, kBlockK, row, 0};
       s.gu_row = row;
-      s.counter = p.layout.s1_done(tk.m);
+      s.counter = flags & kSlotDummy ? -1 : p.layout.s1_done(m);
       s.n_cols = 2 * p.shared_inter;
     } else {
       s.tile = Tile{row, b_n, 0, 0, p.shared_inter / kBlockK, kBlockK, row, 0};
@@ -389,22 +406,60 @@ struct SlotCursor {
   }
 };
 
-// Hands `tk` to the consumers in the producer's next slot and returns that slot.
+// Operand maps of a task kind. Clusters: `b_half` is the weight map with a box of BLOCK_N/2 rows
+// (each CTA loads and multicasts half of a shared B tile).
+struct TaskMaps {
+  const CUtensorMap* a;
+  const CUtensorMap* b;
+  const CUtensorMap* b_half;
+};
+__device__ __forceinline__ TaskMaps task_maps(const ForwardMaps& maps, int32_t kind) {
+  switch (kind) {
+    case kTaskFc2:
+      return TaskMaps{&maps.h_in, &maps.w_down, &maps.w_down_half};
+    case kTaskShared1:
+      return TaskMaps{&maps.xs_in, &maps.ws1p, &maps.ws1p_half};
+    case kTaskShared2:
+      return TaskMaps{&maps.hs_in, &maps.ws_down, &maps.ws_down_half};
+    default:
+      return TaskMaps{&maps.x_ring, &maps.w1p, &maps.w1p_half};
+  }
+}
+
+// Hands task tk to the consumers in the producer's next slot. Clusters (rank 0 only): the pair's
+// second tile (or, for a one-tile unit, a dummy copy of the first) goes into the same slot of the
+// rank-1 CTA through distributed shared memory, released at cluster scope; rank 0's slot empties
+// once both CTAs' consumers are done with it. Returns rank 0's slot.
+template <bool kCluster>
 __device__ __forceinline__ TaskSlot* publish(const TaskRing& ring, SlotCursor& c, const ForwardParams& p,
                                              int32_t total, Task tk, const WaitBound& wb) {
   if (!handoff_wait(ring.empty + c.i, c.phase ^ 1u, wb)) tk.kind = kTaskEnd;  // never expected
   TaskSlot* slot = ring.slot + c.i;  // stays valid until the consumers release it after the tile
-  fill_slot(*slot, p, total, tk);
+  int32_t shared = 0;
+  if constexpr (kCluster) {
+    if (tk.kind != kTaskEnd && tk.tiles == 2) {
+      const bool routed = tk.kind == kTaskFc1 || tk.kind == kTaskFc2;
+      shared = !routed || __ldg(p.schedule.tile_expert + tk.m) == __ldg(p.schedule.tile_expert + tk.m + 1)
+                   ? kSlotSharedB
+                   : 0;
+    }
+    // Rank 1's tile, staged in our slot and copied word by word.
+    fill_slot(*slot, p, total, tk, tk.tiles == 2 ? tk.m + 1 : tk.m, shared | (tk.tiles == 2 ? 0 : kSlotDummy));
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(slot);
+    const uint32_t remote = cluster_addr(slot, 1u);
+#pragma unroll 1
+    for (uint32_t w = 0; w < sizeof(TaskSlot) / 4; ++w) st_cluster(remote + 4u * w, words[w]);
+    mbar_arrive_remote_release(ring.full + c.i, 1u);
+  }
+  fill_slot(*slot, p, total, tk, tk.m, shared);
   mbar_arrive(ring.full + c.i);  // release (CTA scope): the slot's contents before the arrival
   c.advance();
   return slot;
 }
 
-// Producer thread. With p.prefetch, the next task is claimed and handed to the consumers while
-// the current tile's loads are in flight (produce_tile's when_full hook): the ticket atomic and the
-// schedule lookups of fill_slot leave the critical path between two tiles, and only the (usually
-// satisfied) dependency check remains there. The consumers may so hold a task whose dependencies
-// are still pending: they wait on its stages, which this thread loads only after the check.
+// Producer thread (rank 0 of a cluster, or every compute CTA without clusters): claims a ticket,
+// waits for its dependencies, hands the task over, then issues the tile's loads.
+template <bool kCluster>
 __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const dev::DeviceComm& dc,
                          const Smem<C>& sm, const TaskRing& ring, const WaitBound& wb) {
   const int32_t total = p.schedule.totals->total_rows;
@@ -412,53 +467,44 @@ __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const 
   SlotCursor cur;
   const StatClock clock(p.stats);
   uint64_t dep_ns = 0;
-  Task tk = claim_task(p, total);
-  TaskSlot* slot = p.prefetch ? publish(ring, cur, p, total, tk, wb) : nullptr;
 #pragma unroll 1
   for (;;) {
+    Task tk = claim_task(p, total);
     const uint64_t d0 = clock.now();
-    const bool ok = tk.kind == kTaskEnd || wait_deps(p, dc, total, tk);
+    if (tk.kind != kTaskEnd && !wait_deps(p, dc, total, tk)) tk.kind = kTaskEnd;
     dep_ns += clock.now() - d0;
-    if (!p.prefetch) {
-      if (!ok) tk.kind = kTaskEnd;
-      slot = publish(ring, cur, p, total, tk, wb);
-    } else if (!ok) {
-      tk.kind = kTaskEnd;  // the consumers finish the published task (its waits give up) and stop
-      publish(ring, cur, p, total, tk, wb);
-    }
-    if (tk.kind == kTaskEnd) {
-      if (clock.out) clock.out[3] = dep_ns;
-      break;
-    }
+    const TaskSlot* slot = publish<kCluster>(ring, cur, p, total, tk, wb);
+    if (tk.kind == kTaskEnd) break;
     dev::fence_proxy_async();  // the acquired rows are read by TMA next
-    const CUtensorMap* a = &maps.x_ring;
-    const CUtensorMap* b = &maps.w1p;
-    if (tk.kind == kTaskFc2) {
-      a = &maps.h_in;
-      b = &maps.w_down;
-    } else if (tk.kind == kTaskShared1) {
-      a = &maps.xs_in;
-      b = &maps.ws1p;
-    } else if (tk.kind == kTaskShared2) {
-      a = &maps.hs_in;
-      b = &maps.ws_down;
-    }
-    Task next{kTaskEnd, -1, -1, -1};
-    TaskSlot* next_slot = nullptr;
-    bool claimed = false;
-    const auto claim_next = [&] {
-      next = claim_task(p, total);
-      if (p.prefetch) next_slot = publish(ring, cur, p, total, next, wb);
-      claimed = true;
-    };
-    if (p.prefetch)
-      produce_tile<C, false, false>(sm, ps, slot->tile, a, b, wb, nullptr, false, 0u, claim_next);
-    else
-      produce_tile<C, false, false>(sm, ps, slot->tile, a, b, wb);
-    if (!claimed) claim_next();
-    tk = next;
-    slot = next_slot;
+    const TaskMaps tm = task_maps(maps, tk.kind);
+    produce_tile<C, false, false, kCluster>(sm, ps, slot->tile, tm.a, tm.b, wb, tm.b_half,
+                                            (slot->flags & kSlotSharedB) != 0, 0u);
   }
+  if (clock.out) clock.out[3] = dep_ns;
+  if constexpr (kCluster) producer_tail(sm, ps, wb);
+}
+
+// Producer thread of a cluster's rank-1 CTA: takes its tiles from its own task slots (written by
+// rank 0, which did the dependency waits; its cluster-scope release orders them before our
+// acquire) and issues its loads: its A tile, and its half of a shared B tile or its own B.
+__device__ void follower_producer(const ForwardMaps& maps, const Smem<C>& sm, const TaskRing& ring,
+                                  const WaitBound& wb) {
+  PipeState<C> ps;
+  SlotCursor cur;
+#pragma unroll 1
+  for (;;) {
+    if (!handoff_wait<true>(ring.full + cur.i, cur.phase, wb)) break;  // never expected
+    const TaskSlot& slot = ring.slot[cur.i];
+    const int32_t kind = slot.kind;
+    const Tile t = slot.tile;
+    const bool shared = (slot.flags & kSlotSharedB) != 0;
+    cur.advance();
+    if (kind == kTaskEnd) break;
+    dev::fence_proxy_async();  // rows acquired (through rank 0) are read by TMA next
+    const TaskMaps tm = task_maps(maps, kind);
+    produce_tile<C, false, false, true>(sm, ps, t, tm.a, tm.b, wb, tm.b_half, shared, 1u);
+  }
+  producer_tail(sm, ps, wb);
 }
 
 // FC2 epilogue with the combine folded in: each 64-column chunk goes registers -> the warpgroup's
@@ -509,8 +555,13 @@ __device__ __forceinline__ void report(const ForwardParams& p, int32_t& pending)
   pending = -1;
 }
 
+// Consumer warpgroups. Clusters: every stage is released to both CTAs (the partner may have
+// multicast into it); a dummy tile is computed but neither stored nor reported; rank 1 releases
+// its task slot to rank 0, whose producer fills both.
+template <bool kCluster>
 __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const Smem<C>& sm, const TaskRing& ring,
-                         const WaitBound& wb) {
+                         const WaitBound& wb, uint32_t rank) {
+  const uint32_t peer = rank ^ 1u;
   const int cwg = int(threadIdx.x / 128u) - 1;
   const uint32_t wt = threadIdx.x % 128u;
   const uint32_t ct = threadIdx.x - 128u;
@@ -527,7 +578,7 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
   for (;;) {
     const uint64_t w0 = clock.now();
     if (leader && pending >= 0 && !mbar_test(ring.full + cur.i, cur.phase)) report(p, pending);
-    const bool got = handoff_wait(ring.full + cur.i, cur.phase, wb);
+    const bool got = handoff_wait<kCluster>(ring.full + cur.i, cur.phase, wb);
     const uint64_t w1 = clock.now();
     wait_ns += w1 - w0;
     // The slot is read in place (fewer live registers next to the accumulators) and released
@@ -543,12 +594,14 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
     uint64_t e0 = 0;  // profile: start of the epilogue
     const bool half = slot.rows <= 64;
     const bool combine = kind == kTaskFc2 && p.combine_in_epilogue;
+    const bool dummy = (slot.flags & kSlotDummy) != 0;
     if (half && p.split_n && !combine) {
       // Tokens only in rows 0..63: both warpgroups on those rows, each on half of the columns.
-      mma_tile_split_n<C>(sm, ps, slot.tile, cwg, acc, wb, report_previous);
+      mma_tile_split_n<C, kCluster>(sm, ps, slot.tile, cwg, acc, wb, peer, report_previous);
       e0 = clock.now();
       const Tile& t = slot.tile;
-      if (kind == kTaskFc1 || kind == kTaskShared1) {
+      if (dummy) {
+      } else if (kind == kTaskFc1 || kind == kTaskShared1) {
         const bool routed = kind == kTaskFc1;
         epilogue_fc1_split_n<C>(sm, es, cwg, wt, acc, routed ? &maps.gu : &maps.gus_out, slot.gu_row,
                                 routed ? &maps.h_out : &maps.hs_out, t.out_row, t.b_n, slot.n_cols);
@@ -558,14 +611,15 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
       }
     } else if (half && cwg == 1) {
       // This warpgroup's rows are all padding: keep the pipeline in step, compute and store nothing.
-      skip_tile<C>(sm, ps, slot.tile, wb, report_previous);
+      skip_tile<C, kCluster>(sm, ps, slot.tile, wb, peer, report_previous);
       e0 = clock.now();
     } else {
       skew.stages = slot.rows <= 64 ? 0 : p.skew_stages;  // same choice in both warpgroups
-      mma_tile<C, false, false, false>(sm, ps, slot.tile, cwg, ct, acc, wb, skew, 0u, report_previous);
+      mma_tile<C, false, false, false, kCluster>(sm, ps, slot.tile, cwg, ct, acc, wb, skew, peer, report_previous);
       e0 = clock.now();
       const Tile& t = slot.tile;
-      if (kind == kTaskFc1 || kind == kTaskShared1) {
+      if (dummy) {
+      } else if (kind == kTaskFc1 || kind == kTaskShared1) {
         const bool routed = kind == kTaskFc1;
         epilogue_fc1<C>(sm, es, cwg, wt, acc, routed ? &maps.gu : &maps.gus_out, slot.gu_row,
                         routed ? &maps.h_out : &maps.hs_out, t.out_row, t.b_n, slot.n_cols);
@@ -588,7 +642,12 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
       ++fc2_tiles;
     }
     ++tiles;
-    mbar_arrive(ring.empty + cur.i);
+    if (kCluster && rank == 1) {
+      __syncwarp();  // the warp's reads of the slot are done
+      if (lane_id() == 0) mbar_arrive_remote_release(ring.empty + cur.i, 0u);
+    } else {
+      mbar_arrive(ring.empty + cur.i);
+    }
     cur.advance();
   }
   if (leader) report(p, pending);
@@ -605,35 +664,50 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
   }
 }
 
+template <bool kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     forward_megakernel(const __grid_constant__ ForwardMaps maps, const __grid_constant__ ForwardParams p,
                        const __grid_constant__ dev::DeviceComm dc) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  // A wait of an earlier kernel on this GPU expired: the communicator is poisoned, do nothing.
-  if (__syncthreads_or(threadIdx.x == 0 && dev::wait_aborted(dc))) return;
   const TaskRing ring = task_ring(smem_raw);
   if (blockIdx.x < uint32_t(p.plan.comm_ctas)) {
+    // A wait of an earlier kernel on this GPU expired: the communicator is poisoned, do nothing.
+    if (__syncthreads_or(threadIdx.x == 0 && dev::wait_aborted(dc))) return;
     comm_cta(p, dc, smem_raw, uint32_t(C::kSmemBytes) + uint32_t(kExtraSmem));
     return;
   }
+  // Compute CTAs. Clusters: both CTAs run to the final cluster barrier (no early exit: a CTA may
+  // only exit once its partner no longer writes into its shared memory); a poisoned communicator
+  // ends them through the producer's first dependency wait instead.
+  if (!kCluster && __syncthreads_or(threadIdx.x == 0 && dev::wait_aborted(dc))) return;
   const Smem<C> sm = smem_view<C>(smem_raw);
+  const uint32_t rank = kCluster ? cluster_ctarank() : 0u;
   if (threadIdx.x == 0) {
-    init_barriers(sm);
+    init_barriers(sm, kCluster ? 2u : 1u);
     for (int i = 0; i < kTaskSlots; ++i) {
       mbar_init(ring.full + i, 1);
-      mbar_init(ring.empty + i, 256);
+      mbar_init(ring.empty + i, kCluster ? 256 + 8 : 256);  // + rank 1's consumer warps
     }
     mbar_fence_init();
   }
-  __syncthreads();
+  if constexpr (kCluster)
+    cluster_sync();  // the partner's barriers are initialised before any remote arrival
+  else
+    __syncthreads();
   const WaitBound wb{dc.claim, dc.timeout_ns};
   if (threadIdx.x < 128) {
-    setmaxnreg_dec<kMkProducerRegs>();
-    if (threadIdx.x / 32u == 0 && elect_one()) producer(maps, p, dc, sm, ring, wb);
+    setmaxnreg_dec<kMkProducerRegs<kCluster>>();
+    if (threadIdx.x / 32u == 0 && elect_one()) {
+      if (kCluster && rank == 1)
+        follower_producer(maps, sm, ring, wb);
+      else
+        producer<kCluster>(maps, p, dc, sm, ring, wb);
+    }
   } else {
-    setmaxnreg_inc<kMkConsumerRegs>();
-    consumer(maps, p, sm, ring, wb);
+    setmaxnreg_inc<kMkConsumerRegs<kCluster>>();
+    consumer<kCluster>(maps, p, sm, ring, wb, rank);
   }
+  if constexpr (kCluster) cluster_sync_any();
 }
 
 }  // namespace
@@ -647,35 +721,65 @@ int forward_max_hidden() {
   return (forward_smem_bytes() - 128 - kThreads * 8 - 256) / 2 / 2;
 }
 
-void prepare_forward(int comm_ctas, int grid) {
-  MOK_REQUIRE(comm_ctas >= 1 && comm_ctas < grid, "config.fwd_comm_sms",
-              "must be in [1, grid) = [1, ", grid, "), got ", comm_ctas);
+namespace {
+cudaLaunchConfig_t launch_config(int grid, bool cluster, cudaStream_t stream, cudaLaunchAttribute (&attr)[2]) {
+  cudaLaunchConfig_t cfg{};
+  attr[0].id = cudaLaunchAttributeCooperative;  // all CTAs co-resident, or the launch fails
+  attr[0].val.cooperative = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = 2;
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
+  cfg.gridDim = dim3(unsigned(grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = size_t(forward_smem_bytes());
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = cluster ? 2 : 1;
+  return cfg;
+}
+}  // namespace
+
+int prepare_forward(int comm_ctas, int grid, bool cluster) {
   const int smem = forward_smem_bytes();
-  MOK_CUDA_CHECK(cudaFuncSetAttribute(forward_megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int per_sm = 0;
-  MOK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, forward_megakernel, kThreads, smem));
+  if (cluster) {
+    // Pairs of CTAs: the grid and the comm CTAs come in whole clusters.
+    grid -= grid % 2;
+    MOK_REQUIRE(comm_ctas % 2 == 0, "config.fwd_comm_sms", "must be even with 2-CTA clusters, got ", comm_ctas);
+    MOK_CUDA_CHECK(cudaFuncSetAttribute(forward_megakernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    cudaLaunchAttribute attr[2];
+    cudaLaunchConfig_t cfg = launch_config(grid, true, nullptr, attr);
+    cfg.attrs = attr + 1;  // the occupancy query takes the cluster shape alone
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    MOK_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, forward_megakernel<true>, &cfg));
+    grid = std::min(grid, 2 * clusters);  // some SMs may not pair up
+    per_sm = 1;
+  } else {
+    MOK_CUDA_CHECK(cudaFuncSetAttribute(forward_megakernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    MOK_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, forward_megakernel<false>, kThreads, smem));
+  }
+  MOK_REQUIRE(comm_ctas >= 1 && comm_ctas < grid, "config.fwd_comm_sms", "must be in [1, grid) = [1, ", grid,
+              "), got ", comm_ctas);
   int dev = 0, sms = 0;
   MOK_CUDA_CHECK(cudaGetDevice(&dev));
   MOK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   if (per_sm < 1 || grid > per_sm * sms)
     throw Error(ErrorKind::Runtime, "megakernel", "cannot keep every CTA resident",
                 detail::concat(grid, " CTAs asked, ", per_sm, " per SM x ", sms, " SMs fit"));
+  return grid;
 }
 
 void launch_forward(const ForwardMaps& maps, const ForwardParams& params, const comm::dev::DeviceComm& dc,
                     int grid, cudaStream_t stream) {
-  const int smem = forward_smem_bytes();
-  cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;  // all CTAs co-resident, or the launch fails
-  attr[0].val.cooperative = 1;
-  cfg.gridDim = dim3(unsigned(grid));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = size_t(smem);
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  MOK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, forward_megakernel, maps, params, dc));
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = launch_config(grid, params.cluster != 0, stream, attr);
+  if (params.cluster)
+    MOK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, forward_megakernel<true>, maps, params, dc));
+  else
+    MOK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, forward_megakernel<false>, maps, params, dc));
 }
 
 }  // namespace mok::mk

@@ -35,6 +35,11 @@ struct ForwardMaps {
   CUtensorMap hs_in;     // [s_tiles*128, Is]
   CUtensorMap ws_down;   // [1, H, Is]
   CUtensorMap ys_out;    // [s_tiles*128, H]
+  // Clusters: the weight maps with a box of BLOCK_N/2 rows (each CTA multicasts half a B tile).
+  CUtensorMap w1p_half;
+  CUtensorMap w_down_half;
+  CUtensorMap ws1p_half;
+  CUtensorMap ws_down_half;
 };
 
 struct ForwardParams {
@@ -51,7 +56,7 @@ struct ForwardParams {
   int32_t combine_in_epilogue = 0;  // 1: FC2 tiles store rows into combine_peers, comm CTAs only pull
   int32_t skew_stages = 0;  // stagger of the consumer warpgroups in K blocks (engine's Skew; 0 = off)
   int32_t split_n = 1;      // tiles with <= 64 token rows: both warpgroups on those rows (0: warpgroup 0 alone)
-  int32_t prefetch = 0;     // producer claims and hands over the next task during the current tile's loads
+  int32_t cluster = 0;      // 1: 2-CTA clusters, tickets are pairs of M tiles (plan.pair), B multicast
   unsigned long long* stats = nullptr;  // optional profile: kForwardStatWords per CTA (see the kernel)
 };
 
@@ -61,9 +66,10 @@ inline constexpr int kForwardStatWords = 12;
 int forward_smem_bytes();
 // Largest hidden size whose rows fit a comm CTA's shared memory (zero row + one row buffer).
 int forward_max_hidden();
-// Once per layer (current device): checks the comm/compute split and that `grid` CTAs (one per
-// SM) can all be resident, and sets the kernel's shared-memory attribute.
-void prepare_forward(int comm_ctas, int grid);
+// Once per layer (current device): checks the comm/compute split and that the CTAs (one per SM)
+// can all be resident, and sets the kernel's shared-memory attribute. Returns the grid to launch:
+// `grid`, or with clusters the largest even grid <= `grid` whose pairs all fit.
+int prepare_forward(int comm_ctas, int grid, bool cluster);
 // Launches the megakernel on `grid` CTAs (cooperative: all resident or the launch fails).
 void launch_forward(const ForwardMaps& maps, const ForwardParams& params, const comm::dev::DeviceComm& dc,
                     int grid, cudaStream_t stream);

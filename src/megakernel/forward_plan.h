@@ -18,8 +18,11 @@
 // (S1/S2: the shared expert's FC1/FC2 tiles, which need no communication and so start while the
 // first rows land). Inside a block the M tiles are taken in raster groups of group_m: N outer, M
 // fastest inside a group, so CTAs working at the same time share weight (B) tiles, and each A tile
-// is read by all its N tiles within about one wave. A block of a minibatch always has
-// M/128 x n_tiles tickets; tiles past the end of a partial minibatch decode to Skip.
+// is read by all its N tiles within about one wave. With `pair`, a ticket covers two M tiles
+// (m, m+1) with one N tile, for the two CTAs of a cluster (one B tile, multicast, when both rows
+// belong to one expert); a short last unit holds one tile. A block of a minibatch always has
+// units_per_mb x n_tiles tickets; units past the end of a partial minibatch decode to Skip. A
+// task's dependencies are those of each of its tiles.
 //
 // Dependencies (counter >= target), all pointing to lower tickets or to the comm CTAs:
 //   FC1(g) tile:  pulled[g] >= C                       (the comm CTAs landed the rows)
@@ -58,10 +61,15 @@ struct PlanShape {
   int32_t n1s = 0;        // shared FC1 N tiles (2Is / BLOCK_N)
   int32_t n2s = 0;        // shared FC2 N tiles (H / BLOCK_N)
   int32_t comm_ctas = 0;  // C
-  int32_t group_m = 0;    // M tiles per raster group inside a block (0: all of the minibatch)
+  int32_t group_m = 0;    // tickets per raster group along M inside a block (0: the whole minibatch)
+  int32_t pair = 0;       // 1: a ticket is a pair of M tiles (m, m+1) for a 2-CTA cluster
 };
 
 MOK_HD int32_t tiles_per_mb(const PlanShape& p) { return p.mb_rows / sched::kBlockM; }
+// M tiles of one ticket, and tickets along M of a minibatch / of the shared expert's tokens.
+MOK_HD int32_t tiles_per_unit(const PlanShape& p) { return p.pair ? 2 : 1; }
+MOK_HD int32_t units_per_mb(const PlanShape& p) { return p.pair ? (tiles_per_mb(p) + 1) / 2 : tiles_per_mb(p); }
+MOK_HD int32_t shared_units(const PlanShape& p) { return p.pair ? (p.s_tiles + 1) / 2 : p.s_tiles; }
 MOK_HD int32_t ring_slots(const PlanShape& p) { return p.ring_rows / p.mb_rows; }
 MOK_HD int32_t num_positions(const PlanShape& p, int32_t total_rows) {
   return static_cast<int32_t>(sched::num_chunks(total_rows, p.mb_rows));
@@ -94,37 +102,46 @@ MOK_HD uint32_t fc2_mb_target(const PlanShape& p, const MbRows& r) {
 struct Task {
   int32_t kind;
   int32_t g;       // position (routed tasks)
-  int32_t m;       // M tile: global routed tile (routed tasks) or token tile (shared expert)
+  int32_t m;       // (first) M tile: global routed tile (routed tasks) or token tile (shared expert)
   int32_t n;       // N tile
+  int32_t tiles;   // M tiles m, m+1, ... of the task (1, or 2 for a full pair)
 };
 
 // Tickets of the whole order for `positions` minibatches (the layer checks it fits 31 bits).
 MOK_HD int64_t num_tickets(const PlanShape& p, int64_t positions) {
-  const int64_t tpm = tiles_per_mb(p);
-  return int64_t(p.s_tiles) * (p.n1s + p.n2s) + positions * tpm * (p.n1 + p.n2);
+  const int64_t upm = units_per_mb(p);
+  return int64_t(shared_units(p)) * (p.n1s + p.n2s) + positions * upm * (p.n1 + p.n2);
 }
 
-// M tile (within the minibatch) and N tile of index u of a block with n_tiles N tiles.
+// M unit (within the minibatch) and N tile of index u of a block with n_tiles N tiles.
 MOK_HD void block_tile(const PlanShape& p, int32_t n_tiles, int32_t u, int32_t& ml, int32_t& n) {
-  const int32_t tpm = tiles_per_mb(p);
-  const int32_t gm = p.group_m > 0 && p.group_m < tpm ? p.group_m : tpm;
+  const int32_t upm = units_per_mb(p);
+  const int32_t gm = p.group_m > 0 && p.group_m < upm ? p.group_m : upm;
   const int32_t grp = u / (gm * n_tiles);
   const int32_t first = grp * gm;
-  const int32_t width = gm < tpm - first ? gm : tpm - first;
+  const int32_t width = gm < upm - first ? gm : upm - first;
   const int32_t r = u - grp * gm * n_tiles;
   ml = first + r % width;
   n = r / width;
+}
+
+// Shared-expert task of index t of its block (M units fastest).
+MOK_HD Task shared_task(const PlanShape& p, int32_t kind, int32_t t) {
+  const int32_t su = shared_units(p), tpu = tiles_per_unit(p);
+  const int32_t m = (t % su) * tpu;
+  return Task{kind, -1, m, t / su, p.s_tiles - m < tpu ? p.s_tiles - m : tpu};
 }
 
 // The task of ticket t (see the header comment for the order). 32-bit arithmetic: this runs in
 // the producer thread, which has few registers.
 MOK_HD Task decode_ticket(const PlanShape& p, int32_t total_rows, int32_t t) {
   const int32_t G = num_positions(p, total_rows);
-  const int32_t tpm = tiles_per_mb(p);
-  const int32_t f1 = tpm * p.n1, f2 = tpm * p.n2;
-  const int32_t s1 = p.s_tiles * p.n1s, s2 = p.s_tiles * p.n2s;
+  const int32_t upm = units_per_mb(p);
+  const int32_t f1 = upm * p.n1, f2 = upm * p.n2;
+  const int32_t su = shared_units(p);
+  const int32_t s1 = su * p.n1s, s2 = su * p.n2s;
   int32_t kind, g, u;
-  if (t < s1) return Task{kTaskShared1, -1, t % p.s_tiles, t / p.s_tiles};
+  if (t < s1) return shared_task(p, kTaskShared1, t);
   t -= s1;
   if (G > 0 && t < f1) {
     kind = kTaskFc1;
@@ -132,9 +149,9 @@ MOK_HD Task decode_ticket(const PlanShape& p, int32_t total_rows, int32_t t) {
     u = t;
   } else {
     if (G > 0) t -= f1;
-    if (t < s2) return Task{kTaskShared2, -1, t % p.s_tiles, t / p.s_tiles};
+    if (t < s2) return shared_task(p, kTaskShared2, t);
     t -= s2;
-    if (G == 0) return Task{kTaskEnd, -1, -1, -1};
+    if (G == 0) return Task{kTaskEnd, -1, -1, -1, 0};
     const int32_t step = t / (f1 + f2);
     if (step < G - 1) {
       u = t - step * (f1 + f2);
@@ -143,7 +160,7 @@ MOK_HD Task decode_ticket(const PlanShape& p, int32_t total_rows, int32_t t) {
       if (u >= f1) u -= f1;
     } else {
       u = t - (G - 1) * (f1 + f2);
-      if (u >= f2) return Task{kTaskEnd, -1, -1, -1};
+      if (u >= f2) return Task{kTaskEnd, -1, -1, -1, 0};
       kind = kTaskFc2;
       g = G - 1;
     }
@@ -151,8 +168,9 @@ MOK_HD Task decode_ticket(const PlanShape& p, int32_t total_rows, int32_t t) {
   const MbRows r = mb_rows(p, total_rows, g);
   int32_t ml, n;
   block_tile(p, kind == kTaskFc1 ? p.n1 : p.n2, u, ml, n);
-  if (ml >= mb_tiles(r)) return Task{kTaskSkip, g, -1, -1};
-  return Task{kind, g, r.begin / sched::kBlockM + ml, n};
+  const int32_t first = ml * tiles_per_unit(p), have = mb_tiles(r) - first;
+  if (have <= 0) return Task{kTaskSkip, g, -1, -1, 0};
+  return Task{kind, g, r.begin / sched::kBlockM + first, n, have < tiles_per_unit(p) ? have : tiles_per_unit(p)};
 }
 
 // Counter block layout (uint32 words), zeroed before every launch.

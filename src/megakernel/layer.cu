@@ -78,6 +78,7 @@ struct Layer::Impl {
   // Megakernel: ring buffers, counters, tensor maps and parameters.
   bool fused = true;
   int sms = 0;
+  int grid = 0;  // megakernel CTAs (sms, or the SMs that pair up into 2-CTA clusters)
   DeviceBuffer counters;
   mk::ForwardMaps maps{};
   mk::ForwardParams mkp{};
@@ -225,6 +226,9 @@ struct Layer::Impl {
     ps.n1s = static_cast<int32_t>(sched::ceil_div(2 * Is, kBN));
     ps.n2s = ps.n2;
     ps.comm_ctas = config.resolved_fwd_comm_sms(shape);
+    mkp.cluster = config.fwd_clusters ? 1 : 0;
+    ps.pair = mkp.cluster;
+    ps.group_m = mkp.cluster ? 4 : 8;  // raster groups of 8 M tiles (as the grouped GEMM)
     mkp.layout.max_positions = static_cast<int32_t>(sched::ceil_div(cap_rows, mb));
     mkp.layout.max_tiles = static_cast<int32_t>(cap_rows / sched::kBlockM);
     mkp.layout.s_tiles = ps.s_tiles;
@@ -232,16 +236,14 @@ struct Layer::Impl {
                 "the megakernel's task tickets (", mk::num_tickets(ps, mkp.layout.max_positions),
                 ") must fit 31 bits");
     counters = DeviceBuffer(static_cast<size_t>(mkp.layout.words()) * 4, "megakernel counters");
-    mk::prepare_forward(ps.comm_ctas, sms);
+    grid = mk::prepare_forward(ps.comm_ctas, sms, mkp.cluster != 0);
     mkp.counters = counters.get<uint32_t>();
     // Experiment knob (not API): MOK_MK_SKEW=1..4 staggers the consumer warpgroups so one's
     // epilogue overlaps the other's MMAs (see the engine's Skew).
     if (const char* sk = std::getenv("MOK_MK_SKEW")) mkp.skew_stages = std::clamp(std::atoi(sk), 0, 4);
     // MOK_MK_SPLIT_N=0: tiles with <= 64 token rows on warpgroup 0 alone (A/B of the split-N form).
     if (const char* sn = std::getenv("MOK_MK_SPLIT_N")) mkp.split_n = std::atoi(sn) != 0 ? 1 : 0;
-    // MOK_MK_PREFETCH=1: the producer claims the next task during the current tile's loads.
-    if (const char* pf = std::getenv("MOK_MK_PREFETCH")) mkp.prefetch = std::atoi(pf) != 0 ? 1 : 0;
-    // MOK_MK_GROUP_M=n: raster groups of n M tiles inside a minibatch's block (0: all).
+    // MOK_MK_GROUP_M=n: raster groups of n tickets along M inside a minibatch's block (0: all).
     if (const char* gm = std::getenv("MOK_MK_GROUP_M")) ps.group_m = std::max(0, std::atoi(gm));
     const char* prof = std::getenv("MOK_PROFILE");
     if (prof != nullptr && std::string(prof) == "1") {
@@ -269,6 +271,8 @@ struct Layer::Impl {
     maps.h_out = make_map_2d(h.p, u(R), u(I), 64);
     maps.h_in = make_map_2d(h.p, u(R), u(I), 128);
     maps.w_down = make_map_3d(weights.w_down, u(e_loc), u(H), u(I), kBN);
+    maps.w1p_half = make_map_3d(w1p.p, u(e_loc), u(2 * I), u(H), kBN / 2);
+    maps.w_down_half = make_map_3d(weights.w_down, u(e_loc), u(H), u(I), kBN / 2);
     maps.y_out = make_map_2d(y.p, u(R), u(H), 64);
     if (has_shared) {
       const int64_t rows = t_tiles * sched::kBlockM;
@@ -278,10 +282,13 @@ struct Layer::Impl {
       maps.hs_out = make_map_2d(h_s.p, u(rows), u(Is), 64);
       maps.hs_in = make_map_2d(h_s.p, u(rows), u(Is), 128);
       maps.ws_down = make_map_3d(weights.ws_down, 1, u(H), u(Is), kBN);
+      maps.ws1p_half = make_map_3d(ws1p.p, 1, u(2 * Is), u(H), kBN / 2);
+      maps.ws_down_half = make_map_3d(weights.ws_down, 1, u(H), u(Is), kBN / 2);
       maps.ys_out = make_map_2d(y_s.p, u(rows), u(H), 64);
     } else {
       // Never used (no shared tasks); every map must still be a valid encoding.
       maps.xs_in = maps.ws1p = maps.gus_out = maps.hs_out = maps.hs_in = maps.ws_down = maps.ys_out = maps.x_ring;
+      maps.ws1p_half = maps.ws_down_half = maps.x_ring;
     }
   }
 
@@ -312,7 +319,7 @@ struct Layer::Impl {
     schedule->build(stream);
     if (fused) {
       MOK_CUDA_CHECK(cudaMemsetAsync(counters.p, 0, static_cast<size_t>(mkp.layout.words()) * 4, stream));
-      mk::launch_forward(maps, mkp, dc, sms, stream);
+      mk::launch_forward(maps, mkp, dc, grid, stream);
     } else {
       gpu::pull_dispatch(move_args(), x_peers.get<const void* const>(), x_routed.p, stream);
       gemm::run(fc1, stream);
@@ -358,7 +365,7 @@ std::string Layer::profile_summary() const {
   const int c = m.mkp.plan.comm_ctas;
   double span = 0, busy = 0, wait = 0, dep = 0, tiles = 0, cspan = 0, pull = 0, push = 0, idle = 0, max_span = 0;
   double start = 0, epi = 0, fc2 = 0, fc2_tiles = 0;
-  for (int b = 0; b < m.sms; ++b) {
+  for (int b = 0; b < m.grid; ++b) {
     const unsigned long long* s = &w[static_cast<size_t>(b) * mk::kForwardStatWords];
     max_span = std::max(max_span, double(s[0]));
     if (b < c) {
@@ -385,8 +392,8 @@ std::string Layer::profile_summary() const {
                 "kernel %.3f ms; %d compute CTAs: busy %.1f%% (of it: first stage of a tile %.1f%%, epilogues "
                 "%.1f%%), waiting for a task %.1f%%, producer on dependencies %.1f%%, %.1f tiles/CTA, %.1f us/tile "
                 "(FC2 %.1f, others %.1f); %d comm CTAs: pull %.1f%%, push %.1f%%, idle %.1f%%",
-                max_span * 1e-6, m.sms - c, pct(busy, span), pct(start, span), pct(epi, span), pct(wait, span),
-                pct(dep, span), tiles / std::max(1, m.sms - c), per_tile_us(busy, tiles), per_tile_us(fc2, fc2_tiles),
+                max_span * 1e-6, m.grid - c, pct(busy, span), pct(start, span), pct(epi, span), pct(wait, span),
+                pct(dep, span), tiles / std::max(1, m.grid - c), per_tile_us(busy, tiles), per_tile_us(fc2, fc2_tiles),
                 per_tile_us(busy - fc2, tiles - fc2_tiles), c, pct(pull, cspan), pct(push, cspan), pct(idle, cspan));
   return line;
 }

@@ -153,6 +153,16 @@ TEST(ConfigValidation, CommSmsLeaveNoComputeSm) {
   expect_error([&] { c.validate(good(), 132); }, "config.bwd_comm_sms", "must be >= 1");
 }
 
+TEST(ConfigValidation, ClustersNeedAnEvenCommSmCount) {
+  mok::Config c;
+  c.fwd_clusters = true;
+  EXPECT_NO_THROW(c.validate(good(), 132));  // the shape's choice is a multiple of 4
+  c.fwd_comm_sms = 7;
+  expect_error([&] { c.validate(good(), 132); }, "config.fwd_comm_sms", "must be even");
+  c.fwd_clusters = false;
+  EXPECT_NO_THROW(c.validate(good(), 132));
+}
+
 TEST(ConfigValidation, WaitTimeoutMustBePositive) {
   mok::Config c;
   c.wait_timeout_s = 0;

@@ -62,19 +62,21 @@ TEST_P(ForwardPlan, PositionsCoverRowsAndRingSlotsAreReusedInOrder) {
   }
 }
 
-void check_tickets(const PlanCase& c, int32_t group_m);
+void check_tickets(const PlanCase& c, int32_t group_m, int32_t pair);
 
 TEST_P(ForwardPlan, TicketsIssueEveryTileOnceWithDependenciesBelow) {
   // Raster groups: all M tiles of a minibatch, groups that divide them, and groups that leave a
   // short last group.
-  for (const int32_t group_m : {0, 1, 3, 8}) {
-    SCOPED_TRACE(::testing::Message() << "group_m " << group_m);
-    check_tickets(GetParam(), group_m);
-  }
+  // Single tiles and pairs of M tiles (2-CTA clusters).
+  for (const int32_t pair : {0, 1})
+    for (const int32_t group_m : {0, 1, 3, 8}) {
+      SCOPED_TRACE(::testing::Message() << "pair " << pair << ", group_m " << group_m);
+      check_tickets(GetParam(), group_m, pair);
+    }
 }
 
-void check_tickets(const PlanCase& c, int32_t group_m) {
-  PlanShape p{c.mb, c.ring, c.n1, c.n2, c.s_tiles, c.n1s, c.n2s, 4, group_m};
+void check_tickets(const PlanCase& c, int32_t group_m, int32_t pair) {
+  PlanShape p{c.mb, c.ring, c.n1, c.n2, c.s_tiles, c.n1s, c.n2s, 4, group_m, pair};
   const int32_t G = mok::mk::num_positions(p, c.total_rows);
   const int32_t S = mok::mk::ring_slots(p);
   const int32_t tiles = c.total_rows / 128;
@@ -90,21 +92,35 @@ void check_tickets(const PlanCase& c, int32_t group_m) {
       ++skips;
       continue;
     }
-    const auto key = std::make_tuple(int(tk.kind), int(tk.m), int(tk.n));
-    ASSERT_EQ(at.count(key), 0u) << "ticket " << t << " repeats a tile";
-    at[key] = t;
-    if (tk.kind == mok::mk::kTaskFc1 || tk.kind == mok::mk::kTaskFc2) {
-      const MbRows r = mok::mk::mb_rows(p, c.total_rows, tk.g);
-      ASSERT_GE(tk.m * 128, r.begin);
-      ASSERT_LT(tk.m * 128, r.end);
-      position_of_tile[tk.m] = tk.g;
+    ASSERT_GE(tk.tiles, 1);
+    ASSERT_LE(tk.tiles, pair ? 2 : 1);
+    if (pair) {
+      ASSERT_EQ(tk.m % 2, (tk.kind == mok::mk::kTaskShared1 || tk.kind == mok::mk::kTaskShared2)
+                              ? 0
+                              : (mok::mk::mb_rows(p, c.total_rows, tk.g).begin / 128) % 2)
+          << "pairs start at even tiles of their minibatch";
+    }
+    for (int32_t m = tk.m; m < tk.m + tk.tiles; ++m) {
+      const auto key = std::make_tuple(int(tk.kind), int(m), int(tk.n));
+      ASSERT_EQ(at.count(key), 0u) << "ticket " << t << " repeats a tile";
+      at[key] = t;
+      if (tk.kind == mok::mk::kTaskFc1 || tk.kind == mok::mk::kTaskFc2) {
+        const MbRows r = mok::mk::mb_rows(p, c.total_rows, tk.g);
+        ASSERT_GE(m * 128, r.begin);
+        ASSERT_LT(m * 128, r.end);
+        position_of_tile[m] = tk.g;
+      } else {
+        ASSERT_LT(m, c.s_tiles);
+      }
     }
   }
   EXPECT_EQ(t, mok::mk::num_tickets(p, G)) << "tickets of the whole order";
   EXPECT_EQ(mok::mk::decode_ticket(p, c.total_rows, t + 5).kind, mok::mk::kTaskEnd);
   const size_t expected = size_t(tiles) * (c.n1 + c.n2) + size_t(c.s_tiles) * (c.n1s + c.n2s);
   ASSERT_EQ(at.size(), expected);
-  EXPECT_EQ(int64_t(t - skips), int64_t(expected));
+  if (!pair) {
+    EXPECT_EQ(int64_t(t - skips), int64_t(expected));
+  }
   // Dependencies point to lower tickets.
   for (const auto& [key, ticket] : at) {
     const auto [kind, m, n] = key;

@@ -34,6 +34,7 @@ struct Case {
   int64_t minibatch = 0, macrobatch = 0;
   int reps = 3;
   mok::CombinePath combine = mok::CombinePath::CommCtas;
+  bool clusters = false;
 };
 
 // The same case with other execution settings (results must not change).
@@ -57,6 +58,7 @@ mok::Config config_of(const Case& c) {
   cfg.minibatch_tokens = c.minibatch;
   cfg.macrobatch_tokens = c.macrobatch;
   cfg.combine = c.combine;
+  cfg.fwd_clusters = c.clusters;
   return cfg;
 }
 
@@ -219,6 +221,27 @@ INSTANTIATE_TEST_SUITE_P(
                       epilogue_combine(with(kZipf, "", kMk, 4, 128, 256), "ring_mb128_macro256_comm4")),
     [](const auto& p) { return std::string(p.param.name); });
 
+Case clustered(Case c, const char* name) {
+  c.name = name;
+  c.clusters = true;
+  return c;
+}
+
+// 2-CTA clusters: tickets are pairs of M tiles, B multicast when both belong to one expert, a
+// dummy tile keeps the pair in step when a minibatch or the shared expert has an odd tile count
+// (minibatch 384 = 3 tiles; T = 300/500 shared tokens = 3/4 tiles).
+INSTANTIATE_TEST_SUITE_P(
+    Clusters, LayerForward,
+    ::testing::Values(clustered(kUniformShared, "ep1_uniform_shared"), clustered(kZipf, "ep2_zipf"),
+                      clustered(kEmptyShared, "ep2_empty_slots_t0_shared"), clustered(kOneRank, "ep2_one_rank"),
+                      clustered(kOneExpertShared, "ep2_one_expert_shared"),
+                      clustered(with(kZipf, "", kMk, 2, 384), "mb384_comm2"),
+                      clustered(with(kZipf, "", kMk, 8, 128, 256), "ring_mb128_macro256"),
+                      clustered(with(kOneExpertShared, "", kMk, 8, 128, 384), "ring_one_expert_shared_mb128_macro384"),
+                      clustered(epilogue_combine(kZipf, ""), "epilogue_combine_ep2_zipf"),
+                      clustered(with(kOneExpertShared, "", kMk, 8, 256, 0, 20), "bitwise_20_runs")),
+    [](const auto& p) { return std::string(p.param.name); });
+
 // The whole forward captured once in a CUDA graph and replayed: the same bits as direct calls,
 // also after the inputs changed in place.
 TEST(LayerForwardGraph, CaptureAndReplay) {
@@ -278,8 +301,6 @@ TEST(LayerForwardGraph, CaptureAndReplay) {
 // Scheduling knobs that must not change a bit (read from the environment when a layer is built):
 //   MOK_MK_SPLIT_N   tiles whose tokens fit in their first 64 rows run in split-N form (both
 //                    warpgroups on those rows, half of the columns each) or on warpgroup 0 alone;
-//   MOK_MK_PREFETCH  the producer claims and hands over the next task during the current tile's
-//                    loads, or after them.
 //   MOK_MK_GROUP_M   raster groups of 1 M tile inside a minibatch's block, or of all of them.
 class LayerForwardKnob : public ::testing::TestWithParam<const char*> {};
 
@@ -317,9 +338,9 @@ TEST_P(LayerForwardKnob, SameBitsOnAndOff) {
   for (int r = 0; r < 2; ++r) EXPECT_EQ(bit_diffs(outs[0][r], outs[1][r]), 0) << knob << ", rank " << r;
 }
 
-INSTANTIATE_TEST_SUITE_P(Megakernel, LayerForwardKnob, ::testing::Values("MOK_MK_SPLIT_N", "MOK_MK_PREFETCH", "MOK_MK_GROUP_M"),
+INSTANTIATE_TEST_SUITE_P(Megakernel, LayerForwardKnob, ::testing::Values("MOK_MK_SPLIT_N", "MOK_MK_GROUP_M"),
                          [](const ::testing::TestParamInfo<const char*>& i) {
-                           return std::string(i.param).substr(7);  // SPLIT_N, PREFETCH, GROUP_M
+                           return std::string(i.param).substr(7);  // SPLIT_N, GROUP_M
                          });
 
 // One rank never calls forward: the other's first barrier expires; check() names it, the
