@@ -127,8 +127,9 @@ int64_t Config::resolved_minibatch(const LayerShape& shape) const {
   const int64_t two_waves = sched::round_up((2 * compute_sms * 128 * 256 + n - 1) / n, sched::kBlockM);
   const int64_t routes_per_rank = shape.total_tokens() * shape.top_k / std::max(1, shape.world_size());
   const int64_t mb = std::max(one_wave, std::min(two_waves, sched::round_up(routes_per_rank / 16, sched::kBlockM)));
-  return std::max<int64_t>(sched::kBlockM,
-                           std::min(mb, sched::round_up(shape.worst_case_rows(), sched::kBlockM)));
+  // With clusters a ticket holds two M tiles: an even tile count leaves no unit half empty.
+  const int64_t unit = fwd_clusters ? 2 * sched::kBlockM : sched::kBlockM;
+  return std::max<int64_t>(unit, std::min(sched::round_up(mb, unit), sched::round_up(shape.worst_case_rows(), unit)));
 }
 
 int64_t Config::resolved_macrobatch(const LayerShape& shape) const {

@@ -245,6 +245,11 @@ __device__ __forceinline__ uint32_t cluster_addr(const void* local, uint32_t cta
 __device__ __forceinline__ void st_cluster(uint32_t cluster_address, uint32_t v) {
   asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(cluster_address), "r"(v) : "memory");
 }
+__device__ __forceinline__ void st_cluster_v4(uint32_t cluster_address, uint4 v) {
+  asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(cluster_address), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
 __device__ __forceinline__ void mbar_arrive_remote_release(uint64_t* local_bar, uint32_t cta) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr(local_bar, cta))
                : "memory");

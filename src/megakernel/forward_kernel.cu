@@ -3,12 +3,15 @@
 // CTA roles (one CTA of 384 threads per SM, all resident: cooperative launch):
 //   * blockIdx.x < C: comm CTA. Thread 0 decides, for the whole CTA, the next action: pull the next
 //     minibatch (when its ring rows are free) or push the next one (when its FC2 is complete);
-//     all 12 warps then copy rows (one warp per row, 16-byte accesses), and thread 0 publishes
+//     each thread with a row buffer then moves rows with bulk copies, and thread 0 publishes
 //     the minibatch on a counter (release). Pulls run ahead as far as the ring allows; pushes
 //     follow FC2 minibatch by minibatch.
 //   * otherwise: compute CTA = the GEMM engine (engine.cuh). The producer thread claims tickets,
 //     waits for the task's dependencies (acquire, then a proxy fence before its TMA loads) and
-//     hands the tile to both consumer warpgroups through a 2-slot task ring in shared memory.
+//     hands the tile to both consumer warpgroups through a 3-slot task ring in shared memory.
+//     With 2-CTA clusters (ForwardParams::cluster) a ticket is a pair of M tiles: rank 0's
+//     producer claims and waits for both, hands rank 1 its tile through distributed shared
+//     memory, and the two CTAs share (multicast) the weight tile when both rows use one expert.
 //     Each consumer warpgroup runs the tile's MMAs and epilogue, then reports the tile on its
 //     counter. The report is lazy: the warpgroup leader waits for its TMA stores and releases
 //     the counter once the next tile's first MMAs are in flight, or earlier when it would
@@ -34,16 +37,17 @@ using namespace mok::gemm::engine;
 using C = Cfg<256>;
 namespace dev = mok::comm::dev;
 
-// Three slots: with the prefetching producer, the consumers run task i while task i+1 is published
-// and the slot of task i-1 is still being released.
+// Three slots: the producer can publish task i+2 while the consumers finish task i's epilogue
+// (measured equal to two slots without clusters; a prefetching producer that claimed task i+1
+// during task i's loads measured 2% slower: its ticket atomic stalled the TMA thread mid-tile).
 constexpr int kTaskSlots = 3;
 constexpr int kStatWords = kForwardStatWords;
 // Register split: the producer thread decodes tickets and waits on counters besides issuing TMA,
 // which needs more than the plain engine's 40 registers; the consumers give up 8. With clusters
-// the producer also stages and copies the partner's task slot (spills below 88); the consumers
-// still fit in 208 without spills. 128 x 56 + 256 x 224 = 128 x 88 + 256 x 208 = 64512 <= 65536.
+// the producer also stages and copies the partner's task slot (spills below 96); the consumers
+// still fit in 208 without spills. 128 x 56 + 256 x 224 = 64512, 128 x 96 + 256 x 208 = 65536.
 template <bool kCluster>
-constexpr uint32_t kMkProducerRegs = kCluster ? 88 : 56;
+constexpr uint32_t kMkProducerRegs = kCluster ? 96 : 56;
 template <bool kCluster>
 constexpr uint32_t kMkConsumerRegs = kCluster ? 208 : 224;
 // Wait ids (names registered by the layer).
@@ -61,6 +65,7 @@ struct TaskSlot {
   int32_t n_cols;   // output width of the GEMM (FC1: 2I)
   int32_t rows;     // rows of the tile that hold tokens (<= 64: warpgroup 1 skips its half)
   int32_t flags;    // kSlotDummy, kSlotSharedB (clusters)
+  int32_t pad_[2];  // 64 bytes: copied to the partner CTA as 4 x 16-byte stores
 };
 // Clusters: the CTA recomputes its partner's tile only to keep the shared pipeline in step (odd
 // last unit) and stores and reports nothing; B is multicast (both tiles use one weight tile).
@@ -81,8 +86,12 @@ __device__ __forceinline__ TaskRing task_ring(uint8_t* smem_raw) {
   r.empty = r.full + kTaskSlots;
   return r;
 }
+// Task ring, its barriers, then (clusters) the pair's abort word at the end.
 constexpr int kExtraSmem = kTaskSlots * int(sizeof(TaskSlot)) + 2 * kTaskSlots * 8 + 16;
-static_assert(C::kSmemBytes % 8 == 0 && sizeof(TaskSlot) % 8 == 0, "task ring alignment");
+__device__ __forceinline__ uint32_t* abort_word(uint8_t* smem_raw) {
+  return reinterpret_cast<uint32_t*>(smem_raw + C::kSmemBytes + kExtraSmem - 16);
+}
+static_assert(C::kSmemBytes % 16 == 0 && sizeof(TaskSlot) == 64, "task ring alignment");
 
 // Local (same GPU) counters: gpu-scope release/acquire.
 __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
@@ -117,7 +126,8 @@ __device__ __forceinline__ bool wait_counter(const dev::DeviceComm& dc, const ui
 // Optional profile (params.stats != nullptr): kStatWords words per CTA, written once at the end.
 // Compute CTAs: span, busy (consumer warpgroup 0: tile MMAs + epilogues), waiting for a task
 // (consumer warpgroup 0), dependency waits (producer), tiles, then (consumer warpgroup 0) the wait
-// from holding a task to its first stage's MMAs, epilogues, FC2 busy time, FC2 tiles. Comm CTAs:
+// from holding a task to its first stage's MMAs, epilogues, FC2 busy time, FC2 tiles, and
+// (producer; rank 0 of a cluster only) tasks, tasks that multicast B. Comm CTAs:
 // span, pulling, pushing, waiting for work, 0.
 struct StatClock {
   unsigned long long* out;
@@ -433,23 +443,30 @@ __device__ __forceinline__ TaskMaps task_maps(const ForwardMaps& maps, int32_t k
 template <bool kCluster>
 __device__ __forceinline__ TaskSlot* publish(const TaskRing& ring, SlotCursor& c, const ForwardParams& p,
                                              int32_t total, Task tk, const WaitBound& wb) {
-  if (!handoff_wait(ring.empty + c.i, c.phase ^ 1u, wb)) tk.kind = kTaskEnd;  // never expected
+  // Clusters: acquire.cluster pairs with rank 1's releases of its copy of this slot.
+  const bool free = handoff_wait<kCluster>(ring.empty + c.i, c.phase ^ 1u, wb);
+  if (!free) tk.kind = kTaskEnd;  // never expected
   TaskSlot* slot = ring.slot + c.i;  // stays valid until the consumers release it after the tile
   int32_t shared = 0;
   if constexpr (kCluster) {
-    if (tk.kind != kTaskEnd && tk.tiles == 2) {
+    // B is shared when both tiles use one expert; a dummy repeats rank 0's tile, so always then.
+    if (tk.kind != kTaskEnd) {
       const bool routed = tk.kind == kTaskFc1 || tk.kind == kTaskFc2;
-      shared = !routed || __ldg(p.schedule.tile_expert + tk.m) == __ldg(p.schedule.tile_expert + tk.m + 1)
+      shared = tk.tiles < 2 || !routed ||
+                       __ldg(p.schedule.tile_expert + tk.m) == __ldg(p.schedule.tile_expert + tk.m + 1)
                    ? kSlotSharedB
                    : 0;
     }
-    // Rank 1's tile, staged in our slot and copied word by word.
-    fill_slot(*slot, p, total, tk, tk.tiles == 2 ? tk.m + 1 : tk.m, shared | (tk.tiles == 2 ? 0 : kSlotDummy));
-    const uint32_t* words = reinterpret_cast<const uint32_t*>(slot);
-    const uint32_t remote = cluster_addr(slot, 1u);
-#pragma unroll 1
-    for (uint32_t w = 0; w < sizeof(TaskSlot) / 4; ++w) st_cluster(remote + 4u * w, words[w]);
-    mbar_arrive_remote_release(ring.full + c.i, 1u);
+    // Rank 1's tile, staged in our slot and copied as 4 x 16 bytes. After an expired wait rank 1's
+    // slot may still be in use: it is left alone (rank 1's own bounded hand-off wait ends it).
+    if (free) {
+      fill_slot(*slot, p, total, tk, tk.tiles == 2 ? tk.m + 1 : tk.m, shared | (tk.tiles == 2 ? 0 : kSlotDummy));
+      const uint4* v = reinterpret_cast<const uint4*>(slot);
+      const uint32_t remote = cluster_addr(slot, 1u);
+#pragma unroll
+      for (uint32_t w = 0; w < sizeof(TaskSlot) / 16; ++w) st_cluster_v4(remote + 16u * w, v[w]);
+      mbar_arrive_remote_release(ring.full + c.i, 1u);
+    }
   }
   fill_slot(*slot, p, total, tk, tk.m, shared);
   mbar_arrive(ring.full + c.i);  // release (CTA scope): the slot's contents before the arrival
@@ -467,6 +484,7 @@ __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const 
   SlotCursor cur;
   const StatClock clock(p.stats);
   uint64_t dep_ns = 0;
+  uint32_t units = 0, shared_units = 0;
 #pragma unroll 1
   for (;;) {
     Task tk = claim_task(p, total);
@@ -477,10 +495,16 @@ __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const 
     if (tk.kind == kTaskEnd) break;
     dev::fence_proxy_async();  // the acquired rows are read by TMA next
     const TaskMaps tm = task_maps(maps, tk.kind);
-    produce_tile<C, false, false, kCluster>(sm, ps, slot->tile, tm.a, tm.b, wb, tm.b_half,
-                                            (slot->flags & kSlotSharedB) != 0, 0u);
+    const bool shared = (slot->flags & kSlotSharedB) != 0;
+    ++units;
+    shared_units += shared ? 1u : 0u;
+    produce_tile<C, false, false, kCluster>(sm, ps, slot->tile, tm.a, tm.b, wb, tm.b_half, shared, 0u);
   }
-  if (clock.out) clock.out[3] = dep_ns;
+  if (clock.out) {
+    clock.out[3] = dep_ns;
+    clock.out[9] = units;
+    clock.out[10] = shared_units;
+  }
   if constexpr (kCluster) producer_tail(sm, ps, wb);
 }
 
@@ -578,7 +602,9 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
   for (;;) {
     const uint64_t w0 = clock.now();
     if (leader && pending >= 0 && !mbar_test(ring.full + cur.i, cur.phase)) report(p, pending);
-    const bool got = handoff_wait<kCluster>(ring.full + cur.i, cur.phase, wb);
+    // Rank 1's slots are written by rank 0 (cluster scope).
+    const bool got = kCluster && rank == 1 ? handoff_wait<true>(ring.full + cur.i, cur.phase, wb)
+                                           : handoff_wait<false>(ring.full + cur.i, cur.phase, wb);
     const uint64_t w1 = clock.now();
     wait_ns += w1 - w0;
     // The slot is read in place (fewer live registers next to the accumulators) and released
@@ -676,9 +702,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     comm_cta(p, dc, smem_raw, uint32_t(C::kSmemBytes) + uint32_t(kExtraSmem));
     return;
   }
-  // Compute CTAs. Clusters: both CTAs run to the final cluster barrier (no early exit: a CTA may
-  // only exit once its partner no longer writes into its shared memory); a poisoned communicator
-  // ends them through the producer's first dependency wait instead.
+  // Compute CTAs. Clusters: the pair decides together (rank 0 reads the flag and writes it into
+  // both CTAs, between two cluster barriers) whether to stop at once, so neither CTA leaves while
+  // the other could still write into its shared memory.
   if (!kCluster && __syncthreads_or(threadIdx.x == 0 && dev::wait_aborted(dc))) return;
   const Smem<C> sm = smem_view<C>(smem_raw);
   const uint32_t rank = kCluster ? cluster_ctarank() : 0u;
@@ -690,10 +716,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     mbar_fence_init();
   }
-  if constexpr (kCluster)
-    cluster_sync();  // the partner's barriers are initialised before any remote arrival
-  else
+  if constexpr (kCluster) {
+    cluster_sync();  // both CTAs run (DSMEM is valid) and their barriers are initialised
+    if (rank == 0 && threadIdx.x == 0) {
+      const uint32_t aborted = dev::wait_aborted(dc) ? 1u : 0u;
+      *abort_word(smem_raw) = aborted;
+      st_cluster(cluster_addr(abort_word(smem_raw), 1u), aborted);
+    }
+    cluster_sync();
+    if (*abort_word(smem_raw) != 0u) return;  // both CTAs, before any remote operation
+  } else {
     __syncthreads();
+  }
   const WaitBound wb{dc.claim, dc.timeout_ns};
   if (threadIdx.x < 128) {
     setmaxnreg_dec<kMkProducerRegs<kCluster>>();
@@ -774,6 +808,8 @@ int prepare_forward(int comm_ctas, int grid, bool cluster) {
 
 void launch_forward(const ForwardMaps& maps, const ForwardParams& params, const comm::dev::DeviceComm& dc,
                     int grid, cudaStream_t stream) {
+  MOK_REQUIRE(params.plan.pair == params.cluster, "megakernel parameters",
+              "plan.pair and cluster must agree (a ticket's tiles go to the CTAs of one cluster)");
   cudaLaunchAttribute attr[2];
   const cudaLaunchConfig_t cfg = launch_config(grid, params.cluster != 0, stream, attr);
   if (params.cluster)
