@@ -45,11 +45,12 @@ constexpr int kStatWords = kForwardStatWords;
 // Register split: the producer thread decodes tickets and waits on counters besides issuing TMA,
 // which needs more than the plain engine's 40 registers; the consumers give up 8. With clusters
 // the producer also stages and copies the partner's task slot (spills below 96); the consumers
-// still fit in 208 without spills. 128 x 56 + 256 x 224 = 64512, 128 x 96 + 256 x 208 = 65536.
+// then fit in 200 without spills. The sum must stay within the CTA's allocation at launch
+// (168 x 384 = 64512): 128 x 56 + 256 x 224 = 64512; 128 x 96 + 256 x 200 = 63488.
 template <bool kCluster>
 constexpr uint32_t kMkProducerRegs = kCluster ? 96 : 56;
 template <bool kCluster>
-constexpr uint32_t kMkConsumerRegs = kCluster ? 208 : 224;
+constexpr uint32_t kMkConsumerRegs = kCluster ? 200 : 224;
 // Wait ids (names registered by the layer).
 constexpr uint32_t kWaitTaskDeps = comm::kWaitUserBase + 40;  // "megakernel.task_dependency"
 constexpr uint32_t kWaitCommDeps = comm::kWaitUserBase + 41;  // "megakernel.comm_dependency"
@@ -126,8 +127,8 @@ __device__ __forceinline__ bool wait_counter(const dev::DeviceComm& dc, const ui
 // Optional profile (params.stats != nullptr): kStatWords words per CTA, written once at the end.
 // Compute CTAs: span, busy (consumer warpgroup 0: tile MMAs + epilogues), waiting for a task
 // (consumer warpgroup 0), dependency waits (producer), tiles, then (consumer warpgroup 0) the wait
-// from holding a task to its first stage's MMAs, epilogues, FC2 busy time, FC2 tiles, and
-// (producer; rank 0 of a cluster only) tasks, tasks that multicast B. Comm CTAs:
+// from holding a task to its first stage's MMAs, epilogues, FC2 busy time, FC2 tiles, tiles whose
+// B was multicast (clusters). Comm CTAs:
 // span, pulling, pushing, waiting for work, 0.
 struct StatClock {
   unsigned long long* out;
@@ -484,7 +485,6 @@ __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const 
   SlotCursor cur;
   const StatClock clock(p.stats);
   uint64_t dep_ns = 0;
-  uint32_t units = 0, shared_units = 0;
 #pragma unroll 1
   for (;;) {
     Task tk = claim_task(p, total);
@@ -495,16 +495,10 @@ __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const 
     if (tk.kind == kTaskEnd) break;
     dev::fence_proxy_async();  // the acquired rows are read by TMA next
     const TaskMaps tm = task_maps(maps, tk.kind);
-    const bool shared = (slot->flags & kSlotSharedB) != 0;
-    ++units;
-    shared_units += shared ? 1u : 0u;
-    produce_tile<C, false, false, kCluster>(sm, ps, slot->tile, tm.a, tm.b, wb, tm.b_half, shared, 0u);
+    produce_tile<C, false, false, kCluster>(sm, ps, slot->tile, tm.a, tm.b, wb, tm.b_half,
+                                            (slot->flags & kSlotSharedB) != 0, 0u);
   }
-  if (clock.out) {
-    clock.out[3] = dep_ns;
-    clock.out[9] = units;
-    clock.out[10] = shared_units;
-  }
+  if (clock.out) clock.out[3] = dep_ns;
   if constexpr (kCluster) producer_tail(sm, ps, wb);
 }
 
@@ -597,7 +591,7 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
   int32_t pending = -1;  // leader only: counter of the last stored tile, not yet reported
   SlotCursor cur;
   const StatClock clock(leader && cwg == 0 ? p.stats : nullptr);
-  uint64_t busy_ns = 0, wait_ns = 0, tiles = 0, start_ns = 0, epi_ns = 0, fc2_ns = 0, fc2_tiles = 0;
+  uint64_t busy_ns = 0, wait_ns = 0, tiles = 0, start_ns = 0, epi_ns = 0, fc2_ns = 0, fc2_tiles = 0, mc_tiles = 0;
 #pragma unroll 1
   for (;;) {
     const uint64_t w0 = clock.now();
@@ -668,6 +662,7 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
       ++fc2_tiles;
     }
     ++tiles;
+    mc_tiles += (slot.flags & kSlotSharedB) != 0 ? 1u : 0u;
     if (kCluster && rank == 1) {
       __syncwarp();  // the warp's reads of the slot are done
       if (lane_id() == 0) mbar_arrive_remote_release(ring.empty + cur.i, 0u);
@@ -687,6 +682,7 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
     clock.out[6] = epi_ns;
     clock.out[7] = fc2_ns;
     clock.out[8] = fc2_tiles;
+    clock.out[9] = mc_tiles;
   }
 }
 

@@ -364,7 +364,7 @@ std::string Layer::profile_summary() const {
   MOK_CUDA_CHECK(cudaMemcpy(w.data(), m.stats.p, w.size() * 8, cudaMemcpyDeviceToHost));
   const int c = m.mkp.plan.comm_ctas;
   double span = 0, busy = 0, wait = 0, dep = 0, tiles = 0, cspan = 0, pull = 0, push = 0, idle = 0, max_span = 0;
-  double start = 0, epi = 0, fc2 = 0, fc2_tiles = 0, units = 0, shared_units = 0;
+  double start = 0, epi = 0, fc2 = 0, fc2_tiles = 0, mc_tiles = 0;
   for (int b = 0; b < m.grid; ++b) {
     const unsigned long long* s = &w[static_cast<size_t>(b) * mk::kForwardStatWords];
     max_span = std::max(max_span, double(s[0]));
@@ -383,8 +383,7 @@ std::string Layer::profile_summary() const {
       epi += double(s[6]);
       fc2 += double(s[7]);
       fc2_tiles += double(s[8]);
-      units += double(s[9]);
-      shared_units += double(s[10]);
+      mc_tiles += double(s[9]);
     }
   }
   const auto pct = [](double a, double b) { return b > 0 ? 100.0 * a / b : 0.0; };
@@ -393,7 +392,7 @@ std::string Layer::profile_summary() const {
   const double dep_span = m.mkp.cluster ? span / 2 : span;
   char pairs[96] = "";
   if (m.mkp.cluster)
-    std::snprintf(pairs, sizeof pairs, ", B multicast in %.1f%% of %.0f tile pairs", pct(shared_units, units), units);
+    std::snprintf(pairs, sizeof pairs, ", B multicast for %.1f%% of the tiles", pct(mc_tiles, tiles));
   char line[896];
   std::snprintf(line, sizeof line,
                 "kernel %.3f ms; %d compute CTAs: busy %.1f%% (of it: first stage of a tile %.1f%%, epilogues "
