@@ -128,8 +128,8 @@ __device__ __forceinline__ bool wait_counter(const dev::DeviceComm& dc, const ui
 // Compute CTAs: span, busy (consumer warpgroup 0: tile MMAs + epilogues), waiting for a task
 // (consumer warpgroup 0), dependency waits (producer), tiles, then (consumer warpgroup 0) the wait
 // from holding a task to its first stage's MMAs, epilogues, FC2 busy time, FC2 tiles, tiles whose
-// B was multicast (clusters). Comm CTAs:
-// span, pulling, pushing, waiting for work, 0.
+// B was multicast (clusters), SM cycles over the span (clock64: the average SM clock is word 10 /
+// word 0). Comm CTAs: span, pulling, pushing, waiting for work, 0.
 struct StatClock {
   unsigned long long* out;
   uint64_t t0;
@@ -592,6 +592,7 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
   SlotCursor cur;
   const StatClock clock(leader && cwg == 0 ? p.stats : nullptr);
   uint64_t busy_ns = 0, wait_ns = 0, tiles = 0, start_ns = 0, epi_ns = 0, fc2_ns = 0, fc2_tiles = 0, mc_tiles = 0;
+  const uint64_t c0 = clock.out ? clock64() : 0;
 #pragma unroll 1
   for (;;) {
     const uint64_t w0 = clock.now();
@@ -683,6 +684,7 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
     clock.out[7] = fc2_ns;
     clock.out[8] = fc2_tiles;
     clock.out[9] = mc_tiles;
+    clock.out[10] = clock64() - c0;
   }
 }
 

@@ -364,7 +364,7 @@ std::string Layer::profile_summary() const {
   MOK_CUDA_CHECK(cudaMemcpy(w.data(), m.stats.p, w.size() * 8, cudaMemcpyDeviceToHost));
   const int c = m.mkp.plan.comm_ctas;
   double span = 0, busy = 0, wait = 0, dep = 0, tiles = 0, cspan = 0, pull = 0, push = 0, idle = 0, max_span = 0;
-  double start = 0, epi = 0, fc2 = 0, fc2_tiles = 0, mc_tiles = 0;
+  double start = 0, epi = 0, fc2 = 0, fc2_tiles = 0, mc_tiles = 0, cycles = 0;
   for (int b = 0; b < m.grid; ++b) {
     const unsigned long long* s = &w[static_cast<size_t>(b) * mk::kForwardStatWords];
     max_span = std::max(max_span, double(s[0]));
@@ -384,6 +384,7 @@ std::string Layer::profile_summary() const {
       fc2 += double(s[7]);
       fc2_tiles += double(s[8]);
       mc_tiles += double(s[9]);
+      cycles += double(s[10]);
     }
   }
   const auto pct = [](double a, double b) { return b > 0 ? 100.0 * a / b : 0.0; };
@@ -395,10 +396,10 @@ std::string Layer::profile_summary() const {
     std::snprintf(pairs, sizeof pairs, ", B multicast for %.1f%% of the tiles", pct(mc_tiles, tiles));
   char line[896];
   std::snprintf(line, sizeof line,
-                "kernel %.3f ms; %d compute CTAs: busy %.1f%% (of it: first stage of a tile %.1f%%, epilogues "
+                "kernel %.3f ms, SM clock %.2f GHz (compute CTAs' average); %d compute CTAs: busy %.1f%% (of it: first stage of a tile %.1f%%, epilogues "
                 "%.1f%%), waiting for a task %.1f%%, producer on dependencies %.1f%%, %.1f tiles/CTA, %.1f us/tile "
                 "(FC2 %.1f, others %.1f)%s; %d comm CTAs: pull %.1f%%, push %.1f%%, idle %.1f%%",
-                max_span * 1e-6, m.grid - c, pct(busy, span), pct(start, span), pct(epi, span), pct(wait, span),
+                max_span * 1e-6, span > 0 ? cycles / span : 0.0, m.grid - c, pct(busy, span), pct(start, span), pct(epi, span), pct(wait, span),
                 pct(dep, dep_span), tiles / std::max(1, m.grid - c), per_tile_us(busy, tiles),
                 per_tile_us(fc2, fc2_tiles), per_tile_us(busy - fc2, tiles - fc2_tiles), pairs, c, pct(pull, cspan),
                 pct(push, cspan), pct(idle, cspan));
