@@ -129,7 +129,7 @@ struct Tile {
   int32_t out_batch;     // output outer coordinate (3-D output maps)
 };
 
-// Hooks of produce_tile / mma_tile (a megakernel's callbacks at fixed points of a tile); none by default.
+// Hook of mma_tile and its variants (a megakernel's callback at a fixed point of a tile); none by default.
 struct NoHook {
   __device__ __forceinline__ void operator()() const {}
 };
@@ -143,15 +143,11 @@ struct NoHook {
 // Clusters (kCluster): when the tile's B is `shared` with the partner CTA (same expert and
 // columns, the other 128 rows), this CTA loads half of B (rows or chunks of its `rank`) and
 // multicasts it to both CTAs; map_b_half is the K-major B map with a box of BLOCK_N/2 rows.
-// `when_full` runs once, right after the load that fills the last free stage of the ring (or the
-// tile's last load): the moment the producer would otherwise sit waiting for the consumers. A
-// megakernel claims and publishes its next task there, off the critical path.
-template <class C, bool kAMN, bool kBMN, bool kCluster = false, class Hook = NoHook>
+template <class C, bool kAMN, bool kBMN, bool kCluster = false>
 __device__ __forceinline__ void produce_tile(const Smem<C>& sm, PipeState<C>& ps, const Tile& t,
                                              const CUtensorMap* map_a, const CUtensorMap* map_b,
                                              const WaitBound& wb, const CUtensorMap* map_b_half = nullptr,
-                                             bool shared = false, uint32_t rank = 0, const Hook& when_full = Hook{}) {
-  const int hook_kb = t.k_blocks < C::kStages ? t.k_blocks - 1 : C::kStages - 1;
+                                             bool shared = false, uint32_t rank = 0) {
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     mbar_wait(sm.empty(ps.stage), ps.phase ^ 1u, wb, kSiteProducerEmpty);
     uint64_t* full = sm.full(ps.stage);
@@ -184,7 +180,6 @@ __device__ __forceinline__ void produce_tile(const Smem<C>& sm, PipeState<C>& ps
         tma_load_3d(b + c * kChunkBytes, map_b, full, t.b_n + 64 * c, k, t.b_batch);
     }
     ps.advance();
-    if (kb == hook_kb) when_full();
   }
 }
 
