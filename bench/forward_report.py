@@ -2,13 +2,21 @@
 """Joins mok_bench's GPU forward results with the PyTorch+NCCL baseline of the same run into one
 results file (bench/results/forward-<gpu>x<n>.json) and prints the comparison tables.
 
-usage: forward_report.py MOK_JSON BASELINE_JSON OUT_JSON
+usage: forward_report.py MOK_JSON BASELINE_JSON OUT_JSON [GPU_SAMPLES_CSV]
 
 MOK_JSON holds `cases` (one per model, T, routing, at mok's default settings) and optionally
 `ablation` (the same cases under other variants / comm SMs / minibatch / macrobatch sizes). Both
 are copied to OUT_JSON; every case and ablation entry whose (model, T, routing) the baseline also
 ran gets `baseline_ms` and `speedup` (= baseline_ms / mok's ms). If BASELINE_JSON is missing,
 empty or unreadable, OUT_JSON still gets written with mok's numbers only (no baseline fields).
+
+GPU_SAMPLES_CSV (optional; scripts/run.sh writes it): nvidia-smi samples taken while mok_bench
+ran, one line per GPU and sample: `index, utilization.gpu %, clocks.sm MHz, power.draw W,
+power.limit W, clock event reasons (hex bitmask)`. OUT_JSON then gets `gpu_samples`: per GPU,
+over the samples at >= 90% utilization (the kernels running), the median SM clock and power
+draw, the power limit, and the share of those samples in which the software power cap (0x4) or a
+hardware slowdown (0x8 | 0x40 | 0x80) held the clock down. Sustained clocks explain the gap
+between burst-clock peaks (cuBLAS, the standalone GEMM) and the layer's rate.
 """
 import json
 import math
@@ -80,6 +88,61 @@ def join(mok, base):
     return out
 
 
+# Clock event reason bits (nvidia-smi --help-query-gpu).
+POWER_CAP = 0x4
+HW_SLOWDOWN = 0x8 | 0x40 | 0x80  # hardware slowdown, hardware thermal, power brake
+
+
+def median(values):
+    v = sorted(values)
+    n = len(v)
+    return None if n == 0 else (v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2]))
+
+
+def gpu_samples(path, busy_util=90.0):
+    """Per-GPU summary of nvidia-smi samples (see the module doc), or None when unusable."""
+    per_gpu = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = [p.strip() for p in line.split(",")]
+                if len(parts) < 6:
+                    continue
+                try:
+                    gpu, util, clock, power, limit = (int(parts[0]), float(parts[1]), float(parts[2]),
+                                                      float(parts[3]), float(parts[4]))
+                    reasons = int(parts[5], 16)
+                except ValueError:
+                    continue  # header or "[N/A]"
+                per_gpu.setdefault(gpu, []).append((util, clock, power, limit, reasons))
+    except OSError as e:
+        print(f"forward_report: GPU samples {path} cannot be read ({e})", file=sys.stderr)
+        return None
+    out = []
+    for gpu in sorted(per_gpu):
+        busy = [s for s in per_gpu[gpu] if s[0] >= busy_util]
+        if not busy:
+            continue
+        out.append({"gpu": gpu, "busy_samples": len(busy),
+                    "sm_clock_mhz_median": median([s[1] for s in busy]),
+                    "power_w_median": median([s[2] for s in busy]),
+                    "power_limit_w": max(s[3] for s in busy),
+                    "power_capped_share": sum(1 for s in busy if s[4] & POWER_CAP) / len(busy),
+                    "hw_slowdown_share": sum(1 for s in busy if s[4] & HW_SLOWDOWN) / len(busy)})
+    return out or None
+
+
+def print_gpu_samples(out):
+    if not out.get("gpu_samples"):
+        return
+    print("\nGPU clock and power while mok_bench ran (samples at >= 90% utilization)")
+    print("| GPU | samples | SM clock MHz (median) | power W (median) | power limit W | power-capped | HW slowdown |")
+    print("|---|---|---|---|---|---|---|")
+    for g in out["gpu_samples"]:
+        print(f"| {g['gpu']} | {g['busy_samples']} | {g['sm_clock_mhz_median']:.0f} | {g['power_w_median']:.0f} "
+              f"| {g['power_limit_w']:.0f} | {100 * g['power_capped_share']:.0f}% | {100 * g['hw_slowdown_share']:.0f}% |")
+
+
 def fmt(value, spec, suffix=""):
     """`value` formatted with `spec`, or a dash when it is absent or not a number."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -125,17 +188,22 @@ def print_ablation(out):
 
 
 def main(argv):
-    if len(argv) != 3:
+    if len(argv) not in (3, 4):
         print(__doc__.strip(), file=sys.stderr)
         return 2
-    mok_path, base_path, out_path = argv
+    mok_path, base_path, out_path = argv[:3]
     with open(mok_path) as f:
         mok = json.load(f)
     out = join(mok, load_baseline(base_path))
+    if len(argv) == 4:
+        samples = gpu_samples(argv[3])
+        if samples:
+            out["gpu_samples"] = samples
     with open(out_path, "w") as f:
         json.dump(out, f, indent=1)
     print_cases(out)
     print_ablation(out)
+    print_gpu_samples(out)
     print(f"wrote {out_path}")
     return 0
 

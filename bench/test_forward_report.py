@@ -134,6 +134,42 @@ class ForwardReportTest(unittest.TestCase):
         self.assertEqual(len(out["ablation"]), 8)
         self.assertAlmostEqual(out["cases"][0]["mok_ms"], 4.0)
 
+    def test_gpu_samples(self):
+        # GPU 0: 3 busy samples (2 power-capped), 1 idle; GPU 1: one busy sample with a HW
+        # slowdown; a header line and an [N/A] line are skipped.
+        csv = ("index, utilization.gpu [%], clocks.sm [MHz], power.draw [W], power.limit [W], reasons\n"
+               "0, 100, 1260, 698.5, 700.00, 0x0000000000000004\n"
+               "0, 99, 1300, 690.0, 700.00, 0x0000000000000004\n"
+               "0, 95, 1500, 600.0, 700.00, 0x0000000000000000\n"
+               "0, 0, 1980, 110.0, 700.00, 0x0000000000000001\n"
+               "1, 100, 1400, 650.0, 700.00, 0x0000000000000008\n"
+               "1, [N/A], 1400, 650.0, 700.00, 0x0\n")
+        samples = self.write("samples.csv", csv)
+        mok_path = self.write("mok.json", synthetic_mok())
+        base_path = self.write("baseline.json", synthetic_baseline())
+        out_path = os.path.join(self.tmp, "forward.json")
+        run = subprocess.run([sys.executable, REPORT, mok_path, base_path, out_path, samples],
+                             capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        with open(out_path) as f:
+            out = json.load(f)
+        g0, g1 = out["gpu_samples"]
+        self.assertEqual(g0["busy_samples"], 3)
+        self.assertAlmostEqual(g0["sm_clock_mhz_median"], 1300)
+        self.assertAlmostEqual(g0["power_w_median"], 690.0)
+        self.assertAlmostEqual(g0["power_limit_w"], 700.0)
+        self.assertAlmostEqual(g0["power_capped_share"], 2 / 3)
+        self.assertAlmostEqual(g0["hw_slowdown_share"], 0.0)
+        self.assertEqual(g1["busy_samples"], 1)
+        self.assertAlmostEqual(g1["hw_slowdown_share"], 1.0)
+        self.assertIn("| 0 | 3 | 1300 | 690 | 700 | 67% | 0% |", run.stdout)
+        # a missing samples file only drops the field
+        run = subprocess.run([sys.executable, REPORT, mok_path, base_path, out_path,
+                              os.path.join(self.tmp, "none.csv")], capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        with open(out_path) as f:
+            self.assertNotIn("gpu_samples", json.load(f))
+
     def test_missing_baseline(self):
         self.check_without_baseline(None)
 

@@ -16,7 +16,22 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 out="${MOK_OUT:-$MOK_ROOT/build/results}"
 mkdir -p "$out"
 tag="$(mok_gpu_tag)"
-"$bench" "$@" --json "$out/mok-forward-$tag.json"
+# nvidia-smi samples (clock, power, clock event reasons) while mok_bench runs: the report states
+# the sustained SM clock and whether the power cap held it down.
+samples="$out/gpu-samples-$tag.csv"
+rm -f "$samples"
+sampler=""
+if command -v nvidia-smi >/dev/null; then
+  reasons=clocks_event_reasons.active
+  nvidia-smi --query-gpu=$reasons --format=csv,noheader >/dev/null 2>&1 || reasons=clocks_throttle_reasons.active
+  nvidia-smi --query-gpu=index,utilization.gpu,clocks.sm,power.draw,power.limit,$reasons \
+    --format=csv,noheader,nounits -lms 200 >"$samples" 2>/dev/null &
+  sampler=$!
+fi
+status=0
+"$bench" "$@" --json "$out/mok-forward-$tag.json" || status=$?
+[ -n "$sampler" ] && kill "$sampler" 2>/dev/null
+[ "$status" -eq 0 ] || exit "$status"
 if python3 -c "import torch" 2>/dev/null; then
   mok_log "running the PyTorch+NCCL baseline on $gpus GPU(s)"
   PYTHONUNBUFFERED=1 python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" \
@@ -24,7 +39,7 @@ if python3 -c "import torch" 2>/dev/null; then
     grep -E "^\[baseline\]|Error" || true
   if [ -f "$out/baseline-$tag.json" ]; then
     python3 "$MOK_ROOT/bench/forward_report.py" "$out/mok-forward-$tag.json" "$out/baseline-$tag.json" \
-      "$out/forward-$tag.json"
+      "$out/forward-$tag.json" "$samples"
   fi
 else
   mok_log "python3 has no torch: the PyTorch+NCCL baseline was not run"
