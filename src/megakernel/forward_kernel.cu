@@ -445,8 +445,8 @@ template <bool kCluster>
 __device__ __forceinline__ TaskSlot* publish(const TaskRing& ring, SlotCursor& c, const ForwardParams& p,
                                              int32_t total, Task tk, const WaitBound& wb) {
   // Clusters: acquire.cluster pairs with rank 1's releases of its copy of this slot.
-  const bool free = handoff_wait<kCluster>(ring.empty + c.i, c.phase ^ 1u, wb);
-  if (!free) tk.kind = kTaskEnd;  // never expected
+  const bool slot_free = handoff_wait<kCluster>(ring.empty + c.i, c.phase ^ 1u, wb);
+  if (!slot_free) tk.kind = kTaskEnd;  // never expected
   TaskSlot* slot = ring.slot + c.i;  // stays valid until the consumers release it after the tile
   int32_t shared = 0;
   if constexpr (kCluster) {
@@ -460,7 +460,7 @@ __device__ __forceinline__ TaskSlot* publish(const TaskRing& ring, SlotCursor& c
     }
     // Rank 1's tile, staged in our slot and copied as 4 x 16 bytes. After an expired wait rank 1's
     // slot may still be in use: it is left alone (rank 1's own bounded hand-off wait ends it).
-    if (free) {
+    if (slot_free) {
       fill_slot(*slot, p, total, tk, tk.tiles == 2 ? tk.m + 1 : tk.m, shared | (tk.tiles == 2 ? 0 : kSlotDummy));
       const uint4* v = reinterpret_cast<const uint4*>(slot);
       const uint32_t remote = cluster_addr(slot, 1u);
