@@ -32,6 +32,17 @@ constexpr double kTol = 1e-2;
 // Tile width the cases below run with (tests set it; 256 unless a test says otherwise).
 int g_block_n = 256;
 bool g_cluster = false;  // 2-CTA clusters with B multicast
+// FC1/FC2 plans get the experts' rows, so tiles with <= 64 token rows run in split-N form.
+bool g_split = false;
+
+// Device copies of the experts' first rows and row counts (for split-N).
+struct ExpertRows {
+  DevBuf begin, rows;
+  explicit ExpertRows(const Routed& rt) : begin(rt.begin.size() * 4 + 4), rows(rt.counts.size() * 4 + 4) {
+    upload(begin, rt.begin);
+    upload(rows, rt.counts);
+  }
+};
 
 // Routed activations [rows, cols]: random in real rows, NaN in padding rows.
 std::vector<uint16_t> routed_input(const Routed& rt, int64_t cols, uint64_t seed) {
@@ -123,6 +134,11 @@ void fc1_case(const std::vector<int32_t>& counts, int64_t hidden, int64_t inter,
   a.experts = E;
   a.tile_expert = dte.as<int32_t>();
   a.num_m_tiles = rt.num_m_tiles();
+  const ExpertRows er(rt);
+  if (g_split) {
+    a.expert_row_begin = er.begin.as<int32_t>();
+    a.expert_rows = er.rows.as<int32_t>();
+  }
   const auto plan = gemm::plan_fc1(a, dev.opts(max_ctas));
   std::vector<std::vector<uint16_t>> r1, r2;
   std::vector<DevBuf*> outs{&dh, &dgu};
@@ -195,6 +211,7 @@ void plain_case(bool dgrad, const std::vector<int32_t>& counts, int64_t k, int64
   upload(da, a);
   upload(dw, w);
   upload(dte, rt.tile_expert);
+  const ExpertRows er(rt);
   Device dev;
   dev.skew = skew;
   dev.block_n = g_block_n;
@@ -220,6 +237,10 @@ void plain_case(bool dgrad, const std::vector<int32_t>& counts, int64_t k, int64
     f.experts = E;
     f.tile_expert = dte.as<int32_t>();
     f.num_m_tiles = rt.num_m_tiles();
+    if (g_split) {
+      f.expert_row_begin = er.begin.as<int32_t>();
+      f.expert_rows = er.rows.as<int32_t>();
+    }
     plan = gemm::plan_fc2(f, dev.opts(max_ctas));
   }
   std::vector<std::vector<uint16_t>> r1, r2;
@@ -378,6 +399,29 @@ TEST(GroupedGemm, BlockNHeuristic) {
   EXPECT_EQ(gemm::choose_block_n(16, 3072, 132), 128);
   // Many waves either way -> 256.
   EXPECT_EQ(gemm::choose_block_n(128, 4096, 132), 256);
+}
+
+// Tiles whose tokens fit in their first 64 rows in split-N form: tails of 1, 63 and 64 rows split,
+// 65 and 72 do not; with clusters (a split tile next to a full one, dummies) and at BLOCK_N 128
+// (split-N off there: each half must hold whole SwiGLU chunks).
+TEST(GroupedGemm, SplitNForNearlyEmptyTiles) {
+  MOK_REQUIRE_GPUS(1);
+  g_split = true;
+  const std::vector<int32_t> counts{0, 1, 63, 64, 65, 129, 192, 200, 385};
+  for (bool cluster : {false, true}) {
+    g_cluster = cluster;
+    for (int bn : {256, 128}) {
+      g_block_n = bn;
+      fc1_case(counts, 328, 200, 5, 701);
+      fc1_case(counts, 1024, 512, 0, 702, 7);
+      plain_case(false, counts, 200, 328, 6, 703);
+      plain_case(false, counts, 1024, 512, 0, 704, 5);
+    }
+  }
+  plain_case(false, counts, 1024, 512, 7, 705, 5, 2);  // with the consumer stagger
+  g_block_n = 256;
+  g_cluster = false;
+  g_split = false;
 }
 
 TEST(GroupedGemm, ClustersMulticastB) {
