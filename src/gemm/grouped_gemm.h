@@ -43,10 +43,11 @@ struct Fc1Args {
   int64_t hidden = 0, inter = 0, experts = 0;
   const int32_t* tile_expert = nullptr;
   int64_t num_m_tiles = 0;
-  // Optional (device, [experts]): each expert's first routed row and token rows. Rows of a tile
-  // past its expert's tokens are padding: with these, nearly empty tiles cost about half, and
-  // the outputs of padding rows 64-127 of such tiles are left unwritten (padding rows of the
-  // outputs are undefined either way: they are computed from padding inputs).
+  // Optional (device, [experts]): each expert's first routed row (the first row of its first
+  // 128-row tile: its segment in the padded layout above, as the schedule's expert_offset) and
+  // its token rows. Rows of a tile past its expert's tokens are padding: with these, nearly
+  // empty tiles cost about half, and the outputs of padding rows 64-127 of such tiles are left
+  // unwritten (padding rows of the outputs are undefined either way).
   const int32_t* expert_row_begin = nullptr;
   const int32_t* expert_rows = nullptr;
 };

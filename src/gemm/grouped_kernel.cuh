@@ -161,8 +161,9 @@ struct KPairSchedule {
 // FC1: A = routed x [rows, H] (K-major), B = W1p [E, 2I, H] (K-major). Epilogue: the gate/up
 // pre-activations (bf16, interleaved as packed) to map_d0 [rows, 2I] if store_gu, and
 // h = silu(g) * u to map_d1 [rows, I].
-// kSplitN: the form can run a tile whose tokens fit in 64 rows in split-N form (K-major A and B;
-// BLOCK_N 256, so that each warpgroup's half holds whole SwiGLU chunks), with epilogue_split.
+// kSplitN: the form can run a tile whose tokens fit in 64 rows in split-N form (K-major A and B),
+// with epilogue_split. FC1 needs BLOCK_N 256: a warpgroup's half must hold whole SwiGLU chunks
+// (128 packed columns -> 64 h columns).
 template <class C>
 struct FormFc1 {
   static constexpr bool kAMN = false, kBMN = false, kMaskK = false;
@@ -188,7 +189,7 @@ struct FormFc1 {
 template <class C, bool kBMNArg>
 struct FormStore2d {
   static constexpr bool kAMN = false, kBMN = kBMNArg, kMaskK = false;
-  static constexpr bool kSplitN = !kBMNArg && C::kBlockN == 256;
+  static constexpr bool kSplitN = !kBMNArg;  // K-major B: halves of 128 or 64 columns
   using Schedule = MGroupedSchedule<C>;
   using PairSchedule = MPairSchedule<C>;
   __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
@@ -280,9 +281,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     float acc[C::kAccRegs];
     while (sched.next(t, shared, dummy)) {
       if constexpr (Form::kSplitN) {
-        // Token rows of the tile (M-grouped forms: t.b_batch is its expert, t.a_m its first row).
-        if (p.expert_rows != nullptr &&
-            __ldg(p.expert_row_begin + t.b_batch) + __ldg(p.expert_rows + t.b_batch) - t.a_m <= 64) {
+        // Token rows of the tile (M-grouped forms: t.b_batch is its expert, t.a_m its first row);
+        // a begin past the tile (a caller's layout other than the padded one) never splits.
+        const int32_t begin = p.expert_rows != nullptr ? __ldg(p.expert_row_begin + t.b_batch) : 0;
+        if (p.expert_rows != nullptr && t.a_m >= begin && begin + __ldg(p.expert_rows + t.b_batch) - t.a_m <= 64) {
           mma_tile_split_n<C, kCluster>(sm, ps, t, cwg, acc, wb, rank ^ 1u);
           if (!dummy) Form::epilogue_split(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
           continue;

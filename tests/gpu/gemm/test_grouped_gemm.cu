@@ -98,8 +98,11 @@ void run_twice(const gemm::Plan& plan, Device& dev, Outs&& outs, std::vector<std
 // ---------------------------------------------------------------------------------------------
 // FC1 + SwiGLU
 // ---------------------------------------------------------------------------------------------
+// Outputs of one run (poisoned first), for cases that compare two settings bit for bit.
+using Outputs = std::vector<std::vector<uint16_t>>;
+
 void fc1_case(const std::vector<int32_t>& counts, int64_t hidden, int64_t inter, int max_ctas, uint64_t seed,
-              int check_cols_stride = 1, int skew = 0) {
+              int check_cols_stride = 1, int skew = 0, Outputs* outputs = nullptr) {
   SCOPED_TRACE(testing::Message() << "fc1 hidden=" << hidden << " inter=" << inter << " ctas=" << max_ctas
                                   << " skew=" << skew);
   const Routed rt(counts);
@@ -181,6 +184,7 @@ void fc1_case(const std::vector<int32_t>& counts, int64_t hidden, int64_t inter,
   std::printf("[fc1 bn=%d] rows=%lld H=%lld I=%lld ctas=%d  rel err gate %.2e up %.2e h %.2e (checked %lld)\n",
               plan.block_n, (long long)rows, (long long)hidden, (long long)inter, plan.grid, sg.rel(), su.rel(), sh.rel(),
               (long long)sh.count);
+  if (outputs) *outputs = r1;
 }
 
 TEST(GroupedGemm, Fc1SwiGLUSmallExpertsPartialBlocks) {
@@ -200,7 +204,7 @@ TEST(GroupedGemm, Fc1SwiGLUManyTiles) {
 // FC2 (plain): y = a . W[e]^T, W [E, n, k]; and dgrad: dx = dy . W[e], W [E, k, n]
 // ---------------------------------------------------------------------------------------------
 void plain_case(bool dgrad, const std::vector<int32_t>& counts, int64_t k, int64_t n, int max_ctas, uint64_t seed,
-                int check_cols_stride = 1, int skew = 0) {
+                int check_cols_stride = 1, int skew = 0, Outputs* outputs = nullptr) {
   SCOPED_TRACE(testing::Message() << (dgrad ? "dgrad" : "fc2") << " k=" << k << " n=" << n << " ctas=" << max_ctas
                                   << " skew=" << skew);
   const Routed rt(counts);
@@ -268,6 +272,7 @@ void plain_case(bool dgrad, const std::vector<int32_t>& counts, int64_t k, int64
   EXPECT_EQ(plan.block_n, g_block_n);
   std::printf("[%s bn=%d] rows=%lld K=%lld N=%lld ctas=%d  rel err %.2e (checked %lld)\n", dgrad ? "dgrad" : "fc2",
               plan.block_n, (long long)rows, (long long)k, (long long)n, plan.grid, st.rel(), (long long)st.count);
+  if (outputs) *outputs = r1;
 }
 
 TEST(GroupedGemm, Fc2SmallExpertsPartialBlocks) {
@@ -402,23 +407,49 @@ TEST(GroupedGemm, BlockNHeuristic) {
 }
 
 // Tiles whose tokens fit in their first 64 rows in split-N form: tails of 1, 63 and 64 rows split,
-// 65 and 72 do not; with clusters (a split tile next to a full one, dummies) and at BLOCK_N 128
-// (split-N off there: each half must hold whole SwiGLU chunks).
+// 65 and 72 do not; an odd tile count (with clusters the last pair has a dummy); FC1 at BLOCK_N 256
+// only (a warpgroup's half must hold whole SwiGLU chunks), FC2 at 256 and 128; with clusters and
+// with the consumer stagger. Every run must match the reference, and give the same bits in the
+// token rows as without split-N (same fp32 sums in the same K order).
+void same_token_rows(const Routed& rt, const Outputs& a, const Outputs& b, const std::vector<int64_t>& cols) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t o = 0; o < a.size(); ++o) {
+    int64_t differ = 0;
+    for (int64_t r = 0; r < rt.rows; ++r) {
+      if (rt.expert_of(r) < 0) continue;
+      for (int64_t c = 0; c < cols[o]; ++c) differ += a[o][size_t(r * cols[o] + c)] != b[o][size_t(r * cols[o] + c)];
+    }
+    EXPECT_EQ(differ, 0) << "output " << o << ": split-N changed bits in token rows";
+  }
+}
+
 TEST(GroupedGemm, SplitNForNearlyEmptyTiles) {
   MOK_REQUIRE_GPUS(1);
-  g_split = true;
-  const std::vector<int32_t> counts{0, 1, 63, 64, 65, 129, 192, 200, 385};
+  const std::vector<int32_t> counts{0, 1, 63, 64, 65, 129, 192, 200, 385, 1};  // 15 tiles
+  const Routed rt(counts);
   for (bool cluster : {false, true}) {
     g_cluster = cluster;
-    for (int bn : {256, 128}) {
-      g_block_n = bn;
-      fc1_case(counts, 328, 200, 5, 701);
-      fc1_case(counts, 1024, 512, 0, 702, 7);
-      plain_case(false, counts, 200, 328, 6, 703);
-      plain_case(false, counts, 1024, 512, 0, 704, 5);
+    for (int skew : {0, 2}) {
+      for (int bn : {256, 128}) {
+        g_block_n = bn;
+        Outputs off, on;
+        if (bn == 256) {
+          g_split = false;
+          fc1_case(counts, 1024, 512, 0, 702, 7, skew, &off);
+          g_split = true;
+          fc1_case(counts, 1024, 512, 0, 702, 7, skew, &on);
+          same_token_rows(rt, off, on, {512, 1024});
+          fc1_case(counts, 328, 200, 5, 701);
+        }
+        g_split = false;
+        plain_case(false, counts, 1024, 512, 0, 704, 5, skew, &off);
+        g_split = true;
+        plain_case(false, counts, 1024, 512, 0, 704, 5, skew, &on);
+        same_token_rows(rt, off, on, {512});
+        plain_case(false, counts, 200, 328, 6, 703);
+      }
     }
   }
-  plain_case(false, counts, 1024, 512, 7, 705, 5, 2);  // with the consumer stagger
   g_block_n = 256;
   g_cluster = false;
   g_split = false;
