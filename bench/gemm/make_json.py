@@ -66,6 +66,7 @@ def main():
             "mok_ms": mm, "torch_ms": tm,
             "experts": c["experts"], "n": c["n"], "k": c["k"], "m": c["m"],
             "block_n": c.get("block_n"), "skew": c.get("skew"), "group_m": c.get("group_m"),
+            "cluster": c.get("cluster"), "split_n": c.get("split_n"),
             "check_rel_err": c["check_rel_err"],
             **({"torch_error": terr} if terr else {}),
         })

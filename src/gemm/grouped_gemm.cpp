@@ -97,12 +97,22 @@ Plan m_grouped_plan(Form form, int64_t k, int64_t n, int64_t experts, const int3
   return p;
 }
 
+// Split-N for nearly empty tiles needs each tile's token rows (from the experts' rows).
+void set_split_n(Plan& p, const Options& o, const int32_t* row_begin, const int32_t* rows) {
+  MOK_REQUIRE((row_begin == nullptr) == (rows == nullptr), "expert_row_begin/expert_rows",
+              "must be given together (or neither)");
+  if (!o.split_n || rows == nullptr) return;
+  p.params.expert_row_begin = row_begin;
+  p.params.expert_rows = rows;
+}
+
 Plan plan_fc1(const Fc1Args& a, const Options& o) {
   MOK_REQUIRE(a.inter % 8 == 0, "fc1.inter", "multiple of 8 (gate/up interleave), got ", a.inter);
   MOK_REQUIRE(a.x && a.w1p && a.h, "fc1", "x, w1p and h must be given");
   const int64_t rows = a.num_m_tiles * kBlockM, n = 2 * a.inter;
   Plan p = m_grouped_plan(Form::Fc1SwiGLU, a.hidden, n, a.experts, a.tile_expert, a.num_m_tiles, o, "fc1");
   p.params.store_gu = a.gu != nullptr;
+  set_split_n(p, o, a.expert_row_begin, a.expert_rows);
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(rows);
   p.map_a = make_map_2d(a.x, u, uint64_t(a.hidden), 128);
@@ -117,6 +127,7 @@ Plan plan_fc2(const Fc2Args& a, const Options& o) {
   MOK_REQUIRE(a.a && a.w && a.y, "fc2", "a, w and y must be given");
   const int64_t rows = a.num_m_tiles * kBlockM;
   Plan p = m_grouped_plan(Form::Plain, a.k, a.n, a.experts, a.tile_expert, a.num_m_tiles, o, "fc2");
+  set_split_n(p, o, a.expert_row_begin, a.expert_rows);
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(rows);
   p.map_a = make_map_2d(a.a, u, uint64_t(a.k), 128);

@@ -28,6 +28,9 @@ struct Options {
   int skew_stages = 0;             // stagger of the two consumer warpgroups (K blocks, 0..4)
   int block_n = 0;                 // output tile width: 256, 128, or 0 = choose by tile count
   bool cluster = false;            // 2-CTA clusters sharing (multicasting) the B operand
+  // FC1/FC2 with expert rows given: tiles whose tokens fit in their first 64 rows run in split-N
+  // form (both consumer warpgroups on those rows, half of the columns each; BLOCK_N 256 only).
+  bool split_n = true;
 };
 
 // FC1 forward: gu[r] = x[r] . W1p[e]^T (2*inter values, gate/up interleaved in groups of 8, see
@@ -40,6 +43,13 @@ struct Fc1Args {
   int64_t hidden = 0, inter = 0, experts = 0;
   const int32_t* tile_expert = nullptr;
   int64_t num_m_tiles = 0;
+  // Optional (device, [experts]): each expert's first routed row (the first row of its first
+  // 128-row tile: its segment in the padded layout above, as the schedule's expert_offset) and
+  // its token rows. Rows of a tile past its expert's tokens are padding: with these, nearly
+  // empty tiles cost about half, and the outputs of padding rows 64-127 of such tiles are left
+  // unwritten (padding rows of the outputs are undefined either way).
+  const int32_t* expert_row_begin = nullptr;
+  const int32_t* expert_rows = nullptr;
 };
 
 // FC2 forward (and any "rows times transposed weights"): y[r] = a[r] . W[e]^T.
@@ -50,6 +60,8 @@ struct Fc2Args {
   int64_t k = 0, n = 0, experts = 0;
   const int32_t* tile_expert = nullptr;
   int64_t num_m_tiles = 0;
+  const int32_t* expert_row_begin = nullptr;  // optional, as in Fc1Args
+  const int32_t* expert_rows = nullptr;
 };
 
 // Dgrad: dx[r] = dy[r] . W[e] with W untransposed ([experts, k, n], n contiguous: MN-major B).

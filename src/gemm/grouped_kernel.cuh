@@ -161,9 +161,13 @@ struct KPairSchedule {
 // FC1: A = routed x [rows, H] (K-major), B = W1p [E, 2I, H] (K-major). Epilogue: the gate/up
 // pre-activations (bf16, interleaved as packed) to map_d0 [rows, 2I] if store_gu, and
 // h = silu(g) * u to map_d1 [rows, I].
+// kSplitN: the form can run a tile whose tokens fit in 64 rows in split-N form (K-major A and B),
+// with epilogue_split. FC1 needs BLOCK_N 256: a warpgroup's half must hold whole SwiGLU chunks
+// (128 packed columns -> 64 h columns).
 template <class C>
 struct FormFc1 {
   static constexpr bool kAMN = false, kBMN = false, kMaskK = false;
+  static constexpr bool kSplitN = C::kBlockN == 256;
   using Schedule = MGroupedSchedule<C>;
   using PairSchedule = MPairSchedule<C>;
   __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
@@ -172,6 +176,12 @@ struct FormFc1 {
                                                   const KernelParams& p) {
     epilogue_fc1<C>(sm, es, cwg, wt, acc, p.store_gu ? d0 : nullptr, t.out_row, d1, t.out_row, t.b_n, p.n);
   }
+  __device__ __forceinline__ static void epilogue_split(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
+                                                        uint32_t wt, const float (&acc)[C::kAccRegs],
+                                                        const CUtensorMap* d0, const CUtensorMap* d1,
+                                                        const KernelParams& p) {
+    epilogue_fc1_split_n<C>(sm, es, cwg, wt, acc, p.store_gu ? d0 : nullptr, t.out_row, d1, t.out_row, t.b_n, p.n);
+  }
 };
 
 // Plain bf16 store of the 128 x BLOCK_N tile to map_d0 [rows, N]. This is the FC2 epilogue; the
@@ -179,6 +189,7 @@ struct FormFc1 {
 template <class C, bool kBMNArg>
 struct FormStore2d {
   static constexpr bool kAMN = false, kBMN = kBMNArg, kMaskK = false;
+  static constexpr bool kSplitN = !kBMNArg;  // K-major B: halves of 128 or 64 columns
   using Schedule = MGroupedSchedule<C>;
   using PairSchedule = MPairSchedule<C>;
   __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
@@ -186,6 +197,12 @@ struct FormStore2d {
                                                   const CUtensorMap* d0, const CUtensorMap*,
                                                   const KernelParams& p) {
     epilogue_store<C>(sm, es, cwg, wt, acc, d0, t.out_row, t.b_n, p.n);
+  }
+  __device__ __forceinline__ static void epilogue_split(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
+                                                        uint32_t wt, const float (&acc)[C::kAccRegs],
+                                                        const CUtensorMap* d0, const CUtensorMap*,
+                                                        const KernelParams& p) {
+    epilogue_store_split_n<C>(sm, es, cwg, wt, acc, d0, t.out_row, t.b_n, p.n);
   }
 };
 template <class C>
@@ -197,7 +214,7 @@ using FormDgrad = FormStore2d<C, true>;
 // (both MN-major operands); the last K block of each expert is masked to its valid rows.
 template <class C>
 struct FormWgrad {
-  static constexpr bool kAMN = true, kBMN = true, kMaskK = true;
+  static constexpr bool kAMN = true, kBMN = true, kMaskK = true, kSplitN = false;
   using Schedule = KGroupedSchedule<C>;
   using PairSchedule = KPairSchedule<C>;
   __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
@@ -263,6 +280,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     skew.stages = p.skew_stages;
     float acc[C::kAccRegs];
     while (sched.next(t, shared, dummy)) {
+      if constexpr (Form::kSplitN) {
+        // Token rows of the tile (M-grouped forms: t.b_batch is its expert, t.a_m its first row);
+        // a begin past the tile (a caller's layout other than the padded one) never splits.
+        const int32_t begin = p.expert_rows != nullptr ? __ldg(p.expert_row_begin + t.b_batch) : 0;
+        if (p.expert_rows != nullptr && t.a_m >= begin && begin + __ldg(p.expert_rows + t.b_batch) - t.a_m <= 64) {
+          mma_tile_split_n<C, kCluster>(sm, ps, t, cwg, acc, wb, rank ^ 1u);
+          if (!dummy) Form::epilogue_split(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
+          continue;
+        }
+      }
       mma_tile<C, Form::kAMN, Form::kBMN, Form::kMaskK, kCluster>(sm, ps, t, cwg, ct, acc, wb, skew, rank ^ 1u);
       if (!dummy) Form::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
     }

@@ -23,8 +23,10 @@ struct KernelParams {
   int32_t store_gu = 1;     // FC1: also store the gate/up pre-activations
   int32_t skew_stages = 0;  // stagger of the consumer warpgroups in K blocks (0: off, <= 4)
   const int32_t* tile_expert = nullptr;       // M-grouped: [num_m_tiles], -1 = skip the tile
-  const int32_t* expert_row_begin = nullptr;  // Wgrad: [experts] first routed row of each expert
-  const int32_t* expert_rows = nullptr;       // Wgrad: [experts] valid rows of each expert
+  // Wgrad: [experts] first routed row and valid rows of each expert. FC1/FC2 (optional): with
+  // them, a tile whose tokens fit in its first 64 rows runs in split-N form.
+  const int32_t* expert_row_begin = nullptr;
+  const int32_t* expert_rows = nullptr;
   unsigned int* error = nullptr;              // bounded waits: error word (nullptr: unbounded)
   unsigned long long wait_limit_ns = 0;
 };

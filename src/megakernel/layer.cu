@@ -164,6 +164,8 @@ struct Layer::Impl {
     a1.experts = e_loc;
     a1.tile_expert = v.tile_expert;
     a1.num_m_tiles = cap_rows / sched::kBlockM;
+    a1.expert_row_begin = v.expert_offset;  // nearly empty tiles in split-N form
+    a1.expert_rows = v.expert_rows;
     fc1 = gemm::plan_fc1(a1);
     gemm::Fc2Args a2;
     a2.a = h.p;
@@ -174,6 +176,8 @@ struct Layer::Impl {
     a2.experts = e_loc;
     a2.tile_expert = v.tile_expert;
     a2.num_m_tiles = cap_rows / sched::kBlockM;
+    a2.expert_row_begin = v.expert_offset;
+    a2.expert_rows = v.expert_rows;
     fc2 = gemm::plan_fc2(a2);
     // Shared expert: one "expert" over this rank's tokens, read straight from the x window.
     if (Is > 0 && T > 0) {
@@ -187,6 +191,7 @@ struct Layer::Impl {
       s1.experts = 1;
       s1.tile_expert = shared_tiles.get<const int32_t>();
       s1.num_m_tiles = t_tiles;
+      s1.expert_row_begin = s1.expert_rows = nullptr;  // one "expert": no split-N
       fc1_s = gemm::plan_fc1(s1);
       gemm::Fc2Args s2 = a2;
       s2.a = h_s.p;
@@ -196,6 +201,7 @@ struct Layer::Impl {
       s2.experts = 1;
       s2.tile_expert = shared_tiles.get<const int32_t>();
       s2.num_m_tiles = t_tiles;
+      s2.expert_row_begin = s2.expert_rows = nullptr;
       fc2_s = gemm::plan_fc2(s2);
     }
   }

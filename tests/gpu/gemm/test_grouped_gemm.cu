@@ -32,6 +32,17 @@ constexpr double kTol = 1e-2;
 // Tile width the cases below run with (tests set it; 256 unless a test says otherwise).
 int g_block_n = 256;
 bool g_cluster = false;  // 2-CTA clusters with B multicast
+// FC1/FC2 plans get the experts' rows, so tiles with <= 64 token rows run in split-N form.
+bool g_split = false;
+
+// Device copies of the experts' first rows and row counts (for split-N).
+struct ExpertRows {
+  DevBuf begin, rows;
+  explicit ExpertRows(const Routed& rt) : begin(rt.begin.size() * 4 + 4), rows(rt.counts.size() * 4 + 4) {
+    upload(begin, rt.begin);
+    upload(rows, rt.counts);
+  }
+};
 
 // Routed activations [rows, cols]: random in real rows, NaN in padding rows.
 std::vector<uint16_t> routed_input(const Routed& rt, int64_t cols, uint64_t seed) {
@@ -87,8 +98,11 @@ void run_twice(const gemm::Plan& plan, Device& dev, Outs&& outs, std::vector<std
 // ---------------------------------------------------------------------------------------------
 // FC1 + SwiGLU
 // ---------------------------------------------------------------------------------------------
+// Outputs of one run (poisoned first), for cases that compare two settings bit for bit.
+using Outputs = std::vector<std::vector<uint16_t>>;
+
 void fc1_case(const std::vector<int32_t>& counts, int64_t hidden, int64_t inter, int max_ctas, uint64_t seed,
-              int check_cols_stride = 1, int skew = 0) {
+              int check_cols_stride = 1, int skew = 0, Outputs* outputs = nullptr) {
   SCOPED_TRACE(testing::Message() << "fc1 hidden=" << hidden << " inter=" << inter << " ctas=" << max_ctas
                                   << " skew=" << skew);
   const Routed rt(counts);
@@ -123,6 +137,11 @@ void fc1_case(const std::vector<int32_t>& counts, int64_t hidden, int64_t inter,
   a.experts = E;
   a.tile_expert = dte.as<int32_t>();
   a.num_m_tiles = rt.num_m_tiles();
+  const ExpertRows er(rt);
+  if (g_split) {
+    a.expert_row_begin = er.begin.as<int32_t>();
+    a.expert_rows = er.rows.as<int32_t>();
+  }
   const auto plan = gemm::plan_fc1(a, dev.opts(max_ctas));
   std::vector<std::vector<uint16_t>> r1, r2;
   std::vector<DevBuf*> outs{&dh, &dgu};
@@ -165,6 +184,7 @@ void fc1_case(const std::vector<int32_t>& counts, int64_t hidden, int64_t inter,
   std::printf("[fc1 bn=%d] rows=%lld H=%lld I=%lld ctas=%d  rel err gate %.2e up %.2e h %.2e (checked %lld)\n",
               plan.block_n, (long long)rows, (long long)hidden, (long long)inter, plan.grid, sg.rel(), su.rel(), sh.rel(),
               (long long)sh.count);
+  if (outputs) *outputs = r1;
 }
 
 TEST(GroupedGemm, Fc1SwiGLUSmallExpertsPartialBlocks) {
@@ -184,7 +204,7 @@ TEST(GroupedGemm, Fc1SwiGLUManyTiles) {
 // FC2 (plain): y = a . W[e]^T, W [E, n, k]; and dgrad: dx = dy . W[e], W [E, k, n]
 // ---------------------------------------------------------------------------------------------
 void plain_case(bool dgrad, const std::vector<int32_t>& counts, int64_t k, int64_t n, int max_ctas, uint64_t seed,
-                int check_cols_stride = 1, int skew = 0) {
+                int check_cols_stride = 1, int skew = 0, Outputs* outputs = nullptr) {
   SCOPED_TRACE(testing::Message() << (dgrad ? "dgrad" : "fc2") << " k=" << k << " n=" << n << " ctas=" << max_ctas
                                   << " skew=" << skew);
   const Routed rt(counts);
@@ -195,6 +215,7 @@ void plain_case(bool dgrad, const std::vector<int32_t>& counts, int64_t k, int64
   upload(da, a);
   upload(dw, w);
   upload(dte, rt.tile_expert);
+  const ExpertRows er(rt);
   Device dev;
   dev.skew = skew;
   dev.block_n = g_block_n;
@@ -220,6 +241,10 @@ void plain_case(bool dgrad, const std::vector<int32_t>& counts, int64_t k, int64
     f.experts = E;
     f.tile_expert = dte.as<int32_t>();
     f.num_m_tiles = rt.num_m_tiles();
+    if (g_split) {
+      f.expert_row_begin = er.begin.as<int32_t>();
+      f.expert_rows = er.rows.as<int32_t>();
+    }
     plan = gemm::plan_fc2(f, dev.opts(max_ctas));
   }
   std::vector<std::vector<uint16_t>> r1, r2;
@@ -247,6 +272,7 @@ void plain_case(bool dgrad, const std::vector<int32_t>& counts, int64_t k, int64
   EXPECT_EQ(plan.block_n, g_block_n);
   std::printf("[%s bn=%d] rows=%lld K=%lld N=%lld ctas=%d  rel err %.2e (checked %lld)\n", dgrad ? "dgrad" : "fc2",
               plan.block_n, (long long)rows, (long long)k, (long long)n, plan.grid, st.rel(), (long long)st.count);
+  if (outputs) *outputs = r1;
 }
 
 TEST(GroupedGemm, Fc2SmallExpertsPartialBlocks) {
@@ -378,6 +404,55 @@ TEST(GroupedGemm, BlockNHeuristic) {
   EXPECT_EQ(gemm::choose_block_n(16, 3072, 132), 128);
   // Many waves either way -> 256.
   EXPECT_EQ(gemm::choose_block_n(128, 4096, 132), 256);
+}
+
+// Tiles whose tokens fit in their first 64 rows in split-N form: tails of 1, 63 and 64 rows split,
+// 65 and 72 do not; an odd tile count (with clusters the last pair has a dummy); FC1 at BLOCK_N 256
+// only (a warpgroup's half must hold whole SwiGLU chunks), FC2 at 256 and 128; with clusters and
+// with the consumer stagger. Every run must match the reference, and give the same bits in the
+// token rows as without split-N (same fp32 sums in the same K order).
+void same_token_rows(const Routed& rt, const Outputs& a, const Outputs& b, const std::vector<int64_t>& cols) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t o = 0; o < a.size(); ++o) {
+    int64_t differ = 0;
+    for (int64_t r = 0; r < rt.rows; ++r) {
+      if (rt.expert_of(r) < 0) continue;
+      for (int64_t c = 0; c < cols[o]; ++c) differ += a[o][size_t(r * cols[o] + c)] != b[o][size_t(r * cols[o] + c)];
+    }
+    EXPECT_EQ(differ, 0) << "output " << o << ": split-N changed bits in token rows";
+  }
+}
+
+TEST(GroupedGemm, SplitNForNearlyEmptyTiles) {
+  MOK_REQUIRE_GPUS(1);
+  const std::vector<int32_t> counts{0, 1, 63, 64, 65, 129, 192, 200, 385, 1};  // 15 tiles
+  const Routed rt(counts);
+  for (bool cluster : {false, true}) {
+    g_cluster = cluster;
+    for (int skew : {0, 2}) {
+      for (int bn : {256, 128}) {
+        g_block_n = bn;
+        Outputs off, on;
+        if (bn == 256) {
+          g_split = false;
+          fc1_case(counts, 1024, 512, 0, 702, 7, skew, &off);
+          g_split = true;
+          fc1_case(counts, 1024, 512, 0, 702, 7, skew, &on);
+          same_token_rows(rt, off, on, {512, 1024});
+          fc1_case(counts, 328, 200, 5, 701);
+        }
+        g_split = false;
+        plain_case(false, counts, 1024, 512, 0, 704, 5, skew, &off);
+        g_split = true;
+        plain_case(false, counts, 1024, 512, 0, 704, 5, skew, &on);
+        same_token_rows(rt, off, on, {512});
+        plain_case(false, counts, 200, 328, 6, 703);
+      }
+    }
+  }
+  g_block_n = 256;
+  g_cluster = false;
+  g_split = false;
 }
 
 TEST(GroupedGemm, ClustersMulticastB) {
