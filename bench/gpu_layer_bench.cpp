@@ -51,6 +51,7 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   main.forward_path = o.path;
   main.fwd_comm_sms = o.comm_sms;
   if (o.clusters >= 0) main.fwd_clusters = o.clusters != 0;
+  main.dispatch = o.dispatch;
   std::vector<Variant> v{{to_string(o.path), main}};
   if (!o.ablation) return v;
   Config other = main;
@@ -76,6 +77,11 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
     Config c = mk;
     c.combine = CombinePath::Fc2Epilogue;
     v.push_back({"megakernel-epilogue-combine", c});
+  }
+  {
+    Config c = mk;
+    c.dispatch = main.dispatch == DispatchPath::Pull ? DispatchPath::Push : DispatchPath::Pull;
+    v.push_back({std::string("megakernel-") + to_string(c.dispatch) + "-dispatch", c});
   }
   {
     Config c = mk;

@@ -18,8 +18,10 @@ struct GpuBenchOptions {
   int comm_sms = 0;  // 0 = chosen from the shape (Config::resolved_fwd_comm_sms)
   ForwardPath path = ForwardPath::Megakernel;  // the variant reported in `cases`
   int clusters = -1;  // main variant's Config::fwd_clusters: 0 / 1, -1 = the Config default
+  DispatchPath dispatch = DispatchPath::Pull;  // main variant's Config::dispatch
   // Ablation: besides the main variant, at every shape: the other path, comm SMs {4, 8, 16, 32}, half and
-  // double the minibatch, and a ring of 4 minibatches; each checked bitwise against the main one.
+  // double the minibatch, the combine in the FC2 epilogue, the other cluster setting, the other
+  // dispatch (pull / push), and a ring of 4 minibatches; each checked bitwise against the main one.
   bool ablation = true;
   std::string json;  // results file ("" = none)
 };

@@ -40,7 +40,7 @@ void usage() {
       "with --cpu) runs the CPU reference engine on W simulated ranks.\n"
       "GPU options: --models dsv3,qwen3-30b-a3b,qwen3-235b  --tokens 2048,8192\n"
       "             --routings uniform,zipf  --iters N (>= 20)  --warmup N  --comm-sms N  --json FILE\n"
-      "             --path megakernel|unfused  --clusters 0|1  --no-ablation\n"
+      "             --path megakernel|unfused  --clusters 0|1  --dispatch pull|push  --no-ablation\n"
       "CPU options: --preset tiny|small|medium  --ranks W  --routing uniform|zipf|one-expert|\n"
       "             one-rank|empty-slots  --threads N  --reps N\n");
 }
@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
   bool force_cpu = false;
   std::string models, tokens, routings, json;
   int iters = 20, warmup = 5, comm_sms = 0, clusters = -1;
-  std::string path = "megakernel";
+  std::string path = "megakernel", dispatch = "pull";
   bool ablation = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -154,6 +154,7 @@ int main(int argc, char** argv) {
     else if (a == "--clusters") clusters = std::atoi(value().c_str());
     else if (a == "--json") json = value();
     else if (a == "--path") path = value();
+    else if (a == "--dispatch") dispatch = value();
     else if (a == "--no-ablation") ablation = false;
     else if (a == "--help" || a == "-h") { usage(); return 0; }
     else { std::fprintf(stderr, "mok_bench: unknown argument '%s'\n", a.c_str()); usage(); return 2; }
@@ -184,6 +185,8 @@ int main(int argc, char** argv) {
       o.clusters = clusters;
       MOK_REQUIRE(path == "megakernel" || path == "unfused", "--path", "must be megakernel or unfused, got '", path, "'");
       o.path = path == "megakernel" ? mok::ForwardPath::Megakernel : mok::ForwardPath::Unfused;
+      MOK_REQUIRE(dispatch == "pull" || dispatch == "push", "--dispatch", "must be pull or push, got '", dispatch, "'");
+      o.dispatch = dispatch == "pull" ? mok::DispatchPath::Pull : mok::DispatchPath::Push;
       o.ablation = ablation;
       o.json = json;
       return mok::bench::run_gpu_layer_bench(o);

@@ -57,10 +57,17 @@ const char* to_string(ForwardPath p);
 // row straight from the tile into the owner's combine slot; the comm CTAs only pull).
 enum class CombinePath { CommCtas, Fc2Epilogue };
 const char* to_string(CombinePath p);
+// How routed rows reach the experts' ranks in the megakernel: each rank's comm CTAs pull the
+// rows it needs from the owners' x (reads over NVLink), or each rank's comm CTAs push its own
+// tokens into the receivers' rings (writes over NVLink; the ring and the readiness counters
+// then live in symmetric windows, and every rank also builds the receivers' schedules).
+enum class DispatchPath { Pull, Push };
+const char* to_string(DispatchPath p);
 
 struct Config {
   ForwardPath forward_path = ForwardPath::Megakernel;  // GPU layer only (the CPU reference ignores it)
   CombinePath combine = CombinePath::CommCtas;         // megakernel only
+  DispatchPath dispatch = DispatchPath::Pull;          // megakernel only
   // Megakernel only: compute SMs work in pairs (2-CTA clusters) on two M tiles of one expert and
   // share each weight tile (TMA multicast), halving weight traffic from L2; fwd_comm_sms must be
   // even. Off: every compute SM loads its own weight tiles.

@@ -11,7 +11,7 @@ namespace mok::comm {
 namespace {
 
 constexpr int64_t kHandshakeMagic = 0x6d6f6b2d68733031;  // "mok-hs01"
-constexpr int64_t kProtocolVersion = 1;
+constexpr int64_t kProtocolVersion = 2;  // 2: the forward's paths (dispatch, combine, clusters)
 
 // FNV-1a, so that window names can be compared as one word.
 int64_t hash_name(const std::string& s) {
@@ -95,6 +95,11 @@ std::vector<HandshakeField> handshake_fields(const std::optional<LayerShape>& sh
   add("config.minibatch_tokens", config.minibatch_tokens);
   add("config.macrobatch_tokens", config.macrobatch_tokens);
   add("config.precision", static_cast<int64_t>(config.precision));
+  // Paths that change what one rank expects of the others (who moves rows, and where).
+  add("config.forward_path", static_cast<int64_t>(config.forward_path));
+  add("config.combine", static_cast<int64_t>(config.combine));
+  add("config.dispatch", static_cast<int64_t>(config.dispatch));
+  add("config.fwd_clusters", config.fwd_clusters ? 1 : 0);
   add_double("config.wait_timeout_s", config.wait_timeout_s);
   if (shape) {
     add("shape.tokens.size", static_cast<int64_t>(shape->tokens.size()));

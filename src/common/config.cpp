@@ -25,6 +25,8 @@ const char* to_string(CombinePath p) {
   return p == CombinePath::CommCtas ? "comm-ctas" : "fc2-epilogue";
 }
 
+const char* to_string(DispatchPath p) { return p == DispatchPath::Pull ? "pull" : "push"; }
+
 const char* to_string(Precision p) {
   switch (p) {
     case Precision::BF16: return "bf16";

@@ -5,7 +5,9 @@
 //     minibatch (when its ring rows are free) or push the next one (when its FC2 is complete);
 //     each thread with a row buffer then moves rows with bulk copies, and thread 0 publishes
 //     the minibatch on a counter (release). Pulls run ahead as far as the ring allows; pushes
-//     follow FC2 minibatch by minibatch.
+//     follow FC2 minibatch by minibatch. With push dispatch (ForwardParams::push_dispatch) the
+//     dispatch steps instead write this rank's own tokens into each receiver's ring (position by
+//     position, receiver by receiver) and count them on the receiver's counter (system scope).
 //   * otherwise: compute CTA = the GEMM engine (engine.cuh). The producer thread claims tickets,
 //     waits for the task's dependencies (acquire, then a proxy fence before its TMA loads) and
 //     hands the tile to both consumer warpgroups through a 3-slot task ring in shared memory.
@@ -105,13 +107,15 @@ __device__ __forceinline__ void red_release(uint32_t* p, uint32_t v) {
 }
 
 // Bounded wait for a local counter (one thread). False when it expired or another wait did.
+// `sys`: the counter is also advanced by other GPUs (push dispatch), acquire at system scope.
 __device__ __forceinline__ bool wait_counter(const dev::DeviceComm& dc, const uint32_t* p, uint32_t target,
-                                             uint32_t wait_id) {
-  if (ld_acquire(p) >= target) return true;
+                                             uint32_t wait_id, bool sys = false) {
+  const auto load = [&] { return sys ? dev::load_acquire(p) : ld_acquire(p); };
+  if (load() >= target) return true;
   const uint64_t start = dev::globaltimer_ns();
 #pragma unroll 1
   for (uint32_t spins = 1;; ++spins) {
-    const uint32_t v = ld_acquire(p);
+    const uint32_t v = load();
     if (v >= target) return true;
     if ((spins & 63u) == 0u) {
       const uint64_t waited = dev::globaltimer_ns() - start;
@@ -164,6 +168,45 @@ __device__ __forceinline__ bool handoff_wait(uint64_t* bar, uint32_t parity, con
 // ------------------------------------------------------------------------------------------------
 enum CommAction : int32_t { kActPull = 0, kActPush = 1, kActDone = 2 };
 
+// A dispatch step of a comm CTA. Pull: step g = this rank's position g (rows from every owner).
+// Push: steps run position-major over the receivers, starting with the next rank (so the ranks
+// do not all write to one receiver at once): step i = position i / W of receiver
+// (rank + 1 + i % W) % W, this rank's tokens only. A push step past the receiver's last
+// position is empty (no rows, no count).
+struct DispatchStep {
+  int32_t g;      // position in the receiver's plan
+  int32_t dest;   // receiver (pull: this rank)
+  int32_t total;  // the receiver's routed rows
+  bool empty;
+};
+__device__ __forceinline__ DispatchStep dispatch_step(const ForwardParams& p, const dev::DeviceComm& dc,
+                                                      int32_t total, int32_t step) {
+  if (!p.push_dispatch) return DispatchStep{step, dc.rank, total, false};
+  const int32_t g = step / dc.nranks;
+  int32_t d = dc.rank + 1 + (step - g * dc.nranks);
+  if (d >= dc.nranks) d -= dc.nranks;
+  const int32_t t = p.dest_schedules[d].totals->total_rows;
+  return DispatchStep{g, d, t, g >= num_positions(p.plan, t)};
+}
+// Dispatch steps of this rank: pull, its positions; push, W x the most positions of any receiver.
+__device__ __forceinline__ int32_t dispatch_steps(const ForwardParams& p, const dev::DeviceComm& dc,
+                                                  int32_t npos) {
+  if (!p.push_dispatch) return npos;
+  int32_t most = 0;
+  for (int32_t d = 0; d < dc.nranks; ++d)
+    most = max(most, num_positions(p.plan, p.dest_schedules[d].totals->total_rows));
+  return most * dc.nranks;
+}
+
+// Push dispatch: receiver d's ring rows of position g are free once its FC2 of g - S is complete
+// (one remote word; FC1(g) waits for that FC2 anyway, so landing earlier would gain nothing).
+__device__ bool push_dispatch_ready(const ForwardParams& p, const DispatchStep& st) {
+  const int32_t s = ring_slots(p.plan);
+  if (st.empty || st.g < s) return true;
+  const MbRows old = mb_rows(p.plan, st.total, st.g - s);
+  return dev::load_acquire(p.counter_peers[st.dest] + p.layout.fc2_done(st.g - s)) >= fc2_mb_target(p.plan, old);
+}
+
 __device__ bool pull_ready(const ForwardParams& p, int32_t total, int32_t g) {
   const int32_t s = ring_slots(p.plan);
   if (g < s) return true;
@@ -179,15 +222,19 @@ __device__ bool push_ready(const ForwardParams& p, int32_t total, int32_t g) {
   return ld_acquire(p.counters + p.layout.fc2_done(g)) >= fc2_mb_target(p.plan, r);
 }
 
-// Thread 0: the next action of this comm CTA (bounded).
+// Thread 0: the next action of this comm CTA (bounded). kActPull = the next dispatch step.
 __device__ int32_t comm_decide(const ForwardParams& p, const dev::DeviceComm& dc, int32_t total, int32_t npos,
-                               int32_t pull_next, int32_t push_next) {
+                               int32_t nsteps, int32_t pull_next, int32_t push_next) {
   uint64_t start = 0;
 #pragma unroll 1
   for (uint32_t spins = 0;; ++spins) {
-    if (pull_next < npos && pull_ready(p, total, pull_next)) return kActPull;
+    if (pull_next < nsteps) {
+      const bool ready = p.push_dispatch ? push_dispatch_ready(p, dispatch_step(p, dc, total, pull_next))
+                                         : pull_ready(p, total, pull_next);
+      if (ready) return kActPull;
+    }
     if (push_next < npos && push_ready(p, total, push_next)) return kActPush;
-    if (pull_next >= npos && push_next >= npos) return kActDone;
+    if (pull_next >= nsteps && push_next >= npos) return kActDone;
     if (spins == 0) start = dev::globaltimer_ns();
     if ((spins & 15u) == 15u) {
       const uint64_t waited = dev::globaltimer_ns() - start;
@@ -246,6 +293,7 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
   uint32_t parity = 0;
   const int32_t first = int32_t(blockIdx.x) * cs.slots + t;
   const int32_t stride = p.plan.comm_ctas * cs.slots;
+  const int32_t nsteps = dispatch_steps(p, dc, npos);
   const char* const* x_peers = reinterpret_cast<const char* const*>(p.x_peers);
   char* const* combine = reinterpret_cast<char* const*>(p.combine_peers);
   char* x_ring = static_cast<char*>(p.x_ring);
@@ -258,14 +306,23 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
 #pragma unroll 1
   for (;;) {
     const uint64_t w0 = clock.now();
-    if (t == 0) *cs.cmd = comm_decide(p, dc, total, npos, pull_next, push_next);
+    if (t == 0) *cs.cmd = comm_decide(p, dc, total, npos, nsteps, pull_next, push_next);
     __syncthreads();  // orders thread 0's acquire before every thread's copies
     const int32_t act = *cs.cmd;
     const uint64_t w1 = clock.now();
     idle_ns += w1 - w0;
     if (act == kActDone) break;
-    const int32_t g = act == kActPull ? pull_next : push_next;
-    const MbRows r = mb_rows(p.plan, total, g);
+    // Pull: the step is this rank's position; push dispatch: a receiver's position, whose rows are
+    // listed in that receiver's schedule (built here), written into its ring; this rank moves its
+    // own tokens there, and the receiver itself its padding rows (zeros).
+    const DispatchStep st = act == kActPull ? dispatch_step(p, dc, total, pull_next)
+                                            : DispatchStep{push_next, dc.rank, total, false};
+    const int32_t g = st.g;
+    const gpu::ScheduleView& sv = act == kActPull && p.push_dispatch ? p.dest_schedules[st.dest] : p.schedule;
+    const int32_t only_src = act == kActPull && p.push_dispatch ? dc.rank : -1;
+    char* ring = act == kActPull && p.push_dispatch ? static_cast<char*>(p.ring_peers[st.dest]) : x_ring;
+    MbRows r = mb_rows(p.plan, st.total, g);
+    if (st.empty) r.end = r.begin;
     if (mover) {
       // Thread 0's acquire (ordered before us by the barrier) covers generic-proxy accesses; our
       // bulk copies are async proxy: ring rows written by TMA stores (push) or read by TMA loads
@@ -273,14 +330,15 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
       dev::fence_proxy_async();
 #pragma unroll 1
       for (int32_t row = r.begin + first; row < r.end; row += stride) {
-        const int32_t src = p.schedule.src_rank[row];
-        const int32_t slot = p.schedule.src_slot[row];
+        const int32_t src = sv.src_rank[row];
+        const int32_t slot = sv.src_slot[row];
         const int64_t ring_row = int64_t(r.ring + (row - r.begin));
         const char* from;
         char* to;
         if (act == kActPull) {
+          if (only_src >= 0 && src != only_src && (src >= 0 || st.dest != dc.rank)) continue;
           from = src >= 0 ? x_peers[src] + int64_t(slot / p.top_k) * rb : nullptr;
-          to = x_ring + ring_row * rb;
+          to = ring + ring_row * rb;
         } else {
           if (src < 0) continue;  // padding rows are not pushed
           from = y_ring + ring_row * rb;
@@ -305,7 +363,15 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
     if (t == 0) {
       // The ring rows are read next by TMA (async proxy) on other SMs.
       dev::fence_proxy_async();
-      red_release(p.counters + (act == kActPull ? p.layout.pulled(g) : p.layout.pushed(g)), 1u);
+      if (act == kActPull && p.push_dispatch) {
+        // Rows written into another GPU's ring: count them there, released at system scope.
+        if (!st.empty) {
+          dev::fence_sys();
+          dev::add_release(p.counter_peers[st.dest] + p.layout.pulled(g), 1u);
+        }
+      } else {
+        red_release(p.counters + (act == kActPull ? p.layout.pulled(g) : p.layout.pushed(g)), 1u);
+      }
     }
     (act == kActPull ? pull_ns : push_ns) += clock.now() - w1;
     if (act == kActPull)
@@ -332,7 +398,11 @@ __device__ bool wait_deps(const ForwardParams& p, const dev::DeviceComm& dc, int
   const int32_t s = ring_slots(p.plan);
   switch (tk.kind) {
     case kTaskFc1:
-      if (!wait_counter(dc, c + L.pulled(tk.g), uint32_t(p.plan.comm_ctas), kWaitTaskDeps)) return false;
+      // Pull: this rank's C comm CTAs; push: the C comm CTAs of every rank (other GPUs: system scope).
+      if (p.push_dispatch ? !wait_counter(dc, c + L.pulled(tk.g), uint32_t(p.plan.comm_ctas * dc.nranks),
+                                          kWaitTaskDeps, true)
+                          : !wait_counter(dc, c + L.pulled(tk.g), uint32_t(p.plan.comm_ctas), kWaitTaskDeps))
+        return false;
       if (tk.g >= s) {
         const MbRows old = mb_rows(p.plan, total, tk.g - s);
         if (!wait_counter(dc, c + L.fc2_done(tk.g - s), fc2_mb_target(p.plan, old), kWaitTaskDeps)) return false;
@@ -565,11 +635,16 @@ __device__ __forceinline__ void epilogue_combine(const ForwardParams& p, const S
 }
 
 // Warpgroup leader: the previous tile's stores are complete and visible, then its counter.
+// Push dispatch: other GPUs acquire fc2_done before they overwrite this GPU's ring rows (whose
+// last reads, FC1's TMA loads, precede this report), so the release is at system scope.
 __device__ __forceinline__ void report(const ForwardParams& p, int32_t& pending) {
   if (pending < 0) return;
   tma_store_wait_all<0>();
   dev::fence_proxy_async();
-  red_release(p.counters + pending, 1u);
+  if (p.push_dispatch)
+    dev::add_release(p.counters + pending, 1u);
+  else
+    red_release(p.counters + pending, 1u);
   pending = -1;
 }
 

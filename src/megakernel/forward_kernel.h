@@ -1,6 +1,7 @@
 // mok — the BF16 forward megakernel (host interface). One persistent kernel per rank and forward
 // call: the first `plan.comm_ctas` CTAs pull routed rows from the peers into the ring and push
-// FC2 rows back into the owners' combine slots; the other CTAs claim FC1 (+SwiGLU), FC2 and
+// FC2 rows back into the owners' combine slots (or, with push dispatch, push this rank's tokens
+// into the receivers' rings instead of pulling); the other CTAs claim FC1 (+SwiGLU), FC2 and
 // shared-expert tiles from an atomic ticket and run them on the SM90 tile engine. The plan,
 // ticket order and dependency counters are in forward_plan.h; the kernel in forward_kernel.cu.
 #pragma once
@@ -57,6 +58,15 @@ struct ForwardParams {
   int32_t skew_stages = 0;  // stagger of the consumer warpgroups in K blocks (engine's Skew; 0 = off)
   int32_t split_n = 1;      // tiles with <= 64 token rows: both warpgroups on those rows (0: warpgroup 0 alone)
   int32_t cluster = 0;      // 1: 2-CTA clusters, tickets are pairs of M tiles (plan.pair), B multicast
+  // Push dispatch (1): instead of pulling, this rank's comm CTAs write its own tokens into every
+  // receiver's ring, position by position, and count each position on the receiver's pulled[g]
+  // (so FC1 there waits for W x C arrivals, system-scope acquire). A sender writes position g of
+  // receiver d once d's FC2 of g - S is complete (its x rows are then free; FC1(g) waits for it
+  // anyway). Counters and rings are then symmetric windows; `counters` is this rank's block.
+  int32_t push_dispatch = 0;
+  const gpu::ScheduleView* dest_schedules = nullptr;  // [W] each receiver's schedule, built on this GPU
+  void* const* ring_peers = nullptr;                  // [W] each receiver's x ring [R, H]
+  uint32_t* const* counter_peers = nullptr;           // [W] each receiver's counter block
   unsigned long long* stats = nullptr;  // optional profile: kForwardStatWords per CTA (see the kernel)
 };
 

@@ -80,6 +80,13 @@ struct Layer::Impl {
   int sms = 0;
   int grid = 0;  // megakernel CTAs (sms, or the SMs that pair up into 2-CTA clusters)
   DeviceBuffer counters;
+  // Push dispatch: the ring and the counter block are symmetric windows, and this rank builds
+  // every receiver's schedule (receivers[d], null for itself: `schedule`).
+  bool push = false;
+  const comm::Window* win_ring = nullptr;
+  const comm::Window* win_counters = nullptr;
+  std::vector<std::unique_ptr<gpu::ScheduleBuilder>> receivers;
+  DeviceBuffer dest_views, ring_peers, counter_peers;
   mk::ForwardMaps maps{};
   mk::ForwardParams mkp{};
   DeviceBuffer stats;  // MOK_PROFILE=1: per-CTA profile of the last megakernel
@@ -218,7 +225,17 @@ struct Layer::Impl {
                 mk::forward_max_hidden(), ", got ", H);
     // Never more than can be used; at least one tile (valid tensor maps without any tokens).
     const int64_t R = std::max<int64_t>(sched::kBlockM, std::min(ring, sched::round_up(cap_rows, mb)));
-    x_routed = DeviceBuffer(static_cast<size_t>(R * H) * 2, "x ring");
+    push = config.dispatch == DispatchPath::Push;
+    void* x_ring = nullptr;
+    if (push) {
+      // Other ranks write into our ring: a symmetric window (R is equal on every rank).
+      win_ring = &comm.add_window(detail::concat("mok.layer", comm.window_count(), ".ring"),
+                                  static_cast<size_t>(R * H) * 2);
+      x_ring = win_ring->ptr;
+    } else {
+      x_routed = DeviceBuffer(static_cast<size_t>(R * H) * 2, "x ring");
+      x_ring = x_routed.p;
+    }
     h = DeviceBuffer(static_cast<size_t>(R * I) * 2, "h ring");
     y = DeviceBuffer(static_cast<size_t>(R * H) * 2, "y ring");
     constexpr int64_t kBN = 256;
@@ -241,9 +258,16 @@ struct Layer::Impl {
     MOK_REQUIRE(mk::num_tickets(ps, mkp.layout.max_positions) < (int64_t(1) << 31), "shape",
                 "the megakernel's task tickets (", mk::num_tickets(ps, mkp.layout.max_positions),
                 ") must fit 31 bits");
-    counters = DeviceBuffer(static_cast<size_t>(mkp.layout.words()) * 4, "megakernel counters");
+    const size_t counter_bytes = static_cast<size_t>(mkp.layout.words()) * 4;
+    if (push) {
+      win_counters = &comm.add_window(detail::concat("mok.layer", comm.window_count(), ".counters"), counter_bytes);
+      mkp.counters = static_cast<uint32_t*>(win_counters->ptr);
+      setup_push_dispatch();
+    } else {
+      counters = DeviceBuffer(counter_bytes, "megakernel counters");
+      mkp.counters = counters.get<uint32_t>();
+    }
     grid = mk::prepare_forward(ps.comm_ctas, sms, mkp.cluster != 0);
-    mkp.counters = counters.get<uint32_t>();
     // Experiment knob (not API): MOK_MK_SKEW=1..4 staggers the consumer warpgroups so one's
     // epilogue overlaps the other's MMAs (see the engine's Skew).
     if (const char* sk = std::getenv("MOK_MK_SKEW")) mkp.skew_stages = std::clamp(std::atoi(sk), 0, 4);
@@ -260,7 +284,7 @@ struct Layer::Impl {
     mkp.schedule = schedule->view();
     mkp.x_peers = x_peers.get<const void* const>();
     mkp.combine_peers = combine_peers.get<void* const>();
-    mkp.x_ring = x_routed.p;
+    mkp.x_ring = x_ring;
     mkp.y_ring = y.p;
     mkp.hidden = static_cast<int32_t>(H);
     mkp.inter = static_cast<int32_t>(I);
@@ -271,7 +295,7 @@ struct Layer::Impl {
     using gemm::make_map_2d;
     using gemm::make_map_3d;
     const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
-    maps.x_ring = make_map_2d(x_routed.p, u(R), u(H), 128);
+    maps.x_ring = make_map_2d(x_ring, u(R), u(H), 128);
     maps.w1p = make_map_3d(w1p.p, u(e_loc), u(2 * I), u(H), kBN);
     maps.gu = make_map_2d(gu.p, u(std::max<int64_t>(cap_rows, sched::kBlockM)), u(2 * I), 64);
     maps.h_out = make_map_2d(h.p, u(R), u(I), 64);
@@ -298,6 +322,30 @@ struct Layer::Impl {
     }
   }
 
+  // Push dispatch: every receiver's schedule (from the same published routing, so bitwise the
+  // receiver's own), and the peers' rings and counter blocks.
+  void setup_push_dispatch() {
+    std::vector<gpu::ScheduleView> views(static_cast<size_t>(world));
+    std::vector<void*> rings(static_cast<size_t>(world));
+    std::vector<uint32_t*> ctrs(static_cast<size_t>(world));
+    receivers.resize(static_cast<size_t>(world));
+    for (int d = 0; d < world; ++d) {
+      if (d != rank)
+        receivers[static_cast<size_t>(d)] =
+            std::make_unique<gpu::ScheduleBuilder>(shape, config, d, tables.get<const int32_t* const>());
+      views[static_cast<size_t>(d)] = d == rank ? schedule->view() : receivers[static_cast<size_t>(d)]->view();
+      rings[static_cast<size_t>(d)] = comm::dev::lsa_pointer(comm, *win_ring, d);
+      ctrs[static_cast<size_t>(d)] = static_cast<uint32_t*>(comm::dev::lsa_pointer(comm, *win_counters, d));
+    }
+    dest_views = upload_array(views, "receivers' schedules");
+    ring_peers = upload_array(rings, "ring peers");
+    counter_peers = upload_array(ctrs, "counter peers");
+    mkp.push_dispatch = 1;
+    mkp.dest_schedules = dest_views.get<const gpu::ScheduleView>();
+    mkp.ring_peers = ring_peers.get<void* const>();
+    mkp.counter_peers = counter_peers.get<uint32_t* const>();
+  }
+
   void repack(cudaStream_t stream) {
     gemm::pack_gate_up(weights.w_gate, weights.w_up, w1p.p, e_loc, I, H, stream);
     if (Is > 0 && T > 0) gemm::pack_gate_up(weights.ws_gate, weights.ws_up, ws1p.p, 1, Is, H, stream);
@@ -318,13 +366,18 @@ struct Layer::Impl {
     if (T > 0)
       MOK_CUDA_CHECK(cudaMemcpyAsync(win_x->ptr, in.x.data, static_cast<size_t>(T * H) * 2,
                                      cudaMemcpyDeviceToDevice, stream));
+    // The megakernel's counters are zeroed before the barrier: with push dispatch the other ranks
+    // count rows into them (and read them) as soon as they are past it. Nobody else touches them
+    // between the previous call's final barrier and this one.
+    if (fused) MOK_CUDA_CHECK(cudaMemsetAsync(mkp.counters, 0, static_cast<size_t>(mkp.layout.words()) * 4, stream));
     gpu::publish_routing(in.topk_idx.data, in.topk_idx.dtype == DType::I64, T, k, shape.experts,
                          rank, static_cast<int32_t*>(win_routing->ptr), errors.device(), stream);
-    barrier_kernel<<<1, 64, 0, stream>>>(dc, 0);  // routing and x visible to every rank
+    barrier_kernel<<<1, 64, 0, stream>>>(dc, 0);  // routing, x and zeroed counters visible to every rank
     MOK_CUDA_CHECK(cudaGetLastError());
     schedule->build(stream);
+    for (const auto& b : receivers)
+      if (b) b->build(stream);
     if (fused) {
-      MOK_CUDA_CHECK(cudaMemsetAsync(counters.p, 0, static_cast<size_t>(mkp.layout.words()) * 4, stream));
       mk::launch_forward(maps, mkp, dc, grid, stream);
     } else {
       gpu::pull_dispatch(move_args(), x_peers.get<const void* const>(), x_routed.p, stream);

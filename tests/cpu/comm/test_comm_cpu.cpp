@@ -250,6 +250,12 @@ TEST(CommHandshake, MismatchNamesTheField) {
   }
   {
     Rank a, b;
+    b.config.dispatch = mok::DispatchPath::Push;  // one rank pushing while the other pulls would lose rows
+    expect_error([&] { check_pair(a, b); }, K::InvalidArgument, "handshake: config.dispatch",
+                 {"rank 0 has 0", "rank 1 has 1"});
+  }
+  {
+    Rank a, b;
     b.windows[1].bytes = 3 << 20;
     expect_error([&] { check_pair(a, b); }, K::InvalidArgument, "handshake: windows[1].bytes ('combine')",
                  {"rank 0 has 2097152", "rank 1 has 3145728"});

@@ -35,6 +35,7 @@ struct Case {
   int reps = 3;
   mok::CombinePath combine = mok::CombinePath::CommCtas;
   bool clusters = false;
+  mok::DispatchPath dispatch = mok::DispatchPath::Pull;
 };
 
 // The same case with other execution settings (results must not change).
@@ -59,6 +60,7 @@ mok::Config config_of(const Case& c) {
   cfg.macrobatch_tokens = c.macrobatch;
   cfg.combine = c.combine;
   cfg.fwd_clusters = c.clusters;
+  cfg.dispatch = c.dispatch;
   return cfg;
 }
 
@@ -242,10 +244,33 @@ INSTANTIATE_TEST_SUITE_P(
                       clustered(with(kOneExpertShared, "", kMk, 8, 256, 0, 20), "bitwise_20_runs")),
     [](const auto& p) { return std::string(p.param.name); });
 
+Case pushed(Case c, const char* name) {
+  c.name = name;
+  c.dispatch = mok::DispatchPath::Push;
+  return c;
+}
+
+// Push dispatch: every rank writes its own tokens into the receivers' rings (symmetric windows)
+// and counts them there; ring reuse then waits on the receiver's FC2 counters over NVLink.
+INSTANTIATE_TEST_SUITE_P(
+    PushDispatch, LayerForward,
+    ::testing::Values(pushed(kUniformShared, "ep1_uniform_shared"), pushed(kZipf, "ep2_zipf"),
+                      pushed(kEmptyShared, "ep2_empty_slots_t0_shared"), pushed(kOneRank, "ep2_one_rank"),
+                      pushed(kOneExpertShared, "ep2_one_expert_shared"), pushed(with(kZipf, "", kMk, 2), "comm2"),
+                      pushed(with(kZipf, "", kMk, 8, 128, 256), "ring_mb128_macro256"),
+                      pushed(with(kOneExpertShared, "", kMk, 4, 128, 384), "ring_one_expert_shared_mb128_macro384_comm4"),
+                      pushed(epilogue_combine(kZipf, ""), "epilogue_combine_ep2_zipf"),
+                      pushed(clustered(with(kZipf, "", kMk, 8, 128, 256), ""), "clusters_ring_mb128_macro256"),
+                      pushed(with(kOneExpertShared, "", kMk, 8, 256, 0, 20), "bitwise_20_runs")),
+    [](const auto& p) { return std::string(p.param.name); });
+
 // The whole forward captured once in a CUDA graph and replayed: the same bits as direct calls,
 // also after the inputs changed in place.
-TEST(LayerForwardGraph, CaptureAndReplay) {
-  const Case c = kOneExpertShared;
+class LayerForwardGraph : public ::testing::TestWithParam<mok::DispatchPath> {};
+
+TEST_P(LayerForwardGraph, CaptureAndReplay) {
+  Case c = kOneExpertShared;
+  c.dispatch = GetParam();
   MOK_REQUIRE_GPUS(c.world);
   const mok::LayerShape shape = shape_of(c);
   const mok::Config cfg = config_of(c);
@@ -297,6 +322,12 @@ TEST(LayerForwardGraph, CaptureAndReplay) {
     cudaGraphDestroy(graph);
   });
 }
+
+INSTANTIATE_TEST_SUITE_P(Dispatch, LayerForwardGraph,
+                         ::testing::Values(mok::DispatchPath::Pull, mok::DispatchPath::Push),
+                         [](const ::testing::TestParamInfo<mok::DispatchPath>& i) {
+                           return std::string(mok::to_string(i.param));
+                         });
 
 // Scheduling knobs that must not change a bit (read from the environment when a layer is built):
 //   MOK_MK_SPLIT_N   tiles whose tokens fit in their first 64 rows run in split-N form (both
