@@ -260,7 +260,11 @@ struct Layer::Impl {
                 ") must fit 31 bits");
     const size_t counter_bytes = static_cast<size_t>(mkp.layout.words()) * 4;
     if (push) {
-      win_counters = &comm.add_window(detail::concat("mok.layer", comm.window_count(), ".counters"), counter_bytes);
+      // Equal on every rank: the shared expert's words (the last ones) sized for the largest T.
+      mk::CounterLayout widest = mkp.layout;
+      widest.s_tiles = Is > 0 ? static_cast<int32_t>(sched::ceil_div(shape.max_tokens(), sched::kBlockM)) : 0;
+      win_counters = &comm.add_window(detail::concat("mok.layer", comm.window_count(), ".counters"),
+                                      static_cast<size_t>(widest.words()) * 4);
       mkp.counters = static_cast<uint32_t*>(win_counters->ptr);
       setup_push_dispatch();
     } else {
