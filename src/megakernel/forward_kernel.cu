@@ -247,25 +247,37 @@ __device__ int32_t comm_decide(const ForwardParams& p, const dev::DeviceComm& dc
   }
 }
 
-// Shared memory of a comm CTA: the action word, mbarriers (one per slot), one zero row (source of
-// padding rows), then `slots` row buffers. Thread t < slots owns slot t and moves one row at a
-// time through it with bulk copies (TMA engine): global -> shared (mbarrier), shared -> global
-// (bulk group). Bytes in flight per SM ~ slots x row bytes (~210 KB), which is what it takes to
-// run NVLink near its rate from few SMs (a warp's ld/st keeps only a few KB in flight).
+// Shared memory of a comm CTA: the action word and the list count, mbarriers (one per slot),
+// with push dispatch a list of row indices (below), one zero row (source of padding rows), then
+// `slots` row buffers. Thread t < slots owns slot t and moves one row at a time through it with
+// bulk copies (TMA engine): global -> shared (mbarrier), shared -> global (bulk group). Bytes in
+// flight per SM ~ slots x row bytes (~210 KB), which is what it takes to run NVLink near its rate
+// from few SMs (a warp's ld/st keeps only a few KB in flight).
+// Push dispatch: a step's rows are those of this rank among the receiver's rows, and the
+// receiver's layout interleaves source ranks row by row, so a fixed row -> thread assignment
+// leaves threads idle (with W = 2 and an even stride, half of them get no row of ours at all).
+// The CTA therefore lists its rows (kListRows at a time) and the movers take list entries in turn.
+constexpr int32_t kListRows = 1024;
 struct CommSmem {
   int32_t* cmd;
+  int32_t* count;
   uint64_t* bars;
+  int32_t* list;  // [kListRows] (push dispatch only)
   uint8_t* zero;
   uint8_t* rows;
   int32_t slots;
 };
 
-__device__ __forceinline__ CommSmem comm_smem(uint8_t* smem_raw, uint32_t row_bytes, uint32_t smem_bytes) {
+__device__ __forceinline__ CommSmem comm_smem(uint8_t* smem_raw, uint32_t row_bytes, uint32_t smem_bytes,
+                                              bool with_list) {
   CommSmem c;
   c.cmd = reinterpret_cast<int32_t*>(smem_raw);
+  c.count = c.cmd + 1;
   c.bars = reinterpret_cast<uint64_t*>(smem_raw + 128);
   constexpr uint32_t kMaxSlots = kThreads;
   uint8_t* base = smem_raw + 128 + kMaxSlots * 8;
+  c.list = reinterpret_cast<int32_t*>(base);
+  if (with_list) base += kListRows * 4;
   base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(base) + 127u) & ~uintptr_t(127u));
   c.zero = base;
   c.rows = base + row_bytes;
@@ -279,7 +291,7 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
   const int32_t total = p.schedule.totals->total_rows;
   const int32_t npos = num_positions(p.plan, total);
   const uint32_t row_bytes = uint32_t(p.hidden) * 2u;
-  const CommSmem cs = comm_smem(smem_raw, row_bytes, smem_bytes);
+  const CommSmem cs = comm_smem(smem_raw, row_bytes, smem_bytes, p.push_dispatch != 0);
   const int32_t t = int32_t(threadIdx.x);
   for (uint32_t b = threadIdx.x * 16u; b < row_bytes; b += blockDim.x * 16u)
     *reinterpret_cast<uint4*>(cs.zero + b) = make_uint4(0u, 0u, 0u, 0u);
@@ -323,39 +335,64 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
     char* ring = act == kActPull && p.push_dispatch ? static_cast<char*>(p.ring_peers[st.dest]) : x_ring;
     MbRows r = mb_rows(p.plan, st.total, g);
     if (st.empty) r.end = r.begin;
-    if (mover) {
-      // Thread 0's acquire (ordered before us by the barrier) covers generic-proxy accesses; our
-      // bulk copies are async proxy: ring rows written by TMA stores (push) or read by TMA loads
-      // (pull) on other SMs.
-      dev::fence_proxy_async();
-#pragma unroll 1
-      for (int32_t row = r.begin + first; row < r.end; row += stride) {
-        const int32_t src = sv.src_rank[row];
-        const int32_t slot = sv.src_slot[row];
-        const int64_t ring_row = int64_t(r.ring + (row - r.begin));
-        const char* from;
-        char* to;
-        if (act == kActPull) {
-          if (only_src >= 0 && src != only_src && (src >= 0 || st.dest != dc.rank)) continue;
-          from = src >= 0 ? x_peers[src] + int64_t(slot / p.top_k) * rb : nullptr;
-          to = ring + ring_row * rb;
-        } else {
-          if (src < 0) continue;  // padding rows are not pushed
-          from = y_ring + ring_row * rb;
-          to = combine[src] + int64_t(slot) * rb;
-        }
-        const uint8_t* staged = cs.zero;
-        if (from != nullptr) {
-          mbar_arrive_expect_tx(my_bar, row_bytes);
-          bulk_load(my_row, from, row_bytes, my_bar);
-          mbar_wait(my_bar, parity, WaitBound{dc.claim, dc.timeout_ns}, kSiteCommRow);
-          parity ^= 1u;
-          staged = my_row;
-        }
-        bulk_store(to, staged, row_bytes);
-        tma_store_commit();
-        tma_store_wait_read<0>();  // the slot is free again
+    // One row through this thread's slot: global -> shared -> global (zeros for padding rows).
+    const auto move_row = [&](int32_t row) {
+      const int32_t src = sv.src_rank[row];
+      const int32_t slot = sv.src_slot[row];
+      const int64_t ring_row = int64_t(r.ring + (row - r.begin));
+      const char* from;
+      char* to;
+      if (act == kActPull) {
+        from = src >= 0 ? x_peers[src] + int64_t(slot / p.top_k) * rb : nullptr;
+        to = ring + ring_row * rb;
+      } else {
+        if (src < 0) return;  // padding rows are not pushed
+        from = y_ring + ring_row * rb;
+        to = combine[src] + int64_t(slot) * rb;
       }
+      const uint8_t* staged = cs.zero;
+      if (from != nullptr) {
+        mbar_arrive_expect_tx(my_bar, row_bytes);
+        bulk_load(my_row, from, row_bytes, my_bar);
+        mbar_wait(my_bar, parity, WaitBound{dc.claim, dc.timeout_ns}, kSiteCommRow);
+        parity ^= 1u;
+        staged = my_row;
+      }
+      bulk_store(to, staged, row_bytes);
+      tma_store_commit();
+      tma_store_wait_read<0>();  // the slot is free again
+    };
+    // Thread 0's acquire (ordered before us by the barrier) covers generic-proxy accesses; our
+    // bulk copies are async proxy: ring rows written by TMA stores (push) or read by TMA loads
+    // (pull) on other SMs.
+    if (mover) dev::fence_proxy_async();
+    if (only_src >= 0) {
+      // Push dispatch: CTA c takes the c-th block of the step's rows, lists the ones this rank
+      // writes (its tokens; at home also the padding rows), and its movers take them in turn.
+      // The list order varies from run to run; each row has one destination, so the bits do not.
+      const int32_t len = r.end - r.begin, per = (len + p.plan.comm_ctas - 1) / p.plan.comm_ctas;
+      const int32_t lo = r.begin + min(len, int32_t(blockIdx.x) * per);
+      const int32_t hi = r.begin + min(len, (int32_t(blockIdx.x) + 1) * per);
+#pragma unroll 1
+      for (int32_t a = lo; a < hi; a += kListRows) {
+        const int32_t b = min(hi, a + kListRows);
+        if (t == 0) *cs.count = 0;
+        __syncthreads();
+        for (int32_t row = a + t; row < b; row += int32_t(blockDim.x)) {
+          const int32_t src = sv.src_rank[row];
+          if (src == only_src || (src < 0 && st.dest == dc.rank)) cs.list[atomicAdd(cs.count, 1)] = row;
+        }
+        __syncthreads();
+        const int32_t n = *cs.count;
+        if (mover)
+          for (int32_t i = t; i < n; i += cs.slots) move_row(cs.list[i]);
+        __syncthreads();  // the list is refilled next
+      }
+    } else if (mover) {
+#pragma unroll 1
+      for (int32_t row = r.begin + first; row < r.end; row += stride) move_row(row);
+    }
+    if (mover) {
       tma_store_wait_all<0>();   // this thread's rows are written
       dev::fence_proxy_async();  // ... and ordered before thread 0's release, per issuing thread
     }
@@ -829,8 +866,9 @@ static_assert(C::kSmemBytes + kExtraSmem <= 232448, "the megakernel's shared mem
 int forward_smem_bytes() { return int(C::kSmemBytes) + kExtraSmem; }
 
 int forward_max_hidden() {
-  // A comm CTA needs its action word, kThreads mbarriers, one zero row and >= 1 row buffer.
-  return (forward_smem_bytes() - 128 - kThreads * 8 - 256) / 2 / 2;
+  // A comm CTA needs its action word, kThreads mbarriers, (push dispatch) its row list, one zero
+  // row and >= 1 row buffer.
+  return (forward_smem_bytes() - 128 - kThreads * 8 - kListRows * 4 - 256) / 2 / 2;
 }
 
 namespace {
