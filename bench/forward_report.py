@@ -13,9 +13,11 @@ empty or unreadable, OUT_JSON still gets written with mok's numbers only (no bas
 GPU_SAMPLES_CSV (optional; scripts/run.sh writes it): nvidia-smi samples taken while mok_bench
 ran, one line per GPU and sample: `index, utilization.gpu %, clocks.sm MHz, power.draw W,
 power.limit W, clock event reasons (hex bitmask)`. OUT_JSON then gets `gpu_samples`: per GPU,
-over the samples at >= 90% utilization (the kernels running), the median SM clock and power
-draw, the power limit, and the share of those samples in which the software power cap (0x4) or a
-hardware slowdown (0x8 | 0x40 | 0x80) held the clock down. Sustained clocks explain the gap
+over the samples under load (>= 90% utilization and >= half the power limit: a kernel spinning
+on a flag, e.g. one rank waiting for the other's host work, keeps utilization at 100% at low
+power and full clock), the median SM clock and power draw, the power limit, and the share of
+those samples in which the software power cap (0x4) or a hardware slowdown (0x8 | 0x40 | 0x80)
+held the clock down. Sustained clocks explain the gap
 between burst-clock peaks (cuBLAS, the standalone GEMM) and the layer's rate.
 """
 import json
@@ -99,7 +101,7 @@ def median(values):
     return None if n == 0 else (v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2]))
 
 
-def gpu_samples(path, busy_util=90.0):
+def gpu_samples(path, busy_util=90.0, busy_power_share=0.5):
     """Per-GPU summary of nvidia-smi samples (see the module doc), or None when unusable."""
     per_gpu = {}
     try:
@@ -120,7 +122,7 @@ def gpu_samples(path, busy_util=90.0):
         return None
     out = []
     for gpu in sorted(per_gpu):
-        busy = [s for s in per_gpu[gpu] if s[0] >= busy_util]
+        busy = [s for s in per_gpu[gpu] if s[0] >= busy_util and s[2] >= busy_power_share * s[3]]
         if not busy:
             continue
         out.append({"gpu": gpu, "busy_samples": len(busy),
@@ -135,7 +137,7 @@ def gpu_samples(path, busy_util=90.0):
 def print_gpu_samples(out):
     if not out.get("gpu_samples"):
         return
-    print("\nGPU clock and power while mok_bench ran (samples at >= 90% utilization)")
+    print("\nGPU clock and power while mok_bench ran (samples under load: >= 90% utilization, >= half the power limit)")
     print("| GPU | samples | SM clock MHz (median) | power W (median) | power limit W | power-capped | HW slowdown |")
     print("|---|---|---|---|---|---|---|")
     for g in out["gpu_samples"]:

@@ -135,13 +135,15 @@ class ForwardReportTest(unittest.TestCase):
         self.assertAlmostEqual(out["cases"][0]["mok_ms"], 4.0)
 
     def test_gpu_samples(self):
-        # GPU 0: 3 busy samples (2 power-capped), 1 idle; GPU 1: one busy sample with a HW
-        # slowdown; a header line and an [N/A] line are skipped.
+        # GPU 0: 3 busy samples (2 power-capped), 1 idle, 1 at full utilization but low power (a
+        # kernel spinning on a flag: not counted); GPU 1: one busy sample with a HW slowdown; a
+        # header line and an [N/A] line are skipped.
         csv = ("index, utilization.gpu [%], clocks.sm [MHz], power.draw [W], power.limit [W], reasons\n"
                "0, 100, 1260, 698.5, 700.00, 0x0000000000000004\n"
                "0, 99, 1300, 690.0, 700.00, 0x0000000000000004\n"
                "0, 95, 1500, 600.0, 700.00, 0x0000000000000000\n"
                "0, 0, 1980, 110.0, 700.00, 0x0000000000000001\n"
+               "0, 100, 1980, 283.0, 700.00, 0x0000000000000000\n"
                "1, 100, 1400, 650.0, 700.00, 0x0000000000000008\n"
                "1, [N/A], 1400, 650.0, 700.00, 0x0\n")
         samples = self.write("samples.csv", csv)

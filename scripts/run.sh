@@ -25,7 +25,7 @@ if command -v nvidia-smi >/dev/null; then
   reasons=clocks_event_reasons.active
   nvidia-smi --query-gpu=$reasons --format=csv,noheader >/dev/null 2>&1 || reasons=clocks_throttle_reasons.active
   nvidia-smi --query-gpu=index,utilization.gpu,clocks.sm,power.draw,power.limit,$reasons \
-    --format=csv,noheader,nounits -lms 200 >"$samples" 2>/dev/null &
+    --format=csv,noheader,nounits -lms 50 >"$samples" 2>/dev/null &
   sampler=$!
 fi
 status=0
