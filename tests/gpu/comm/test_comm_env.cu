@@ -2,8 +2,10 @@
 // torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and checks
 // their exit codes and output.
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,11 +32,30 @@ struct Outcome {
   std::string output;
 };
 
+// A TCP port that is free right now: the kernel picks it for a socket bound to port 0. (A random
+// port in 30000-49999 once collided with a port in use — that range overlaps Linux's ephemeral
+// ports — and rank 0's bind failed.) Falls back to a random port if the query fails.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sa.sin_port = 0;
+  socklen_t len = sizeof(sa);
+  int port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0)
+    port = ntohs(sa.sin_port);
+  if (fd >= 0) ::close(fd);
+  if (port > 0) return port;
+  std::random_device rd;
+  return 20000 + static_cast<int>(rd() % 10000);
+}
+
 // Starts `world` workers, waits up to `deadline_s`, kills the ones still running after that.
 std::vector<Outcome> run_workers(const std::string& mode, int world, double deadline_s,
                                  const std::vector<std::vector<std::string>>& extra_env = {}) {
-  std::random_device rd;
-  const int port = 30000 + static_cast<int>(rd() % 20000);
+  const int port = free_port();
   std::vector<pid_t> pids(static_cast<size_t>(world), -1);
   std::vector<std::string> logs(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
