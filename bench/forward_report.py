@@ -10,6 +10,9 @@ are copied to OUT_JSON; every case and ablation entry whose (model, T, routing) 
 ran gets `baseline_ms` and `speedup` (= baseline_ms / mok's ms). If BASELINE_JSON is missing,
 empty or unreadable, OUT_JSON still gets written with mok's numbers only (no baseline fields).
 
+Cases that mok_bench measured with --sustain also carry `mok_sustained_ms` / `mok_sustained_tflops`
+(the same median after seconds of back-to-back forwards, at the power cap); the table shows them.
+
 GPU_SAMPLES_CSV (optional; scripts/run.sh writes it): nvidia-smi samples taken while mok_bench
 ran, one line per GPU and sample: `index, utilization.gpu %, clocks.sm MHz, power.draw W,
 power.limit W, clock event reasons (hex bitmask)`. OUT_JSON then gets `gpu_samples`: per GPU,
@@ -154,12 +157,18 @@ def fmt(value, spec, suffix=""):
 
 def print_cases(out):
     print(f"\nForward, {out['gpus']} x {out['device']}, EP {out['ep']} (commit {out['commit']})")
-    print("| model | T/rank | routing | mok ms | baseline ms | speedup | mok TFLOP/s/GPU | baseline TFLOP/s/GPU |")
-    print("|---|---|---|---|---|---|---|---|")
+    # mok_bench --sustain: the same median after seconds of back-to-back forwards (power-capped)
+    sustained = any("mok_sustained_ms" in c for c in out["cases"])
+    extra_head = " mok sustained ms | sustained TFLOP/s/GPU |" if sustained else ""
+    print("| model | T/rank | routing | mok ms | baseline ms | speedup | mok TFLOP/s/GPU | baseline TFLOP/s/GPU |"
+          + extra_head)
+    print("|---|---|---|---|---|---|---|---|" + ("---|---|" if sustained else ""))
     for c in out["cases"]:
+        extra = (f" {fmt(c.get('mok_sustained_ms'), '.3f')} | {fmt(c.get('mok_sustained_tflops'), '.0f')} |"
+                 if sustained else "")
         print(f"| {c['model']} | {c['T']} | {c['routing']} | {fmt(c['mok_ms'], '.3f')} "
               f"| {fmt(c.get('baseline_ms'), '.3f')} | {fmt(c.get('speedup'), '.2f', 'x')} "
-              f"| {fmt(c.get('mok_tflops'), '.0f')} | {fmt(c.get('baseline_tflops'), '.0f')} |")
+              f"| {fmt(c.get('mok_tflops'), '.0f')} | {fmt(c.get('baseline_tflops'), '.0f')} |" + extra)
 
 
 def ablation_groups(ablation):

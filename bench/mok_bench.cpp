@@ -41,6 +41,7 @@ void usage() {
       "GPU options: --models dsv3,qwen3-30b-a3b,qwen3-235b  --tokens 2048,8192\n"
       "             --routings uniform,zipf  --iters N (>= 20)  --warmup N  --comm-sms N  --json FILE\n"
       "             --path megakernel|unfused  --clusters 0|1  --dispatch pull|push  --no-ablation\n"
+      "             --sustain SECONDS (main variant, back-to-back; 0 = off, default 2)\n"
       "CPU options: --preset tiny|small|medium  --ranks W  --routing uniform|zipf|one-expert|\n"
       "             one-rank|empty-slots  --threads N  --reps N\n");
 }
@@ -130,6 +131,7 @@ int main(int argc, char** argv) {
   int iters = 20, warmup = 5, comm_sms = 0, clusters = -1;
   std::string path = "megakernel", dispatch = "pull";
   bool ablation = true;
+  double sustain = 2.0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -155,6 +157,7 @@ int main(int argc, char** argv) {
     else if (a == "--json") json = value();
     else if (a == "--path") path = value();
     else if (a == "--dispatch") dispatch = value();
+    else if (a == "--sustain") sustain = std::atof(value().c_str());
     else if (a == "--no-ablation") ablation = false;
     else if (a == "--help" || a == "-h") { usage(); return 0; }
     else { std::fprintf(stderr, "mok_bench: unknown argument '%s'\n", a.c_str()); usage(); return 2; }
@@ -188,6 +191,8 @@ int main(int argc, char** argv) {
       MOK_REQUIRE(dispatch == "pull" || dispatch == "push", "--dispatch", "must be pull or push, got '", dispatch, "'");
       o.dispatch = dispatch == "pull" ? mok::DispatchPath::Pull : mok::DispatchPath::Push;
       o.ablation = ablation;
+      MOK_REQUIRE(sustain >= 0 && sustain <= 600, "--sustain", "must be in [0, 600] seconds, got ", sustain);
+      o.sustain_s = sustain;
       o.json = json;
       return mok::bench::run_gpu_layer_bench(o);
 #else
