@@ -239,7 +239,9 @@ __device__ int32_t comm_decide(const ForwardParams& p, const dev::DeviceComm& dc
     if ((spins & 15u) == 15u) {
       const uint64_t waited = dev::globaltimer_ns() - start;
       if (waited > dc.timeout_ns) {
-        dev::report_timeout(dc, kWaitCommDeps, -1, uint64_t(pull_next), uint64_t(push_next), waited);
+        // Push dispatch: the receiver whose FC2 counter we may be waiting for.
+        const int peer = p.push_dispatch && pull_next < nsteps ? dispatch_step(p, dc, total, pull_next).dest : -1;
+        dev::report_timeout(dc, kWaitCommDeps, peer, uint64_t(pull_next), uint64_t(push_next), waited);
         return kActDone;
       }
       if (dev::wait_aborted(dc)) return kActDone;
@@ -402,10 +404,7 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
       dev::fence_proxy_async();
       if (act == kActPull && p.push_dispatch) {
         // Rows written into another GPU's ring: count them there, released at system scope.
-        if (!st.empty) {
-          dev::fence_sys();
-          dev::add_release(p.counter_peers[st.dest] + p.layout.pulled(g), 1u);
-        }
+        if (!st.empty) dev::add_release(p.counter_peers[st.dest] + p.layout.pulled(g), 1u);
       } else {
         red_release(p.counters + (act == kActPull ? p.layout.pulled(g) : p.layout.pushed(g)), 1u);
       }
@@ -673,14 +672,15 @@ __device__ __forceinline__ void epilogue_combine(const ForwardParams& p, const S
 
 // Warpgroup leader: the previous tile's stores are complete and visible, then its counter.
 // `sys`: push dispatch with ring reuse, where other GPUs acquire fc2_done before they overwrite
-// this GPU's ring rows (whose last reads, FC1's TMA loads, precede this report), so the release
-// is at system scope. It costs: a system-scope fence in the leader stalls its warpgroup for
-// microseconds (measured: push dispatch with it on every report was 13% slower on DeepSeek-V3).
+// this GPU's ring rows (whose last reads, FC1's TMA loads, precede this report), so fc2_done
+// words are released at system scope. It costs: a system-scope fence in the leader stalls its
+// warpgroup for microseconds (measured: push dispatch with it on every report was 13% slower
+// on DeepSeek-V3).
 __device__ __forceinline__ void report(const ForwardParams& p, int32_t& pending, bool sys) {
   if (pending < 0) return;
   tma_store_wait_all<0>();
   dev::fence_proxy_async();
-  if (sys)
+  if (sys && pending >= p.layout.fc2_done(0) && pending < p.layout.fc1_done(0))  // fc2_done words only
     dev::add_release(p.counters + pending, 1u);
   else
     red_release(p.counters + pending, 1u);

@@ -228,10 +228,11 @@ struct Layer::Impl {
     push = config.dispatch == DispatchPath::Push;
     void* x_ring = nullptr;
     if (push) {
-      // Other ranks write into our ring: a symmetric window (R is equal on every rank).
+      // Other ranks write into our ring: a symmetric window (R is equal on every rank). Kernels
+      // reach it through NCCL's flat alias only (as the peers do; see comm/device.cuh).
       win_ring = &comm.add_window(detail::concat("mok.layer", comm.window_count(), ".ring"),
                                   static_cast<size_t>(R * H) * 2);
-      x_ring = win_ring->ptr;
+      x_ring = comm::dev::lsa_pointer(comm, *win_ring, rank);
     } else {
       x_routed = DeviceBuffer(static_cast<size_t>(R * H) * 2, "x ring");
       x_ring = x_routed.p;
@@ -265,7 +266,8 @@ struct Layer::Impl {
       widest.s_tiles = Is > 0 ? static_cast<int32_t>(sched::ceil_div(shape.max_tokens(), sched::kBlockM)) : 0;
       win_counters = &comm.add_window(detail::concat("mok.layer", comm.window_count(), ".counters"),
                                       static_cast<size_t>(widest.words()) * 4);
-      mkp.counters = static_cast<uint32_t*>(win_counters->ptr);
+      // The flat alias, which the peers' and our own comm CTAs' remote adds also use.
+      mkp.counters = static_cast<uint32_t*>(comm::dev::lsa_pointer(comm, *win_counters, rank));
       setup_push_dispatch();
     } else {
       counters = DeviceBuffer(counter_bytes, "megakernel counters");

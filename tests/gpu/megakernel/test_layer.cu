@@ -264,6 +264,50 @@ INSTANTIATE_TEST_SUITE_P(
                       pushed(with(kOneExpertShared, "", kMk, 8, 256, 0, 20), "bitwise_20_runs")),
     [](const auto& p) { return std::string(p.param.name); });
 
+// Push and pull dispatch move the same rows into the same ring positions, so the outputs must
+// agree bit for bit; checked on two different inputs in a row (so a count that arrives late or a
+// stale ring row from the previous call would show) with a ring small enough to be reused (the
+// senders then wait for the receiver's FC2 counters over NVLink), with and without a shared expert.
+class LayerForwardDispatch : public ::testing::TestWithParam<Case> {};
+
+TEST_P(LayerForwardDispatch, PushEqualsPullBitwise) {
+  const Case c = GetParam();
+  MOK_REQUIRE_GPUS(c.world);
+  const mok::LayerShape shape = shape_of(c);
+  mok::Config pull_cfg = config_of(c), push_cfg = config_of(c);
+  pull_cfg.dispatch = mok::DispatchPath::Pull;
+  push_cfg.dispatch = mok::DispatchPath::Push;
+  const auto wl1 = mok::make_workload(shape, mok::Routing::Zipf, 41);
+  const auto wl2 = mok::make_workload(shape, mok::Routing::Uniform, 42);  // other x and routing
+  mok::comm::CommOptions opt;
+  opt.shape = shape;
+  opt.config = pull_cfg;
+  auto group = mok::comm::LocalGroup::create({0, 1}, opt);
+  group.run([&](mok::comm::Communicator& comm, size_t r) {
+    RankData d1(shape, wl1, static_cast<int>(r)), d2(shape, wl2, static_cast<int>(r));
+    mok::Layer pull(comm, shape, pull_cfg, d1.dw), push(comm, shape, push_cfg, d1.dw);  // wl1's weights
+    for (RankData* d : {&d1, &d2, &d1}) {
+      d->poison();
+      pull.forward(d->refs, d->out, comm.stream());
+      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
+      pull.check();
+      const auto want = d->result();
+      d->poison();
+      push.forward(d->refs, d->out, comm.stream());
+      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
+      push.check();
+      EXPECT_EQ(bit_diffs(d->result(), want), 0) << "rank " << r << (d == &d1 ? ", first inputs" : ", second inputs");
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ring, LayerForwardDispatch,
+    ::testing::Values(with(kZipf, "zipf_mb128_macro256_comm4", kMk, 4, 128, 256),
+                      with(kOneExpertShared, "shared_mb128_macro384", kMk, 8, 128, 384),
+                      with(kEmptyShared, "t0_shared_one_macrobatch", kMk, 8)),
+    [](const auto& p) { return std::string(p.param.name); });
+
 // The whole forward captured once in a CUDA graph and replayed: the same bits as direct calls,
 // also after the inputs changed in place.
 class LayerForwardGraph : public ::testing::TestWithParam<mok::DispatchPath> {};
