@@ -41,7 +41,7 @@ void usage() {
       "GPU options: --models dsv3,qwen3-30b-a3b,qwen3-235b  --tokens 2048,8192\n"
       "             --routings uniform,zipf  --iters N (>= 20)  --warmup N  --comm-sms N  --json FILE\n"
       "             --path megakernel|unfused  --clusters 0|1  --dispatch pull|push  --no-ablation\n"
-      "             --sustain SECONDS (main variant, back-to-back; 0 = off, default 2)\n"
+      "             --sustain SECONDS (main variant, back-to-back; 0 = off, default 4)\n"
       "CPU options: --preset tiny|small|medium  --ranks W  --routing uniform|zipf|one-expert|\n"
       "             one-rank|empty-slots  --threads N  --reps N\n");
 }
@@ -131,7 +131,7 @@ int main(int argc, char** argv) {
   int iters = 20, warmup = 5, comm_sms = 0, clusters = -1;
   std::string path = "megakernel", dispatch = "pull";
   bool ablation = true;
-  double sustain = 2.0;
+  double sustain = 4.0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
