@@ -116,6 +116,14 @@ int64_t bit_diffs(const std::vector<mok::bf16>& a, const std::vector<mok::bf16>&
   return d;
 }
 
+// Two ranks on GPUs 0 and 1, with the layer's shape and config in the start-up handshake.
+mok::comm::LocalGroup two_ranks(const mok::LayerShape& shape, const mok::Config& cfg) {
+  mok::comm::CommOptions opt;
+  opt.shape = shape;
+  opt.config = cfg;
+  return mok::comm::LocalGroup::create({0, 1}, opt);
+}
+
 class LayerForward : public ::testing::TestWithParam<Case> {};
 
 TEST_P(LayerForward, MatchesReferenceAndIsBitwiseReproducible) {
@@ -208,10 +216,21 @@ INSTANTIATE_TEST_SUITE_P(
                       with(kOneExpertShared, "bitwise_20_runs", kMk, 8, 256, 0, 20)),
     [](const auto& p) { return std::string(p.param.name); });
 
-Case epilogue_combine(Case c, const char* name) {
+// The same case with one more setting changed by `set` (results must not change).
+template <typename Set>
+Case tweaked(Case c, const char* name, Set set) {
   c.name = name;
-  c.combine = mok::CombinePath::Fc2Epilogue;
+  set(c);
   return c;
+}
+Case epilogue_combine(Case c, const char* name) {
+  return tweaked(c, name, [](Case& x) { x.combine = mok::CombinePath::Fc2Epilogue; });
+}
+Case clustered(Case c, const char* name) {
+  return tweaked(c, name, [](Case& x) { x.clusters = true; });
+}
+Case pushed(Case c, const char* name) {
+  return tweaked(c, name, [](Case& x) { x.dispatch = mok::DispatchPath::Push; });
 }
 
 // The combine done by the FC2 epilogue (stores straight into the owners' slots).
@@ -222,12 +241,6 @@ INSTANTIATE_TEST_SUITE_P(
                       epilogue_combine(kOneExpertShared, "ep2_one_expert_shared"),
                       epilogue_combine(with(kZipf, "", kMk, 4, 128, 256), "ring_mb128_macro256_comm4")),
     [](const auto& p) { return std::string(p.param.name); });
-
-Case clustered(Case c, const char* name) {
-  c.name = name;
-  c.clusters = true;
-  return c;
-}
 
 // 2-CTA clusters: tickets are pairs of M tiles, B multicast when both belong to one expert, a
 // dummy tile keeps the pair in step when a minibatch or the shared expert has an odd tile count
@@ -243,12 +256,6 @@ INSTANTIATE_TEST_SUITE_P(
                       clustered(epilogue_combine(kZipf, ""), "epilogue_combine_ep2_zipf"),
                       clustered(with(kOneExpertShared, "", kMk, 8, 256, 0, 20), "bitwise_20_runs")),
     [](const auto& p) { return std::string(p.param.name); });
-
-Case pushed(Case c, const char* name) {
-  c.name = name;
-  c.dispatch = mok::DispatchPath::Push;
-  return c;
-}
 
 // Push dispatch: every rank writes its own tokens into the receivers' rings (symmetric windows)
 // and counts them there; ring reuse then waits on the receiver's FC2 counters over NVLink.
@@ -279,10 +286,7 @@ TEST_P(LayerForwardDispatch, PushEqualsPullBitwise) {
   push_cfg.dispatch = mok::DispatchPath::Push;
   const auto wl1 = mok::make_workload(shape, mok::Routing::Zipf, 41);
   const auto wl2 = mok::make_workload(shape, mok::Routing::Uniform, 42);  // other x and routing
-  mok::comm::CommOptions opt;
-  opt.shape = shape;
-  opt.config = pull_cfg;
-  auto group = mok::comm::LocalGroup::create({0, 1}, opt);
+  auto group = two_ranks(shape, pull_cfg);
   group.run([&](mok::comm::Communicator& comm, size_t r) {
     RankData d1(shape, wl1, static_cast<int>(r)), d2(shape, wl2, static_cast<int>(r));
     mok::Layer pull(comm, shape, pull_cfg, d1.dw), push(comm, shape, push_cfg, d1.dw);  // wl1's weights
@@ -320,10 +324,7 @@ TEST_P(LayerForwardGraph, CaptureAndReplay) {
   const mok::Config cfg = config_of(c);
   const auto wl = mok::make_workload(shape, c.routing, 7);
   const auto wl2 = mok::make_workload(shape, mok::Routing::Zipf, 8);  // other x and routing
-  mok::comm::CommOptions opt;
-  opt.shape = shape;
-  opt.config = cfg;
-  auto group = mok::comm::LocalGroup::create({0, 1}, opt);
+  auto group = two_ranks(shape, cfg);
   group.run([&](mok::comm::Communicator& comm, size_t r) {
     RankData d(shape, wl, static_cast<int>(r));
     mok::Layer layer(comm, shape, cfg, d.dw);
@@ -386,10 +387,7 @@ TEST_P(LayerForwardKnob, SameBitsOnAndOff) {
   const mok::LayerShape shape = shape_of(c);
   const mok::Config cfg = config_of(c);
   const auto wl = mok::make_workload(shape, mok::Routing::Zipf, 99);
-  mok::comm::CommOptions opt;
-  opt.shape = shape;
-  opt.config = cfg;
-  auto group = mok::comm::LocalGroup::create({0, 1}, opt);
+  auto group = two_ranks(shape, cfg);
   std::vector<std::vector<mok::bf16>> outs[2];
   std::mutex m;
   struct Unset {
@@ -427,10 +425,7 @@ TEST(LayerForwardTimeout, MissingPeerIsNamedAndTerminates) {
   mok::Config cfg = config_of(c);
   cfg.wait_timeout_s = 0.5;
   const auto wl = mok::make_workload(shape, c.routing, 5);
-  mok::comm::CommOptions opt;
-  opt.shape = shape;
-  opt.config = cfg;
-  auto group = mok::comm::LocalGroup::create({0, 1}, opt);
+  auto group = two_ranks(shape, cfg);
   std::string error;
   int kind = -1;
   double waited = 0;
