@@ -111,6 +111,12 @@ def plot_cases(ax, cases):
     has_base = any(b is not None for b in base)
     offset = width / 2 if has_base else 0.0
     ax.bar([x - offset for x in xs], mok, width, label="mok", color="C0")
+    # mok_bench --sustain: the rate at the power cap (seconds of back-to-back forwards), as a
+    # black bar across mok's column
+    sus = [(x - offset, c["mok_sustained_ms"]) for x, c in zip(xs, cases) if c.get("mok_sustained_ms")]
+    if sus:
+        ax.hlines([m for _, m in sus], [x - width / 2 for x, _ in sus], [x + width / 2 for x, _ in sus],
+                  colors="black", linewidth=2, label="mok, sustained (power-capped)")
     if has_base:
         ax.bar([x + offset for x in xs], [b if b is not None else 0 for b in base], width,
                label="PyTorch+NCCL baseline", color="C7")

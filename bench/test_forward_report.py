@@ -205,6 +205,13 @@ class ForwardReportTest(unittest.TestCase):
         self.plot(out)
 
     @unittest.skipUnless(HAVE_MATPLOTLIB, "matplotlib is not installed")
+    def test_plot_with_sustained_rate(self):
+        mok = synthetic_mok()
+        mok["cases"][0].update({"mok_sustained_ms": 4.4, "mok_sustained_tflops": 227.3})
+        out, _ = self.report(mok, synthetic_baseline())
+        self.plot(out)
+
+    @unittest.skipUnless(HAVE_MATPLOTLIB, "matplotlib is not installed")
     def test_plot_old_file_and_no_baseline(self):
         out, _ = self.report(synthetic_mok(with_ablation=False), synthetic_baseline())
         del out["ablation"]  # files written before the ablation existed
