@@ -11,7 +11,8 @@ ran gets `baseline_ms` and `speedup` (= baseline_ms / mok's ms). If BASELINE_JSO
 empty or unreadable, OUT_JSON still gets written with mok's numbers only (no baseline fields).
 
 Cases that mok_bench measured with --sustain also carry `mok_sustained_ms` / `mok_sustained_tflops`
-(the same median after seconds of back-to-back forwards, at the power cap); the table shows them.
+(the slowest rank per forward over seconds of back-to-back forwards, at the power cap); when the
+baseline ran with --sustain too, `baseline_sustained_ms` and `sustained_speedup` join them.
 
 GPU_SAMPLES_CSV (optional; scripts/run.sh writes it): nvidia-smi samples taken while mok_bench
 ran, one line per GPU and sample: `index, utilization.gpu %, clocks.sm MHz, power.draw W,
@@ -69,6 +70,11 @@ def join(mok, base):
             s = speedup(b["baseline_ms"], c["mok_ms"])
             if s is not None:
                 row["speedup"] = s
+            if "baseline_sustained_ms" in b:  # torch_moe_baseline.py --sustain
+                row["baseline_sustained_ms"] = b["baseline_sustained_ms"]
+                s = speedup(b["baseline_sustained_ms"], c.get("mok_sustained_ms"))
+                if s is not None:
+                    row["sustained_speedup"] = s
         cases.append(row)
     ablation = []
     for a in mok.get("ablation") or []:
@@ -159,12 +165,14 @@ def print_cases(out):
     print(f"\nForward, {out['gpus']} x {out['device']}, EP {out['ep']} (commit {out['commit']})")
     # mok_bench --sustain: the same median after seconds of back-to-back forwards (power-capped)
     sustained = any("mok_sustained_ms" in c for c in out["cases"])
-    extra_head = " mok sustained ms | sustained TFLOP/s/GPU |" if sustained else ""
+    extra_head = (" mok sustained ms | sustained TFLOP/s/GPU | baseline sustained ms | sustained speedup |"
+                  if sustained else "")
     print("| model | T/rank | routing | mok ms | baseline ms | speedup | mok TFLOP/s/GPU | baseline TFLOP/s/GPU |"
           + extra_head)
-    print("|---|---|---|---|---|---|---|---|" + ("---|---|" if sustained else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if sustained else ""))
     for c in out["cases"]:
-        extra = (f" {fmt(c.get('mok_sustained_ms'), '.3f')} | {fmt(c.get('mok_sustained_tflops'), '.0f')} |"
+        extra = (f" {fmt(c.get('mok_sustained_ms'), '.3f')} | {fmt(c.get('mok_sustained_tflops'), '.0f')} "
+                 f"| {fmt(c.get('baseline_sustained_ms'), '.3f')} | {fmt(c.get('sustained_speedup'), '.2f', 'x')} |"
                  if sustained else "")
         print(f"| {c['model']} | {c['T']} | {c['routing']} | {fmt(c['mok_ms'], '.3f')} "
               f"| {fmt(c.get('baseline_ms'), '.3f')} | {fmt(c.get('speedup'), '.2f', 'x')} "

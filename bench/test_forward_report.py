@@ -125,9 +125,17 @@ class ForwardReportTest(unittest.TestCase):
         out, run = self.report(mok, synthetic_baseline())
         self.assertAlmostEqual(out["cases"][0]["mok_sustained_ms"], 4.4)  # carried through
         self.assertIn("mok sustained ms", run.stdout)
-        self.assertIn("| dsv3 | 2048 | uniform | 4.000 | 8.000 | 2.00x | 250 | 500 | 4.400 | 227 |", run.stdout)
+        self.assertIn("| dsv3 | 2048 | uniform | 4.000 | 8.000 | 2.00x | 250 | 500 | 4.400 | 227 | - | - |",
+                      run.stdout)
         # a case without the fields shows dashes
-        self.assertIn("| - | - |", run.stdout)
+        self.assertIn("| - | - | - | - |", run.stdout)
+        # with the baseline's sustained time: the sustained speedup
+        base = synthetic_baseline()
+        base["cases"][0]["baseline_sustained_ms"] = 9.9
+        out, run = self.report(mok, base)
+        self.assertAlmostEqual(out["cases"][0]["sustained_speedup"], 2.25)
+        self.assertNotIn("sustained_speedup", out["cases"][1])
+        self.assertIn("| 4.400 | 227 | 9.900 | 2.25x |", run.stdout)
 
     def test_no_ablation_gives_empty_list(self):
         out, run = self.report(synthetic_mok(with_ablation=False), synthetic_baseline())

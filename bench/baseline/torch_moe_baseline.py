@@ -11,9 +11,14 @@ Run with torchrun, one process per GPU:
   torchrun --standalone --nproc-per-node=2 bench/baseline/torch_moe_baseline.py --out base.json
 Timing: per iteration each rank times the forward with CUDA events; the iteration's time is the
 slowest rank's; the reported figure is the median over >= 20 iterations after warm-up.
+With --sustain S, each case is also run for ~S seconds of back-to-back forwards (no barrier
+between them; the count is fixed from the median above, so every rank runs the same number),
+and `baseline_sustained_ms` is the slowest rank per forward, median over the second half: the
+rate once the GPUs sit at their power cap (mok_bench --sustain measures mok the same way).
 """
 import argparse
 import json
+import math
 import os
 import subprocess
 import time
@@ -123,6 +128,24 @@ def self_check(world, rank, device):
     return ((out.float() - ref).norm() / ref.norm()).item()
 
 
+def sustained_ms(model, x, idx, w, ms, a, device):
+    """~a.sustain seconds of back-to-back forwards; the slowest rank per forward, median over the
+    second half. `ms` is the max-reduced median of the timed iterations, equal on every rank, so
+    every rank makes the same number of (collective) forward calls."""
+    n = max(2 * a.iters, math.ceil(a.sustain * 1000.0 / ms))
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+    dist.barrier()
+    ev[0].record()
+    for i in range(n):
+        model.forward(x, idx, w)
+        ev[i + 1].record()
+    torch.cuda.synchronize()
+    per = torch.tensor([ev[i].elapsed_time(ev[i + 1]) for i in range(n // 2, n)], device=device)
+    dist.all_reduce(per, op=dist.ReduceOp.MAX)
+    times = sorted(per.tolist())
+    return times[len(times) // 2]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="baseline.json")
@@ -131,7 +154,11 @@ def main():
     ap.add_argument("--routings", default="uniform,zipf")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--sustain", type=float, default=0.0,
+                    help="also ~S seconds of back-to-back forwards per case (0 = off)")
     a = ap.parse_args()
+    if a.iters < 20 or a.sustain < 0:
+        raise SystemExit(f"--iters must be >= 20 (got {a.iters}) and --sustain >= 0 (got {a.sustain})")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     local = int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(local)
@@ -174,10 +201,16 @@ def main():
                 # Routed FLOPs of the slowest rank would need per-rank rows; report the
                 # per-GPU average: 2 * T * k * 3 * H * I per rank.
                 tflops = 2 * T * k * 3 * H * I / (ms * 1e-3) / 1e12
-                cases.append({"model": name, "T": T, "routing": kind, "baseline_ms": ms,
-                              "baseline_tflops": tflops, "ep": world})
+                case = {"model": name, "T": T, "routing": kind, "baseline_ms": ms,
+                        "baseline_tflops": tflops, "ep": world}
+                if a.sustain > 0:
+                    sus = sustained_ms(model, x, idx, w, ms, a, device)
+                    case["baseline_sustained_ms"] = sus
+                    case["baseline_sustained_tflops"] = 2 * T * k * 3 * H * I / (sus * 1e-3) / 1e12
+                cases.append(case)
                 if rank == 0:
-                    print(f"[baseline]   {ms:.3f} ms  {tflops:.0f} TFLOP/s per GPU", flush=True)
+                    extra = f", sustained {case['baseline_sustained_ms']:.3f} ms" if a.sustain > 0 else ""
+                    print(f"[baseline]   {ms:.3f} ms  {tflops:.0f} TFLOP/s per GPU{extra}", flush=True)
         del model
         torch.cuda.empty_cache()
     if rank == 0:
