@@ -11,7 +11,7 @@ ran gets `baseline_ms` and `speedup` (= baseline_ms / mok's ms). If BASELINE_JSO
 empty or unreadable, OUT_JSON still gets written with mok's numbers only (no baseline fields).
 
 Cases that mok_bench measured with --sustain also carry `mok_sustained_ms` / `mok_sustained_tflops`
-(the slowest rank per forward over seconds of back-to-back forwards, at the power cap); when the
+(the slowest rank's mean time per forward over seconds of back-to-back forwards, at the power cap); when the
 baseline ran with --sustain too, `baseline_sustained_ms` and `sustained_speedup` join them.
 
 GPU_SAMPLES_CSV (optional; scripts/run.sh writes it): nvidia-smi samples taken while mok_bench
@@ -72,6 +72,7 @@ def join(mok, base):
                 row["speedup"] = s
             if "baseline_sustained_ms" in b:  # torch_moe_baseline.py --sustain
                 row["baseline_sustained_ms"] = b["baseline_sustained_ms"]
+                row["baseline_sustained_tflops"] = b.get("baseline_sustained_tflops")
                 s = speedup(b["baseline_sustained_ms"], c.get("mok_sustained_ms"))
                 if s is not None:
                     row["sustained_speedup"] = s
@@ -164,7 +165,7 @@ def fmt(value, spec, suffix=""):
 def print_cases(out):
     print(f"\nForward, {out['gpus']} x {out['device']}, EP {out['ep']} (commit {out['commit']})")
     # mok_bench --sustain: the same median after seconds of back-to-back forwards (power-capped)
-    sustained = any("mok_sustained_ms" in c for c in out["cases"])
+    sustained = any("mok_sustained_ms" in c or "baseline_sustained_ms" in c for c in out["cases"])
     extra_head = (" mok sustained ms | sustained TFLOP/s/GPU | baseline sustained ms | sustained speedup |"
                   if sustained else "")
     print("| model | T/rank | routing | mok ms | baseline ms | speedup | mok TFLOP/s/GPU | baseline TFLOP/s/GPU |"

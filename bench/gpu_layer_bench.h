@@ -23,10 +23,11 @@ struct GpuBenchOptions {
   // double the minibatch, the combine in the FC2 epilogue, the other cluster setting, the other
   // dispatch (pull / push), and a ring of 4 minibatches; each checked bitwise against the main one.
   bool ablation = true;
-  // Sustained rate of the main variant: after the timed iterations, about `sustain_s` seconds of
-  // back-to-back forwards (the count is fixed from the shape's FLOPs, equal on every rank), the
-  // median over the second half. Under load the GPU runs at its power cap with a clock that
-  // swings over ~1 s; the 20-iteration median above is partly measured before that (0 = off).
+  // Sustained rate of the main variant: after all variants of a shape, about `sustain_s` seconds
+  // of back-to-back forwards (the count is fixed from the shape's FLOPs, equal on every rank), the
+  // slowest rank's mean time per forward over the second half. Under load the GPU runs at its
+  // power cap with a clock that swings over ~1 s; the 20-iteration median is partly measured
+  // before that (0 = off).
   double sustain_s = 4.0;
   std::string json;  // results file ("" = none)
 };

@@ -13,7 +13,7 @@ Timing: per iteration each rank times the forward with CUDA events; the iteratio
 slowest rank's; the reported figure is the median over >= 20 iterations after warm-up.
 With --sustain S, each case is also run for ~S seconds of back-to-back forwards (no barrier
 between them; the count is fixed from the median above, so every rank runs the same number),
-and `baseline_sustained_ms` is the slowest rank per forward, median over the second half: the
+and `baseline_sustained_ms` is the slowest rank's mean time per forward over the second half: the
 rate once the GPUs sit at their power cap (mok_bench --sustain measures mok the same way).
 """
 import argparse
@@ -129,21 +129,22 @@ def self_check(world, rank, device):
 
 
 def sustained_ms(model, x, idx, w, ms, a, device):
-    """~a.sustain seconds of back-to-back forwards; the slowest rank per forward, median over the
-    second half. `ms` is the max-reduced median of the timed iterations, equal on every rank, so
-    every rank makes the same number of (collective) forward calls."""
-    n = max(2 * a.iters, math.ceil(a.sustain * 1000.0 / ms))
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+    """~a.sustain seconds of back-to-back forwards; each rank's mean time per forward over the
+    second half, the slowest rank's (as mok_bench --sustain). `ms` is the max-reduced median of
+    the timed iterations, equal on every rank, so every rank makes the same number of
+    (collective) forward calls."""
+    n = min(10**6, max(2 * a.iters, math.ceil(a.sustain * 1000.0 / max(ms, 1e-3))))
+    mid, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     dist.barrier()
-    ev[0].record()
     for i in range(n):
+        if i == n // 2:
+            mid.record()
         model.forward(x, idx, w)
-        ev[i + 1].record()
+    end.record()
     torch.cuda.synchronize()
-    per = torch.tensor([ev[i].elapsed_time(ev[i + 1]) for i in range(n // 2, n)], device=device)
-    dist.all_reduce(per, op=dist.ReduceOp.MAX)
-    times = sorted(per.tolist())
-    return times[len(times) // 2]
+    t = torch.tensor([mid.elapsed_time(end) / (n - n // 2)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
 
 
 def main():
@@ -206,7 +207,7 @@ def main():
                 if a.sustain > 0:
                     sus = sustained_ms(model, x, idx, w, ms, a, device)
                     case["baseline_sustained_ms"] = sus
-                    case["baseline_sustained_tflops"] = 2 * T * k * 3 * H * I / (sus * 1e-3) / 1e12
+                    case["baseline_sustained_tflops"] = 2 * T * k * 3 * H * I / (sus * 1e-3) / 1e12 if sus > 0 else None
                 cases.append(case)
                 if rank == 0:
                     extra = f", sustained {case['baseline_sustained_ms']:.3f} ms" if a.sustain > 0 else ""
