@@ -110,6 +110,11 @@ std::vector<int64_t> pack_handshake(const std::vector<HandshakeField>& fields);
 void check_handshake(const std::vector<HandshakeField>& mine,
                      const std::vector<std::vector<int64_t>>& all);
 
+// Window pool: which released window a request for `bytes` reuses: the smallest free window of at
+// least `bytes` (the lowest index on ties), or -1 (register a new one). `sizes[i]` and `is_free[i]`
+// describe window i. Pure, so ranks with the same history pick the same window.
+int pick_free_window(const std::vector<size_t>& sizes, const std::vector<bool>& is_free, size_t bytes);
+
 // ---------------------------------------------------------------------------------------------
 // Bounded-wait error record (host-mapped; written by the device, read by the host).
 // ---------------------------------------------------------------------------------------------
@@ -186,6 +191,16 @@ class Communicator {
   const Window& window(const std::string& name) const;  // throws InvalidArgument if unknown
   // Collective: allocates and registers one more window (name and size checked across ranks).
   const Window& add_window(const std::string& name, size_t bytes);
+  // Collective: a window of at least `bytes`. Reuses a window given back with release_window (see
+  // pick_free_window; the ranks check that they request the same size and pick the same window),
+  // or registers a new one named `name` (made unique if taken). A reused window keeps its name and
+  // size, and its contents are whatever its last user left there.
+  const Window& acquire_window(const std::string& name, size_t bytes);
+  // Local (not collective): gives `w` (from acquire_window or add_window) back for reuse. It stays
+  // registered and allocated until the communicator is destroyed. The caller must be done with it:
+  // every kernel, on any rank, that reads or writes it has completed. Every rank must release and
+  // acquire windows in the same order (acquire_window checks that the picks agree).
+  void release_window(const Window& w);
 
   // Device pointer of the host-mapped wait-error record, and its host view.
   WaitErrorRecord* wait_error_device() const;

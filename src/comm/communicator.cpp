@@ -87,6 +87,7 @@ struct Communicator::Impl {
   ncclDevComm dev{};
   bool dev_created = false;
   std::deque<Window> windows;  // deque: references returned by window()/add_window() stay valid
+  std::vector<bool> released;  // per window: given back with release_window, free for reuse
   WaitErrorRecord* record_host = nullptr;
   WaitErrorRecord* record_dev = nullptr;
   uint32_t* claim_dev = nullptr;
@@ -114,6 +115,7 @@ struct Communicator::Impl {
       if (w.ptr) (void)ncclMemFree(w.ptr);
     }
     windows.clear();
+    released.clear();
     if (record_host) (void)cudaFreeHost(record_host);
     record_host = record_dev = nullptr;
     if (claim_dev) (void)cudaFree(claim_dev);
@@ -152,6 +154,7 @@ struct Communicator::Impl {
                   "node, NCCL_CUMEM_ENABLE unset or 1, NCCL_WIN_ENABLE unset or 1)");
     }
     windows.push_back(w);
+    released.push_back(false);
     MOK_CUDA_CHECK(cudaMemsetAsync(w.ptr, 0, spec.bytes, stream));
   }
 
@@ -165,6 +168,11 @@ struct Communicator::Impl {
       // add_window: only the new window.
       fields = handshake_fields(std::nullopt, Config{}, specs, nranks, options.lsa_barrier_count, runtime);
     }
+    exchange(fields);
+  }
+
+  // Every rank's `fields` gathered and compared (throws naming the first field that differs).
+  void exchange(const std::vector<HandshakeField>& fields) {
     const std::vector<int64_t> packed = pack_handshake(fields);
     int64_t* buf = nullptr;
     const size_t words = kHandshakeWords;
@@ -365,6 +373,46 @@ const Window& Communicator::add_window(const std::string& name, size_t bytes) {
   impl_->barrier();
   impl_->options.windows.push_back(spec);
   return impl_->windows.back();
+}
+
+const Window& Communicator::acquire_window(const std::string& name, size_t bytes) {
+  if (impl_->poisoned) {
+    throw Error(ErrorKind::Runtime, "acquire_window", "the communicator is unusable after a wait timeout");
+  }
+  DeviceGuard guard(impl_->device);
+  MOK_REQUIRE(!name.empty(), "window name", "must not be empty");
+  MOK_REQUIRE(bytes > 0, detail::concat("window '", name, "' bytes"), "must be > 0");
+  std::vector<size_t> sizes;
+  for (const auto& w : impl_->windows) sizes.push_back(w.bytes);
+  const int pick = pick_free_window(sizes, impl_->released, bytes);
+  // The ranks must ask for the same size and reuse the same window (same history of acquires and
+  // releases); a disagreement would make peers address different buffers.
+  impl_->exchange({{detail::concat("acquire_window('", name, "').bytes"), static_cast<int64_t>(bytes), false},
+                   {detail::concat("acquire_window('", name, "').reused_window (-1: new)"), pick, false}});
+  if (pick >= 0) {
+    impl_->released[static_cast<size_t>(pick)] = false;
+    return impl_->windows[static_cast<size_t>(pick)];
+  }
+  std::string unique = name;
+  const auto taken = [&](const std::string& n) {
+    for (const auto& w : impl_->windows)
+      if (w.name == n) return true;
+    return false;
+  };
+  for (size_t i = impl_->windows.size(); taken(unique); ++i) unique = detail::concat(name, "#", i);
+  return add_window(unique, bytes);
+}
+
+void Communicator::release_window(const Window& w) {
+  for (size_t i = 0; i < impl_->windows.size(); ++i) {
+    if (&impl_->windows[i] == &w) {
+      MOK_REQUIRE(!impl_->released[i], "release_window", "window '", w.name, "' was already released");
+      impl_->released[i] = true;
+      return;
+    }
+  }
+  throw Error(ErrorKind::InvalidArgument, "release_window",
+              detail::concat("window '", w.name, "' does not belong to this communicator"));
 }
 
 WaitErrorRecord* Communicator::wait_error_device() const { return impl_->record_dev; }

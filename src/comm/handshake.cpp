@@ -121,6 +121,17 @@ std::vector<HandshakeField> handshake_fields(const std::optional<LayerShape>& sh
   return f;
 }
 
+int pick_free_window(const std::vector<size_t>& sizes, const std::vector<bool>& is_free, size_t bytes) {
+  MOK_REQUIRE(sizes.size() == is_free.size(), "window pool", "sizes and free flags must have one entry per window (",
+              sizes.size(), " vs ", is_free.size(), ")");
+  int pick = -1;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (!is_free[i] || sizes[i] < bytes) continue;
+    if (pick < 0 || sizes[i] < sizes[static_cast<size_t>(pick)]) pick = static_cast<int>(i);
+  }
+  return pick;
+}
+
 std::vector<int64_t> pack_handshake(const std::vector<HandshakeField>& fields) {
   MOK_REQUIRE(fields.size() + 2 <= kHandshakeWords, "handshake",
               "at most ", kHandshakeWords - 2, " fields fit the exchange (fewer windows or ranks), got ",

@@ -91,6 +91,20 @@ struct Layer::Impl {
   mk::ForwardParams mkp{};
   DeviceBuffer stats;  // MOK_PROFILE=1: per-CTA profile of the last megakernel
 
+  // Gives the symmetric windows back to the communicator for the next layer (they stay
+  // registered until the communicator goes). Everything that used them must be done: our own
+  // kernels (synchronized here) and the peers' (they finished before our last forward's closing
+  // barrier). If the device cannot be synchronized the windows are left out of the pool.
+  ~Impl() {
+    try {
+      if (cudaSetDevice(comm.device()) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) return;
+      for (const comm::Window* w : {win_counters, win_ring, win_combine, win_x, win_routing})
+        if (w) comm.release_window(*w);
+    } catch (...) {
+      // never throw from a destructor; a window left out of the pool is only memory
+    }
+  }
+
   Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg, const DeviceWeights& w)
       : comm(c), shape(s), config(cfg), weights(w) {
     comm::register_wait_name(comm::kWaitUserBase + 40, "megakernel.task_dependency");
@@ -114,13 +128,14 @@ struct Layer::Impl {
     MOK_REQUIRE(Is == 0 || (w.ws_gate && w.ws_up && w.ws_down), "weights",
                 "the shared expert's ws_gate, ws_up and ws_down must be given when Is > 0");
 
-    // Symmetric windows, equal on every rank (sized by the largest T). Names carry the number of
+    // Symmetric windows, equal on every rank (sized by the largest T), taken from the
+    // communicator's pool when an earlier layer gave back one that fits. Names carry the number of
     // windows already registered so several layers can share one communicator.
     const int64_t t_max = shape.max_tokens(), t_max_pad = sched::pad_rows(t_max);
     const std::string tag = "mok.layer" + std::to_string(comm.window_count());
-    win_routing = &comm.add_window(tag + ".routing", static_cast<size_t>(std::max<int64_t>(1, t_max * k)) * 4);
-    win_x = &comm.add_window(tag + ".x", static_cast<size_t>(std::max<int64_t>(1, t_max_pad * H)) * 2);
-    win_combine = &comm.add_window(tag + ".combine", static_cast<size_t>(std::max<int64_t>(1, t_max * k * H)) * 2);
+    win_routing = &comm.acquire_window(tag + ".routing", static_cast<size_t>(std::max<int64_t>(1, t_max * k)) * 4);
+    win_x = &comm.acquire_window(tag + ".x", static_cast<size_t>(std::max<int64_t>(1, t_max_pad * H)) * 2);
+    win_combine = &comm.acquire_window(tag + ".combine", static_cast<size_t>(std::max<int64_t>(1, t_max * k * H)) * 2);
     dc = comm::dev::make_device_comm(comm);
     std::vector<const void*> tab(world), xp(world);
     std::vector<void*> cp(world);
@@ -230,7 +245,7 @@ struct Layer::Impl {
     if (push) {
       // Other ranks write into our ring: a symmetric window (R is equal on every rank). Kernels
       // reach it through NCCL's flat alias only (as the peers do; see comm/device.cuh).
-      win_ring = &comm.add_window(detail::concat("mok.layer", comm.window_count(), ".ring"),
+      win_ring = &comm.acquire_window(detail::concat("mok.layer", comm.window_count(), ".ring"),
                                   static_cast<size_t>(R * H) * 2);
       x_ring = comm::dev::lsa_pointer(comm, *win_ring, rank);
     } else {
@@ -264,7 +279,7 @@ struct Layer::Impl {
       // Equal on every rank: the shared expert's words (the last ones) sized for the largest T.
       mk::CounterLayout widest = mkp.layout;
       widest.s_tiles = Is > 0 ? static_cast<int32_t>(sched::ceil_div(shape.max_tokens(), sched::kBlockM)) : 0;
-      win_counters = &comm.add_window(detail::concat("mok.layer", comm.window_count(), ".counters"),
+      win_counters = &comm.acquire_window(detail::concat("mok.layer", comm.window_count(), ".counters"),
                                       static_cast<size_t>(widest.words()) * 4);
       // The flat alias, which the peers' and our own comm CTAs' remote adds also use.
       mkp.counters = static_cast<uint32_t*>(comm::dev::lsa_pointer(comm, *win_counters, rank));

@@ -215,6 +215,19 @@ void check_pair(const Rank& a, const Rank& b) {
 
 }  // namespace
 
+TEST(CommWindowPool, PicksTheSmallestFreeWindowThatFits) {
+  using mc::pick_free_window;
+  EXPECT_EQ(pick_free_window({}, {}, 16), -1);
+  EXPECT_EQ(pick_free_window({100, 50, 200}, {false, false, false}, 10), -1);  // none free
+  EXPECT_EQ(pick_free_window({100, 50, 200}, {true, true, true}, 10), 1);      // smallest
+  EXPECT_EQ(pick_free_window({100, 50, 200}, {true, true, true}, 60), 0);      // smallest that fits
+  EXPECT_EQ(pick_free_window({100, 50, 200}, {true, true, true}, 200), 2);     // exact
+  EXPECT_EQ(pick_free_window({100, 50, 200}, {true, true, true}, 201), -1);    // too big
+  EXPECT_EQ(pick_free_window({64, 64, 64}, {false, true, true}, 64), 1);       // lowest index on ties
+  expect_error([] { pick_free_window({1, 2}, {true}, 1); }, mok::ErrorKind::InvalidArgument, "window pool",
+               {"one entry per window"});
+}
+
 TEST(CommHandshake, IdenticalRanksAgree) {
   Rank a, b;
   EXPECT_NO_THROW(check_pair(a, b));

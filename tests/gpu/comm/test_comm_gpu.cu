@@ -92,6 +92,42 @@ TEST(CommGpu, LocalGroupStartupChecks) {
   for (size_t i = 0; i < group.size(); ++i) EXPECT_NE(group[i].window("late").handle, nullptr);
 }
 
+// The window pool: a released window is reused by the next request it fits (smallest first), a
+// request nothing fits registers a new window, and ranks whose requests differ get a named error
+// on every rank instead of addressing different buffers.
+TEST(CommGpu, WindowPoolReusesReleasedWindows) {
+  MOK_REQUIRE_GPUS(2);
+  const int n = gpus_for_test();
+  auto group = mc::LocalGroup::create(first_gpus(n), options({}));
+  group.run([](mc::Communicator& c, size_t) {
+    const mc::Window& a = c.acquire_window("a", 1 << 20);
+    const mc::Window& b = c.acquire_window("b", 4096);
+    EXPECT_EQ(c.window_count(), 2u);
+    c.release_window(a);
+    c.release_window(b);
+    EXPECT_THROW(c.release_window(b), mok::Error);  // twice
+    const mc::Window& small = c.acquire_window("c", 1000);  // smallest fit: b
+    EXPECT_EQ(&small, &b);
+    const mc::Window& big = c.acquire_window("d", 1 << 19);  // a
+    EXPECT_EQ(&big, &a);
+    const mc::Window& fresh = c.acquire_window("a", 64);  // nothing free: new, name made unique
+    EXPECT_EQ(c.window_count(), 3u);
+    EXPECT_NE(fresh.name, "a");
+    EXPECT_NE(fresh.handle, nullptr);
+  });
+  // Rank 0 asks for more than rank 1: both ranks get the same named error.
+  std::vector<std::string> arg(static_cast<size_t>(n));
+  group.run([&](mc::Communicator& c, size_t r) {
+    try {
+      c.acquire_window("e", r == 0 ? 8192 : 4096);
+      ADD_FAILURE() << "rank " << r << " accepted a mismatched window request";
+    } catch (const mok::Error& e) {
+      arg[r] = e.argument();
+    }
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(arg[static_cast<size_t>(r)], "handshake: acquire_window('e').bytes");
+}
+
 TEST(CommGpu, PeerStoreLoadEveryPair) {
   MOK_REQUIRE_GPUS(2);
   const int n = gpus_for_test();
