@@ -191,15 +191,15 @@ class Communicator {
   const Window& window(const std::string& name) const;  // throws InvalidArgument if unknown
   // Collective: allocates and registers one more window (name and size checked across ranks).
   const Window& add_window(const std::string& name, size_t bytes);
-  // Collective: a window of at least `bytes`. Reuses a window given back with release_window (see
-  // pick_free_window; the ranks check that they request the same size and pick the same window),
-  // or registers a new one named `name` (made unique if taken). A reused window keeps its name and
-  // size, and its contents are whatever its last user left there.
+  // Collective: a zeroed window of at least `bytes`. Reuses a window given back with
+  // release_window (see pick_free_window; the ranks check that they request the same size and
+  // pick the same window), or registers a new one named `name` (made unique if taken). A reused
+  // window keeps its name and size.
   const Window& acquire_window(const std::string& name, size_t bytes);
   // Local (not collective): gives `w` (from acquire_window or add_window) back for reuse. It stays
-  // registered and allocated until the communicator is destroyed. The caller must be done with it:
-  // every kernel, on any rank, that reads or writes it has completed. Every rank must release and
-  // acquire windows in the same order (acquire_window checks that the picks agree).
+  // registered and allocated until the communicator is destroyed. The caller's kernels on it must
+  // have completed; the peers' are ordered by acquire_window itself (a window is reused only once
+  // every rank has released it, which the exchange in acquire_window checks).
   void release_window(const Window& w);
 
   // Device pointer of the host-mapped wait-error record, and its host view.

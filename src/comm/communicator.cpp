@@ -88,6 +88,7 @@ struct Communicator::Impl {
   bool dev_created = false;
   std::deque<Window> windows;  // deque: references returned by window()/add_window() stay valid
   std::vector<bool> released;  // per window: given back with release_window, free for reuse
+  int64_t exchanges = 0;       // handshake exchanges so far (all ranks make the same ones)
   WaitErrorRecord* record_host = nullptr;
   WaitErrorRecord* record_dev = nullptr;
   uint32_t* claim_dev = nullptr;
@@ -172,7 +173,10 @@ struct Communicator::Impl {
   }
 
   // Every rank's `fields` gathered and compared (throws naming the first field that differs).
-  void exchange(const std::vector<HandshakeField>& fields) {
+  // The first field is this communicator's exchange count, so exchanges that pair up out of step
+  // (one rank skipped one) are caught rather than compared field by field by chance.
+  void exchange(std::vector<HandshakeField> fields) {
+    fields.insert(fields.begin(), HandshakeField{"exchange sequence number", exchanges++, false});
     const std::vector<int64_t> packed = pack_handshake(fields);
     int64_t* buf = nullptr;
     const size_t words = kHandshakeWords;
@@ -185,6 +189,16 @@ struct Communicator::Impl {
       MOK_CUDA_CHECK(cudaMemcpyAsync(gathered.data(), buf + words, gathered.size() * sizeof(int64_t),
                                      cudaMemcpyDeviceToHost, stream));
       wait_stream(stream, options.bootstrap_timeout_s, "handshake");
+    } catch (const Error& e) {
+      if (e.kind() == ErrorKind::Timeout) {
+        // A peer never joined: the all-gather may still be queued on `buf` (freeing it could wait
+        // for it forever), and later collectives would pair up out of step. Leak it and refuse
+        // further collectives.
+        poisoned = true;
+      } else {
+        (void)cudaFree(buf);
+      }
+      throw;
     } catch (...) {
       (void)cudaFree(buf);
       throw;
@@ -390,8 +404,13 @@ const Window& Communicator::acquire_window(const std::string& name, size_t bytes
   impl_->exchange({{detail::concat("acquire_window('", name, "').bytes"), static_cast<int64_t>(bytes), false},
                    {detail::concat("acquire_window('", name, "').reused_window (-1: new)"), pick, false}});
   if (pick >= 0) {
+    // Every rank picked it, so every rank had released it after its own kernels on it were done;
+    // the exchange above has therefore ordered all of them before this point. Zeroed, like a new one.
+    const Window& w = impl_->windows[static_cast<size_t>(pick)];
+    MOK_CUDA_CHECK(cudaMemsetAsync(w.ptr, 0, w.bytes, impl_->stream));
+    MOK_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
     impl_->released[static_cast<size_t>(pick)] = false;
-    return impl_->windows[static_cast<size_t>(pick)];
+    return w;
   }
   std::string unique = name;
   const auto taken = [&](const std::string& n) {

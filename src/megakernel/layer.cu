@@ -56,10 +56,38 @@ DeviceBuffer upload_array(const std::vector<T>& v, const char* what) {
   return b;
 }
 
+// The layer's symmetric windows, taken from the communicator's pool and given back when the
+// layer goes, also when its constructor throws (no kernel has used them then). `keep`: not given
+// back (the device could not be synchronized, so a kernel might still use them).
+struct WindowLeases {
+  comm::Communicator* comm = nullptr;
+  std::vector<const comm::Window*> held;
+  bool keep = false;
+  const comm::Window* acquire(comm::Communicator& c, const std::string& name, size_t bytes) {
+    comm = &c;
+    held.push_back(&c.acquire_window(name, bytes));
+    return held.back();
+  }
+  WindowLeases() = default;
+  WindowLeases(const WindowLeases&) = delete;
+  WindowLeases& operator=(const WindowLeases&) = delete;
+  ~WindowLeases() {
+    if (keep || comm == nullptr) return;
+    for (auto it = held.rbegin(); it != held.rend(); ++it) {
+      try {
+        comm->release_window(**it);
+      } catch (...) {
+        // never throw from a destructor; a window left out of the pool is only memory
+      }
+    }
+  }
+};
+
 }  // namespace
 
 struct Layer::Impl {
   comm::Communicator& comm;
+  WindowLeases leases;  // every window below
   LayerShape shape;
   Config config;
   DeviceWeights weights;
@@ -91,18 +119,14 @@ struct Layer::Impl {
   mk::ForwardParams mkp{};
   DeviceBuffer stats;  // MOK_PROFILE=1: per-CTA profile of the last megakernel
 
-  // Gives the symmetric windows back to the communicator for the next layer (they stay
-  // registered until the communicator goes). Everything that used them must be done: our own
-  // kernels (synchronized here) and the peers' (they finished before our last forward's closing
-  // barrier). If the device cannot be synchronized the windows are left out of the pool.
+  // The windows go back to the communicator's pool (WindowLeases) once our own kernels are done:
+  // synchronized here. The peers' kernels on them are ordered by the pool itself (a window is
+  // reused only when every rank has given it back; see Communicator::acquire_window).
   ~Impl() {
-    try {
-      if (cudaSetDevice(comm.device()) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) return;
-      for (const comm::Window* w : {win_counters, win_ring, win_combine, win_x, win_routing})
-        if (w) comm.release_window(*w);
-    } catch (...) {
-      // never throw from a destructor; a window left out of the pool is only memory
-    }
+    int prev = -1;
+    const bool restore = cudaGetDevice(&prev) == cudaSuccess;
+    if (cudaSetDevice(comm.device()) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) leases.keep = true;
+    if (restore) (void)cudaSetDevice(prev);
   }
 
   Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg, const DeviceWeights& w)
@@ -133,9 +157,9 @@ struct Layer::Impl {
     // windows already registered so several layers can share one communicator.
     const int64_t t_max = shape.max_tokens(), t_max_pad = sched::pad_rows(t_max);
     const std::string tag = "mok.layer" + std::to_string(comm.window_count());
-    win_routing = &comm.acquire_window(tag + ".routing", static_cast<size_t>(std::max<int64_t>(1, t_max * k)) * 4);
-    win_x = &comm.acquire_window(tag + ".x", static_cast<size_t>(std::max<int64_t>(1, t_max_pad * H)) * 2);
-    win_combine = &comm.acquire_window(tag + ".combine", static_cast<size_t>(std::max<int64_t>(1, t_max * k * H)) * 2);
+    win_routing = leases.acquire(comm, tag + ".routing", static_cast<size_t>(std::max<int64_t>(1, t_max * k)) * 4);
+    win_x = leases.acquire(comm, tag + ".x", static_cast<size_t>(std::max<int64_t>(1, t_max_pad * H)) * 2);
+    win_combine = leases.acquire(comm, tag + ".combine", static_cast<size_t>(std::max<int64_t>(1, t_max * k * H)) * 2);
     dc = comm::dev::make_device_comm(comm);
     std::vector<const void*> tab(world), xp(world);
     std::vector<void*> cp(world);
@@ -245,7 +269,7 @@ struct Layer::Impl {
     if (push) {
       // Other ranks write into our ring: a symmetric window (R is equal on every rank). Kernels
       // reach it through NCCL's flat alias only (as the peers do; see comm/device.cuh).
-      win_ring = &comm.acquire_window(detail::concat("mok.layer", comm.window_count(), ".ring"),
+      win_ring = leases.acquire(comm, detail::concat("mok.layer", comm.window_count(), ".ring"),
                                   static_cast<size_t>(R * H) * 2);
       x_ring = comm::dev::lsa_pointer(comm, *win_ring, rank);
     } else {
@@ -279,7 +303,7 @@ struct Layer::Impl {
       // Equal on every rank: the shared expert's words (the last ones) sized for the largest T.
       mk::CounterLayout widest = mkp.layout;
       widest.s_tiles = Is > 0 ? static_cast<int32_t>(sched::ceil_div(shape.max_tokens(), sched::kBlockM)) : 0;
-      win_counters = &comm.acquire_window(detail::concat("mok.layer", comm.window_count(), ".counters"),
+      win_counters = leases.acquire(comm, detail::concat("mok.layer", comm.window_count(), ".counters"),
                                       static_cast<size_t>(widest.words()) * 4);
       // The flat alias, which the peers' and our own comm CTAs' remote adds also use.
       mkp.counters = static_cast<uint32_t*>(comm::dev::lsa_pointer(comm, *win_counters, rank));

@@ -126,6 +126,26 @@ TEST(CommGpu, WindowPoolReusesReleasedWindows) {
     }
   });
   for (int r = 0; r < n; ++r) EXPECT_EQ(arg[static_cast<size_t>(r)], "handshake: acquire_window('e').bytes");
+  // Only rank 0 gives a window back: the next request of that size would reuse it on rank 0 and
+  // register a new one elsewhere; every rank gets the same named error instead.
+  group.run([&](mc::Communicator& c, size_t r) {
+    const mc::Window& f = c.acquire_window("f", 2048);
+    if (r == 0) c.release_window(f);
+    try {
+      c.acquire_window("g", 2048);
+      ADD_FAILURE() << "rank " << r << " accepted a different pick";
+    } catch (const mok::Error& e) {
+      arg[r] = e.argument();
+    }
+    // The communicator stays usable: a request nothing fits is a new window on every rank.
+    const size_t before = c.window_count();
+    EXPECT_NO_THROW(c.acquire_window("h", 1 << 21));
+    EXPECT_EQ(c.window_count(), before + 1);
+  });
+  for (int r = 0; r < n; ++r)
+    EXPECT_EQ(arg[static_cast<size_t>(r)], "handshake: acquire_window('g').reused_window (-1: new)");
+  // A window of another communicator is refused.
+  EXPECT_THROW(group[0].release_window(group[1].window(0)), mok::Error);
 }
 
 TEST(CommGpu, PeerStoreLoadEveryPair) {

@@ -312,6 +312,38 @@ INSTANTIATE_TEST_SUITE_P(
                       with(kEmptyShared, "t0_shared_one_macrobatch", kMk, 8)),
     [](const auto& p) { return std::string(p.param.name); });
 
+// Layers built one after another on one communicator reuse the symmetric windows of the ones
+// destroyed before (no growth), and give the same bits on the reused (zeroed) windows; T is not a
+// multiple of 128 and there is a shared expert (it reads the x window's padding rows).
+TEST(LayerWindows, LaterLayersReuseWindows) {
+  Case c = kOneExpertShared;
+  MOK_REQUIRE_GPUS(c.world);
+  const mok::LayerShape shape = shape_of(c);
+  const mok::Config cfg = config_of(c);
+  mok::Config push_cfg = cfg;
+  push_cfg.dispatch = mok::DispatchPath::Push;
+  const auto wl = mok::make_workload(shape, c.routing, 17);
+  auto group = two_ranks(shape, cfg);
+  group.run([&](mok::comm::Communicator& comm, size_t r) {
+    RankData d(shape, wl, static_cast<int>(r));
+    std::vector<mok::bf16> first;
+    size_t windows = 0;
+    for (int i = 0; i < 4; ++i) {
+      mok::Layer layer(comm, shape, i % 2 ? push_cfg : cfg, d.dw);  // push adds ring and counter windows
+      if (i == 1) windows = comm.window_count();
+      if (i == 3) EXPECT_EQ(comm.window_count(), windows) << "rank " << r << ": the fourth layer registered new windows";
+      d.poison();
+      layer.forward(d.refs, d.out, comm.stream());
+      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
+      layer.check();
+      if (i == 0)
+        first = d.result();
+      else
+        EXPECT_EQ(bit_diffs(d.result(), first), 0) << "rank " << r << ", layer " << i;
+    }
+  });
+}
+
 // The whole forward captured once in a CUDA graph and replayed: the same bits as direct calls,
 // also after the inputs changed in place.
 class LayerForwardGraph : public ::testing::TestWithParam<mok::DispatchPath> {};
