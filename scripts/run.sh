@@ -32,10 +32,18 @@ status=0
 "$bench" "$@" --json "$out/mok-forward-$tag.json" || status=$?
 [ -n "$sampler" ] && kill "$sampler" 2>/dev/null
 [ "$status" -eq 0 ] || exit "$status"
+# The baseline runs the shapes mok_bench ran and follows its --sustain (default 4 s), so both
+# report the rate under the same sustained load.
+base_args=(--sustain 4)
+prev=""
+for a in "$@"; do
+  case "$prev" in --sustain|--models|--tokens|--routings|--iters|--warmup) base_args+=("$prev" "$a") ;; esac
+  prev="$a"
+done
 if python3 -c "import torch" 2>/dev/null; then
   mok_log "running the PyTorch+NCCL baseline on $gpus GPU(s)"
   PYTHONUNBUFFERED=1 python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" \
-    "$MOK_ROOT/bench/baseline/torch_moe_baseline.py" --out "$out/baseline-$tag.json" 2>&1 |
+    "$MOK_ROOT/bench/baseline/torch_moe_baseline.py" "${base_args[@]}" --out "$out/baseline-$tag.json" 2>&1 |
     grep -E "^\[baseline\]|Error" || true
   if [ -f "$out/baseline-$tag.json" ]; then
     python3 "$MOK_ROOT/bench/forward_report.py" "$out/mok-forward-$tag.json" "$out/baseline-$tag.json" \
