@@ -8,7 +8,7 @@ Panels (each left out when the file has no data for it):
   (b) ablation: per case, one bar per variant at the case's default point (the entry with the
       case's comm_sms and minibatch_tokens; hatched where no such entry exists and the variant's
       fastest entry is shown instead), the baseline as a black tick;
-  (c) sweeps of the "megakernel" variant: ms vs comm SMs at a fixed minibatch, and ms vs
+  (c), (d) sweeps of the "megakernel" variant: ms vs comm SMs at a fixed minibatch, and ms vs
       minibatch tokens at a fixed comm SM count, one line per case.
 Times span more than an order of magnitude across models, so the ms axes are logarithmic.
 """
@@ -120,6 +120,12 @@ def plot_cases(ax, cases):
     if has_base:
         ax.bar([x + offset for x in xs], [b if b is not None else 0 for b in base], width,
                label="PyTorch+NCCL baseline", color="C7")
+        bsus = [(x + offset, c["baseline_sustained_ms"]) for x, c in zip(xs, cases)
+                if c.get("baseline_sustained_ms")]
+        if bsus:
+            ax.hlines([m for _, m in bsus], [x - width / 2 for x, _ in bsus],
+                      [x + width / 2 for x, _ in bsus], colors="black", linewidth=2,
+                      linestyles="dotted", label="baseline, sustained")
     for x, c in zip(xs, cases):
         if c.get("speedup") is not None:
             top = max(c["mok_ms"], c.get("baseline_ms") or 0)
@@ -220,7 +226,7 @@ def main(argv):
             sweeps_here = [(lines, xlabel, title) for lines, xlabel, title in (
                 (comm_lines, "comm SMs (minibatch fixed)", f"(c) {SWEEP_VARIANT}: ms vs comm SMs"),
                 (mini_lines, "minibatch tokens (comm SMs fixed)",
-                 f"(c) {SWEEP_VARIANT}: ms vs minibatch tokens"),
+                 f"(d) {SWEEP_VARIANT}: ms vs minibatch tokens"),
             ) if lines]
             for i, (lines, xlabel, title) in enumerate(sweeps_here):
                 span = grid[r, i] if len(sweeps_here) == 2 else grid[r, :]
