@@ -9,7 +9,12 @@ torch, ... alternating in one call), each side's time is the mean over its passe
 import argparse
 import datetime
 import json
+import os
 import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from roofline import DEFAULT_COPY_TBPS, roofline_tflops  # noqa: E402
 
 
 def main():
@@ -44,6 +49,8 @@ def main():
 
     mok_passes = [{key(c): c for c in m["cases"]} for m in moks]
     tor_passes = [{key(c): c for c in t["cases"]} for t in tors]
+    peak = mean([t["peak_bf16_tflops"] for t in tors if t.get("peak_bf16_tflops")])
+    copy = mean([t.get("copy_tbps") for t in tors if t.get("copy_tbps")])
     cases = []
     for c in mok["cases"]:
         k = key(c)
@@ -67,14 +74,20 @@ def main():
             "experts": c["experts"], "n": c["n"], "k": c["k"], "m": c["m"],
             "block_n": c.get("block_n"), "skew": c.get("skew"), "group_m": c.get("group_m"),
             "cluster": c.get("cluster"), "split_n": c.get("split_n"),
-            "check_rel_err": c["check_rel_err"],
+            "check_rel_err": c["check_rel_err"], "flops": c["flops"],
+            "roofline_tflops": (lambda r: None if r is None else round(r, 1))(
+                roofline_tflops(c, c["flops"], peak, copy or DEFAULT_COPY_TBPS)),
             **({"torch_error": terr} if terr else {}),
         })
     res = {
         "device": mok["device"], "gpus": 1,
         "date": a.date or datetime.date.today().isoformat(),
         "commit": commit, "torch": tor.get("torch"),
-        "peak_bf16_tflops": round(mean([t["peak_bf16_tflops"] for t in tors if t["peak_bf16_tflops"]]), 1),
+        "peak_bf16_tflops": round(peak, 1) if peak else None,
+        "copy_tbps": round(copy, 3) if copy else None,
+        "roofline": "roofline_tflops = min(peak_bf16_tflops, flops / minimum bytes * copy_tbps); minimum "
+                    "bytes = weights + activations + output once, bf16 (bench/gemm/roofline.py; copy_tbps "
+                    f"measured in the same run, else {DEFAULT_COPY_TBPS})",
         "passes": {"mok": len(moks), "torch": len(tors)},
         "flops": "2 * real routed rows * N * K (padding rows not counted); fc1 = x . W1^T with N = 2*inter "
                  "(mok also applies SwiGLU and stores h and gate/up; torch only the product)",

@@ -46,6 +46,18 @@ def peak_tflops():
     return 2.0 * n**3 / (ms * 1e-3) / 1e12, ms
 
 
+def copy_tbps():
+    """Device-to-device copy of 2 GiB, bytes read + written per second: the memory ceiling the
+    roofline of bench/gemm/roofline.py uses (same run, same GPU)."""
+    n = 1 << 30  # bf16 elements: 2 GiB per buffer
+    src = torch.empty(n, device="cuda", dtype=torch.bfloat16).normal_()
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda i: dst.copy_(src), reps=30, warm=3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2.0 * 2 * n / (ms * 1e-3) / 1e12
+
+
 def rnd(*shape, scale=1.0):
     return (torch.randn(*shape, device="cuda", dtype=torch.float32) * scale).to(torch.bfloat16)
 
@@ -95,8 +107,10 @@ def main():
     torch.manual_seed(0)
     peak, peak_ms = (0.0, 0.0) if a.no_peak else peak_tflops()
     print(f"cuBLAS bf16 8192^3: {peak:.1f} TFLOP/s ({peak_ms:.3f} ms)", flush=True)
+    copy = 0.0 if a.no_peak else copy_tbps()
+    print(f"device copy: {copy:.2f} TB/s (read + write)", flush=True)
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-           "peak_bf16_tflops": peak, "cases": []}
+           "peak_bf16_tflops": peak, "copy_tbps": copy, "cases": []}
     for case in mok["cases"]:
         entry = {k: case[k] for k in ("name", "form", "rows_per_expert", "routing")}
         try:
