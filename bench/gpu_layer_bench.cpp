@@ -44,6 +44,7 @@ struct RankWeights {
 struct Variant {
   std::string name;
   Config cfg;
+  bool save_for_backward = true;  // false: an inference forward (no gate/up pre-activations kept)
 };
 
 // The variants measured at one shape: the main one first.
@@ -88,6 +89,11 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
     Config c = mk;
     c.fwd_clusters = !main.fwd_clusters;
     if (c.resolved_fwd_comm_sms(shape) % 2 == 0) v.push_back({c.fwd_clusters ? "megakernel-clusters" : "megakernel-no-clusters", c});
+  }
+  {
+    Variant inf{"megakernel-inference", mk};
+    inf.save_for_backward = false;
+    v.push_back(inf);
   }
   if (4 * mb < shape.worst_case_rows()) {
     Config c = mk;
@@ -280,7 +286,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
             const RoutingRefs& refs = run.refs;
             cudaStream_t s = c.stream();
             MOK_CUDA_CHECK(cudaMemsetAsync(out, 0xff, static_cast<size_t>(T * H) * 2, s));  // poison
-            layer.forward(refs, out, s);
+            layer.forward(refs, out, s, var.save_for_backward);
             MOK_CUDA_CHECK(cudaStreamSynchronize(s));
             layer.check();
             for (int64_t t : samples) {
@@ -292,7 +298,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
             for (auto& e : ev) MOK_CUDA_CHECK(cudaEventCreate(&e));
             for (int it = 0; it < o.warmup + o.iters; ++it) {
               MOK_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(2 * it)], s));
-              layer.forward(refs, out, s);
+              layer.forward(refs, out, s, var.save_for_backward);
               MOK_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(2 * it + 1)], s));
             }
             MOK_CUDA_CHECK(cudaStreamSynchronize(s));

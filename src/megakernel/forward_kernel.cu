@@ -741,7 +741,8 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
       if (dummy) {
       } else if (kind == kTaskFc1 || kind == kTaskShared1) {
         const bool routed = kind == kTaskFc1;
-        epilogue_fc1_split_n<C>(sm, es, cwg, wt, acc, routed ? &maps.gu : &maps.gus_out, slot.gu_row,
+        const CUtensorMap* gu_map = !p.save_gu ? nullptr : routed ? &maps.gu : &maps.gus_out;
+        epilogue_fc1_split_n<C>(sm, es, cwg, wt, acc, gu_map, slot.gu_row,
                                 routed ? &maps.h_out : &maps.hs_out, t.out_row, t.b_n, slot.n_cols);
       } else {
         epilogue_store_split_n<C>(sm, es, cwg, wt, acc, kind == kTaskFc2 ? &maps.y_out : &maps.ys_out, t.out_row,
@@ -759,7 +760,8 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
       if (dummy) {
       } else if (kind == kTaskFc1 || kind == kTaskShared1) {
         const bool routed = kind == kTaskFc1;
-        epilogue_fc1<C>(sm, es, cwg, wt, acc, routed ? &maps.gu : &maps.gus_out, slot.gu_row,
+        const CUtensorMap* gu_map = !p.save_gu ? nullptr : routed ? &maps.gu : &maps.gus_out;
+        epilogue_fc1<C>(sm, es, cwg, wt, acc, gu_map, slot.gu_row,
                         routed ? &maps.h_out : &maps.hs_out, t.out_row, t.b_n, slot.n_cols);
       } else if (kind == kTaskFc2 && p.combine_in_epilogue) {
         epilogue_combine(p, sm, es, cwg, wt, acc, slot.gu_row, t.b_n);

@@ -103,6 +103,7 @@ struct Layer::Impl {
   DeviceBuffer w1p, x_routed, gu, h, y;
   DeviceBuffer ws1p, shared_tiles, gu_s, h_s, y_s;
   gemm::Plan fc1, fc2, fc1_s, fc2_s;
+  gemm::Plan fc1_nogu, fc1_s_nogu;  // forward(..., save_for_backward = false)
   // Megakernel: ring buffers, counters, tensor maps and parameters.
   bool fused = true;
   int sms = 0;
@@ -213,6 +214,9 @@ struct Layer::Impl {
     a1.expert_row_begin = v.expert_offset;  // nearly empty tiles in split-N form
     a1.expert_rows = v.expert_rows;
     fc1 = gemm::plan_fc1(a1);
+    gemm::Fc1Args a1_nogu = a1;  // forward(..., save_for_backward = false)
+    a1_nogu.gu = nullptr;
+    fc1_nogu = gemm::plan_fc1(a1_nogu);
     gemm::Fc2Args a2;
     a2.a = h.p;
     a2.w = weights.w_down;
@@ -239,6 +243,8 @@ struct Layer::Impl {
       s1.num_m_tiles = t_tiles;
       s1.expert_row_begin = s1.expert_rows = nullptr;  // one "expert": no split-N
       fc1_s = gemm::plan_fc1(s1);
+      s1.gu = nullptr;
+      fc1_s_nogu = gemm::plan_fc1(s1);
       gemm::Fc2Args s2 = a2;
       s2.a = h_s.p;
       s2.w = weights.ws_down;
@@ -405,7 +411,7 @@ struct Layer::Impl {
     return a;
   }
 
-  void forward(const RoutingRefs& in, void* out, cudaStream_t stream) {
+  void forward(const RoutingRefs& in, void* out, cudaStream_t stream, bool save_for_backward) {
     validate_routing_layout(shape, rank, in);
     MOK_REQUIRE(out != nullptr || T == 0, "out", "must be a [T, H] bf16 device buffer");
     if (T > 0)
@@ -423,17 +429,19 @@ struct Layer::Impl {
     for (const auto& b : receivers)
       if (b) b->build(stream);
     if (fused) {
-      mk::launch_forward(maps, mkp, dc, grid, stream);
+      mk::ForwardParams params = mkp;
+      params.save_gu = save_for_backward ? 1 : 0;
+      mk::launch_forward(maps, params, dc, grid, stream);
     } else {
       gpu::pull_dispatch(move_args(), x_peers.get<const void* const>(), x_routed.p, stream);
-      gemm::run(fc1, stream);
+      gemm::run(save_for_backward ? fc1 : fc1_nogu, stream);
       gemm::run(fc2, stream);
       gpu::push_combine(move_args(), y.p, combine_peers.get<void* const>(), stream);
     }
     barrier_kernel<<<1, 64, 0, stream>>>(dc, 0);  // every push into our combine slots landed
     MOK_CUDA_CHECK(cudaGetLastError());
     if (!fused && Is > 0 && T > 0) {
-      gemm::run(fc1_s, stream);
+      gemm::run(save_for_backward ? fc1_s : fc1_s_nogu, stream);
       gemm::run(fc2_s, stream);
     }
     gpu::MergeArgs m;
@@ -456,7 +464,9 @@ Layer::Layer(comm::Communicator& comm, const LayerShape& shape, const Config& co
 
 Layer::~Layer() = default;
 
-void Layer::forward(const RoutingRefs& in, void* out, cudaStream_t stream) { impl_->forward(in, out, stream); }
+void Layer::forward(const RoutingRefs& in, void* out, cudaStream_t stream, bool save_for_backward) {
+  impl_->forward(in, out, stream, save_for_backward);
+}
 
 void Layer::repack(cudaStream_t stream) { impl_->repack(stream); }
 

@@ -448,6 +448,45 @@ INSTANTIATE_TEST_SUITE_P(Megakernel, LayerForwardKnob, ::testing::Values("MOK_MK
                            return std::string(i.param).substr(7);  // SPLIT_N, GROUP_M
                          });
 
+// forward(..., save_for_backward = false) skips the gate/up pre-activations only: the same bits,
+// on both paths, with a shared expert, also when the ranks choose differently in one call.
+class LayerForwardInference : public ::testing::TestWithParam<mok::ForwardPath> {};
+
+TEST_P(LayerForwardInference, SameBitsWithoutSavedActivations) {
+  const Case c = with(kOneExpertShared, "", GetParam(), 8);
+  MOK_REQUIRE_GPUS(c.world);
+  const mok::LayerShape shape = shape_of(c);
+  const mok::Config cfg = config_of(c);
+  const auto wl = mok::make_workload(shape, mok::Routing::Zipf, 7);
+  auto group = two_ranks(shape, cfg);
+  constexpr bool kSave[3][2] = {{true, true}, {false, false}, {true, false}};  // per pass, per rank
+  std::vector<mok::bf16> outs[3][2];
+  group.run([&](mok::comm::Communicator& comm, size_t r) {
+    RankData d(shape, wl, static_cast<int>(r));
+    mok::Layer layer(comm, shape, cfg, d.dw);
+    for (int pass = 0; pass < 3; ++pass) {
+      d.poison();
+      layer.forward(d.refs, d.out, comm.stream(), kSave[pass][r]);
+      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
+      layer.check();
+      outs[pass][r] = d.result();  // each rank writes only its own entries
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(outs[0][r].size(), static_cast<size_t>(c.tokens[static_cast<size_t>(r)] * c.H));
+    int64_t poisoned = 0;  // the first pass wrote every element (0xffff is the poison)
+    for (const mok::bf16& v : outs[0][r]) poisoned += v.bits == 0xffff;
+    EXPECT_EQ(poisoned, 0) << "rank " << r;
+    for (int pass = 1; pass < 3; ++pass)
+      EXPECT_EQ(bit_diffs(outs[0][r], outs[pass][r]), 0) << "pass " << pass << ", rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, LayerForwardInference, ::testing::Values(kMk, kUnfused),
+                         [](const ::testing::TestParamInfo<mok::ForwardPath>& i) {
+                           return std::string(mok::to_string(i.param));
+                         });
+
 // One rank never calls forward: the other's first barrier expires; check() names it, the
 // megakernel that follows exits at once (the communicator is poisoned), teardown is clean.
 TEST(LayerForwardTimeout, MissingPeerIsNamedAndTerminates) {
