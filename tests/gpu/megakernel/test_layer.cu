@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <latch>
 #include <mutex>
 #include <string>
@@ -61,6 +61,9 @@ mok::Config config_of(const Case& c) {
   cfg.combine = c.combine;
   cfg.fwd_clusters = c.clusters;
   cfg.dispatch = c.dispatch;
+  // Under compute-sanitizer the first launches of a module take seconds (instrumentation), longer
+  // than the default bound of a wait: scripts/sanitize.sh raises it with this variable.
+  if (const char* t = std::getenv("MOK_TEST_WAIT_TIMEOUT_S")) cfg.wait_timeout_s = std::atof(t);
   return cfg;
 }
 

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# compute-sanitizer on a GPU machine: memcheck over the grouped-GEMM tests and a set of layer
+# tests (1 and 2 GPUs: pull, push, ring reuse, clusters, epilogue combine, empty slots), racecheck
+# over two GEMM tests. NCCL's own start-up probes raise CUDA API errors (kernels without an image
+# for this GPU, peer access already enabled); they are not reported (--report-api-errors no), so
+# "ERROR SUMMARY: 0 errors" means no device memory error. Instrumenting a module takes seconds
+# on its first launch, so the layer tests run with a longer wait bound (MOK_TEST_WAIT_TIMEOUT_S).
+# Logs: $OUT (default build/sanitize). Exit status: 0 when every run is clean.
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+OUT="${OUT:-$MOK_ROOT/build/sanitize}"
+mkdir -p "$OUT"
+mok_ensure_deps
+mok_build --target mok_gpu_gemm_tests --target mok_gpu_layer_tests
+cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+[ -x "$cs" ] || { echo "compute-sanitizer not found" >&2; exit 2; }
+gemm="$MOK_BUILD/tests/gpu/gemm/mok_gpu_gemm_tests"
+layer="$MOK_BUILD/tests/gpu/megakernel/mok_gpu_layer_tests"
+gemm_tests='GroupedGemm.Fc1SwiGLUSmallExpertsPartialBlocks:GroupedGemm.Fc2SmallExpertsPartialBlocks:GroupedGemm.SplitNForNearlyEmptyTiles:GroupedGemm.WgradKGroupedMaskedPadding:GroupedGemm.DgradMNMajorWeights:GroupedGemm.ClustersMulticastB'
+layer_tests='Routings/LayerForward.*/ep1_uniform_shared:Routings/LayerForward.*/ep2_zipf:Routings/LayerForward.*/ep2_empty_slots_t0_shared:Ring/LayerForward.*/ring_mb128_macro256:PushDispatch/LayerForward.*/ep2_zipf:Clusters/LayerForward.*/ep2_zipf:EpilogueCombine/LayerForward.*/ep2_zipf:Paths/LayerForwardInference.*'
+status=0
+run() {  # name tool binary filter
+  local log="$OUT/$1.log"
+  MOK_TEST_WAIT_TIMEOUT_S=120 timeout 900 "$cs" --tool "$2" --report-api-errors no --print-limit 100 \
+    "$3" --gtest_filter="$4" >"$log" 2>&1
+  local rc=$?
+  local summary
+  summary="$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)"
+  local passed failed
+  passed="$(grep -c '^\[       OK \]' "$log")"
+  failed="$(grep -c '^\[  FAILED  \] .*\.' "$log")"
+  mok_log "$1: rc $rc, $passed tests passed, $failed failed; ${summary:-no summary} ($log)"
+  if [ "$rc" -ne 0 ] || [ "$failed" -ne 0 ] || ! grep -qE "(ERROR SUMMARY: 0 errors|0 hazards displayed \(0 errors)" <<<"$summary"; then
+    status=1
+  fi
+}
+run memcheck-gemm memcheck "$gemm" "$gemm_tests"
+run memcheck-layer memcheck "$layer" "$layer_tests"
+run racecheck-gemm racecheck "$gemm" 'GroupedGemm.Fc1SwiGLUSmallExpertsPartialBlocks:GroupedGemm.Fc2SmallExpertsPartialBlocks'
+exit $status
