@@ -9,9 +9,11 @@ mok_log() { echo "[mok] $*" >&2; }
 # Debian packages the build needs; installed with apt-get when missing (CI and fresh machines).
 mok_ensure_deps() {
   local need=()
-  if ! command -v cmake >/dev/null || ! cmake -P /dev/stdin <<<'if(CMAKE_VERSION VERSION_LESS 3.25)
-message(FATAL_ERROR "old")
-endif()' >/dev/null 2>&1; then need+=(cmake); fi
+  # CMake >= 3.25 (from `cmake --version`: `cmake -P /dev/stdin` cannot read a here-string,
+  # which bash >= 5.1 passes through a pipe).
+  local cmake_version
+  cmake_version="$(cmake --version 2>/dev/null | sed -n '1s/^cmake version \([0-9]*\.[0-9]*\).*/\1/p' || true)"
+  if [ -z "$cmake_version" ] || ! printf '3.25\n%s\n' "$cmake_version" | sort -V -C; then need+=(cmake); fi
   command -v ninja >/dev/null || need+=(ninja-build)
   command -v g++ >/dev/null || need+=(g++)
   command -v python3 >/dev/null || need+=(python3)

@@ -5,9 +5,13 @@
 # for this GPU, peer access already enabled); they are not reported (--report-api-errors no), so
 # "ERROR SUMMARY: 0 errors" means no device memory error. Instrumenting a module takes seconds
 # on its first launch, so the layer tests run with a longer wait bound (MOK_TEST_WAIT_TIMEOUT_S).
+# Megakernel-path layer tests only: the one unfused test tried (LayerForwardInference/unfused) ran
+# over 100 s under memcheck without finishing (not diagnosed; it passes in ~1 s without the tool).
+# LayerWindows.LaterLayersReuseWindows is left out too: under memcheck it hung for 300 s, probably
+# in NCCL's collective window registration (no bound of ours applies there).
 # Logs: $OUT (default build/sanitize). Exit status: 0 when every run is clean.
-set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+set +e  # common.sh sets -e; every run below is judged from its log, and all of them run
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 OUT="${OUT:-$MOK_ROOT/build/sanitize}"
 mkdir -p "$OUT"
@@ -18,7 +22,7 @@ cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer
 gemm="$MOK_BUILD/tests/gpu/gemm/mok_gpu_gemm_tests"
 layer="$MOK_BUILD/tests/gpu/megakernel/mok_gpu_layer_tests"
 gemm_tests='GroupedGemm.Fc1SwiGLUSmallExpertsPartialBlocks:GroupedGemm.Fc2SmallExpertsPartialBlocks:GroupedGemm.SplitNForNearlyEmptyTiles:GroupedGemm.WgradKGroupedMaskedPadding:GroupedGemm.DgradMNMajorWeights:GroupedGemm.ClustersMulticastB'
-layer_tests='Routings/LayerForward.*/ep1_uniform_shared:Routings/LayerForward.*/ep2_zipf:Routings/LayerForward.*/ep2_empty_slots_t0_shared:Ring/LayerForward.*/ring_mb128_macro256:PushDispatch/LayerForward.*/ep2_zipf:Clusters/LayerForward.*/ep2_zipf:EpilogueCombine/LayerForward.*/ep2_zipf:Paths/LayerForwardInference.*'
+layer_tests='Routings/LayerForward.*/ep1_uniform_shared:Routings/LayerForward.*/ep2_zipf:Routings/LayerForward.*/ep2_empty_slots_t0_shared:Ring/LayerForward.*/ring_mb128_macro256:PushDispatch/LayerForward.*/ep2_zipf:Clusters/LayerForward.*/ep2_zipf:EpilogueCombine/LayerForward.*/ep2_zipf:Paths/LayerForwardInference.*/megakernel'
 status=0
 run() {  # name tool binary filter
   local log="$OUT/$1.log"
@@ -26,10 +30,10 @@ run() {  # name tool binary filter
     "$3" --gtest_filter="$4" >"$log" 2>&1
   local rc=$?
   local summary
-  summary="$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)"
+  summary="$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1 || true)"
   local passed failed
-  passed="$(grep -c '^\[       OK \]' "$log")"
-  failed="$(grep -c '^\[  FAILED  \] .*\.' "$log")"
+  passed="$(grep -c '^\[       OK \]' "$log" || true)"
+  failed="$(grep -c '^\[  FAILED  \] .*\.' "$log" || true)"
   mok_log "$1: rc $rc, $passed tests passed, $failed failed; ${summary:-no summary} ($log)"
   if [ "$rc" -ne 0 ] || [ "$failed" -ne 0 ] || ! grep -qE "(ERROR SUMMARY: 0 errors|0 hazards displayed \(0 errors)" <<<"$summary"; then
     status=1
