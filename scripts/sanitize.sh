@@ -11,12 +11,13 @@
 # in NCCL's collective window registration (no bound of ours applies there).
 # Logs: $OUT (default build/sanitize). Exit status: 0 when every run is clean.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-set +e  # common.sh sets -e; every run below is judged from its log, and all of them run
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 OUT="${OUT:-$MOK_ROOT/build/sanitize}"
 mkdir -p "$OUT"
 mok_ensure_deps
+# A failed build stops here (common.sh's set -e): never sanitize stale binaries.
 mok_build --target mok_gpu_gemm_tests --target mok_gpu_layer_tests
+set +e  # from here every run is judged from its log, and all of them run
 cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 [ -x "$cs" ] || { echo "compute-sanitizer not found" >&2; exit 2; }
 gemm="$MOK_BUILD/tests/gpu/gemm/mok_gpu_gemm_tests"
@@ -35,7 +36,10 @@ run() {  # name tool binary filter
   passed="$(grep -c '^\[       OK \]' "$log" || true)"
   failed="$(grep -c '^\[  FAILED  \] .*\.' "$log" || true)"
   mok_log "$1: rc $rc, $passed tests passed, $failed failed; ${summary:-no summary} ($log)"
-  if [ "$rc" -ne 0 ] || [ "$failed" -ne 0 ] || ! grep -qE "(ERROR SUMMARY: 0 errors|0 hazards displayed \(0 errors)" <<<"$summary"; then
+  # Clean: exit 0, at least one test ran, none failed, and a zero summary (anchored: "10 hazards"
+  # must not match "0 hazards").
+  if [ "$rc" -ne 0 ] || [ "$passed" -eq 0 ] || [ "$failed" -ne 0 ] ||
+     ! grep -qE "(ERROR SUMMARY: 0 errors|SUMMARY: 0 hazards displayed \(0 errors)" <<<"$summary"; then
     status=1
   fi
 }

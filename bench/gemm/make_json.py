@@ -84,7 +84,8 @@ def main():
         "date": a.date or datetime.date.today().isoformat(),
         "commit": commit, "torch": tor.get("torch"),
         "peak_bf16_tflops": round(peak, 1) if peak else None,
-        "copy_tbps": round(copy, 3) if copy else None,
+        "copy_tbps": round(copy, 3) if copy else DEFAULT_COPY_TBPS,
+        "copy_tbps_source": "measured in this run (torch_baseline.py)" if copy else "default (KINDS.md), not measured",
         "roofline": "roofline_tflops = min(peak_bf16_tflops, flops / minimum bytes * copy_tbps); minimum "
                     "bytes = weights + activations + output once, bf16 (bench/gemm/roofline.py; copy_tbps "
                     f"measured in the same run, else {DEFAULT_COPY_TBPS})",

@@ -47,8 +47,9 @@ class Layer {
   // out [T, H] bf16 (device) = the layer applied to this rank's x / topk_idx / topk_w (device
   // tensors, checked with validate_routing_layout). Enqueued on `stream`.
   // save_for_backward = false (inference, evaluation): the FC1 epilogues skip storing the gate/up
-  // pre-activations a backward needs (2I bf16 per routed row: 0.5 GB per forward at DeepSeek-V3
-  // T = 8192, EP 2); `out` is bitwise the same either way. All ranks need not agree.
+  // pre-activations a backward needs (2I bf16 per routed row: 0.5 GB of writes per forward at
+  // DeepSeek-V3 T = 8192, EP 2; the buffer stays allocated); `out` is bitwise the same either
+  // way. All ranks need not agree. A captured graph keeps the value it was captured with.
   void forward(const RoutingRefs& in, void* out, cudaStream_t stream, bool save_for_backward = true);
   // Re-packs the gate/up weights after the caller changed them in place.
   void repack(cudaStream_t stream);

@@ -177,7 +177,9 @@ struct Layer::Impl {
     cap_rows = shape.worst_case_rows();
     t_tiles = sched::ceil_div(T, sched::kBlockM);
     w1p = DeviceBuffer(static_cast<size_t>(e_loc * 2 * I * H) * 2, "w1p");
-    // gate/up pre-activations of every routed row (kept for backward on both paths).
+    // gate/up pre-activations of every routed row (kept for backward on both paths). Not written
+    // by forward(..., save_for_backward = false): a backward must know whether the last forward
+    // saved them (track it when the backward lands; a captured graph fixes the flag).
     // (at least one tile of rows, so tensor maps stay valid when no rank has tokens)
     gu = DeviceBuffer(static_cast<size_t>(std::max<int64_t>(cap_rows, sched::kBlockM) * 2 * I) * 2, "gu");
     const bool has_shared = Is > 0 && T > 0;

@@ -109,7 +109,12 @@ struct RankData {
   }
   RankData(const RankData&) = delete;
   RankData& operator=(const RankData&) = delete;
-  void poison() const { EXPECT_EQ(cudaSuccess, cudaMemset(out, 0xff, std::max<int64_t>(1, T * H) * 2)); }
+  // The memset runs on the legacy stream, which the communicator's non-blocking stream does not
+  // wait for: synchronize, so the poison lands before forward() writes.
+  void poison() const {
+    EXPECT_EQ(cudaSuccess, cudaMemset(out, 0xff, std::max<int64_t>(1, T * H) * 2));
+    EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  }
   std::vector<mok::bf16> result() const { return download(out, T * H); }
 };
 
