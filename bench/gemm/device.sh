@@ -2,7 +2,7 @@
 # One call on the GPU machine for the GEMM engine: build only its targets, run its GPU tests,
 # check ptxas reports and SASS (HGMMA present, no local memory), then the benchmark: mok and
 # torch (torch._grouped_mm, cuBLAS 8192^3) in the same call, merged into gemm-h200x1.json.
-# Everything lands in $OUT (log.txt, build.log, tests.log, mok.json, torch.json, gemm-h200x1.json,
+# Everything lands in $OUT (log.txt, build.log, tests.log, mok.json, torch.json, gemm-h200x1.{json,png},
 # and on request sass_fc1.txt / ncu.txt). Usage from the repo root:
 #   [GEMM_SASS=1] [GEMM_NCU=1] [GEMM_SWEEP="args1;args2"] [GEMM_EXPERIMENTS="args1;args2"] \
 #     bench/gemm/device.sh [bench args...]
@@ -126,3 +126,4 @@ nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv >>"$LOG
 python3 bench/gemm/make_json.py --mok /tmp/gemm_mok1.json /tmp/gemm_mok2.json \
   --torch /tmp/gemm_torch1.json /tmp/gemm_torch2.json --out "$OUT/gemm-h200x1.json" \
   --commit "${MOK_COMMIT:-unknown}" 2>&1 | tee -a "$LOG"
+python3 bench/gemm/plot_gemm.py "$OUT/gemm-h200x1.json" "$OUT/gemm-h200x1.png" 2>&1 | tee -a "$LOG"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Self-test of bench/gemm/roofline.py and make_json.py's roofline fields (synthetic inputs)."""
+"""Self-test of bench/gemm/roofline.py, make_json.py's roofline fields and plot_gemm.py (synthetic inputs)."""
 import json
 import os
 import subprocess
@@ -58,6 +58,34 @@ class Roofline(unittest.TestCase):
             table = subprocess.run([sys.executable, os.path.join(HERE, "roofline.py"), paths[2]], check=True,
                                    capture_output=True, text=True).stdout
             self.assertIn("above the copy-rate roof", table)  # bar 1.25 x torch: over the copy-based roof
+
+
+class Plot(unittest.TestCase):
+    def test_plot_writes_a_png(self):
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            self.skipTest("matplotlib not installed")
+        cases = []
+        for rows in (128, 512):
+            for form in ("fc1", "dgrad"):
+                c = dict(fc1_case(rows), form=form, name=f"dsv3-{form}", mok_ms=1.0, speedup=1.1,
+                         torch_grouped_mm_tflops=400.0)
+                c["mok_tflops"] = c["flops"] / 1e-3 / 1e12
+                cases.append(c)
+        doc = {"device": "X", "commit": "abc", "date": "2026-11-30", "peak_bf16_tflops": 780.0,
+               "copy_tbps": 4.3, "cases": cases}
+        with tempfile.TemporaryDirectory() as d:
+            src, png = os.path.join(d, "g.json"), os.path.join(d, "g.png")
+            json.dump(doc, open(src, "w"))
+            subprocess.run([sys.executable, os.path.join(HERE, "plot_gemm.py"), src, png], check=True,
+                           capture_output=True)
+            with open(png, "rb") as f:
+                self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+            empty = os.path.join(d, "e.json")
+            json.dump({"cases": []}, open(empty, "w"))
+            r = subprocess.run([sys.executable, os.path.join(HERE, "plot_gemm.py"), empty, png], capture_output=True)
+            self.assertEqual(r.returncode, 1)  # nothing to plot is an error, not an empty figure
 
 
 if __name__ == "__main__":
