@@ -51,6 +51,11 @@ class Layer {
   // DeepSeek-V3 T = 8192, EP 2; the buffer stays allocated); `out` is bitwise the same either
   // way. All ranks need not agree. A captured graph keeps the value it was captured with.
   void forward(const RoutingRefs& in, void* out, cudaStream_t stream, bool save_for_backward = true);
+  // This rank's x buffer [T, H] bf16 (device) inside the layer's symmetric window, which the
+  // peers read during forward(). forward() copies RoutingRefs::x there unless x already points at
+  // it: write x here (rows [0, T) only, ordered before forward() on its stream) to skip that copy.
+  // Valid for the layer's lifetime; nullptr when T = 0.
+  void* input_buffer() const;
   // Re-packs the gate/up weights after the caller changed them in place.
   void repack(cudaStream_t stream);
   // Raises pending device-side errors (invalid expert ids: InvalidArgument naming topk_idx[t,j];

@@ -416,7 +416,7 @@ struct Layer::Impl {
   void forward(const RoutingRefs& in, void* out, cudaStream_t stream, bool save_for_backward) {
     validate_routing_layout(shape, rank, in);
     MOK_REQUIRE(out != nullptr || T == 0, "out", "must be a [T, H] bf16 device buffer");
-    if (T > 0)
+    if (T > 0 && in.x.data != win_x->ptr)  // x written into input_buffer(): nothing to copy
       MOK_CUDA_CHECK(cudaMemcpyAsync(win_x->ptr, in.x.data, static_cast<size_t>(T * H) * 2,
                                      cudaMemcpyDeviceToDevice, stream));
     // The megakernel's counters are zeroed before the barrier: with push dispatch the other ranks
@@ -471,6 +471,8 @@ void Layer::forward(const RoutingRefs& in, void* out, cudaStream_t stream, bool 
 }
 
 void Layer::repack(cudaStream_t stream) { impl_->repack(stream); }
+
+void* Layer::input_buffer() const { return impl_->T > 0 ? impl_->win_x->ptr : nullptr; }
 
 std::string Layer::profile_summary() const {
   const Impl& m = *impl_;

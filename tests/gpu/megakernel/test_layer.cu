@@ -495,6 +495,50 @@ INSTANTIATE_TEST_SUITE_P(Paths, LayerForwardInference, ::testing::Values(kMk, kU
                            return std::string(mok::to_string(i.param));
                          });
 
+// x written straight into Layer::input_buffer() (no copy in forward()) gives the same bits as the
+// copy, on both paths, with a shared expert (it reads x from that buffer too).
+class LayerForwardInputBuffer : public ::testing::TestWithParam<mok::ForwardPath> {};
+
+TEST_P(LayerForwardInputBuffer, SameBitsWithoutTheCopy) {
+  const Case c = with(kOneExpertShared, "", GetParam(), 8);
+  MOK_REQUIRE_GPUS(c.world);
+  const mok::LayerShape shape = shape_of(c);
+  const mok::Config cfg = config_of(c);
+  const auto wl = mok::make_workload(shape, mok::Routing::Zipf, 9);
+  auto group = two_ranks(shape, cfg);
+  std::vector<mok::bf16> copied[2], direct[2];
+  group.run([&](mok::comm::Communicator& comm, size_t r) {
+    RankData d(shape, wl, static_cast<int>(r));
+    mok::Layer layer(comm, shape, cfg, d.dw);
+    d.poison();
+    layer.forward(d.refs, d.out, comm.stream());
+    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
+    layer.check();
+    copied[r] = d.result();
+    void* buf = layer.input_buffer();
+    ASSERT_NE(buf, nullptr);
+    // Other x bits first (the copy would restore them; the direct path must not need it)...
+    ASSERT_EQ(cudaSuccess, cudaMemset(buf, 0, static_cast<size_t>(d.T * d.H) * 2));
+    // ...then the real x, written by the caller.
+    ASSERT_EQ(cudaSuccess, cudaMemcpy(buf, d.x, static_cast<size_t>(d.T * d.H) * 2, cudaMemcpyDeviceToDevice));
+    ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    comm.host_barrier();  // both ranks' x in place before either forward pulls from the other
+    mok::RoutingRefs refs = d.refs;
+    refs.x.data = buf;
+    d.poison();
+    layer.forward(refs, d.out, comm.stream());
+    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
+    layer.check();
+    direct[r] = d.result();
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(bit_diffs(copied[r], direct[r]), 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, LayerForwardInputBuffer, ::testing::Values(kMk, kUnfused),
+                         [](const ::testing::TestParamInfo<mok::ForwardPath>& i) {
+                           return std::string(mok::to_string(i.param));
+                         });
+
 // One rank never calls forward: the other's first barrier expires; check() names it, the
 // megakernel that follows exits at once (the communicator is poisoned), teardown is clean.
 TEST(LayerForwardTimeout, MissingPeerIsNamedAndTerminates) {
