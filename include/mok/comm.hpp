@@ -209,8 +209,10 @@ class Communicator {
   uint32_t* wait_claim_device() const;
   const volatile WaitErrorRecord* wait_error_host() const;
   uint64_t wait_timeout_ns() const;
-  // Throws mok::Error(Timeout, "<wait name>", ...) if a kernel reported an expired wait (and
-  // poisons the communicator); returns otherwise. Cheap: reads host memory.
+  // Throws mok::Error(Timeout, "<wait name>", ...) if a kernel reported an expired wait, or
+  // Timeout("device pipeline wait") if only the claim word is set (a kernel-internal wait that
+  // writes no record), and poisons the communicator; returns otherwise. Cheap: reads the
+  // host-mapped record and, when it is empty, the 4-byte claim word (a synchronous cudaMemcpy).
   void check_waits();
   // cudaStreamSynchronize(stream) (CUDA failure -> Runtime error), then check_waits().
   void sync_and_check(cudaStream_t stream);

@@ -444,7 +444,24 @@ uint64_t Communicator::wait_timeout_ns() const {
 
 void Communicator::check_waits() {
   const volatile WaitErrorRecord* r = impl_->record_host;
-  if (r == nullptr || r->status == 0) return;
+  if (r == nullptr) return;
+  if (r->status == 0) {
+    // Waits inside a kernel's shared-memory pipeline (TMA / hand-off barriers) claim the word
+    // without writing a record; the kernels then return early with partial results, so this is a
+    // timeout too (and the communicator is unusable, as after any other expired wait).
+    uint32_t claim = 0;
+    if (impl_->claim_dev != nullptr) {
+      DeviceGuard guard(impl_->device);
+      MOK_CUDA_CHECK(cudaMemcpy(&claim, impl_->claim_dev, sizeof(claim), cudaMemcpyDeviceToHost));
+    }
+    if (claim == 0) return;
+    impl_->poisoned = true;
+    throw Error(ErrorKind::Timeout, "device pipeline wait",
+                detail::concat("every wait completes within config.wait_timeout_s = ",
+                               impl_->options.config.wait_timeout_s, " s"),
+                detail::concat("a kernel's internal pipeline wait expired (site 0x", std::hex, claim,
+                               "); the communicator is unusable now: destroy it"));
+  }
   // A writer may still be filling the record (status 1): give it a moment.
   for (int i = 0; i < 1000 && r->status != 2; ++i) std::this_thread::sleep_for(std::chrono::microseconds(100));
   WaitErrorRecord copy;

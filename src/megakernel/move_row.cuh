@@ -1,5 +1,6 @@
 // mok — one routed row copied by one warp with 16-byte accesses, four in flight per lane. Used by
-// the unfused movement kernels (dispatch.cu) and the megakernel's comm CTAs (forward_kernel.cu).
+// the unfused movement kernels (dispatch.cu); the megakernel's comm CTAs move rows with bulk
+// copies through shared memory instead (forward_kernel.cu).
 #pragma once
 
 #include <cuda_runtime.h>
