@@ -12,8 +12,11 @@ Panels (each left out when the file has no data for it):
       minibatch tokens at a fixed comm SM count, one line per case.
 Times span more than an order of magnitude across models, so the ms axes are logarithmic.
 """
-import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import plot_common  # noqa: E402
 
 SWEEP_VARIANT = "megakernel"
 
@@ -183,19 +186,11 @@ def plot_sweep(ax, lines, xlabel, title):
 
 
 def main(argv):
-    if len(argv) != 2:
-        print(__doc__.strip(), file=sys.stderr)
-        return 2
-    try:
-        import matplotlib
-        matplotlib.use("Agg")  # file output only, no display needed
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("plot_forward: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
-        return 2
-    in_path, out_path = argv
-    with open(in_path) as f:
-        doc = json.load(f)
+    started = plot_common.start(argv, __doc__, "plot_forward")
+    if isinstance(started, int):
+        return started
+    plt, doc, out_path = started
+    in_path = argv[0]
 
     cases = doc.get("cases") or []
     ablation_rows = default_points(doc)
@@ -234,10 +229,7 @@ def main(argv):
 
     fig.suptitle(f"mok forward: {doc.get('gpus', '?')} x {doc.get('device', '?')}, "
                  f"EP {doc.get('ep', '?')}, commit {doc.get('commit', '?')}, {doc.get('date', '?')}")
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=120)
-    print(f"wrote {out_path}")
-    return 0
+    return plot_common.finish(fig, out_path, dpi=120)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,12 @@ TF/s side by side, with
   * the dense cuBLAS peak of the run as a dashed line.
 Forward forms (fc1, fc2) first, then the backward forms (dgrad, wgrad) of the same row count.
 """
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
+import plot_common  # noqa: E402
 from roofline import DEFAULT_COPY_TBPS, roofline_tflops  # noqa: E402
 
 FORM_ORDER = {"fc1": 0, "fc2": 1, "dgrad": 2, "wgrad": 3}
@@ -92,19 +93,11 @@ def plot_panel(ax, rows, cases, peak, copy):
 
 
 def main(argv):
-    if len(argv) != 2:
-        print(__doc__.strip(), file=sys.stderr)
-        return 2
-    try:
-        import matplotlib
-        matplotlib.use("Agg")  # file output only
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("plot_gemm: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
-        return 2
-    in_path, out_path = argv
-    with open(in_path) as f:
-        doc = json.load(f)
+    started = plot_common.start(argv, __doc__, "plot_gemm")
+    if isinstance(started, int):
+        return started
+    plt, doc, out_path = started
+    in_path = argv[0]
     groups = panels(doc)
     if not groups:
         print(f"plot_gemm: {in_path} has no cases with mok_tflops: nothing to plot", file=sys.stderr)
@@ -117,10 +110,7 @@ def main(argv):
         plot_panel(ax, rows, cs, peak, copy)
     fig.suptitle(f"mok grouped GEMM vs torch._grouped_mm: {doc.get('device', '?')}, commit "
                  f"{str(doc.get('commit', '?'))[:10]}, {doc.get('date', '?')}")
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=110)
-    print(f"wrote {out_path}")
-    return 0
+    return plot_common.finish(fig, out_path, dpi=110)
 
 
 if __name__ == "__main__":

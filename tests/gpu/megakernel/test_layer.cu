@@ -456,15 +456,21 @@ INSTANTIATE_TEST_SUITE_P(Megakernel, LayerForwardKnob, ::testing::Values("MOK_MK
                            return std::string(i.param).substr(7);  // SPLIT_N, GROUP_M
                          });
 
-// forward(..., save_for_backward = false) skips the gate/up pre-activations only: the same bits,
-// on both paths, with a shared expert, also when the ranks choose differently in one call.
-class LayerForwardInference : public ::testing::TestWithParam<mok::ForwardPath> {};
-
-TEST_P(LayerForwardInference, SameBitsWithoutSavedActivations) {
+// Suites run on both paths (megakernel, unfused) with the two-rank shared-expert case.
+class OnBothPaths : public ::testing::TestWithParam<mok::ForwardPath> {
+ protected:
   const Case c = with(kOneExpertShared, "", GetParam(), 8);
-  MOK_REQUIRE_GPUS(c.world);
   const mok::LayerShape shape = shape_of(c);
   const mok::Config cfg = config_of(c);
+};
+std::string path_name(const ::testing::TestParamInfo<mok::ForwardPath>& i) { return mok::to_string(i.param); }
+
+// forward(..., save_for_backward = false) skips the gate/up pre-activations only: the same bits,
+// on both paths, with a shared expert, also when the ranks choose differently in one call.
+class LayerForwardInference : public OnBothPaths {};
+
+TEST_P(LayerForwardInference, SameBitsWithoutSavedActivations) {
+  MOK_REQUIRE_GPUS(c.world);
   const auto wl = mok::make_workload(shape, mok::Routing::Zipf, 7);
   auto group = two_ranks(shape, cfg);
   constexpr bool kSave[3][2] = {{true, true}, {false, false}, {true, false}};  // per pass, per rank
@@ -490,20 +496,14 @@ TEST_P(LayerForwardInference, SameBitsWithoutSavedActivations) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, LayerForwardInference, ::testing::Values(kMk, kUnfused),
-                         [](const ::testing::TestParamInfo<mok::ForwardPath>& i) {
-                           return std::string(mok::to_string(i.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(Paths, LayerForwardInference, ::testing::Values(kMk, kUnfused), path_name);
 
 // x written straight into Layer::input_buffer() (no copy in forward()) gives the same bits as the
 // copy, on both paths, with a shared expert (it reads x from that buffer too).
-class LayerForwardInputBuffer : public ::testing::TestWithParam<mok::ForwardPath> {};
+class LayerForwardInputBuffer : public OnBothPaths {};
 
 TEST_P(LayerForwardInputBuffer, SameBitsWithoutTheCopy) {
-  const Case c = with(kOneExpertShared, "", GetParam(), 8);
   MOK_REQUIRE_GPUS(c.world);
-  const mok::LayerShape shape = shape_of(c);
-  const mok::Config cfg = config_of(c);
   const auto wl = mok::make_workload(shape, mok::Routing::Zipf, 9);
   auto group = two_ranks(shape, cfg);
   std::vector<mok::bf16> copied[2], direct[2];
@@ -534,10 +534,7 @@ TEST_P(LayerForwardInputBuffer, SameBitsWithoutTheCopy) {
   for (int r = 0; r < 2; ++r) EXPECT_EQ(bit_diffs(copied[r], direct[r]), 0) << "rank " << r;
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, LayerForwardInputBuffer, ::testing::Values(kMk, kUnfused),
-                         [](const ::testing::TestParamInfo<mok::ForwardPath>& i) {
-                           return std::string(mok::to_string(i.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(Paths, LayerForwardInputBuffer, ::testing::Values(kMk, kUnfused), path_name);
 
 // One rank never calls forward: the other's first barrier expires; check() names it, the
 // megakernel that follows exits at once (the communicator is poisoned), teardown is clean.
