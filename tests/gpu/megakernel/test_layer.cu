@@ -116,6 +116,16 @@ struct RankData {
     EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
   }
   std::vector<mok::bf16> result() const { return download(out, T * H); }
+  // Poisons out, runs one forward of `layer` on the communicator's stream (inputs `in`, default
+  // this rank's refs), waits, raises device-side errors and returns out.
+  std::vector<mok::bf16> forward_once(mok::Layer& layer, mok::comm::Communicator& comm,
+                                      const mok::RoutingRefs* in = nullptr, bool save_for_backward = true) const {
+    poison();
+    layer.forward(in ? *in : refs, out, comm.stream(), save_for_backward);
+    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
+    layer.check();
+    return result();
+  }
 };
 
 int64_t bit_diffs(const std::vector<mok::bf16>& a, const std::vector<mok::bf16>& b) {
@@ -439,13 +449,10 @@ TEST_P(LayerForwardKnob, SameBitsOnAndOff) {
     group.run([&](mok::comm::Communicator& comm, size_t r) {
       RankData d(shape, wl, static_cast<int>(r));
       mok::Layer layer(comm, shape, cfg, d.dw);
-      d.poison();
-      layer.forward(d.refs, d.out, comm.stream());
-      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
-      layer.check();
+      auto got = d.forward_once(layer, comm);
       std::lock_guard<std::mutex> lock(m);
       outs[on].resize(2);
-      outs[on][r] = d.result();
+      outs[on][r] = std::move(got);
     });
   }
   for (int r = 0; r < 2; ++r) EXPECT_EQ(bit_diffs(outs[0][r], outs[1][r]), 0) << knob << ", rank " << r;
@@ -478,13 +485,8 @@ TEST_P(LayerForwardInference, SameBitsWithoutSavedActivations) {
   group.run([&](mok::comm::Communicator& comm, size_t r) {
     RankData d(shape, wl, static_cast<int>(r));
     mok::Layer layer(comm, shape, cfg, d.dw);
-    for (int pass = 0; pass < 3; ++pass) {
-      d.poison();
-      layer.forward(d.refs, d.out, comm.stream(), kSave[pass][r]);
-      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
-      layer.check();
-      outs[pass][r] = d.result();  // each rank writes only its own entries
-    }
+    for (int pass = 0; pass < 3; ++pass)  // each rank writes only its own entries
+      outs[pass][r] = d.forward_once(layer, comm, nullptr, kSave[pass][r]);
   });
   for (int r = 0; r < 2; ++r) {
     ASSERT_EQ(outs[0][r].size(), static_cast<size_t>(c.tokens[static_cast<size_t>(r)] * c.H));
@@ -510,11 +512,7 @@ TEST_P(LayerForwardInputBuffer, SameBitsWithoutTheCopy) {
   group.run([&](mok::comm::Communicator& comm, size_t r) {
     RankData d(shape, wl, static_cast<int>(r));
     mok::Layer layer(comm, shape, cfg, d.dw);
-    d.poison();
-    layer.forward(d.refs, d.out, comm.stream());
-    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
-    layer.check();
-    copied[r] = d.result();
+    copied[r] = d.forward_once(layer, comm);
     void* buf = layer.input_buffer();
     ASSERT_NE(buf, nullptr);
     // Other x bits first (the copy would restore them; the direct path must not need it)...
@@ -525,11 +523,7 @@ TEST_P(LayerForwardInputBuffer, SameBitsWithoutTheCopy) {
     comm.host_barrier();  // both ranks' x in place before either forward pulls from the other
     mok::RoutingRefs refs = d.refs;
     refs.x.data = buf;
-    d.poison();
-    layer.forward(refs, d.out, comm.stream());
-    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
-    layer.check();
-    direct[r] = d.result();
+    direct[r] = d.forward_once(layer, comm, &refs);
   });
   for (int r = 0; r < 2; ++r) EXPECT_EQ(bit_diffs(copied[r], direct[r]), 0) << "rank " << r;
 }
