@@ -291,13 +291,15 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
             void* out = run.out;
             RoutingRefs refs = run.refs;
             cudaStream_t s = c.stream();
-            if (var.x_in_window && T > 0) {  // the caller writes x where the peers read it
-              MOK_CUDA_CHECK(cudaMemcpy(layer.input_buffer(), run.x, static_cast<size_t>(T * H) * 2,
-                                        cudaMemcpyDeviceToDevice));
-              refs.x.data = layer.input_buffer();
+            if (var.x_in_window) {  // the caller writes x where the peers read it
+              if (T > 0) {
+                MOK_CUDA_CHECK(cudaMemcpy(layer.input_buffer(), run.x, static_cast<size_t>(T * H) * 2,
+                                          cudaMemcpyDeviceToDevice));
+                refs.x.data = layer.input_buffer();
+              }
+              MOK_CUDA_CHECK(cudaDeviceSynchronize());
+              c.host_barrier();  // every rank's x in place before any forward pulls it
             }
-            MOK_CUDA_CHECK(cudaDeviceSynchronize());
-            c.host_barrier();  // every rank's x in place before any forward pulls it
             MOK_CUDA_CHECK(cudaMemsetAsync(out, 0xff, static_cast<size_t>(T * H) * 2, s));  // poison
             layer.forward(refs, out, s, var.save_for_backward);
             MOK_CUDA_CHECK(cudaStreamSynchronize(s));
