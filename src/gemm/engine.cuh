@@ -183,6 +183,19 @@ __device__ __forceinline__ void produce_tile(const Smem<C>& sm, PipeState<C>& ps
   }
 }
 
+// Producer, before the CTA exits: wait until the loads of the last kStages issues (one per stage,
+// never-armed stages pass at once) have landed. In a normal run they landed long ago (the
+// consumers waited for them); after an expired wait the consumers stop early, and without this a
+// TMA load or a partner's multicast could still write into the shared memory of an exited CTA.
+template <class C>
+__device__ __forceinline__ void drain_stages(const Smem<C>& sm, const PipeState<C>& ps, const WaitBound& wb) {
+  for (uint32_t j = 1; j <= uint32_t(C::kStages); ++j) {
+    const bool wrapped = ps.stage < j;  // issue ps - j was in the previous round of the ring
+    const uint32_t s = wrapped ? ps.stage + uint32_t(C::kStages) - j : ps.stage - j;
+    (void)mbar_drain(sm.full(s), wrapped ? ps.phase ^ 1u : ps.phase, wb.limit_ns);
+  }
+}
+
 // Clusters: before the CTA exits, wait until every stage's last use was released by the consumers
 // of both CTAs, so no remote arrival or multicast targets a CTA that has exited.
 template <class C>

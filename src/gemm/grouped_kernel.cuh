@@ -261,6 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       while (sched.next(t, shared, dummy))
         produce_tile<C, Form::kAMN, Form::kBMN, kCluster>(sm, ps, t, &map_a, &map_b, wb, &map_b_half, shared,
                                                            rank);
+      drain_stages(sm, ps, wb);
       if constexpr (kCluster) producer_tail(sm, ps, wb);
     }
   } else {

@@ -357,6 +357,9 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
         mbar_arrive_expect_tx(my_bar, row_bytes);
         bulk_load(my_row, from, row_bytes, my_bar);
         mbar_wait(my_bar, parity, WaitBound{dc.claim, dc.timeout_ns}, kSiteCommRow);
+        // After another wait expired mbar_wait returns at once: let the load land before the slot
+        // (and, at the end, the CTA) goes away.
+        (void)mbar_drain(my_bar, parity, dc.timeout_ns);
         parity ^= 1u;
         staged = my_row;
       }
@@ -605,6 +608,7 @@ __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const 
                                             (slot->flags & kSlotSharedB) != 0, 0u);
   }
   if (clock.out) clock.out[3] = dep_ns;
+  drain_stages(sm, ps, wb);
   if constexpr (kCluster) producer_tail(sm, ps, wb);
 }
 
@@ -628,6 +632,7 @@ __device__ void follower_producer(const ForwardMaps& maps, const Smem<C>& sm, co
     const TaskMaps tm = task_maps(maps, kind);
     produce_tile<C, false, false, true>(sm, ps, t, tm.a, tm.b, wb, tm.b_half, shared, 1u);
   }
+  drain_stages(sm, ps, wb);
   producer_tail(sm, ps, wb);
 }
 
