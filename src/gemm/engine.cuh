@@ -143,13 +143,16 @@ struct NoHook {
 // Clusters (kCluster): when the tile's B is `shared` with the partner CTA (same expert and
 // columns, the other 128 rows), this CTA loads half of B (rows or chunks of its `rank`) and
 // multicasts it to both CTAs; map_b_half is the K-major B map with a box of BLOCK_N/2 rows.
+// Returns false (nothing more issued, the stage not armed) when a wait for a free stage expired:
+// the producer must then stop, so that each stage has at most one load in flight and
+// drain_stages can wait for exactly those.
 template <class C, bool kAMN, bool kBMN, bool kCluster = false>
-__device__ __forceinline__ void produce_tile(const Smem<C>& sm, PipeState<C>& ps, const Tile& t,
+__device__ __forceinline__ bool produce_tile(const Smem<C>& sm, PipeState<C>& ps, const Tile& t,
                                              const CUtensorMap* map_a, const CUtensorMap* map_b,
                                              const WaitBound& wb, const CUtensorMap* map_b_half = nullptr,
                                              bool shared = false, uint32_t rank = 0) {
   for (int kb = 0; kb < t.k_blocks; ++kb) {
-    mbar_wait(sm.empty(ps.stage), ps.phase ^ 1u, wb, kSiteProducerEmpty);
+    if (!mbar_wait(sm.empty(ps.stage), ps.phase ^ 1u, wb, kSiteProducerEmpty)) return false;
     uint64_t* full = sm.full(ps.stage);
     mbar_arrive_expect_tx(full, C::kStageBytes);
     const int32_t k = t.k_begin + kb * kBlockK;
@@ -180,6 +183,23 @@ __device__ __forceinline__ void produce_tile(const Smem<C>& sm, PipeState<C>& ps
         tma_load_3d(b + c * kChunkBytes, map_b, full, t.b_n + 64 * c, k, t.b_batch);
     }
     ps.advance();
+  }
+  return true;
+}
+
+// Producer, before the CTA exits: wait until the loads of the last kStages issues (one per stage,
+// never-armed stages pass at once) have landed: in a normal run a few µs for the last loads (the
+// consumers wait for them anyway); after an expired wait the consumers stop early, and without
+// this a TMA load or a partner's multicast could still write into the shared memory of an exited
+// CTA. Exact because produce_tile stops at the first expired wait (one load in flight per stage).
+// One deadline for all stages (a timeout-free run has no bound: 10 s then).
+template <class C>
+__device__ __forceinline__ void drain_stages(const Smem<C>& sm, const PipeState<C>& ps, const WaitBound& wb) {
+  const uint64_t deadline = global_timer_ns() + (wb.limit_ns ? wb.limit_ns : 10000000000ull);
+  for (uint32_t j = 1; j <= uint32_t(C::kStages); ++j) {
+    const bool wrapped = ps.stage < j;  // issue ps - j was in the previous round of the ring
+    const uint32_t s = wrapped ? ps.stage + uint32_t(C::kStages) - j : ps.stage - j;
+    if (!mbar_drain(sm.full(s), wrapped ? ps.phase ^ 1u : ps.phase, deadline)) return;
   }
 }
 

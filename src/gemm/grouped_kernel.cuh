@@ -259,8 +259,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       Tile t;
       Schedule sched(p);
       while (sched.next(t, shared, dummy))
-        produce_tile<C, Form::kAMN, Form::kBMN, kCluster>(sm, ps, t, &map_a, &map_b, wb, &map_b_half, shared,
-                                                           rank);
+        if (!produce_tile<C, Form::kAMN, Form::kBMN, kCluster>(sm, ps, t, &map_a, &map_b, wb, &map_b_half, shared,
+                                                               rank))
+          break;  // a wait expired: issue nothing more
+      drain_stages(sm, ps, wb);
       if constexpr (kCluster) producer_tail(sm, ps, wb);
     }
   } else {
@@ -295,6 +297,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     epi_finish(wt == 0);
   }
+  // Clusters: neither CTA exits while the partner may still multicast into it or arrive on its
+  // barriers (after an expired wait producer_tail returns early).
+  if constexpr (kCluster) cluster_sync_any();
 }
 
 }  // namespace mok::gemm::engine

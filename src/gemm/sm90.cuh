@@ -187,20 +187,35 @@ struct WaitBound {
   unsigned long long limit_ns = 0;
 };
 
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, const WaitBound& wb,
+// Waits for a phase whose data is already on its way (a TMA / bulk load this thread issued), also
+// after another wait on the GPU expired (mbar_wait then returns at once): a CTA must not exit
+// while a copy still targets its shared memory. Gives up at `deadline` (globaltimer ns), records
+// nothing; false when the phase did not complete in time (e.g. a multicast half that the partner
+// never issued).
+__device__ __forceinline__ bool mbar_drain(uint64_t* bar, uint32_t parity, uint64_t deadline) {
+  for (uint32_t spins = 0;; ++spins) {
+    if (mbar_try_wait(bar, parity)) return true;
+    if ((spins & 255u) == 255u && global_timer_ns() > deadline) return false;
+  }
+}
+
+// True once the phase completed; false when this or another wait on the GPU expired (the caller
+// then stops issuing work that depends on the phase).
+__device__ __forceinline__ bool mbar_wait(uint64_t* bar, uint32_t parity, const WaitBound& wb,
                                           unsigned int site) {
-  if (mbar_try_wait(bar, parity)) return;
+  if (mbar_try_wait(bar, parity)) return true;
   const uint64_t t0 = global_timer_ns();
   uint32_t spins = 0;
   while (!mbar_try_wait(bar, parity)) {
     if (wb.error != nullptr && (++spins & 255u) == 0) {
-      if (*reinterpret_cast<volatile unsigned int*>(wb.error) != 0u) return;
+      if (*reinterpret_cast<volatile unsigned int*>(wb.error) != 0u) return false;
       if (global_timer_ns() - t0 > wb.limit_ns) {
         atomicCAS(wb.error, 0u, site);
-        return;
+        return false;
       }
     }
   }
+  return true;
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -305,6 +305,7 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
   uint8_t* my_row = cs.rows + size_t(t) * row_bytes;
   uint64_t* my_bar = cs.bars + t;
   uint32_t parity = 0;
+  bool slot_dead = false;  // a row load did not land after an expired wait: the slot is not reused
   const int32_t first = int32_t(blockIdx.x) * cs.slots + t;
   const int32_t stride = p.plan.comm_ctas * cs.slots;
   const int32_t nsteps = dispatch_steps(p, dc, npos);
@@ -353,10 +354,15 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
         to = combine[src] + int64_t(slot) * rb;
       }
       const uint8_t* staged = cs.zero;
+      if (slot_dead) return;  // a load into the slot may still be in flight
       if (from != nullptr) {
         mbar_arrive_expect_tx(my_bar, row_bytes);
         bulk_load(my_row, from, row_bytes, my_bar);
-        mbar_wait(my_bar, parity, WaitBound{dc.claim, dc.timeout_ns}, kSiteCommRow);
+        // After an expired wait (here or elsewhere) let the load land before the slot, and at the
+        // end the CTA, goes away; if it does not land in time, load nothing more into the slot.
+        if (!mbar_wait(my_bar, parity, WaitBound{dc.claim, dc.timeout_ns}, kSiteCommRow) &&
+            !mbar_drain(my_bar, parity, dev::globaltimer_ns() + dc.timeout_ns))
+          slot_dead = true;
         parity ^= 1u;
         staged = my_row;
       }
@@ -591,9 +597,10 @@ __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const 
   SlotCursor cur;
   const StatClock clock(p.stats);
   uint64_t dep_ns = 0;
+  bool issuing = true;  // false once a wait for a free stage expired: hand out End next
 #pragma unroll 1
   for (;;) {
-    Task tk = claim_task(p, total);
+    Task tk = issuing ? claim_task(p, total) : Task{kTaskEnd, -1, -1, -1, 0};
     const uint64_t d0 = clock.now();
     if (tk.kind != kTaskEnd && !wait_deps(p, dc, total, tk)) tk.kind = kTaskEnd;
     dep_ns += clock.now() - d0;
@@ -601,10 +608,11 @@ __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const 
     if (tk.kind == kTaskEnd) break;
     dev::fence_proxy_async();  // the acquired rows are read by TMA next
     const TaskMaps tm = task_maps(maps, tk.kind);
-    produce_tile<C, false, false, kCluster>(sm, ps, slot->tile, tm.a, tm.b, wb, tm.b_half,
-                                            (slot->flags & kSlotSharedB) != 0, 0u);
+    issuing = produce_tile<C, false, false, kCluster>(sm, ps, slot->tile, tm.a, tm.b, wb, tm.b_half,
+                                                      (slot->flags & kSlotSharedB) != 0, 0u);
   }
   if (clock.out) clock.out[3] = dep_ns;
+  drain_stages(sm, ps, wb);
   if constexpr (kCluster) producer_tail(sm, ps, wb);
 }
 
@@ -626,8 +634,9 @@ __device__ void follower_producer(const ForwardMaps& maps, const Smem<C>& sm, co
     if (kind == kTaskEnd) break;
     dev::fence_proxy_async();  // rows acquired (through rank 0) are read by TMA next
     const TaskMaps tm = task_maps(maps, kind);
-    produce_tile<C, false, false, true>(sm, ps, t, tm.a, tm.b, wb, tm.b_half, shared, 1u);
+    if (!produce_tile<C, false, false, true>(sm, ps, t, tm.a, tm.b, wb, tm.b_half, shared, 1u)) break;
   }
+  drain_stages(sm, ps, wb);
   producer_tail(sm, ps, wb);
 }
 
