@@ -547,7 +547,8 @@ __device__ __forceinline__ void epilogue_fc1_split_n(const Smem<C>& sm, EpiState
 // Rather than pair the warpgroups over one shared chunk, each thread stores its h values to
 // global memory directly (4-byte stores of 2 adjacent columns; split-N tiles are the rare tails
 // of experts with <= 64 rows, so the store pattern does not matter). Rows 0..63 of the tile only;
-// columns >= inter are skipped. Same values and rounding as write_chunk_swiglu.
+// columns >= inter are skipped. Same values and rounding as write_chunk_swiglu. h must be dense
+// [rows, inter] (as plan_fc1's h; a strided or ring h, as in the megakernel, would need a pitch).
 template <class C>
 __device__ __forceinline__ void store_h_split_n_direct(const float (&acc)[C::kAccRegs], uint32_t wt, int cwg,
                                                        void* h, int32_t h_row, int32_t b_n, int32_t inter) {
@@ -557,7 +558,7 @@ __device__ __forceinline__ void store_h_split_n_direct(const float (&acc)[C::kAc
   const uint32_t warp = wt >> 5, lane = wt & 31u;
   const int32_t row = h_row + int32_t(warp * 16u + lane / 4u);
   const int32_t col0 = (b_n + cwg * (C::kBlockN / 2)) / 2 + int32_t(2u * (lane % 4u));
-  auto* out = static_cast<uint32_t*>(h);
+  auto* out = static_cast<uint16_t*>(h);
 #pragma unroll
   for (int hb = 0; hb < kHalf / 8; ++hb) {  // 8-column h blocks: gate block 2hb, up block 2hb + 1
     const int g = 4 * (2 * hb), u = 4 * (2 * hb + 1);
@@ -566,7 +567,7 @@ __device__ __forceinline__ void store_h_split_n_direct(const float (&acc)[C::kAc
 #pragma unroll
     for (int r = 0; r < 2; ++r) {  // rows row and row + 8
       const uint32_t v = pack_bf16x2(swiglu(a[g + 2 * r], a[u + 2 * r]), swiglu(a[g + 2 * r + 1], a[u + 2 * r + 1]));
-      out[(int64_t(row + 8 * r) * inter + col) / 2] = v;
+      *reinterpret_cast<uint32_t*>(out + int64_t(row + 8 * r) * inter + col) = v;  // col even: aligned
     }
   }
 }
