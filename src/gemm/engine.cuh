@@ -562,6 +562,35 @@ __device__ __forceinline__ void epilogue_fc1_split_n(const Smem<C>& sm, EpiState
   const float(&a)[kHalf] = reinterpret_cast<const float(&)[kHalf]>(acc);
   fc1_chunks<C, kHalf>(sm, es, cwg, wt, a, gu, gu_row, h, h_row, b_n + cwg * (C::kBlockN / 2), n);
 }
+// h of a split-N FC1 tile at BLOCK_N 128: warpgroup cwg holds 64 packed columns (4 gate/up
+// pairs of 8), i.e. 32 h columns, half of a 64-column chunk of the h map's 128B-swizzled boxes.
+// Rather than pair the warpgroups over one shared chunk, each thread stores its h values to
+// global memory directly (4-byte stores of 2 adjacent columns; split-N tiles are the rare tails
+// of experts with <= 64 rows, so the store pattern does not matter). Rows 0..63 of the tile only;
+// columns >= inter are skipped. Same values and rounding as write_chunk_swiglu. h must be dense
+// [rows, inter] (as plan_fc1's h; a strided or ring h, as in the megakernel, would need a pitch).
+template <class C>
+__device__ __forceinline__ void store_h_split_n_direct(const float (&acc)[C::kAccRegs], uint32_t wt, int cwg,
+                                                       void* h, int32_t h_row, int32_t b_n, int32_t inter) {
+  static_assert(C::kBlockN == 128, "BLOCK_N 256 stores whole h chunks through TMA");
+  constexpr int kHalf = C::kAccRegs / 2;  // 32: m64n64 accumulators of this warpgroup's half
+  const float(&a)[kHalf] = reinterpret_cast<const float(&)[kHalf]>(acc);
+  const uint32_t warp = wt >> 5, lane = wt & 31u;
+  const int32_t row = h_row + int32_t(warp * 16u + lane / 4u);
+  const int32_t col0 = (b_n + cwg * (C::kBlockN / 2)) / 2 + int32_t(2u * (lane % 4u));
+  auto* out = static_cast<uint16_t*>(h);
+#pragma unroll
+  for (int hb = 0; hb < kHalf / 8; ++hb) {  // 8-column h blocks: gate block 2hb, up block 2hb + 1
+    const int g = 4 * (2 * hb), u = 4 * (2 * hb + 1);
+    const int32_t col = col0 + 8 * hb;
+    if (col >= inter) continue;  // inter is a multiple of 8: col + 1 < inter as well
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // rows row and row + 8
+      const uint32_t v = pack_bf16x2(swiglu(a[g + 2 * r], a[u + 2 * r]), swiglu(a[g + 2 * r + 1], a[u + 2 * r + 1]));
+      *reinterpret_cast<uint32_t*>(out + int64_t(row + 8 * r) * inter + col) = v;  // col even: aligned
+    }
+  }
+}
 template <class C>
 __device__ __forceinline__ void epilogue_store_split_n(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
                                                        const float (&acc)[C::kAccRegs], const CUtensorMap* d,

@@ -112,6 +112,7 @@ Plan plan_fc1(const Fc1Args& a, const Options& o) {
   const int64_t rows = a.num_m_tiles * kBlockM, n = 2 * a.inter;
   Plan p = m_grouped_plan(Form::Fc1SwiGLU, a.hidden, n, a.experts, a.tile_expert, a.num_m_tiles, o, "fc1");
   p.params.store_gu = a.gu != nullptr;
+  p.params.fc1_h = a.h;
   set_split_n(p, o, a.expert_row_begin, a.expert_rows);
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(rows);

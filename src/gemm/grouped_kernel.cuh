@@ -162,12 +162,12 @@ struct KPairSchedule {
 // pre-activations (bf16, interleaved as packed) to map_d0 [rows, 2I] if store_gu, and
 // h = silu(g) * u to map_d1 [rows, I].
 // kSplitN: the form can run a tile whose tokens fit in 64 rows in split-N form (K-major A and B),
-// with epilogue_split. FC1 needs BLOCK_N 256: a warpgroup's half must hold whole SwiGLU chunks
-// (128 packed columns -> 64 h columns).
+// with epilogue_split. At BLOCK_N 256 a warpgroup's half holds whole h chunks (128 packed
+// columns -> 64 h columns, TMA-stored); at 128 it holds half a chunk, stored directly.
 template <class C>
 struct FormFc1 {
   static constexpr bool kAMN = false, kBMN = false, kMaskK = false;
-  static constexpr bool kSplitN = C::kBlockN == 256;
+  static constexpr bool kSplitN = true;
   using Schedule = MGroupedSchedule<C>;
   using PairSchedule = MPairSchedule<C>;
   __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
@@ -181,6 +181,7 @@ struct FormFc1 {
                                                         const CUtensorMap* d0, const CUtensorMap* d1,
                                                         const KernelParams& p) {
     epilogue_fc1_split_n<C>(sm, es, cwg, wt, acc, p.store_gu ? d0 : nullptr, t.out_row, d1, t.out_row, t.b_n, p.n);
+    if constexpr (C::kBlockN == 128) store_h_split_n_direct<C>(acc, wt, cwg, p.fc1_h, t.out_row, t.b_n, p.n / 2);
   }
 };
 

@@ -27,6 +27,7 @@ struct KernelParams {
   // them, a tile whose tokens fit in its first 64 rows runs in split-N form.
   const int32_t* expert_row_begin = nullptr;
   const int32_t* expert_rows = nullptr;
+  void* fc1_h = nullptr;  // FC1: h, dense [rows, n/2] bf16 (split-N tiles at BLOCK_N 128 store to it directly)
   unsigned int* error = nullptr;              // bounded waits: error word (nullptr: unbounded)
   unsigned long long wait_limit_ns = 0;
 };

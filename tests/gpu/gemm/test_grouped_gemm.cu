@@ -185,6 +185,16 @@ void fc1_case(const std::vector<int32_t>& counts, int64_t hidden, int64_t inter,
               plan.block_n, (long long)rows, (long long)hidden, (long long)inter, plan.grid, sg.rel(), su.rel(), sh.rel(),
               (long long)sh.count);
   if (outputs) *outputs = r1;
+  // Without gu (the inference forward): the same h bits, and gu is never written.
+  gemm::Fc1Args no_gu = a;
+  no_gu.gu = nullptr;
+  const auto plan_no_gu = gemm::plan_fc1(no_gu, dev.opts(max_ctas));
+  std::vector<std::vector<uint16_t>> q1, q2;
+  run_twice(plan_no_gu, dev, outs, q1, q2);
+  EXPECT_TRUE(q1[0] == h) << "h differs when gu is not stored";
+  int64_t written = 0;
+  for (uint16_t v : q1[1]) written += v != 0xFFFF;
+  EXPECT_EQ(written, 0) << "gu written by a plan without gu";
 }
 
 TEST(GroupedGemm, Fc1SwiGLUSmallExpertsPartialBlocks) {
@@ -407,8 +417,9 @@ TEST(GroupedGemm, BlockNHeuristic) {
 }
 
 // Tiles whose tokens fit in their first 64 rows in split-N form: tails of 1, 63 and 64 rows split,
-// 65 and 72 do not; an odd tile count (with clusters the last pair has a dummy); FC1 at BLOCK_N 256
-// only (a warpgroup's half must hold whole SwiGLU chunks), FC2 at 256 and 128; with clusters and
+// 65 does not; an odd tile count (with clusters the last pair has a dummy); FC1 and FC2 at
+// BLOCK_N 256 and 128 (FC1 at 128 stores each warpgroup's 32 h columns directly; I = 200 leaves
+// warpgroup 0's half of the last tile partly past I, I = 232 warpgroup 1's); with clusters and
 // with the consumer stagger. Every run must match the reference, and give the same bits in the
 // token rows as without split-N (same fp32 sums in the same K order).
 void same_token_rows(const Routed& rt, const Outputs& a, const Outputs& b, const std::vector<int64_t>& cols) {
@@ -433,14 +444,13 @@ TEST(GroupedGemm, SplitNForNearlyEmptyTiles) {
       for (int bn : {256, 128}) {
         g_block_n = bn;
         Outputs off, on;
-        if (bn == 256) {
-          g_split = false;
-          fc1_case(counts, 1024, 512, 0, 702, 7, skew, &off);
-          g_split = true;
-          fc1_case(counts, 1024, 512, 0, 702, 7, skew, &on);
-          same_token_rows(rt, off, on, {512, 1024});
-          fc1_case(counts, 328, 200, 5, 701);
-        }
+        g_split = false;
+        fc1_case(counts, 1024, 512, 0, 702, 7, skew, &off);
+        g_split = true;
+        fc1_case(counts, 1024, 512, 0, 702, 7, skew, &on);
+        same_token_rows(rt, off, on, {512, 1024});
+        fc1_case(counts, 328, 200, 5, 701);  // I = 200: warpgroup 0's half of the last tile partly past I
+        fc1_case(counts, 328, 232, 5, 705);  // I = 232: warpgroup 1's half partly past I (at BLOCK_N 128)
         g_split = false;
         plain_case(false, counts, 1024, 512, 0, 704, 5, skew, &off);
         g_split = true;
