@@ -77,7 +77,7 @@ constexpr int32_t kSlotSharedB = 2;
 
 struct TaskRing {
   TaskSlot* slot;
-  uint64_t* full;   // [kTaskSlots], 1 arrival (producer)
+  uint64_t* full;     // [kTaskSlots], 1 arrival (producer)
   uint64_t* empty;  // [kTaskSlots], 256 arrivals (every consumer thread)
 };
 
@@ -145,9 +145,11 @@ struct StatClock {
 // Waits of the producer <-> consumer task hand-off. They do not give up when another wait on the
 // GPU expired (unlike mbar_wait): the producer always fills the slot, with END at worst, within
 // its own bounded waits, and the consumers always release slots within theirs, so these waits
-// are bounded through the others. Giving up early here would let the 256 consumer threads read
-// the slot at different moments (some the old task, some END) and split at a warpgroup-wide
-// instruction. The own bound (8 x the deadline) only catches a broken invariant; false = expired.
+// are bounded through the others. Giving up early here would make the consumers end while the
+// producer still fills slots. The own bound (8 x the deadline) only catches a broken invariant;
+// false = expired. A consumer warpgroup agrees on its threads' verdicts with a barrier-and (see
+// consumer()), so not even this bound can split a warpgroup; the two warpgroups may disagree,
+// which nothing hangs on: in a forward tile they meet only at stage barriers (bounded waits).
 // kCluster: the slot may have been written by the other CTA of the cluster (acquire.cluster).
 template <bool kCluster = false>
 __device__ __forceinline__ bool handoff_wait(uint64_t* bar, uint32_t parity, const WaitBound& wb) {
@@ -552,13 +554,15 @@ __device__ __forceinline__ TaskMaps task_maps(const ForwardMaps& maps, int32_t k
 // Hands task tk to the consumers in the producer's next slot. Clusters (rank 0 only): the pair's
 // second tile (or, for a one-tile unit, a dummy copy of the first) goes into the same slot of the
 // rank-1 CTA through distributed shared memory, released at cluster scope; rank 0's slot empties
-// once both CTAs' consumers are done with it. Returns rank 0's slot.
+// once both CTAs' consumers are done with it. Returns rank 0's slot, or null when the slot never
+// became free (never expected: a broken invariant): the slot is then left untouched, since the
+// consumers may still be reading it, and the producer stops; the consumers end through their own
+// bounded hand-off waits.
 template <bool kCluster>
 __device__ __forceinline__ TaskSlot* publish(const TaskRing& ring, SlotCursor& c, const ForwardParams& p,
                                              int32_t total, Task tk, const WaitBound& wb) {
   // Clusters: acquire.cluster pairs with rank 1's releases of its copy of this slot.
-  const bool slot_free = handoff_wait<kCluster>(ring.empty + c.i, c.phase ^ 1u, wb);
-  if (!slot_free) tk.kind = kTaskEnd;  // never expected
+  if (!handoff_wait<kCluster>(ring.empty + c.i, c.phase ^ 1u, wb)) return nullptr;
   TaskSlot* slot = ring.slot + c.i;  // stays valid until the consumers release it after the tile
   int32_t shared = 0;
   if constexpr (kCluster) {
@@ -570,16 +574,13 @@ __device__ __forceinline__ TaskSlot* publish(const TaskRing& ring, SlotCursor& c
                    ? kSlotSharedB
                    : 0;
     }
-    // Rank 1's tile, staged in our slot and copied as 4 x 16 bytes. After an expired wait rank 1's
-    // slot may still be in use: it is left alone (rank 1's own bounded hand-off wait ends it).
-    if (slot_free) {
-      fill_slot(*slot, p, total, tk, tk.tiles == 2 ? tk.m + 1 : tk.m, shared | (tk.tiles == 2 ? 0 : kSlotDummy));
-      const uint4* v = reinterpret_cast<const uint4*>(slot);
-      const uint32_t remote = cluster_addr(slot, 1u);
+    // Rank 1's tile, staged in our slot and copied as 4 x 16 bytes.
+    fill_slot(*slot, p, total, tk, tk.tiles == 2 ? tk.m + 1 : tk.m, shared | (tk.tiles == 2 ? 0 : kSlotDummy));
+    const uint4* v = reinterpret_cast<const uint4*>(slot);
+    const uint32_t remote = cluster_addr(slot, 1u);
 #pragma unroll
-      for (uint32_t w = 0; w < sizeof(TaskSlot) / 16; ++w) st_cluster_v4(remote + 16u * w, v[w]);
-      mbar_arrive_remote_release(ring.full + c.i, 1u);
-    }
+    for (uint32_t w = 0; w < sizeof(TaskSlot) / 16; ++w) st_cluster_v4(remote + 16u * w, v[w]);
+    mbar_arrive_remote_release(ring.full + c.i, 1u);
   }
   fill_slot(*slot, p, total, tk, tk.m, shared);
   mbar_arrive(ring.full + c.i);  // release (CTA scope): the slot's contents before the arrival
@@ -605,7 +606,7 @@ __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const 
     if (tk.kind != kTaskEnd && !wait_deps(p, dc, total, tk)) tk.kind = kTaskEnd;
     dep_ns += clock.now() - d0;
     const TaskSlot* slot = publish<kCluster>(ring, cur, p, total, tk, wb);
-    if (tk.kind == kTaskEnd) break;
+    if (slot == nullptr || tk.kind == kTaskEnd) break;
     dev::fence_proxy_async();  // the acquired rows are read by TMA next
     const TaskMaps tm = task_maps(maps, tk.kind);
     issuing = produce_tile<C, false, false, kCluster>(sm, ps, slot->tile, tm.a, tm.b, wb, tm.b_half,
@@ -723,9 +724,12 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
   for (;;) {
     const uint64_t w0 = clock.now();
     if (leader && pending >= 0 && !mbar_test(ring.full + cur.i, cur.phase)) report(p, pending, sys_reports);
+    // Every thread waits, then a barrier-and makes the warpgroup agree: an expiry seen by some
+    // threads only would split the warpgroup at its next wgmma or barrier (an unbounded hang).
     // Rank 1's slots are written by rank 0 (cluster scope).
-    const bool got = kCluster && rank == 1 ? handoff_wait<true>(ring.full + cur.i, cur.phase, wb)
-                                           : handoff_wait<false>(ring.full + cur.i, cur.phase, wb);
+    const bool got = named_bar_and(kBarEpilogue + uint32_t(cwg), 128,
+                                   kCluster && rank == 1 ? handoff_wait<true>(ring.full + cur.i, cur.phase, wb)
+                                                         : handoff_wait<false>(ring.full + cur.i, cur.phase, wb));
     const uint64_t w1 = clock.now();
     wait_ns += w1 - w0;
     // The slot is read in place (fewer live registers next to the accumulators) and released

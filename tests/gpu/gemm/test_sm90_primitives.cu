@@ -70,6 +70,27 @@ TEST(Sm90Primitives, NamedBarriersOrderProducersAndConsumers) {
     for (int i = 0; i < 128; ++i) EXPECT_EQ(v[r * 128 + i], ((i + 5) % 128) * 3 + 1 + r);
 }
 
+// named_bar_and: two groups of 128 threads on their own barriers (as the megakernel's consumer
+// warpgroups); round r clears the predicate of thread (r * 37) % 128 in group 0 only (none in
+// round 0), so group 0 must see false from round 1 on and group 1 always true, in every thread.
+__global__ void named_bar_and_kernel(int* out) {
+  const uint32_t group = threadIdx.x / 128u, t = threadIdx.x % 128u;
+  for (int round = 0; round < 4; ++round) {
+    const bool pred = !(group == 0 && round > 0 && t == uint32_t(round * 37) % 128u);
+    out[round * 256 + int(threadIdx.x)] = named_bar_and(1u + group, 128, pred) ? 1 : 0;
+  }
+}
+
+TEST(Sm90Primitives, NamedBarrierAndAgreesPerGroup) {
+  MOK_REQUIRE_GPUS(1);
+  DevBuf d(4 * 256 * sizeof(int));
+  named_bar_and_kernel<<<1, 256>>>(d.as<int>());
+  MOK_ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto v = download<int>(d, 4 * 256);
+  for (int r = 0; r < 4; ++r)
+    for (int i = 0; i < 256; ++i) EXPECT_EQ(v[r * 256 + i], i < 128 && r > 0 ? 0 : 1) << "round " << r << " thread " << i;
+}
+
 // ---------------------------------------------------------------------------------------------
 // setmaxnreg: the 40/232 split of the engine; the consumer branch keeps a large live array.
 // ---------------------------------------------------------------------------------------------
