@@ -25,6 +25,13 @@
 // check_waits() turns that into mok::Error(ErrorKind::Timeout, "<wait name>", ...). After a
 // timeout the communicator is poisoned (barrier epochs and flags are no longer consistent between
 // ranks): destroy it. Destruction never blocks on a peer kernel, so teardown is clean.
+//
+// Host calls that wait for the other ranks (NCCL initialization, window registration,
+// ncclDevCommCreate, the handshake and barrier collectives, finalize) are bounded by
+// CommOptions::bootstrap_timeout_s: on expiry they throw mok::Error(Timeout, "<NCCL call>", ...)
+// and leave the communicator poisoned. Communicators mok creates are non-blocking NCCL
+// communicators for that reason; a user's keeps its mode (a non-blocking one works too, but mok
+// cannot abort it: after such a timeout its owner must call ncclCommAbort).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -152,7 +159,7 @@ struct CommOptions {
   Config config;                     // wait_timeout_s bounds every device wait
   std::vector<WindowSpec> windows;   // symmetric windows, allocated and registered at creation
   int lsa_barrier_count = 64;        // barrier indices kernels may use concurrently
-  double bootstrap_timeout_s = 300;  // from_env: how long to wait for the other ranks
+  double bootstrap_timeout_s = 300;  // bound of every host-side wait for the other ranks
 };
 
 struct Window {
@@ -179,6 +186,7 @@ class Communicator {
   int device() const;
   int lsa_size() const;
   bool owns_nccl_comm() const;
+  // An owned one is non-blocking: its calls may return ncclInProgress (see ncclCommGetAsyncError).
   ncclComm_t nccl_comm() const;
   const ncclDevComm& dev_comm() const;  // complete type in <nccl_device.h>
   cudaStream_t stream() const;          // a stream of this communicator's device
@@ -233,7 +241,7 @@ class Communicator {
 // ncclDevCommCreate, finalize — block until every rank has joined).
 class LocalGroup {
  public:
-  // Creates an NCCL communicator over `devices` (ncclCommInitAll) owned by the group.
+  // Creates an NCCL communicator over `devices` owned by the group (non-blocking, as from_env's).
   static LocalGroup create(const std::vector<int>& devices, const CommOptions& options);
   // Wraps communicators the caller owns (one per rank of one NCCL communicator, in rank order).
   static LocalGroup adopt(const std::vector<ncclComm_t>& comms, const CommOptions& options);

@@ -7,6 +7,8 @@
 #include <deque>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <string>
 #include <thread>
 
 #include "comm/nccl_check.h"
@@ -32,11 +34,14 @@ struct DeviceGuard {
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 };
 
+Clock::time_point deadline_after(double timeout_s) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+}
+
 // Waits for `stream` with a host-side deadline (a collective whose peer never comes must not hang
 // start-up forever).
 void wait_stream(cudaStream_t stream, double timeout_s, const char* what) {
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(timeout_s));
+  const auto deadline = deadline_after(timeout_s);
   while (true) {
     const cudaError_t e = cudaStreamQuery(stream);
     if (e == cudaSuccess) return;
@@ -47,6 +52,30 @@ void wait_stream(cudaStream_t stream, double timeout_s, const char* what) {
       throw Error(ErrorKind::Timeout, what,
                   detail::concat("the other ranks did not join within ", timeout_s,
                                  " s (did every rank create its communicator at the same point?)"));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+// Completes an NCCL host call on `comm` that may wait for the other ranks. A non-blocking
+// communicator returns before the work is done: with ncclInProgress, or even with ncclSuccess
+// (NCCL 2.28's window registration and ncclDevCommCreate return the group's launch status; the
+// outcome arrives later in the communicator's state). So the state is polled until it settles,
+// which on a blocking communicator it already has. Until then NCCL refuses any other call on the
+// communicator, and a collective's kernel is not yet on its stream.
+void nccl_complete(ncclResult_t issued, ncclComm_t comm, double timeout_s, const std::string& what) {
+  if (issued != ncclSuccess && issued != ncclInProgress) throw nccl_error(issued, comm, what);
+  const auto deadline = deadline_after(timeout_s);
+  while (true) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    if (r != ncclSuccess) throw nccl_error(r, comm, what + " (ncclCommGetAsyncError)");
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) throw nccl_error(state, comm, what);
+    if (Clock::now() > deadline) {
+      throw Error(ErrorKind::Timeout, what,
+                  detail::concat("the call did not complete within options.bootstrap_timeout_s = ", timeout_s,
+                                 " s: a peer did not join (dead, stuck, or not making the same call?)"));
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
@@ -94,8 +123,30 @@ struct Communicator::Impl {
   uint32_t* claim_dev = nullptr;
   cudaStream_t stream = nullptr;
   bool poisoned = false;
+  // An NCCL call or collective kernel of ours timed out and may still be running (in NCCL's
+  // thread, on `stream`): the communicator takes no other call than ncclCommAbort.
+  bool nccl_pending = false;
+  // Where NCCL writes results. A non-blocking communicator writes them from its own thread, maybe
+  // after a timeout; so this is leaked, not freed, while a user's communicator is still pending.
+  struct NcclOut {
+    ncclWindow_t window = nullptr;
+    ncclDevComm dev{};
+  };
+  std::unique_ptr<NcclOut> out = std::make_unique<NcclOut>();
 
   ~Impl() { teardown(); }
+
+  // nccl_complete with this communicator's bound. A call that NCCL accepted but that timed out or
+  // failed later leaves the communicator pending: NCCL guarantees nothing about work it had in
+  // flight then.
+  void complete(ncclResult_t issued, const std::string& what) {
+    try {
+      nccl_complete(issued, comm, options.bootstrap_timeout_s, what);
+    } catch (...) {
+      if (issued == ncclSuccess || issued == ncclInProgress) poisoned = nccl_pending = true;
+      throw;
+    }
+  }
 
   // Never throws; safe on a partially built Impl.
   void teardown() noexcept {
@@ -106,13 +157,33 @@ struct Communicator::Impl {
       return;
     }
     if (cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
-    if (stream) (void)cudaStreamSynchronize(stream);  // our own work only; kernels have deadlines
-    if (dev_created) {
-      (void)ncclDevCommDestroy(comm, &dev);
-      dev_created = false;
+    if (nccl_pending && !owned) {
+      // mok cannot abort a user's communicator, and NCCL's thread or kernel may still use the
+      // windows, the stream and `out`; freeing memory would even wait for that kernel. All of it
+      // is left to the owner's ncclCommAbort (and leaked here).
+      (void)out.release();
+      if (stream) (void)cudaStreamDestroy(stream);  // returns at once; released once idle
+      windows.clear();
+      released.clear();
+      record_host = record_dev = nullptr;
+      claim_dev = nullptr;
+      stream = nullptr;
+      comm = nullptr;
+      (void)cudaGetLastError();
+      device = -1;
+      return;
     }
+    if (nccl_pending && owned && comm) {
+      // Stops NCCL's kernels and joins its thread, so that nothing below races with them; NCCL
+      // releases its device communicator and window registrations itself.
+      (void)ncclCommAbort(comm);
+      comm = nullptr;
+    }
+    if (stream) (void)cudaStreamSynchronize(stream);  // our own work only; kernels have deadlines
+    if (dev_created && comm) (void)ncclDevCommDestroy(comm, &dev);
+    dev_created = false;
     for (auto& w : windows) {
-      if (w.handle) (void)ncclCommWindowDeregister(comm, w.handle);
+      if (w.handle && comm) (void)ncclCommWindowDeregister(comm, w.handle);
       if (w.ptr) (void)ncclMemFree(w.ptr);
     }
     windows.clear();
@@ -124,12 +195,17 @@ struct Communicator::Impl {
     if (stream) (void)cudaStreamDestroy(stream);
     stream = nullptr;
     if (owned && comm) {
-      if (poisoned) {
-        (void)ncclCommAbort(comm);  // local: never waits for a peer that may be gone
-      } else {
-        (void)ncclCommFinalize(comm);
-        (void)ncclCommDestroy(comm);
+      bool finalized = false;
+      if (!poisoned) {
+        try {
+          // Finalize may wait for the peers: bounded like every other collective host call.
+          nccl_complete(ncclCommFinalize(comm), comm, options.bootstrap_timeout_s, "ncclCommFinalize");
+          finalized = true;
+        } catch (...) {
+        }
       }
+      // Abort is local: it never waits for a peer that may be gone.
+      (void)(finalized ? ncclCommDestroy(comm) : ncclCommAbort(comm));
     }
     comm = nullptr;
     (void)cudaGetLastError();
@@ -142,11 +218,15 @@ struct Communicator::Impl {
     w.bytes = spec.bytes;
     const std::string what = detail::concat("window '", spec.name, "'");
     MOK_NCCL_CHECK(ncclMemAlloc(&w.ptr, spec.bytes), comm, what + ": ncclMemAlloc");
-    ncclResult_t r = ncclCommWindowRegister(comm, w.ptr, spec.bytes, &w.handle, NCCL_WIN_COLL_SYMMETRIC);
-    if (r != ncclSuccess) {
-      (void)ncclMemFree(w.ptr);
-      throw nccl_error(r, comm, what + ": ncclCommWindowRegister");
+    try {
+      out->window = nullptr;
+      complete(ncclCommWindowRegister(comm, w.ptr, spec.bytes, &out->window, NCCL_WIN_COLL_SYMMETRIC),
+               what + ": ncclCommWindowRegister");
+    } catch (...) {
+      if (!nccl_pending) (void)ncclMemFree(w.ptr);  // else NCCL may still be mapping it: leaked
+      throw;
     }
+    w.handle = out->window;
     if (w.handle == nullptr) {
       (void)ncclMemFree(w.ptr);
       throw Error(ErrorKind::Unsupported, what,
@@ -184,23 +264,20 @@ struct Communicator::Impl {
     std::vector<int64_t> gathered(words * static_cast<size_t>(nranks));
     try {
       MOK_CUDA_CHECK(cudaMemcpyAsync(buf, packed.data(), words * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
-      MOK_NCCL_CHECK(ncclAllGather(buf, buf + words, words, ncclInt64, comm, stream), comm,
-                     "handshake: ncclAllGather");
+      // Before the copy below: a non-blocking communicator puts the kernel on `stream` only then.
+      complete(ncclAllGather(buf, buf + words, words, ncclInt64, comm, stream), "handshake: ncclAllGather");
       MOK_CUDA_CHECK(cudaMemcpyAsync(gathered.data(), buf + words, gathered.size() * sizeof(int64_t),
                                      cudaMemcpyDeviceToHost, stream));
       wait_stream(stream, options.bootstrap_timeout_s, "handshake");
     } catch (const Error& e) {
-      if (e.kind() == ErrorKind::Timeout) {
-        // A peer never joined: the all-gather may still be queued on `buf` (freeing it could wait
-        // for it forever), and later collectives would pair up out of step. Leak it and refuse
-        // further collectives.
-        poisoned = true;
-      } else {
-        (void)cudaFree(buf);
-      }
+      // A peer never joined (or NCCL failed): the all-gather may still be queued on `buf` (freeing
+      // it could wait for it forever), and later collectives would pair up out of step. Leak it
+      // and refuse further collectives.
+      if (e.kind() == ErrorKind::Timeout) poisoned = nccl_pending = true;
+      if (!nccl_pending) (void)cudaFree(buf);
       throw;
     } catch (...) {
-      (void)cudaFree(buf);
+      if (!nccl_pending) (void)cudaFree(buf);
       throw;
     }
     MOK_CUDA_CHECK(cudaFree(buf));
@@ -217,11 +294,14 @@ struct Communicator::Impl {
     MOK_CUDA_CHECK(cudaMalloc(&buf, sizeof(int)));
     try {
       MOK_CUDA_CHECK(cudaMemsetAsync(buf, 0, sizeof(int), stream));
-      MOK_NCCL_CHECK(ncclAllReduce(buf, buf, 1, ncclInt32, ncclSum, comm, stream), comm,
-                     "host_barrier: ncclAllReduce");
+      complete(ncclAllReduce(buf, buf, 1, ncclInt32, ncclSum, comm, stream), "host_barrier: ncclAllReduce");
       wait_stream(stream, options.bootstrap_timeout_s, "host_barrier");
+    } catch (const Error& e) {
+      if (e.kind() == ErrorKind::Timeout) poisoned = nccl_pending = true;
+      if (!nccl_pending) (void)cudaFree(buf);  // else leaked, as in exchange()
+      throw;
     } catch (...) {
-      (void)cudaFree(buf);
+      if (!nccl_pending) (void)cudaFree(buf);
       throw;
     }
     MOK_CUDA_CHECK(cudaFree(buf));
@@ -248,6 +328,9 @@ std::unique_ptr<Communicator> Communicator::create(ncclComm_t comm, bool owned, 
     throw;
   }
 
+  // A user's non-blocking communicator may still be completing its previous call (torch creates
+  // them lazily); NCCL takes no other call until it has.
+  impl->complete(ncclSuccess, "communicator state on entry (ncclCommGetAsyncError)");
   int device = -1;
   MOK_NCCL_CHECK(ncclCommCuDevice(comm, &device), comm, "ncclCommCuDevice");
   MOK_NCCL_CHECK(ncclCommUserRank(comm, &impl->rank), comm, "ncclCommUserRank");
@@ -283,14 +366,16 @@ std::unique_ptr<Communicator> Communicator::create(ncclComm_t comm, bool owned, 
 #endif
   reqs.lsaMultimem = false;
   reqs.lsaBarrierCount = options.lsa_barrier_count;
-  const ncclResult_t r = ncclDevCommCreate(comm, &reqs, &impl->dev);
-  if (r != ncclSuccess) {
+  try {
+    impl->complete(ncclDevCommCreate(comm, &reqs, &impl->out->dev), "ncclDevCommCreate");
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::Timeout) throw;
     throw Error(ErrorKind::Unsupported, "ncclDevCommCreate",
-                detail::concat("NCCL could not create a device communicator (", ncclGetErrorString(r), ": ",
-                               ncclGetLastError(comm),
+                detail::concat("NCCL could not create a device communicator (", e.constraint(),
                                "); mok needs symmetric memory with load/store access between all GPUs "
                                "(CUDA P2P over NVLink)"));
   }
+  impl->dev = impl->out->dev;
   impl->dev_created = true;
   if (impl->dev.lsaSize != impl->nranks) {
     throw Error(ErrorKind::Unsupported, "ncclDevComm.lsaSize",
@@ -314,6 +399,7 @@ std::unique_ptr<Communicator> Communicator::from_env(const CommOptions& options)
   MOK_NCCL_CHECK(ncclGetVersion(&runtime), nullptr, "ncclGetVersion");
   check_nccl_version(runtime, NCCL_VERSION_CODE);
   const BootstrapEnv env = parse_bootstrap_env();
+  validate_options(options, env.world_size);
   int ndev = 0;
   MOK_CUDA_CHECK(cudaGetDeviceCount(&ndev));
   MOK_REQUIRE(env.local_rank < ndev, env.launcher == "mpirun" ? "OMPI_COMM_WORLD_LOCAL_RANK" : "LOCAL_RANK",
@@ -337,9 +423,14 @@ std::unique_ptr<Communicator> Communicator::from_env(const CommOptions& options)
   }
   ncclComm_t comm = nullptr;
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-  cfg.blocking = 1;
-  MOK_NCCL_CHECK(ncclCommInitRankConfig(&comm, env.world_size, id, env.rank, &cfg), nullptr,
-                 "ncclCommInitRankConfig");
+  cfg.blocking = 0;  // so that every later call on it can be bounded (nccl_complete)
+  const ncclResult_t issued = ncclCommInitRankConfig(&comm, env.world_size, id, env.rank, &cfg);
+  try {
+    nccl_complete(issued, comm, options.bootstrap_timeout_s, "ncclCommInitRankConfig");
+  } catch (...) {
+    if (comm) (void)ncclCommAbort(comm);  // also stops an initialization still running in NCCL's thread
+    throw;
+  }
   return create(comm, /*owned=*/true, options);  // on failure create()'s Impl destroys `comm`
 }
 
@@ -524,9 +615,39 @@ LocalGroup LocalGroup::create(const std::vector<int>& devices, const CommOptions
     MOK_REQUIRE(devices[i] >= 0 && devices[i] < ndev, detail::concat("devices[", i, "]"),
                 "must be a visible GPU index in [0, ", ndev, "), got ", devices[i]);
   }
+  validate_options(options, static_cast<int>(devices.size()));
+  // ncclCommInitAll's steps, with non-blocking communicators: their calls are then bounded as in
+  // from_env, so that a rank thread that fails does not hold the others forever.
+  ncclUniqueId id;
+  MOK_NCCL_CHECK(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId");
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  const int n = static_cast<int>(devices.size());
   std::vector<ncclComm_t> comms(devices.size(), nullptr);
-  MOK_NCCL_CHECK(ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data()), nullptr,
-                 "ncclCommInitAll");
+  ncclResult_t issued = ncclSuccess;
+  {
+    DeviceGuard guard(devices[0]);
+    MOK_NCCL_CHECK(ncclGroupStart(), nullptr, "ncclGroupStart");
+    for (int i = 0; i < n && (issued == ncclSuccess || issued == ncclInProgress); ++i) {
+      // Nothing may throw before ncclGroupEnd: the group would stay open on this thread.
+      issued = cudaSetDevice(devices[static_cast<size_t>(i)]) == cudaSuccess
+                   ? ncclCommInitRankConfig(&comms[static_cast<size_t>(i)], n, id, i, &cfg)
+                   : ncclUnhandledCudaError;
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    if (issued == ncclSuccess || issued == ncclInProgress) issued = end;
+  }
+  try {
+    for (size_t i = 0; i < comms.size(); ++i) {
+      nccl_complete(issued, comms[i], options.bootstrap_timeout_s,
+                    detail::concat("ncclCommInitRankConfig (device ", devices[i], ")"));
+    }
+  } catch (...) {
+    for (ncclComm_t c : comms) {
+      if (c) (void)ncclCommAbort(c);
+    }
+    throw;
+  }
   LocalGroup g;
   g.comms_.resize(devices.size());
   try {

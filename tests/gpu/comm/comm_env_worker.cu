@@ -1,13 +1,17 @@
 // One rank of a multi-process test of Communicator::from_env (started by test_comm_env.cu with
-// torchrun-style variables). Usage: mok_comm_env_worker basic|handshake|timeout
+// torchrun-style variables). Usage:
+//   mok_comm_env_worker basic|handshake|timeout|init_timeout|handshake_timeout
 // Exit codes: 0 = the expected outcome, 2 = Timeout error, 3 = InvalidArgument error, 4 = other
 // mok::Error, 5 = wrong data, 6 = unexpected outcome.
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "comm/device.cuh"
 #include "comm_test_kernels.cuh"
@@ -27,7 +31,48 @@ namespace {
     }                                                                                             \
   } while (0)
 
+// init_timeout / handshake_timeout: rank 1 takes the NCCL id from rank 0 and then stays away from
+// the next collective step, alive like a stuck peer: it never calls ncclCommInitRankConfig, or it
+// initializes NCCL but never joins mok's handshake. Rank 0's from_env must give up within its
+// bound with a Timeout naming that step, tear down, and leave its GPU usable.
+int run_peer_never_joins(const std::string& mode) {
+  const double bound_s = mode == "init_timeout" ? 3.0 : 8.0;  // 8: room for NCCL's own init
+  const mc::BootstrapEnv env = mc::parse_bootstrap_env();
+  if (env.rank != 0) {
+    std::vector<uint8_t> blob(sizeof(ncclUniqueId));
+    mc::tcp_broadcast(env.rank, env.world_size, env.master_addr, env.bootstrap_port, blob, 60);
+    ncclComm_t nccl = nullptr;
+    if (mode == "handshake_timeout") {
+      ncclUniqueId id;
+      std::memcpy(&id, blob.data(), sizeof(id));
+      WORKER_CUDA(cudaSetDevice(env.local_rank));
+      if (ncclCommInitRank(&nccl, env.world_size, id, env.rank) != ncclSuccess) return 4;
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(bound_s + 3));
+    if (nccl) (void)ncclCommAbort(nccl);
+    std::printf("rank %d stayed away\n", env.rank);
+    return 0;
+  }
+  mc::CommOptions o;
+  o.bootstrap_timeout_s = bound_s;
+  o.windows = {{"w", 1 << 16}};
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    auto comm = mc::Communicator::from_env(o);
+    std::fprintf(stderr, "rank 0: from_env returned without its peer\n");
+    return 6;
+  } catch (const mok::Error& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("rank 0 got after %.1f s: %s\n", s, e.what());
+    if (e.kind() != mok::ErrorKind::Timeout) return 6;
+    WORKER_CUDA(cudaDeviceSynchronize());  // nothing of the aborted communicator is left running
+    std::printf("rank 0 tore down\n");
+    return s >= bound_s && s < bound_s + 15 ? 0 : 6;
+  }
+}
+
 int run(const std::string& mode) {
+  if (mode == "init_timeout" || mode == "handshake_timeout") return run_peer_never_joins(mode);
   mt::register_test_wait_names();
   mc::CommOptions o;
   o.config.wait_timeout_s = mode == "timeout" ? 0.5 : 10.0;

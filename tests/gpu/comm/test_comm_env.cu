@@ -159,3 +159,33 @@ TEST(CommEnv, TimeoutInOneProcessAndBothTearDown) {
   EXPECT_NE(out[0].output.find("rank 0 tore down"), std::string::npos) << out[0].output;
   EXPECT_EQ(out[1].exit_code, 0) << out[1].output;
 }
+
+// A peer that takes the NCCL id but never initializes NCCL: rank 0 gives up after its bound
+// (options.bootstrap_timeout_s = 3 s) with a Timeout naming ncclCommInitRankConfig instead of
+// waiting forever, aborts the communicator and exits cleanly. Rank 1 needs no GPU.
+TEST(CommEnv, InitTimesOutWhenAPeerNeverJoins) {
+  MOK_REQUIRE_GPUS(1);
+  const auto start = std::chrono::steady_clock::now();
+  auto out = run_workers("init_timeout", 2, 30);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(out[0].exit_code, 0) << out[0].output;
+  EXPECT_NE(out[0].output.find("timeout in 'ncclCommInitRankConfig'"), std::string::npos) << out[0].output;
+  EXPECT_NE(out[0].output.find("rank 0 tore down"), std::string::npos) << out[0].output;
+  EXPECT_EQ(out[1].exit_code, 0) << out[1].output;
+  EXPECT_LT(s, 25.0);
+}
+
+// A peer that initializes NCCL but never joins mok's handshake: rank 0's all-gather (NCCL's
+// connection setup inside the call, or its kernel) gives up after options.bootstrap_timeout_s =
+// 8 s; teardown aborts the communicator while NCCL still waits inside it, and rank 0 exits cleanly.
+TEST(CommEnv, HandshakeTimesOutWhenAPeerNeverJoins) {
+  MOK_REQUIRE_GPUS(2);
+  const auto start = std::chrono::steady_clock::now();
+  auto out = run_workers("handshake_timeout", 2, 40);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(out[0].exit_code, 0) << out[0].output;
+  EXPECT_NE(out[0].output.find("timeout in 'handshake"), std::string::npos) << out[0].output;
+  EXPECT_NE(out[0].output.find("rank 0 tore down"), std::string::npos) << out[0].output;
+  EXPECT_EQ(out[1].exit_code, 0) << out[1].output;
+  EXPECT_LT(s, 30.0);
+}
