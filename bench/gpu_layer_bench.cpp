@@ -21,6 +21,7 @@
 #include "mok/comm.hpp"
 #include "mok/errors.hpp"
 #include "mok/layer.hpp"
+#include "mok/schedule.hpp"
 #include "util/bench_util.h"
 
 namespace mok::bench {
@@ -47,6 +48,26 @@ struct Variant {
   bool save_for_backward = true;  // false: an inference forward (no gate/up pre-activations kept)
   bool x_in_window = false;       // x written into Layer::input_buffer() once: forward() skips its copy
 };
+
+// Each rank's M tiles (the CPU twin of the schedule on the same routing) as JSON fields: tiles,
+// those with 1..32 and 33..64 token rows, and the MMA work over the token rows' (split-N on).
+std::string tile_stats_json(const LayerShape& shape, const Workload& wl) {
+  std::vector<std::span<const int32_t>> idx;
+  for (const auto& in : wl.inputs) idx.emplace_back(in.topk_idx);
+  std::string tiles, le32, le64, over;
+  for (int r = 0; r < shape.world_size(); ++r) {
+    const TileStats t = tile_stats(build_schedule_cpu(shape, r, idx));
+    const char* sep = r ? ", " : "";
+    tiles += sep + std::to_string(t.tiles);
+    le32 += sep + std::to_string(t.tiles_le32);
+    le64 += sep + std::to_string(t.tiles_le64);
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%s%.4f", sep, t.mma_over_useful(false));
+    over += buf;
+  }
+  return ", \"tiles\": [" + tiles + "], \"tiles_1_32_rows\": [" + le32 + "], \"tiles_33_64_rows\": [" + le64 +
+         "], \"tile_mma_over_token_rows\": [" + over + "]";
+}
 
 // The variants measured at one shape: the main one first.
 std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& shape) {
@@ -270,6 +291,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
       for (Routing routing : o.routings) {
         const LayerShape shape = LayerShape::uniform(W, T, H, I, m->E, k, 0);
         const Workload wl = make_workload(shape, routing, 2026 + static_cast<uint64_t>(T), 0);
+        const std::string tiles_json = tile_stats_json(shape, wl);
         const int64_t samples[2] = {0, T / 2 + 1};
         const double flops = 2.0 * double(T) * double(k) * 3.0 * double(H) * double(I);  // per GPU
         std::vector<std::vector<bf16>> main_sampled;
@@ -381,7 +403,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           ablation += key + knobs + ", \"ms\": " + std::to_string(t_ms) + ", \"tflops\": " + std::to_string(tflops) + "}";
           if (check.rfind("rel", 0) == 0)  // the main variant (checked against the spec)
             main_case = key + ", \"mok_ms\": " + std::to_string(t_ms) + ", \"mok_tflops\": " +
-                        std::to_string(tflops) + knobs + ", \"check_rel_err\": " + std::to_string(rel);
+                        std::to_string(tflops) + knobs + ", \"check_rel_err\": " + std::to_string(rel) + tiles_json;
         }
         // The main variant's sustained rate, after every variant of the shape (so none of them
         // starts on a GPU this run has just heated to its power cap).

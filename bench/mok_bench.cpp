@@ -16,6 +16,7 @@
 #endif
 #include "mok/errors.hpp"
 #include "mok/reference.hpp"
+#include "mok/schedule.hpp"
 #include "mok/workload.hpp"
 
 namespace {
@@ -82,6 +83,7 @@ int run_cpu(const Preset& p, int world, mok::Routing routing, int threads, int r
 
   std::vector<double> fwd, bwd;
   int64_t routed_rows = 0, padded_rows = 0;
+  mok::TileStats tiles;  // over all ranks
   for (int r = 0; r < reps; ++r) {
     std::printf("[mok_bench] repetition %d/%d: forward...", r + 1, reps);
     std::fflush(stdout);
@@ -95,9 +97,15 @@ int run_cpu(const Preset& p, int world, mok::Routing routing, int threads, int r
     bwd.push_back(seconds_since(t0));
     std::printf(" %.3f s\n", bwd.back());
     routed_rows = padded_rows = 0;
+    tiles = mok::TileStats{};
     for (const auto& s : res.schedules) {
       padded_rows += s.total_rows;
       for (int32_t n : s.expert_rows) routed_rows += n;
+      const mok::TileStats t = mok::tile_stats(s);
+      tiles.rows += t.rows;
+      tiles.tiles += t.tiles;
+      tiles.tiles_le32 += t.tiles_le32;
+      tiles.tiles_le64 += t.tiles_le64;
     }
   }
   auto median = [](std::vector<double> v) {
@@ -111,13 +119,15 @@ int run_cpu(const Preset& p, int world, mok::Routing routing, int threads, int r
   std::printf("\nCPU reference engine (the executable spec), %d simulated ranks, %d thread(s); "
               "not a GPU measurement\n", world, threads);
   std::printf("| preset | T/rank | H | I | E | k | Is | ranks | routing | routed rows | padded rows "
-              "| fwd s | bwd s | fwd tokens/s | fwd GFLOP/s |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  std::printf("| %s | %lld | %lld | %lld | %lld | %lld | %lld | %d | %s | %lld | %lld | %.3f | %.3f "
-              "| %.0f | %.2f |\n",
+              "| M tiles (1-32 / 33-64 rows) | tile MMA / token rows (GPU, split-N) | fwd s | bwd s | fwd tokens/s "
+              "| fwd GFLOP/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| %s | %lld | %lld | %lld | %lld | %lld | %lld | %d | %s | %lld | %lld | %lld (%lld / %lld) | %.3f "
+              "| %.3f | %.3f | %.0f | %.2f |\n",
               p.name, (long long)p.T, (long long)p.H, (long long)p.I, (long long)p.E,
               (long long)p.k, (long long)p.Is, world, mok::to_string(routing),
-              (long long)routed_rows, (long long)padded_rows, f, b, tokens / f, flops / f * 1e-9);
+              (long long)routed_rows, (long long)padded_rows, (long long)tiles.tiles, (long long)tiles.tiles_le32,
+              (long long)tiles.tiles_le64, tiles.mma_over_useful(false), f, b, tokens / f, flops / f * 1e-9);
   return 0;
 }
 

@@ -73,4 +73,16 @@ ScheduleTable build_schedule_cpu(const LayerShape& shape, int rank,
   return s;
 }
 
+TileStats tile_stats(const ScheduleTable& s) {
+  TileStats t;
+  for (const int32_t n : s.expert_rows) {
+    t.rows += n;
+    t.tiles += (n + 127) / 128;
+    const int32_t tail = n % 128;
+    t.tiles_le32 += tail >= 1 && tail <= 32;
+    t.tiles_le64 += tail > 32 && tail <= 64;
+  }
+  return t;
+}
+
 }  // namespace mok

@@ -140,6 +140,31 @@ INSTANTIATE_TEST_SUITE_P(
                                    mok::to_string(std::get<1>(p.param)));
     });
 
+// Tile statistics: counted by hand for expert rows {0, 1, 32, 33, 64, 65, 128, 129, 200}; and on
+// real tables, tiles agree with the table's own tile list.
+TEST(ScheduleTiles, StatsCountPartialTiles) {
+  mok::ScheduleTable s;
+  s.expert_rows = {0, 1, 32, 33, 64, 65, 128, 129, 200};
+  const mok::TileStats t = mok::tile_stats(s);
+  EXPECT_EQ(t.rows, 652);
+  EXPECT_EQ(t.tiles, 10);
+  EXPECT_EQ(t.tiles_le32, 3);  // 1, 32 and the tail of 129
+  EXPECT_EQ(t.tiles_le64, 2);  // 33, 64
+  EXPECT_DOUBLE_EQ(t.mma_over_useful(false), 7.5 * 128.0 / 652.0);   // 5 full + 5 halves
+  EXPECT_DOUBLE_EQ(t.mma_over_useful(true), 6.75 * 128.0 / 652.0);   // 5 full + 2 halves + 3 quarters
+  EXPECT_DOUBLE_EQ(mok::tile_stats(mok::ScheduleTable{}).mma_over_useful(true), 1.0);
+  const auto shape = mok::LayerShape::uniform(2, 300, 64, 64, 16, 4);
+  const auto wl = mok::make_workload(shape, mok::Routing::Zipf, 5);
+  for (int d = 0; d < 2; ++d) {
+    const mok::ScheduleTable table = mok::build_schedule_cpu(shape, d, spans(wl));
+    const mok::TileStats ts = mok::tile_stats(table);
+    EXPECT_EQ(ts.tiles, table.num_tiles());
+    int64_t token_rows = 0;
+    for (int32_t r : table.src_rank) token_rows += r >= 0;
+    EXPECT_EQ(ts.rows, token_rows);
+  }
+}
+
 TEST(ScheduleEdges, EmptyAndSingleTokenExperts) {
   // 2 ranks, 4 experts; only expert 1 (rank 0) gets exactly one token, nothing else is routed.
   auto shape = mok::LayerShape::uniform(2, 3, 64, 64, 4, 1);
