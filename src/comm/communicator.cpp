@@ -289,6 +289,13 @@ struct Communicator::Impl {
     check_handshake(fields, all);
   }
 
+  // Checks common to add_window and acquire_window (`what`), before any collective step.
+  void check_window_request(const char* what, const std::string& name, size_t bytes) const {
+    if (poisoned) throw Error(ErrorKind::Runtime, what, "the communicator is unusable after a wait timeout");
+    MOK_REQUIRE(!name.empty(), "window name", "must not be empty");
+    MOK_REQUIRE(bytes > 0, detail::concat("window '", name, "' bytes"), "must be > 0");
+  }
+
   void barrier() {
     int* buf = nullptr;
     MOK_CUDA_CHECK(cudaMalloc(&buf, sizeof(int)));
@@ -462,12 +469,8 @@ const Window& Communicator::window(const std::string& name) const {
 }
 
 const Window& Communicator::add_window(const std::string& name, size_t bytes) {
-  if (impl_->poisoned) {
-    throw Error(ErrorKind::Runtime, "add_window", "the communicator is unusable after a wait timeout");
-  }
+  impl_->check_window_request("add_window", name, bytes);
   DeviceGuard guard(impl_->device);
-  MOK_REQUIRE(!name.empty(), "window name", "must not be empty");
-  MOK_REQUIRE(bytes > 0, detail::concat("window '", name, "' bytes"), "must be > 0");
   for (const auto& w : impl_->windows) {
     MOK_REQUIRE(w.name != name, "window name", "must be unique, '", name, "' exists");
   }
@@ -481,12 +484,8 @@ const Window& Communicator::add_window(const std::string& name, size_t bytes) {
 }
 
 const Window& Communicator::acquire_window(const std::string& name, size_t bytes) {
-  if (impl_->poisoned) {
-    throw Error(ErrorKind::Runtime, "acquire_window", "the communicator is unusable after a wait timeout");
-  }
+  impl_->check_window_request("acquire_window", name, bytes);
   DeviceGuard guard(impl_->device);
-  MOK_REQUIRE(!name.empty(), "window name", "must not be empty");
-  MOK_REQUIRE(bytes > 0, detail::concat("window '", name, "' bytes"), "must be > 0");
   std::vector<size_t> sizes;
   for (const auto& w : impl_->windows) sizes.push_back(w.bytes);
   const int pick = pick_free_window(sizes, impl_->released, bytes);
