@@ -55,7 +55,12 @@ int free_port() {
 // Starts `world` workers, waits up to `deadline_s`, kills the ones still running after that.
 std::vector<Outcome> run_workers(const std::string& mode, int world, double deadline_s,
                                  const std::vector<std::vector<std::string>>& extra_env = {}) {
+  // MASTER_PORT+1 (the default bootstrap port) need not be free even when MASTER_PORT is: a
+  // run on the GPU machine once failed to bind 60718, one above the queried port. So the test
+  // queries the bootstrap port itself and passes it as MOK_BOOTSTRAP_PORT.
   const int port = free_port();
+  int bootstrap_port = free_port();
+  if (bootstrap_port == port) bootstrap_port = free_port();
   std::vector<pid_t> pids(static_cast<size_t>(world), -1);
   std::vector<std::string> logs(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
@@ -75,6 +80,7 @@ std::vector<Outcome> run_workers(const std::string& mode, int world, double dead
     env.push_back("LOCAL_RANK=" + std::to_string(r));
     env.push_back("MASTER_ADDR=127.0.0.1");
     env.push_back("MASTER_PORT=" + std::to_string(port));
+    env.push_back("MOK_BOOTSTRAP_PORT=" + std::to_string(bootstrap_port));
     env.push_back("NCCL_NVLS_ENABLE=0");
     if (static_cast<size_t>(r) < extra_env.size()) {
       for (const auto& kv : extra_env[static_cast<size_t>(r)]) env.push_back(kv);
