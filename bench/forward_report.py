@@ -14,6 +14,12 @@ Cases that mok_bench measured with --sustain also carry `mok_sustained_ms` / `mo
 (the slowest rank's mean time per forward over seconds of back-to-back forwards, at the power cap); when the
 baseline ran with --sustain too, `baseline_sustained_ms` and `sustained_speedup` join them.
 
+Against the hardware: when the baseline carries `peak_bf16` (cuBLAS dense bf16 8192^3 on every GPU
+in the same run, burst and sustained), OUT_JSON gets it and each case `mok_pct_of_peak` (mok's
+TFLOP/s over the largest burst peak, in %), `baseline_pct_of_peak`, and with sustained figures
+`mok_sustained_pct_of_sustained_peak`. mok_bench's own `nvlink_copy_ceiling_GBps` (and each
+case's `mok_nvlink_GBps` / `nvlink_fraction_of_ceiling`) are carried through.
+
 GPU_SAMPLES_CSV (optional; scripts/run.sh writes it): nvidia-smi samples taken while mok_bench
 ran, one line per GPU and sample: `index, utilization.gpu %, clocks.sm MHz, power.draw W,
 power.limit W, clock event reasons (hex bitmask)`. OUT_JSON then gets `gpu_samples`: per GPU,
@@ -57,9 +63,17 @@ def speedup(baseline_ms, ms):
     return baseline_ms / ms if ms and ms > 0 else None
 
 
+def pct(row, key, value, reference):
+    """row[key] = 100 * value / reference, when both are positive numbers."""
+    if isinstance(value, (int, float)) and isinstance(reference, (int, float)) and value > 0 and reference > 0:
+        row[key] = 100.0 * value / reference
+
+
 def join(mok, base):
     """The output document: mok's cases and ablation, each joined with the baseline when known."""
     by_key = {case_key(c): c for c in base["cases"]} if base else {}
+    peak = (base or {}).get("peak_bf16") or {}
+    burst_peak, sustained_peak = peak.get("burst_tflops_max"), peak.get("sustained_tflops_max")
     cases = []
     for c in mok["cases"]:
         row = dict(c)
@@ -76,6 +90,9 @@ def join(mok, base):
                 s = speedup(b["baseline_sustained_ms"], c.get("mok_sustained_ms"))
                 if s is not None:
                     row["sustained_speedup"] = s
+        pct(row, "mok_pct_of_peak", row.get("mok_tflops"), burst_peak)
+        pct(row, "baseline_pct_of_peak", row.get("baseline_tflops"), burst_peak)
+        pct(row, "mok_sustained_pct_of_sustained_peak", row.get("mok_sustained_tflops"), sustained_peak)
         cases.append(row)
     ablation = []
     for a in mok.get("ablation") or []:
@@ -89,6 +106,11 @@ def join(mok, base):
         ablation.append(row)
 
     out = {k: mok.get(k) for k in ("device", "gpus", "date", "commit", "ep")}
+    for k in ("nvlink_copy_ceiling_GBps", "nvlink_copy_method", "nvlink_copy_rates"):
+        if k in mok:
+            out[k] = mok[k]
+    if peak:
+        out["peak_bf16"] = peak
     if base:
         out["what"] = mok.get("what", "") + "; baseline: " + base.get("what", "")
         out["baseline_torch"] = base.get("torch")
@@ -180,6 +202,29 @@ def print_cases(out):
               f"| {fmt(c.get('mok_tflops'), '.0f')} | {fmt(c.get('baseline_tflops'), '.0f')} |" + extra)
 
 
+def print_hardware(out):
+    """Each case against the measured bf16 peak and the NVLink copy ceiling of the same run."""
+    peak = out.get("peak_bf16") or {}
+    ceiling = out.get("nvlink_copy_ceiling_GBps")
+    if not peak and not ceiling:
+        return
+    burst = ", ".join(f"{v:.0f}" for v in peak.get("burst_tflops", []))
+    sus = ", ".join(f"{v:.0f}" for v in peak.get("sustained_tflops", []))
+    print(f"\nAgainst the hardware, same run: bf16 peak (cuBLAS 8192^3) burst {burst or '-'} TFLOP/s, "
+          f"sustained {sus or '-'} TFLOP/s per GPU (percentages of the largest); NVLink copy ceiling "
+          f"{fmt(ceiling, '.0f', ' GB/s')}")
+    print("| model | T/rank | routing | mok TFLOP/s/GPU | % of peak | sustained TFLOP/s | % of sustained peak "
+          "| baseline % of peak | NVLink GB/s per direction | % of ceiling |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for c in out["cases"]:
+        frac = c.get("nvlink_fraction_of_ceiling")
+        print(f"| {c['model']} | {c['T']} | {c['routing']} | {fmt(c.get('mok_tflops'), '.0f')} "
+              f"| {fmt(c.get('mok_pct_of_peak'), '.1f', '%')} | {fmt(c.get('mok_sustained_tflops'), '.0f')} "
+              f"| {fmt(c.get('mok_sustained_pct_of_sustained_peak'), '.1f', '%')} "
+              f"| {fmt(c.get('baseline_pct_of_peak'), '.1f', '%')} | {fmt(c.get('mok_nvlink_GBps'), '.0f')} "
+              f"| {fmt(100 * frac if frac is not None else None, '.0f', '%')} |")
+
+
 def ablation_groups(ablation):
     """{(model, T, routing): [entries]} in the order the keys first appear."""
     groups = {}
@@ -222,6 +267,7 @@ def main(argv):
     with open(out_path, "w") as f:
         json.dump(out, f, indent=1)
     print_cases(out)
+    print_hardware(out)
     print_ablation(out)
     print_gpu_samples(out)
     print(f"wrote {out_path}")

@@ -23,6 +23,7 @@
 #include "mok/layer.hpp"
 #include "mok/schedule.hpp"
 #include "util/bench_util.h"
+#include "util/peer_copy.h"
 
 namespace mok::bench {
 
@@ -67,6 +68,42 @@ std::string tile_stats_json(const LayerShape& shape, const Workload& wl) {
   }
   return ", \"tiles\": [" + tiles + "], \"tiles_1_32_rows\": [" + le32 + "], \"tiles_33_64_rows\": [" + le64 +
          "], \"tile_mma_over_token_rows\": [" + over + "]";
+}
+
+// Rows each rank receives over NVLink in one forward: its peers' token rows routed to its experts
+// (pulled into its ring) and its own tokens' rows computed by peers (combined into its slots).
+// Every such row also leaves one rank, so each rank sends as many rows as it receives. Empty
+// slots (-1) move nothing.
+std::vector<int64_t> nvlink_rows_per_rank(const LayerShape& shape, const Workload& wl) {
+  const int W = shape.world_size();
+  const int64_t e_loc = shape.local_experts();
+  std::vector<int64_t> rows(static_cast<size_t>(W), 0);
+  for (int s = 0; s < W; ++s) {
+    for (const int32_t e : wl.inputs[static_cast<size_t>(s)].topk_idx) {
+      if (e < 0) continue;
+      const int owner = static_cast<int>(e / e_loc);
+      if (owner == s) continue;
+      ++rows[static_cast<size_t>(owner)];  // pulled by the owner
+      ++rows[static_cast<size_t>(s)];      // combined back into s
+    }
+  }
+  return rows;
+}
+
+// JSON fields of a case's NVLink traffic: bytes per rank and direction, the rate over the forward
+// (the busiest rank's bytes / the slowest rank's time) and its share of the copy ceiling.
+std::string nvlink_json(const std::vector<int64_t>& rows, int64_t H, double ms, double ceiling) {
+  if (rows.size() < 2) return "";
+  std::string list;
+  int64_t most = 0;
+  for (const int64_t r : rows) {
+    list += std::string(list.empty() ? "" : ", ") + std::to_string(r * H * 2);
+    most = std::max(most, r * H * 2);
+  }
+  const double gbps = ms > 0 ? static_cast<double>(most) / (ms * 1e-3) / 1e9 : 0.0;
+  std::string out = ", \"nvlink_bytes_per_rank\": [" + list + "], \"mok_nvlink_GBps\": " + std::to_string(gbps);
+  if (ceiling > 0) out += ", \"nvlink_fraction_of_ceiling\": " + std::to_string(gbps / ceiling);
+  return out;
 }
 
 // The variants measured at one shape: the main one first.
@@ -265,6 +302,15 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
               to_string(o.path), W, device_name().c_str(), W, sms_text.c_str(), o.warmup, o.iters,
               o.ablation ? ", with ablation variants" : "");
   auto group = comm::LocalGroup::create(devices, copt);
+  // The NVLink copy ceiling of this run (before any weights take the memory it needs).
+  const std::vector<PeerCopy> copy_rates = neighbour_copy_rates(W);
+  const double ceiling = copy_ceiling_GBps(copy_rates);
+  std::string copy_json;
+  for (const PeerCopy& c : copy_rates) {
+    std::printf("[mok_bench] NVLink copy ceiling: cudaMemcpyPeer 1 GiB GPU%d -> GPU%d %.1f GB/s\n", c.src, c.dst, c.GBps);
+    copy_json += std::string(copy_json.empty() ? "" : ", ") + "{\"src\": " + std::to_string(c.src) +
+                 ", \"dst\": " + std::to_string(c.dst) + ", \"GBps\": " + std::to_string(c.GBps) + "}";
+  }
   std::string cases, ablation;
   std::printf("| model | T/rank | routing | variant | comm SMs | minibatch | ring | check | mok ms (slowest rank, median) | TFLOP/s per GPU |\n"
               "|---|---|---|---|---|---|---|---|---|---|\n");
@@ -292,6 +338,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
         const LayerShape shape = LayerShape::uniform(W, T, H, I, m->E, k, 0);
         const Workload wl = make_workload(shape, routing, 2026 + static_cast<uint64_t>(T), 0);
         const std::string tiles_json = tile_stats_json(shape, wl);
+        const std::vector<int64_t> link_rows = nvlink_rows_per_rank(shape, wl);
         const int64_t samples[2] = {0, T / 2 + 1};
         const double flops = 2.0 * double(T) * double(k) * 3.0 * double(H) * double(I);  // per GPU
         std::vector<std::vector<bf16>> main_sampled;
@@ -403,7 +450,14 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           ablation += key + knobs + ", \"ms\": " + std::to_string(t_ms) + ", \"tflops\": " + std::to_string(tflops) + "}";
           if (check.rfind("rel", 0) == 0)  // the main variant (checked against the spec)
             main_case = key + ", \"mok_ms\": " + std::to_string(t_ms) + ", \"mok_tflops\": " +
-                        std::to_string(tflops) + knobs + ", \"check_rel_err\": " + std::to_string(rel) + tiles_json;
+                        std::to_string(tflops) + knobs + ", \"check_rel_err\": " + std::to_string(rel) + tiles_json +
+                        nvlink_json(link_rows, H, t_ms, ceiling);
+          if (check.rfind("rel", 0) == 0 && W >= 2) {
+            const int64_t most = *std::max_element(link_rows.begin(), link_rows.end()) * H * 2;
+            const double gbps = static_cast<double>(most) / (t_ms * 1e-3) / 1e9;
+            std::printf("  NVLink: %.0f MB per rank and direction, %.0f GB/s over the forward (%.0f%% of the %.0f GB/s copy ceiling)\n",
+                        static_cast<double>(most) / 1e6, gbps, ceiling > 0 ? 100.0 * gbps / ceiling : 0.0, ceiling);
+          }
         }
         // The main variant's sustained rate, after every variant of the shape (so none of them
         // starts on a GPU this run has just heated to its power cap).
@@ -433,11 +487,16 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
     f << "{" << json_meta(W) << ", \"ep\": " << W
       << ", \"what\": \"mok GPU layer forward (" << to_string(o.path)
       << "), slowest rank per iteration, median of " << o.iters << " after " << o.warmup
-      << " warm-up; ablation variants checked bitwise against the main one"
+      << " warm-up; ablation variants checked bitwise against the main one; mok_nvlink_GBps: the busiest"
+      << " rank's NVLink bytes per direction (rows pulled in + rows combined in) / the slowest rank's time"
       << (o.sustain_s > 0 ? "; mok_sustained_ms: slowest rank's mean time per forward over the second half of ~" +
                                 seconds_text(o.sustain_s) + " s of back-to-back forwards (power-capped steady state)"
                           : std::string())
-      << "\", \"cases\": [\n    " << cases
+      << "\"";
+    if (!copy_rates.empty())
+      f << ", \"nvlink_copy_ceiling_GBps\": " << ceiling << ", \"nvlink_copy_method\": \"cudaMemcpyPeerAsync, 1 GiB, "
+        << "median of 5 after 2; the ceiling is the largest one-way rate\", \"nvlink_copy_rates\": [" << copy_json << "]";
+    f << ", \"cases\": [\n    " << cases
       << "\n  ], \"ablation\": [\n    " << ablation << "\n  ]}\n";
     std::printf("[mok_bench] wrote %s\n", o.json.c_str());
   }

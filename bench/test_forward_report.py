@@ -137,6 +137,34 @@ class ForwardReportTest(unittest.TestCase):
         self.assertNotIn("sustained_speedup", out["cases"][1])
         self.assertIn("| 4.400 | 227 | 9.900 | 2.25x |", run.stdout)
 
+    def test_against_the_hardware(self):
+        # no peak and no ceiling: no table, no percentage fields
+        out, run = self.report(synthetic_mok(), synthetic_baseline())
+        self.assertNotIn("Against the hardware", run.stdout)
+        self.assertNotIn("mok_pct_of_peak", out["cases"][0])
+        # the baseline's peak (largest GPU's figures are the reference) and mok's NVLink fields
+        mok = synthetic_mok()
+        mok["nvlink_copy_ceiling_GBps"] = 400.0
+        mok["nvlink_copy_rates"] = [{"src": 1, "dst": 0, "GBps": 400.0}, {"src": 0, "dst": 1, "GBps": 390.0}]
+        mok["cases"][0].update({"mok_sustained_tflops": 200.0, "mok_nvlink_GBps": 100.0,
+                                "nvlink_fraction_of_ceiling": 0.25})
+        base = synthetic_baseline()
+        base["peak_bf16"] = {"burst_tflops": [800.0, 780.0], "burst_tflops_max": 800.0,
+                             "sustained_tflops": [660.0, 670.0], "sustained_tflops_max": 670.0}
+        out, run = self.report(mok, base)
+        self.assertEqual(out["peak_bf16"]["burst_tflops_max"], 800.0)
+        self.assertEqual(out["nvlink_copy_ceiling_GBps"], 400.0)
+        self.assertEqual(len(out["nvlink_copy_rates"]), 2)
+        c0, c1 = out["cases"]
+        self.assertAlmostEqual(c0["mok_pct_of_peak"], 100 * 250.0 / 800.0)
+        self.assertAlmostEqual(c0["baseline_pct_of_peak"], 100 * 500.0 / 800.0)
+        self.assertAlmostEqual(c0["mok_sustained_pct_of_sustained_peak"], 100 * 200.0 / 670.0)
+        self.assertNotIn("mok_sustained_pct_of_sustained_peak", c1)  # no sustained figure
+        self.assertIn("Against the hardware", run.stdout)
+        self.assertIn("burst 800, 780 TFLOP/s, sustained 660, 670 TFLOP/s", run.stdout)
+        self.assertIn("| dsv3 | 2048 | uniform | 250 | 31.2% | 200 | 29.9% | 62.5% | 100 | 25% |", run.stdout)
+        self.assertIn("| qwen3-30b-a3b | 8192 | zipf | 500 | 62.5% | - | - | 50.0% | - | - |", run.stdout)
+
     def test_no_ablation_gives_empty_list(self):
         out, run = self.report(synthetic_mok(with_ablation=False), synthetic_baseline())
         self.assertEqual(out["ablation"], [])

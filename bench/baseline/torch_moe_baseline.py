@@ -15,6 +15,12 @@ With --sustain S, each case is also run for ~S seconds of back-to-back forwards 
 between them; the count is fixed from the median above, so every rank runs the same number),
 and `baseline_sustained_ms` is the slowest rank's mean time per forward over the second half: the
 rate once the GPUs sit at their power cap (mok_bench --sustain measures mok the same way).
+
+The measured bf16 peak (the "% of peak" the report quotes): before the MoE cases every rank
+times cuBLAS dense bf16 8192^3 (torch.matmul) at the same time: `burst` = the median of 20
+launches after 5 warm-up, and with --sustain S `sustained` = the mean over the second half of ~S
+seconds of back-to-back launches (at the power cap). JSON `peak_bf16`: per-GPU figures and the
+largest of each (the harder bar for mok's percentage).
 """
 import argparse
 import json
@@ -147,6 +153,61 @@ def sustained_ms(model, x, idx, w, ms, a, device):
     return t.item()
 
 
+def bf16_peak(device, sustain_s, n=8192, warmup=5, iters=20):
+    """This GPU's cuBLAS dense bf16 n^3 rate in TFLOP/s: (burst, sustained or None)."""
+    gen = torch.Generator(device=device).manual_seed(7)
+    a = torch.randn(n, n, generator=gen, device=device).bfloat16()
+    b = torch.randn(n, n, generator=gen, device=device).bfloat16()
+    c = torch.empty(n, n, device=device, dtype=torch.bfloat16)
+    flop = 2.0 * n ** 3
+    for _ in range(warmup):
+        torch.matmul(a, b, out=c)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        torch.matmul(a, b, out=c)
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1))
+    times.sort()
+    ms = times[len(times) // 2]
+    burst = flop / (ms * 1e-3) / 1e12
+    sustained = None
+    if sustain_s > 0:
+        count = max(2 * iters, math.ceil(sustain_s * 1000.0 / ms))
+        mid, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for i in range(count):
+            if i == count // 2:
+                mid.record()
+            torch.matmul(a, b, out=c)
+        end.record()
+        end.synchronize()
+        sustained = flop / (mid.elapsed_time(end) / (count - count // 2) * 1e-3) / 1e12
+    del a, b, c
+    torch.cuda.empty_cache()
+    return burst, sustained
+
+
+def peak_entry(world, device, sustain_s):
+    """Every rank's bf16 peak, gathered: {burst_tflops: [...], sustained_tflops: [...] or None, ...}."""
+    dist.barrier()
+    burst, sustained = bf16_peak(device, sustain_s)
+    t = torch.tensor([burst, sustained if sustained is not None else -1.0], device=device, dtype=torch.float64)
+    got = [torch.zeros_like(t) for _ in range(world)]
+    dist.all_gather(got, t)
+    bursts = [g[0].item() for g in got]
+    sustains = [g[1].item() for g in got]
+    entry = {"method": "cuBLAS dense bf16 8192^3 (torch.matmul) on every GPU at once; burst: median of 20 "
+                       "after 5 warm-up; sustained: mean over the second half of the --sustain seconds",
+             "burst_tflops": bursts, "burst_tflops_max": max(bursts)}
+    if all(v > 0 for v in sustains):
+        entry["sustained_tflops"] = sustains
+        entry["sustained_tflops_max"] = max(sustains)
+    return entry
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="baseline.json")
@@ -174,6 +235,12 @@ def main():
         print(f"[baseline] self-check vs dense fp32: rel err {rel:.2e}", flush=True)
     if not rel < 1e-2:
         raise SystemExit(f"baseline self-check failed: relative error {rel}")
+    peak = peak_entry(world, device, a.sustain)
+    if rank == 0:
+        extra = (f", sustained {', '.join(f'{v:.0f}' for v in peak['sustained_tflops'])}"
+                 if "sustained_tflops" in peak else "")
+        print(f"[baseline] bf16 peak (cuBLAS 8192^3) TFLOP/s per GPU: burst "
+              f"{', '.join(f'{v:.0f}' for v in peak['burst_tflops'])}{extra}", flush=True)
     cases = []
     for name in a.models.split(","):
         H, I, E, k = MODELS[name]
@@ -221,7 +288,7 @@ def main():
                 "what": "PyTorch+NCCL EP MoE forward: all_to_all_single + torch._grouped_mm + SwiGLU;"
                         " slowest rank per iteration, median of iterations",
                 "self_check_rel_err": rel, "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-                "cases": cases}
+                "peak_bf16": peak, "cases": cases}
         with open(a.out, "w") as f:
             json.dump(meta, f, indent=1)
         print(f"wrote {a.out}")

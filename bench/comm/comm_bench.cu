@@ -27,6 +27,7 @@
 #include "common/cuda_check.h"
 #include "copy_kernels.cuh"
 #include "mok/comm.hpp"
+#include "util/peer_copy.h"
 
 namespace mc = mok::comm;
 namespace mb = mok::bench;
@@ -35,7 +36,7 @@ namespace {
 
 constexpr int kSmCounts[] = {4, 8, 16, 24, 32};
 constexpr int kHiddens[] = {7168, 2048};
-constexpr size_t kCeilingBytes = 1ull << 30;
+constexpr size_t kCeilingBytes = mb::kPeerCopyBytes;
 constexpr int kMaxDynSmem = 232448;  // 227 KiB, the sm_90 per-block maximum
 
 struct Args {
@@ -46,11 +47,7 @@ struct Args {
   bool probe = false;  // per-SM and NVLink-counter probes instead of the main bench
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using mb::median;
 
 uint32_t rows_for(int hidden) { return hidden >= 4096 ? 65536u : 262144u; }  // ~0.94 / 1.07 GB
 
@@ -233,12 +230,7 @@ int main(int argc, char** argv) {
       set_kernel_attributes(rb[r].dev);
     }
     // Peer access for cudaMemcpyPeer's direct NVLink path (NCCL may have enabled it already).
-    for (int r = 0; r < 2; ++r) {
-      MOK_CUDA_CHECK(cudaSetDevice(r));
-      const cudaError_t e = cudaDeviceEnablePeerAccess(1 - r, 0);
-      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) MOK_CUDA_CHECK(e);
-      (void)cudaGetLastError();
-    }
+    for (int r = 0; r < 2; ++r) mb::enable_peer_access(r, 1 - r);
 
 
     // NVLink hardware counters (nvidia-smi nvlink -gt d|r) around known workloads: bytes each way.
@@ -436,19 +428,7 @@ int main(int argc, char** argv) {
       MOK_CUDA_CHECK(cudaSetDevice(1));
       MOK_CUDA_CHECK(cudaMalloc(&c1, kCeilingBytes));
       auto one_way = [&](int dst_dev, void* dst, int src_dev, const void* src) {
-        MOK_CUDA_CHECK(cudaSetDevice(dst_dev));
-        cudaStream_t s = rb[dst_dev].s;
-        Timer t(dst_dev);
-        MOK_CUDA_CHECK(cudaSetDevice(dst_dev));
-        std::vector<double> ms;
-        for (int i = 0; i < 2 + 5; ++i) {
-          MOK_CUDA_CHECK(cudaEventRecord(t.a, s));
-          MOK_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_dev, src, src_dev, kCeilingBytes, s));
-          MOK_CUDA_CHECK(cudaEventRecord(t.b, s));
-          MOK_CUDA_CHECK(cudaEventSynchronize(t.b));
-          if (i >= 2) ms.push_back(t.ms());
-        }
-        return static_cast<double>(kCeilingBytes) / (median(ms) * 1e-3) / 1e9;
+        return mb::peer_copy_GBps(dst, dst_dev, src, src_dev, kCeilingBytes, rb[dst_dev].s);
       };
       ceil_10 = one_way(0, c0, 1, b1);  // GPU1 -> GPU0: the direction rank 0's pull moves data
       ceil_01 = one_way(1, c1, 0, b0);  // GPU0 -> GPU1: the direction rank 0's push moves data
