@@ -165,6 +165,10 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
     c.macrobatch_tokens = 4 * mb;
     v.push_back({"megakernel-ring4", c});
   }
+  // The main variant once more, last: the variants run one after the other while the GPUs heat
+  // up towards their power cap, so the first one measured has an edge (up to ~10% in a run of
+  // 5db573b). This row shows that drift; compare the variants with it as well as with the first.
+  v.push_back({v.front().name + "-again", main});
   return v;
 }
 
@@ -343,6 +347,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
         const double flops = 2.0 * double(T) * double(k) * 3.0 * double(H) * double(I);  // per GPU
         std::vector<std::vector<bf16>> main_sampled;
         std::string main_case;  // the main variant's JSON entry, closed after the sustained run
+        double main_ms = 0;     // the main variant's median, for the drift line of its repeat
         std::vector<std::unique_ptr<RankRun>> main_runs(static_cast<size_t>(W));
         double rel = 0;
         const std::vector<Variant> variants = variants_for(o, shape);
@@ -452,6 +457,10 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
             main_case = key + ", \"mok_ms\": " + std::to_string(t_ms) + ", \"mok_tflops\": " +
                         std::to_string(tflops) + knobs + ", \"check_rel_err\": " + std::to_string(rel) + tiles_json +
                         nvlink_json(link_rows, H, t_ms, ceiling);
+          if (&var == &variants.front()) main_ms = t_ms;
+          if (&var != &variants.front() && var.name == variants.front().name + "-again" && main_ms > 0)
+            std::printf("  drift: the main variant again, last: %.3f ms vs %.3f ms first (%+.1f%%)\n", t_ms, main_ms,
+                        100.0 * (t_ms / main_ms - 1.0));
           if (check.rfind("rel", 0) == 0 && W >= 2) {
             const int64_t most = *std::max_element(link_rows.begin(), link_rows.end()) * H * 2;
             const double gbps = static_cast<double>(most) / (t_ms * 1e-3) / 1e9;
