@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # compute-sanitizer on a GPU machine: memcheck over the grouped-GEMM tests and a set of layer
 # tests (1 and 2 GPUs: pull, push, ring reuse, clusters, epilogue combine, empty slots), racecheck
-# over three GEMM tests (partial blocks of FC1 and FC2, split-N tiles). NCCL's own start-up probes raise CUDA API errors (kernels without an image
-# for this GPU, peer access already enabled); they are not reported (--report-api-errors no), so
+# over three GEMM tests (partial blocks of FC1 and FC2, split-N tiles). NCCL's own start-up
+# probes raise CUDA API errors (kernels without an image for this GPU, peer access already
+# enabled); they are not reported (--report-api-errors no), so
 # "ERROR SUMMARY: 0 errors" means no device memory error. Instrumenting a module takes seconds
 # on its first launch, so the layer tests run with a longer wait bound (MOK_TEST_WAIT_TIMEOUT_S).
 # Megakernel-path layer tests only: the one unfused test tried (LayerForwardInference/unfused) ran
