@@ -311,10 +311,11 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
   const double ceiling = copy_ceiling_GBps(copy_rates);
   std::string copy_json;
   for (const PeerCopy& c : copy_rates) {
-    std::printf("[mok_bench] NVLink copy ceiling: cudaMemcpyPeer 1 GiB GPU%d -> GPU%d %.1f GB/s\n", c.src, c.dst, c.GBps);
+    std::printf("[mok_bench] NVLink copy: cudaMemcpyPeer 1 GiB GPU%d -> GPU%d %.1f GB/s\n", c.src, c.dst, c.GBps);
     copy_json += std::string(copy_json.empty() ? "" : ", ") + "{\"src\": " + std::to_string(c.src) +
                  ", \"dst\": " + std::to_string(c.dst) + ", \"GBps\": " + std::to_string(c.GBps) + "}";
   }
+  if (ceiling > 0) std::printf("[mok_bench] NVLink copy ceiling (the largest one-way rate): %.1f GB/s\n", ceiling);
   std::string cases, ablation;
   std::printf("| model | T/rank | routing | variant | comm SMs | minibatch | ring | check | mok ms (slowest rank, median) | TFLOP/s per GPU |\n"
               "|---|---|---|---|---|---|---|---|---|---|\n");
@@ -496,14 +497,16 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
     f << "{" << json_meta(W) << ", \"ep\": " << W
       << ", \"what\": \"mok GPU layer forward (" << to_string(o.path)
       << "), slowest rank per iteration, median of " << o.iters << " after " << o.warmup
-      << " warm-up; ablation variants checked bitwise against the main one; mok_nvlink_GBps: the busiest"
-      << " rank's NVLink bytes per direction (rows pulled in + rows combined in) / the slowest rank's time"
+      << " warm-up; ablation variants checked bitwise against the main one"
+      << (W >= 2 ? "; mok_nvlink_GBps: the busiest rank's NVLink bytes per direction (rows pulled in + rows"
+                   " combined in) / the slowest rank's time"
+                 : "")
       << (o.sustain_s > 0 ? "; mok_sustained_ms: slowest rank's mean time per forward over the second half of ~" +
                                 seconds_text(o.sustain_s) + " s of back-to-back forwards (power-capped steady state)"
                           : std::string())
       << "\"";
     if (!copy_rates.empty())
-      f << ", \"nvlink_copy_ceiling_GBps\": " << ceiling << ", \"nvlink_copy_method\": \"cudaMemcpyPeerAsync, 1 GiB, "
+      f << ", \"nvlink_copy_ceiling_GBps\": " << std::to_string(ceiling) << ", \"nvlink_copy_method\": \"cudaMemcpyPeerAsync, 1 GiB, "
         << "median of 5 after 2; the ceiling is the largest one-way rate\", \"nvlink_copy_rates\": [" << copy_json << "]";
     f << ", \"cases\": [\n    " << cases
       << "\n  ], \"ablation\": [\n    " << ablation << "\n  ]}\n";

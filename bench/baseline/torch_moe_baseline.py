@@ -154,7 +154,9 @@ def sustained_ms(model, x, idx, w, ms, a, device):
 
 
 def bf16_peak(device, sustain_s, n=8192, warmup=5, iters=20):
-    """This GPU's cuBLAS dense bf16 n^3 rate in TFLOP/s: (burst, sustained or None)."""
+    """This GPU's cuBLAS dense bf16 n^3 rate in TFLOP/s: (burst, sustained or None). Collective:
+    every rank calls it, so the sustained launches (a count fixed from the slowest rank's burst
+    time) run on all GPUs over the same seconds."""
     gen = torch.Generator(device=device).manual_seed(7)
     a = torch.randn(n, n, generator=gen, device=device).bfloat16()
     b = torch.randn(n, n, generator=gen, device=device).bfloat16()
@@ -176,7 +178,10 @@ def bf16_peak(device, sustain_s, n=8192, warmup=5, iters=20):
     burst = flop / (ms * 1e-3) / 1e12
     sustained = None
     if sustain_s > 0:
-        count = max(2 * iters, math.ceil(sustain_s * 1000.0 / ms))
+        slowest = torch.tensor([ms], device=device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        count = min(10**6, max(2 * iters, math.ceil(sustain_s * 1000.0 / slowest.item())))
+        dist.barrier()
         mid, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for i in range(count):
             if i == count // 2:

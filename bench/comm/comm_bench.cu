@@ -230,7 +230,9 @@ int main(int argc, char** argv) {
       set_kernel_attributes(rb[r].dev);
     }
     // Peer access for cudaMemcpyPeer's direct NVLink path (NCCL may have enabled it already).
-    for (int r = 0; r < 2; ++r) mb::enable_peer_access(r, 1 - r);
+    for (int r = 0; r < 2; ++r) {
+      MOK_REQUIRE(mb::enable_peer_access(r, 1 - r), "GPUs", "comm_bench needs peer access between GPU 0 and GPU 1");
+    }
 
 
     // NVLink hardware counters (nvidia-smi nvlink -gt d|r) around known workloads: bytes each way.

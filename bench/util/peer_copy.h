@@ -19,12 +19,20 @@ namespace mok::bench {
 inline constexpr size_t kPeerCopyBytes = size_t(1) << 30;
 
 // Lets `dev` access `peer`'s memory, so cudaMemcpyPeer takes the direct NVLink path (NCCL may
-// have enabled it already, which is fine). Leaves `dev` current.
-inline void enable_peer_access(int dev, int peer) {
+// have enabled it already, which is fine). False when the pair has no peer access at all. Leaves
+// `dev` current.
+inline bool enable_peer_access(int dev, int peer) {
+  int can = 0;
+  MOK_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, dev, peer));
+  if (!can) return false;
   MOK_CUDA_CHECK(cudaSetDevice(dev));
   const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
-  if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) MOK_CUDA_CHECK(e);
-  (void)cudaGetLastError();  // clears cudaErrorPeerAccessAlreadyEnabled
+  if (e == cudaErrorPeerAccessAlreadyEnabled) {
+    (void)cudaGetLastError();  // clears exactly that error
+    return true;
+  }
+  MOK_CUDA_CHECK(e);
+  return true;
 }
 
 // GB/s of copying `bytes` from `src` (on src_dev) to `dst` (on dst_dev) on stream `s` of dst_dev:
@@ -58,8 +66,11 @@ struct PeerCopy {
 
 // One-way copy rates between ring neighbours (r+1 -> r and r -> r+1 for every r: the directions
 // in which rank r pulls and pushes at EP 2; at larger EP a sample of the links), each pair once.
-// Allocates and frees 2 GiB per pair; devices 0..gpus-1. Empty below 2 GPUs.
+// Allocates and frees 2 GiB per pair; devices 0..gpus-1. Empty below 2 GPUs; pairs without peer
+// access are left out. The current device is restored.
 inline std::vector<PeerCopy> neighbour_copy_rates(int gpus, size_t bytes = kPeerCopyBytes) {
+  int prev = 0;
+  MOK_CUDA_CHECK(cudaGetDevice(&prev));
   std::set<std::pair<int, int>> pairs;
   for (int r = 0; gpus >= 2 && r < gpus; ++r) {
     pairs.insert({(r + 1) % gpus, r});
@@ -67,8 +78,7 @@ inline std::vector<PeerCopy> neighbour_copy_rates(int gpus, size_t bytes = kPeer
   }
   std::vector<PeerCopy> out;
   for (const auto& [src_dev, dst_dev] : pairs) {
-    enable_peer_access(dst_dev, src_dev);
-    enable_peer_access(src_dev, dst_dev);
+    if (!enable_peer_access(dst_dev, src_dev) || !enable_peer_access(src_dev, dst_dev)) continue;
     void* src = nullptr;
     MOK_CUDA_CHECK(cudaMalloc(&src, bytes));  // on src_dev (current after enable_peer_access)
     MOK_CUDA_CHECK(cudaMemset(src, 1, bytes));
@@ -84,6 +94,7 @@ inline std::vector<PeerCopy> neighbour_copy_rates(int gpus, size_t bytes = kPeer
     MOK_CUDA_CHECK(cudaSetDevice(src_dev));
     MOK_CUDA_CHECK(cudaFree(src));
   }
+  MOK_CUDA_CHECK(cudaSetDevice(prev));
   return out;
 }
 
