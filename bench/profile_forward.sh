@@ -29,9 +29,13 @@ for variant in ${PROFILE_VARIANTS:-8 4 16 8c}; do
   clusters=0
   [ "$gm" != "$variant" ] && clusters=1
   log="/tmp/profile_forward_$variant.csv"
+  # ncu's kernel replay cannot relaunch a cooperative cluster kernel (LaunchFailed): cluster
+  # variants rerun the whole application once per metric pass instead.
+  replay="${PROFILE_REPLAY:-kernel}"
+  [ "$clusters" = 1 ] && replay=application
   # The mok_bench run: the main variant only, 5 warm-up forwards; the 4th megakernel launch is
   # profiled (earlier ones warm the caches and the clocks as a benchmark would).
-  CUDA_VISIBLE_DEVICES=0 MOK_MK_GROUP_M="$gm" timeout 300 "$NCU" --clock-control none --csv --page raw --print-units base \
+  CUDA_VISIBLE_DEVICES=0 MOK_MK_GROUP_M="$gm" timeout 300 "$NCU" --replay-mode "$replay" --clock-control none --csv --page raw --print-units base \
     --kernel-name regex:forward_megakernel --launch-skip 3 --launch-count 1 --metrics "$METRICS" \
     "$BENCH" --models dsv3 --tokens "$T" --routings uniform --no-ablation --sustain 0 --warmup 5 --iters 20 \
     --clusters "$clusters" >"$log" 2>&1
