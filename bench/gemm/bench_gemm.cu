@@ -160,6 +160,8 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
     a_cols = I; w_elems = E * H * I; out_elems = rows * H;
   } else if (c.form == "dgrad") {
     a_cols = c.k; w_elems = E * c.k * c.n; out_elems = rows * c.n;
+  } else if (c.form == "dgrad_swiglu") {  // d_y [rows, H], W_down [E, H, I], gu and d_gu [rows, 2I]
+    a_cols = H; w_elems = E * H * I; b_cols = 2 * I; out_elems = rows * 2 * I;
   } else {  // wgrad: a [rows, m], b [rows, n], out [E, m, n]
     a_cols = c.m_or_rows; b_cols = c.n; out_elems = E * c.m_or_rows * c.n;
   }
@@ -211,6 +213,12 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
       a.dy = A[s]->p; a.w = W[s]->p; a.dx = out.p; a.k = c.k; a.n = c.n; a.experts = E;
       a.tile_expert = static_cast<int32_t*>(d_te.p); a.num_m_tiles = tiles;
       plans.push_back(gemm::plan_dgrad(a, o));
+    } else if (c.form == "dgrad_swiglu") {
+      gemm::DgradSwiGLUArgs a;
+      a.dy = A[s]->p; a.w_down = W[s]->p; a.gu = B[s]->p; a.d_gu = out.p;
+      a.hidden = H; a.inter = I; a.experts = E;
+      a.tile_expert = static_cast<int32_t*>(d_te.p); a.num_m_tiles = tiles;
+      plans.push_back(gemm::plan_dgrad_swiglu(a, o));
     } else {
       gemm::WgradArgs a;
       a.a = A[s]->p; a.b = B[s]->p; a.dw = out.p; a.m = c.m_or_rows; a.n = c.n; a.experts = E;
@@ -251,6 +259,16 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
       const int64_t j = rng.below(c.n);
       ref = dot_rows(fetch(A[0]->p, r * c.k, c.k), fetch_strided(W[0]->p, e * c.k * c.n + j, c.n, c.k));
       got = host_bf16(fetch(out.p, r * c.n + j, 1)[0]);
+    } else if (c.form == "dgrad_swiglu") {
+      // d_h in fp64 (rounded to bf16, as the reference), then d_g (even samples) or d_u (odd).
+      const int64_t i = rng.below(I);
+      const double dh = host_bf16(mok::bf16::from_float(
+          float(dot_rows(fetch(A[0]->p, r * H, H), fetch_strided(W[0]->p, e * H * I + i, I, H)))));
+      const int64_t pg = r * 2 * I + gemm::packed_gate_row(i), pu = r * 2 * I + gemm::packed_up_row(i);
+      const double g = host_bf16(fetch(B[0]->p, pg, 1)[0]), u = host_bf16(fetch(B[0]->p, pu, 1)[0]);
+      const double sg = 1.0 / (1.0 + std::exp(-g));
+      ref = smp % 2 == 0 ? sg * (1.0 + g * (1.0 - sg)) * u * dh : g * sg * dh;
+      got = host_bf16(fetch(out.p, smp % 2 == 0 ? pg : pu, 1)[0]);
     } else {
       const int64_t i = rng.below(c.m_or_rows), j = rng.below(c.n);
       const int64_t b0 = begin[size_t(e)], cnt = counts[size_t(e)];
@@ -302,7 +320,7 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
   // Useful FLOPs: real rows only (padding rows are mok's overhead).
   if (c.form == "fc1") res.flops = 2.0 * double(real_rows) * double(2 * I) * double(H);
   else if (c.form == "fc2") res.flops = 2.0 * double(real_rows) * double(H) * double(I);
-  else if (c.form == "dgrad") res.flops = 2.0 * double(real_rows) * double(c.n) * double(c.k);
+  else if (c.form == "dgrad" || c.form == "dgrad_swiglu") res.flops = 2.0 * double(real_rows) * double(c.n) * double(c.k);
   else res.flops = 2.0 * double(real_rows) * double(c.m_or_rows) * double(c.n);
   res.tflops = res.flops / (res.ms * 1e-3) / 1e12;
   MOK_CUDA_CHECK(cudaMemcpy(&e_word, err.p, 4, cudaMemcpyDeviceToHost));
@@ -368,6 +386,10 @@ int main(int argc, char** argv) {
       c.form = "dgrad";  // d_h = d_y . W_down[e]   (K = hidden, N = inter)
       c.name = std::string(m.name) + "-dgrad-fc2"; c.k = m.hidden; c.n = m.inter;
       cases.push_back(c);
+      c.form = "dgrad_swiglu";  // d_gu = SwiGLU'(gu, d_y . W_down[e])   (K = hidden, N = inter)
+      c.name = std::string(m.name) + "-dgrad-fc2-swiglu"; c.k = m.hidden; c.n = m.inter;
+      cases.push_back(c);
+      c.form = "dgrad";
       c.name = std::string(m.name) + "-dgrad-fc1"; c.k = 2 * m.inter; c.n = m.hidden;  // d_x = d_gu . W1p[e]
       cases.push_back(c);
       c.form = "wgrad";  // dW_down[e] = d_y^T h   (M = hidden, N = inter)

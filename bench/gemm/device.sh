@@ -44,7 +44,7 @@ for t in mok_gpu_gemm_primitive_tests mok_gpu_gemm_tests; do
   timeout 240 "$B/tests/gpu/gemm/$t" >"$OUT/$t.log" 2>&1
   rc=$?
   log "$t rc=$rc ($(( $(date +%s) - t1 )) s)"
-  grep -E "^\[(fc1|fc2|dgrad|wgrad)\]|FAILED|Failure|error|Expected|Which is|actual|want" "$OUT/$t.log" | head -40 | tee -a "$LOG"
+  grep -E "^\[(fc1|fc2|dgrad|dgrad\+swiglu|wgrad)[] ]|FAILED|Failure|error|Expected|Which is|actual|want" "$OUT/$t.log" | head -40 | tee -a "$LOG"
 done
 cat "$OUT"/mok_gpu_gemm_*tests.log >"$OUT/tests.log"; rm -f "$OUT"/mok_gpu_gemm_*tests.log
 # GEMM_SWEEP="argsA;argsB;...": quick-set runs of each variant; the one with the best geometric

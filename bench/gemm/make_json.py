@@ -91,7 +91,9 @@ def main():
                     f"measured in the same run, else {DEFAULT_COPY_TBPS})",
         "passes": {"mok": len(moks), "torch": len(tors)},
         "flops": "2 * real routed rows * N * K (padding rows not counted); fc1 = x . W1^T with N = 2*inter "
-                 "(mok also applies SwiGLU and stores h and gate/up; torch only the product)",
+                 "(mok also applies SwiGLU and stores h and gate/up; torch only the product); dgrad_swiglu = "
+                 "d_y . W_down with N = inter, mok fused with the SwiGLU backward, torch the same work as "
+                 "_grouped_mm + elementwise ops",
         "cases": cases,
     }
     json.dump(res, open(a.out, "w"), indent=1)

@@ -84,6 +84,18 @@ def build(case):
         def make():
             return rnd(M, k), rnd(E, k, n, scale=0.03)
         return make, lambda s: torch._grouped_mm(s[0], s[1], offs=offs), M
+    if form == "dgrad_swiglu":  # d_h = [M, H] x [E, H, I], then the SwiGLU backward with g, u
+        # The same work in torch ops: the grouped GEMM, then d_g and d_u from the forward's gate/up
+        # pre-activations (torch's natural layout: g and u as two halves, bf16 elementwise ops).
+        def make():
+            return rnd(M, H), rnd(E, H, I, scale=0.03), rnd(M, 2 * I)
+
+        def dgrad_swiglu(s):
+            dh = torch._grouped_mm(s[0], s[1], offs=offs)
+            g, u = s[2][:, :I], s[2][:, I:]
+            sg = torch.sigmoid(g)
+            return torch.cat([sg * (1 + g * (1 - sg)) * u * dh, g * sg * dh], dim=1)
+        return make, dgrad_swiglu, M
     if form == "wgrad":  # out[e] = a_e^T b_e: [m, M] x [M, n] grouped along M
         m, n = case["m"], case["n"]
         def make():

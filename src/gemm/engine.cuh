@@ -591,6 +591,90 @@ __device__ __forceinline__ void store_h_split_n_direct(const float (&acc)[C::kAc
     }
   }
 }
+// SwiGLU backward of one element at the reference's rounding points (ffn_backward in
+// src/reference/engine.cpp): d_h = rnd(acc), s = sigmoid(g), d_u = g * s * d_h and
+// d_g = s * (1 + g * (1 - s)) * u * d_h in fp32 (the caller rounds both to bf16), g and u the
+// forward's bf16 pre-activations. exp and the division on the SFU, as in swiglu().
+__device__ __forceinline__ void swiglu_backward(float acc_dh, float g, float u, float& dg, float& du) {
+  const float dh = bf16_round(acc_dh);
+  const float s = __fdividef(1.0f, 1.0f + __expf(-g));
+  du = g * s * dh;
+  dg = s * (1.0f + g * (1.0f - s)) * u * dh;
+}
+
+// bf16 pairs as loaded (4 bytes: the element at the lower address, i.e. the lower column, in
+// the low half) to fp32.
+__device__ __forceinline__ float bf16x2_lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16x2_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+
+// FC2's dgrad fused with the SwiGLU backward (Form DgradSwiGLU). The accumulators hold d_h for
+// this warpgroup's 64 rows and the tile's intermediate columns [b_n, b_n + BLOCK_N); the output
+// is d_gu in the packed gate/up order of gu (pack_gate_up: packed column 16j + c is the gate of
+// intermediate column 8j + c, 16j + 8 + c its up), i.e. the packed columns [2 b_n, 2 b_n + 2 BLOCK_N):
+// twice as many chunks as a plain store. Packed chunk q holds intermediate blocks 4q..4q+3, each
+// as a d_g block and a d_u block, exactly the pair one stmatrix x4 writes. Each thread reads the
+// g/u pairs of its own accumulator elements straight from global memory (two 4-byte loads per
+// 8-column block and row; a quad of lanes reads one 32-byte sector), one chunk ahead of the
+// chunk it converts. Intermediate columns >= inter are neither read nor stored (the TMA store
+// clips the packed width 2 * inter). Every tile reads exactly the gu elements it writes, before
+// writing them (in whole 32-byte sectors per chunk), so d_gu may alias gu.
+template <class C>
+__device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
+                                                      const float (&acc)[C::kAccRegs], const void* gu,
+                                                      const CUtensorMap* d_gu, int32_t row, int32_t b_n,
+                                                      int32_t inter) {
+  constexpr int kChunks = C::kAccRegs / 16;  // 64-column chunks of the packed output
+  const uint32_t warp = wt >> 5, lane = wt & 31u;
+  const int64_t pitch = 2 * int64_t(inter);
+  const int32_t out_row = row + 64 * cwg;
+  // This thread's rows (r and r + 8 of its accumulator layout), at its first g column.
+  const uint16_t* g0 = static_cast<const uint16_t*>(gu) + int64_t(out_row + int32_t(warp * 16u + lane / 4u)) * pitch +
+                       2 * int64_t(b_n) + 2 * (lane % 4u);
+  const uint16_t* g1 = g0 + 8 * pitch;
+  // v[q & 1][4m + 2rr + {0: g, 1: u}]: the bf16 pairs of block m of chunk q, row rr (kept packed:
+  // 32 registers for two chunks next to the 128 accumulators).
+  uint32_t v[2][16];
+  const auto load = [&](int q) {
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int j = 4 * q + m;  // intermediate block of the tile
+      uint32_t* d = &v[q & 1][4 * m];
+      const bool valid = b_n + 8 * j < inter;
+      d[0] = valid ? *reinterpret_cast<const uint32_t*>(g0 + 16 * j) : 0u;
+      d[1] = valid ? *reinterpret_cast<const uint32_t*>(g0 + 16 * j + 8) : 0u;
+      d[2] = valid ? *reinterpret_cast<const uint32_t*>(g1 + 16 * j) : 0u;
+      d[3] = valid ? *reinterpret_cast<const uint32_t*>(g1 + 16 * j + 8) : 0u;
+    }
+  };
+  load(0);
+  const bool leader = wt == 0;
+#pragma unroll
+  for (int q = 0; q < kChunks; ++q) {
+    if (q + 1 < kChunks) load(q + 1);
+    if (2 * b_n + 64 * q >= 2 * inter) continue;  // uniform over the warpgroup
+    uint8_t* buf = epi_begin(sm, cwg, es, leader);
+    const uint32_t base = smem_addr(buf);
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int j = 4 * q + m;
+      const uint32_t* d = &v[q & 1][4 * m];
+      uint32_t dg[2], du[2];
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const uint32_t g = d[2 * rr], u = d[2 * rr + 1];
+        float g_lo, u_lo, g_hi, u_hi;
+        swiglu_backward(acc[4 * j + 2 * rr], bf16x2_lo(g), bf16x2_lo(u), g_lo, u_lo);
+        swiglu_backward(acc[4 * j + 2 * rr + 1], bf16x2_hi(g), bf16x2_hi(u), g_hi, u_hi);
+        dg[rr] = pack_bf16x2(g_lo, g_hi);
+        du[rr] = pack_bf16x2(u_lo, u_hi);
+      }
+      // Chunk blocks 2m (d_g) and 2m + 1 (d_u): matrices rows 0-7 / 8-15 of each.
+      stmatrix_x4(stmatrix_addr(base, wt, m), dg[0], dg[1], du[0], du[1]);
+    }
+    epi_end_2d(buf, cwg, es, leader, d_gu, 2 * b_n + 64 * q, out_row);
+  }
+}
+
 template <class C>
 __device__ __forceinline__ void epilogue_store_split_n(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
                                                        const float (&acc)[C::kAccRegs], const CUtensorMap* d,

@@ -79,8 +79,8 @@ int choose_block_n(int64_t m_tiles, int64_t n, int sms) {
   return waves128 < waves256 ? 128 : 256;
 }
 
-// What every M-grouped plan (FC1, FC2, dgrad) shares: validation of the routed layout, tile
-// counts, grid and FLOPs. The caller adds its form-specific parameters and tensor maps.
+// What every M-grouped plan (FC1, FC2, dgrad, dgrad + SwiGLU backward) shares: validation of the
+// routed layout, tile counts, grid and FLOPs. The caller adds its form-specific parameters and tensor maps.
 Plan m_grouped_plan(Form form, int64_t k, int64_t n, int64_t experts, const int32_t* tile_expert,
                     int64_t num_m_tiles, const Options& o, const char* what) {
   require_dims(k, n, what);
@@ -153,6 +153,23 @@ Plan plan_dgrad(const DgradArgs& a, const Options& o) {
   return p;
 }
 
+Plan plan_dgrad_swiglu(const DgradSwiGLUArgs& a, const Options& o) {
+  MOK_REQUIRE(a.dy && a.w_down && a.gu && a.d_gu, "dgrad_swiglu", "dy, w_down, gu and d_gu must be given");
+  MOK_REQUIRE(a.inter % 8 == 0, "dgrad_swiglu.inter", "multiple of 8 (gate/up interleave), got ", a.inter);
+  const int64_t rows = a.num_m_tiles * kBlockM;
+  Plan p = m_grouped_plan(Form::DgradSwiGLU, a.hidden, a.inter, a.experts, a.tile_expert, a.num_m_tiles, o,
+                          "dgrad_swiglu");
+  p.params.gu = a.gu;
+  if (p.grid == 0) return p;
+  const auto u = static_cast<uint64_t>(rows);
+  p.map_a = make_map_2d(a.dy, u, uint64_t(a.hidden), 128);
+  p.map_b = make_map_3d(a.w_down, uint64_t(a.experts), uint64_t(a.hidden), uint64_t(a.inter), 64);  // {n, k, e}
+  p.map_b_half = p.map_b;
+  p.map_d0 = make_map_2d(a.d_gu, u, uint64_t(2 * a.inter), 64);
+  p.map_d1 = p.map_d0;
+  return p;
+}
+
 Plan plan_wgrad(const WgradArgs& a, const Options& o) {
   require_dims(a.m, a.n, "wgrad");
   MOK_REQUIRE(a.experts >= 1, "wgrad.experts", ">= 1, got ", a.experts);
@@ -187,6 +204,7 @@ void run(const Plan& plan, cudaStream_t stream) {
     case Form::Fc1SwiGLU: detail::launch_fc1(plan, stream); break;
     case Form::Plain: detail::launch_plain(plan, stream); break;
     case Form::Dgrad: detail::launch_dgrad(plan, stream); break;
+    case Form::DgradSwiGLU: detail::launch_dgrad_swiglu(plan, stream); break;
     case Form::Wgrad: detail::launch_wgrad(plan, stream); break;
   }
 }

@@ -76,6 +76,22 @@ struct DgradArgs {
   int64_t num_m_tiles = 0;
 };
 
+// FC2's dgrad fused with the SwiGLU backward (the backward of h = silu(g) * u): with
+// d_h = rnd(d_y[r] . w_down[e]) (kept in registers, never stored) and the forward's packed gate/up
+// pre-activations gu[r] (FC1's `gu` output), writes d_gu[r] in the same packed order:
+// d_u = rnd(g * s * d_h), d_g = rnd(s * (1 + g * (1 - s)) * u * d_h), s = sigmoid(g) (the rounding
+// points of ref::Engine's backward). d_gu is what FC1's dgrad (d_x = d_gu . W1p) and wgrad
+// (dW1p = d_gu^T x) take. d_gu may be gu itself (in place). Padding rows of d_gu are undefined.
+struct DgradSwiGLUArgs {
+  const void* dy = nullptr;      // [num_m_tiles*128, hidden] (d_y, already weighted)
+  const void* w_down = nullptr;  // [experts, hidden, inter]
+  const void* gu = nullptr;      // [num_m_tiles*128, 2*inter], packed (pack_gate_up order)
+  void* d_gu = nullptr;          // [num_m_tiles*128, 2*inter], packed; may equal gu
+  int64_t hidden = 0, inter = 0, experts = 0;
+  const int32_t* tile_expert = nullptr;
+  int64_t num_m_tiles = 0;
+};
+
 // Wgrad (K-grouped): dw[e] = sum over expert e's rows r of a[r]^T b[r], i.e. [m, n] per expert,
 // fp32 sums in increasing row order, rounded to bf16. Rows past expert_rows[e] inside the padded
 // segment are ignored whatever they hold. Experts without rows get dw[e] = 0.
@@ -102,6 +118,7 @@ struct Plan {
 Plan plan_fc1(const Fc1Args& a, const Options& o = {});
 Plan plan_fc2(const Fc2Args& a, const Options& o = {});
 Plan plan_dgrad(const DgradArgs& a, const Options& o = {});
+Plan plan_dgrad_swiglu(const DgradSwiGLUArgs& a, const Options& o = {});
 Plan plan_wgrad(const WgradArgs& a, const Options& o = {});
 // Launches the plan's kernel on `stream` (asynchronous; nothing when grid == 0).
 void run(const Plan& plan, cudaStream_t stream);
@@ -127,6 +144,7 @@ namespace detail {
 void launch_fc1(const Plan& plan, cudaStream_t stream);
 void launch_plain(const Plan& plan, cudaStream_t stream);
 void launch_dgrad(const Plan& plan, cudaStream_t stream);
+void launch_dgrad_swiglu(const Plan& plan, cudaStream_t stream);
 void launch_wgrad(const Plan& plan, cudaStream_t stream);
 }  // namespace detail
 

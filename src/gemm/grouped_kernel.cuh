@@ -1,7 +1,7 @@
 // mok — the standalone persistent grouped-GEMM kernel built on the tile engine (engine.cuh).
 //
 // Included by exactly one .cu per form (grouped_fc1.cu, grouped_plain.cu, grouped_dgrad.cu,
-// grouped_wgrad.cu), which instantiates grouped_gemm_kernel<Cfg<BLOCK_N>, Form> for BLOCK_N 256
+// grouped_dgrad_swiglu.cu, grouped_wgrad.cu), which instantiates grouped_gemm_kernel<Cfg<BLOCK_N>, Form> for BLOCK_N 256
 // and 128 and the launcher.
 #pragma once
 
@@ -210,6 +210,22 @@ template <class C>
 using FormPlain = FormStore2d<C, false>;
 template <class C>
 using FormDgrad = FormStore2d<C, true>;
+
+// FC2's dgrad fused with the SwiGLU backward: A = d_y [rows, hidden] (K-major), B = W_down
+// [E, hidden, inter] (MN-major, as Dgrad); the epilogue turns d_h (registers only) and the
+// forward's packed gate/up pre-activations p.gu into d_gu [rows, 2 * inter] at map_d0 (packed).
+template <class C>
+struct FormDgradSwiGLU {
+  static constexpr bool kAMN = false, kBMN = true, kMaskK = false, kSplitN = false;
+  using Schedule = MGroupedSchedule<C>;
+  using PairSchedule = MPairSchedule<C>;
+  __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
+                                                  uint32_t wt, const float (&acc)[C::kAccRegs],
+                                                  const CUtensorMap* d0, const CUtensorMap*,
+                                                  const KernelParams& p) {
+    epilogue_dgrad_swiglu<C>(sm, es, cwg, wt, acc, p.gu, d0, t.out_row, t.b_n, p.n);
+  }
+};
 
 // Wgrad: dw [E, M, N] (3-D map_d0) of expert e = a_e^T . b_e, where a = [rows, M] and b = [rows, N]
 // (both MN-major operands); the last K block of each expert is masked to its valid rows.

@@ -10,6 +10,7 @@ enum class Form : int {
   Plain = 1,      // out = a . W[e]^T, W [E, N, K] (FC2 forward)
   Dgrad = 2,      // out = a . W[e], W [E, K, N] (MN-major B)
   Wgrad = 3,      // dw[e] = a_e^T . b_e over expert e's rows (K-grouped, both operands MN-major)
+  DgradSwiGLU = 4,  // FC2's dgrad fused with the SwiGLU backward: d_gu from dy . W_down[e] and gu
 };
 
 struct KernelParams {
@@ -28,6 +29,7 @@ struct KernelParams {
   const int32_t* expert_row_begin = nullptr;
   const int32_t* expert_rows = nullptr;
   void* fc1_h = nullptr;  // FC1: h, dense [rows, n/2] bf16 (split-N tiles at BLOCK_N 128 store to it directly)
+  const void* gu = nullptr;  // DgradSwiGLU: the forward's packed gate/up pre-activations, dense [rows, 2n] bf16
   unsigned int* error = nullptr;              // bounded waits: error word (nullptr: unbounded)
   unsigned long long wait_limit_ns = 0;
 };

@@ -303,6 +303,137 @@ TEST(GroupedGemm, DgradMNMajorWeights) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// FC2's dgrad fused with the SwiGLU backward: d_gu[r] (packed) from d_h = rnd(dy[r] . W[e]) and gu[r]
+// ---------------------------------------------------------------------------------------------
+// Distance in bf16 steps between two finite values (0 = same bits, +0 and -0 alike).
+int bf16_steps(uint16_t a, uint16_t b) {
+  const auto ordered = [](uint16_t x) { return (x & 0x8000) ? -int(x & 0x7fff) : int(x & 0x7fff); };
+  return std::abs(ordered(a) - ordered(b));
+}
+
+// Three checks per case: (1) against fp64 (d_h rounded to bf16 as the reference does, then the
+// reference's formula), relative error <= 1e-2 over the checked columns of every real row, no
+// unwritten output; (2) against the unfused path on the same GPU (plan_dgrad's d_h bits, then the
+// formula on the host in fp32): every element within one bf16 step, since both runs make the same
+// fp32 sums in the same order and differ only in the SFU's exp and division; this pins the packed
+// index mapping to the element; (3) in place (d_gu = gu) gives the same bits. Two runs are
+// bitwise equal. Padding rows of dy and gu hold NaN.
+void dswiglu_case(const std::vector<int32_t>& counts, int64_t hidden, int64_t inter, int max_ctas, uint64_t seed,
+                  int check_cols_stride = 1, int skew = 0) {
+  SCOPED_TRACE(testing::Message() << "dgrad+swiglu hidden=" << hidden << " inter=" << inter << " ctas=" << max_ctas
+                                  << " skew=" << skew << " bn=" << g_block_n << " cluster=" << g_cluster);
+  const Routed rt(counts);
+  const int64_t E = int64_t(counts.size()), rows = rt.rows, n2 = 2 * inter;
+  const auto dy = routed_input(rt, hidden, seed);
+  const auto w = random_bf16(size_t(E * hidden * inter), seed + 1, 0.05);  // [E, hidden, inter]
+  const auto gu = routed_input(rt, n2, seed + 2);                          // packed gate/up
+  DevBuf ddy(dy.size() * 2), dw(w.size() * 2), dgu(gu.size() * 2), dte(rt.tile_expert.size() * 4 + 4),
+      dout(size_t(rows * n2) * 2), ddh(size_t(rows * inter) * 2), dip(gu.size() * 2);
+  upload(ddy, dy);
+  upload(dw, w);
+  upload(dgu, gu);
+  upload(dip, gu);
+  upload(dte, rt.tile_expert);
+  Device dev;
+  dev.skew = skew;
+  dev.block_n = g_block_n;
+  gemm::DgradSwiGLUArgs a;
+  a.dy = ddy.p;
+  a.w_down = dw.p;
+  a.gu = dgu.p;
+  a.d_gu = dout.p;
+  a.hidden = hidden;
+  a.inter = inter;
+  a.experts = E;
+  a.tile_expert = dte.as<int32_t>();
+  a.num_m_tiles = rt.num_m_tiles();
+  const gemm::Plan plan = gemm::plan_dgrad_swiglu(a, dev.opts(max_ctas));
+  std::vector<std::vector<uint16_t>> r1, r2;
+  std::vector<DevBuf*> outs{&dout};
+  run_twice(plan, dev, outs, r1, r2);
+  const auto& got = r1[0];
+
+  gemm::DgradArgs g;
+  g.dy = ddy.p;
+  g.w = dw.p;
+  g.dx = ddh.p;
+  g.k = hidden;
+  g.n = inter;
+  g.experts = E;
+  g.tile_expert = dte.as<int32_t>();
+  g.num_m_tiles = rt.num_m_tiles();
+  const gemm::Plan plan_dh = gemm::plan_dgrad(g, dev.opts(max_ctas));
+  ASSERT_EQ(plan_dh.block_n, plan.block_n);
+  gemm::run(plan_dh, nullptr);
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  ASSERT_EQ(dev.error(), 0u);
+  const auto dh = download<uint16_t>(ddh, size_t(rows * inter));
+
+  a.gu = dip.p;
+  a.d_gu = dip.p;
+  gemm::run(gemm::plan_dgrad_swiglu(a, dev.opts(max_ctas)), nullptr);
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  ASSERT_EQ(dev.error(), 0u);
+  const auto in_place = download<uint16_t>(dip, size_t(rows * n2));
+
+  const auto dyd = to_double(dy), wd = to_double(w);
+  ErrStat st;
+  int64_t far = 0, exact = 0, compared = 0, in_place_diff = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int e = rt.expert_of(r);
+    if (e < 0) continue;
+    for (int64_t i = 0; i < inter; ++i) {
+      const size_t pg = size_t(r * n2 + gemm::packed_gate_row(i)), pu = size_t(r * n2 + gemm::packed_up_row(i));
+      in_place_diff += (in_place[pg] != got[pg]) + (in_place[pu] != got[pu]);
+      // (2) the unfused d_h, every element.
+      const float dhf = float_of(dh[size_t(r * inter + i)]), gf = float_of(gu[pg]), uf = float_of(gu[pu]);
+      const float sf = 1.0f / (1.0f + std::exp(-gf));
+      const int sg = bf16_steps(got[pg], bits_of(sf * (1.0f + gf * (1.0f - sf)) * uf * dhf));
+      const int su = bf16_steps(got[pu], bits_of(gf * sf * dhf));
+      far += (sg > 1) + (su > 1);
+      exact += (sg == 0) + (su == 0);
+      compared += 2;
+      // (1) fp64, every check_cols_stride-th column.
+      if (i % check_cols_stride != 0) continue;
+      double acc = 0;
+      for (int64_t k = 0; k < hidden; ++k) acc += dyd[size_t(r * hidden + k)] * wd[size_t((e * hidden + k) * inter + i)];
+      const double dhr = float_of(bits_of(float(acc))), gd = gf, ud = uf;
+      const double s = 1.0 / (1.0 + std::exp(-gd));
+      st.add(float_of(got[pg]), s * (1.0 + gd * (1.0 - s)) * ud * dhr);
+      st.add(float_of(got[pu]), gd * s * dhr);
+    }
+  }
+  EXPECT_EQ(st.nonfinite, 0) << "unwritten or NaN outputs in real rows";
+  EXPECT_LE(st.rel(), kTol);
+  EXPECT_EQ(far, 0) << "elements more than one bf16 step from the unfused d_h + SwiGLU backward";
+  EXPECT_EQ(in_place_diff, 0) << "in place (d_gu = gu) changed bits";
+  EXPECT_EQ(plan.block_n, g_block_n);
+  std::printf("[dgrad+swiglu bn=%d%s] rows=%lld H=%lld I=%lld ctas=%d  rel err %.2e (checked %lld); vs unfused: "
+              "%lld of %lld equal, %lld one step apart\n",
+              plan.block_n, g_cluster ? " cluster" : "", (long long)rows, (long long)hidden, (long long)inter, plan.grid,
+              st.rel(), (long long)st.count, (long long)exact, (long long)compared, (long long)(compared - exact - far));
+}
+
+// I = 200 and 232: the last N tile is partial (at BLOCK_N 256 chunk 6 is partly past 2I and
+// chunk 7 wholly; at 128 the second tile holds 72 or 104 columns); K = 328 is not a multiple of
+// 64; experts with 0, 1, 63, 128, 200 and 385 rows; few CTAs and all SMs; the consumer stagger;
+// both tile widths, with and without 2-CTA clusters.
+TEST(GroupedGemm, DgradSwiGLUFusedBackward) {
+  MOK_REQUIRE_GPUS(1);
+  for (bool cluster : {false, true}) {
+    g_cluster = cluster;
+    for (int bn : {256, 128}) {
+      g_block_n = bn;
+      dswiglu_case({0, 1, 63, 128, 200, 385}, 328, 200, 5, 801);
+      dswiglu_case({0, 1, 63, 128, 200, 385}, 328, 232, 0, 802);
+      dswiglu_case({512, 300, 0, 1000, 17}, 1024, 512, 7, 803, 7, 2);
+    }
+  }
+  g_block_n = 256;
+  g_cluster = false;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Wgrad: dw[e] = sum_{rows of e} a[r]^T b[r], a [rows, m], b [rows, n]
 // ---------------------------------------------------------------------------------------------
 void wgrad_case(const std::vector<int32_t>& counts, int64_t m, int64_t n, int max_ctas, uint64_t seed) {
