@@ -407,7 +407,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(f, "{\"device\": \"%s\", \"sms\": %d, \"cases\": [\n", prop.name, prop.multiProcessorCount);
   bool first = true;
-  std::printf("%-28s %-6s %5s %-8s %10s %9s %9s\n", "case", "form", "rows", "routing", "ms", "TFLOP/s", "rel_err");
+  std::printf("%-32s %-12s %5s %-8s %10s %9s %9s\n", "case", "form", "rows", "routing", "ms", "TFLOP/s", "rel_err");
   for (const Case& c : cases) {
     const std::string key = c.name + "/" + c.routing + "/" + std::to_string(c.rows_per_expert);
     if (!filter.empty() && key.find(filter) == std::string::npos) continue;
@@ -420,7 +420,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s: %s\n", key.c_str(), ex.what());
       continue;
     }
-    std::printf("%-28s %-6s %5lld %-8s %10.4f %9.1f %9.2e  bn=%d\n", c.name.c_str(), c.form.c_str(),
+    std::printf("%-32s %-12s %5lld %-8s %10.4f %9.1f %9.2e  bn=%d\n", c.name.c_str(), c.form.c_str(),
                 (long long)c.rows_per_expert, c.routing.c_str(), r.ms, r.tflops, r.err, r.block_n);
     std::fflush(stdout);
     std::fprintf(f, "%s  {\"name\": \"%s\", \"form\": \"%s\", \"rows_per_expert\": %lld, \"routing\": \"%s\", "

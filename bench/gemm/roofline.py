@@ -3,7 +3,8 @@
 peak, FLOPs / (minimum bytes / memory bandwidth)).
 
 Minimum bytes = every weight of the grouped experts once + the activations once + the output
-once (bf16): E*N*K*2 + rows*K*2 + rows*N*2. At 128 rows per expert a weight element serves only
+once (bf16): E*N*K*2 + rows*K*2 + rows*N*2 (dgrad_swiglu, N = inter: its output is d_gu, 2N
+wide, and it also reads gu, 2N wide: rows*N*2 becomes rows*4N*2). At 128 rows per expert a weight element serves only
 128 rows (256 FLOP per 2 bytes), so these cases sit near or below the memory ridge of an H200
 (~800 TF/s / ~4.3 TB/s = ~186 FLOP/B) and the memory term decides.
 
@@ -23,19 +24,22 @@ import json
 import sys
 
 DEFAULT_COPY_TBPS = 4.3
+FORMS_WITH_BYTES = ("fc1", "fc2", "dgrad", "dgrad_swiglu")
 HBM_PEAK_TBPS = 4.8  # H200 datasheet
 
 
 def min_bytes(case, rows):
-    if case["form"] not in ("fc1", "fc2", "dgrad"):
+    if case["form"] not in FORMS_WITH_BYTES:
         return None
     e, n, k = case["experts"], case["n"], case["k"]
+    if case["form"] == "dgrad_swiglu":  # also reads gu and writes d_gu: 2n columns each, no d_h
+        return 2.0 * (e * n * k + rows * k + 4 * rows * n)
     return 2.0 * (e * n * k + rows * k + rows * n)
 
 
 def roofline_tflops(case, flops, peak_tflops, mem_tbps):
     """None for forms without a byte model (wgrad) or missing or zero inputs."""
-    if case.get("form") not in ("fc1", "fc2", "dgrad"):
+    if case.get("form") not in FORMS_WITH_BYTES:
         return None
     if not flops or not peak_tflops or not mem_tbps or not case.get("n") or not case.get("k"):
         return None

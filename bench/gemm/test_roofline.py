@@ -31,6 +31,14 @@ class Roofline(unittest.TestCase):
         c = fc1_case(2048)
         self.assertEqual(roofline_tflops(c, c["flops"], 780.0, 4.3), 780.0)
 
+    def test_dgrad_swiglu_reads_gu_and_writes_d_gu(self):
+        rows, e, n, k = 128 * 32, 32, 2048, 7168
+        c = {"name": "dsv3-dgrad-fc2-swiglu", "form": "dgrad_swiglu", "rows_per_expert": 128, "routing": "uniform",
+             "experts": e, "n": n, "k": k, "m": 0, "flops": 2.0 * rows * n * k}
+        nbytes = 2.0 * (e * n * k + rows * k + 4 * rows * n)
+        self.assertAlmostEqual(roofline_tflops(c, c["flops"], 780.0, 4.3), c["flops"] / (nbytes / 4.3e12) / 1e12,
+                               places=6)
+
     def test_no_model_for_wgrad_or_missing_inputs(self):
         c = dict(fc1_case(512), form="wgrad")
         self.assertIsNone(roofline_tflops(c, c["flops"], 780.0, 4.3))

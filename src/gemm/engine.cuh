@@ -416,6 +416,9 @@ __device__ __forceinline__ void epi_finish(bool leader) {
 
 // Accumulator layout of m64nNk16 (per warpgroup thread wt, warp w = wt/32, lane l): n8 block j
 // holds acc[4j+0..1] at (row 16w + l/4, cols 8j + 2(l%4) + 0..1) and acc[4j+2..3] at row + 8.
+// acc_row / acc_col: the first row and the first column (within block 0) of thread wt.
+__device__ __forceinline__ int32_t acc_row(uint32_t wt) { return int32_t((wt >> 5) * 16u + (wt & 31u) / 4u); }
+__device__ __forceinline__ int32_t acc_col(uint32_t wt) { return int32_t(2u * (wt & 3u)); }
 // stmatrix x4 stores two such blocks (16 rows x 16 columns) of a warp; lane l addresses row l%8 of
 // matrix l/8 (matrices: block b rows 0-7, block b rows 8-15, block b+1 rows 0-7, rows 8-15).
 __device__ __forceinline__ uint32_t stmatrix_addr(uint32_t buf_addr, uint32_t wt, int unit_pair) {
@@ -575,9 +578,8 @@ __device__ __forceinline__ void store_h_split_n_direct(const float (&acc)[C::kAc
   static_assert(C::kBlockN == 128, "BLOCK_N 256 stores whole h chunks through TMA");
   constexpr int kHalf = C::kAccRegs / 2;  // 32: m64n64 accumulators of this warpgroup's half
   const float(&a)[kHalf] = reinterpret_cast<const float(&)[kHalf]>(acc);
-  const uint32_t warp = wt >> 5, lane = wt & 31u;
-  const int32_t row = h_row + int32_t(warp * 16u + lane / 4u);
-  const int32_t col0 = (b_n + cwg * (C::kBlockN / 2)) / 2 + int32_t(2u * (lane % 4u));
+  const int32_t row = h_row + acc_row(wt);
+  const int32_t col0 = (b_n + cwg * (C::kBlockN / 2)) / 2 + acc_col(wt);
   auto* out = static_cast<uint16_t*>(h);
 #pragma unroll
   for (int hb = 0; hb < kHalf / 8; ++hb) {  // 8-column h blocks: gate block 2hb, up block 2hb + 1
@@ -593,19 +595,17 @@ __device__ __forceinline__ void store_h_split_n_direct(const float (&acc)[C::kAc
 }
 // SwiGLU backward of one element at the reference's rounding points (ffn_backward in
 // src/reference/engine.cpp): d_h = rnd(acc), s = sigmoid(g), d_u = g * s * d_h and
-// d_g = s * (1 + g * (1 - s)) * u * d_h in fp32 (the caller rounds both to bf16), g and u the
-// forward's bf16 pre-activations. exp and the division on the SFU, as in swiglu().
+// d_g = s * (1 + g * (1 - s)) * u * d_h in fp32, left to right (the caller rounds both to bf16),
+// g and u the forward's bf16 pre-activations. 1 + g * (1 - s) is rounded after the multiply and
+// after the add, as the reference (built without contraction) does: nvcc would otherwise fuse
+// it into one FMA. exp and the division on the SFU, as in swiglu(); for g < -87 exp overflows
+// and s -> 0 (the reference keeps s ~ 1e-38 there: both give d_g, d_u of 0 after rounding).
 __device__ __forceinline__ void swiglu_backward(float acc_dh, float g, float u, float& dg, float& du) {
   const float dh = bf16_round(acc_dh);
   const float s = __fdividef(1.0f, 1.0f + __expf(-g));
   du = g * s * dh;
-  dg = s * (1.0f + g * (1.0f - s)) * u * dh;
+  dg = s * __fadd_rn(1.0f, __fmul_rn(g, 1.0f - s)) * u * dh;
 }
-
-// bf16 pairs as loaded (4 bytes: the element at the lower address, i.e. the lower column, in
-// the low half) to fp32.
-__device__ __forceinline__ float bf16x2_lo(uint32_t v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float bf16x2_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 
 // FC2's dgrad fused with the SwiGLU backward (Form DgradSwiGLU). The accumulators hold d_h for
 // this warpgroup's 64 rows and the tile's intermediate columns [b_n, b_n + BLOCK_N); the output
@@ -614,22 +614,25 @@ __device__ __forceinline__ float bf16x2_hi(uint32_t v) { return __uint_as_float(
 // twice as many chunks as a plain store. Packed chunk q holds intermediate blocks 4q..4q+3, each
 // as a d_g block and a d_u block, exactly the pair one stmatrix x4 writes. Each thread reads the
 // g/u pairs of its own accumulator elements straight from global memory (two 4-byte loads per
-// 8-column block and row; a quad of lanes reads one 32-byte sector), one chunk ahead of the
-// chunk it converts. Intermediate columns >= inter are neither read nor stored (the TMA store
-// clips the packed width 2 * inter). Every tile reads exactly the gu elements it writes, before
-// writing them (in whole 32-byte sectors per chunk), so d_gu may alias gu.
+// 8-column block and row: a quad of lanes reads 16 bytes of gate and the 16 bytes of up next to
+// them, one 32-byte sector), one chunk ahead of the chunk it converts (the first chunk's loads
+// wait after the tile's last MMAs: not overlapped). Intermediate columns >= inter are neither
+// read nor stored (the TMA store clips the packed width 2 * inter). Every tile reads exactly the
+// gu elements it writes, before writing them (in whole 32-byte sectors per chunk), so d_gu may
+// alias gu. gu is read with generic-proxy loads: correct when an earlier kernel wrote it; a
+// megakernel whose FC1 TMA-stores gu in the same launch must order those stores before these
+// loads (store wait, proxy fence, release / acquire) as it does for h.
 template <class C>
 __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
                                                       const float (&acc)[C::kAccRegs], const void* gu,
                                                       const CUtensorMap* d_gu, int32_t row, int32_t b_n,
                                                       int32_t inter) {
-  constexpr int kChunks = C::kAccRegs / 16;  // 64-column chunks of the packed output
-  const uint32_t warp = wt >> 5, lane = wt & 31u;
+  constexpr int kPackedChunks = 2 * C::kChunks;  // 64-column chunks of the packed output
   const int64_t pitch = 2 * int64_t(inter);
   const int32_t out_row = row + 64 * cwg;
   // This thread's rows (r and r + 8 of its accumulator layout), at its first g column.
-  const uint16_t* g0 = static_cast<const uint16_t*>(gu) + int64_t(out_row + int32_t(warp * 16u + lane / 4u)) * pitch +
-                       2 * int64_t(b_n) + 2 * (lane % 4u);
+  const uint16_t* g0 = static_cast<const uint16_t*>(gu) + int64_t(out_row + acc_row(wt)) * pitch + 2 * int64_t(b_n) +
+                       acc_col(wt);
   const uint16_t* g1 = g0 + 8 * pitch;
   // v[q & 1][4m + 2rr + {0: g, 1: u}]: the bf16 pairs of block m of chunk q, row rr (kept packed:
   // 32 registers for two chunks next to the 128 accumulators).
@@ -649,8 +652,8 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
   load(0);
   const bool leader = wt == 0;
 #pragma unroll
-  for (int q = 0; q < kChunks; ++q) {
-    if (q + 1 < kChunks) load(q + 1);
+  for (int q = 0; q < kPackedChunks; ++q) {
+    if (q + 1 < kPackedChunks) load(q + 1);
     if (2 * b_n + 64 * q >= 2 * inter) continue;  // uniform over the warpgroup
     uint8_t* buf = epi_begin(sm, cwg, es, leader);
     const uint32_t base = smem_addr(buf);

@@ -2,6 +2,7 @@
 #include "gemm/grouped_gemm.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "common/cuda_check.h"
 #include "gemm/tensor_map.h"
@@ -156,9 +157,17 @@ Plan plan_dgrad(const DgradArgs& a, const Options& o) {
 Plan plan_dgrad_swiglu(const DgradSwiGLUArgs& a, const Options& o) {
   MOK_REQUIRE(a.dy && a.w_down && a.gu && a.d_gu, "dgrad_swiglu", "dy, w_down, gu and d_gu must be given");
   MOK_REQUIRE(a.inter % 8 == 0, "dgrad_swiglu.inter", "multiple of 8 (gate/up interleave), got ", a.inter);
+  MOK_REQUIRE(a.inter < (int64_t(1) << 30), "dgrad_swiglu.inter", "2*inter below 2^31, got inter = ", a.inter);
+  // The epilogue's 4-byte gu loads (d_gu goes through a TMA map, which checks its own alignment).
+  MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.gu) % 16 == 0, "dgrad_swiglu.gu", "16-byte aligned");
   const int64_t rows = a.num_m_tiles * kBlockM;
   Plan p = m_grouped_plan(Form::DgradSwiGLU, a.hidden, a.inter, a.experts, a.tile_expert, a.num_m_tiles, o,
                           "dgrad_swiglu");
+  // In place is safe only exactly: each tile overwrites the gu elements it read, nothing else.
+  const auto gu_lo = reinterpret_cast<uintptr_t>(a.gu), out_lo = reinterpret_cast<uintptr_t>(a.d_gu);
+  const auto span = static_cast<uintptr_t>(rows * 2 * a.inter * 2);
+  MOK_REQUIRE(gu_lo == out_lo || gu_lo + span <= out_lo || out_lo + span <= gu_lo, "dgrad_swiglu.d_gu",
+              "either gu itself (in place) or a buffer that does not overlap gu");
   p.params.gu = a.gu;
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(rows);

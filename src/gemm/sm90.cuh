@@ -161,6 +161,10 @@ __device__ __forceinline__ float bf16_round(float x) {
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
   return __uint_as_float(uint32_t(h) << 16);
 }
+// A bf16 pair as loaded from memory (4 bytes: the element at the lower address in the low half),
+// each half to fp32.
+__device__ __forceinline__ float bf16x2_lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16x2_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 
 // ------------------------------------------------------------------------------------------------
 // mbarrier (CCCL) with bounded waits

@@ -13,6 +13,7 @@
 
 #include "gemm/grouped_gemm.h"
 #include "gemm_test_util.h"
+#include "mok/errors.hpp"
 #include "gpu_test_util.h"
 
 namespace {
@@ -314,10 +315,10 @@ int bf16_steps(uint16_t a, uint16_t b) {
 // Three checks per case: (1) against fp64 (d_h rounded to bf16 as the reference does, then the
 // reference's formula), relative error <= 1e-2 over the checked columns of every real row, no
 // unwritten output; (2) against the unfused path on the same GPU (plan_dgrad's d_h bits, then the
-// formula on the host in fp32): every element within one bf16 step, since both runs make the same
-// fp32 sums in the same order and differ only in the SFU's exp and division; this pins the packed
-// index mapping to the element; (3) in place (d_gu = gu) gives the same bits. Two runs are
-// bitwise equal. Padding rows of dy and gu hold NaN.
+// formula on the host in fp32, uncontracted as in the kernel): every element within one bf16
+// step, since both runs make the same fp32 sums in the same order and differ only in the SFU's
+// exp and division; this pins the packed index mapping to the element; (3) in place (d_gu = gu)
+// gives the same bits. Two runs are bitwise equal. Padding rows of dy and gu hold NaN.
 void dswiglu_case(const std::vector<int32_t>& counts, int64_t hidden, int64_t inter, int max_ctas, uint64_t seed,
                   int check_cols_stride = 1, int skew = 0) {
   SCOPED_TRACE(testing::Message() << "dgrad+swiglu hidden=" << hidden << " inter=" << inter << " ctas=" << max_ctas
@@ -431,6 +432,47 @@ TEST(GroupedGemm, DgradSwiGLUFusedBackward) {
   }
   g_block_n = 256;
   g_cluster = false;
+}
+
+// Bad buffers are named: gu misaligned, d_gu overlapping gu other than exactly (in place is fine),
+// inter not a multiple of 8.
+TEST(GroupedGemm, DgradSwiGLURejectsBadBuffers) {
+  MOK_REQUIRE_GPUS(1);
+  const Routed rt({100, 30});
+  const int64_t inter = 64, hidden = 128;
+  DevBuf dy(size_t(rt.rows * hidden) * 2), w(size_t(2 * hidden * inter) * 2), te(rt.tile_expert.size() * 4),
+      gu(size_t(rt.rows * 2 * inter) * 2 * 2 + 64);
+  upload(te, rt.tile_expert);
+  gemm::DgradSwiGLUArgs a;
+  a.dy = dy.p;
+  a.w_down = w.p;
+  a.gu = gu.p;
+  a.hidden = hidden;
+  a.inter = inter;
+  a.experts = 2;
+  a.tile_expert = te.as<int32_t>();
+  a.num_m_tiles = rt.num_m_tiles();
+  const auto rejects = [&](const gemm::DgradSwiGLUArgs& args, const std::string& argument) {
+    try {
+      gemm::plan_dgrad_swiglu(args);
+      ADD_FAILURE() << "accepted bad " << argument;
+    } catch (const mok::Error& e) {
+      EXPECT_EQ(e.argument(), argument) << e.what();
+    }
+  };
+  auto* base = static_cast<char*>(gu.p);
+  a.d_gu = base + 2 * inter * 2;  // one row further: overlaps
+  rejects(a, "dgrad_swiglu.d_gu");
+  a.d_gu = base + rt.rows * 2 * inter * 2;  // right after gu: fine
+  EXPECT_NO_THROW(gemm::plan_dgrad_swiglu(a));
+  a.d_gu = gu.p;  // in place: fine
+  EXPECT_NO_THROW(gemm::plan_dgrad_swiglu(a));
+  a.gu = base + 4;
+  a.d_gu = base + 4;
+  rejects(a, "dgrad_swiglu.gu");
+  a.gu = a.d_gu = gu.p;
+  a.inter = 60;
+  rejects(a, "dgrad_swiglu.inter");
 }
 
 // ---------------------------------------------------------------------------------------------
