@@ -77,6 +77,21 @@ struct Routed {
   }
 };
 
+// Routed activations [rows, cols]: random in real rows, NaN in padding rows.
+inline std::vector<uint16_t> routed_input(const Routed& rt, int64_t cols, uint64_t seed) {
+  auto v = random_bf16(size_t(rt.rows * cols), seed);
+  for (int64_t r = 0; r < rt.rows; ++r)
+    if (rt.expert_of(r) < 0)
+      for (int64_t c = 0; c < cols; ++c) v[size_t(r * cols + c)] = kNaNBits;
+  return v;
+}
+
+inline std::vector<double> to_double(const std::vector<uint16_t>& v) {
+  std::vector<double> d(v.size());
+  for (size_t i = 0; i < v.size(); ++i) d[i] = float_of(v[i]);
+  return d;
+}
+
 // Accumulates ||got - ref||^2 and ||ref||^2 and counts non-finite values.
 struct ErrStat {
   double diff2 = 0, ref2 = 0, max_abs = 0;

@@ -26,6 +26,8 @@ using mok::test::float_of;
 using mok::test::kNaNBits;
 using mok::test::random_bf16;
 using mok::test::Routed;
+using mok::test::routed_input;
+using mok::test::to_double;
 using mok::test::upload;
 namespace gemm = mok::gemm;
 
@@ -44,21 +46,6 @@ struct ExpertRows {
     upload(rows, rt.counts);
   }
 };
-
-// Routed activations [rows, cols]: random in real rows, NaN in padding rows.
-std::vector<uint16_t> routed_input(const Routed& rt, int64_t cols, uint64_t seed) {
-  auto v = random_bf16(size_t(rt.rows * cols), seed);
-  for (int64_t r = 0; r < rt.rows; ++r)
-    if (rt.expert_of(r) < 0)
-      for (int64_t c = 0; c < cols; ++c) v[r * cols + c] = kNaNBits;
-  return v;
-}
-
-std::vector<double> to_double(const std::vector<uint16_t>& v) {
-  std::vector<double> d(v.size());
-  for (size_t i = 0; i < v.size(); ++i) d[i] = float_of(v[i]);
-  return d;
-}
 
 struct Device {
   DevBuf err{sizeof(unsigned)};

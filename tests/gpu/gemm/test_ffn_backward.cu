@@ -1,0 +1,225 @@
+// The grouped-GEMM forms composed into the FFN forward-and-backward of one rank's experts, against
+// the specification's rounding points (include/mok/reference.hpp, "backward"), replayed in fp64:
+//   FC1 forward            gu = (g, u) packed, h = rnd(silu(g) * u)          plan_fc1 (split-N on)
+//   FC2 dgrad + SwiGLU'    d_gu = (rnd(s (1 + g (1 - s)) u dh), rnd(g s dh)),
+//                          dh = rnd(dy . W_down[e])                          plan_dgrad_swiglu
+//   FC1 dgrad              d_x = rnd(d_gu . W1p[e])                           plan_dgrad
+//   wgrads                 dW_down[e] = rnd(sum dy^T h), dW1p[e] = rnd(sum d_gu^T x)  plan_wgrad
+// What no single-form test pins: the packed gate/up order flows through every form (d_gu comes out
+// in the order FC1's dgrad and wgrad take, dW1p in pack_gate_up's order, i.e. dW_gate and dW_up
+// after unpacking), and padding rows never leak into a reduction: x and dy hold NaN there, and
+// split-N FC1 tiles leave rows 64..127 of gu and h unwritten (NaN poison here).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "gemm/grouped_gemm.h"
+#include "gemm_test_util.h"
+#include "gpu_test_util.h"
+
+namespace {
+
+using mok::test::DevBuf;
+using mok::test::download;
+using mok::test::ErrStat;
+using mok::test::float_of;
+using mok::test::random_bf16;
+using mok::test::Routed;
+using mok::test::routed_input;
+using mok::test::to_double;
+using mok::test::upload;
+namespace gemm = mok::gemm;
+
+double rnd(double v) { return mok::round_bf16(float(v)); }
+
+struct Reference {
+  std::vector<double> d_x;              // [rows, H] (real rows only)
+  std::vector<double> dw_down;          // [E, H, I]
+  std::vector<double> dw_gate, dw_up;   // [E, I, H]
+};
+
+// fp64 sums, rounded to bf16 where the specification rounds.
+Reference reference(const Routed& rt, const std::vector<double>& x, const std::vector<double>& dy,
+                    const std::vector<double>& wg, const std::vector<double>& wu, const std::vector<double>& wd,
+                    int64_t H, int64_t I) {
+  const int64_t E = int64_t(rt.counts.size());
+  Reference ref;
+  ref.d_x.assign(size_t(rt.rows * H), 0.0);
+  ref.dw_down.assign(size_t(E * H * I), 0.0);
+  ref.dw_gate.assign(size_t(E * I * H), 0.0);
+  ref.dw_up.assign(size_t(E * I * H), 0.0);
+  const auto n_i = static_cast<size_t>(I);
+  std::vector<double> h(n_i), dg(n_i), du(n_i);
+  for (int64_t e = 0; e < E; ++e) {
+    const double* g_w = &wg[size_t(e * I * H)];
+    const double* u_w = &wu[size_t(e * I * H)];
+    const double* d_w = &wd[size_t(e * H * I)];
+    for (int64_t r = rt.begin[size_t(e)]; r < rt.begin[size_t(e)] + rt.counts[size_t(e)]; ++r) {
+      const double* xr = &x[size_t(r * H)];
+      const double* dyr = &dy[size_t(r * H)];
+      for (int64_t i = 0; i < I; ++i) {
+        double g = 0, u = 0, dh = 0;
+        for (int64_t k = 0; k < H; ++k) {
+          g += xr[k] * g_w[i * H + k];
+          u += xr[k] * u_w[i * H + k];
+          dh += dyr[k] * d_w[k * I + i];
+        }
+        g = rnd(g);
+        u = rnd(u);
+        dh = rnd(dh);
+        const double s = 1.0 / (1.0 + std::exp(-g));
+        h[size_t(i)] = rnd(g * s * u);
+        du[size_t(i)] = rnd(g * s * dh);
+        dg[size_t(i)] = rnd(s * (1.0 + g * (1.0 - s)) * u * dh);
+      }
+      for (int64_t k = 0; k < H; ++k) {
+        double acc = 0;
+        for (int64_t i = 0; i < I; ++i) acc += dg[size_t(i)] * g_w[i * H + k] + du[size_t(i)] * u_w[i * H + k];
+        ref.d_x[size_t(r * H + k)] = rnd(acc);
+        for (int64_t i = 0; i < I; ++i) ref.dw_down[size_t((e * H + k) * I + i)] += dyr[k] * h[size_t(i)];
+      }
+      for (int64_t i = 0; i < I; ++i)
+        for (int64_t k = 0; k < H; ++k) {
+          ref.dw_gate[size_t((e * I + i) * H + k)] += dg[size_t(i)] * xr[k];
+          ref.dw_up[size_t((e * I + i) * H + k)] += du[size_t(i)] * xr[k];
+        }
+    }
+  }
+  for (auto* v : {&ref.dw_down, &ref.dw_gate, &ref.dw_up})
+    for (double& w : *v) w = rnd(w);
+  return ref;
+}
+
+void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int max_ctas, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "ffn backward H=" << H << " I=" << I << " ctas=" << max_ctas);
+  const Routed rt(counts);
+  const int64_t E = int64_t(counts.size()), rows = rt.rows;
+  const auto x = routed_input(rt, H, seed);
+  const auto dy = routed_input(rt, H, seed + 1);  // d_y, already weighted (the reverse combine's output)
+  const auto wg = random_bf16(size_t(E * I * H), seed + 2, 0.05);
+  const auto wu = random_bf16(size_t(E * I * H), seed + 3, 0.05);
+  const auto wd = random_bf16(size_t(E * H * I), seed + 4, 0.05);
+  std::vector<uint16_t> w1p(size_t(E * 2 * I * H));
+  gemm::pack_gate_up_host(wg.data(), wu.data(), w1p.data(), E, I, H);
+
+  DevBuf d_x_in(x.size() * 2), d_dy(dy.size() * 2), d_w1p(w1p.size() * 2), d_wd(wd.size() * 2),
+      d_te(rt.tile_expert.size() * 4 + 4), d_beg(rt.begin.size() * 4 + 4), d_cnt(rt.counts.size() * 4 + 4),
+      d_h(size_t(rows * I) * 2), d_gu(size_t(rows * 2 * I) * 2), d_dgu(size_t(rows * 2 * I) * 2),
+      d_dx(size_t(rows * H) * 2), d_dwd(size_t(E * H * I) * 2), d_dw1p(w1p.size() * 2), err(sizeof(unsigned));
+  upload(d_x_in, x);
+  upload(d_dy, dy);
+  upload(d_w1p, w1p);
+  upload(d_wd, wd);
+  upload(d_te, rt.tile_expert);
+  upload(d_beg, rt.begin);
+  upload(d_cnt, rt.counts);
+  for (DevBuf* b : {&d_h, &d_gu, &d_dgu, &d_dx, &d_dwd, &d_dw1p}) ASSERT_EQ(cudaSuccess, cudaMemset(b->p, 0xFF, b->bytes));
+  ASSERT_EQ(cudaSuccess, cudaMemset(err.p, 0, sizeof(unsigned)));
+  gemm::Options o;
+  o.max_ctas = max_ctas;
+  o.error = err.as<unsigned>();
+  o.wait_limit_s = 5.0;
+
+  gemm::Fc1Args f;
+  f.x = d_x_in.p;
+  f.w1p = d_w1p.p;
+  f.h = d_h.p;
+  f.gu = d_gu.p;
+  f.hidden = H;
+  f.inter = I;
+  f.experts = E;
+  f.tile_expert = d_te.as<int32_t>();
+  f.num_m_tiles = rt.num_m_tiles();
+  f.expert_row_begin = d_beg.as<int32_t>();  // split-N for tails of <= 64 rows, as the megakernel
+  f.expert_rows = d_cnt.as<int32_t>();
+  gemm::DgradSwiGLUArgs s;
+  s.dy = d_dy.p;
+  s.w_down = d_wd.p;
+  s.gu = d_gu.p;
+  s.d_gu = d_dgu.p;
+  s.hidden = H;
+  s.inter = I;
+  s.experts = E;
+  s.tile_expert = f.tile_expert;
+  s.num_m_tiles = f.num_m_tiles;
+  gemm::DgradArgs d;
+  d.dy = d_dgu.p;
+  d.w = d_w1p.p;
+  d.dx = d_dx.p;
+  d.k = 2 * I;
+  d.n = H;
+  d.experts = E;
+  d.tile_expert = f.tile_expert;
+  d.num_m_tiles = f.num_m_tiles;
+  gemm::WgradArgs w2;
+  w2.a = d_dy.p;
+  w2.b = d_h.p;
+  w2.dw = d_dwd.p;
+  w2.m = H;
+  w2.n = I;
+  w2.experts = E;
+  w2.rows_total = rows;
+  w2.expert_row_begin = f.expert_row_begin;
+  w2.expert_rows = f.expert_rows;
+  gemm::WgradArgs w1 = w2;
+  w1.a = d_dgu.p;
+  w1.b = d_x_in.p;
+  w1.dw = d_dw1p.p;
+  w1.m = 2 * I;
+  w1.n = H;
+  for (const gemm::Plan& p : {gemm::plan_fc1(f, o), gemm::plan_dgrad_swiglu(s, o), gemm::plan_dgrad(d, o),
+                              gemm::plan_wgrad(w2, o), gemm::plan_wgrad(w1, o)})
+    gemm::run(p, nullptr);
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  ASSERT_EQ(download<unsigned>(err, 1)[0], 0u) << "a bounded wait expired";
+  const auto dx = download<uint16_t>(d_dx, size_t(rows * H));
+  const auto dwd = download<uint16_t>(d_dwd, size_t(E * H * I));
+  const auto dw1p = download<uint16_t>(d_dw1p, w1p.size());
+
+  const Reference ref = reference(rt, to_double(x), to_double(dy), to_double(wg), to_double(wu), to_double(wd), H, I);
+  ErrStat sx, sd, sg, su;
+  for (int64_t r = 0; r < rows; ++r)
+    if (rt.expert_of(r) >= 0)
+      for (int64_t k = 0; k < H; ++k) sx.add(float_of(dx[size_t(r * H + k)]), ref.d_x[size_t(r * H + k)]);
+  int64_t nonzero_empty = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const bool empty = counts[size_t(e)] == 0;
+    for (int64_t i = 0; i < H * I; ++i) {
+      const float got = float_of(dwd[size_t(e * H * I + i)]);
+      if (empty) nonzero_empty += got != 0.0f;
+      else sd.add(got, ref.dw_down[size_t(e * H * I + i)]);
+    }
+    for (int64_t i = 0; i < I; ++i)
+      for (int64_t k = 0; k < H; ++k) {
+        const float g = float_of(dw1p[size_t((e * 2 * I + gemm::packed_gate_row(i)) * H + k)]);
+        const float u = float_of(dw1p[size_t((e * 2 * I + gemm::packed_up_row(i)) * H + k)]);
+        if (empty) {
+          nonzero_empty += (g != 0.0f) + (u != 0.0f);
+          continue;
+        }
+        sg.add(g, ref.dw_gate[size_t((e * I + i) * H + k)]);
+        su.add(u, ref.dw_up[size_t((e * I + i) * H + k)]);
+      }
+  }
+  EXPECT_EQ(sx.nonfinite + sd.nonfinite + sg.nonfinite + su.nonfinite, 0) << "NaN reached a real output";
+  EXPECT_EQ(nonzero_empty, 0) << "experts without rows must get zero weight gradients";
+  EXPECT_LE(sx.rel(), 1e-2) << "d_x";
+  EXPECT_LE(sd.rel(), 1e-2) << "dW_down";
+  EXPECT_LE(sg.rel(), 1e-2) << "dW_gate";
+  EXPECT_LE(su.rel(), 1e-2) << "dW_up";
+  std::printf("[ffn backward] rows=%lld H=%lld I=%lld ctas=%d  rel err d_x %.2e, dW_down %.2e, dW_gate %.2e, dW_up %.2e\n",
+              (long long)rows, (long long)H, (long long)I, max_ctas, sx.rel(), sd.rel(), sg.rel(), su.rel());
+}
+
+TEST(FfnBackward, FormsComposeIntoTheSpecifiedBackward) {
+  MOK_REQUIRE_GPUS(1);
+  // Experts with 0, 1, 63 (split-N FC1 tile), 128, 200 and 385 rows; K and N off the block sizes.
+  ffn_backward_case({0, 1, 63, 128, 200, 385}, 328, 200, 0, 901);
+  ffn_backward_case({0, 1, 63, 128, 200, 385}, 328, 200, 5, 902);  // few CTAs: the stage ring wraps
+  ffn_backward_case({40, 0, 300, 129}, 512, 256, 0, 903);
+}
+
+}  // namespace
