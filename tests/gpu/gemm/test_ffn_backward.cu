@@ -118,58 +118,24 @@ void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I,
   upload(d_cnt, rt.counts);
   for (DevBuf* b : {&d_h, &d_gu, &d_dgu, &d_dx, &d_dwd, &d_dw1p}) ASSERT_EQ(cudaSuccess, cudaMemset(b->p, 0xFF, b->bytes));
   ASSERT_EQ(cudaSuccess, cudaMemset(err.p, 0, sizeof(unsigned)));
-  gemm::Options o;
-  o.max_ctas = max_ctas;
-  o.error = err.as<unsigned>();
-  o.wait_limit_s = 5.0;
+  const gemm::Options o{.max_ctas = max_ctas, .error = err.as<unsigned>(), .wait_limit_s = 5.0};
 
-  gemm::Fc1Args f;
-  f.x = d_x_in.p;
-  f.w1p = d_w1p.p;
-  f.h = d_h.p;
-  f.gu = d_gu.p;
-  f.hidden = H;
-  f.inter = I;
-  f.experts = E;
-  f.tile_expert = d_te.as<int32_t>();
-  f.num_m_tiles = rt.num_m_tiles();
-  f.expert_row_begin = d_beg.as<int32_t>();  // split-N for tails of <= 64 rows, as the megakernel
-  f.expert_rows = d_cnt.as<int32_t>();
-  gemm::DgradSwiGLUArgs s;
-  s.dy = d_dy.p;
-  s.w_down = d_wd.p;
-  s.gu = d_gu.p;
-  s.d_gu = d_dgu.p;
-  s.hidden = H;
-  s.inter = I;
-  s.experts = E;
-  s.tile_expert = f.tile_expert;
-  s.num_m_tiles = f.num_m_tiles;
-  gemm::DgradArgs d;
-  d.dy = d_dgu.p;
-  d.w = d_w1p.p;
-  d.dx = d_dx.p;
-  d.k = 2 * I;
-  d.n = H;
-  d.experts = E;
-  d.tile_expert = f.tile_expert;
-  d.num_m_tiles = f.num_m_tiles;
-  gemm::WgradArgs w2;
-  w2.a = d_dy.p;
-  w2.b = d_h.p;
-  w2.dw = d_dwd.p;
-  w2.m = H;
-  w2.n = I;
-  w2.experts = E;
-  w2.rows_total = rows;
-  w2.expert_row_begin = f.expert_row_begin;
-  w2.expert_rows = f.expert_rows;
-  gemm::WgradArgs w1 = w2;
-  w1.a = d_dgu.p;
-  w1.b = d_x_in.p;
-  w1.dw = d_dw1p.p;
-  w1.m = 2 * I;
-  w1.n = H;
+  const int32_t* te = d_te.as<int32_t>();
+  const int32_t* beg = d_beg.as<int32_t>();
+  const int32_t* cnt = d_cnt.as<int32_t>();
+  const int64_t mt = rt.num_m_tiles();
+  // FC1 with the experts' rows: split-N for tails of <= 64 rows, as in the megakernel.
+  const gemm::Fc1Args f{.x = d_x_in.p, .w1p = d_w1p.p, .h = d_h.p, .gu = d_gu.p, .hidden = H, .inter = I,
+                        .experts = E, .tile_expert = te, .num_m_tiles = mt, .expert_row_begin = beg,
+                        .expert_rows = cnt};
+  const gemm::DgradSwiGLUArgs s{.dy = d_dy.p, .w_down = d_wd.p, .gu = d_gu.p, .d_gu = d_dgu.p, .hidden = H,
+                                .inter = I, .experts = E, .tile_expert = te, .num_m_tiles = mt};
+  const gemm::DgradArgs d{.dy = d_dgu.p, .w = d_w1p.p, .dx = d_dx.p, .k = 2 * I, .n = H, .experts = E,
+                          .tile_expert = te, .num_m_tiles = mt};
+  const gemm::WgradArgs w2{.a = d_dy.p, .b = d_h.p, .dw = d_dwd.p, .m = H, .n = I, .experts = E,
+                           .rows_total = rows, .expert_row_begin = beg, .expert_rows = cnt};
+  const gemm::WgradArgs w1{.a = d_dgu.p, .b = d_x_in.p, .dw = d_dw1p.p, .m = 2 * I, .n = H, .experts = E,
+                           .rows_total = rows, .expert_row_begin = beg, .expert_rows = cnt};
   for (const gemm::Plan& p : {gemm::plan_fc1(f, o), gemm::plan_dgrad_swiglu(s, o), gemm::plan_dgrad(d, o),
                               gemm::plan_wgrad(w2, o), gemm::plan_wgrad(w1, o)})
     gemm::run(p, nullptr);

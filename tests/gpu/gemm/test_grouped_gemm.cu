@@ -325,31 +325,16 @@ void dswiglu_case(const std::vector<int32_t>& counts, int64_t hidden, int64_t in
   Device dev;
   dev.skew = skew;
   dev.block_n = g_block_n;
-  gemm::DgradSwiGLUArgs a;
-  a.dy = ddy.p;
-  a.w_down = dw.p;
-  a.gu = dgu.p;
-  a.d_gu = dout.p;
-  a.hidden = hidden;
-  a.inter = inter;
-  a.experts = E;
-  a.tile_expert = dte.as<int32_t>();
-  a.num_m_tiles = rt.num_m_tiles();
+  gemm::DgradSwiGLUArgs a{.dy = ddy.p, .w_down = dw.p, .gu = dgu.p, .d_gu = dout.p, .hidden = hidden, .inter = inter,
+                          .experts = E, .tile_expert = dte.as<int32_t>(), .num_m_tiles = rt.num_m_tiles()};
   const gemm::Plan plan = gemm::plan_dgrad_swiglu(a, dev.opts(max_ctas));
   std::vector<std::vector<uint16_t>> r1, r2;
   std::vector<DevBuf*> outs{&dout};
   run_twice(plan, dev, outs, r1, r2);
   const auto& got = r1[0];
 
-  gemm::DgradArgs g;
-  g.dy = ddy.p;
-  g.w = dw.p;
-  g.dx = ddh.p;
-  g.k = hidden;
-  g.n = inter;
-  g.experts = E;
-  g.tile_expert = dte.as<int32_t>();
-  g.num_m_tiles = rt.num_m_tiles();
+  const gemm::DgradArgs g{.dy = ddy.p, .w = dw.p, .dx = ddh.p, .k = hidden, .n = inter, .experts = E,
+                          .tile_expert = dte.as<int32_t>(), .num_m_tiles = rt.num_m_tiles()};
   const gemm::Plan plan_dh = gemm::plan_dgrad(g, dev.opts(max_ctas));
   ASSERT_EQ(plan_dh.block_n, plan.block_n);
   gemm::run(plan_dh, nullptr);
@@ -430,15 +415,8 @@ TEST(GroupedGemm, DgradSwiGLURejectsBadBuffers) {
   DevBuf dy(size_t(rt.rows * hidden) * 2), w(size_t(2 * hidden * inter) * 2), te(rt.tile_expert.size() * 4),
       gu(size_t(rt.rows * 2 * inter) * 2 * 2 + 64);
   upload(te, rt.tile_expert);
-  gemm::DgradSwiGLUArgs a;
-  a.dy = dy.p;
-  a.w_down = w.p;
-  a.gu = gu.p;
-  a.hidden = hidden;
-  a.inter = inter;
-  a.experts = 2;
-  a.tile_expert = te.as<int32_t>();
-  a.num_m_tiles = rt.num_m_tiles();
+  gemm::DgradSwiGLUArgs a{.dy = dy.p, .w_down = w.p, .gu = gu.p, .hidden = hidden, .inter = inter, .experts = 2,
+                          .tile_expert = te.as<int32_t>(), .num_m_tiles = rt.num_m_tiles()};
   const auto rejects = [&](const gemm::DgradSwiGLUArgs& args, const std::string& argument) {
     try {
       gemm::plan_dgrad_swiglu(args);
