@@ -593,6 +593,7 @@ __device__ __forceinline__ void store_h_split_n_direct(const float (&acc)[C::kAc
     }
   }
 }
+
 // SwiGLU backward of one element at the reference's rounding points (ffn_backward in
 // src/reference/engine.cpp): d_h = rnd(acc), s = sigmoid(g), d_u = g * s * d_h and
 // d_g = s * (1 + g * (1 - s)) * u * d_h in fp32, left to right (the caller rounds both to bf16),

@@ -81,7 +81,8 @@ int choose_block_n(int64_t m_tiles, int64_t n, int sms) {
 }
 
 // What every M-grouped plan (FC1, FC2, dgrad, dgrad + SwiGLU backward) shares: validation of the
-// routed layout, tile counts, grid and FLOPs. The caller adds its form-specific parameters and tensor maps.
+// routed layout, tile counts, grid and FLOPs. The caller adds its form-specific parameters and
+// tensor maps.
 Plan m_grouped_plan(Form form, int64_t k, int64_t n, int64_t experts, const int32_t* tile_expert,
                     int64_t num_m_tiles, const Options& o, const char* what) {
   require_dims(k, n, what);

@@ -1,8 +1,8 @@
 // mok — the standalone persistent grouped-GEMM kernel built on the tile engine (engine.cuh).
 //
 // Included by exactly one .cu per form (grouped_fc1.cu, grouped_plain.cu, grouped_dgrad.cu,
-// grouped_dgrad_swiglu.cu, grouped_wgrad.cu), which instantiates grouped_gemm_kernel<Cfg<BLOCK_N>, Form> for BLOCK_N 256
-// and 128 and the launcher.
+// grouped_dgrad_swiglu.cu, grouped_wgrad.cu), which instantiates
+// grouped_gemm_kernel<Cfg<BLOCK_N>, Form> for BLOCK_N 256 and 128 and the launcher.
 #pragma once
 
 #include <type_traits>

@@ -116,7 +116,8 @@ void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I,
   upload(d_te, rt.tile_expert);
   upload(d_beg, rt.begin);
   upload(d_cnt, rt.counts);
-  for (DevBuf* b : {&d_h, &d_gu, &d_dgu, &d_dx, &d_dwd, &d_dw1p}) ASSERT_EQ(cudaSuccess, cudaMemset(b->p, 0xFF, b->bytes));
+  for (DevBuf* b : {&d_h, &d_gu, &d_dgu, &d_dx, &d_dwd, &d_dw1p})
+    ASSERT_EQ(cudaSuccess, cudaMemset(b->p, 0xFF, b->bytes));  // NaN poison
   ASSERT_EQ(cudaSuccess, cudaMemset(err.p, 0, sizeof(unsigned)));
   const gemm::Options o{.max_ctas = max_ctas, .error = err.as<unsigned>(), .wait_limit_s = 5.0};
 
@@ -176,7 +177,8 @@ void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I,
   EXPECT_LE(sd.rel(), 1e-2) << "dW_down";
   EXPECT_LE(sg.rel(), 1e-2) << "dW_gate";
   EXPECT_LE(su.rel(), 1e-2) << "dW_up";
-  std::printf("[ffn backward] rows=%lld H=%lld I=%lld ctas=%d  rel err d_x %.2e, dW_down %.2e, dW_gate %.2e, dW_up %.2e\n",
+  std::printf("[ffn backward] rows=%lld H=%lld I=%lld ctas=%d  rel err d_x %.2e, dW_down %.2e, dW_gate %.2e, "
+              "dW_up %.2e\n",
               (long long)rows, (long long)H, (long long)I, max_ctas, sx.rel(), sd.rel(), sg.rel(), su.rel());
 }
 
