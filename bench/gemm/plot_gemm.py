@@ -8,7 +8,9 @@ TF/s side by side, with
   * the issue's bar for mok (1.25 x torch at 128 rows, 1.05 x elsewhere) as a red tick,
   * the memory roofline (bench/gemm/roofline.py: weights + activations + output once at the copy
     rate measured in the run, or 4.3 TB/s) as a black tick where it is below the peak,
-  * the dense cuBLAS peak of the run as a dashed line.
+  * the dense cuBLAS peak of the run as a dashed line,
+  * where the run has it, torch doing the same work as mok's fused forms (its GEMM plus the SwiGLU
+    or the SwiGLU backward in torch ops) as a black dash on torch's bar.
 Forward forms (fc1, fc2) first, then the backward forms (dgrad, wgrad) of the same row count.
 """
 import os
@@ -60,6 +62,13 @@ def plot_panel(ax, rows, cases, peak, copy):
     tor = [c.get("torch_grouped_mm_tflops") for c in cases]
     ax.bar([x - width / 2 for x in xs], mok, width, label="mok", color="C0")
     ax.bar([x + width / 2 for x in xs], [t or 0 for t in tor], width, label="torch._grouped_mm", color="C7")
+    # torch doing the same work as mok's fused forms: its GEMM plus the SwiGLU (fc1) or the SwiGLU
+    # backward (dgrad_swiglu) in torch ops.
+    same = [(x, c.get("torch_fc1_swiglu_tflops") or c.get("torch_dgrad_swiglu_tflops")) for x, c in zip(xs, cases)]
+    same = [(x, t) for x, t in same if t]
+    if same:
+        ax.scatter([x + width / 2 for x, _ in same], [t for _, t in same], marker="_", s=120, color="black",
+                   zorder=3, label="torch + SwiGLU (fwd / bwd) in torch ops")
     # The issue's bar applies to the forward forms only.
     bars = [(x, bar_factor(rows) * t) for x, t, c in zip(xs, tor, cases) if t and c["form"] in ("fc1", "fc2")]
     if bars:
