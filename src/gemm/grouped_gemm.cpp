@@ -43,6 +43,7 @@ void fill_common(Plan& p, const Options& o, int64_t tiles, int64_t pair_units) {
   p.params.wait_limit_ns = static_cast<unsigned long long>(o.wait_limit_s * 1e9);
   const int64_t ctas = o.max_ctas > 0 ? o.max_ctas : sm_count();
   p.cluster = o.cluster;
+  p.pdl = o.pdl;
   if (o.cluster) {
     MOK_REQUIRE(ctas >= 2, "options.max_ctas", ">= 2 with clusters, got ", ctas);
     p.grid = static_cast<int>(2 * std::min<int64_t>(ctas / 2, pair_units));

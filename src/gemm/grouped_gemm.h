@@ -31,6 +31,11 @@ struct Options {
   // FC1/FC2 with expert rows given: tiles whose tokens fit in their first 64 rows run in split-N
   // form (both consumer warpgroups on those rows, half of the columns each; BLOCK_N 256 only).
   bool split_n = true;
+  // Programmatic dependent launch: the kernel's start (barriers, tensor-map prefetch) overlaps the
+  // end of the previous kernel in the stream; it reads and writes global memory only after that
+  // kernel has completed (griddepcontrol.wait), so results are the same either way. Off until
+  // measured and run through the whole GPU suite (the layer's unfused path uses these plans).
+  bool pdl = false;
 };
 
 // FC1 forward: gu[r] = x[r] . W1p[e]^T (2*inter values, gate/up interleaved in groups of 8, see
@@ -110,6 +115,7 @@ struct Plan {
   KernelParams params{};
   int block_n = 256;     // tile width of the kernel that runs
   bool cluster = false;  // 2-CTA clusters (grid is even)
+  bool pdl = false;      // launched with programmatic stream serialization (Options::pdl)
   int grid = 0;       // 0: nothing to do
   // Useful work in FLOPs for the padded problem (2 * rows * n * k), for reporting.
   double padded_flops = 0;

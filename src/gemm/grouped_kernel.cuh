@@ -261,6 +261,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     cluster_sync();  // the partner's barriers are initialised before any remote arrival
   else
     __syncthreads();
+  // Programmatic dependent launch (Options::pdl): the next kernel may be scheduled now (it waits
+  // for this grid to complete before touching memory, as this one does for its predecessor), and
+  // nothing below reads or writes global memory before the previous grid has completed.
+  griddep_launch_dependents();
+  griddep_wait();
   const WaitBound wb{p.error, p.wait_limit_ns};
   const uint32_t warp = threadIdx.x / 32u;
   const uint32_t rank = kCluster ? cluster_ctarank() : 0u;

@@ -24,19 +24,21 @@ void launch_cfg(const Plan& plan, cudaStream_t stream) {
   MOK_CUDA_CHECK(cudaGetDevice(&dev));
   const unsigned long long bit = 1ull << (dev & 63);
   cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
+  unsigned int nattr = 0;
   cfg.gridDim = dim3(unsigned(plan.grid));
   cfg.blockDim = dim3(engine::kThreads);
   cfg.dynamicSmemBytes = C::kSmemBytes;
   cfg.stream = stream;
   if constexpr (kCluster) {
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 2;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    attr[nattr].id = cudaLaunchAttributeClusterDimension;
+    attr[nattr].val.clusterDim.x = 2;
+    attr[nattr].val.clusterDim.y = 1;
+    attr[nattr].val.clusterDim.z = 1;
+    ++nattr;
   }
+  cfg.attrs = attr;
+  cfg.numAttrs = nattr;  // the occupancy query below sees the cluster shape only
   if ((configured.load() & bit) == 0) {
     MOK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         int(C::kSmemBytes)));
@@ -54,6 +56,11 @@ void launch_cfg(const Plan& plan, cudaStream_t stream) {
     static std::atomic<bool> told{false};
     if (plan.grid > fit && !told.exchange(true))
       std::fprintf(stderr, "mok gemm: cluster grid limited to %d CTAs (%d asked)\n", fit, plan.grid);
+  }
+  if (plan.pdl) {
+    attr[nattr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[nattr].val.programmaticStreamSerializationAllowed = 1;
+    cfg.numAttrs = ++nattr;
   }
   MOK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, plan.map_a, plan.map_b, plan.map_b_half, plan.map_d0,
                                     plan.map_d1, plan.params));

@@ -93,8 +93,12 @@ Reference reference(const Routed& rt, const std::vector<double>& x, const std::v
   return ref;
 }
 
-void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int max_ctas, uint64_t seed) {
-  SCOPED_TRACE(testing::Message() << "ffn backward H=" << H << " I=" << I << " ctas=" << max_ctas);
+// pdl: every plan launched with programmatic dependent launch, so each kernel of the chain is
+// scheduled before its predecessor ends and must wait for it (griddepcontrol.wait) before it
+// reads the predecessor's output; the outputs are returned for a bitwise comparison.
+void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int max_ctas, uint64_t seed,
+                       bool pdl = false, std::vector<std::vector<uint16_t>>* outputs = nullptr) {
+  SCOPED_TRACE(testing::Message() << "ffn backward H=" << H << " I=" << I << " ctas=" << max_ctas << " pdl=" << pdl);
   const Routed rt(counts);
   const int64_t E = int64_t(counts.size()), rows = rt.rows;
   const auto x = routed_input(rt, H, seed);
@@ -119,7 +123,7 @@ void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I,
   for (DevBuf* b : {&d_h, &d_gu, &d_dgu, &d_dx, &d_dwd, &d_dw1p})
     ASSERT_EQ(cudaSuccess, cudaMemset(b->p, 0xFF, b->bytes));  // NaN poison
   ASSERT_EQ(cudaSuccess, cudaMemset(err.p, 0, sizeof(unsigned)));
-  const gemm::Options o{.max_ctas = max_ctas, .error = err.as<unsigned>(), .wait_limit_s = 5.0};
+  const gemm::Options o{.max_ctas = max_ctas, .error = err.as<unsigned>(), .wait_limit_s = 5.0, .pdl = pdl};
 
   const int32_t* te = d_te.as<int32_t>();
   const int32_t* beg = d_beg.as<int32_t>();
@@ -145,6 +149,7 @@ void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I,
   const auto dx = download<uint16_t>(d_dx, size_t(rows * H));
   const auto dwd = download<uint16_t>(d_dwd, size_t(E * H * I));
   const auto dw1p = download<uint16_t>(d_dw1p, w1p.size());
+  if (outputs) *outputs = {dx, dwd, dw1p};
 
   const Reference ref = reference(rt, to_double(x), to_double(dy), to_double(wg), to_double(wu), to_double(wd), H, I);
   ErrStat sx, sd, sg, su;
@@ -188,6 +193,24 @@ TEST(FfnBackward, FormsComposeIntoTheSpecifiedBackward) {
   ffn_backward_case({0, 1, 63, 128, 200, 385}, 328, 200, 0, 901);
   ffn_backward_case({0, 1, 63, 128, 200, 385}, 328, 200, 5, 902);  // few CTAs: the stage ring wraps
   ffn_backward_case({40, 0, 300, 129}, 512, 256, 0, 903);
+}
+
+// The same chain with programmatic dependent launch: the same bits (real rows and gradients).
+TEST(FfnBackward, ProgrammaticDependentLaunchGivesTheSameBits) {
+  MOK_REQUIRE_GPUS(1);
+  const std::vector<int32_t> counts{0, 1, 63, 128, 200, 385};
+  const Routed rt(counts);
+  std::vector<std::vector<uint16_t>> off, on;
+  ffn_backward_case(counts, 328, 200, 0, 904, false, &off);
+  ffn_backward_case(counts, 328, 200, 0, 904, true, &on);
+  ASSERT_EQ(off.size(), on.size());
+  int64_t differ = 0;
+  for (int64_t r = 0; r < rt.rows; ++r)  // d_x: real rows only (padding rows are undefined)
+    if (rt.expert_of(r) >= 0)
+      for (int64_t k = 0; k < 328; ++k) differ += off[0][size_t(r * 328 + k)] != on[0][size_t(r * 328 + k)];
+  EXPECT_EQ(differ, 0) << "d_x differs with programmatic dependent launch";
+  EXPECT_TRUE(off[1] == on[1]) << "dW_down differs with programmatic dependent launch";
+  EXPECT_TRUE(off[2] == on[2]) << "dW1p differs with programmatic dependent launch";
 }
 
 }  // namespace
