@@ -323,7 +323,8 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
   // Useful FLOPs: real rows only (padding rows are mok's overhead).
   if (c.form == "fc1") res.flops = 2.0 * double(real_rows) * double(2 * I) * double(H);
   else if (c.form == "fc2") res.flops = 2.0 * double(real_rows) * double(H) * double(I);
-  else if (c.form == "dgrad" || c.form == "dgrad_swiglu") res.flops = 2.0 * double(real_rows) * double(c.n) * double(c.k);
+  else if (c.form == "dgrad" || c.form == "dgrad_swiglu")
+    res.flops = 2.0 * double(real_rows) * double(c.n) * double(c.k);
   else res.flops = 2.0 * double(real_rows) * double(c.m_or_rows) * double(c.n);
   res.tflops = res.flops / (res.ms * 1e-3) / 1e12;
   MOK_CUDA_CHECK(cudaMemcpy(&e_word, err.p, 4, cudaMemcpyDeviceToHost));

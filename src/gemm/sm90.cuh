@@ -38,11 +38,14 @@ __device__ __forceinline__ uint32_t lane_id() {
   return l;
 }
 
-// Programmatic dependent launch (kernels launched with cudaLaunchAttributeProgrammaticStreamSerialization):
-// griddep_launch_dependents lets the next such kernel in the stream be scheduled before this grid
-// ends; griddep_wait blocks until the previous grid in the stream has completed and its memory
-// writes are visible. Without a prerequisite grid the wait returns at once.
-__device__ __forceinline__ void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+// Programmatic dependent launch (kernels launched with the attribute
+// cudaLaunchAttributeProgrammaticStreamSerialization): griddep_launch_dependents lets the next
+// such kernel in the stream be scheduled before this grid ends; griddep_wait blocks until the
+// previous grid in the stream has completed and its memory writes are visible. Without a
+// prerequisite grid the wait returns at once.
+__device__ __forceinline__ void griddep_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
 __device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 // elect.sync: true in exactly one active lane of the (fully converged) warp.
