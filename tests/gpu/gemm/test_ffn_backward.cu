@@ -22,15 +22,7 @@
 
 namespace {
 
-using mok::test::DevBuf;
-using mok::test::download;
-using mok::test::ErrStat;
-using mok::test::float_of;
-using mok::test::random_bf16;
-using mok::test::Routed;
-using mok::test::routed_input;
-using mok::test::to_double;
-using mok::test::upload;
+using namespace mok::test;  // DevBuf, Routed, routed_input, to_double, ErrStat, ... (gemm_test_util.h)
 namespace gemm = mok::gemm;
 
 double rnd(double v) { return mok::round_bf16(float(v)); }
