@@ -96,6 +96,28 @@ def build(case):
     raise ValueError(f"unknown form {form} ({name})")
 
 
+def same_work(case, call, sets):
+    """(key, fn(i)) timing torch doing what mok's fused form of this case does, or None: fc1 is the
+    grouped GEMM then SwiGLU on its output; dgrad_swiglu the grouped GEMM then d_g and d_u from the
+    forward's gate/up pre-activations (torch's natural layout: g and u as two halves; bf16
+    elementwise ops, each rounding to bf16, so the same work, not the same bits)."""
+    inter, n = case.get("inter"), len(sets)
+    if case["form"] == "fc1":
+        def fc1_swiglu(i):
+            y = call(sets[i % n])
+            return torch.nn.functional.silu(y[:, :inter]) * y[:, inter:]
+        return "torch_fc1_swiglu", fc1_swiglu
+    if case["form"] == "dgrad_swiglu":
+        def dgrad_swiglu(i):
+            s = sets[i % n]
+            dh = call(s)
+            g, u = s[2][:, :inter], s[2][:, inter:]
+            sg = torch.sigmoid(g)
+            return torch.cat([sg * (1 + g * (1 - sg)) * u * dh, g * sg * dh], dim=1)
+        return "torch_dgrad_swiglu", dgrad_swiglu
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", required=True)
@@ -126,33 +148,13 @@ def main():
             ms = time_ms(lambda i: call(sets[i % nsets]), reps=a.reps)
             entry["torch_ms"] = ms
             entry["torch_tflops"] = case["flops"] / (ms * 1e-3) / 1e12
-            if case["form"] == "fc1":
-                # What an FC1 costs in torch: the grouped GEMM, then SwiGLU on its output.
-                inter = case["inter"]
-
-                def fc1_swiglu(i):
-                    y = call(sets[i % nsets])
-                    return torch.nn.functional.silu(y[:, :inter]) * y[:, inter:]
-
-                ms2 = time_ms(fc1_swiglu, reps=a.reps)
-                entry["torch_fc1_swiglu_ms"] = ms2
-                entry["torch_fc1_swiglu_tflops"] = case["flops"] / (ms2 * 1e-3) / 1e12
-            if case["form"] == "dgrad_swiglu":
-                # What mok's fused form does, in torch: the grouped GEMM, then d_g and d_u from the
-                # forward's gate/up pre-activations (torch's natural layout: g and u as two halves;
-                # bf16 elementwise ops, each rounding to bf16, so the same work, not the same bits).
-                inter = case["inter"]
-
-                def dgrad_swiglu(i):
-                    s = sets[i % nsets]
-                    dh = call(s)
-                    g, u = s[2][:, :inter], s[2][:, inter:]
-                    sg = torch.sigmoid(g)
-                    return torch.cat([sg * (1 + g * (1 - sg)) * u * dh, g * sg * dh], dim=1)
-
-                ms2 = time_ms(dgrad_swiglu, reps=a.reps)
-                entry["torch_dgrad_swiglu_ms"] = ms2
-                entry["torch_dgrad_swiglu_tflops"] = case["flops"] / (ms2 * 1e-3) / 1e12
+            same = same_work(case, call, sets)
+            if same:
+                # What mok's fused form does, done in torch: the product plus the activation.
+                key, fn = same
+                ms2 = time_ms(fn, reps=a.reps)
+                entry[f"{key}_ms"] = ms2
+                entry[f"{key}_tflops"] = case["flops"] / (ms2 * 1e-3) / 1e12
             del sets, one
         except Exception as ex:  # noqa: BLE001 - report and keep going
             entry["torch_error"] = f"{type(ex).__name__}: {ex}"[:300]
