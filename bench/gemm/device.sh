@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One call on the GPU machine for the GEMM engine: build only its targets, run its GPU tests,
 # check ptxas reports and SASS (HGMMA present, no local memory), then the benchmark: mok and
-# torch (torch._grouped_mm, cuBLAS 8192^3) in the same call, merged into gemm-h200x1.json.
-# Everything lands in $OUT (log.txt, build.log, tests.log, mok.json, torch.json, gemm-h200x1.{json,png},
+# torch (torch._grouped_mm, cuBLAS 8192^3) in the same call, merged into gemm-h200x1.json with the
+# device's read ceiling (mok_read_ceiling) for the roofline.
+# Everything lands in $OUT (log.txt, build.log, tests.log, mok.json, torch.json, read.json, gemm-h200x1.{json,png},
 # and on request sass_fc1.txt / ncu.txt). Usage from the repo root:
 #   [GEMM_SASS=1] [GEMM_NCU=1] [GEMM_SWEEP="args1;args2"] [GEMM_EXPERIMENTS="args1;args2"] \
 #     bench/gemm/device.sh [bench args...]
@@ -25,7 +26,7 @@ log() { echo "$@" | tee -a "$LOG"; }
 t0=$(date +%s)
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOK_GTEST_SOURCE="$ROOT/.deps/googletest" \
   >"$OUT/build.log" 2>&1 || log "CONFIGURE FAILED"
-cmake --build "$B" -j "$(nproc)" --target mok_gpu_gemm_primitive_tests mok_gpu_gemm_tests mok_gemm_bench -- -k 0 \
+cmake --build "$B" -j "$(nproc)" --target mok_gpu_gemm_primitive_tests mok_gpu_gemm_tests mok_gemm_bench mok_read_ceiling -- -k 0 \
   >>"$OUT/build.log" 2>&1 || { log "BUILD FAILED"; grep -E "error" "$OUT/build.log" | head -20 | tee -a "$LOG"; }
 log "build: $(( $(date +%s) - t0 )) s"
 python3 tools/ptxas_check.py --build-dir "$B" --allow tools/ptxas_allow.txt >>"$LOG" 2>&1
@@ -77,6 +78,11 @@ PY
   2>>"$LOG")
   log "sweep choice: [$best]"
 fi
+# The read ceiling (a few seconds): the bound roofline.py applies to the weight-streaming cases.
+t1=$(date +%s)
+timeout 120 "$B/bench/gemm/mok_read_ceiling" --out "$OUT/read.json" >"/tmp/gemm_read.log" 2>&1
+log "mok_read_ceiling rc=$? ($(( $(date +%s) - t1 )) s)"
+cat /tmp/gemm_read.log >>"$LOG"
 # Two alternating passes (mok, torch, mok, torch): each side's time is the mean of its passes,
 # so both see the same thermal history.
 for pass in 1 2; do
@@ -125,5 +131,6 @@ fi
 nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv >>"$LOG" 2>&1
 python3 bench/gemm/make_json.py --mok /tmp/gemm_mok1.json /tmp/gemm_mok2.json \
   --torch /tmp/gemm_torch1.json /tmp/gemm_torch2.json --out "$OUT/gemm-h200x1.json" \
-  --commit "${MOK_COMMIT:-unknown}" 2>&1 | tee -a "$LOG"
+  --commit "${MOK_COMMIT:-unknown}" --read "$OUT/read.json" 2>&1 | tee -a "$LOG"
+python3 bench/gemm/roofline.py "$OUT/gemm-h200x1.json" 2>&1 | tee -a "$LOG"
 python3 bench/gemm/plot_gemm.py "$OUT/gemm-h200x1.json" "$OUT/gemm-h200x1.png" 2>&1 | tee -a "$LOG"

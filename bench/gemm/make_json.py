@@ -4,7 +4,10 @@ bench/results/gemm-h200x1.json and prints the table. With several passes (mok, t
 torch, ... alternating in one call), each side's time is the mean over its passes.
 
   python3 bench/gemm/make_json.py --mok mok1.json [mok2.json] --torch torch1.json [torch2.json] \
-      --out gemm-h200x1.json [--commit SHA] [--date YYYY-MM-DD]
+      --out gemm-h200x1.json [--commit SHA] [--date YYYY-MM-DD] [--read read.json]
+
+--read: mok_read_ceiling's JSON from the same call; adds `read_tbps` and each case's
+`read_bound_tflops` (the time to read its weights and inputs once at that rate).
 """
 import argparse
 import datetime
@@ -14,7 +17,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from roofline import DEFAULT_COPY_TBPS, roofline_tflops  # noqa: E402
+from roofline import DEFAULT_COPY_TBPS, read_bound_tflops, roofline_tflops  # noqa: E402
 
 
 def main():
@@ -24,7 +27,15 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--commit")
     ap.add_argument("--date")
+    ap.add_argument("--read", help="mok_read_ceiling JSON (same call)")
     a = ap.parse_args()
+    read = None
+    if a.read:
+        try:
+            read = json.load(open(a.read))
+        except Exception as e:  # noqa: BLE001 - reported; the rest of the merge still counts
+            print(f"warning: no read ceiling from {a.read}: {e}")
+    read_tbps = read.get("read_tbps") if read else None
     moks = [json.load(open(f)) for f in a.mok]
     tors = []
     for f in a.torch:
@@ -79,6 +90,7 @@ def main():
             "check_rel_err": c["check_rel_err"], "flops": c["flops"],
             "roofline_tflops": (lambda r: None if r is None else round(r, 1))(
                 roofline_tflops(c, c["flops"], peak, copy or DEFAULT_COPY_TBPS)),
+            **({"read_bound_tflops": round(rb, 1)} if (rb := read_bound_tflops(c, c["flops"], read_tbps)) else {}),
             **({"torch_error": terr} if terr else {}),
         })
     res = {
@@ -91,6 +103,10 @@ def main():
         "roofline": "roofline_tflops = min(peak_bf16_tflops, flops / minimum bytes * copy_tbps); minimum "
                     "bytes = weights + activations + output once, bf16 (bench/gemm/roofline.py; copy_tbps "
                     f"measured in the same run, else {DEFAULT_COPY_TBPS})",
+        **({"read_tbps": round(read_tbps, 3), "read_tbps_source": "mok_read_ceiling in this run, best of: "
+            + read.get("best", "?"), "read_bound": "read_bound_tflops = flops / (weights + inputs once, "
+            "bf16) * read_tbps: no kernel that reads them once at the best measured read rate is faster"}
+           if read_tbps else {}),
         "passes": {"mok": len(moks), "torch": len(tors)},
         "flops": "2 * real routed rows * N * K (padding rows not counted); fc1 = x . W1^T with N = 2*inter "
                  "(mok also applies SwiGLU and stores h and gate/up; torch only the product); dgrad_swiglu = "

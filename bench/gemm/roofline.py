@@ -12,6 +12,11 @@ Two memory figures: the device-to-device copy rate (read + write) measured in th
 estimate of what a streaming kernel reaches (a read-heavy stream such as a GEMM's weights can do
 somewhat better), and the HBM3e datasheet peak of 4.8 TB/s, a hard bound.
 
+A third, tighter bound where the file has `read_tbps` (mok_read_ceiling, same device call: the best
+read-only rate of several readers, the GEMM's own TMA weight stream among them): the bytes a case
+must read (weights + inputs, no output) at that rate. A bar above it needs a faster read stream
+than any reader reached on the device.
+
   python3 bench/gemm/roofline.py bench/results/gemm-h200x1.json [--copy-tbps 4.3]
 
 Without --copy-tbps the file's `copy_tbps` (measured by torch_baseline.py in the same run) is
@@ -37,6 +42,25 @@ def min_bytes(case, rows):
     return 2.0 * (e * n * k + rows * k + rows * n)
 
 
+def read_bytes(case, rows):
+    """Bytes a case must read: every weight once and its inputs once (dgrad_swiglu also reads gu,
+    2n wide). None for forms without a byte model."""
+    if case["form"] not in FORMS_WITH_BYTES:
+        return None
+    e, n, k = case["experts"], case["n"], case["k"]
+    gu = 2 * rows * n if case["form"] == "dgrad_swiglu" else 0
+    return 2.0 * (e * n * k + rows * k + gu)
+
+
+def read_bound_tflops(case, flops, read_tbps):
+    """FLOPs over the time to read read_bytes at read_tbps; None without a model or inputs."""
+    if case.get("form") not in FORMS_WITH_BYTES or not flops or not read_tbps or not case.get("n") \
+            or not case.get("k"):
+        return None
+    rows = flops / (2.0 * case["n"] * case["k"])
+    return flops / (read_bytes(case, rows) / (read_tbps * 1e12)) / 1e12
+
+
 def roofline_tflops(case, flops, peak_tflops, mem_tbps):
     """None for forms without a byte model (wgrad) or missing or zero inputs."""
     if case.get("form") not in FORMS_WITH_BYTES:
@@ -60,28 +84,35 @@ def main():
     if not peak:
         print(f"{a.json}: no peak_bf16_tflops (torch baseline missing?): no roofline", file=sys.stderr)
         return 1
+    read = d.get("read_tbps")
     print(f"{d['device']}, commit {d.get('commit', '?')[:10]}: peak {peak} TF/s, copy {copy} TB/s "
-          f"(roof), HBM datasheet {HBM_PEAK_TBPS} TB/s (hard bound)")
-    print(f"{'case':<24}{'rows':>5} {'routing':<8}{'mok':>7}{'torch':>7}{'roof':>7}{'hard':>7}{'mok%':>6}"
-          f"{'bar':>7}  bar vs roof / hard bound")
+          f"(roof), HBM datasheet {HBM_PEAK_TBPS} TB/s (hard bound)"
+          + (f", measured read ceiling {read} TB/s (read bound)" if read else ""))
+    print(f"{'case':<24}{'rows':>5} {'routing':<8}{'mok':>7}{'torch':>7}{'roof':>7}{'read':>7}{'hard':>7}"
+          f"{'mok%':>6}{'bar':>7}  bar vs roof / read bound / hard bound")
+    nan = float("nan")
     for c in d["cases"]:
         flops = c.get("flops") or (c["mok_tflops"] * c["mok_ms"] * 1e9 if c.get("mok_ms") else None)
         r = roofline_tflops(c, flops, peak, copy)
         if r is None:
             continue
         hard = roofline_tflops(c, flops, peak, HBM_PEAK_TBPS)
+        rb = read_bound_tflops(c, flops, read)
         t = c.get("torch_grouped_mm_tflops")
         bar = (1.25 if c["rows_per_expert"] == 128 else 1.05) * t if t else None
         verdict = ""
         if bar is not None:
-            verdict = f"{100 * bar / r:.0f}% / {100 * bar / hard:.0f}%"
+            verdict = f"{100 * bar / r:.0f}% / " + (f"{100 * bar / rb:.0f}%" if rb else "-") + \
+                f" / {100 * bar / hard:.0f}%"
             if bar > hard:
                 verdict += "  ABOVE the hard bound"
+            elif rb and bar > rb:
+                verdict += "  ABOVE the measured read ceiling"
             elif bar > r:
                 verdict += "  above the copy-rate roof"
         print(f"{c['name']:<24}{c['rows_per_expert']:>5} {c['routing']:<8}{c['mok_tflops']:>7.0f}"
-              f"{(t or float('nan')):>7.0f}{r:>7.0f}{hard:>7.0f}{100 * c['mok_tflops'] / r:>5.0f}%"
-              f"{(bar or float('nan')):>7.0f}  {verdict}")
+              f"{(t or nan):>7.0f}{r:>7.0f}{(rb or nan):>7.0f}{hard:>7.0f}{100 * c['mok_tflops'] / r:>5.0f}%"
+              f"{(bar or nan):>7.0f}  {verdict}")
     return 0
 
 

@@ -9,7 +9,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from roofline import roofline_tflops  # noqa: E402
+from roofline import read_bound_tflops, roofline_tflops  # noqa: E402
 
 
 def fc1_case(rows_per_expert, experts=32, n=4096, k=7168):
@@ -39,6 +39,19 @@ class Roofline(unittest.TestCase):
         self.assertAlmostEqual(roofline_tflops(c, c["flops"], 780.0, 4.3), c["flops"] / (nbytes / 4.3e12) / 1e12,
                                places=6)
 
+    def test_read_bound_counts_weights_and_inputs_only(self):
+        c = fc1_case(128)
+        rows = 128 * 32
+        nbytes = 2.0 * (32 * 4096 * 7168 + rows * 7168)  # no output bytes
+        self.assertAlmostEqual(read_bound_tflops(c, c["flops"], 4.0), c["flops"] / (nbytes / 4.0e12) / 1e12,
+                               places=6)
+        d = dict(c, form="dgrad_swiglu", n=2048)
+        flops = 2.0 * rows * 2048 * 7168
+        nbytes = 2.0 * (32 * 2048 * 7168 + rows * 7168 + 2 * rows * 2048)  # + gu, 2n wide
+        self.assertAlmostEqual(read_bound_tflops(d, flops, 4.0), flops / (nbytes / 4.0e12) / 1e12, places=6)
+        self.assertIsNone(read_bound_tflops(dict(c, form="wgrad"), c["flops"], 4.0))
+        self.assertIsNone(read_bound_tflops(c, c["flops"], None))
+
     def test_no_model_for_wgrad_or_missing_inputs(self):
         c = dict(fc1_case(512), form="wgrad")
         self.assertIsNone(roofline_tflops(c, c["flops"], 780.0, 4.3))
@@ -66,6 +79,20 @@ class Roofline(unittest.TestCase):
             table = subprocess.run([sys.executable, os.path.join(HERE, "roofline.py"), paths[2]], check=True,
                                    capture_output=True, text=True).stdout
             self.assertIn("above the copy-rate roof", table)  # bar 1.25 x torch: over the copy-based roof
+            self.assertNotIn("read_tbps", out)  # no --read: no read ceiling claimed
+
+            # With a read ceiling low enough that the bar needs a faster read stream.
+            json.dump({"read_tbps": 3.0, "best": "tma x"}, open(os.path.join(d, "r.json"), "w"))
+            subprocess.run([sys.executable, os.path.join(HERE, "make_json.py"), "--mok", paths[0], "--torch",
+                            paths[1], "--out", paths[2], "--commit", "x", "--read", os.path.join(d, "r.json")],
+                           check=True, capture_output=True)
+            out = json.load(open(paths[2]))
+            self.assertEqual(out["read_tbps"], 3.0)
+            self.assertAlmostEqual(out["cases"][0]["read_bound_tflops"],
+                                   round(read_bound_tflops(c, c["flops"], 3.0), 1))
+            table = subprocess.run([sys.executable, os.path.join(HERE, "roofline.py"), paths[2]], check=True,
+                                   capture_output=True, text=True).stdout
+            self.assertIn("ABOVE the measured read ceiling", table)
 
 
 class Plot(unittest.TestCase):

@@ -1,0 +1,248 @@
+// mok_read_ceiling — the fastest read-only DRAM stream this GPU sustains, measured three ways.
+//
+// The grouped GEMM at 128 rows per expert is a weight-streaming problem: every weight byte is read
+// once and used for only 128 rows. Its time is bounded below by (bytes it must read) / (the best
+// read rate the device reaches), so a benchmark bar that needs a higher read rate is out of reach
+// for any kernel that reads the weights once. bench/gemm/roofline.py uses the figure measured
+// here (`read_tbps`) for that bound. Three kinds of reader, each with a few shapes; the best one
+// counts:
+//   * ldg:  every thread streams 16-byte non-caching loads (ld.global.nc.L1::no_allocate), several
+//           in flight per thread; a grid of `ctas per SM` x SMs;
+//   * bulk: one thread per CTA keeps `stages` plain bulk copies (cp.async.bulk, `chunk` bytes of
+//           contiguous memory each) in flight into shared memory, completing on mbarriers;
+//   * tma:  the GEMM's own weight stream without the MMAs: a 3-D tensor map [E, N, K] (DeepSeek-V3
+//           FC1: 32 x 4096 x 7168 bf16, 1.88 GB), boxes of 256 N rows x 64 K (32 KB, 128-byte
+//           swizzle), tiles in the GEMM's raster order (groups of 8 experts, N outer), `stages`
+//           boxes in flight per CTA.
+// The loaded data is folded into a value that is stored, so nothing is optimised away; shared
+// memory targets are simply overwritten. Every wait is bounded (2 s; a timeout is reported as an
+// error, not a number).
+//
+//   mok_read_ceiling [--out read.json] [--reps N] [--gib G]
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "common/cuda_check.h"
+#include "gemm/sm90.cuh"
+#include "gemm/tensor_map.h"
+
+namespace {
+
+namespace sm90 = mok::gemm::sm90;
+constexpr unsigned long long kWaitNs = 2000000000ull;
+
+template <int kUnroll>
+__global__ void ldg_read(const uint4* __restrict__ src, int64_t n16, unsigned* __restrict__ sink) {
+  uint32_t acc = 0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + (kUnroll - 1) * stride < n16; i += kUnroll * stride) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(v[u].x), "=r"(v[u].y), "=r"(v[u].z), "=r"(v[u].w)
+                   : "l"(src + i + u * stride));
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n16; i += stride) acc ^= src[i].x ^ src[i].w;
+  for (int o = 16; o > 0; o >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
+  if ((threadIdx.x & 31) == 0) atomicXor(sink, acc);
+}
+
+// One thread per CTA issues the copies; `issue(i, stage, bar)` starts copy i into a stage.
+template <typename Issue>
+__device__ void ring_read(int64_t copies, int stages, uint32_t bytes, unsigned* error, unsigned* sink,
+                          Issue issue) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  __shared__ uint64_t bars[16];
+  if (threadIdx.x != 0) return;
+  for (int s = 0; s < stages; ++s) sm90::mbar_init(&bars[s], 1);
+  sm90::mbar_fence_init();
+  const sm90::WaitBound wb{error, kWaitNs};
+  int64_t issued = 0;
+  for (int64_t i = blockIdx.x; i < copies; i += gridDim.x, ++issued) {
+    const int s = int(issued % stages);
+    if (issued >= stages && !sm90::mbar_wait(&bars[s], uint32_t((issued / stages - 1) & 1), wb, 1)) return;
+    sm90::mbar_arrive_expect_tx(&bars[s], bytes);
+    issue(i, smem + size_t(s) * bytes, &bars[s]);
+  }
+  // Drain: the CTA must not exit while a copy still targets its shared memory.
+  for (int64_t j = issued > stages ? issued - stages : 0; j < issued; ++j) {
+    const int s = int(j % stages);
+    if (!sm90::mbar_wait(&bars[s], uint32_t((j / stages) & 1), wb, 2)) return;
+  }
+  atomicXor(sink, *reinterpret_cast<const unsigned*>(smem));
+}
+
+__global__ void bulk_read(const unsigned char* src, int64_t chunks, uint32_t chunk, int stages, unsigned* error,
+                          unsigned* sink) {
+  ring_read(chunks, stages, chunk, error, sink, [&](int64_t i, void* dst, uint64_t* bar) {
+    sm90::bulk_load(dst, src + i * chunk, chunk, bar);
+  });
+}
+
+// Tile t of the GEMM's B stream at 128 rows per expert: groups of 8 experts, N tile outer, expert
+// inner (the engine's raster with group_m 8 and one M tile per expert); each tile walks its K blocks.
+__global__ void tma_read(const __grid_constant__ CUtensorMap map, int experts, int n_tiles, int k_blocks,
+                         int stages, unsigned* error, unsigned* sink) {
+  const int64_t boxes = int64_t(experts) * n_tiles * k_blocks;
+  ring_read(boxes, stages, 256u * 128u, error, sink, [&](int64_t i, void* dst, uint64_t* bar) {
+    const int64_t tile = i / k_blocks;
+    const int kb = int(i % k_blocks);
+    const int64_t group = tile / (8 * n_tiles), in_group = tile % (8 * n_tiles);
+    const int g_size = experts - group * 8 < 8 ? int(experts - group * 8) : 8;
+    const int n = int(in_group / g_size), e = int(group * 8 + in_group % g_size);
+    sm90::tma_load_3d(dst, &map, bar, kb * 64, n * 256, e);
+  });
+}
+
+struct Result {
+  std::string kind, shape;
+  double tbps = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_path;
+  int reps = 20;
+  double gib = 2.0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--out" && i + 1 < argc) out_path = argv[++i];
+    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (a == "--gib" && i + 1 < argc) gib = std::atof(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: %s [--out read.json] [--reps N >= 3] [--gib G >= 0.5]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (reps < 3 || gib < 0.5) {
+    std::fprintf(stderr, "mok_read_ceiling: --reps must be >= 3 and --gib >= 0.5 (got %d, %g)\n", reps, gib);
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  MOK_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const int sms = prop.multiProcessorCount;
+  // DeepSeek-V3 FC1 weights of 32 local experts: 32 x 4096 x 7168 bf16 = 1.88 GB; the flat readers
+  // use a buffer of `gib` GiB (at least that size). Both are far above the 60 MB L2.
+  const int experts = 32, n_rows = 4096, k = 7168;
+  const size_t w_bytes = size_t(experts) * n_rows * k * 2;
+  const size_t bytes = std::max(w_bytes, size_t(gib * double(1ull << 30))) / (1u << 20) * (1u << 20);
+  void* buf = nullptr;
+  unsigned* dev = nullptr;  // [0] sink, [1] error
+  MOK_CUDA_CHECK(cudaMalloc(&buf, bytes));
+  MOK_CUDA_CHECK(cudaMalloc(&dev, 2 * sizeof(unsigned)));
+  MOK_CUDA_CHECK(cudaMemset(buf, 0x3c, bytes));
+  MOK_CUDA_CHECK(cudaMemset(dev, 0, 2 * sizeof(unsigned)));
+  cudaEvent_t e0, e1;
+  MOK_CUDA_CHECK(cudaEventCreate(&e0));
+  MOK_CUDA_CHECK(cudaEventCreate(&e1));
+
+  std::vector<Result> results;
+  // Median of `reps` single launches after 3 warm-ups, as TB/s of `read` bytes.
+  auto time = [&](const std::string& kind, const std::string& shape, size_t read, auto launch) {
+    for (int w = 0; w < 3; ++w) launch();
+    std::vector<float> ms;
+    for (int r = 0; r < reps; ++r) {
+      MOK_CUDA_CHECK(cudaEventRecord(e0));
+      launch();
+      MOK_CUDA_CHECK(cudaEventRecord(e1));
+      MOK_CUDA_CHECK(cudaEventSynchronize(e1));
+      float t = 0;
+      MOK_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+      ms.push_back(t);
+    }
+    MOK_CUDA_CHECK(cudaGetLastError());
+    unsigned err = 0;
+    MOK_CUDA_CHECK(cudaMemcpy(&err, dev + 1, sizeof(err), cudaMemcpyDeviceToHost));
+    if (err != 0) {
+      std::fprintf(stderr, "mok_read_ceiling: %s %s: a wait timed out (site %u); no figure\n", kind.c_str(),
+                   shape.c_str(), err);
+      MOK_CUDA_CHECK(cudaMemset(dev + 1, 0, sizeof(unsigned)));
+      return;
+    }
+    std::sort(ms.begin(), ms.end());
+    const double tbps = double(read) / (double(ms[ms.size() / 2]) * 1e-3) / 1e12;
+    results.push_back({kind, shape, tbps});
+    std::printf("%-5s %-34s %6.3f TB/s  (median of %d, %.3f ms)\n", kind.c_str(), shape.c_str(), tbps, reps,
+                ms[ms.size() / 2]);
+  };
+
+  const int64_t n16 = int64_t(bytes / 16);
+  for (int per_sm : {2, 4, 8}) {
+    for (int threads : {256, 512}) {
+      const std::string shape = std::to_string(per_sm) + " CTAs/SM x " + std::to_string(threads) + " thr, ";
+      time("ldg", shape + "4 loads", bytes, [&] {
+        ldg_read<4><<<sms * per_sm, threads>>>(static_cast<const uint4*>(buf), n16, dev);
+      });
+      time("ldg", shape + "8 loads", bytes, [&] {
+        ldg_read<8><<<sms * per_sm, threads>>>(static_cast<const uint4*>(buf), n16, dev);
+      });
+    }
+  }
+  for (uint32_t chunk : {16384u, 32768u}) {
+    for (int stages : {4, 6}) {
+      for (int per_sm : {1, 2}) {
+        const size_t smem = size_t(chunk) * stages;
+        if (smem * per_sm > size_t(prop.sharedMemPerMultiprocessor) - 4096) continue;
+        MOK_CUDA_CHECK(cudaFuncSetAttribute(bulk_read, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        const int64_t chunks = int64_t(bytes / chunk);
+        time("bulk", std::to_string(chunk / 1024) + " KB x " + std::to_string(stages) + " stages, " +
+                         std::to_string(per_sm) + " CTA/SM",
+             size_t(chunks) * chunk, [&] {
+               bulk_read<<<sms * per_sm, 32, smem>>>(static_cast<const unsigned char*>(buf), chunks, chunk,
+                                                     stages, dev + 1, dev);
+             });
+      }
+    }
+  }
+  const CUtensorMap map = mok::gemm::make_map_3d(buf, experts, n_rows, k, 256);
+  for (int stages : {4, 6}) {
+    for (int per_sm : {1, 2}) {
+      const size_t smem = size_t(32768) * stages;
+      if (smem * per_sm > size_t(prop.sharedMemPerMultiprocessor) - 4096) continue;
+      MOK_CUDA_CHECK(cudaFuncSetAttribute(tma_read, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      time("tma", "[32,4096,7168] 256x64 boxes, " + std::to_string(stages) + " stages, " +
+                      std::to_string(per_sm) + " CTA/SM",
+           w_bytes, [&] {
+             tma_read<<<sms * per_sm, 32, smem>>>(map, experts, n_rows / 256, k / 64, stages, dev + 1, dev);
+           });
+    }
+  }
+  MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  if (results.empty()) {
+    std::fprintf(stderr, "mok_read_ceiling: no reader finished\n");
+    return 1;
+  }
+  const auto best = *std::max_element(results.begin(), results.end(),
+                                      [](const Result& a, const Result& b) { return a.tbps < b.tbps; });
+  std::printf("read ceiling: %.3f TB/s (%s %s), %s, %d SMs\n", best.tbps, best.kind.c_str(), best.shape.c_str(),
+              prop.name, sms);
+  if (!out_path.empty()) {
+    FILE* f = std::fopen(out_path.c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "mok_read_ceiling: cannot write %s\n", out_path.c_str());
+      return 1;
+    }
+    std::fprintf(f, "{\"device\": \"%s\", \"read_tbps\": %.4f, \"best\": \"%s %s\", \"bytes\": %zu, \"readers\": [\n",
+                 prop.name, best.tbps, best.kind.c_str(), best.shape.c_str(), bytes);
+    for (size_t i = 0; i < results.size(); ++i)
+      std::fprintf(f, "%s  {\"kind\": \"%s\", \"shape\": \"%s\", \"tbps\": %.4f}", i ? ",\n" : "",
+                   results[i].kind.c_str(), results[i].shape.c_str(), results[i].tbps);
+    std::fprintf(f, "\n]}\n");
+    std::fclose(f);
+  }
+  cudaFree(buf);
+  cudaFree(dev);
+  return 0;
+}
