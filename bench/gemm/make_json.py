@@ -105,7 +105,8 @@ def main():
                     f"measured in the same run, else {DEFAULT_COPY_TBPS})",
         **({"read_tbps": round(read_tbps, 3), "read_tbps_source": "mok_read_ceiling in this run, best of: "
             + read.get("best", "?"), "read_bound": "read_bound_tflops = flops / (weights + inputs once, "
-            "bf16) * read_tbps: no kernel that reads them once at the best measured read rate is faster"}
+            "bf16) * read_tbps: no kernel that reads them once at the best measured read rate is faster",
+            "read_readers": read.get("readers", [])}
            if read_tbps else {}),
         "passes": {"mok": len(moks), "torch": len(tors)},
         "flops": "2 * real routed rows * N * K (padding rows not counted); fc1 = x . W1^T with N = 2*inter "
