@@ -94,11 +94,13 @@ __device__ __forceinline__ Smem<C> smem_view(uint8_t* raw) {
 // One thread initialises the ring's barriers; a CTA-wide barrier must follow.
 // With 2-CTA clusters every stage is released by the consumer warps of both CTAs (16 arrivals):
 // a multicast B load writes into the partner's stage too.
+// Ping-pong consumers (mma_tile_pingpong): each stage is consumed by one warpgroup, 4 arrivals.
 template <class C>
-__device__ __forceinline__ void init_barriers(const Smem<C>& sm, uint32_t cluster_size = 1) {
+__device__ __forceinline__ void init_barriers(const Smem<C>& sm, uint32_t cluster_size = 1,
+                                              uint32_t consumer_warps = 8) {
   for (uint32_t s = 0; s < uint32_t(C::kStages); ++s) {
     mbar_init(sm.full(s), 1);
-    mbar_init(sm.empty(s), 8 * cluster_size);  // one arrival per consumer warp of the cluster
+    mbar_init(sm.empty(s), consumer_warps * cluster_size);  // one arrival per consumer warp of the cluster
   }
   mbar_init(sm.skew(0), 1);
   mbar_init(sm.skew(1), 1);
@@ -226,14 +228,16 @@ __device__ __forceinline__ void release_stage(const Smem<C>& sm, uint32_t s, uin
 }
 
 // Zeroes K rows [valid, 64) of both operands of stage s (MN-major A and B only): rows past an
-// expert's last token are padding whose contents are unspecified (possibly NaN). Called by all
-// 256 consumer threads (ct = 0..255).
+// expert's last token are padding whose contents are unspecified (possibly NaN). Called by the
+// `threads` threads that consume the stage (tid = 0..threads-1: both consumer warpgroups, or one
+// with ping-pong consumers), which then meet at named barrier `bar`.
 template <class C>
-__device__ __forceinline__ void mask_k_rows(const Smem<C>& sm, uint32_t s, int valid, uint32_t ct) {
+__device__ __forceinline__ void mask_k_rows(const Smem<C>& sm, uint32_t s, int valid, uint32_t tid,
+                                            uint32_t threads = 256, uint32_t bar = kBarConsumers) {
   const uint32_t rows = uint32_t(kBlockK - valid);
   const uint32_t per_chunk = rows * 8u;  // 16-byte units
   const uint32_t units = per_chunk * uint32_t(2 + C::kChunks);  // 2 A chunks + the B chunks
-  for (uint32_t u = ct; u < units; u += 256u) {
+  for (uint32_t u = tid; u < units; u += threads) {
     const uint32_t chunk = u / per_chunk;
     const uint32_t rem = u - chunk * per_chunk;
     const uint32_t row = uint32_t(valid) + rem / 8u;
@@ -241,7 +245,7 @@ __device__ __forceinline__ void mask_k_rows(const Smem<C>& sm, uint32_t s, int v
     *reinterpret_cast<uint4*>(base + row * 128u + (rem % 8u) * 16u) = make_uint4(0u, 0u, 0u, 0u);
   }
   fence_async_shared();
-  named_bar_sync(kBarConsumers, 256);
+  named_bar_sync(bar, threads);
 }
 
 // Optional stagger of the two consumer warpgroups: warpgroup 1 starts a tile only after warpgroup
@@ -368,6 +372,72 @@ __device__ __forceinline__ void mma_tile_split_n(const Smem<C>& sm, PipeState<C>
   wgmma_wait<0>();
   fence_operands(h);
   release_stage<C, kCluster>(sm, prev, peer);
+}
+
+// Ping-pong consumers (Options::pingpong, BLOCK_N 128): each consumer warpgroup computes whole
+// 128 x 128 tiles, rows 0..63 into acc0 and rows 64..127 into acc1 (two m64n128 MMAs per K step,
+// 128 accumulators per thread as at BLOCK_N 256), and the two warpgroups take the CTA's tiles in
+// turn. The producer fills the ring in tile order, so one warpgroup's epilogue runs while the
+// other issues the next tile's MMAs, and the tensor cores do not wait for epilogues (with the
+// cooperative split, both warpgroups run theirs at the same time). Each stage is read by one
+// warpgroup (4 arrivals release it: init_barriers(.., 4)); a warpgroup steps its PipeState over
+// the other's tiles with skip_stages. rows_hi = false: rows 64..127 are all padding, their MMAs
+// are skipped (and the caller skips their epilogue). The K order per output element is
+// mma_tile's, so results are the same bits as the cooperative kernel's.
+template <class C>
+__device__ __forceinline__ void skip_stages(PipeState<C>& ps, int32_t k_blocks) {
+  for (int32_t kb = 0; kb < k_blocks; ++kb) ps.advance();
+}
+
+template <class C, bool kAMN, bool kBMN, bool kMaskK>
+__device__ __forceinline__ void mma_tile_pingpong(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg,
+                                                  uint32_t wt, float (&acc0)[C::kAccRegs],
+                                                  float (&acc1)[C::kAccRegs], bool rows_hi, const WaitBound& wb) {
+  static_assert(C::kBlockN == 128, "ping-pong tiles are 128 x 128 (two m64n128 accumulator sets)");
+#pragma unroll
+  for (int i = 0; i < C::kAccRegs; ++i) acc0[i] = acc1[i] = 0.0f;
+  if (t.k_blocks == 0) return;
+  const uint32_t a0 = smem_addr(sm.a(0));  // rows 64..127 at + 8 KB (both A layouts)
+  const uint32_t b0 = smem_addr(sm.b(0));
+  uint32_t prev = 0;
+  for (int kb = 0; kb < t.k_blocks; ++kb) {
+    const uint32_t s = ps.stage;
+    mbar_wait(sm.full(s), ps.phase, wb, kSiteConsumerFull);
+    if constexpr (kMaskK) {
+      if (kb == t.k_blocks - 1 && t.k_last_valid < kBlockK)
+        mask_k_rows(sm, s, t.k_last_valid, wt, 128u, kBarEpilogue + uint32_t(cwg));
+    }
+    const uint32_t as = a0 + s * kATileBytes;
+    const uint32_t bs = b0 + s * C::kBTileBytes;
+    fence_operands(acc0);
+    fence_operands(acc1);
+    wgmma_fence();
+#pragma unroll
+    for (int k16 = 0; k16 < kBlockK / 16; ++k16) {
+      const uint32_t scale = (kb > 0 || k16 > 0) ? 1u : 0u;
+      const uint64_t db = kBMN ? desc_mn_major(bs, k16, kChunkBytes) : desc_k_major(bs, k16);
+      const uint64_t da0 = kAMN ? desc_mn_major(as, k16, kChunkBytes) : desc_k_major(as, k16);
+      wgmma_bf16<C::kBlockN, kAMN ? 1 : 0, kBMN ? 1 : 0>(acc0, da0, db, scale);
+      if (rows_hi) {
+        const uint32_t ah = as + kChunkBytes;
+        const uint64_t da1 = kAMN ? desc_mn_major(ah, k16, kChunkBytes) : desc_k_major(ah, k16);
+        wgmma_bf16<C::kBlockN, kAMN ? 1 : 0, kBMN ? 1 : 0>(acc1, da1, db, scale);
+      }
+    }
+    wgmma_commit();
+    fence_operands(acc0);
+    fence_operands(acc1);
+    wgmma_wait<1>();
+    fence_operands(acc0);
+    fence_operands(acc1);
+    if (kb > 0) release_stage<C>(sm, prev);
+    prev = s;
+    ps.advance();
+  }
+  wgmma_wait<0>();
+  fence_operands(acc0);
+  fence_operands(acc1);
+  release_stage<C>(sm, prev);
 }
 
 // ------------------------------------------------------------------------------------------------

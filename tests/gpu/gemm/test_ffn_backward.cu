@@ -5,6 +5,7 @@
 //                          dh = rnd(dy . W_down[e])                          plan_dgrad_swiglu
 //   FC1 dgrad              d_x = rnd(d_gu . W1p[e])                           plan_dgrad
 //   wgrads                 dW_down[e] = rnd(sum dy^T h), dW1p[e] = rnd(sum d_gu^T x)  plan_wgrad
+//   (and FC2 forward       y = rnd(h . W_down[e]^T)                           plan_fc2, split-N on)
 // What no single-form test pins: the packed gate/up order flows through every form (d_gu comes out
 // in the order FC1's dgrad and wgrad take, dW1p in pack_gate_up's order, i.e. dW_gate and dW_up
 // after unpacking), and padding rows never leak into a reduction: x and dy hold NaN there, and
@@ -28,6 +29,7 @@ namespace gemm = mok::gemm;
 double rnd(double v) { return mok::round_bf16(float(v)); }
 
 struct Reference {
+  std::vector<double> y;                // [rows, H] (real rows only)
   std::vector<double> d_x;              // [rows, H] (real rows only)
   std::vector<double> dw_down;          // [E, H, I]
   std::vector<double> dw_gate, dw_up;   // [E, I, H]
@@ -40,6 +42,7 @@ Reference reference(const Routed& rt, const std::vector<double>& x, const std::v
   const int64_t E = int64_t(rt.counts.size());
   Reference ref;
   ref.d_x.assign(size_t(rt.rows * H), 0.0);
+  ref.y.assign(size_t(rt.rows * H), 0.0);
   ref.dw_down.assign(size_t(E * H * I), 0.0);
   ref.dw_gate.assign(size_t(E * I * H), 0.0);
   ref.dw_up.assign(size_t(E * I * H), 0.0);
@@ -68,9 +71,13 @@ Reference reference(const Routed& rt, const std::vector<double>& x, const std::v
         dg[size_t(i)] = rnd(s * (1.0 + g * (1.0 - s)) * u * dh);
       }
       for (int64_t k = 0; k < H; ++k) {
-        double acc = 0;
-        for (int64_t i = 0; i < I; ++i) acc += dg[size_t(i)] * g_w[i * H + k] + du[size_t(i)] * u_w[i * H + k];
+        double acc = 0, y = 0;
+        for (int64_t i = 0; i < I; ++i) {
+          acc += dg[size_t(i)] * g_w[i * H + k] + du[size_t(i)] * u_w[i * H + k];
+          y += h[size_t(i)] * d_w[k * I + i];
+        }
         ref.d_x[size_t(r * H + k)] = rnd(acc);
+        ref.y[size_t(r * H + k)] = rnd(y);
         for (int64_t i = 0; i < I; ++i) ref.dw_down[size_t((e * H + k) * I + i)] += dyr[k] * h[size_t(i)];
       }
       for (int64_t i = 0; i < I; ++i)
@@ -85,12 +92,19 @@ Reference reference(const Routed& rt, const std::vector<double>& x, const std::v
   return ref;
 }
 
-// pdl: every plan launched with programmatic dependent launch, so each kernel of the chain is
-// scheduled before its predecessor ends and must wait for it (griddepcontrol.wait) before it
-// reads the predecessor's output; the outputs are returned for a bitwise comparison.
+// Options of every plan of the chain. pdl: launched with programmatic dependent launch, so each
+// kernel is scheduled before its predecessor ends and must wait for it (griddepcontrol.wait)
+// before it reads the predecessor's output. pingpong: ping-pong consumer warpgroups. The outputs
+// are returned for a bitwise comparison between variants.
+struct Variant {
+  bool pdl = false;
+  bool pingpong = false;
+};
+
 void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int max_ctas, uint64_t seed,
-                       bool pdl = false, std::vector<std::vector<uint16_t>>* outputs = nullptr) {
-  SCOPED_TRACE(testing::Message() << "ffn backward H=" << H << " I=" << I << " ctas=" << max_ctas << " pdl=" << pdl);
+                       const Variant& v = {}, std::vector<std::vector<uint16_t>>* outputs = nullptr) {
+  SCOPED_TRACE(testing::Message() << "ffn backward H=" << H << " I=" << I << " ctas=" << max_ctas << " pdl=" << v.pdl
+                                  << " pingpong=" << v.pingpong);
   const Routed rt(counts);
   const int64_t E = int64_t(counts.size()), rows = rt.rows;
   const auto x = routed_input(rt, H, seed);
@@ -104,7 +118,8 @@ void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I,
   DevBuf d_x_in(x.size() * 2), d_dy(dy.size() * 2), d_w1p(w1p.size() * 2), d_wd(wd.size() * 2),
       d_te(rt.tile_expert.size() * 4 + 4), d_beg(rt.begin.size() * 4 + 4), d_cnt(rt.counts.size() * 4 + 4),
       d_h(size_t(rows * I) * 2), d_gu(size_t(rows * 2 * I) * 2), d_dgu(size_t(rows * 2 * I) * 2),
-      d_dx(size_t(rows * H) * 2), d_dwd(size_t(E * H * I) * 2), d_dw1p(w1p.size() * 2), err(sizeof(unsigned));
+      d_dx(size_t(rows * H) * 2), d_dwd(size_t(E * H * I) * 2), d_dw1p(w1p.size() * 2), d_y(size_t(rows * H) * 2),
+      err(sizeof(unsigned));
   upload(d_x_in, x);
   upload(d_dy, dy);
   upload(d_w1p, w1p);
@@ -112,10 +127,11 @@ void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I,
   upload(d_te, rt.tile_expert);
   upload(d_beg, rt.begin);
   upload(d_cnt, rt.counts);
-  for (DevBuf* b : {&d_h, &d_gu, &d_dgu, &d_dx, &d_dwd, &d_dw1p})
+  for (DevBuf* b : {&d_h, &d_gu, &d_dgu, &d_dx, &d_dwd, &d_dw1p, &d_y})
     ASSERT_EQ(cudaSuccess, cudaMemset(b->p, 0xFF, b->bytes));  // NaN poison
   ASSERT_EQ(cudaSuccess, cudaMemset(err.p, 0, sizeof(unsigned)));
-  const gemm::Options o{.max_ctas = max_ctas, .error = err.as<unsigned>(), .wait_limit_s = 5.0, .pdl = pdl};
+  const gemm::Options o{.max_ctas = max_ctas, .error = err.as<unsigned>(), .wait_limit_s = 5.0, .pdl = v.pdl,
+                        .pingpong = v.pingpong};
 
   const int32_t* te = d_te.as<int32_t>();
   const int32_t* beg = d_beg.as<int32_t>();
@@ -125,6 +141,8 @@ void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I,
   const gemm::Fc1Args f{.x = d_x_in.p, .w1p = d_w1p.p, .h = d_h.p, .gu = d_gu.p, .hidden = H, .inter = I,
                         .experts = E, .tile_expert = te, .num_m_tiles = mt, .expert_row_begin = beg,
                         .expert_rows = cnt};
+  const gemm::Fc2Args f2{.a = d_h.p, .w = d_wd.p, .y = d_y.p, .k = I, .n = H, .experts = E, .tile_expert = te,
+                         .num_m_tiles = mt, .expert_row_begin = beg, .expert_rows = cnt};
   const gemm::DgradSwiGLUArgs s{.dy = d_dy.p, .w_down = d_wd.p, .gu = d_gu.p, .d_gu = d_dgu.p, .hidden = H,
                                 .inter = I, .experts = E, .tile_expert = te, .num_m_tiles = mt};
   const gemm::DgradArgs d{.dy = d_dgu.p, .w = d_w1p.p, .dx = d_dx.p, .k = 2 * I, .n = H, .experts = E,
@@ -133,21 +151,25 @@ void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I,
                            .rows_total = rows, .expert_row_begin = beg, .expert_rows = cnt};
   const gemm::WgradArgs w1{.a = d_dgu.p, .b = d_x_in.p, .dw = d_dw1p.p, .m = 2 * I, .n = H, .experts = E,
                            .rows_total = rows, .expert_row_begin = beg, .expert_rows = cnt};
-  for (const gemm::Plan& p : {gemm::plan_fc1(f, o), gemm::plan_dgrad_swiglu(s, o), gemm::plan_dgrad(d, o),
-                              gemm::plan_wgrad(w2, o), gemm::plan_wgrad(w1, o)})
+  for (const gemm::Plan& p : {gemm::plan_fc1(f, o), gemm::plan_fc2(f2, o), gemm::plan_dgrad_swiglu(s, o),
+                              gemm::plan_dgrad(d, o), gemm::plan_wgrad(w2, o), gemm::plan_wgrad(w1, o)})
     gemm::run(p, nullptr);
   ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
   ASSERT_EQ(download<unsigned>(err, 1)[0], 0u) << "a bounded wait expired";
   const auto dx = download<uint16_t>(d_dx, size_t(rows * H));
   const auto dwd = download<uint16_t>(d_dwd, size_t(E * H * I));
   const auto dw1p = download<uint16_t>(d_dw1p, w1p.size());
-  if (outputs) *outputs = {dx, dwd, dw1p};
+  const auto y = download<uint16_t>(d_y, size_t(rows * H));
+  if (outputs) *outputs = {dx, dwd, dw1p, y};
 
   const Reference ref = reference(rt, to_double(x), to_double(dy), to_double(wg), to_double(wu), to_double(wd), H, I);
-  ErrStat sx, sd, sg, su;
+  ErrStat sx, sd, sg, su, sy;
   for (int64_t r = 0; r < rows; ++r)
     if (rt.expert_of(r) >= 0)
-      for (int64_t k = 0; k < H; ++k) sx.add(float_of(dx[size_t(r * H + k)]), ref.d_x[size_t(r * H + k)]);
+      for (int64_t k = 0; k < H; ++k) {
+        sx.add(float_of(dx[size_t(r * H + k)]), ref.d_x[size_t(r * H + k)]);
+        sy.add(float_of(y[size_t(r * H + k)]), ref.y[size_t(r * H + k)]);
+      }
   int64_t nonzero_empty = 0;
   for (int64_t e = 0; e < E; ++e) {
     const bool empty = counts[size_t(e)] == 0;
@@ -168,15 +190,17 @@ void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I,
         su.add(u, ref.dw_up[size_t((e * I + i) * H + k)]);
       }
   }
-  EXPECT_EQ(sx.nonfinite + sd.nonfinite + sg.nonfinite + su.nonfinite, 0) << "NaN reached a real output";
+  EXPECT_EQ(sx.nonfinite + sd.nonfinite + sg.nonfinite + su.nonfinite + sy.nonfinite, 0) << "NaN reached a real output";
+  EXPECT_LE(sy.rel(), 1e-2) << "y (FC2)";
   EXPECT_EQ(nonzero_empty, 0) << "experts without rows must get zero weight gradients";
   EXPECT_LE(sx.rel(), 1e-2) << "d_x";
   EXPECT_LE(sd.rel(), 1e-2) << "dW_down";
   EXPECT_LE(sg.rel(), 1e-2) << "dW_gate";
   EXPECT_LE(su.rel(), 1e-2) << "dW_up";
-  std::printf("[ffn backward] rows=%lld H=%lld I=%lld ctas=%d  rel err d_x %.2e, dW_down %.2e, dW_gate %.2e, "
-              "dW_up %.2e\n",
-              (long long)rows, (long long)H, (long long)I, max_ctas, sx.rel(), sd.rel(), sg.rel(), su.rel());
+  std::printf("[ffn backward%s%s] rows=%lld H=%lld I=%lld ctas=%d  rel err y %.2e, d_x %.2e, dW_down %.2e, "
+              "dW_gate %.2e, dW_up %.2e\n",
+              v.pdl ? " pdl" : "", v.pingpong ? " pingpong" : "", (long long)rows, (long long)H, (long long)I,
+              max_ctas, sy.rel(), sx.rel(), sd.rel(), sg.rel(), su.rel());
 }
 
 TEST(FfnBackward, FormsComposeIntoTheSpecifiedBackward) {
@@ -187,22 +211,44 @@ TEST(FfnBackward, FormsComposeIntoTheSpecifiedBackward) {
   ffn_backward_case({40, 0, 300, 129}, 512, 256, 0, 903);
 }
 
-// The same chain with programmatic dependent launch: the same bits (real rows and gradients).
+// The chain under a variant of the options gives the same bits as under the defaults: every real
+// row of d_x and y (padding rows are undefined) and the weight gradients.
+void expect_same_bits(const std::vector<int32_t>& counts, int64_t H, int64_t I, int max_ctas, uint64_t seed,
+                      const Variant& v, const char* what) {
+  const Routed rt(counts);
+  std::vector<std::vector<uint16_t>> base, var;
+  ffn_backward_case(counts, H, I, max_ctas, seed, Variant{}, &base);
+  ffn_backward_case(counts, H, I, max_ctas, seed, v, &var);
+  ASSERT_EQ(base.size(), 4u);
+  ASSERT_EQ(var.size(), 4u);
+  int64_t dx_differ = 0, y_differ = 0;
+  for (int64_t r = 0; r < rt.rows; ++r)
+    if (rt.expert_of(r) >= 0)
+      for (int64_t k = 0; k < H; ++k) {
+        const size_t i = size_t(r * H + k);
+        dx_differ += base[0][i] != var[0][i];
+        y_differ += base[3][i] != var[3][i];
+      }
+  EXPECT_EQ(dx_differ, 0) << "d_x differs with " << what;
+  EXPECT_EQ(y_differ, 0) << "y differs with " << what;
+  EXPECT_TRUE(base[1] == var[1]) << "dW_down differs with " << what;
+  EXPECT_TRUE(base[2] == var[2]) << "dW1p differs with " << what;
+}
+
 TEST(FfnBackward, ProgrammaticDependentLaunchGivesTheSameBits) {
   MOK_REQUIRE_GPUS(1);
-  const std::vector<int32_t> counts{0, 1, 63, 128, 200, 385};
-  const Routed rt(counts);
-  std::vector<std::vector<uint16_t>> off, on;
-  ffn_backward_case(counts, 328, 200, 0, 904, false, &off);
-  ffn_backward_case(counts, 328, 200, 0, 904, true, &on);
-  ASSERT_EQ(off.size(), on.size());
-  int64_t differ = 0;
-  for (int64_t r = 0; r < rt.rows; ++r)  // d_x: real rows only (padding rows are undefined)
-    if (rt.expert_of(r) >= 0)
-      for (int64_t k = 0; k < 328; ++k) differ += off[0][size_t(r * 328 + k)] != on[0][size_t(r * 328 + k)];
-  EXPECT_EQ(differ, 0) << "d_x differs with programmatic dependent launch";
-  EXPECT_TRUE(off[1] == on[1]) << "dW_down differs with programmatic dependent launch";
-  EXPECT_TRUE(off[2] == on[2]) << "dW1p differs with programmatic dependent launch";
+  expect_same_bits({0, 1, 63, 128, 200, 385}, 328, 200, 0, 904, Variant{.pdl = true}, "programmatic dependent launch");
+}
+
+// Ping-pong consumers: every form (FC1 with split-N tails, FC2, dgrad + SwiGLU', dgrad, the
+// K-masked wgrads) against the fp64 specification and bit for bit against the cooperative kernels;
+// few CTAs (many tiles per warpgroup, odd counts, the ring wrapping) and one per SM.
+TEST(FfnBackward, PingPongConsumersGiveTheSameBits) {
+  MOK_REQUIRE_GPUS(1);
+  const Variant pp{.pingpong = true};
+  expect_same_bits({0, 1, 63, 128, 200, 385}, 328, 200, 0, 905, pp, "ping-pong consumers");
+  expect_same_bits({0, 1, 63, 128, 200, 385}, 328, 200, 3, 906, pp, "ping-pong consumers");
+  expect_same_bits({40, 0, 300, 129, 64, 65}, 512, 256, 5, 907, pp, "ping-pong consumers");
 }
 
 }  // namespace
