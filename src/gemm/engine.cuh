@@ -63,6 +63,7 @@ inline constexpr uint32_t kBarConsumers = 3;  // both consumer warpgroups
 inline constexpr unsigned int kSiteProducerEmpty = 0x6e01;
 inline constexpr unsigned int kSiteConsumerFull = 0x6e02;
 inline constexpr unsigned int kSiteSkew = 0x6e03;
+inline constexpr unsigned int kSiteOrder = 0x6e04;
 
 // View of the engine's shared memory (base 1024-byte aligned).
 template <class C>
@@ -79,7 +80,8 @@ struct Smem {
   __device__ uint64_t* empty(uint32_t s) const {
     return reinterpret_cast<uint64_t*>(base + C::kBarOffset) + C::kStages + s;
   }
-  // Two barriers (alternating per tile) that stagger the consumer warpgroups (see Skew).
+  // Two barriers (alternating per tile) that stagger the consumer warpgroups (see Skew); with
+  // ping-pong consumers, barrier c orders warpgroup c's tiles before the other's (PingPongOrder).
   __device__ uint64_t* skew(uint32_t i) const {
     return reinterpret_cast<uint64_t*>(base + C::kBarOffset) + 2 * C::kStages + i;
   }
@@ -381,7 +383,7 @@ __device__ __forceinline__ void mma_tile_split_n(const Smem<C>& sm, PipeState<C>
 // other issues the next tile's MMAs, and the tensor cores do not wait for epilogues (with the
 // cooperative split, both warpgroups run theirs at the same time). Each stage is read by one
 // warpgroup (4 arrivals release it: init_barriers(.., 4)); a warpgroup steps its PipeState over
-// the other's tiles with skip_stages. rows_hi = false: rows 64..127 are all padding, their MMAs
+// the other's tiles with skip_stages. kRowsHi = false: rows 64..127 are all padding, their MMAs
 // are skipped (and the caller skips their epilogue). The K order per output element is
 // mma_tile's, so results are the same bits as the cooperative kernel's.
 template <class C>
@@ -389,20 +391,50 @@ __device__ __forceinline__ void skip_stages(PipeState<C>& ps, int32_t k_blocks) 
   for (int32_t kb = 0; kb < k_blocks; ++kb) ps.advance();
 }
 
-template <class C, bool kAMN, bool kBMN, bool kMaskK>
+// Why the warpgroups must take turns: a warpgroup that steps over the other's stages could
+// otherwise wait on a stage two fills ahead of the producer, and an mbarrier parity wait cannot
+// tell that fill from the one two phases earlier (it would read a stage not yet loaded). So a
+// warpgroup starts its tile only once the other has waited for every stage of the tile before
+// (the producer filled all of them; each stage's full barrier is then at most one phase behind
+// any later wait). The owner of a tile arrives on its barrier (skew(cwg), count 1) right after its
+// last full-barrier wait, so the next warpgroup's first MMAs queue behind the last ones of this
+// tile and the tensor cores do not idle between tiles. Each barrier completes once per tile of
+// its warpgroup and is waited on once per tile of the other, alternately, so no wait is ever
+// more than one phase ahead.
+template <class C>
+struct PingPongOrder {
+  uint32_t waits = 0;  // tiles this warpgroup started after one of the other's
+  __device__ __forceinline__ void before_tile(const Smem<C>& sm, int cwg, uint32_t tile_index, const WaitBound& wb) {
+    if (tile_index == 0) return;  // the CTA's first tile (warpgroup 0) follows nothing
+    mbar_wait(sm.skew(uint32_t(cwg) ^ 1u), waits & 1u, wb, kSiteOrder);
+    ++waits;
+  }
+  __device__ __forceinline__ static void stages_waited(const Smem<C>& sm, int cwg, uint32_t wt) {
+    if (wt == 0) mbar_arrive(sm.skew(uint32_t(cwg)));
+  }
+};
+
+// The caller has passed PingPongOrder::before_tile; this signals stages_waited. kRowsHi is a
+// template parameter: a runtime test between the wgmmas of a K block makes ptxas wait for each
+// one before the next (measured: FC1/FC2 at half rate).
+template <class C, bool kAMN, bool kBMN, bool kMaskK, bool kRowsHi>
 __device__ __forceinline__ void mma_tile_pingpong(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg,
                                                   uint32_t wt, float (&acc0)[C::kAccRegs],
-                                                  float (&acc1)[C::kAccRegs], bool rows_hi, const WaitBound& wb) {
+                                                  float (&acc1)[C::kAccRegs], const WaitBound& wb) {
   static_assert(C::kBlockN == 128, "ping-pong tiles are 128 x 128 (two m64n128 accumulator sets)");
 #pragma unroll
   for (int i = 0; i < C::kAccRegs; ++i) acc0[i] = acc1[i] = 0.0f;
-  if (t.k_blocks == 0) return;
+  if (t.k_blocks == 0) {
+    PingPongOrder<C>::stages_waited(sm, cwg, wt);
+    return;
+  }
   const uint32_t a0 = smem_addr(sm.a(0));  // rows 64..127 at + 8 KB (both A layouts)
   const uint32_t b0 = smem_addr(sm.b(0));
   uint32_t prev = 0;
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     const uint32_t s = ps.stage;
     mbar_wait(sm.full(s), ps.phase, wb, kSiteConsumerFull);
+    if (kb == t.k_blocks - 1) PingPongOrder<C>::stages_waited(sm, cwg, wt);
     if constexpr (kMaskK) {
       if (kb == t.k_blocks - 1 && t.k_last_valid < kBlockK)
         mask_k_rows(sm, s, t.k_last_valid, wt, 128u, kBarEpilogue + uint32_t(cwg));
@@ -418,7 +450,7 @@ __device__ __forceinline__ void mma_tile_pingpong(const Smem<C>& sm, PipeState<C
       const uint64_t db = kBMN ? desc_mn_major(bs, k16, kChunkBytes) : desc_k_major(bs, k16);
       const uint64_t da0 = kAMN ? desc_mn_major(as, k16, kChunkBytes) : desc_k_major(as, k16);
       wgmma_bf16<C::kBlockN, kAMN ? 1 : 0, kBMN ? 1 : 0>(acc0, da0, db, scale);
-      if (rows_hi) {
+      if constexpr (kRowsHi) {
         const uint32_t ah = as + kChunkBytes;
         const uint64_t da1 = kAMN ? desc_mn_major(ah, k16, kChunkBytes) : desc_k_major(ah, k16);
         wgmma_bf16<C::kBlockN, kAMN ? 1 : 0, kBMN ? 1 : 0>(acc1, da1, db, scale);

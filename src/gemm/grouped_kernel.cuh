@@ -267,14 +267,19 @@ __device__ __forceinline__ void consume_pingpong(const Smem<C>& sm, PipeState<C>
   float acc0[C::kAccRegs], acc1[C::kAccRegs];
   Tile t;
   bool shared = false, dummy = false;
+  PingPongOrder<C> order;
   for (uint32_t i = 0; sched.next(t, shared, dummy); ++i) {
     if (int(i & 1u) != cwg) {
       skip_stages(ps, t.k_blocks);
       continue;
     }
+    order.before_tile(sm, cwg, i, wb);
     bool rows_hi = true;
     if constexpr (Form::kSplitN) rows_hi = !tokens_fit_64_rows(t, p);
-    mma_tile_pingpong<C, Form::kAMN, Form::kBMN, Form::kMaskK>(sm, ps, t, cwg, wt, acc0, acc1, rows_hi, wb);
+    if (rows_hi)
+      mma_tile_pingpong<C, Form::kAMN, Form::kBMN, Form::kMaskK, true>(sm, ps, t, cwg, wt, acc0, acc1, wb);
+    else
+      mma_tile_pingpong<C, Form::kAMN, Form::kBMN, Form::kMaskK, false>(sm, ps, t, cwg, wt, acc0, acc1, wb);
     Tile half = t;
     half.out_row = t.out_row - 64 * cwg;
     Form::epilogue(sm, es, half, cwg, wt, acc0, d0, d1, p);
