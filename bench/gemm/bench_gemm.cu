@@ -10,10 +10,9 @@
 //
 //   mok_gemm_bench --out mok.json [--quick] [--filter SUBSTR] [--reps N] [--group-m N] [--max-ctas N]
 //                  [--no-gu] [--skew N] [--block-n 0|128|256] [--cluster 0|1] [--split-n 0|1] [--pdl 0|1]
-//                  [--pingpong 0|1]
 //   (knobs for experiments: tile raster group, persistent CTAs, FC1 without g/u, consumer stagger,
 //   tile width, 2-CTA clusters, split-N for tiles with <= 64 token rows, programmatic dependent
-//   launch, ping-pong consumer warpgroups)
+//   launch)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -134,7 +133,6 @@ struct Knobs {
   bool cluster = gemm::Options{}.cluster;
   bool split_n = gemm::Options{}.split_n;  // FC1/FC2 get the experts' rows (split-N for nearly empty tiles)
   bool pdl = gemm::Options{}.pdl;          // programmatic dependent launch between the timed launches
-  bool pingpong = gemm::Options{}.pingpong;  // consumer warpgroups take whole 128 x 128 tiles in turn
 };
 
 Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, const Knobs& kn) {
@@ -197,7 +195,6 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
   o.cluster = kn.cluster;
   o.split_n = kn.split_n;
   o.pdl = kn.pdl;
-  o.pingpong = kn.pingpong;
 
   std::vector<gemm::Plan> plans;
   for (int s = 0; s < sets; ++s) {
@@ -356,12 +353,10 @@ int main(int argc, char** argv) {
     else if (a == "--cluster" && i + 1 < argc) kn.cluster = std::atoi(argv[++i]) != 0;
     else if (a == "--split-n" && i + 1 < argc) kn.split_n = std::atoi(argv[++i]) != 0;
     else if (a == "--pdl" && i + 1 < argc) kn.pdl = std::atoi(argv[++i]) != 0;
-    else if (a == "--pingpong" && i + 1 < argc) kn.pingpong = std::atoi(argv[++i]) != 0;
     else {
       std::fprintf(stderr,
                    "usage: %s [--out FILE] [--filter SUBSTR] [--reps N] [--quick] [--group-m N] [--max-ctas N] "
-                   "[--no-gu] [--skew N] [--block-n 0|128|256] [--cluster 0|1] [--split-n 0|1] [--pdl 0|1] "
-                   "[--pingpong 0|1]\n",
+                   "[--no-gu] [--skew N] [--block-n 0|128|256] [--cluster 0|1] [--split-n 0|1] [--pdl 0|1]\n",
                    argv[0]);
       return 2;
     }
@@ -437,12 +432,12 @@ int main(int argc, char** argv) {
                  "\"experts\": %lld, \"hidden\": %lld, \"inter\": %lld, \"m\": %lld, \"n\": %lld, \"k\": %lld, "
                  "\"flops\": %.6e, \"mok_ms\": %.6f, \"mok_tflops\": %.3f, \"check_rel_err\": %.3e, "
                  "\"buffer_sets\": %d, \"timed_launches\": %d, \"block_n\": %d, \"skew\": %d, \"group_m\": %d, "
-                 "\"cluster\": %d, \"split_n\": %d, \"pdl\": %d, \"pingpong\": %d, \"counts\": [",
+                 "\"cluster\": %d, \"split_n\": %d, \"pdl\": %d, \"counts\": [",
                  first ? "" : ",\n", c.name.c_str(), c.form.c_str(), (long long)c.rows_per_expert,
                  c.routing.c_str(), (long long)c.model->experts, (long long)c.model->hidden,
                  (long long)c.model->inter, (long long)c.m_or_rows, (long long)c.n, (long long)c.k, r.flops,
                  r.ms, r.tflops, std::isfinite(r.err) ? r.err : -1.0, r.sets, r.launches, r.block_n, kn.skew, kn.group_m, int(kn.cluster),
-                 int(kn.split_n), int(kn.pdl), int(kn.pingpong));
+                 int(kn.split_n), int(kn.pdl));
     for (size_t i = 0; i < counts.size(); ++i) std::fprintf(f, "%s%d", i ? ", " : "", counts[i]);
     std::fprintf(f, "]}");
     first = false;

@@ -63,7 +63,6 @@ inline constexpr uint32_t kBarConsumers = 3;  // both consumer warpgroups
 inline constexpr unsigned int kSiteProducerEmpty = 0x6e01;
 inline constexpr unsigned int kSiteConsumerFull = 0x6e02;
 inline constexpr unsigned int kSiteSkew = 0x6e03;
-inline constexpr unsigned int kSiteOrder = 0x6e04;
 
 // View of the engine's shared memory (base 1024-byte aligned).
 template <class C>
@@ -80,8 +79,7 @@ struct Smem {
   __device__ uint64_t* empty(uint32_t s) const {
     return reinterpret_cast<uint64_t*>(base + C::kBarOffset) + C::kStages + s;
   }
-  // Two barriers (alternating per tile) that stagger the consumer warpgroups (see Skew); with
-  // ping-pong consumers, barrier c orders warpgroup c's tiles before the other's (PingPongOrder).
+  // Two barriers (alternating per tile) that stagger the consumer warpgroups (see Skew).
   __device__ uint64_t* skew(uint32_t i) const {
     return reinterpret_cast<uint64_t*>(base + C::kBarOffset) + 2 * C::kStages + i;
   }
@@ -96,13 +94,11 @@ __device__ __forceinline__ Smem<C> smem_view(uint8_t* raw) {
 // One thread initialises the ring's barriers; a CTA-wide barrier must follow.
 // With 2-CTA clusters every stage is released by the consumer warps of both CTAs (16 arrivals):
 // a multicast B load writes into the partner's stage too.
-// Ping-pong consumers (mma_tile_pingpong): each stage is consumed by one warpgroup, 4 arrivals.
 template <class C>
-__device__ __forceinline__ void init_barriers(const Smem<C>& sm, uint32_t cluster_size = 1,
-                                              uint32_t consumer_warps = 8) {
+__device__ __forceinline__ void init_barriers(const Smem<C>& sm, uint32_t cluster_size = 1) {
   for (uint32_t s = 0; s < uint32_t(C::kStages); ++s) {
     mbar_init(sm.full(s), 1);
-    mbar_init(sm.empty(s), consumer_warps * cluster_size);  // one arrival per consumer warp of the cluster
+    mbar_init(sm.empty(s), 8 * cluster_size);  // one arrival per consumer warp of the cluster
   }
   mbar_init(sm.skew(0), 1);
   mbar_init(sm.skew(1), 1);
@@ -230,16 +226,14 @@ __device__ __forceinline__ void release_stage(const Smem<C>& sm, uint32_t s, uin
 }
 
 // Zeroes K rows [valid, 64) of both operands of stage s (MN-major A and B only): rows past an
-// expert's last token are padding whose contents are unspecified (possibly NaN). Called by the
-// `threads` threads that consume the stage (tid = 0..threads-1: both consumer warpgroups, or one
-// with ping-pong consumers), which then meet at named barrier `bar`.
+// expert's last token are padding whose contents are unspecified (possibly NaN). Called by all
+// 256 consumer threads (ct = 0..255).
 template <class C>
-__device__ __forceinline__ void mask_k_rows(const Smem<C>& sm, uint32_t s, int valid, uint32_t tid,
-                                            uint32_t threads = 256, uint32_t bar = kBarConsumers) {
+__device__ __forceinline__ void mask_k_rows(const Smem<C>& sm, uint32_t s, int valid, uint32_t ct) {
   const uint32_t rows = uint32_t(kBlockK - valid);
   const uint32_t per_chunk = rows * 8u;  // 16-byte units
   const uint32_t units = per_chunk * uint32_t(2 + C::kChunks);  // 2 A chunks + the B chunks
-  for (uint32_t u = tid; u < units; u += threads) {
+  for (uint32_t u = ct; u < units; u += 256u) {
     const uint32_t chunk = u / per_chunk;
     const uint32_t rem = u - chunk * per_chunk;
     const uint32_t row = uint32_t(valid) + rem / 8u;
@@ -247,7 +241,7 @@ __device__ __forceinline__ void mask_k_rows(const Smem<C>& sm, uint32_t s, int v
     *reinterpret_cast<uint4*>(base + row * 128u + (rem % 8u) * 16u) = make_uint4(0u, 0u, 0u, 0u);
   }
   fence_async_shared();
-  named_bar_sync(bar, threads);
+  named_bar_sync(kBarConsumers, 256);
 }
 
 // Optional stagger of the two consumer warpgroups: warpgroup 1 starts a tile only after warpgroup
@@ -374,102 +368,6 @@ __device__ __forceinline__ void mma_tile_split_n(const Smem<C>& sm, PipeState<C>
   wgmma_wait<0>();
   fence_operands(h);
   release_stage<C, kCluster>(sm, prev, peer);
-}
-
-// Ping-pong consumers (Options::pingpong, BLOCK_N 128): each consumer warpgroup computes whole
-// 128 x 128 tiles, rows 0..63 into acc0 and rows 64..127 into acc1 (two m64n128 MMAs per K step,
-// 128 accumulators per thread as at BLOCK_N 256), and the two warpgroups take the CTA's tiles in
-// turn. The producer fills the ring in tile order, so one warpgroup's epilogue runs while the
-// other issues the next tile's MMAs, and the tensor cores do not wait for epilogues (with the
-// cooperative split, both warpgroups run theirs at the same time). Each stage is read by one
-// warpgroup (4 arrivals release it: init_barriers(.., 4)); a warpgroup steps its PipeState over
-// the other's tiles with skip_stages. kRowsHi = false: rows 64..127 are all padding, their MMAs
-// are skipped (and the caller skips their epilogue). The K order per output element is
-// mma_tile's, so results are the same bits as the cooperative kernel's.
-template <class C>
-__device__ __forceinline__ void skip_stages(PipeState<C>& ps, int32_t k_blocks) {
-  for (int32_t kb = 0; kb < k_blocks; ++kb) ps.advance();
-}
-
-// Why the warpgroups must take turns: a warpgroup that steps over the other's stages could
-// otherwise wait on a stage two fills ahead of the producer, and an mbarrier parity wait cannot
-// tell that fill from the one two phases earlier (it would read a stage not yet loaded). So a
-// warpgroup starts its tile only once the other has waited for every stage of the tile before
-// (the producer filled all of them; each stage's full barrier is then at most one phase behind
-// any later wait). The owner of a tile arrives on its barrier (skew(cwg), count 1) right after its
-// last full-barrier wait, so the next warpgroup's first MMAs queue behind the last ones of this
-// tile and the tensor cores do not idle between tiles. Each barrier completes once per tile of
-// its warpgroup and is waited on once per tile of the other, alternately, so no wait is ever
-// more than one phase ahead.
-template <class C>
-struct PingPongOrder {
-  uint32_t waits = 0;  // tiles this warpgroup started after one of the other's
-  __device__ __forceinline__ void before_tile(const Smem<C>& sm, int cwg, uint32_t tile_index, const WaitBound& wb) {
-    if (tile_index == 0) return;  // the CTA's first tile (warpgroup 0) follows nothing
-    mbar_wait(sm.skew(uint32_t(cwg) ^ 1u), waits & 1u, wb, kSiteOrder);
-    ++waits;
-  }
-  __device__ __forceinline__ static void stages_waited(const Smem<C>& sm, int cwg, uint32_t wt) {
-    if (wt == 0) mbar_arrive(sm.skew(uint32_t(cwg)));
-  }
-};
-
-// The caller has passed PingPongOrder::before_tile; this signals stages_waited. kRowsHi is a
-// template parameter: a runtime test between the wgmmas of a K block makes ptxas wait for each
-// one before the next (measured: FC1/FC2 at half rate).
-template <class C, bool kAMN, bool kBMN, bool kMaskK, bool kRowsHi>
-__device__ __forceinline__ void mma_tile_pingpong(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg,
-                                                  uint32_t wt, float (&acc0)[C::kAccRegs],
-                                                  float (&acc1)[C::kAccRegs], const WaitBound& wb) {
-  static_assert(C::kBlockN == 128, "ping-pong tiles are 128 x 128 (two m64n128 accumulator sets)");
-#pragma unroll
-  for (int i = 0; i < C::kAccRegs; ++i) acc0[i] = acc1[i] = 0.0f;
-  if (t.k_blocks == 0) {
-    PingPongOrder<C>::stages_waited(sm, cwg, wt);
-    return;
-  }
-  const uint32_t a0 = smem_addr(sm.a(0));  // rows 64..127 at + 8 KB (both A layouts)
-  const uint32_t b0 = smem_addr(sm.b(0));
-  uint32_t prev = 0;
-  for (int kb = 0; kb < t.k_blocks; ++kb) {
-    const uint32_t s = ps.stage;
-    mbar_wait(sm.full(s), ps.phase, wb, kSiteConsumerFull);
-    if (kb == t.k_blocks - 1) PingPongOrder<C>::stages_waited(sm, cwg, wt);
-    if constexpr (kMaskK) {
-      if (kb == t.k_blocks - 1 && t.k_last_valid < kBlockK)
-        mask_k_rows(sm, s, t.k_last_valid, wt, 128u, kBarEpilogue + uint32_t(cwg));
-    }
-    const uint32_t as = a0 + s * kATileBytes;
-    const uint32_t bs = b0 + s * C::kBTileBytes;
-    fence_operands(acc0);
-    fence_operands(acc1);
-    wgmma_fence();
-#pragma unroll
-    for (int k16 = 0; k16 < kBlockK / 16; ++k16) {
-      const uint32_t scale = (kb > 0 || k16 > 0) ? 1u : 0u;
-      const uint64_t db = kBMN ? desc_mn_major(bs, k16, kChunkBytes) : desc_k_major(bs, k16);
-      const uint64_t da0 = kAMN ? desc_mn_major(as, k16, kChunkBytes) : desc_k_major(as, k16);
-      wgmma_bf16<C::kBlockN, kAMN ? 1 : 0, kBMN ? 1 : 0>(acc0, da0, db, scale);
-      if constexpr (kRowsHi) {
-        const uint32_t ah = as + kChunkBytes;
-        const uint64_t da1 = kAMN ? desc_mn_major(ah, k16, kChunkBytes) : desc_k_major(ah, k16);
-        wgmma_bf16<C::kBlockN, kAMN ? 1 : 0, kBMN ? 1 : 0>(acc1, da1, db, scale);
-      }
-    }
-    wgmma_commit();
-    fence_operands(acc0);
-    fence_operands(acc1);
-    wgmma_wait<1>();
-    fence_operands(acc0);
-    fence_operands(acc1);
-    if (kb > 0) release_stage<C>(sm, prev);
-    prev = s;
-    ps.advance();
-  }
-  wgmma_wait<0>();
-  fence_operands(acc0);
-  fence_operands(acc1);
-  release_stage<C>(sm, prev);
 }
 
 // ------------------------------------------------------------------------------------------------

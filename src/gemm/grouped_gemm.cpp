@@ -26,9 +26,7 @@ int sm_count() {
 void pick_block_n(Plan& p, const Options& o, int64_t m_tiles, int64_t n) {
   MOK_REQUIRE(o.block_n == 0 || o.block_n == 128 || o.block_n == 256, "options.block_n",
               "0 (auto), 128 or 256, got ", o.block_n);
-  MOK_REQUIRE(!o.pingpong || o.block_n != 256, "options.block_n",
-              "0 or 128 with options.pingpong (ping-pong tiles are 128 x 128), got 256");
-  p.block_n = o.pingpong ? 128 : o.block_n ? o.block_n : choose_block_n(m_tiles, n, sm_count());
+  p.block_n = o.block_n ? o.block_n : choose_block_n(m_tiles, n, sm_count());
   p.params.n_tiles = static_cast<int32_t>(cdiv(n, p.block_n));
 }
 
@@ -44,11 +42,7 @@ void fill_common(Plan& p, const Options& o, int64_t tiles, int64_t pair_units) {
   p.params.error = o.error;
   p.params.wait_limit_ns = static_cast<unsigned long long>(o.wait_limit_s * 1e9);
   const int64_t ctas = o.max_ctas > 0 ? o.max_ctas : sm_count();
-  MOK_REQUIRE(!o.pingpong || !o.cluster, "options.pingpong", "not with options.cluster (2-CTA clusters)");
-  MOK_REQUIRE(!o.pingpong || o.skew_stages == 0, "options.pingpong",
-              "not with options.skew_stages (the stagger of cooperative warpgroups), got skew ", o.skew_stages);
   p.cluster = o.cluster;
-  p.pingpong = o.pingpong;
   p.pdl = o.pdl;
   if (o.cluster) {
     MOK_REQUIRE(ctas >= 2, "options.max_ctas", ">= 2 with clusters, got ", ctas);

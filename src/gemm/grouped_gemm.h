@@ -36,11 +36,6 @@ struct Options {
   // kernel has completed (griddepcontrol.wait), so results are the same either way. Off until
   // measured and run through the whole GPU suite (the layer's unfused path uses these plans).
   bool pdl = false;
-  // Ping-pong consumers: 128 x 128 tiles, each computed whole by one consumer warpgroup, the two
-  // warpgroups taking tiles in turn, so one's epilogue overlaps the other's MMAs (the cooperative
-  // default has both warpgroups on each tile and both in the epilogue at once). Same results bit
-  // for bit. Implies block_n 128; not with clusters or skew_stages.
-  bool pingpong = false;
 };
 
 // FC1 forward: gu[r] = x[r] . W1p[e]^T (2*inter values, gate/up interleaved in groups of 8, see
@@ -121,7 +116,6 @@ struct Plan {
   int block_n = 256;     // tile width of the kernel that runs
   bool cluster = false;  // 2-CTA clusters (grid is even)
   bool pdl = false;      // launched with programmatic stream serialization (Options::pdl)
-  bool pingpong = false;  // ping-pong consumers (Options::pingpong; block_n is 128)
   int grid = 0;       // 0: nothing to do
   // Useful work in FLOPs for the padded problem (2 * rows * n * k), for reporting.
   double padded_flops = 0;

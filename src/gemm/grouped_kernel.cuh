@@ -244,59 +244,9 @@ struct FormWgrad {
 };
 
 // ------------------------------------------------------------------------------------------------
-// Consumer loops
-// ------------------------------------------------------------------------------------------------
-// M-grouped forms with expert rows given: true when the tile's tokens all sit in its first 64 rows
-// (t.b_batch is its expert, t.a_m its first row); a begin past the tile (a caller's layout other
-// than the padded one) never counts.
-__device__ __forceinline__ bool tokens_fit_64_rows(const Tile& t, const KernelParams& p) {
-  if (p.expert_rows == nullptr) return false;
-  const int32_t begin = __ldg(p.expert_row_begin + t.b_batch);
-  return t.a_m >= begin && begin + __ldg(p.expert_rows + t.b_batch) - t.a_m <= 64;
-}
-
-// One consumer warpgroup with ping-pong consumers: tiles 0, 2, 4, ... of the CTA's sequence go to
-// warpgroup 0, the odd ones to warpgroup 1. The forms' epilogues store rows 64 * cwg .. of a tile
-// from a 64-row accumulator set; a whole tile is passed as two such halves, the tile's output row
-// shifted so that half h lands at rows 64 h. A tile whose tokens fit in 64 rows (split-N forms)
-// skips the second half: its outputs at rows 64..127 are left unwritten, as with split-N.
-template <class C, class Form, class Schedule>
-__device__ __forceinline__ void consume_pingpong(const Smem<C>& sm, PipeState<C>& ps, EpiState& es, Schedule& sched,
-                                                 int cwg, uint32_t wt, const WaitBound& wb, const CUtensorMap* d0,
-                                                 const CUtensorMap* d1, const KernelParams& p) {
-  float acc0[C::kAccRegs], acc1[C::kAccRegs];
-  Tile t;
-  bool shared = false, dummy = false;
-  PingPongOrder<C> order;
-  for (uint32_t i = 0; sched.next(t, shared, dummy); ++i) {
-    if (int(i & 1u) != cwg) {
-      skip_stages(ps, t.k_blocks);
-      continue;
-    }
-    order.before_tile(sm, cwg, i, wb);
-    bool rows_hi = true;
-    if constexpr (Form::kSplitN) rows_hi = !tokens_fit_64_rows(t, p);
-    if (rows_hi)
-      mma_tile_pingpong<C, Form::kAMN, Form::kBMN, Form::kMaskK, true>(sm, ps, t, cwg, wt, acc0, acc1, wb);
-    else
-      mma_tile_pingpong<C, Form::kAMN, Form::kBMN, Form::kMaskK, false>(sm, ps, t, cwg, wt, acc0, acc1, wb);
-    Tile half = t;
-    half.out_row = t.out_row - 64 * cwg;
-    Form::epilogue(sm, es, half, cwg, wt, acc0, d0, d1, p);
-    if (rows_hi) {
-      half.out_row += 64;
-      Form::epilogue(sm, es, half, cwg, wt, acc1, d0, d1, p);
-    }
-  }
-  epi_finish(wt == 0);
-}
-
-// ------------------------------------------------------------------------------------------------
 // The kernel: one CTA per SM, persistent over the form's schedule.
 // ------------------------------------------------------------------------------------------------
-// kPingPong (BLOCK_N 128, no clusters): the consumer warpgroups take whole tiles in turn
-// (mma_tile_pingpong); otherwise both compute each tile, 64 rows each.
-template <class C, template <class> class FormT, bool kCluster, bool kPingPong = false>
+template <class C, template <class> class FormT, bool kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                         const __grid_constant__ CUtensorMap map_b_half,
@@ -306,8 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using Schedule = std::conditional_t<kCluster, typename Form::PairSchedule, typename Form::Schedule>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const Smem<C> sm = smem_view<C>(smem_raw);
-  static_assert(!(kPingPong && kCluster), "ping-pong consumers run without clusters");
-  if (threadIdx.x == 0) init_barriers(sm, kCluster ? 2u : 1u, kPingPong ? 4u : 8u);
+  if (threadIdx.x == 0) init_barriers(sm, kCluster ? 2u : 1u);
   if constexpr (kCluster)
     cluster_sync();  // the partner's barriers are initialised before any remote arrival
   else
@@ -349,27 +298,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     PipeState<C> ps;
     EpiState es;
+    Tile t;
     Schedule sched(p);
-    if constexpr (kPingPong) {
-      consume_pingpong<C, Form>(sm, ps, es, sched, cwg, wt, wb, &map_d0, &map_d1, p);
-    } else {
-      Tile t;
-      Skew<C> skew;
-      skew.stages = p.skew_stages;
-      float acc[C::kAccRegs];
-      while (sched.next(t, shared, dummy)) {
-        if constexpr (Form::kSplitN) {
-          if (tokens_fit_64_rows(t, p)) {
-            mma_tile_split_n<C, kCluster>(sm, ps, t, cwg, acc, wb, rank ^ 1u);
-            if (!dummy) Form::epilogue_split(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
-            continue;
-          }
+    Skew<C> skew;
+    skew.stages = p.skew_stages;
+    float acc[C::kAccRegs];
+    while (sched.next(t, shared, dummy)) {
+      if constexpr (Form::kSplitN) {
+        // Token rows of the tile (M-grouped forms: t.b_batch is its expert, t.a_m its first row);
+        // a begin past the tile (a caller's layout other than the padded one) never splits.
+        const int32_t begin = p.expert_rows != nullptr ? __ldg(p.expert_row_begin + t.b_batch) : 0;
+        if (p.expert_rows != nullptr && t.a_m >= begin && begin + __ldg(p.expert_rows + t.b_batch) - t.a_m <= 64) {
+          mma_tile_split_n<C, kCluster>(sm, ps, t, cwg, acc, wb, rank ^ 1u);
+          if (!dummy) Form::epilogue_split(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
+          continue;
         }
-        mma_tile<C, Form::kAMN, Form::kBMN, Form::kMaskK, kCluster>(sm, ps, t, cwg, ct, acc, wb, skew, rank ^ 1u);
-        if (!dummy) Form::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
       }
-      epi_finish(wt == 0);
+      mma_tile<C, Form::kAMN, Form::kBMN, Form::kMaskK, kCluster>(sm, ps, t, cwg, ct, acc, wb, skew, rank ^ 1u);
+      if (!dummy) Form::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
     }
+    epi_finish(wt == 0);
   }
   // Clusters: neither CTA exits while the partner may still multicast into it or arrive on its
   // barriers (after an expired wait producer_tail returns early).

@@ -13,10 +13,10 @@
 
 namespace mok::gemm::detail {
 
-template <int kBN, template <class> class FormT, bool kCluster, bool kPingPong = false>
+template <int kBN, template <class> class FormT, bool kCluster>
 void launch_cfg(const Plan& plan, cudaStream_t stream) {
   using C = engine::Cfg<kBN>;
-  auto* kernel = &engine::grouped_gemm_kernel<C, FormT, kCluster, kPingPong>;
+  auto* kernel = &engine::grouped_gemm_kernel<C, FormT, kCluster>;
   // Per-device function attributes and limits: set/query once per device.
   static std::atomic<unsigned long long> configured{0};
   static std::atomic<int> max_clusters[64];
@@ -69,9 +69,7 @@ void launch_cfg(const Plan& plan, cudaStream_t stream) {
 template <template <class> class FormT>
 void launch_form(const Plan& plan, cudaStream_t stream) {
   if (plan.grid == 0) return;
-  if (plan.pingpong) {
-    launch_cfg<128, FormT, false, true>(plan, stream);
-  } else if (plan.cluster) {
+  if (plan.cluster) {
     if (plan.block_n == 128)
       launch_cfg<128, FormT, true>(plan, stream);
     else

@@ -94,17 +94,15 @@ Reference reference(const Routed& rt, const std::vector<double>& x, const std::v
 
 // Options of every plan of the chain. pdl: launched with programmatic dependent launch, so each
 // kernel is scheduled before its predecessor ends and must wait for it (griddepcontrol.wait)
-// before it reads the predecessor's output. pingpong: ping-pong consumer warpgroups. The outputs
-// are returned for a bitwise comparison between variants.
+// before it reads the predecessor's output. The outputs are returned for a bitwise comparison
+// between variants.
 struct Variant {
   bool pdl = false;
-  bool pingpong = false;
 };
 
 void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int max_ctas, uint64_t seed,
                        const Variant& v = {}, std::vector<std::vector<uint16_t>>* outputs = nullptr) {
-  SCOPED_TRACE(testing::Message() << "ffn backward H=" << H << " I=" << I << " ctas=" << max_ctas << " pdl=" << v.pdl
-                                  << " pingpong=" << v.pingpong);
+  SCOPED_TRACE(testing::Message() << "ffn backward H=" << H << " I=" << I << " ctas=" << max_ctas << " pdl=" << v.pdl);
   const Routed rt(counts);
   const int64_t E = int64_t(counts.size()), rows = rt.rows;
   const auto x = routed_input(rt, H, seed);
@@ -130,8 +128,7 @@ void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I,
   for (DevBuf* b : {&d_h, &d_gu, &d_dgu, &d_dx, &d_dwd, &d_dw1p, &d_y})
     ASSERT_EQ(cudaSuccess, cudaMemset(b->p, 0xFF, b->bytes));  // NaN poison
   ASSERT_EQ(cudaSuccess, cudaMemset(err.p, 0, sizeof(unsigned)));
-  const gemm::Options o{.max_ctas = max_ctas, .error = err.as<unsigned>(), .wait_limit_s = 5.0, .pdl = v.pdl,
-                        .pingpong = v.pingpong};
+  const gemm::Options o{.max_ctas = max_ctas, .error = err.as<unsigned>(), .wait_limit_s = 5.0, .pdl = v.pdl};
 
   const int32_t* te = d_te.as<int32_t>();
   const int32_t* beg = d_beg.as<int32_t>();
@@ -197,10 +194,10 @@ void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I,
   EXPECT_LE(sd.rel(), 1e-2) << "dW_down";
   EXPECT_LE(sg.rel(), 1e-2) << "dW_gate";
   EXPECT_LE(su.rel(), 1e-2) << "dW_up";
-  std::printf("[ffn backward%s%s] rows=%lld H=%lld I=%lld ctas=%d  rel err y %.2e, d_x %.2e, dW_down %.2e, "
+  std::printf("[ffn backward%s] rows=%lld H=%lld I=%lld ctas=%d  rel err y %.2e, d_x %.2e, dW_down %.2e, "
               "dW_gate %.2e, dW_up %.2e\n",
-              v.pdl ? " pdl" : "", v.pingpong ? " pingpong" : "", (long long)rows, (long long)H, (long long)I,
-              max_ctas, sy.rel(), sx.rel(), sd.rel(), sg.rel(), su.rel());
+              v.pdl ? " pdl" : "", (long long)rows, (long long)H, (long long)I, max_ctas, sy.rel(), sx.rel(), sd.rel(),
+              sg.rel(), su.rel());
 }
 
 TEST(FfnBackward, FormsComposeIntoTheSpecifiedBackward) {
@@ -238,17 +235,6 @@ void expect_same_bits(const std::vector<int32_t>& counts, int64_t H, int64_t I, 
 TEST(FfnBackward, ProgrammaticDependentLaunchGivesTheSameBits) {
   MOK_REQUIRE_GPUS(1);
   expect_same_bits({0, 1, 63, 128, 200, 385}, 328, 200, 0, 904, Variant{.pdl = true}, "programmatic dependent launch");
-}
-
-// Ping-pong consumers: every form (FC1 with split-N tails, FC2, dgrad + SwiGLU', dgrad, the
-// K-masked wgrads) against the fp64 specification and bit for bit against the cooperative kernels;
-// few CTAs (many tiles per warpgroup, odd counts, the ring wrapping) and one per SM.
-TEST(FfnBackward, PingPongConsumersGiveTheSameBits) {
-  MOK_REQUIRE_GPUS(1);
-  const Variant pp{.pingpong = true};
-  expect_same_bits({0, 1, 63, 128, 200, 385}, 328, 200, 0, 905, pp, "ping-pong consumers");
-  expect_same_bits({0, 1, 63, 128, 200, 385}, 328, 200, 3, 906, pp, "ping-pong consumers");
-  expect_same_bits({40, 0, 300, 129, 64, 65}, 512, 256, 5, 907, pp, "ping-pong consumers");
 }
 
 }  // namespace

@@ -35,7 +35,6 @@ constexpr double kTol = 1e-2;
 // Tile width the cases below run with (tests set it; 256 unless a test says otherwise).
 int g_block_n = 256;
 bool g_cluster = false;  // 2-CTA clusters with B multicast
-bool g_pingpong = false;  // ping-pong consumer warpgroups (BLOCK_N 128)
 // FC1/FC2 plans get the experts' rows, so tiles with <= 64 token rows run in split-N form.
 bool g_split = false;
 
@@ -59,7 +58,6 @@ struct Device {
     o.skew_stages = skew;
     o.block_n = block_n;
     o.cluster = g_cluster;
-    o.pingpong = g_pingpong;
     o.error = err.as<unsigned>();
     o.wait_limit_s = 5.0;
     return o;
@@ -547,50 +545,6 @@ TEST(GroupedGemm, BlockN128AllForms) {
   plain_case(true, {0, 1, 63, 128, 200, 385}, 328, 200, 0, 505);
   wgrad_case({0, 1, 63, 128, 200, 385}, 200, 328, 7, 506);
   g_block_n = 256;
-}
-
-// Ping-pong consumers on every form, against fp64 (each case's own check): partial N tiles, K off
-// the block size, empty and 1-row experts, few CTAs (many tiles per warpgroup, the ring wrapping)
-// and all SMs; FC1/FC2 with split-N tails (the second row half skipped). The bitwise comparison
-// with the cooperative kernels is FfnBackward.PingPongConsumersGiveTheSameBits. Options that
-// cannot go with it are named.
-TEST(GroupedGemm, PingPongConsumersAllForms) {
-  MOK_REQUIRE_GPUS(1);
-  g_block_n = 128;
-  g_pingpong = true;
-  for (bool split : {false, true}) {
-    g_split = split;
-    fc1_case({0, 1, 63, 128, 200, 385}, 328, 200, 5, 511);
-    fc1_case({512, 300, 0, 1000, 17}, 1024, 512, 0, 512, 7);
-    plain_case(false, {0, 1, 63, 64, 65, 128, 200, 385}, 200, 328, 3, 513);
-    plain_case(false, {512, 300, 0, 1000, 17}, 1024, 512, 0, 514, 5);
-  }
-  g_split = false;
-  plain_case(true, {0, 1, 63, 128, 200, 385}, 328, 200, 4, 515);
-  dswiglu_case({0, 1, 63, 128, 200, 385}, 328, 232, 5, 516);
-  dswiglu_case({512, 300, 0, 1000, 17}, 1024, 512, 0, 517, 7);
-  wgrad_case({0, 1, 63, 128, 200, 385}, 200, 328, 7, 518);
-  wgrad_case({700, 64, 129}, 512, 768, 0, 519);
-  g_pingpong = false;
-  g_block_n = 256;
-
-  const Routed rt({100, 30});
-  DevBuf x(size_t(rt.rows * 128) * 2), w(size_t(2 * 128 * 128) * 2), h(size_t(rt.rows * 64) * 2),
-      te(rt.tile_expert.size() * 4);
-  const gemm::Fc1Args a{.x = x.p, .w1p = w.p, .h = h.p, .hidden = 128, .inter = 64, .experts = 2,
-                        .tile_expert = te.as<int32_t>(), .num_m_tiles = rt.num_m_tiles()};
-  const auto rejects = [&](const gemm::Options& o, const std::string& argument) {
-    try {
-      gemm::plan_fc1(a, o);
-      ADD_FAILURE() << "accepted ping-pong with bad " << argument;
-    } catch (const mok::Error& e) {
-      EXPECT_EQ(e.argument(), argument) << e.what();
-    }
-  };
-  rejects({.block_n = 256, .pingpong = true}, "options.block_n");
-  rejects({.cluster = true, .pingpong = true}, "options.pingpong");
-  rejects({.skew_stages = 2, .pingpong = true}, "options.pingpong");
-  EXPECT_EQ(gemm::plan_fc1(a, {.pingpong = true}).block_n, 128);
 }
 
 TEST(GroupedGemm, BlockNHeuristic) {
