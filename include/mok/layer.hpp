@@ -9,6 +9,10 @@
 // persistent megakernel (src/megakernel/forward_kernel.cu: pull dispatch, FC1 + SwiGLU, FC2, push
 // combine and the shared expert in one kernel) or the unfused sequence of kernels kept as
 // baseline and fallback; then an LSA barrier and the merge.
+// Backward (unfused kernels for now; a backward megakernel will mirror the forward): d_out and the
+// router weights published, the router-weight gradient from the combine slots, LSA barrier,
+// reverse-combine pull (weighted), FC2 dgrad + SwiGLU backward, FC1 dgrad, reverse-dispatch push,
+// the weight gradients, LSA barrier, the shared expert's backward and the d_x merge.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -33,6 +37,19 @@ struct DeviceWeights {
   const void* ws_down = nullptr;  // [H, Is]
 };
 
+// Outputs of backward(): device buffers of this rank, overwritten (not accumulated). Every one is
+// required (the shared expert's only when Is > 0).
+struct DeviceGrads {
+  void* d_x = nullptr;         // [T, H] bf16
+  float* d_topk_w = nullptr;   // [T, k] f32; 0 for empty slots
+  void* d_w_gate = nullptr;    // [E_loc, I, H] bf16 (this rank's experts)
+  void* d_w_up = nullptr;      // [E_loc, I, H] bf16
+  void* d_w_down = nullptr;    // [E_loc, H, I] bf16
+  void* d_ws_gate = nullptr;   // [Is, H] bf16: over this rank's tokens only (data-parallel partial;
+  void* d_ws_up = nullptr;     // [Is, H] bf16   sum it over the ranks as for any replicated weight)
+  void* d_ws_down = nullptr;   // [H, Is] bf16
+};
+
 class Layer {
  public:
   // Collective over `comm`'s ranks; `comm` must outlive the layer. Validates shape/config against
@@ -51,6 +68,17 @@ class Layer {
   // DeepSeek-V3 T = 8192, EP 2; the buffer stays allocated); `out` is bitwise the same either
   // way. All ranks need not agree. A captured graph keeps the value it was captured with.
   void forward(const RoutingRefs& in, void* out, cudaStream_t stream, bool save_for_backward = true);
+  // Gradients of the last forward() given d_out [T, H] bf16 (device), enqueued on `stream`
+  // (collective: every rank calls it, after the same forward). `in` must be the routing that
+  // forward() used: its topk_w weight the reverse combine, its topk_idx marks the empty slots; x
+  // is not read (the forward's copy is). Needs the last forward() to have run with
+  // save_for_backward = true, and routed rows resident: the unfused path, or the megakernel with a
+  // ring that holds the worst case (config.macrobatch_tokens 0 = automatic, or large enough);
+  // anything else is refused with an error naming the setting. The weight gradients sum each
+  // expert's rows in the schedule's order (fixed for a given routing): bitwise reproducible. The
+  // first call allocates the backward's buffers (routed dy rows, the packed dW1p): make it before
+  // capturing a backward in a CUDA graph.
+  void backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& grads, cudaStream_t stream);
   // This rank's x buffer [T, H] bf16 (device) inside the layer's symmetric window, which the
   // peers read during forward(). forward() copies RoutingRefs::x there unless x already points at
   // it: write x here (rows [0, T) only, ordered before forward() on its stream) to skip that copy.

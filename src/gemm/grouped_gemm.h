@@ -145,6 +145,9 @@ void pack_gate_up_host(const uint16_t* w_gate, const uint16_t* w_up, uint16_t* w
 // Device version (all pointers in device memory; hidden must be a multiple of 8).
 void pack_gate_up(const void* w_gate, const void* w_up, void* w1p, int64_t experts, int64_t inter,
                   int64_t hidden, cudaStream_t stream);
+// The inverse, for gradients computed in the packed order (wgrad of FC1: dW1p -> dW_gate, dW_up).
+void unpack_gate_up(const void* w1p, void* w_gate, void* w_up, int64_t experts, int64_t inter, int64_t hidden,
+                    cudaStream_t stream);
 
 namespace detail {
 void launch_fc1(const Plan& plan, cudaStream_t stream);

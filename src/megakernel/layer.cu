@@ -15,6 +15,7 @@
 #include "megakernel/dispatch.h"
 #include "megakernel/forward_kernel.h"
 #include "megakernel/merge.h"
+#include "megakernel/reverse.h"
 #include "mok/errors.hpp"
 #include "mok/layer.hpp"
 #include "schedule/schedule_gpu.h"
@@ -96,12 +97,20 @@ struct Layer::Impl {
   const comm::Window* win_routing = nullptr;
   const comm::Window* win_x = nullptr;
   const comm::Window* win_combine = nullptr;
+  const comm::Window* win_dout = nullptr;     // backward: d_out [T_pad, H] bf16, pulled by the peers
+  const comm::Window* win_weights = nullptr;  // backward: router weights [T, k] f32, read by the peers
   comm::dev::DeviceComm dc{};
   DeviceErrorWord errors;
-  DeviceBuffer tables, x_peers, combine_peers;
+  DeviceBuffer tables, x_peers, combine_peers, dout_peers, weight_peers;
   std::unique_ptr<gpu::ScheduleBuilder> schedule;
   DeviceBuffer w1p, x_routed, gu, h, y;
   DeviceBuffer ws1p, shared_tiles, gu_s, h_s, y_s;
+  // Backward: what the forward leaves for it, and its own buffers (allocated by the first
+  // backward(): an inference-only layer never pays for them).
+  void* x_rows = nullptr;  // routed x rows of the last forward (x_routed, or the megakernel's ring)
+  int64_t ring_rows = 0;   // megakernel: rows of the ring (0 on the unfused path)
+  bool saved = false;      // the last forward() stored gu (save_for_backward)
+  DeviceBuffer dy_routed, dw1p, dws1p, shared_rows;
   gemm::Plan fc1, fc2, fc1_s, fc2_s;
   gemm::Plan fc1_nogu, fc1_s_nogu;  // forward(..., save_for_backward = false)
   // Megakernel: ring buffers, counters, tensor maps and parameters.
@@ -161,17 +170,23 @@ struct Layer::Impl {
     win_routing = leases.acquire(comm, tag + ".routing", static_cast<size_t>(std::max<int64_t>(1, t_max * k)) * 4);
     win_x = leases.acquire(comm, tag + ".x", static_cast<size_t>(std::max<int64_t>(1, t_max_pad * H)) * 2);
     win_combine = leases.acquire(comm, tag + ".combine", static_cast<size_t>(std::max<int64_t>(1, t_max * k * H)) * 2);
+    win_dout = leases.acquire(comm, tag + ".d_out", static_cast<size_t>(std::max<int64_t>(1, t_max_pad * H)) * 2);
+    win_weights = leases.acquire(comm, tag + ".weights", static_cast<size_t>(std::max<int64_t>(1, t_max * k)) * 4);
     dc = comm::dev::make_device_comm(comm);
-    std::vector<const void*> tab(world), xp(world);
+    std::vector<const void*> tab(world), xp(world), dp(world), wp(world);
     std::vector<void*> cp(world);
     for (int r = 0; r < world; ++r) {
       tab[r] = comm::dev::lsa_pointer(comm, *win_routing, r);
       xp[r] = comm::dev::lsa_pointer(comm, *win_x, r);
       cp[r] = comm::dev::lsa_pointer(comm, *win_combine, r);
+      dp[r] = comm::dev::lsa_pointer(comm, *win_dout, r);
+      wp[r] = comm::dev::lsa_pointer(comm, *win_weights, r);
     }
     tables = upload_array(tab, "schedule tables");
     x_peers = upload_array(xp, "x peers");
     combine_peers = upload_array(cp, "combine peers");
+    dout_peers = upload_array(dp, "d_out peers");
+    weight_peers = upload_array(wp, "router weight peers");
     schedule = std::make_unique<gpu::ScheduleBuilder>(shape, config, rank, tables.get<const int32_t* const>());
 
     cap_rows = shape.worst_case_rows();
@@ -200,6 +215,7 @@ struct Layer::Impl {
   // Unfused path: routed buffers for the worst case (one macrobatch) and one GEMM plan per stage.
   void setup_unfused() {
     x_routed = DeviceBuffer(static_cast<size_t>(cap_rows * H) * 2, "x_routed");
+    x_rows = x_routed.p;
     h = DeviceBuffer(static_cast<size_t>(cap_rows * I) * 2, "h");
     y = DeviceBuffer(static_cast<size_t>(cap_rows * H) * 2, "y");
     const gpu::ScheduleView v = schedule->view();
@@ -284,6 +300,8 @@ struct Layer::Impl {
       x_routed = DeviceBuffer(static_cast<size_t>(R * H) * 2, "x ring");
       x_ring = x_routed.p;
     }
+    x_rows = x_ring;
+    ring_rows = R;
     h = DeviceBuffer(static_cast<size_t>(R * I) * 2, "h ring");
     y = DeviceBuffer(static_cast<size_t>(R * H) * 2, "y ring");
     constexpr int64_t kBN = 256;
@@ -430,6 +448,7 @@ struct Layer::Impl {
     schedule->build(stream);
     for (const auto& b : receivers)
       if (b) b->build(stream);
+    saved = save_for_backward;
     if (fused) {
       mk::ForwardParams params = mkp;
       params.save_gu = save_for_backward ? 1 : 0;
@@ -458,6 +477,154 @@ struct Layer::Impl {
     m.out = out;
     gpu::merge_forward(m, stream);
   }
+
+  // ---------------------------------------------------------------------------------------------
+  // Backward (unfused). Buffers it reuses from the forward: gu (d_gu is written over it), h (for
+  // dW_down), the routed x rows (for dW1p), y (the routed d_x rows), the shared expert's gu_s,
+  // h_s and y_s likewise, and the combine window (y_j for the router-weight gradient, then the
+  // reverse-dispatch slots). Its own: dy_routed, dW1p (unpacked into d_w_gate / d_w_up).
+  void backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& g, cudaStream_t stream) {
+    validate_routing_layout(shape, rank, in);
+    validate_grad_output_layout(shape, rank, d_out);
+    MOK_REQUIRE(saved, "forward(save_for_backward)",
+                "backward() needs the last forward() to have saved the gate/up pre-activations "
+                "(save_for_backward = true)");
+    MOK_REQUIRE(!fused || ring_rows >= cap_rows, "config.macrobatch_tokens",
+                "backward() reads every routed row of the forward, but the megakernel's ring holds ", ring_rows,
+                " of up to ", cap_rows, " rows: use 0 (automatic) or at least the worst case, or "
+                "config.forward_path = Unfused");
+    MOK_REQUIRE(g.d_w_gate && g.d_w_up && g.d_w_down, "grads", "d_w_gate, d_w_up and d_w_down must be given");
+    MOK_REQUIRE(T == 0 || (g.d_x && g.d_topk_w), "grads", "d_x and d_topk_w must be given when T > 0");
+    MOK_REQUIRE(Is == 0 || T == 0 || (g.d_ws_gate && g.d_ws_up && g.d_ws_down), "grads",
+                "d_ws_gate, d_ws_up and d_ws_down must be given when Is > 0");
+    allocate_backward();
+    if (T > 0) {
+      MOK_CUDA_CHECK(cudaMemcpyAsync(win_dout->ptr, d_out.data, static_cast<size_t>(T * H) * 2,
+                                     cudaMemcpyDeviceToDevice, stream));
+      MOK_CUDA_CHECK(cudaMemcpyAsync(win_weights->ptr, in.topk_w.data, static_cast<size_t>(T * k) * 4,
+                                     cudaMemcpyDeviceToDevice, stream));
+      // Before the barrier: after it the peers' reverse-dispatch pushes overwrite the slots.
+      gpu::RouterGradArgs rg;
+      rg.d_out = win_dout->ptr;
+      rg.y_slots = win_combine->ptr;
+      rg.topk_idx = in.topk_idx.data;
+      rg.idx_is_int64 = in.topk_idx.dtype == DType::I64;
+      rg.tokens = T;
+      rg.top_k = k;
+      rg.hidden = H;
+      rg.d_topk_w = g.d_topk_w;
+      gpu::router_weight_grad(rg, stream);
+    }
+    barrier_kernel<<<1, 64, 0, stream>>>(dc, 0);  // d_out and weights visible; every y_j read
+    MOK_CUDA_CHECK(cudaGetLastError());
+    const gpu::ScheduleView v = schedule->view();
+    const int64_t tiles = cap_rows / sched::kBlockM;
+    gpu::pull_reverse_combine(move_args(), dout_peers.get<const void* const>(),
+                              weight_peers.get<const float* const>(), dy_routed.p, stream);
+    gemm::DgradSwiGLUArgs ds;  // d_gu over gu, in place
+    ds.dy = dy_routed.p;
+    ds.w_down = weights.w_down;
+    ds.gu = gu.p;
+    ds.d_gu = gu.p;
+    ds.hidden = H;
+    ds.inter = I;
+    ds.experts = e_loc;
+    ds.tile_expert = v.tile_expert;
+    ds.num_m_tiles = tiles;
+    gemm::run(gemm::plan_dgrad_swiglu(ds), stream);
+    gemm::DgradArgs dx;  // routed d_x rows into y (the forward's FC2 output is no longer needed)
+    dx.dy = gu.p;
+    dx.w = w1p.p;
+    dx.dx = y.p;
+    dx.k = 2 * I;
+    dx.n = H;
+    dx.experts = e_loc;
+    dx.tile_expert = v.tile_expert;
+    dx.num_m_tiles = tiles;
+    gemm::run(gemm::plan_dgrad(dx), stream);
+    gpu::push_combine(move_args(), y.p, combine_peers.get<void* const>(), stream);
+    // Weight gradients while the pushes land: rows in the schedule's order, padding rows masked.
+    run_wgrad(dy_routed.p, h.p, g.d_w_down, H, I, e_loc, cap_rows, v.expert_offset, v.expert_rows, stream);
+    run_wgrad(gu.p, x_rows, dw1p.p, 2 * I, H, e_loc, cap_rows, v.expert_offset, v.expert_rows, stream);
+    gemm::unpack_gate_up(dw1p.p, g.d_w_gate, g.d_w_up, e_loc, I, H, stream);
+    barrier_kernel<<<1, 64, 0, stream>>>(dc, 0);  // every d_x row pushed into our slots landed
+    MOK_CUDA_CHECK(cudaGetLastError());
+    if (T == 0) {  // no tokens: the shared expert's gradient over them is zero
+      for (void* p : {g.d_ws_gate, g.d_ws_up, g.d_ws_down})
+        if (Is > 0 && p != nullptr) MOK_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(Is * H) * 2, stream));
+      return;
+    }
+    if (Is > 0) shared_backward(g, stream);
+    gpu::MergeArgs m;
+    m.shared = Is > 0 ? y_s.p : nullptr;
+    m.slots = win_combine->ptr;
+    m.topk_idx = in.topk_idx.data;
+    m.idx_is_int64 = in.topk_idx.dtype == DType::I64;
+    m.tokens = T;
+    m.top_k = k;
+    m.hidden = H;
+    m.out = g.d_x;
+    gpu::merge_backward(m, stream);
+  }
+
+  // The shared expert over this rank's tokens: dy = d_out (weight 1), as one expert of T rows.
+  void shared_backward(const DeviceGrads& g, cudaStream_t stream) {
+    const int32_t* one_expert = shared_tiles.get<const int32_t>();
+    const int32_t* begin = shared_rows.get<const int32_t>();
+    gemm::DgradSwiGLUArgs ds;
+    ds.dy = win_dout->ptr;
+    ds.w_down = weights.ws_down;
+    ds.gu = gu_s.p;
+    ds.d_gu = gu_s.p;
+    ds.hidden = H;
+    ds.inter = Is;
+    ds.experts = 1;
+    ds.tile_expert = one_expert;
+    ds.num_m_tiles = t_tiles;
+    gemm::run(gemm::plan_dgrad_swiglu(ds), stream);
+    gemm::DgradArgs dx;
+    dx.dy = gu_s.p;
+    dx.w = ws1p.p;
+    dx.dx = y_s.p;
+    dx.k = 2 * Is;
+    dx.n = H;
+    dx.experts = 1;
+    dx.tile_expert = one_expert;
+    dx.num_m_tiles = t_tiles;
+    gemm::run(gemm::plan_dgrad(dx), stream);
+    run_wgrad(win_dout->ptr, h_s.p, g.d_ws_down, H, Is, 1, t_tiles * sched::kBlockM, begin, begin + 1, stream);
+    run_wgrad(gu_s.p, win_x->ptr, dws1p.p, 2 * Is, H, 1, t_tiles * sched::kBlockM, begin, begin + 1, stream);
+    gemm::unpack_gate_up(dws1p.p, g.d_ws_gate, g.d_ws_up, 1, Is, H, stream);
+  }
+
+  // dw[e] = a_e^T b_e over expert e's rows (K-grouped wgrad; the plan encodes the output pointer).
+  static void run_wgrad(const void* a, const void* b, void* dw, int64_t m, int64_t n, int64_t experts,
+                        int64_t rows_total, const int32_t* row_begin, const int32_t* rows, cudaStream_t stream) {
+    gemm::WgradArgs w;
+    w.a = a;
+    w.b = b;
+    w.dw = dw;
+    w.m = m;
+    w.n = n;
+    w.experts = experts;
+    w.rows_total = rows_total;
+    w.expert_row_begin = row_begin;
+    w.expert_rows = rows;
+    gemm::run(gemm::plan_wgrad(w), stream);
+  }
+
+  void allocate_backward() {
+    if (dy_routed.p != nullptr) return;
+    dy_routed = DeviceBuffer(static_cast<size_t>(cap_rows * H) * 2, "backward dy rows");
+    dw1p = DeviceBuffer(static_cast<size_t>(e_loc * 2 * I * H) * 2, "backward dW1p");
+    if (Is > 0 && T > 0) {
+      dws1p = DeviceBuffer(static_cast<size_t>(2 * Is * H) * 2, "backward dWs1p");
+      // The shared expert as one expert of T rows starting at row 0: {begin, rows}.
+      shared_rows = upload_array(std::vector<int32_t>{0, static_cast<int32_t>(T)}, "shared expert rows");
+      if (shared_tiles.p == nullptr)  // the megakernel path has no shared tile table
+        shared_tiles = upload_array(std::vector<int32_t>(static_cast<size_t>(t_tiles), 0), "shared tiles");
+    }
+  }
 };
 
 Layer::Layer(comm::Communicator& comm, const LayerShape& shape, const Config& config,
@@ -468,6 +635,10 @@ Layer::~Layer() = default;
 
 void Layer::forward(const RoutingRefs& in, void* out, cudaStream_t stream, bool save_for_backward) {
   impl_->forward(in, out, stream, save_for_backward);
+}
+
+void Layer::backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& grads, cudaStream_t stream) {
+  impl_->backward(in, d_out, grads, stream);
 }
 
 void Layer::repack(cudaStream_t stream) { impl_->repack(stream); }

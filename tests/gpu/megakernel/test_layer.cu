@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <latch>
 #include <mutex>
 #include <string>
@@ -329,6 +330,200 @@ INSTANTIATE_TEST_SUITE_P(
                       with(kOneExpertShared, "shared_mb128_macro384", kMk, 8, 128, 384),
                       with(kEmptyShared, "t0_shared_one_macrobatch", kMk, 8)),
     [](const auto& p) { return std::string(p.param.name); });
+
+// ---------------------------------------------------------------------------------------------
+// Backward: gradients against ref::Engine::backward (d_x, d_topk_w, every weight gradient), the
+// same bits on a second forward + backward, on 1 and 2 GPUs, after the unfused forward and after
+// the megakernel (whose ring holds every routed row by default).
+// ---------------------------------------------------------------------------------------------
+// One rank's gradient buffers (device), poisoned before each backward.
+struct RankGrads {
+  mok::DeviceGrads g;
+  int64_t n_x = 0, n_w = 0, n_gate = 0, n_down = 0, n_sgate = 0, n_sdown = 0;
+  RankGrads(const mok::LayerShape& s, int r) {
+    const int64_t T = s.tokens_of(r), H = s.hidden, I = s.intermediate, E = s.local_experts(), Is = s.shared_intermediate;
+    n_x = T * H;
+    n_w = T * s.top_k;
+    n_gate = E * I * H;
+    n_down = E * H * I;
+    n_sgate = Is * H;
+    n_sdown = H * Is;
+    g.d_x = alloc(n_x * 2);
+    g.d_topk_w = static_cast<float*>(alloc(n_w * 4));
+    g.d_w_gate = alloc(n_gate * 2);
+    g.d_w_up = alloc(n_gate * 2);
+    g.d_w_down = alloc(n_down * 2);
+    if (Is > 0) {
+      g.d_ws_gate = alloc(n_sgate * 2);
+      g.d_ws_up = alloc(n_sgate * 2);
+      g.d_ws_down = alloc(n_sdown * 2);
+    }
+  }
+  ~RankGrads() {
+    for (void* p : {g.d_x, static_cast<void*>(g.d_topk_w), g.d_w_gate, g.d_w_up, g.d_w_down, g.d_ws_gate, g.d_ws_up,
+                    g.d_ws_down})
+      if (p) cudaFree(p);
+  }
+  RankGrads(const RankGrads&) = delete;
+  RankGrads& operator=(const RankGrads&) = delete;
+  static void* alloc(int64_t bytes) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaSuccess, cudaMalloc(&p, std::max<int64_t>(16, bytes)));
+    EXPECT_EQ(cudaSuccess, cudaMemset(p, 0xff, std::max<int64_t>(16, bytes)));  // NaN poison
+    return p;
+  }
+  void poison() const {
+    for (auto [p, n] : {std::pair<void*, int64_t>{g.d_x, n_x * 2}, {g.d_topk_w, n_w * 4}, {g.d_w_gate, n_gate * 2},
+                        {g.d_w_up, n_gate * 2}, {g.d_w_down, n_down * 2}, {g.d_ws_gate, n_sgate * 2},
+                        {g.d_ws_up, n_sgate * 2}, {g.d_ws_down, n_sdown * 2}})
+      if (p) EXPECT_EQ(cudaSuccess, cudaMemset(p, 0xff, std::max<int64_t>(16, n)));
+    EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  }
+  // Every output as float, in a fixed order: d_x, d_topk_w, dW_gate, dW_up, dW_down, dWs_gate, dWs_up, dWs_down.
+  std::vector<std::vector<float>> fetch() const {
+    const auto bf = [](const void* p, int64_t n) {
+      std::vector<float> v;
+      if (p == nullptr) return v;
+      for (const mok::bf16 b : download(static_cast<const mok::bf16*>(p), n)) v.push_back(float(b));
+      return v;
+    };
+    return {bf(g.d_x, n_x), download(g.d_topk_w, n_w), bf(g.d_w_gate, n_gate), bf(g.d_w_up, n_gate),
+            bf(g.d_w_down, n_down), bf(g.d_ws_gate, n_sgate), bf(g.d_ws_up, n_sgate), bf(g.d_ws_down, n_sdown)};
+  }
+};
+
+// Relative L2 error (infinite when a value is not finite).
+double rel_err(const std::vector<float>& got, const float* want, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double a = got[i], b = want[i];
+    if (!std::isfinite(a)) return INFINITY;
+    num += (a - b) * (a - b);
+    den += b * b;
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+template <typename V>
+std::vector<float> as_float(const V& v, int64_t begin, int64_t n) {
+  std::vector<float> f(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) f[i] = float(v[begin + i]);
+  return f;
+}
+
+class LayerBackward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(LayerBackward, MatchesReferenceAndIsBitwiseReproducible) {
+  const Case& c = GetParam();
+  MOK_REQUIRE_GPUS(c.world);
+  const mok::LayerShape shape = shape_of(c);
+  const mok::Config cfg = config_of(c);
+  const auto wl = mok::make_workload(shape, c.routing, 4242);
+  const auto ref = mok::ref::Engine(shape, cfg).backward(wl.inputs, wl.weights, wl.d_out);
+  std::vector<int> devices(c.world);
+  for (int r = 0; r < c.world; ++r) devices[r] = r;
+  mok::comm::CommOptions opt;
+  opt.shape = shape;
+  opt.config = cfg;
+  auto group = mok::comm::LocalGroup::create(devices, opt);
+  const char* names[] = {"d_x", "d_topk_w", "dW_gate", "dW_up", "dW_down", "dWs_gate", "dWs_up", "dWs_down"};
+  std::mutex m;
+  std::vector<std::vector<double>> errs(c.world, std::vector<double>(8, -1.0));
+  group.run([&](mok::comm::Communicator& comm, size_t r) {
+    RankData d(shape, wl, static_cast<int>(r));
+    RankGrads gr(shape, static_cast<int>(r));
+    const int64_t T = d.T, H = c.H, I = c.I, e_loc = shape.local_experts(), Is = c.Is;
+    mok::bf16* d_out = upload(wl.d_out[r].data(), wl.d_out[r].size());
+    const mok::TensorRef dref = mok::TensorRef::contiguous(d_out, mok::DType::BF16, {T, H});
+    mok::Layer layer(comm, shape, cfg, d.dw);
+    std::vector<std::vector<float>> first;
+    for (int rep = 0; rep < 2; ++rep) {
+      d.forward_once(layer, comm);
+      gr.poison();
+      layer.backward(d.refs, dref, gr.g, comm.stream());
+      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
+      layer.check();
+      auto got = gr.fetch();
+      if (rep == 1) {
+        for (size_t o = 0; o < got.size(); ++o) {
+          int64_t differ = 0;
+          for (size_t i = 0; i < got[o].size(); ++i)
+            differ += std::memcmp(&got[o][i], &first[o][i], sizeof(float)) != 0;
+          EXPECT_EQ(differ, 0) << "rank " << r << ": " << names[o] << " differs on the second backward";
+        }
+        break;
+      }
+      first = got;
+      const int64_t e0 = static_cast<int64_t>(r) * e_loc;
+      std::vector<double> e(8, -1.0);
+      if (T > 0) {
+        e[0] = rel_err(got[0], as_float(ref.d_x[r], 0, T * H).data(), T * H);
+        e[1] = rel_err(got[1], ref.d_topk_w[r].data(), T * c.k);
+      }
+      e[2] = rel_err(got[2], as_float(ref.d_w_gate, e0 * I * H, e_loc * I * H).data(), e_loc * I * H);
+      e[3] = rel_err(got[3], as_float(ref.d_w_up, e0 * I * H, e_loc * I * H).data(), e_loc * I * H);
+      e[4] = rel_err(got[4], as_float(ref.d_w_down, e0 * H * I, e_loc * H * I).data(), e_loc * H * I);
+      if (Is > 0 && T > 0) {
+        e[5] = rel_err(got[5], as_float(ref.d_ws_gate[r], 0, Is * H).data(), Is * H);
+        e[6] = rel_err(got[6], as_float(ref.d_ws_up[r], 0, Is * H).data(), Is * H);
+        e[7] = rel_err(got[7], as_float(ref.d_ws_down[r], 0, H * Is).data(), H * Is);
+      }
+      std::lock_guard<std::mutex> lock(m);
+      errs[r] = e;
+    }
+    cudaFree(d_out);
+  });
+  for (int r = 0; r < c.world; ++r) {
+    std::string line;
+    for (int o = 0; o < 8; ++o) {
+      if (errs[r][o] < 0) continue;
+      char buf[48];
+      std::snprintf(buf, sizeof buf, " %s %.2e", names[o], errs[r][o]);
+      line += buf;
+      EXPECT_LT(errs[r][o], 1e-2) << "rank " << r << ": " << names[o];
+    }
+    std::printf("[layer backward] %s rank %d: rel err vs CPU reference:%s\n", c.name, r, line.c_str());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Routings, LayerBackward,
+    ::testing::Values(with(kUniformShared, "ep1_uniform_shared_unfused", kUnfused, 8),
+                      with(kZipf, "ep2_zipf_unfused", kUnfused, 16),
+                      with(kEmptyShared, "ep2_empty_slots_t0_shared_unfused", kUnfused, 8),
+                      with(kOneRank, "ep2_one_rank_unfused", kUnfused, 8), kUniformShared, kZipf,
+                      kOneExpertShared, pushed(kEmptyShared, "ep2_empty_slots_t0_shared_push")),
+    [](const auto& p) { return std::string(p.param.name); });
+
+// What backward() cannot run after is named: a forward that did not save gu, a megakernel ring
+// smaller than the worst case.
+TEST(LayerBackwardRefuses, UnsavedForwardAndSmallRing) {
+  Case c = kUniformShared;
+  MOK_REQUIRE_GPUS(c.world);
+  const mok::LayerShape shape = shape_of(c);
+  const auto wl = mok::make_workload(shape, c.routing, 7);
+  for (const bool small_ring : {false, true}) {
+    const mok::Config cfg = config_of(small_ring ? with(c, "", kMk, 8, 128, 256) : c);
+    mok::comm::CommOptions opt;
+    opt.shape = shape;
+    opt.config = cfg;
+    auto group = mok::comm::LocalGroup::create({0}, opt);
+    group.run([&](mok::comm::Communicator& comm, size_t r) {
+      RankData d(shape, wl, static_cast<int>(r));
+      RankGrads gr(shape, static_cast<int>(r));
+      mok::bf16* d_out = upload(wl.d_out[r].data(), wl.d_out[r].size());
+      const mok::TensorRef dref = mok::TensorRef::contiguous(d_out, mok::DType::BF16, {d.T, c.H});
+      mok::Layer layer(comm, shape, cfg, d.dw);
+      d.forward_once(layer, comm, nullptr, /*save_for_backward=*/small_ring);
+      try {
+        layer.backward(d.refs, dref, gr.g, comm.stream());
+        ADD_FAILURE() << "backward accepted " << (small_ring ? "a ring smaller than the worst case" : "an unsaved forward");
+      } catch (const mok::Error& e) {
+        EXPECT_EQ(e.argument(), small_ring ? "config.macrobatch_tokens" : "forward(save_for_backward)") << e.what();
+      }
+      cudaFree(d_out);
+    });
+  }
+}
 
 // Layers built one after another on one communicator reuse the symmetric windows of the ones
 // destroyed before (no growth), and give the same bits on the reused (zeroed) windows; T is not a

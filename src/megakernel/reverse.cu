@@ -1,0 +1,140 @@
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "common/cuda_check.h"
+#include "megakernel/move_row.cuh"
+#include "megakernel/reverse.h"
+#include "mok/errors.hpp"
+
+namespace mok::gpu {
+
+namespace {
+
+constexpr int kThreads = 512;
+
+union Pack8 {
+  uint4 raw;
+  __nv_bfloat162 h2[4];
+};
+
+// rnd(w * v) for 8 bf16 values: one fp32 product each, rounded once to bf16 (no FMA to contract).
+__device__ __forceinline__ uint4 scale_row_vec(uint4 raw, float w) {
+  Pack8 in, out;
+  in.raw = raw;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 f = __bfloat1622float2(in.h2[q]);
+    out.h2[q] = __floats2bfloat162_rn(__fmul_rn(w, f.x), __fmul_rn(w, f.y));
+  }
+  return out.raw;
+}
+
+// One warp per routed row (warps of all CTAs stride over the window's rows), four 16-byte loads in
+// flight per lane: the rows come over NVLink from the source rank.
+__global__ void __launch_bounds__(kThreads) reverse_combine_kernel(ScheduleView s, int hidden_vecs, int top_k,
+                                                                   int64_t row_begin, int64_t row_end,
+                                                                   const uint4* const* d_out_peers,
+                                                                   const float* const* weight_peers,
+                                                                   uint4* __restrict__ dy) {
+  const int64_t total = s.totals->total_rows;
+  const int64_t end = row_end < 0 || row_end > total ? total : row_end;
+  const int lane = threadIdx.x & 31;
+  const int warps = static_cast<int>((gridDim.x * blockDim.x) >> 5);
+  const int warp = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+  for (int64_t row = row_begin + warp; row < end; row += warps) {
+    const int src = s.src_rank[row];
+    uint4* to = dy + (row - row_begin) * hidden_vecs;
+    if (src < 0) {
+      zero_row(to, hidden_vecs, lane);
+      continue;
+    }
+    const int slot = s.src_slot[row];
+    const float w = weight_peers[src][slot];
+    const uint4* from = d_out_peers[src] + static_cast<int64_t>(slot / top_k) * hidden_vecs;
+    int v = lane;
+    for (; v + 96 < hidden_vecs; v += 128) {
+      const uint4 a = from[v], b = from[v + 32], c = from[v + 64], d = from[v + 96];
+      to[v] = scale_row_vec(a, w);
+      to[v + 32] = scale_row_vec(b, w);
+      to[v + 64] = scale_row_vec(c, w);
+      to[v + 96] = scale_row_vec(d, w);
+    }
+    for (; v < hidden_vecs; v += 32) to[v] = scale_row_vec(from[v], w);
+  }
+}
+
+// One warp per slot (t, j).
+template <typename Idx>
+__global__ void __launch_bounds__(256) router_grad_kernel(const uint4* __restrict__ d_out,
+                                                          const uint4* __restrict__ y,
+                                                          const Idx* __restrict__ topk_idx, int64_t slots,
+                                                          int top_k, int hidden_vecs, float* __restrict__ out) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t slot = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; slot < slots;
+       slot += warps) {
+    if (topk_idx[slot] < 0) {  // empty slot: no row was pushed there
+      if (lane == 0) out[slot] = 0.0f;
+      continue;
+    }
+    const uint4* d = d_out + (slot / top_k) * hidden_vecs;
+    const uint4* yr = y + slot * hidden_vecs;
+    float acc = 0.0f;
+    for (int v = lane; v < hidden_vecs; v += 32) {
+      Pack8 a, b;
+      a.raw = d[v];
+      b.raw = yr[v];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 fa = __bfloat1622float2(a.h2[q]), fb = __bfloat1622float2(b.h2[q]);
+        acc = __fadd_rn(acc, __fmul_rn(fa.x, fb.x));
+        acc = __fadd_rn(acc, __fmul_rn(fa.y, fb.y));
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+    if (lane == 0) out[slot] = acc;
+  }
+}
+
+}  // namespace
+
+void pull_reverse_combine(const MoveArgs& a, const void* const* d_out_peers, const float* const* weight_peers,
+                          void* dy_routed, cudaStream_t stream) {
+  MOK_REQUIRE(a.hidden > 0 && a.hidden % 8 == 0, "hidden", "must be a positive multiple of 8, got ", a.hidden);
+  MOK_REQUIRE(a.top_k >= 1, "top_k", "must be >= 1, got ", a.top_k);
+  MOK_REQUIRE(a.sms >= 1, "sms", "must be >= 1, got ", a.sms);
+  MOK_REQUIRE(a.row_begin >= 0 && (a.row_end < 0 || a.row_end >= a.row_begin), "row_begin/row_end",
+              "need 0 <= row_begin <= row_end (or row_end = -1), got ", a.row_begin, ", ", a.row_end);
+  MOK_REQUIRE(d_out_peers && weight_peers && dy_routed, "pull_reverse_combine",
+              "d_out_peers, weight_peers and dy_routed must be non-null");
+  reverse_combine_kernel<<<a.sms, kThreads, 0, stream>>>(
+      a.schedule, static_cast<int>(a.hidden / 8), static_cast<int>(a.top_k), a.row_begin, a.row_end,
+      reinterpret_cast<const uint4* const*>(d_out_peers), weight_peers, static_cast<uint4*>(dy_routed));
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+void router_weight_grad(const RouterGradArgs& a, cudaStream_t stream) {
+  MOK_REQUIRE(a.hidden > 0 && a.hidden % 8 == 0, "hidden", "must be a positive multiple of 8, got ", a.hidden);
+  MOK_REQUIRE(a.tokens >= 0 && a.top_k >= 1, "tokens/top_k", "need T >= 0 and k >= 1, got T = ", a.tokens,
+              ", k = ", a.top_k);
+  if (a.tokens == 0) return;
+  MOK_REQUIRE(a.d_out && a.y_slots && a.topk_idx && a.d_topk_w, "router_weight_grad",
+              "d_out, y_slots, topk_idx and d_topk_w must be non-null");
+  const int64_t slots = a.tokens * a.top_k;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((slots * 32 + 255) / 256, 4096));
+  const auto* d = static_cast<const uint4*>(a.d_out);
+  const auto* y = static_cast<const uint4*>(a.y_slots);
+  const int k = static_cast<int>(a.top_k), hv = static_cast<int>(a.hidden / 8);
+  if (a.idx_is_int64)
+    router_grad_kernel<int64_t><<<blocks, 256, 0, stream>>>(d, y, static_cast<const int64_t*>(a.topk_idx), slots,
+                                                            k, hv, a.d_topk_w);
+  else
+    router_grad_kernel<int32_t><<<blocks, 256, 0, stream>>>(d, y, static_cast<const int32_t*>(a.topk_idx), slots,
+                                                            k, hv, a.d_topk_w);
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace mok::gpu

@@ -1,0 +1,36 @@
+// mok — the backward's token movement and the router-weight gradient (the unfused backward, and
+// the reference loops a backward megakernel's comm CTAs will mirror), driven by the same
+// receiver-side schedule as the forward:
+//   reverse combine (pull):  dy_routed[i] = rnd(w[src][slot] * d_out[src][slot / k])   (padding rows: 0)
+//   router-weight gradient:  d_topk_w[t, j] = sum_h d_out[t, h] * y[t*k + j, h]          (on the source rank;
+//                            y = the row the forward pushed into combine slot t*k + j; 0 for empty slots)
+// The reverse dispatch (each routed row's d_x pushed to its source slot) is push_combine
+// (dispatch.h) with the d_x rows in place of y. Rounding points: include/mok/reference.hpp.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "megakernel/dispatch.h"
+
+namespace mok::gpu {
+
+// d_out_peers[r]: rank r's d_out [T_r, H] bf16; weight_peers[r]: rank r's router weights [T_r, k]
+// f32 (peer addresses for r != this rank). dy_routed: [rows of the window, H] bf16.
+void pull_reverse_combine(const MoveArgs& a, const void* const* d_out_peers, const float* const* weight_peers,
+                          void* dy_routed, cudaStream_t stream);
+
+struct RouterGradArgs {
+  const void* d_out = nullptr;     // [T, H] bf16
+  const void* y_slots = nullptr;   // [T*k, H] bf16: the forward's combine slots
+  const void* topk_idx = nullptr;  // [T, k] int32 or int64, -1 = empty slot
+  bool idx_is_int64 = false;
+  int64_t tokens = 0, top_k = 0, hidden = 0;  // H a multiple of 8
+  float* d_topk_w = nullptr;       // [T, k]
+};
+// fp32 products summed per lane in increasing h, then the 32 lane sums in a fixed tree: the same
+// bits on every run (the reference sums strictly left to right, so the two agree to rounding).
+void router_weight_grad(const RouterGradArgs& a, cudaStream_t stream);
+
+}  // namespace mok::gpu
