@@ -14,6 +14,10 @@ Cases that mok_bench measured with --sustain also carry `mok_sustained_ms` / `mo
 (the slowest rank's mean time per forward over seconds of back-to-back forwards, at the power cap); when the
 baseline ran with --sustain too, `baseline_sustained_ms` and `sustained_speedup` join them.
 
+Backward: cases with `mok_bwd_ms` (mok_bench's backward of the main variant) get, when the
+baseline timed its backward too (`baseline_bwd_ms`), `baseline_bwd_tflops`, `bwd_speedup` and
+`mok_bwd_pct_of_peak`; a second table shows them.
+
 Against the hardware: when the baseline carries `peak_bf16` (cuBLAS dense bf16 8192^3 on every GPU
 in the same run, burst and sustained), OUT_JSON gets it and each case `mok_pct_of_peak` (mok's
 TFLOP/s over the largest burst peak, in %), `baseline_pct_of_peak`, and with sustained figures
@@ -84,6 +88,12 @@ def join(mok, base):
             s = speedup(b["baseline_ms"], c["mok_ms"])
             if s is not None:
                 row["speedup"] = s
+            if "baseline_bwd_ms" in b:  # the baseline's backward
+                row["baseline_bwd_ms"] = b["baseline_bwd_ms"]
+                row["baseline_bwd_tflops"] = b.get("baseline_bwd_tflops")
+                s = speedup(b["baseline_bwd_ms"], c.get("mok_bwd_ms"))
+                if s is not None:
+                    row["bwd_speedup"] = s
             if "baseline_sustained_ms" in b:  # torch_moe_baseline.py --sustain
                 row["baseline_sustained_ms"] = b["baseline_sustained_ms"]
                 row["baseline_sustained_tflops"] = b.get("baseline_sustained_tflops")
@@ -93,6 +103,7 @@ def join(mok, base):
         pct(row, "mok_pct_of_peak", row.get("mok_tflops"), burst_peak)
         pct(row, "baseline_pct_of_peak", row.get("baseline_tflops"), burst_peak)
         pct(row, "mok_sustained_pct_of_sustained_peak", row.get("mok_sustained_tflops"), sustained_peak)
+        pct(row, "mok_bwd_pct_of_peak", row.get("mok_bwd_tflops"), burst_peak)
         cases.append(row)
     ablation = []
     for a in mok.get("ablation") or []:
@@ -202,6 +213,21 @@ def print_cases(out):
               f"| {fmt(c.get('mok_tflops'), '.0f')} | {fmt(c.get('baseline_tflops'), '.0f')} |" + extra)
 
 
+def print_backward(out):
+    rows = [c for c in out["cases"] if "mok_bwd_ms" in c or "baseline_bwd_ms" in c]
+    if not rows:
+        return
+    print("\nBackward (mok: unfused kernels after the forward; FLOPs twice the forward's)")
+    print("| model | T/rank | routing | mok ms | baseline ms | speedup | mok TFLOP/s/GPU | % of peak "
+          "| baseline TFLOP/s/GPU | check |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for c in rows:
+        print(f"| {c['model']} | {c['T']} | {c['routing']} | {fmt(c.get('mok_bwd_ms'), '.3f')} "
+              f"| {fmt(c.get('baseline_bwd_ms'), '.3f')} | {fmt(c.get('bwd_speedup'), '.2f', 'x')} "
+              f"| {fmt(c.get('mok_bwd_tflops'), '.0f')} | {fmt(c.get('mok_bwd_pct_of_peak'), '.1f', '%')} "
+              f"| {fmt(c.get('baseline_bwd_tflops'), '.0f')} | {fmt(c.get('bwd_check_rel_err'), '.1e')} |")
+
+
 def print_hardware(out):
     """Each case against the measured bf16 peak and the NVLink copy ceiling of the same run."""
     peak = out.get("peak_bf16") or {}
@@ -267,6 +293,7 @@ def main(argv):
     with open(out_path, "w") as f:
         json.dump(out, f, indent=1)
     print_cases(out)
+    print_backward(out)
     print_hardware(out)
     print_ablation(out)
     print_gpu_samples(out)

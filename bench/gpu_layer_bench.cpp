@@ -180,49 +180,101 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   return v;
 }
 
+// Expert e's weights as floats, [gate I x H | up I x H | down H x I], fetched once.
+const std::vector<float>& expert_weights(const Model& m, const std::vector<RankWeights>& w, int64_t e_loc, int64_t e,
+                                         std::map<int64_t, std::vector<float>>& cache) {
+  auto it = cache.find(e);
+  if (it != cache.end()) return it->second;
+  const int64_t H = m.H, I = m.I;
+  std::vector<bf16> raw(static_cast<size_t>(3 * I * H));
+  const RankWeights& rw = w[static_cast<size_t>(e / e_loc)];
+  const size_t off = static_cast<size_t>((e % e_loc) * I * H);
+  MOK_CUDA_CHECK(cudaMemcpy(raw.data(), static_cast<bf16*>(rw.gate) + off, I * H * 2, cudaMemcpyDeviceToHost));
+  MOK_CUDA_CHECK(cudaMemcpy(raw.data() + I * H, static_cast<bf16*>(rw.up) + off, I * H * 2, cudaMemcpyDeviceToHost));
+  MOK_CUDA_CHECK(cudaMemcpy(raw.data() + 2 * I * H, static_cast<bf16*>(rw.down) + off, I * H * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> f(raw.size());
+  for (size_t i = 0; i < raw.size(); ++i) f[i] = float(raw[i]);
+  return cache.emplace(e, std::move(f)).first->second;
+}
+
+// One token through one expert at the spec's rounding points: g, u, h (I each) and y (H).
+struct TokenExpert {
+  std::vector<float> g, u, h, y;
+};
+TokenExpert token_through_expert(const Model& m, const std::vector<float>& W, const std::vector<float>& x) {
+  const int64_t H = m.H, I = m.I;
+  const float* wg = W.data();
+  const float* wu = wg + I * H;
+  const float* wd = wu + I * H;
+  TokenExpert t{std::vector<float>(I), std::vector<float>(I), std::vector<float>(I), std::vector<float>(H)};
+  for (int64_t i = 0; i < I; ++i) {
+    float g = 0, u = 0;
+    for (int64_t c = 0; c < H; ++c) {
+      g += x[c] * wg[i * H + c];
+      u += x[c] * wu[i * H + c];
+    }
+    t.g[i] = round_bf16(g);
+    t.u[i] = round_bf16(u);
+    t.h[i] = round_bf16(t.g[i] / (1.0f + std::exp(-t.g[i])) * t.u[i]);
+  }
+  for (int64_t c = 0; c < H; ++c) {
+    float y = 0;
+    for (int64_t i = 0; i < I; ++i) y += t.h[i] * wd[c * I + i];
+    t.y[c] = round_bf16(y);
+  }
+  return t;
+}
+
 // The spec's arithmetic (include/mok/reference.hpp) for one token, fp32 sums in order.
 std::vector<float> expected_token(const Model& m, const std::vector<RankWeights>& w, int64_t e_loc,
                                   const std::vector<float>& x, const int32_t* idx, const float* wt,
                                   std::map<int64_t, std::vector<float>>& cache) {
-  const int64_t H = m.H, I = m.I;
-  auto expert = [&](int64_t e) -> const std::vector<float>& {
-    auto it = cache.find(e);
-    if (it != cache.end()) return it->second;
-    std::vector<bf16> raw(static_cast<size_t>(3 * I * H));
-    const RankWeights& rw = w[static_cast<size_t>(e / e_loc)];
-    const size_t off = static_cast<size_t>((e % e_loc) * I * H);
-    MOK_CUDA_CHECK(cudaMemcpy(raw.data(), static_cast<bf16*>(rw.gate) + off, I * H * 2, cudaMemcpyDeviceToHost));
-    MOK_CUDA_CHECK(cudaMemcpy(raw.data() + I * H, static_cast<bf16*>(rw.up) + off, I * H * 2, cudaMemcpyDeviceToHost));
-    MOK_CUDA_CHECK(cudaMemcpy(raw.data() + 2 * I * H, static_cast<bf16*>(rw.down) + off, I * H * 2, cudaMemcpyDeviceToHost));
-    std::vector<float> f(raw.size());
-    for (size_t i = 0; i < raw.size(); ++i) f[i] = float(raw[i]);
-    return cache.emplace(e, std::move(f)).first->second;
-  };
-  std::vector<float> acc(static_cast<size_t>(H), 0.0f), h(static_cast<size_t>(I));
+  std::vector<float> acc(static_cast<size_t>(m.H), 0.0f);
   for (int64_t j = 0; j < m.k; ++j) {
     if (idx[j] < 0) continue;
-    const auto& W = expert(idx[j]);
-    const float* wg = W.data();
-    const float* wu = wg + I * H;
-    const float* wd = wu + I * H;
-    for (int64_t i = 0; i < I; ++i) {
-      float g = 0, u = 0;
-      for (int64_t c = 0; c < H; ++c) {
-        g += x[c] * wg[i * H + c];
-        u += x[c] * wu[i * H + c];
-      }
-      g = round_bf16(g);
-      u = round_bf16(u);
-      h[i] = round_bf16(g / (1.0f + std::exp(-g)) * u);
-    }
-    for (int64_t c = 0; c < H; ++c) {
-      float y = 0;
-      for (int64_t i = 0; i < I; ++i) y += h[i] * wd[c * I + i];
-      acc[c] = std::fma(wt[j], round_bf16(y), acc[c]);
-    }
+    const TokenExpert t = token_through_expert(m, expert_weights(m, w, e_loc, idx[j], cache), x);
+    for (int64_t c = 0; c < m.H; ++c) acc[c] = std::fma(wt[j], t.y[c], acc[c]);
   }
   for (auto& v : acc) v = round_bf16(v);
   return acc;
+}
+
+// The spec's backward for one token (no shared expert): d_x (H values) followed by d_topk_w (k).
+std::vector<float> expected_backward_token(const Model& m, const std::vector<RankWeights>& w, int64_t e_loc,
+                                           const std::vector<float>& x, const std::vector<float>& d_out,
+                                           const int32_t* idx, const float* wt,
+                                           std::map<int64_t, std::vector<float>>& cache) {
+  const int64_t H = m.H, I = m.I;
+  std::vector<float> dx(static_cast<size_t>(H), 0.0f), d_w(static_cast<size_t>(m.k), 0.0f), dy(H), dg(I), du(I);
+  for (int64_t j = 0; j < m.k; ++j) {
+    if (idx[j] < 0) continue;
+    const std::vector<float>& W = expert_weights(m, w, e_loc, idx[j], cache);
+    const float* wg = W.data();
+    const float* wu = wg + I * H;
+    const float* wd = wu + I * H;
+    const TokenExpert t = token_through_expert(m, W, x);
+    for (int64_t c = 0; c < H; ++c) {
+      d_w[j] += d_out[c] * t.y[c];
+      dy[c] = round_bf16(wt[j] * d_out[c]);
+    }
+    // Loops ordered for contiguous weight rows; each sum still runs over its index in increasing order.
+    std::vector<float> dh(static_cast<size_t>(I), 0.0f), a(static_cast<size_t>(H), 0.0f);
+    for (int64_t c = 0; c < H; ++c)
+      for (int64_t i = 0; i < I; ++i) dh[i] += dy[c] * wd[c * I + i];
+    for (int64_t i = 0; i < I; ++i) {
+      const float d = round_bf16(dh[i]), g = t.g[i], s = 1.0f / (1.0f + std::exp(-g));
+      du[i] = round_bf16(g * s * d);
+      dg[i] = round_bf16(s * (1.0f + g * (1.0f - s)) * t.u[i] * d);
+    }
+    for (int64_t i = 0; i < I; ++i)
+      for (int64_t c = 0; c < H; ++c) a[c] += dg[i] * wg[i * H + c];
+    for (int64_t i = 0; i < I; ++i)
+      for (int64_t c = 0; c < H; ++c) a[c] += du[i] * wu[i * H + c];
+    for (int64_t c = 0; c < H; ++c) dx[c] += round_bf16(a[c]);
+  }
+  for (auto& v : dx) v = round_bf16(v);
+  dx.insert(dx.end(), d_w.begin(), d_w.end());
+  return dx;
 }
 
 std::string seconds_text(double s) {
@@ -299,6 +351,60 @@ double sustained_ms(comm::LocalGroup& group, std::vector<std::unique_ptr<RankRun
   return *std::max_element(per_forward.begin(), per_forward.end());
 }
 
+// One rank's backward: random d_out, one checked forward + backward (sampled d_x rows and their
+// d_topk_w, with the d_out rows they came from), then per iteration an untimed forward and a timed
+// backward (events `ev`, reused from the forward timing). Every call is collective.
+void time_backward(Layer& layer, const RoutingRefs& refs, void* out, const LayerShape& shape, int rank,
+                   const int64_t (&samples)[2], const GpuBenchOptions& o, cudaStream_t s, std::vector<double>& ms,
+                   std::vector<float>& sampled, std::vector<float>& dout_sampled, std::vector<cudaEvent_t>& ev) {
+  const int64_t T = shape.tokens_of(rank), H = shape.hidden, k = shape.top_k, I = shape.intermediate,
+                e_loc = shape.local_experts();
+  void* d_out = nullptr;
+  DeviceGrads g;
+  void* bufs[5] = {};
+  const size_t bytes[5] = {static_cast<size_t>(std::max<int64_t>(1, T * H)) * 2,
+                           static_cast<size_t>(std::max<int64_t>(1, T * k)) * 4, static_cast<size_t>(e_loc * I * H) * 2,
+                           static_cast<size_t>(e_loc * I * H) * 2, static_cast<size_t>(e_loc * H * I) * 2};
+  MOK_CUDA_CHECK(cudaMalloc(&d_out, bytes[0]));
+  for (int i = 0; i < 5; ++i) MOK_CUDA_CHECK(cudaMalloc(&bufs[i], bytes[i]));
+  g.d_x = bufs[0];
+  g.d_topk_w = static_cast<float*>(bufs[1]);
+  g.d_w_gate = bufs[2];
+  g.d_w_up = bufs[3];
+  g.d_w_down = bufs[4];
+  gpu::fill_normal_bf16(d_out, T * H, 9001 + static_cast<uint64_t>(rank), 1.0f, s);
+  const TensorRef dref = TensorRef::contiguous(d_out, DType::BF16, {T, H});
+  layer.forward(refs, out, s);
+  layer.backward(refs, dref, g, s);
+  MOK_CUDA_CHECK(cudaStreamSynchronize(s));
+  layer.check();
+  for (int64_t t : samples) {
+    std::vector<bf16> row(static_cast<size_t>(H)), drow(static_cast<size_t>(H));
+    std::vector<float> w(static_cast<size_t>(k));
+    MOK_CUDA_CHECK(cudaMemcpy(row.data(), static_cast<bf16*>(g.d_x) + t * H, H * 2, cudaMemcpyDeviceToHost));
+    MOK_CUDA_CHECK(cudaMemcpy(drow.data(), static_cast<bf16*>(d_out) + t * H, H * 2, cudaMemcpyDeviceToHost));
+    MOK_CUDA_CHECK(cudaMemcpy(w.data(), g.d_topk_w + t * k, k * 4, cudaMemcpyDeviceToHost));
+    for (const bf16 v : row) sampled.push_back(float(v));
+    sampled.insert(sampled.end(), w.begin(), w.end());
+    for (const bf16 v : drow) dout_sampled.push_back(float(v));
+  }
+  for (int it = 0; it < o.warmup + o.iters; ++it) {
+    layer.forward(refs, out, s);
+    MOK_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(2 * it)], s));
+    layer.backward(refs, dref, g, s);
+    MOK_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(2 * it + 1)], s));
+  }
+  MOK_CUDA_CHECK(cudaStreamSynchronize(s));
+  layer.check();
+  for (int it = o.warmup; it < o.warmup + o.iters; ++it) {
+    float e = 0;
+    MOK_CUDA_CHECK(cudaEventElapsedTime(&e, ev[static_cast<size_t>(2 * it)], ev[static_cast<size_t>(2 * it + 1)]));
+    ms.push_back(e);
+  }
+  cudaFree(d_out);
+  for (void* p : bufs) cudaFree(p);
+}
+
 }  // namespace
 
 int run_gpu_layer_bench(const GpuBenchOptions& o) {
@@ -366,6 +472,12 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           std::vector<std::vector<bf16>> sampled(static_cast<size_t>(W));
           std::vector<std::string> profile(static_cast<size_t>(W));
           const bool keep = o.sustain_s > 0 && &var == &variants.front();  // for the sustained run
+          // The backward needs every routed row resident (unfused, or a ring of the worst case).
+          const bool bwd = o.backward && &var == &variants.front() &&
+                           (cfg.forward_path == ForwardPath::Unfused ||
+                            cfg.resolved_macrobatch(shape) >= shape.worst_case_rows());
+          std::vector<std::vector<double>> bwd_ms(static_cast<size_t>(W));
+          std::vector<std::vector<float>> bwd_sampled(static_cast<size_t>(W)), dout_sampled(static_cast<size_t>(W));
           group.run([&](comm::Communicator& c, size_t r) {
             std::unique_ptr<RankRun> owned = std::make_unique<RankRun>(c, shape, cfg, wl.inputs[r], weights[r]);
             RankRun& run = *owned;
@@ -407,6 +519,9 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
               ms[r].push_back(e);
             }
             profile[r] = layer.profile_summary();
+            if (bwd)
+              time_backward(layer, refs, out, shape, static_cast<int>(r), samples, o, s, bwd_ms[r], bwd_sampled[r],
+                            dout_sampled[r], ev);
             for (auto& e : ev) cudaEventDestroy(e);
           });
           std::string check;
@@ -474,6 +589,43 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
                           ceiling);
             }
           }
+          if (bwd) {
+            // Sampled check of the backward against the spec (the same 2 tokens per rank), then
+            // the slowest rank's median. Backward FLOPs: twice the forward's (two dgrads, two wgrads).
+            double num = 0, den = 0;
+            std::map<int64_t, std::vector<float>> cache;
+            for (int r = 0; r < W; ++r) {
+              const auto& in = wl.inputs[static_cast<size_t>(r)];
+              for (int q = 0; q < 2; ++q) {
+                const int64_t t = samples[q];
+                std::vector<float> xv(static_cast<size_t>(H));
+                for (int64_t c = 0; c < H; ++c) xv[c] = float(in.x[t * H + c]);
+                const std::vector<float> dv(dout_sampled[r].begin() + q * H, dout_sampled[r].begin() + (q + 1) * H);
+                const auto want = expected_backward_token(*m, weights, e_loc, xv, dv, &in.topk_idx[t * k],
+                                                          &in.topk_w[t * k], cache);
+                const float* got = bwd_sampled[r].data() + q * (H + k);
+                for (int64_t c = 0; c < H + k; ++c) {
+                  const double a = got[c], b = want[c];
+                  num += std::isnan(a) ? INFINITY : (a - b) * (a - b);
+                  den += b * b;
+                }
+              }
+            }
+            const double brel = std::sqrt(num / std::max(den, 1e-30));
+            MOK_REQUIRE(brel < 1e-2, "GPU layer backward check", "sampled d_x and d_topk_w must match the spec within 1e-2 (",
+                        m->name, " T=", T, " ", to_string(routing), ": rel err ", brel, ")");
+            std::vector<double> bslow(static_cast<size_t>(o.iters), 0.0);
+            for (int r = 0; r < W; ++r)
+              for (int it = 0; it < o.iters; ++it) bslow[it] = std::max(bslow[it], bwd_ms[r][it]);
+            const double b_ms = median(bslow), b_tflops = 2.0 * flops / (b_ms * 1e-3) / 1e12;
+            std::printf("  backward: %.3f ms, %.0f TFLOP/s per GPU (slowest rank, median of %d; sampled d_x and "
+                        "d_topk_w vs the spec: rel %.1e)\n", b_ms, b_tflops, o.iters, brel);
+            std::fflush(stdout);
+            main_case += ", \"mok_bwd_ms\": " + std::to_string(b_ms) + ", \"mok_bwd_tflops\": " +
+                         std::to_string(b_tflops) + ", \"bwd_check_rel_err\": " + std::to_string(brel);
+          } else if (o.backward && &var == &variants.front()) {
+            std::printf("  backward: not run (the main variant's ring holds fewer rows than the worst case)\n");
+          }
           if (var.repeat_of_main && main_ms > 0)
             std::printf("  drift: the main variant again, last: %.3f ms vs %.3f ms first (%+.1f%%)\n", t_ms, main_ms,
                         100.0 * (t_ms / main_ms - 1.0));
@@ -507,6 +659,9 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
       << ", \"what\": \"mok GPU layer forward (" << to_string(o.path)
       << "), slowest rank per iteration, median of " << o.iters << " after " << o.warmup
       << " warm-up; ablation variants checked bitwise against the main one"
+      << (o.backward ? "; mok_bwd_ms: the main variant's backward (unfused kernels) after an untimed forward, "
+                       "same statistic, FLOPs twice the forward's"
+                     : "")
       << (W >= 2 ? "; mok_nvlink_GBps: the busiest rank's NVLink bytes per direction (rows pulled in + rows"
                    " combined in) / the slowest rank's time"
                  : "")

@@ -29,6 +29,11 @@ struct GpuBenchOptions {
   // power cap with a clock that swings over ~1 s; the 20-iteration median is partly measured
   // before that (0 = off).
   double sustain_s = 4.0;
+  // Backward of the main variant after its forward timing: a sampled check of d_x and d_topk_w
+  // against the spec's arithmetic, then per iteration forward (untimed) + backward (timed), the
+  // slowest rank's median. Skipped (with a note) when the main variant's ring cannot hold every
+  // routed row.
+  bool backward = true;
   std::string json;  // results file ("" = none)
 };
 

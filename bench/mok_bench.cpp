@@ -42,7 +42,7 @@ void usage() {
       "GPU options: --models dsv3,qwen3-30b-a3b,qwen3-235b  --tokens 2048,8192\n"
       "             --routings uniform,zipf  --iters N (>= 20)  --warmup N  --comm-sms N  --json FILE\n"
       "             --path megakernel|unfused  --clusters 0|1  --dispatch pull|push  --no-ablation\n"
-      "             --sustain SECONDS (main variant, back-to-back; 0 = off, default 4)\n"
+      "             --sustain SECONDS (main variant, back-to-back; 0 = off, default 4)  --no-backward\n"
       "CPU options: --preset tiny|small|medium  --ranks W  --routing uniform|zipf|one-expert|\n"
       "             one-rank|empty-slots  --threads N  --reps N\n");
 }
@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
   std::string models, tokens, routings, json;
   int iters = 20, warmup = 5, comm_sms = 0, clusters = -1;
   std::string path = "megakernel", dispatch = "pull";
-  bool ablation = true;
+  bool ablation = true, backward = true;
   double sustain = 4.0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -169,6 +169,7 @@ int main(int argc, char** argv) {
     else if (a == "--dispatch") dispatch = value();
     else if (a == "--sustain") sustain = std::atof(value().c_str());
     else if (a == "--no-ablation") ablation = false;
+    else if (a == "--no-backward") backward = false;
     else if (a == "--help" || a == "-h") { usage(); return 0; }
     else { std::fprintf(stderr, "mok_bench: unknown argument '%s'\n", a.c_str()); usage(); return 2; }
   }
@@ -201,6 +202,7 @@ int main(int argc, char** argv) {
       MOK_REQUIRE(dispatch == "pull" || dispatch == "push", "--dispatch", "must be pull or push, got '", dispatch, "'");
       o.dispatch = dispatch == "pull" ? mok::DispatchPath::Pull : mok::DispatchPath::Push;
       o.ablation = ablation;
+      o.backward = backward;
       MOK_REQUIRE(sustain >= 0 && sustain <= 600, "--sustain", "must be in [0, 600] seconds, got ", sustain);
       o.sustain_s = sustain;
       o.json = json;

@@ -137,6 +137,25 @@ class ForwardReportTest(unittest.TestCase):
         self.assertNotIn("sustained_speedup", out["cases"][1])
         self.assertIn("| 4.400 | 227 | 9.900 | 2.25x |", run.stdout)
 
+    def test_backward_columns(self):
+        mok = synthetic_mok()
+        mok["cases"][0].update({"mok_bwd_ms": 6.0, "mok_bwd_tflops": 333.3, "bwd_check_rel_err": 0.002})
+        base = synthetic_baseline()
+        base["cases"][0].update({"baseline_bwd_ms": 15.0, "baseline_bwd_tflops": 133.3})
+        base["cases"][1].update({"baseline_bwd_ms": 9.0, "baseline_bwd_tflops": 222.2})
+        base["peak_bf16"] = {"burst_tflops": [666.6, 650.0], "burst_tflops_max": 666.6}
+        out, run = self.report(mok, base)
+        self.assertAlmostEqual(out["cases"][0]["bwd_speedup"], 2.5)
+        self.assertAlmostEqual(out["cases"][0]["mok_bwd_pct_of_peak"], 50.0, places=2)
+        self.assertAlmostEqual(out["cases"][1]["baseline_bwd_ms"], 9.0)
+        self.assertNotIn("bwd_speedup", out["cases"][1])  # mok did not time this one's backward
+        self.assertIn("Backward", run.stdout)
+        self.assertIn("| dsv3 | 2048 | uniform | 6.000 | 15.000 | 2.50x | 333 | 50.0% | 133 | 2.0e-03 |", run.stdout)
+        self.assertIn("| qwen3-30b-a3b | 8192 | zipf | - | 9.000 | - | - | - | 222 | - |", run.stdout)
+        # neither side timed a backward: no table
+        out, run = self.report(synthetic_mok(), synthetic_baseline())
+        self.assertNotIn("Backward", run.stdout)
+
     def test_against_the_hardware(self):
         # no peak and no ceiling: no table, no percentage fields
         out, run = self.report(synthetic_mok(), synthetic_baseline())

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch + NCCL expert-parallel MoE baseline: all_to_all_single dispatch, torch._grouped_mm
-expert FFN with SwiGLU, all_to_all_single combine, weighted sum at the source.
+expert FFN with SwiGLU, all_to_all_single combine, weighted sum at the source; and its backward
+(router-weight gradient at the source, weighted d_out rows all_to_all'd to the experts, grouped
+dgrads with the SwiGLU backward, grouped wgrads, d_x rows all_to_all'd back and summed), written
+out explicitly as an EP training stack's autograd functions would run it.
 
 This is what mok is measured against (same shapes, same routing, same run). It is written the
 way an EP training stack without a fused kernel does it (torchtitan-style): split sizes are
@@ -10,7 +13,9 @@ padded per expert to a multiple of 16 for the grouped GEMM.
 Run with torchrun, one process per GPU:
   torchrun --standalone --nproc-per-node=2 bench/baseline/torch_moe_baseline.py --out base.json
 Timing: per iteration each rank times the forward with CUDA events; the iteration's time is the
-slowest rank's; the reported figure is the median over >= 20 iterations after warm-up.
+slowest rank's; the reported figure is the median over >= 20 iterations after warm-up. The
+backward (`baseline_bwd_ms`, unless --no-backward) the same way, each timed backward after an
+untimed forward that saved what it needs.
 With --sustain S, each case is also run for ~S seconds of back-to-back forwards (no barrier
 between them; the count is fixed from the median above, so every rank runs the same number),
 and `baseline_sustained_ms` is the slowest rank's mean time per forward over the second half: the
@@ -64,8 +69,9 @@ class EpMoE:
         self.w13 = (torch.randn(self.E_loc, 2 * I, H, generator=gen, device=device) * s1).bfloat16()
         self.w2 = (torch.randn(self.E_loc, H, I, generator=gen, device=device) * s2).bfloat16()
 
-    def experts(self, xs, local_e):
-        """xs: rows received by this rank, local_e: their local expert. Returns FFN rows."""
+    def experts(self, xs, local_e, save=False):
+        """xs: rows received by this rank, local_e: their local expert. Returns FFN rows; with
+        save, keeps what experts_backward needs."""
         order = torch.argsort(local_e, stable=True)
         counts = torch.bincount(local_e, minlength=self.E_loc)
         padded = (counts + ALIGN - 1) // ALIGN * ALIGN
@@ -83,9 +89,28 @@ class EpMoE:
         y = torch._grouped_mm(h, self.w2.transpose(-2, -1), offs=offs)
         out = torch.empty_like(xs)
         out[order] = y[dest]
+        if save:
+            self.ectx = {"order": order, "dest": dest, "offs": offs, "buf": buf, "g": g, "u": u, "h": h}
         return out
 
-    def forward(self, x, idx, w):
+    def experts_backward(self, dyr):
+        """dyr: weighted d_out rows of the received rows. Returns (their d_x rows, dW13, dW2)."""
+        c = self.ectx
+        order, dest, offs = c["order"], c["dest"], c["offs"]
+        dy = dyr.new_zeros(c["buf"].shape[0], self.H)
+        dy[dest] = dyr[order]
+        dh = torch._grouped_mm(dy, self.w2, offs=offs).float()  # [M, I]: dy . W2 (untransposed)
+        g, u = c["g"].float(), c["u"].float()
+        s = torch.sigmoid(g)
+        dgu = torch.cat([(s * (1 + g * (1 - s)) * u * dh).bfloat16(), (g * s * dh).bfloat16()], dim=1)
+        dx = torch._grouped_mm(dgu, self.w13, offs=offs)  # [M, H]
+        dw2 = torch._grouped_mm(dy.t(), c["h"], offs=offs)  # [E_loc, H, I], K grouped over rows
+        dw13 = torch._grouped_mm(dgu.t(), c["buf"], offs=offs)  # [E_loc, 2I, H]
+        out = torch.empty_like(dyr)
+        out[order] = dx[dest]
+        return out, dw13, dw2
+
+    def forward(self, x, idx, w, save=False):
         T, k = idx.shape
         flat = idx.reshape(-1)
         order = torch.argsort(flat, stable=True)  # by expert = by destination rank
@@ -100,23 +125,75 @@ class EpMoE:
         er = es.new_empty(sum(recv_list))
         dist.all_to_all_single(xr, xs, recv_list, send_list)
         dist.all_to_all_single(er, es, recv_list, send_list)
-        yr = self.experts(xr, er.long())
+        yr = self.experts(xr, er.long(), save)
         ys = torch.empty_like(xs)
         dist.all_to_all_single(ys, yr, send_list, recv_list)
         y = torch.empty(T * k, self.H, dtype=ys.dtype, device=ys.device)
         y[order] = ys
+        if save:
+            self.ctx = {"order": order, "send": send_list, "recv": recv_list, "y": y, "w": w}
         return (y.view(T, k, self.H).float() * w.unsqueeze(-1)).sum(1).bfloat16()
+
+    def backward(self, d_out):
+        """Gradients of the last forward(save=True): (d_x, d_topk_w, dW13, dW2)."""
+        c = self.ctx
+        T, k = c["w"].shape
+        d_w = (c["y"].view(T, k, self.H).float() * d_out.float().unsqueeze(1)).sum(-1)
+        dys = (c["w"].unsqueeze(-1) * d_out.float().unsqueeze(1)).bfloat16().view(T * k, self.H)[c["order"]]
+        dyr = dys.new_empty(sum(c["recv"]), self.H)
+        dist.all_to_all_single(dyr, dys, c["recv"], c["send"])
+        dxr, dw13, dw2 = self.experts_backward(dyr)
+        dxs = torch.empty_like(dys)
+        dist.all_to_all_single(dxs, dxr, c["send"], c["recv"])
+        dx = torch.empty_like(dys)
+        dx[c["order"]] = dxs
+        return dx.view(T, k, self.H).float().sum(1).bfloat16(), d_w, dw13, dw2
+
+
+def gather_cat(t, world):
+    parts = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(parts, t)
+    return torch.cat(parts)
+
+
+def backward_check(model, x, idx, w, d_out, world, rank):
+    """The baseline's backward against fp32 autograd through a dense computation of the whole
+    layer (every rank's tokens and weights gathered): the largest relative error of this rank's
+    d_x, d_topk_w, dW13 and dW2."""
+    d_x, d_w, dw13, dw2 = model.backward(d_out)
+    E, k, I = model.E, model.k, model.I
+    xa = gather_cat(x, world).float().requires_grad_()
+    ia, da = gather_cat(idx, world), gather_cat(d_out, world).float()
+    wa = gather_cat(w, world).requires_grad_()
+    w13 = gather_cat(model.w13, world).float().requires_grad_()
+    w2 = gather_cat(model.w2, world).float().requires_grad_()
+    out = torch.zeros_like(xa)
+    for e in range(E):
+        m = ia == e
+        if not m.any():
+            continue
+        t = m.any(1).nonzero().squeeze(1)
+        gu = xa[t] @ w13[e].t()
+        y = (F.silu(gu[:, :I]) * gu[:, I:]) @ w2[e].t()
+        out = out.index_add(0, t, y * (wa * m).sum(1)[t].unsqueeze(1))
+    gx, gw, g13, g2 = torch.autograd.grad((out * da).sum(), [xa, wa, w13, w2])
+    T, el = x.shape[0], model.E_loc
+    pairs = [(d_x, gx[rank * T:(rank + 1) * T]), (d_w, gw[rank * T:(rank + 1) * T]),
+             (dw13, g13[rank * el:(rank + 1) * el]), (dw2, g2[rank * el:(rank + 1) * el])]
+    return max(((a.float() - b).norm() / b.norm()).item() for a, b in pairs)
 
 
 def self_check(world, rank, device):
     """Checks the baseline on a small shape against a dense fp32 computation of the whole layer
-    (all weights and tokens gathered). Returns ||out - ref|| / ||ref|| for this rank's tokens."""
+    (all weights and tokens gathered). Returns (||out - ref|| / ||ref|| for this rank's tokens,
+    the backward's largest relative error (backward_check))."""
     H, I, E, k, T = 256, 128, 8 * world, 2, 64
     gen = torch.Generator(device=device).manual_seed(77 + rank)
     model = EpMoE(H, I, E, k, world, rank, device, gen)
     idx, w = routing(T, E, k, "uniform", gen, device)
     x = torch.randn(T, H, generator=gen, device=device).bfloat16()
-    out = model.forward(x, idx, w)
+    out = model.forward(x, idx, w, save=True)
+    bwd = backward_check(model, x, idx, w, torch.randn(T, H, generator=gen, device=device).bfloat16(), world, rank)
     w13 = [torch.empty_like(model.w13) for _ in range(world)]
     w2 = [torch.empty_like(model.w2) for _ in range(world)]
     dist.all_gather(w13, model.w13)
@@ -131,7 +208,7 @@ def self_check(world, rank, device):
         gu = x[t].float() @ w13[e].t()
         h = F.silu(gu[:, :I]) * gu[:, I:]
         ref[t] += (h @ w2[e].t()) * (w * m).sum(1)[t].unsqueeze(1)
-    return ((out.float() - ref).norm() / ref.norm()).item()
+    return ((out.float() - ref).norm() / ref.norm()).item(), bwd
 
 
 def sustained_ms(model, x, idx, w, ms, a, device):
@@ -223,6 +300,7 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--sustain", type=float, default=0.0,
                     help="also ~S seconds of back-to-back forwards per case (0 = off)")
+    ap.add_argument("--no-backward", action="store_true", help="time the forward only")
     a = ap.parse_args()
     if a.iters < 20 or a.sustain < 0:
         raise SystemExit(f"--iters must be >= 20 (got {a.iters}) and --sustain >= 0 (got {a.sustain})")
@@ -232,14 +310,14 @@ def main():
     device = torch.device("cuda", local)
     dist.init_process_group("nccl", device_id=device)
     rank, world = dist.get_rank(), dist.get_world_size()
-    rel = self_check(world, rank, device)
-    t = torch.tensor([rel], device=device)
+    rel, bwd_rel = self_check(world, rank, device)
+    t = torch.tensor([rel, bwd_rel], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    rel = t.item()
+    rel, bwd_rel = t[0].item(), t[1].item()
     if rank == 0:
-        print(f"[baseline] self-check vs dense fp32: rel err {rel:.2e}", flush=True)
-    if not rel < 1e-2:
-        raise SystemExit(f"baseline self-check failed: relative error {rel}")
+        print(f"[baseline] self-check vs dense fp32: rel err {rel:.2e} forward, {bwd_rel:.2e} backward", flush=True)
+    if not (rel < 1e-2 and bwd_rel < 1e-2):
+        raise SystemExit(f"baseline self-check failed: relative error {rel} forward, {bwd_rel} backward")
     peak = peak_entry(world, device, a.sustain)
     if rank == 0:
         extra = (f", sustained {', '.join(f'{v:.0f}' for v in peak['sustained_tflops'])}"
@@ -276,6 +354,25 @@ def main():
                 tflops = 2 * T * k * 3 * H * I / (ms * 1e-3) / 1e12
                 case = {"model": name, "T": T, "routing": kind, "baseline_ms": ms,
                         "baseline_tflops": tflops, "ep": world}
+                if not a.no_backward:
+                    d_out = torch.randn(T, H, generator=gen, device=device).bfloat16()
+                    bt = []
+                    for it in range(a.warmup + a.iters):
+                        model.forward(x, idx, w, save=True)
+                        dist.barrier()
+                        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        e0.record()
+                        model.backward(d_out)
+                        e1.record()
+                        e1.synchronize()
+                        t = torch.tensor([e0.elapsed_time(e1)], device=device)
+                        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                        if it >= a.warmup:
+                            bt.append(t.item())
+                    bt.sort()
+                    case["baseline_bwd_ms"] = bt[len(bt) // 2]
+                    case["baseline_bwd_tflops"] = 2 * 2 * T * k * 3 * H * I / (case["baseline_bwd_ms"] * 1e-3) / 1e12
+                    model.ctx = model.ectx = None
                 if a.sustain > 0:
                     sus = sustained_ms(model, x, idx, w, ms, a, device)
                     case["baseline_sustained_ms"] = sus
@@ -283,6 +380,8 @@ def main():
                 cases.append(case)
                 if rank == 0:
                     extra = f", sustained {case['baseline_sustained_ms']:.3f} ms" if a.sustain > 0 else ""
+                    if "baseline_bwd_ms" in case:
+                        extra += f", backward {case['baseline_bwd_ms']:.3f} ms"
                     print(f"[baseline]   {ms:.3f} ms  {tflops:.0f} TFLOP/s per GPU{extra}", flush=True)
         del model
         torch.cuda.empty_cache()
@@ -291,8 +390,10 @@ def main():
                 "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "commit": os.environ.get("MOK_COMMIT", "unknown"),
                 "what": "PyTorch+NCCL EP MoE forward: all_to_all_single + torch._grouped_mm + SwiGLU;"
-                        " slowest rank per iteration, median of iterations",
-                "self_check_rel_err": rel, "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+                        " slowest rank per iteration, median of iterations; baseline_bwd_ms: its backward"
+                        " (all_to_all_single + grouped dgrads and wgrads + SwiGLU backward), timed after an"
+                        " untimed forward, same statistic, FLOPs twice the forward's",
+                "self_check_rel_err": rel, "self_check_bwd_rel_err": bwd_rel, "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
                 "peak_bf16": peak, "cases": cases}
         with open(a.out, "w") as f:
             json.dump(meta, f, indent=1)
