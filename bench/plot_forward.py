@@ -105,18 +105,23 @@ def log_ms_axis(ax):
     ax.set_ylabel("ms (log scale)")
 
 
-def plot_cases(ax, cases):
+def plot_cases(ax, cases, mok_key="mok_ms", base_key="baseline_ms", speedup_key="speedup",
+               title="(a) forward per case"):
+    """mok's and the baseline's time per case (`*_key`: which fields; the backward panel passes its
+    own), with the sustained rates of the forward as black bars where present."""
+    cases = [c for c in cases if c.get(mok_key)]
     labels = [case_label(case_key(c)) for c in cases]
     xs = range(len(cases))
     width = 0.38
-    mok = [c["mok_ms"] for c in cases]
-    base = [c.get("baseline_ms") for c in cases]
+    mok = [c[mok_key] for c in cases]
+    base = [c.get(base_key) for c in cases]
     has_base = any(b is not None for b in base)
     offset = width / 2 if has_base else 0.0
     ax.bar([x - offset for x in xs], mok, width, label="mok", color="C0")
     # mok_bench --sustain: the rate at the power cap (seconds of back-to-back forwards), as a
     # black bar across mok's column
-    sus = [(x - offset, c["mok_sustained_ms"]) for x, c in zip(xs, cases) if c.get("mok_sustained_ms")]
+    forward = mok_key == "mok_ms"
+    sus = [(x - offset, c["mok_sustained_ms"]) for x, c in zip(xs, cases) if forward and c.get("mok_sustained_ms")]
     if sus:
         ax.hlines([m for _, m in sus], [x - width / 2 for x, _ in sus], [x + width / 2 for x, _ in sus],
                   colors="black", linewidth=2, label="mok, sustained (power-capped)")
@@ -124,19 +129,19 @@ def plot_cases(ax, cases):
         ax.bar([x + offset for x in xs], [b if b is not None else 0 for b in base], width,
                label="PyTorch+NCCL baseline", color="C7")
         bsus = [(x + offset, c["baseline_sustained_ms"]) for x, c in zip(xs, cases)
-                if c.get("baseline_sustained_ms")]
+                if forward and c.get("baseline_sustained_ms")]
         if bsus:
             ax.hlines([m for _, m in bsus], [x - width / 2 for x, _ in bsus],
                       [x + width / 2 for x, _ in bsus], colors="black", linewidth=2,
                       linestyles="dotted", label="baseline, sustained")
     for x, c in zip(xs, cases):
-        if c.get("speedup") is not None:
-            top = max(c["mok_ms"], c.get("baseline_ms") or 0)
-            ax.annotate(f"{c['speedup']:.2f}x", (x, top), xytext=(0, 3), textcoords="offset points",
+        if c.get(speedup_key) is not None:
+            top = max(c[mok_key], c.get(base_key) or 0)
+            ax.annotate(f"{c[speedup_key]:.2f}x", (x, top), xytext=(0, 3), textcoords="offset points",
                         ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(xs), labels, fontsize=7)
     log_ms_axis(ax)
-    ax.set_title("(a) forward per case" + (": mok vs baseline, speedup above" if has_base else ""))
+    ax.set_title(title + (": mok vs baseline, speedup above" if has_base else ""))
     ax.legend(fontsize=8)
     ax.margins(y=0.15)
 
@@ -200,6 +205,8 @@ def main(argv):
     rows = []
     if cases:
         rows.append("cases")
+    if any(c.get("mok_bwd_ms") for c in cases):
+        rows.append("backward")
     if ablation_rows:
         rows.append("ablation")
     if comm_lines or mini_lines:
@@ -215,6 +222,9 @@ def main(argv):
     for r, row in enumerate(rows):
         if row == "cases":
             plot_cases(fig.add_subplot(grid[r, :]), cases)
+        elif row == "backward":
+            plot_cases(fig.add_subplot(grid[r, :]), cases, "mok_bwd_ms", "baseline_bwd_ms", "bwd_speedup",
+                       "(a2) backward per case (mok: unfused kernels)")
         elif row == "ablation":
             plot_ablation(fig.add_subplot(grid[r, :]), ablation_rows)
         else:
@@ -227,7 +237,7 @@ def main(argv):
                 span = grid[r, i] if len(sweeps_here) == 2 else grid[r, :]
                 plot_sweep(fig.add_subplot(span), lines, xlabel, title)
 
-    fig.suptitle(f"mok forward: {doc.get('gpus', '?')} x {doc.get('device', '?')}, "
+    fig.suptitle(f"mok layer: {doc.get('gpus', '?')} x {doc.get('device', '?')}, "
                  f"EP {doc.get('ep', '?')}, commit {doc.get('commit', '?')}, {doc.get('date', '?')}")
     return plot_common.finish(fig, out_path, dpi=120)
 

@@ -267,6 +267,15 @@ class ForwardReportTest(unittest.TestCase):
         self.plot(out)
 
     @unittest.skipUnless(HAVE_MATPLOTLIB, "matplotlib is not installed")
+    def test_plot_with_backward(self):
+        mok = synthetic_mok()
+        mok["cases"][0].update({"mok_bwd_ms": 6.0, "mok_bwd_tflops": 333.3})
+        base = synthetic_baseline()
+        base["cases"][0]["baseline_bwd_ms"] = 15.0
+        out, _ = self.report(mok, base)
+        self.plot(out)
+
+    @unittest.skipUnless(HAVE_MATPLOTLIB, "matplotlib is not installed")
     def test_plot_old_file_and_no_baseline(self):
         out, _ = self.report(synthetic_mok(with_ablation=False), synthetic_baseline())
         del out["ablation"]  # files written before the ablation existed
