@@ -146,14 +146,11 @@ struct NoHook {
 // Returns false (nothing more issued, the stage not armed) when a wait for a free stage expired:
 // the producer must then stop, so that each stage has at most one load in flight and
 // drain_stages can wait for exactly those.
-// a_grouped (MN-major A only): map_a is a 3-D view {8, M/8, K rows} (one half of a packed gate/up
-// tensor, groups of 8 columns 16 apart); its box {8, 8, 64} lands in shared memory exactly as the
-// 2-D box {64, 64} of 64 contiguous columns would.
 template <class C, bool kAMN, bool kBMN, bool kCluster = false>
 __device__ __forceinline__ bool produce_tile(const Smem<C>& sm, PipeState<C>& ps, const Tile& t,
                                              const CUtensorMap* map_a, const CUtensorMap* map_b,
                                              const WaitBound& wb, const CUtensorMap* map_b_half = nullptr,
-                                             bool shared = false, uint32_t rank = 0, bool a_grouped = false) {
+                                             bool shared = false, uint32_t rank = 0) {
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     if (!mbar_wait(sm.empty(ps.stage), ps.phase ^ 1u, wb, kSiteProducerEmpty)) return false;
     uint64_t* full = sm.full(ps.stage);
@@ -163,9 +160,6 @@ __device__ __forceinline__ bool produce_tile(const Smem<C>& sm, PipeState<C>& ps
     uint8_t* b = sm.b(ps.stage);
     if constexpr (!kAMN) {
       tma_load_2d(a, map_a, full, k, t.a_m);
-    } else if (a_grouped) {
-      tma_load_3d(a, map_a, full, 0, t.a_m / 8, k);
-      tma_load_3d(a + kChunkBytes, map_a, full, 0, (t.a_m + 64) / 8, k);
     } else {
       tma_load_2d(a, map_a, full, t.a_m, k);
       tma_load_2d(a + kChunkBytes, map_a, full, t.a_m + 64, k);

@@ -188,8 +188,6 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
               "1 <= rows_total < 2^31, got ", a.rows_total);
   MOK_REQUIRE(a.a && a.b && a.dw && a.expert_row_begin && a.expert_rows, "wgrad",
               "a, b, dw, expert_row_begin and expert_rows must be given");
-  MOK_REQUIRE(a.a_packed_half >= -1 && a.a_packed_half <= 1, "wgrad.a_packed_half",
-              "-1 (plain a), 0 (gate) or 1 (up), got ", a.a_packed_half);
   Plan p;
   p.form = Form::Wgrad;
   p.params.num_m_tiles = static_cast<int32_t>(cdiv(a.m, kBlockM));
@@ -204,16 +202,7 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
   p.padded_flops = 2.0 * double(a.rows_total) * double(a.m) * double(a.n);
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(a.rows_total);
-  if (a.a_packed_half < 0) {
-    p.map_a = make_map_2d(a.a, u, uint64_t(a.m), 64);  // {m, rows}: MN-major A
-  } else {
-    // The half's columns 8j + c sit at packed column 16j + 8 * half + c of rows 2m wide.
-    const uint64_t dims[3] = {8, uint64_t(a.m) / 8, u};
-    const uint64_t strides[2] = {16, 2 * uint64_t(a.m)};
-    const uint32_t box[3] = {8, 8, 64};
-    p.map_a = make_tensor_map_bf16(static_cast<const uint16_t*>(a.a) + 8 * a.a_packed_half, 3, dims, strides, box);
-    p.params.a_packed_half = a.a_packed_half;
-  }
+  p.map_a = make_map_2d(a.a, u, uint64_t(a.m), 64);                 // {m, rows}: MN-major A
   p.map_b = make_map_3d(a.b, 1, u, uint64_t(a.n), 64);              // {n, rows, 1}: MN-major B
   p.map_b_half = p.map_b;
   p.map_d0 = make_map_3d(a.dw, uint64_t(a.experts), uint64_t(a.m), uint64_t(a.n), 64);

@@ -100,18 +100,13 @@ struct DgradSwiGLUArgs {
 // Wgrad (K-grouped): dw[e] = sum over expert e's rows r of a[r]^T b[r], i.e. [m, n] per expert,
 // fp32 sums in increasing row order, rounded to bf16. Rows past expert_rows[e] inside the padded
 // segment are ignored whatever they hold. Experts without rows get dw[e] = 0.
-// With a_packed_half = 0 or 1, a is a packed gate/up tensor [rows_total, 2m] (pack_gate_up's
-// column order, e.g. d_gu) and the gradient is taken for its gate (0) or up (1) columns only, in
-// their plain order: dw = dW_gate or dW_up [experts, m, n] directly (the same bits as the rows of
-// the packed wgrad's dW1p), with no unpacking pass.
 struct WgradArgs {
-  const void* a = nullptr;  // [rows_total, m]  (e.g. d_y for dW_down, d_gu for dW1p; see a_packed_half)
+  const void* a = nullptr;  // [rows_total, m]  (e.g. d_y for dW_down, d_gu for dW1p)
   const void* b = nullptr;  // [rows_total, n]  (e.g. h, x)
   void* dw = nullptr;       // [experts, m, n]
   int64_t m = 0, n = 0, experts = 0, rows_total = 0;
   const int32_t* expert_row_begin = nullptr;  // [experts] (device)
   const int32_t* expert_rows = nullptr;       // [experts] (device)
-  int a_packed_half = -1;                     // -1: plain a; 0 / 1: gate / up half of a packed a
 };
 
 struct Plan {
@@ -150,6 +145,9 @@ void pack_gate_up_host(const uint16_t* w_gate, const uint16_t* w_up, uint16_t* w
 // Device version (all pointers in device memory; hidden must be a multiple of 8).
 void pack_gate_up(const void* w_gate, const void* w_up, void* w1p, int64_t experts, int64_t inter,
                   int64_t hidden, cudaStream_t stream);
+// The inverse, for gradients computed in the packed order (wgrad of FC1: dW1p -> dW_gate, dW_up).
+void unpack_gate_up(const void* w1p, void* w_gate, void* w_up, int64_t experts, int64_t inter, int64_t hidden,
+                    cudaStream_t stream);
 
 namespace detail {
 void launch_fc1(const Plan& plan, cudaStream_t stream);

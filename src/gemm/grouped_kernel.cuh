@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       Schedule sched(p);
       while (sched.next(t, shared, dummy))
         if (!produce_tile<C, Form::kAMN, Form::kBMN, kCluster>(sm, ps, t, &map_a, &map_b, wb, &map_b_half, shared,
-                                                               rank, p.a_packed_half >= 0))
+                                                               rank))
           break;  // a wait expired: issue nothing more
       drain_stages(sm, ps, wb);
       if constexpr (kCluster) producer_tail(sm, ps, wb);

@@ -30,9 +30,6 @@ struct KernelParams {
   const int32_t* expert_rows = nullptr;
   void* fc1_h = nullptr;  // FC1: h, dense [rows, n/2] bf16 (split-N tiles at BLOCK_N 128 store to it directly)
   const void* gu = nullptr;  // DgradSwiGLU: the forward's packed gate/up pre-activations, dense [rows, 2n] bf16
-  // Wgrad: A is the gate (0) or up (1) half of a packed gate/up tensor (map_a is the 3-D view
-  // {8, m/8, rows} of that half, loaded at coordinates (0, m/8, k)); -1: a plain [rows, m] A.
-  int32_t a_packed_half = -1;
   unsigned int* error = nullptr;              // bounded waits: error word (nullptr: unbounded)
   unsigned long long wait_limit_ns = 0;
 };

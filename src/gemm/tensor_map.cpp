@@ -35,10 +35,7 @@ CUtensorMap make_tensor_map_bf16(const void* base, int rank, const uint64_t* dim
   MOK_REQUIRE(rank >= 2 && rank <= 3, "tensor map rank", "2 or 3, got ", rank);
   MOK_REQUIRE(reinterpret_cast<uintptr_t>(base) % 16 == 0, "tensor base address",
               "must be 16-byte aligned");
-  // The 128-byte swizzle needs inner boxes of at most 128 bytes; the engine's shared-memory tiles
-  // are 128-byte rows, made of one 64-wide inner box or (a 3-D view) box[0] x box[1] = 64.
-  MOK_REQUIRE(box[0] == 64 || (rank == 3 && box[0] % 8 == 0 && box[0] * box[1] == 64), "tensor map box",
-              "inner box must be 64 bf16 (128-byte swizzle), or box[0] x box[1] = 64 in a 3-D view, got ", box[0]);
+  MOK_REQUIRE(box[0] == 64, "tensor map box", "inner box must be 64 bf16 (128-byte swizzle)");
   cuuint64_t gdim[3] = {1, 1, 1};
   cuuint64_t gstride[2] = {0, 0};
   cuuint32_t gbox[3] = {1, 1, 1};

@@ -13,8 +13,7 @@ namespace mok::gemm {
 
 // A bf16 tensor of rank 2 or 3, dims innermost first (dims[0] is contiguous), row strides in
 // elements; box dims innermost first. All maps use the 128-byte swizzle, so box[0] must be 64
-// (128 bytes), or, in a rank-3 view of groups of columns, box[0] x box[1] = 64 (its box lands as
-// the same 128-byte rows). Out-of-bounds elements read as zero and are not written by stores.
+// (128 bytes). Out-of-bounds elements read as zero and are not written by stores.
 CUtensorMap make_tensor_map_bf16(const void* base, int rank, const uint64_t* dims,
                                  const uint64_t* strides_elems, const uint32_t* box);
 
