@@ -76,8 +76,8 @@ class Layer {
   // ring that holds the worst case (config.macrobatch_tokens 0 = automatic, or large enough);
   // anything else is refused with an error naming the setting. The weight gradients sum each
   // expert's rows in the schedule's order (fixed for a given routing): bitwise reproducible. The
-  // first call allocates the backward's buffers (routed dy rows, the packed dW1p): make it before
-  // capturing a backward in a CUDA graph.
+  // first call allocates the backward's buffer (the routed dy rows): make it before capturing a
+  // backward in a CUDA graph.
   void backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& grads, cudaStream_t stream);
   // This rank's x buffer [T, H] bf16 (device) inside the layer's symmetric window, which the
   // peers read during forward(). forward() copies RoutingRefs::x there unless x already points at

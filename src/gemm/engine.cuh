@@ -22,6 +22,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "gemm/sm90.cuh"
 
@@ -421,16 +422,21 @@ __device__ __forceinline__ int32_t acc_row(uint32_t wt) { return int32_t((wt >> 
 __device__ __forceinline__ int32_t acc_col(uint32_t wt) { return int32_t(2u * (wt & 3u)); }
 // stmatrix x4 stores two such blocks (16 rows x 16 columns) of a warp; lane l addresses row l%8 of
 // matrix l/8 (matrices: block b rows 0-7, block b rows 8-15, block b+1 rows 0-7, rows 8-15).
+// kGateUpRows: the chunk's 64 rows are packed gate/up rows (16j + c gate, 16j + 8 + c up, as
+// pack_gate_up): warp w's gate rows go to buffer rows 8w.., its up rows to 32 + 8w.., so the
+// buffer holds 32 gate rows then 32 up rows in plain order (the swizzle depends on row % 8, which
+// the move keeps).
+template <bool kGateUpRows = false>
 __device__ __forceinline__ uint32_t stmatrix_addr(uint32_t buf_addr, uint32_t wt, int unit_pair) {
   const uint32_t warp = wt >> 5, lane = wt & 31u;
   const uint32_t mi = lane >> 3, ri = lane & 7u;
-  const uint32_t row = warp * 16u + (mi & 1u) * 8u + ri;
+  const uint32_t row = kGateUpRows ? (mi & 1u) * 32u + warp * 8u + ri : warp * 16u + (mi & 1u) * 8u + ri;
   const uint32_t unit = uint32_t(unit_pair) * 2u + (mi >> 1);
   return buf_addr + row * 128u + ((unit ^ ri) << 4);  // row % 8 == ri
 }
 
-// Writes accumulator blocks kB0 .. kB0+7 (64 columns) as bf16.
-template <int kB0, int kN>
+// Writes accumulator blocks kB0 .. kB0+7 (64 columns) as bf16 (rows as stmatrix_addr<kGateUpRows>).
+template <int kB0, int kN, bool kGateUpRows = false>
 __device__ __forceinline__ void write_chunk_bf16(uint8_t* buf, const float (&acc)[kN], uint32_t wt) {
   static_assert(4 * (kB0 + 8) <= kN, "chunk outside the accumulators");
   const uint32_t base = smem_addr(buf);
@@ -438,7 +444,7 @@ __device__ __forceinline__ void write_chunk_bf16(uint8_t* buf, const float (&acc
   for (int q = 0; q < 4; ++q) {
     constexpr int kStride = 4;
     const int b = kB0 + 2 * q;
-    stmatrix_x4(stmatrix_addr(base, wt, q), pack_bf16x2(acc[kStride * b + 0], acc[kStride * b + 1]),
+    stmatrix_x4(stmatrix_addr<kGateUpRows>(base, wt, q), pack_bf16x2(acc[kStride * b + 0], acc[kStride * b + 1]),
                 pack_bf16x2(acc[kStride * b + 2], acc[kStride * b + 3]),
                 pack_bf16x2(acc[kStride * b + 4], acc[kStride * b + 5]),
                 pack_bf16x2(acc[kStride * b + 6], acc[kStride * b + 7]));
@@ -552,6 +558,40 @@ __device__ __forceinline__ void epilogue_store(const Smem<C>& sm, EpiState& es, 
                                                const float (&acc)[C::kAccRegs], const CUtensorMap* d,
                                                int32_t row, int32_t b_n, int32_t n, int32_t batch = -1) {
   store_chunks<C, C::kAccRegs>(sm, es, cwg, wt, acc, d, row + 64 * cwg, b_n, n, batch);
+}
+
+// Wgrad of a packed gate/up weight (dW1p's rows, 64 per warpgroup: 32 gate and 32 up rows) stored
+// straight into the two plain-order gradients: each 64-column chunk's gate rows to `gate` and its
+// up rows to `up` ([batch, rows / 2, n] 3-D maps with boxes of 32 rows) at row packed_row / 2.
+// Same accumulators as epilogue_store, so the same bits as dW1p's rows. packed_row is a multiple
+// of 64; rows past the maps' end are clipped by the TMA stores.
+template <class C>
+__device__ __forceinline__ void epilogue_store_gate_up(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
+                                                       const float (&acc)[C::kAccRegs], const CUtensorMap* gate,
+                                                       const CUtensorMap* up, int32_t row, int32_t b_n, int32_t n,
+                                                       int32_t batch) {
+  const int32_t half_row = (row + 64 * cwg) / 2;
+  const bool leader = wt == 0;
+  const auto chunk = [&](auto kch) {
+    constexpr int kCH = decltype(kch)::value;
+    if constexpr (kCH < C::kChunks) {
+      if (b_n + 64 * kCH >= n) return;
+      uint8_t* buf = epi_begin(sm, cwg, es, leader);
+      write_chunk_bf16<8 * kCH, C::kAccRegs, true>(buf, acc, wt);
+      fence_async_shared();
+      named_bar_sync(kBarEpilogue + uint32_t(cwg), 128);
+      if (leader) {
+        tma_store_3d(gate, buf, b_n + 64 * kCH, half_row, batch);
+        tma_store_3d(up, buf + 32 * 128, b_n + 64 * kCH, half_row, batch);
+        tma_store_commit();  // one bulk group per chunk, as epi_begin's wait expects
+      }
+      ++es.chunks;
+    }
+  };
+  chunk(std::integral_constant<int, 0>{});
+  chunk(std::integral_constant<int, 1>{});
+  chunk(std::integral_constant<int, 2>{});
+  chunk(std::integral_constant<int, 3>{});
 }
 
 // Epilogues of a split-N tile (mma_tile_split_n): rows 0..63 of the tile, warpgroup cwg's half

@@ -188,6 +188,8 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
               "1 <= rows_total < 2^31, got ", a.rows_total);
   MOK_REQUIRE(a.a && a.b && a.dw && a.expert_row_begin && a.expert_rows, "wgrad",
               "a, b, dw, expert_row_begin and expert_rows must be given");
+  MOK_REQUIRE(a.dw_up == nullptr || a.m % 16 == 0, "wgrad.m",
+              "a multiple of 16 (whole groups of 8 gate and 8 up rows) with dw_up, got ", a.m);
   Plan p;
   p.form = Form::Wgrad;
   p.params.num_m_tiles = static_cast<int32_t>(cdiv(a.m, kBlockM));
@@ -205,8 +207,14 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
   p.map_a = make_map_2d(a.a, u, uint64_t(a.m), 64);                 // {m, rows}: MN-major A
   p.map_b = make_map_3d(a.b, 1, u, uint64_t(a.n), 64);              // {n, rows, 1}: MN-major B
   p.map_b_half = p.map_b;
-  p.map_d0 = make_map_3d(a.dw, uint64_t(a.experts), uint64_t(a.m), uint64_t(a.n), 64);
-  p.map_d1 = p.map_d0;
+  if (a.dw_up == nullptr) {
+    p.map_d0 = make_map_3d(a.dw, uint64_t(a.experts), uint64_t(a.m), uint64_t(a.n), 64);
+    p.map_d1 = p.map_d0;
+  } else {  // gate and up halves, 32-row boxes (one warpgroup's 64 packed rows = 32 of each)
+    p.map_d0 = make_map_3d(a.dw, uint64_t(a.experts), uint64_t(a.m / 2), uint64_t(a.n), 32);
+    p.map_d1 = make_map_3d(a.dw_up, uint64_t(a.experts), uint64_t(a.m / 2), uint64_t(a.n), 32);
+    p.params.split_gate_up = 1;
+  }
   return p;
 }
 

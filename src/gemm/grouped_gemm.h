@@ -100,6 +100,10 @@ struct DgradSwiGLUArgs {
 // Wgrad (K-grouped): dw[e] = sum over expert e's rows r of a[r]^T b[r], i.e. [m, n] per expert,
 // fp32 sums in increasing row order, rounded to bf16. Rows past expert_rows[e] inside the padded
 // segment are ignored whatever they hold. Experts without rows get dw[e] = 0.
+// With dw_up given, a's m columns are packed gate/up columns (pack_gate_up's order, e.g. d_gu; m a
+// multiple of 16) and the gradient is written unpacked: its gate rows to dw and its up rows to
+// dw_up, each [experts, m / 2, n] (dW_gate and dW_up, the same bits as dW1p's rows), so no
+// unpacking pass is needed.
 struct WgradArgs {
   const void* a = nullptr;  // [rows_total, m]  (e.g. d_y for dW_down, d_gu for dW1p)
   const void* b = nullptr;  // [rows_total, n]  (e.g. h, x)
@@ -107,6 +111,7 @@ struct WgradArgs {
   int64_t m = 0, n = 0, experts = 0, rows_total = 0;
   const int32_t* expert_row_begin = nullptr;  // [experts] (device)
   const int32_t* expert_rows = nullptr;       // [experts] (device)
+  void* dw_up = nullptr;                      // optional: see above
 };
 
 struct Plan {
@@ -145,9 +150,6 @@ void pack_gate_up_host(const uint16_t* w_gate, const uint16_t* w_up, uint16_t* w
 // Device version (all pointers in device memory; hidden must be a multiple of 8).
 void pack_gate_up(const void* w_gate, const void* w_up, void* w1p, int64_t experts, int64_t inter,
                   int64_t hidden, cudaStream_t stream);
-// The inverse, for gradients computed in the packed order (wgrad of FC1: dW1p -> dW_gate, dW_up).
-void unpack_gate_up(const void* w1p, void* w_gate, void* w_up, int64_t experts, int64_t inter, int64_t hidden,
-                    cudaStream_t stream);
 
 namespace detail {
 void launch_fc1(const Plan& plan, cudaStream_t stream);

@@ -228,7 +228,8 @@ struct FormDgradSwiGLU {
 };
 
 // Wgrad: dw [E, M, N] (3-D map_d0) of expert e = a_e^T . b_e, where a = [rows, M] and b = [rows, N]
-// (both MN-major operands); the last K block of each expert is masked to its valid rows.
+// (both MN-major operands); the last K block of each expert is masked to its valid rows. With
+// p.split_gate_up, M is a packed gate/up width and the rows go to map_d0 (gate) / map_d1 (up).
 template <class C>
 struct FormWgrad {
   static constexpr bool kAMN = true, kBMN = true, kMaskK = true, kSplitN = false;
@@ -236,10 +237,13 @@ struct FormWgrad {
   using PairSchedule = KPairSchedule<C>;
   __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
                                                   uint32_t wt, const float (&acc)[C::kAccRegs],
-                                                  const CUtensorMap* d0, const CUtensorMap*,
+                                                  const CUtensorMap* d0, const CUtensorMap* d1,
                                                   const KernelParams& p) {
     if (t.out_row + 64 * cwg >= p.m_out) return;
-    epilogue_store<C>(sm, es, cwg, wt, acc, d0, t.out_row, t.b_n, p.n, t.out_batch);
+    if (p.split_gate_up)
+      epilogue_store_gate_up<C>(sm, es, cwg, wt, acc, d0, d1, t.out_row, t.b_n, p.n, t.out_batch);
+    else
+      epilogue_store<C>(sm, es, cwg, wt, acc, d0, t.out_row, t.b_n, p.n, t.out_batch);
   }
 };
 

@@ -30,6 +30,9 @@ struct KernelParams {
   const int32_t* expert_rows = nullptr;
   void* fc1_h = nullptr;  // FC1: h, dense [rows, n/2] bf16 (split-N tiles at BLOCK_N 128 store to it directly)
   const void* gu = nullptr;  // DgradSwiGLU: the forward's packed gate/up pre-activations, dense [rows, 2n] bf16
+  // Wgrad: the output rows are packed gate/up rows (m_out = 2I): map_d0 receives the gate rows and
+  // map_d1 the up rows, each [experts, m_out / 2, n] in plain order (epilogue_store_gate_up).
+  int32_t split_gate_up = 0;
   unsigned int* error = nullptr;              // bounded waits: error word (nullptr: unbounded)
   unsigned long long wait_limit_ns = 0;
 };

@@ -105,12 +105,12 @@ struct Layer::Impl {
   std::unique_ptr<gpu::ScheduleBuilder> schedule;
   DeviceBuffer w1p, x_routed, gu, h, y;
   DeviceBuffer ws1p, shared_tiles, gu_s, h_s, y_s;
-  // Backward: what the forward leaves for it, and its own buffers (allocated by the first
-  // backward(): an inference-only layer never pays for them).
+  // Backward: what the forward leaves for it, and its own buffer (allocated by the first
+  // backward(): an inference-only layer never pays for it).
   void* x_rows = nullptr;  // routed x rows of the last forward (x_routed, or the megakernel's ring)
   int64_t ring_rows = 0;   // megakernel: rows of the ring (0 on the unfused path)
   bool saved = false;      // the last forward() stored gu (save_for_backward)
-  DeviceBuffer dy_routed, dw1p, dws1p, shared_rows;
+  DeviceBuffer dy_routed, shared_rows;
   gemm::Plan fc1, fc2, fc1_s, fc2_s;
   gemm::Plan fc1_nogu, fc1_s_nogu;  // forward(..., save_for_backward = false)
   // Megakernel: ring buffers, counters, tensor maps and parameters.
@@ -480,9 +480,9 @@ struct Layer::Impl {
 
   // ---------------------------------------------------------------------------------------------
   // Backward (unfused). Buffers it reuses from the forward: gu (d_gu is written over it), h (for
-  // dW_down), the routed x rows (for dW1p), y (the routed d_x rows), the shared expert's gu_s,
-  // h_s and y_s likewise, and the combine window (y_j for the router-weight gradient, then the
-  // reverse-dispatch slots). Its own: dy_routed, dW1p (unpacked into d_w_gate / d_w_up).
+  // dW_down), the routed x rows (for dW_gate, dW_up), y (the routed d_x rows), the shared expert's
+  // gu_s, h_s and y_s likewise, and the combine window (y_j for the router-weight gradient, then
+  // the reverse-dispatch slots). Its own: dy_routed.
   void backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& g, cudaStream_t stream) {
     validate_routing_layout(shape, rank, in);
     validate_grad_output_layout(shape, rank, d_out);
@@ -545,8 +545,7 @@ struct Layer::Impl {
     gpu::push_combine(move_args(), y.p, combine_peers.get<void* const>(), stream);
     // Weight gradients while the pushes land: rows in the schedule's order, padding rows masked.
     run_wgrad(dy_routed.p, h.p, g.d_w_down, H, I, e_loc, cap_rows, v.expert_offset, v.expert_rows, stream);
-    run_wgrad(gu.p, x_rows, dw1p.p, 2 * I, H, e_loc, cap_rows, v.expert_offset, v.expert_rows, stream);
-    gemm::unpack_gate_up(dw1p.p, g.d_w_gate, g.d_w_up, e_loc, I, H, stream);
+    run_wgrad(gu.p, x_rows, g.d_w_gate, 2 * I, H, e_loc, cap_rows, v.expert_offset, v.expert_rows, stream, g.d_w_up);
     barrier_kernel<<<1, 64, 0, stream>>>(dc, 0);  // every d_x row pushed into our slots landed
     MOK_CUDA_CHECK(cudaGetLastError());
     if (T == 0) {  // no tokens: the shared expert's gradient over them is zero
@@ -593,13 +592,15 @@ struct Layer::Impl {
     dx.num_m_tiles = t_tiles;
     gemm::run(gemm::plan_dgrad(dx), stream);
     run_wgrad(win_dout->ptr, h_s.p, g.d_ws_down, H, Is, 1, t_tiles * sched::kBlockM, begin, begin + 1, stream);
-    run_wgrad(gu_s.p, win_x->ptr, dws1p.p, 2 * Is, H, 1, t_tiles * sched::kBlockM, begin, begin + 1, stream);
-    gemm::unpack_gate_up(dws1p.p, g.d_ws_gate, g.d_ws_up, 1, Is, H, stream);
+    run_wgrad(gu_s.p, win_x->ptr, g.d_ws_gate, 2 * Is, H, 1, t_tiles * sched::kBlockM, begin, begin + 1, stream,
+              g.d_ws_up);
   }
 
-  // dw[e] = a_e^T b_e over expert e's rows (K-grouped wgrad; the plan encodes the output pointer).
+  // dw[e] = a_e^T b_e over expert e's rows (K-grouped wgrad; the plan encodes the output pointers).
+  // dw_up: a is packed gate/up (d_gu), dw gets the gate rows and dw_up the up rows.
   static void run_wgrad(const void* a, const void* b, void* dw, int64_t m, int64_t n, int64_t experts,
-                        int64_t rows_total, const int32_t* row_begin, const int32_t* rows, cudaStream_t stream) {
+                        int64_t rows_total, const int32_t* row_begin, const int32_t* rows, cudaStream_t stream,
+                        void* dw_up = nullptr) {
     gemm::WgradArgs w;
     w.a = a;
     w.b = b;
@@ -610,15 +611,14 @@ struct Layer::Impl {
     w.rows_total = rows_total;
     w.expert_row_begin = row_begin;
     w.expert_rows = rows;
+    w.dw_up = dw_up;
     gemm::run(gemm::plan_wgrad(w), stream);
   }
 
   void allocate_backward() {
     if (dy_routed.p != nullptr) return;
     dy_routed = DeviceBuffer(static_cast<size_t>(cap_rows * H) * 2, "backward dy rows");
-    dw1p = DeviceBuffer(static_cast<size_t>(e_loc * 2 * I * H) * 2, "backward dW1p");
     if (Is > 0 && T > 0) {
-      dws1p = DeviceBuffer(static_cast<size_t>(2 * Is * H) * 2, "backward dWs1p");
       // The shared expert as one expert of T rows starting at row 0: {begin, rows}.
       shared_rows = upload_array(std::vector<int32_t>{0, static_cast<int32_t>(T)}, "shared expert rows");
       if (shared_tiles.p == nullptr)  // the megakernel path has no shared tile table

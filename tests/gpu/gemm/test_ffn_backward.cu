@@ -157,6 +157,30 @@ void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I,
   const auto dwd = download<uint16_t>(d_dwd, size_t(E * H * I));
   const auto dw1p = download<uint16_t>(d_dw1p, w1p.size());
   const auto y = download<uint16_t>(d_y, size_t(rows * H));
+  // FC1's wgrad written unpacked (dw_up): dW_gate and dW_up in plain order, the same bits as
+  // dW1p's packed rows.
+  {
+    DevBuf d_gate(size_t(E * I * H) * 2), d_up(size_t(E * I * H) * 2);
+    ASSERT_EQ(cudaSuccess, cudaMemset(d_gate.p, 0xFF, d_gate.bytes));
+    ASSERT_EQ(cudaSuccess, cudaMemset(d_up.p, 0xFF, d_up.bytes));
+    gemm::WgradArgs split = w1;
+    split.dw = d_gate.p;
+    split.dw_up = d_up.p;
+    gemm::run(gemm::plan_wgrad(split, o), nullptr);
+    ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    ASSERT_EQ(download<unsigned>(err, 1)[0], 0u) << "a bounded wait expired";
+    const auto gate = download<uint16_t>(d_gate, size_t(E * I * H));
+    const auto up = download<uint16_t>(d_up, size_t(E * I * H));
+    int64_t differ = 0;
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t i = 0; i < I; ++i)
+        for (int64_t k = 0; k < H; ++k) {
+          const size_t at = size_t((e * I + i) * H + k);
+          differ += gate[at] != dw1p[size_t((e * 2 * I + gemm::packed_gate_row(i)) * H + k)];
+          differ += up[at] != dw1p[size_t((e * 2 * I + gemm::packed_up_row(i)) * H + k)];
+        }
+    EXPECT_EQ(differ, 0) << "dW_gate / dW_up written unpacked differ from dW1p's rows";
+  }
   if (outputs) *outputs = {dx, dwd, dw1p, y};
 
   const Reference ref = reference(rt, to_double(x), to_double(dy), to_double(wg), to_double(wu), to_double(wd), H, I);
