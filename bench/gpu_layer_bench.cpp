@@ -354,9 +354,11 @@ double sustained_ms(comm::LocalGroup& group, std::vector<std::unique_ptr<RankRun
 // One rank's backward: random d_out, one checked forward + backward (sampled d_x rows and their
 // d_topk_w, with the d_out rows they came from), then per iteration an untimed forward and a timed
 // backward (events `ev`, reused from the forward timing). Every call is collective.
+// With MOK_PROFILE=1, `profile` gets the last backward's stage times (Layer::profile_summary).
 void time_backward(Layer& layer, const RoutingRefs& refs, void* out, const LayerShape& shape, int rank,
                    const int64_t (&samples)[2], const GpuBenchOptions& o, cudaStream_t s, std::vector<double>& ms,
-                   std::vector<float>& sampled, std::vector<float>& dout_sampled, std::vector<cudaEvent_t>& ev) {
+                   std::vector<float>& sampled, std::vector<float>& dout_sampled, std::vector<cudaEvent_t>& ev,
+                   std::string& profile) {
   const int64_t T = shape.tokens_of(rank), H = shape.hidden, k = shape.top_k, I = shape.intermediate,
                 e_loc = shape.local_experts();
   void* d_out = nullptr;
@@ -401,6 +403,9 @@ void time_backward(Layer& layer, const RoutingRefs& refs, void* out, const Layer
     MOK_CUDA_CHECK(cudaEventElapsedTime(&e, ev[static_cast<size_t>(2 * it)], ev[static_cast<size_t>(2 * it + 1)]));
     ms.push_back(e);
   }
+  const std::string summary = layer.profile_summary();
+  const size_t at = summary.find("backward stages");
+  if (at != std::string::npos) profile = summary.substr(at);
   cudaFree(d_out);
   for (void* p : bufs) cudaFree(p);
 }
@@ -478,6 +483,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
                             cfg.resolved_macrobatch(shape) >= shape.worst_case_rows());
           std::vector<std::vector<double>> bwd_ms(static_cast<size_t>(W));
           std::vector<std::vector<float>> bwd_sampled(static_cast<size_t>(W)), dout_sampled(static_cast<size_t>(W));
+          std::vector<std::string> bwd_profile(static_cast<size_t>(W));
           group.run([&](comm::Communicator& c, size_t r) {
             std::unique_ptr<RankRun> owned = std::make_unique<RankRun>(c, shape, cfg, wl.inputs[r], weights[r]);
             RankRun& run = *owned;
@@ -521,7 +527,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
             profile[r] = layer.profile_summary();
             if (bwd)
               time_backward(layer, refs, out, shape, static_cast<int>(r), samples, o, s, bwd_ms[r], bwd_sampled[r],
-                            dout_sampled[r], ev);
+                            dout_sampled[r], ev, bwd_profile[r]);
             for (auto& e : ev) cudaEventDestroy(e);
           });
           std::string check;
@@ -620,6 +626,8 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
             const double b_ms = median(bslow), b_tflops = 2.0 * flops / (b_ms * 1e-3) / 1e12;
             std::printf("  backward: %.3f ms, %.0f TFLOP/s per GPU (slowest rank, median of %d; sampled d_x and "
                         "d_topk_w vs the spec: rel %.1e)\n", b_ms, b_tflops, o.iters, brel);
+            for (int r = 0; r < W; ++r)
+              if (!bwd_profile[r].empty()) std::printf("  profile rank %d: %s\n", r, bwd_profile[r].c_str());
             std::fflush(stdout);
             main_case += ", \"mok_bwd_ms\": " + std::to_string(b_ms) + ", \"mok_bwd_tflops\": " +
                          std::to_string(b_tflops) + ", \"bwd_check_rel_err\": " + std::to_string(brel);

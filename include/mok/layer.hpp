@@ -89,9 +89,10 @@ class Layer {
   // Raises pending device-side errors (invalid expert ids: InvalidArgument naming topk_idx[t,j];
   // expired waits: Timeout naming the wait). Call after synchronizing the stream.
   void check();
-  // With MOK_PROFILE=1 in the environment when the layer was built (megakernel path): one line on
-  // where the last forward's kernel spent its time — compute CTAs busy in tiles / waiting for a
-  // task / producer waiting on dependencies, comm CTAs pulling / pushing / idle; "" otherwise.
+  // With MOK_PROFILE=1 in the environment when the layer was built: one line on where the last
+  // forward's kernel spent its time (megakernel path) — compute CTAs busy in tiles / waiting for a
+  // task / producer waiting on dependencies, comm CTAs pulling / pushing / idle — and, after a
+  // backward(), one on the time of each of its stages (events on its stream); "" otherwise.
   // Synchronizes with the device.
   std::string profile_summary() const;
 

@@ -111,6 +111,17 @@ struct Layer::Impl {
   int64_t ring_rows = 0;   // megakernel: rows of the ring (0 on the unfused path)
   bool saved = false;      // the last forward() stored gu (save_for_backward)
   DeviceBuffer dy_routed, shared_rows;
+  // MOK_PROFILE=1: events at the backward's stage boundaries (profile_summary reports the last one).
+  static constexpr int kBwdStages = 11;
+  static constexpr const char* kBwdStageNames[kBwdStages] = {
+      "router-weight grad", "barrier", "reverse-combine pull", "FC2 dgrad + SwiGLU'", "FC1 dgrad",
+      "reverse-dispatch push", "wgrad down", "wgrad gate/up", "barrier", "shared expert", "d_x merge"};
+  bool profile = false;
+  std::vector<cudaEvent_t> bwd_marks;
+  bool bwd_marked = false;
+  void mark(int i, cudaStream_t stream) {
+    if (!bwd_marks.empty()) MOK_CUDA_CHECK(cudaEventRecord(bwd_marks[static_cast<size_t>(i)], stream));
+  }
   gemm::Plan fc1, fc2, fc1_s, fc2_s;
   gemm::Plan fc1_nogu, fc1_s_nogu;  // forward(..., save_for_backward = false)
   // Megakernel: ring buffers, counters, tensor maps and parameters.
@@ -136,6 +147,7 @@ struct Layer::Impl {
     int prev = -1;
     const bool restore = cudaGetDevice(&prev) == cudaSuccess;
     if (cudaSetDevice(comm.device()) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) leases.keep = true;
+    for (cudaEvent_t e : bwd_marks) (void)cudaEventDestroy(e);
     if (restore) (void)cudaSetDevice(prev);
   }
 
@@ -147,6 +159,8 @@ struct Layer::Impl {
     MOK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, comm.device()));
     config.validate(shape, sms);
     fused = config.forward_path == ForwardPath::Megakernel;
+    const char* prof = std::getenv("MOK_PROFILE");
+    profile = prof != nullptr && std::string(prof) == "1";
     rank = comm.rank();
     world = comm.world_size();
     MOK_REQUIRE(world == shape.world_size(), "shape.tokens",
@@ -346,8 +360,7 @@ struct Layer::Impl {
     if (const char* sn = std::getenv("MOK_MK_SPLIT_N")) mkp.split_n = std::atoi(sn) != 0 ? 1 : 0;
     // MOK_MK_GROUP_M=n: raster groups of n tickets along M inside a minibatch's block (0: all).
     if (const char* gm = std::getenv("MOK_MK_GROUP_M")) ps.group_m = std::max(0, std::atoi(gm));
-    const char* prof = std::getenv("MOK_PROFILE");
-    if (prof != nullptr && std::string(prof) == "1") {
+    if (profile) {
       stats = DeviceBuffer(static_cast<size_t>(sms) * mk::kForwardStatWords * 8, "megakernel profile");
       MOK_CUDA_CHECK(cudaMemset(stats.p, 0, static_cast<size_t>(sms) * mk::kForwardStatWords * 8));
       mkp.stats = stats.get<unsigned long long>();
@@ -498,6 +511,7 @@ struct Layer::Impl {
     MOK_REQUIRE(Is == 0 || T == 0 || (g.d_ws_gate && g.d_ws_up && g.d_ws_down), "grads",
                 "d_ws_gate, d_ws_up and d_ws_down must be given when Is > 0");
     allocate_backward();
+    mark(0, stream);
     if (T > 0) {
       MOK_CUDA_CHECK(cudaMemcpyAsync(win_dout->ptr, d_out.data, static_cast<size_t>(T * H) * 2,
                                      cudaMemcpyDeviceToDevice, stream));
@@ -515,12 +529,15 @@ struct Layer::Impl {
       rg.d_topk_w = g.d_topk_w;
       gpu::router_weight_grad(rg, stream);
     }
+    mark(1, stream);
     barrier_kernel<<<1, 64, 0, stream>>>(dc, 0);  // d_out and weights visible; every y_j read
     MOK_CUDA_CHECK(cudaGetLastError());
+    mark(2, stream);
     const gpu::ScheduleView v = schedule->view();
     const int64_t tiles = cap_rows / sched::kBlockM;
     gpu::pull_reverse_combine(move_args(), dout_peers.get<const void* const>(),
                               weight_peers.get<const float* const>(), dy_routed.p, stream);
+    mark(3, stream);
     gemm::DgradSwiGLUArgs ds;  // d_gu over gu, in place
     ds.dy = dy_routed.p;
     ds.w_down = weights.w_down;
@@ -532,6 +549,7 @@ struct Layer::Impl {
     ds.tile_expert = v.tile_expert;
     ds.num_m_tiles = tiles;
     gemm::run(gemm::plan_dgrad_swiglu(ds), stream);
+    mark(4, stream);
     gemm::DgradArgs dx;  // routed d_x rows into y (the forward's FC2 output is no longer needed)
     dx.dy = gu.p;
     dx.w = w1p.p;
@@ -542,18 +560,27 @@ struct Layer::Impl {
     dx.tile_expert = v.tile_expert;
     dx.num_m_tiles = tiles;
     gemm::run(gemm::plan_dgrad(dx), stream);
+    mark(5, stream);
     gpu::push_combine(move_args(), y.p, combine_peers.get<void* const>(), stream);
+    mark(6, stream);
     // Weight gradients while the pushes land: rows in the schedule's order, padding rows masked.
     run_wgrad(dy_routed.p, h.p, g.d_w_down, H, I, e_loc, cap_rows, v.expert_offset, v.expert_rows, stream);
+    mark(7, stream);
     run_wgrad(gu.p, x_rows, g.d_w_gate, 2 * I, H, e_loc, cap_rows, v.expert_offset, v.expert_rows, stream, g.d_w_up);
+    mark(8, stream);
     barrier_kernel<<<1, 64, 0, stream>>>(dc, 0);  // every d_x row pushed into our slots landed
     MOK_CUDA_CHECK(cudaGetLastError());
+    mark(9, stream);
+    bwd_marked = !bwd_marks.empty();
     if (T == 0) {  // no tokens: the shared expert's gradient over them is zero
       for (void* p : {g.d_ws_gate, g.d_ws_up, g.d_ws_down})
         if (Is > 0 && p != nullptr) MOK_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(Is * H) * 2, stream));
+      mark(10, stream);
+      mark(11, stream);
       return;
     }
     if (Is > 0) shared_backward(g, stream);
+    mark(10, stream);
     gpu::MergeArgs m;
     m.shared = Is > 0 ? y_s.p : nullptr;
     m.slots = win_combine->ptr;
@@ -564,6 +591,28 @@ struct Layer::Impl {
     m.hidden = H;
     m.out = g.d_x;
     gpu::merge_backward(m, stream);
+    mark(11, stream);
+  }
+
+  std::string forward_profile() const;  // the megakernel's line of profile_summary, or ""
+
+  // The last backward's stage times (MOK_PROFILE=1), or "".
+  std::string backward_profile() const {
+    if (!bwd_marked) return "";
+    MOK_CUDA_CHECK(cudaEventSynchronize(bwd_marks.back()));
+    std::string line = "backward stages (ms):";
+    float total = 0;
+    for (int i = 0; i < kBwdStages; ++i) {
+      float ms = 0;
+      MOK_CUDA_CHECK(cudaEventElapsedTime(&ms, bwd_marks[static_cast<size_t>(i)], bwd_marks[static_cast<size_t>(i + 1)]));
+      total += ms;
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%s %s %.3f", i ? "," : "", kBwdStageNames[i], ms);
+      line += buf;
+    }
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "; total %.3f", total);
+    return line + buf;
   }
 
   // The shared expert over this rank's tokens: dy = d_out (weight 1), as one expert of T rows.
@@ -617,6 +666,10 @@ struct Layer::Impl {
 
   void allocate_backward() {
     if (dy_routed.p != nullptr) return;
+    if (profile) {
+      bwd_marks.resize(kBwdStages + 1);
+      for (cudaEvent_t& e : bwd_marks) MOK_CUDA_CHECK(cudaEventCreate(&e));
+    }
     dy_routed = DeviceBuffer(static_cast<size_t>(cap_rows * H) * 2, "backward dy rows");
     if (Is > 0 && T > 0) {
       // The shared expert as one expert of T rows starting at row 0: {begin, rows}.
@@ -646,7 +699,12 @@ void Layer::repack(cudaStream_t stream) { impl_->repack(stream); }
 void* Layer::input_buffer() const { return impl_->T > 0 ? impl_->win_x->ptr : nullptr; }
 
 std::string Layer::profile_summary() const {
-  const Impl& m = *impl_;
+  const std::string fwd = impl_->forward_profile(), bwd = impl_->backward_profile();
+  return fwd.empty() || bwd.empty() ? fwd + bwd : fwd + "\n" + bwd;
+}
+
+std::string Layer::Impl::forward_profile() const {
+  const Impl& m = *this;
   if (m.stats.p == nullptr) return "";
   std::vector<unsigned long long> w(static_cast<size_t>(m.sms) * mk::kForwardStatWords);
   MOK_CUDA_CHECK(cudaDeviceSynchronize());
