@@ -277,6 +277,30 @@ std::vector<float> expected_backward_token(const Model& m, const std::vector<Ran
   return dx;
 }
 
+// Relative L2 error of the GPU's values for the sampled tokens (samples[q] of every rank):
+// want(r, q, t, x_row) gives the spec's `width` values for token t of rank r, got(r, q, c) the GPU's
+// value c. A NaN from the GPU makes it infinite.
+template <typename Want, typename Got>
+double sampled_rel_err(const Workload& wl, int W, int64_t H, const int64_t (&samples)[2], int64_t width, Want want,
+                       Got got) {
+  double num = 0, den = 0;
+  for (int r = 0; r < W; ++r) {
+    const auto& in = wl.inputs[static_cast<size_t>(r)];
+    for (int q = 0; q < 2; ++q) {
+      const int64_t t = samples[q];
+      std::vector<float> xv(static_cast<size_t>(H));
+      for (int64_t c = 0; c < H; ++c) xv[c] = float(in.x[t * H + c]);
+      const std::vector<float> w = want(r, q, t, xv);
+      for (int64_t c = 0; c < width; ++c) {
+        const double a = got(r, q, c), b = w[c];
+        num += std::isnan(a) ? INFINITY : (a - b) * (a - b);
+        den += b * b;
+      }
+    }
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
 std::string seconds_text(double s) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", s);
@@ -354,6 +378,29 @@ double sustained_ms(comm::LocalGroup& group, std::vector<std::unique_ptr<RankRun
 // One rank's backward: random d_out, one checked forward + backward (sampled d_x rows and their
 // d_topk_w, with the d_out rows they came from), then per iteration an untimed forward and a timed
 // backward (events `ev`, reused from the forward timing). Every call is collective.
+// warmup + iters iterations on stream s: before() untimed, then fn() between two of the events
+// `ev` (2 per iteration); returns the times of the iterations after the warm-up (ms). Raises the
+// layer's device-side errors.
+template <typename Before, typename Fn>
+std::vector<double> event_times(Layer& layer, const GpuBenchOptions& o, cudaStream_t s, std::vector<cudaEvent_t>& ev,
+                                Before before, Fn fn) {
+  for (int it = 0; it < o.warmup + o.iters; ++it) {
+    before();
+    MOK_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(2 * it)], s));
+    fn();
+    MOK_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(2 * it + 1)], s));
+  }
+  MOK_CUDA_CHECK(cudaStreamSynchronize(s));
+  layer.check();
+  std::vector<double> ms;
+  for (int it = o.warmup; it < o.warmup + o.iters; ++it) {
+    float e = 0;
+    MOK_CUDA_CHECK(cudaEventElapsedTime(&e, ev[static_cast<size_t>(2 * it)], ev[static_cast<size_t>(2 * it + 1)]));
+    ms.push_back(e);
+  }
+  return ms;
+}
+
 // With MOK_PROFILE=1, `profile` gets the last backward's stage times (Layer::profile_summary).
 void time_backward(Layer& layer, const RoutingRefs& refs, void* out, const LayerShape& shape, int rank,
                    const int64_t (&samples)[2], const GpuBenchOptions& o, cudaStream_t s, std::vector<double>& ms,
@@ -390,19 +437,8 @@ void time_backward(Layer& layer, const RoutingRefs& refs, void* out, const Layer
     sampled.insert(sampled.end(), w.begin(), w.end());
     for (const bf16 v : drow) dout_sampled.push_back(float(v));
   }
-  for (int it = 0; it < o.warmup + o.iters; ++it) {
-    layer.forward(refs, out, s);
-    MOK_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(2 * it)], s));
-    layer.backward(refs, dref, g, s);
-    MOK_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(2 * it + 1)], s));
-  }
-  MOK_CUDA_CHECK(cudaStreamSynchronize(s));
-  layer.check();
-  for (int it = o.warmup; it < o.warmup + o.iters; ++it) {
-    float e = 0;
-    MOK_CUDA_CHECK(cudaEventElapsedTime(&e, ev[static_cast<size_t>(2 * it)], ev[static_cast<size_t>(2 * it + 1)]));
-    ms.push_back(e);
-  }
+  ms = event_times(
+      layer, o, s, ev, [&] { layer.forward(refs, out, s); }, [&] { layer.backward(refs, dref, g, s); });
   const std::string summary = layer.profile_summary();
   const size_t at = summary.find("backward stages");
   if (at != std::string::npos) profile = summary.substr(at);
@@ -512,18 +548,8 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
             }
             std::vector<cudaEvent_t> ev(static_cast<size_t>(2 * (o.warmup + o.iters)));
             for (auto& e : ev) MOK_CUDA_CHECK(cudaEventCreate(&e));
-            for (int it = 0; it < o.warmup + o.iters; ++it) {
-              MOK_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(2 * it)], s));
-              layer.forward(refs, out, s, var.save_for_backward);
-              MOK_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(2 * it + 1)], s));
-            }
-            MOK_CUDA_CHECK(cudaStreamSynchronize(s));
-            layer.check();
-            for (int it = o.warmup; it < o.warmup + o.iters; ++it) {
-              float e = 0;
-              MOK_CUDA_CHECK(cudaEventElapsedTime(&e, ev[static_cast<size_t>(2 * it)], ev[static_cast<size_t>(2 * it + 1)]));
-              ms[r].push_back(e);
-            }
+            ms[r] = event_times(
+                layer, o, s, ev, [] {}, [&] { layer.forward(refs, out, s, var.save_for_backward); });
             profile[r] = layer.profile_summary();
             if (bwd)
               time_backward(layer, refs, out, shape, static_cast<int>(r), samples, o, s, bwd_ms[r], bwd_sampled[r],
@@ -533,23 +559,14 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           std::string check;
           if (main_sampled.empty()) {
             // Sampled check against the spec's arithmetic (2 tokens per rank, all their experts).
-            double num = 0, den = 0;
             std::map<int64_t, std::vector<float>> cache;
-            for (int r = 0; r < W; ++r) {
-              const auto& in = wl.inputs[static_cast<size_t>(r)];
-              for (int q = 0; q < 2; ++q) {
-                const int64_t t = samples[q];
-                std::vector<float> xv(static_cast<size_t>(H));
-                for (int64_t c = 0; c < H; ++c) xv[c] = float(in.x[t * H + c]);
-                const auto want = expected_token(*m, weights, e_loc, xv, &in.topk_idx[t * k], &in.topk_w[t * k], cache);
-                for (int64_t c = 0; c < H; ++c) {
-                  const double a = float(sampled[r][q * H + c]), b = want[c];
-                  num += std::isnan(a) ? INFINITY : (a - b) * (a - b);
-                  den += b * b;
-                }
-              }
-            }
-            rel = std::sqrt(num / std::max(den, 1e-30));
+            rel = sampled_rel_err(
+                wl, W, H, samples, H,
+                [&](int r, int, int64_t t, const std::vector<float>& xv) {
+                  const auto& in = wl.inputs[static_cast<size_t>(r)];
+                  return expected_token(*m, weights, e_loc, xv, &in.topk_idx[t * k], &in.topk_w[t * k], cache);
+                },
+                [&](int r, int q, int64_t c) { return double(float(sampled[r][q * H + c])); });
             MOK_REQUIRE(rel < 1e-2, "GPU layer check", "sampled outputs must match the spec within 1e-2 (",
                         m->name, " T=", T, " ", to_string(routing), ": rel err ", rel, ")");
             main_sampled = sampled;
@@ -598,26 +615,16 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           if (bwd) {
             // Sampled check of the backward against the spec (the same 2 tokens per rank), then
             // the slowest rank's median. Backward FLOPs: twice the forward's (two dgrads, two wgrads).
-            double num = 0, den = 0;
             std::map<int64_t, std::vector<float>> cache;
-            for (int r = 0; r < W; ++r) {
-              const auto& in = wl.inputs[static_cast<size_t>(r)];
-              for (int q = 0; q < 2; ++q) {
-                const int64_t t = samples[q];
-                std::vector<float> xv(static_cast<size_t>(H));
-                for (int64_t c = 0; c < H; ++c) xv[c] = float(in.x[t * H + c]);
-                const std::vector<float> dv(dout_sampled[r].begin() + q * H, dout_sampled[r].begin() + (q + 1) * H);
-                const auto want = expected_backward_token(*m, weights, e_loc, xv, dv, &in.topk_idx[t * k],
-                                                          &in.topk_w[t * k], cache);
-                const float* got = bwd_sampled[r].data() + q * (H + k);
-                for (int64_t c = 0; c < H + k; ++c) {
-                  const double a = got[c], b = want[c];
-                  num += std::isnan(a) ? INFINITY : (a - b) * (a - b);
-                  den += b * b;
-                }
-              }
-            }
-            const double brel = std::sqrt(num / std::max(den, 1e-30));
+            const double brel = sampled_rel_err(
+                wl, W, H, samples, H + k,
+                [&](int r, int q, int64_t t, const std::vector<float>& xv) {
+                  const auto& in = wl.inputs[static_cast<size_t>(r)];
+                  const std::vector<float> dv(dout_sampled[r].begin() + q * H, dout_sampled[r].begin() + (q + 1) * H);
+                  return expected_backward_token(*m, weights, e_loc, xv, dv, &in.topk_idx[t * k], &in.topk_w[t * k],
+                                                 cache);
+                },
+                [&](int r, int q, int64_t c) { return double(bwd_sampled[r][q * (H + k) + c]); });
             MOK_REQUIRE(brel < 1e-2, "GPU layer backward check", "sampled d_x and d_topk_w must match the spec within 1e-2 (",
                         m->name, " T=", T, " ", to_string(routing), ": rel err ", brel, ")");
             std::vector<double> bslow(static_cast<size_t>(o.iters), 0.0);

@@ -211,6 +211,27 @@ def self_check(world, rank, device):
     return ((out.float() - ref).norm() / ref.norm()).item(), bwd
 
 
+def slowest_median(fn, a, device, before=None):
+    """Median over a.iters timed calls of fn() (after a.warmup), each the slowest rank's CUDA-event
+    time; before() runs untimed ahead of each call (the forward that a timed backward needs)."""
+    times = []
+    for it in range(a.warmup + a.iters):
+        if before is not None:
+            before()
+        dist.barrier()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        t = torch.tensor([e0.elapsed_time(e1)], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if it >= a.warmup:
+            times.append(t.item())
+    times.sort()
+    return times[len(times) // 2]
+
+
 def sustained_ms(model, x, idx, w, ms, a, device):
     """~a.sustain seconds of back-to-back forwards; each rank's mean time per forward over the
     second half, the slowest rank's (as mok_bench --sustain). `ms` is the max-reduced median of
@@ -335,20 +356,7 @@ def main():
                     print(f"[baseline] {name} T={T} {kind} ...", flush=True)
                 idx, w = routing(T, E, k, kind, gen, device)
                 x = torch.randn(T, H, generator=gen, device=device).bfloat16()
-                times = []
-                for it in range(a.warmup + a.iters):
-                    dist.barrier()
-                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    e0.record()
-                    model.forward(x, idx, w)
-                    e1.record()
-                    e1.synchronize()
-                    t = torch.tensor([e0.elapsed_time(e1)], device=device)
-                    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                    if it >= a.warmup:
-                        times.append(t.item())
-                times.sort()
-                ms = times[len(times) // 2]
+                ms = slowest_median(lambda: model.forward(x, idx, w), a, device)
                 # Routed FLOPs of the slowest rank would need per-rank rows; report the
                 # per-GPU average: 2 * T * k * 3 * H * I per rank.
                 tflops = 2 * T * k * 3 * H * I / (ms * 1e-3) / 1e12
@@ -356,21 +364,8 @@ def main():
                         "baseline_tflops": tflops, "ep": world}
                 if not a.no_backward:
                     d_out = torch.randn(T, H, generator=gen, device=device).bfloat16()
-                    bt = []
-                    for it in range(a.warmup + a.iters):
-                        model.forward(x, idx, w, save=True)
-                        dist.barrier()
-                        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        e0.record()
-                        model.backward(d_out)
-                        e1.record()
-                        e1.synchronize()
-                        t = torch.tensor([e0.elapsed_time(e1)], device=device)
-                        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                        if it >= a.warmup:
-                            bt.append(t.item())
-                    bt.sort()
-                    case["baseline_bwd_ms"] = bt[len(bt) // 2]
+                    case["baseline_bwd_ms"] = slowest_median(lambda: model.backward(d_out), a, device,
+                                                             before=lambda: model.forward(x, idx, w, save=True))
                     case["baseline_bwd_tflops"] = 2 * 2 * T * k * 3 * H * I / (case["baseline_bwd_ms"] * 1e-3) / 1e12
                     model.ctx = model.ectx = None
                 if a.sustain > 0:

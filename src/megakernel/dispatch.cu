@@ -18,12 +18,7 @@ __global__ void __launch_bounds__(kThreads) move_rows_kernel(ScheduleView s, int
                                                              const uint4* const* src_peers,
                                                              const uint4* local_src, uint4* local_dst,
                                                              uint4* const* dst_peers) {
-  const int64_t total = s.totals->total_rows;
-  const int64_t end = row_end < 0 || row_end > total ? total : row_end;
-  const int lane = threadIdx.x & 31;
-  const int warps = static_cast<int>((gridDim.x * blockDim.x) >> 5);
-  const int warp = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
-  for (int64_t row = row_begin + warp; row < end; row += warps) {
+  for_each_window_row(s, row_begin, row_end, [&](int64_t row, int lane) {
     const int src = s.src_rank[row];
     const int slot = s.src_slot[row];
     const int64_t local = (row - row_begin) * hidden_vecs;
@@ -38,10 +33,12 @@ __global__ void __launch_bounds__(kThreads) move_rows_kernel(ScheduleView s, int
       copy_row(local_src + local, dst_peers[src] + static_cast<int64_t>(slot) * hidden_vecs,
                hidden_vecs, lane);
     }
-  }
+  });
 }
 
-void check(const MoveArgs& a) {
+}  // namespace
+
+void check_move_args(const MoveArgs& a) {
   MOK_REQUIRE(a.hidden > 0 && a.hidden % 8 == 0, "hidden", "must be a positive multiple of 8, got ", a.hidden);
   MOK_REQUIRE(a.top_k >= 1, "top_k", "must be >= 1, got ", a.top_k);
   MOK_REQUIRE(a.sms >= 1, "sms", "must be >= 1, got ", a.sms);
@@ -49,10 +46,8 @@ void check(const MoveArgs& a) {
               "need 0 <= row_begin <= row_end (or row_end = -1), got ", a.row_begin, ", ", a.row_end);
 }
 
-}  // namespace
-
 void pull_dispatch(const MoveArgs& a, const void* const* x_peers, void* x_routed, cudaStream_t stream) {
-  check(a);
+  check_move_args(a);
   move_rows_kernel<true><<<a.sms, kThreads, 0, stream>>>(
       a.schedule, static_cast<int>(a.hidden / 8), static_cast<int>(a.top_k), a.row_begin, a.row_end,
       reinterpret_cast<const uint4* const*>(x_peers), nullptr, static_cast<uint4*>(x_routed), nullptr);
@@ -60,7 +55,7 @@ void pull_dispatch(const MoveArgs& a, const void* const* x_peers, void* x_routed
 }
 
 void push_combine(const MoveArgs& a, const void* y_routed, void* const* combine_peers, cudaStream_t stream) {
-  check(a);
+  check_move_args(a);
   move_rows_kernel<false><<<a.sms, kThreads, 0, stream>>>(
       a.schedule, static_cast<int>(a.hidden / 8), static_cast<int>(a.top_k), a.row_begin, a.row_end,
       nullptr, static_cast<const uint4*>(y_routed), nullptr, reinterpret_cast<uint4* const*>(combine_peers));

@@ -23,6 +23,9 @@ struct MoveArgs {
   int sms = 16;           // CTAs used (one per SM)
 };
 
+// Throws mok::Error naming the first bad field (H a positive multiple of 8, k >= 1, sms >= 1, a
+// valid row window); every movement kernel's launcher calls it.
+void check_move_args(const MoveArgs& a);
 // x_peers[r]: rank r's x [T_r, H] bf16. x_routed: [rows of the window, H] bf16 (window-relative).
 void pull_dispatch(const MoveArgs& a, const void* const* x_peers, void* x_routed, cudaStream_t stream);
 // y_routed: [rows of the window, H] bf16 (window-relative). combine_peers[r]: [T_r * k, H] bf16.

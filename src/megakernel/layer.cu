@@ -543,28 +543,8 @@ struct Layer::Impl {
     gpu::pull_reverse_combine(move, dout_peers.get<const void* const>(), weight_peers.get<const float* const>(),
                               dy_routed.p, stream);
     mark(3, stream);
-    gemm::DgradSwiGLUArgs ds;  // d_gu over gu, in place
-    ds.dy = dy_routed.p;
-    ds.w_down = weights.w_down;
-    ds.gu = gu.p;
-    ds.d_gu = gu.p;
-    ds.hidden = H;
-    ds.inter = I;
-    ds.experts = e_loc;
-    ds.tile_expert = v.tile_expert;
-    ds.num_m_tiles = tiles;
-    gemm::run(gemm::plan_dgrad_swiglu(ds), stream);
-    mark(4, stream);
-    gemm::DgradArgs dx;  // routed d_x rows into y (the forward's FC2 output is no longer needed)
-    dx.dy = gu.p;
-    dx.w = w1p.p;
-    dx.dx = y.p;
-    dx.k = 2 * I;
-    dx.n = H;
-    dx.experts = e_loc;
-    dx.tile_expert = v.tile_expert;
-    dx.num_m_tiles = tiles;
-    gemm::run(gemm::plan_dgrad(dx), stream);
+    // Routed d_x rows into y (the forward's FC2 output is no longer needed).
+    run_dgrads(dy_routed.p, weights.w_down, gu.p, w1p.p, y.p, I, e_loc, v.tile_expert, tiles, stream, 4);
     mark(5, stream);
     gpu::push_combine(move, y.p, combine_peers.get<void* const>(), stream);
     mark(6, stream);
@@ -622,32 +602,41 @@ struct Layer::Impl {
 
   // The shared expert over this rank's tokens: dy = d_out (weight 1), as one expert of T rows.
   void shared_backward(const DeviceGrads& g, cudaStream_t stream) {
-    const int32_t* one_expert = shared_tiles.get<const int32_t>();
     const int32_t* begin = shared_rows.get<const int32_t>();
-    gemm::DgradSwiGLUArgs ds;
-    ds.dy = win_dout->ptr;
-    ds.w_down = weights.ws_down;
-    ds.gu = gu_s.p;
-    ds.d_gu = gu_s.p;
-    ds.hidden = H;
-    ds.inter = Is;
-    ds.experts = 1;
-    ds.tile_expert = one_expert;
-    ds.num_m_tiles = t_tiles;
-    gemm::run(gemm::plan_dgrad_swiglu(ds), stream);
-    gemm::DgradArgs dx;
-    dx.dy = gu_s.p;
-    dx.w = ws1p.p;
-    dx.dx = y_s.p;
-    dx.k = 2 * Is;
-    dx.n = H;
-    dx.experts = 1;
-    dx.tile_expert = one_expert;
-    dx.num_m_tiles = t_tiles;
-    gemm::run(gemm::plan_dgrad(dx), stream);
+    run_dgrads(win_dout->ptr, weights.ws_down, gu_s.p, ws1p.p, y_s.p, Is, 1, shared_tiles.get<const int32_t>(),
+               t_tiles, stream);
     run_wgrad(win_dout->ptr, h_s.p, g.d_ws_down, H, Is, 1, t_tiles * sched::kBlockM, begin, begin + 1, stream);
     run_wgrad(gu_s.p, win_x->ptr, g.d_ws_gate, 2 * Is, H, 1, t_tiles * sched::kBlockM, begin, begin + 1, stream,
               g.d_ws_up);
+  }
+
+  // The dgrads of a group of experts: d_gu = SwiGLU'(gu, rnd(dy . w_down)) written over gu, then
+  // the d_x rows = rnd(d_gu . w1p) into dx_rows; mark_between >= 0 records that stage mark between.
+  void run_dgrads(const void* dy, const void* w_down, void* gu_buf, const void* w1p_buf, void* dx_rows, int64_t inter,
+                  int64_t experts, const int32_t* tile_expert, int64_t tiles, cudaStream_t stream,
+                  int mark_between = -1) {
+    gemm::DgradSwiGLUArgs ds;
+    ds.dy = dy;
+    ds.w_down = w_down;
+    ds.gu = gu_buf;
+    ds.d_gu = gu_buf;
+    ds.hidden = H;
+    ds.inter = inter;
+    ds.experts = experts;
+    ds.tile_expert = tile_expert;
+    ds.num_m_tiles = tiles;
+    gemm::run(gemm::plan_dgrad_swiglu(ds), stream);
+    if (mark_between >= 0) mark(mark_between, stream);
+    gemm::DgradArgs dx;
+    dx.dy = gu_buf;
+    dx.w = w1p_buf;
+    dx.dx = dx_rows;
+    dx.k = 2 * inter;
+    dx.n = H;
+    dx.experts = experts;
+    dx.tile_expert = tile_expert;
+    dx.num_m_tiles = tiles;
+    gemm::run(gemm::plan_dgrad(dx), stream);
   }
 
   // dw[e] = a_e^T b_e over expert e's rows (K-grouped wgrad; the plan encodes the output pointers).

@@ -24,4 +24,16 @@ __device__ __forceinline__ void zero_row(uint4* to, int vecs, int lane) {
   for (int v = lane; v < vecs; v += 32) to[v] = make_uint4(0u, 0u, 0u, 0u);
 }
 
+// The warps of all CTAs striding over the routed rows [row_begin, min(row_end, total_rows)) of a
+// window (row_end < 0: to the end): fn(row, lane) once per row, all 32 lanes of a warp together.
+template <typename Schedule, typename Fn>
+__device__ __forceinline__ void for_each_window_row(const Schedule& s, int64_t row_begin, int64_t row_end, Fn&& fn) {
+  const int64_t total = s.totals->total_rows;
+  const int64_t end = row_end < 0 || row_end > total ? total : row_end;
+  const int lane = threadIdx.x & 31;
+  const int warps = static_cast<int>((gridDim.x * blockDim.x) >> 5);
+  const int warp = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+  for (int64_t row = row_begin + warp; row < end; row += warps) fn(row, lane);
+}
+
 }  // namespace mok::gpu

@@ -38,17 +38,12 @@ __global__ void __launch_bounds__(kThreads) reverse_combine_kernel(ScheduleView 
                                                                    const uint4* const* d_out_peers,
                                                                    const float* const* weight_peers,
                                                                    uint4* __restrict__ dy) {
-  const int64_t total = s.totals->total_rows;
-  const int64_t end = row_end < 0 || row_end > total ? total : row_end;
-  const int lane = threadIdx.x & 31;
-  const int warps = static_cast<int>((gridDim.x * blockDim.x) >> 5);
-  const int warp = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
-  for (int64_t row = row_begin + warp; row < end; row += warps) {
+  for_each_window_row(s, row_begin, row_end, [&](int64_t row, int lane) {
     const int src = s.src_rank[row];
     uint4* to = dy + (row - row_begin) * hidden_vecs;
     if (src < 0) {
       zero_row(to, hidden_vecs, lane);
-      continue;
+      return;
     }
     const int slot = s.src_slot[row];
     const float w = weight_peers[src][slot];
@@ -62,7 +57,7 @@ __global__ void __launch_bounds__(kThreads) reverse_combine_kernel(ScheduleView 
       to[v + 96] = scale_row_vec(d, w);
     }
     for (; v < hidden_vecs; v += 32) to[v] = scale_row_vec(from[v], w);
-  }
+  });
 }
 
 // One warp per slot (t, j).
@@ -103,11 +98,7 @@ __global__ void __launch_bounds__(256) router_grad_kernel(const uint4* __restric
 
 void pull_reverse_combine(const MoveArgs& a, const void* const* d_out_peers, const float* const* weight_peers,
                           void* dy_routed, cudaStream_t stream) {
-  MOK_REQUIRE(a.hidden > 0 && a.hidden % 8 == 0, "hidden", "must be a positive multiple of 8, got ", a.hidden);
-  MOK_REQUIRE(a.top_k >= 1, "top_k", "must be >= 1, got ", a.top_k);
-  MOK_REQUIRE(a.sms >= 1, "sms", "must be >= 1, got ", a.sms);
-  MOK_REQUIRE(a.row_begin >= 0 && (a.row_end < 0 || a.row_end >= a.row_begin), "row_begin/row_end",
-              "need 0 <= row_begin <= row_end (or row_end = -1), got ", a.row_begin, ", ", a.row_end);
+  check_move_args(a);
   MOK_REQUIRE(d_out_peers && weight_peers && dy_routed, "pull_reverse_combine",
               "d_out_peers, weight_peers and dy_routed must be non-null");
   reverse_combine_kernel<<<a.sms, kThreads, 0, stream>>>(

@@ -135,12 +135,17 @@ int64_t bit_diffs(const std::vector<mok::bf16>& a, const std::vector<mok::bf16>&
   return d;
 }
 
-// Two ranks on GPUs 0 and 1, with the layer's shape and config in the start-up handshake.
-mok::comm::LocalGroup two_ranks(const mok::LayerShape& shape, const mok::Config& cfg) {
+// `world` ranks on GPUs 0 .. world-1, with the layer's shape and config in the start-up handshake.
+mok::comm::LocalGroup ranks_on_gpus(int world, const mok::LayerShape& shape, const mok::Config& cfg) {
+  std::vector<int> devices(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) devices[static_cast<size_t>(r)] = r;
   mok::comm::CommOptions opt;
   opt.shape = shape;
   opt.config = cfg;
-  return mok::comm::LocalGroup::create({0, 1}, opt);
+  return mok::comm::LocalGroup::create(devices, opt);
+}
+mok::comm::LocalGroup two_ranks(const mok::LayerShape& shape, const mok::Config& cfg) {
+  return ranks_on_gpus(2, shape, cfg);
 }
 
 class LayerForward : public ::testing::TestWithParam<Case> {};
@@ -153,12 +158,7 @@ TEST_P(LayerForward, MatchesReferenceAndIsBitwiseReproducible) {
   const auto wl = mok::make_workload(shape, c.routing, 31337);
   const auto ref = mok::ref::Engine(shape, cfg).forward(wl.inputs, wl.weights);
 
-  std::vector<int> devices(c.world);
-  for (int r = 0; r < c.world; ++r) devices[r] = r;
-  mok::comm::CommOptions opt;
-  opt.shape = shape;
-  opt.config = cfg;
-  auto group = mok::comm::LocalGroup::create(devices, opt);
+  auto group = ranks_on_gpus(c.world, shape, cfg);
   std::mutex m;
   std::vector<double> rel(c.world);
   std::vector<int64_t> diffs(c.world);
@@ -419,12 +419,7 @@ TEST_P(LayerBackward, MatchesReferenceAndIsBitwiseReproducible) {
   const mok::Config cfg = config_of(c);
   const auto wl = mok::make_workload(shape, c.routing, 4242);
   const auto ref = mok::ref::Engine(shape, cfg).backward(wl.inputs, wl.weights, wl.d_out);
-  std::vector<int> devices(c.world);
-  for (int r = 0; r < c.world; ++r) devices[r] = r;
-  mok::comm::CommOptions opt;
-  opt.shape = shape;
-  opt.config = cfg;
-  auto group = mok::comm::LocalGroup::create(devices, opt);
+  auto group = ranks_on_gpus(c.world, shape, cfg);
   const char* names[] = {"d_x", "d_topk_w", "dW_gate", "dW_up", "dW_down", "dWs_gate", "dWs_up", "dWs_down"};
   std::mutex m;
   std::vector<std::vector<double>> errs(c.world, std::vector<double>(8, -1.0));
@@ -503,10 +498,7 @@ TEST(LayerBackwardRefuses, UnsavedForwardAndSmallRing) {
   const auto wl = mok::make_workload(shape, c.routing, 7);
   for (const bool small_ring : {false, true}) {
     const mok::Config cfg = config_of(small_ring ? with(c, "", kMk, 8, 128, 256) : c);
-    mok::comm::CommOptions opt;
-    opt.shape = shape;
-    opt.config = cfg;
-    auto group = mok::comm::LocalGroup::create({0}, opt);
+    auto group = ranks_on_gpus(1, shape, cfg);
     group.run([&](mok::comm::Communicator& comm, size_t r) {
       RankData d(shape, wl, static_cast<int>(r));
       RankGrads gr(shape, static_cast<int>(r));
