@@ -71,16 +71,17 @@ class Layer {
   // Gradients of the last forward() given d_out [T, H] bf16 (device), enqueued on `stream`
   // (collective: every rank calls it, after the same forward). `in` must be the routing that
   // forward() used: its topk_w weight the reverse combine, its topk_idx marks the empty slots; x
-  // is not read (the forward's copy is). Needs the last forward() to have run with
-  // save_for_backward = true, and routed rows resident: the unfused path, or the megakernel with a
-  // ring that holds the worst case (config.macrobatch_tokens 0 = automatic, or large enough);
-  // anything else is refused with an error naming the setting. The weight gradients sum each
+  // is not read (the forward's copy is: leave input_buffer() alone until the backward is done).
+  // Needs the last forward() to have run with save_for_backward = true, once per forward (it
+  // overwrites what the forward saved), and routed rows resident: the unfused path, or the
+  // megakernel with a ring that holds the worst case (config.macrobatch_tokens 0 = automatic, or
+  // large enough); anything else is refused with an error naming the setting. The weight gradients sum each
   // expert's rows in the schedule's order (fixed for a given routing): bitwise reproducible. The
   // first call allocates the backward's buffer (the routed dy rows): make it before capturing a
   // backward in a CUDA graph.
   void backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& grads, cudaStream_t stream);
   // This rank's x buffer [T, H] bf16 (device) inside the layer's symmetric window, which the
-  // peers read during forward(). forward() copies RoutingRefs::x there unless x already points at
+  // peers read during forward() (and backward() reads for the shared expert's weight gradients). forward() copies RoutingRefs::x there unless x already points at
   // it: write x here (rows [0, T) only, ordered before forward() on its stream) to skip that copy.
   // Valid for the layer's lifetime; nullptr when T = 0.
   void* input_buffer() const;

@@ -118,9 +118,10 @@ struct Layer::Impl {
       "reverse-dispatch push", "wgrad down", "wgrad gate/up", "barrier", "shared expert", "d_x merge"};
   bool profile = false;
   std::vector<cudaEvent_t> bwd_marks;
-  bool bwd_marked = false;
+  bool marking = false;     // this backward records them (not under stream capture)
+  bool bwd_marked = false;  // the last backward recorded all of them
   void mark(int i, cudaStream_t stream) {
-    if (!bwd_marks.empty()) MOK_CUDA_CHECK(cudaEventRecord(bwd_marks[static_cast<size_t>(i)], stream));
+    if (marking && !bwd_marks.empty()) MOK_CUDA_CHECK(cudaEventRecord(bwd_marks[static_cast<size_t>(i)], stream));
   }
   gemm::Plan fc1, fc2, fc1_s, fc2_s;
   gemm::Plan fc1_nogu, fc1_s_nogu;  // forward(..., save_for_backward = false)
@@ -501,7 +502,8 @@ struct Layer::Impl {
     validate_grad_output_layout(shape, rank, d_out);
     MOK_REQUIRE(saved, "forward(save_for_backward)",
                 "backward() needs the last forward() to have saved the gate/up pre-activations "
-                "(save_for_backward = true)");
+                "(save_for_backward = true), and runs once per forward (it overwrites them with d_gu "
+                "and the combine slots with d_x rows)");
     MOK_REQUIRE(!fused || ring_rows >= cap_rows, "config.macrobatch_tokens",
                 "backward() reads every routed row of the forward, but the megakernel's ring holds ", ring_rows,
                 " of up to ", cap_rows, " rows: use 0 (automatic) or at least the worst case, or "
@@ -511,6 +513,12 @@ struct Layer::Impl {
     MOK_REQUIRE(Is == 0 || T == 0 || (g.d_ws_gate && g.d_ws_up && g.d_ws_down), "grads",
                 "d_ws_gate, d_ws_up and d_ws_down must be given when Is > 0");
     allocate_backward();
+    // Stage events only outside stream capture: a plain record adds no node to a graph.
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    MOK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    marking = capturing == cudaStreamCaptureStatusNone;
+    bwd_marked = false;
+    saved = false;  // gu becomes d_gu and the combine slots d_x rows: one backward per forward
     mark(0, stream);
     if (T > 0) {
       MOK_CUDA_CHECK(cudaMemcpyAsync(win_dout->ptr, d_out.data, static_cast<size_t>(T * H) * 2,
@@ -549,14 +557,21 @@ struct Layer::Impl {
     gpu::push_combine(move, y.p, combine_peers.get<void* const>(), stream);
     mark(6, stream);
     // Weight gradients while the pushes land: rows in the schedule's order, padding rows masked.
-    run_wgrad(dy_routed.p, h.p, g.d_w_down, H, I, e_loc, cap_rows, v.expert_offset, v.expert_rows, stream);
-    mark(7, stream);
-    run_wgrad(gu.p, x_rows, g.d_w_gate, 2 * I, H, e_loc, cap_rows, v.expert_offset, v.expert_rows, stream, g.d_w_up);
+    if (cap_rows > 0) {
+      run_wgrad(dy_routed.p, h.p, g.d_w_down, H, I, e_loc, cap_rows, v.expert_offset, v.expert_rows, stream);
+      mark(7, stream);
+      run_wgrad(gu.p, x_rows, g.d_w_gate, 2 * I, H, e_loc, cap_rows, v.expert_offset, v.expert_rows, stream,
+                g.d_w_up);
+    } else {  // no rank has tokens: no rows, zero gradients
+      for (void* p : {g.d_w_gate, g.d_w_up, g.d_w_down})
+        MOK_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(e_loc * I * H) * 2, stream));
+      mark(7, stream);
+    }
     mark(8, stream);
     barrier_kernel<<<1, 64, 0, stream>>>(dc, 0);  // every d_x row pushed into our slots landed
     MOK_CUDA_CHECK(cudaGetLastError());
     mark(9, stream);
-    bwd_marked = !bwd_marks.empty();
+    bwd_marked = marking && !bwd_marks.empty();
     if (T == 0) {  // no tokens: the shared expert's gradient over them is zero
       for (void* p : {g.d_ws_gate, g.d_ws_up, g.d_ws_down})
         if (Is > 0 && p != nullptr) MOK_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(Is * H) * 2, stream));
@@ -660,9 +675,12 @@ struct Layer::Impl {
 
   void allocate_backward() {
     if (dy_routed.p != nullptr) return;
-    if (profile) {
-      bwd_marks.resize(kBwdStages + 1);
-      for (cudaEvent_t& e : bwd_marks) MOK_CUDA_CHECK(cudaEventCreate(&e));
+    if (profile && bwd_marks.empty()) {
+      for (int i = 0; i <= kBwdStages; ++i) {
+        cudaEvent_t e = nullptr;
+        MOK_CUDA_CHECK(cudaEventCreate(&e));
+        bwd_marks.push_back(e);
+      }
     }
     dy_routed = DeviceBuffer(static_cast<size_t>(cap_rows * H) * 2, "backward dy rows");
     if (Is > 0 && T > 0) {

@@ -490,14 +490,17 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& p) { return std::string(p.param.name); });
 
 // What backward() cannot run after is named: a forward that did not save gu, a megakernel ring
-// smaller than the worst case.
-TEST(LayerBackwardRefuses, UnsavedForwardAndSmallRing) {
+// smaller than the worst case, and a second backward after one forward (the first overwrote gu
+// with d_gu and the combine slots with d_x rows).
+TEST(LayerBackwardRefuses, UnsavedForwardSmallRingSecondBackward) {
   Case c = kUniformShared;
   MOK_REQUIRE_GPUS(c.world);
   const mok::LayerShape shape = shape_of(c);
   const auto wl = mok::make_workload(shape, c.routing, 7);
-  for (const bool small_ring : {false, true}) {
-    const mok::Config cfg = config_of(small_ring ? with(c, "", kMk, 8, 128, 256) : c);
+  enum Mode { kUnsaved, kSmallRing, kSecondBackward };
+  const char* what[] = {"an unsaved forward", "a ring smaller than the worst case", "a second backward"};
+  for (const Mode mode : {kUnsaved, kSmallRing, kSecondBackward}) {
+    const mok::Config cfg = config_of(mode == kSmallRing ? with(c, "", kMk, 8, 128, 256) : c);
     auto group = ranks_on_gpus(1, shape, cfg);
     group.run([&](mok::comm::Communicator& comm, size_t r) {
       RankData d(shape, wl, static_cast<int>(r));
@@ -505,12 +508,18 @@ TEST(LayerBackwardRefuses, UnsavedForwardAndSmallRing) {
       mok::bf16* d_out = upload(wl.d_out[r].data(), wl.d_out[r].size());
       const mok::TensorRef dref = mok::TensorRef::contiguous(d_out, mok::DType::BF16, {d.T, c.H});
       mok::Layer layer(comm, shape, cfg, d.dw);
-      d.forward_once(layer, comm, nullptr, /*save_for_backward=*/small_ring);
+      d.forward_once(layer, comm, nullptr, /*save_for_backward=*/mode != kUnsaved);
+      if (mode == kSecondBackward) {
+        layer.backward(d.refs, dref, gr.g, comm.stream());
+        ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
+        layer.check();
+      }
       try {
         layer.backward(d.refs, dref, gr.g, comm.stream());
-        ADD_FAILURE() << "backward accepted " << (small_ring ? "a ring smaller than the worst case" : "an unsaved forward");
+        ADD_FAILURE() << "backward accepted " << what[mode];
       } catch (const mok::Error& e) {
-        EXPECT_EQ(e.argument(), small_ring ? "config.macrobatch_tokens" : "forward(save_for_backward)") << e.what();
+        EXPECT_EQ(e.argument(), mode == kSmallRing ? "config.macrobatch_tokens" : "forward(save_for_backward)")
+            << e.what();
       }
       cudaFree(d_out);
     });
