@@ -100,9 +100,12 @@ class EpMoE:
         dy = dyr.new_zeros(c["buf"].shape[0], self.H)
         dy[dest] = dyr[order]
         dh = torch._grouped_mm(dy, self.w2, offs=offs).float()  # [M, I]: dy . W2 (untransposed)
+        # The SwiGLU backward as eager autograd runs h = (silu(g) * u).bfloat16() in fp32: the fused
+        # silu_backward for d_g, one product for d_u, both cast into d_gu's halves (no cat).
         g, u = c["g"].float(), c["u"].float()
-        s = torch.sigmoid(g)
-        dgu = torch.cat([(s * (1 + g * (1 - s)) * u * dh).bfloat16(), (g * s * dh).bfloat16()], dim=1)
+        dgu = torch.empty(dh.shape[0], 2 * self.I, dtype=torch.bfloat16, device=dh.device)
+        dgu[:, :self.I] = torch.ops.aten.silu_backward(dh * u, g)
+        dgu[:, self.I:] = dh * F.silu(g)
         dx = torch._grouped_mm(dgu, self.w13, offs=offs)  # [M, H]
         dw2 = torch._grouped_mm(dy.t(), c["h"], offs=offs)  # [E_loc, H, I], K grouped over rows
         dw13 = torch._grouped_mm(dgu.t(), c["buf"], offs=offs)  # [E_loc, 2I, H]
