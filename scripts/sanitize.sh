@@ -11,6 +11,9 @@
 # LayerWindows.LaterLayersReuseWindows (NCCL window registration across layers) runs once mok's
 # communicators are non-blocking and every NCCL host call is polled: 40 s, 0 errors (2x H200,
 # 2026-11-30). It hung for 300 s under memcheck when those calls were blocking.
+# The backward (eighth session; added, not yet run under the tool): the FFN chain (every backward
+# form, the unpacked wgrad epilogue) and the layer's backward at EP 1 and 2 on the megakernel path
+# (its kernels are the unfused backward's: reverse-combine pull, push, router-weight gradient).
 # Logs: $OUT (default build/sanitize). Exit status: 0 when every run is clean.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -24,8 +27,8 @@ cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer
 [ -x "$cs" ] || { echo "compute-sanitizer not found" >&2; exit 2; }
 gemm="$MOK_BUILD/tests/gpu/gemm/mok_gpu_gemm_tests"
 layer="$MOK_BUILD/tests/gpu/megakernel/mok_gpu_layer_tests"
-gemm_tests='GroupedGemm.Fc1SwiGLUSmallExpertsPartialBlocks:GroupedGemm.Fc2SmallExpertsPartialBlocks:GroupedGemm.SplitNForNearlyEmptyTiles:GroupedGemm.WgradKGroupedMaskedPadding:GroupedGemm.DgradMNMajorWeights:GroupedGemm.ClustersMulticastB'
-layer_tests='Routings/LayerForward.*/ep1_uniform_shared:Routings/LayerForward.*/ep2_zipf:Routings/LayerForward.*/ep2_empty_slots_t0_shared:Ring/LayerForward.*/ring_mb128_macro256:PushDispatch/LayerForward.*/ep2_zipf:Clusters/LayerForward.*/ep2_zipf:EpilogueCombine/LayerForward.*/ep2_zipf:Paths/LayerForwardInference.*/megakernel:LayerWindows.LaterLayersReuseWindows'
+gemm_tests='GroupedGemm.Fc1SwiGLUSmallExpertsPartialBlocks:GroupedGemm.Fc2SmallExpertsPartialBlocks:GroupedGemm.SplitNForNearlyEmptyTiles:GroupedGemm.WgradKGroupedMaskedPadding:GroupedGemm.DgradMNMajorWeights:GroupedGemm.ClustersMulticastB:FfnBackward.FormsComposeIntoTheSpecifiedBackward'
+layer_tests='Routings/LayerForward.*/ep1_uniform_shared:Routings/LayerForward.*/ep2_zipf:Routings/LayerForward.*/ep2_empty_slots_t0_shared:Ring/LayerForward.*/ring_mb128_macro256:PushDispatch/LayerForward.*/ep2_zipf:Clusters/LayerForward.*/ep2_zipf:EpilogueCombine/LayerForward.*/ep2_zipf:Paths/LayerForwardInference.*/megakernel:LayerWindows.LaterLayersReuseWindows:Routings/LayerBackward.*/ep1_uniform_shared:Routings/LayerBackward.*/ep2_zipf'
 status=0
 run() {  # name tool binary filter
   local log="$OUT/$1.log"
