@@ -164,18 +164,14 @@ MOK_HD BwdTask bwd_decode_ticket(const BwdPlanShape& p, int32_t total_rows, int3
   return BwdTask{kBwdEnd, -1, -1, -1, -1};
 }
 
-// Counter block layout (uint32 words), zeroed before every launch.
-struct BwdCounterLayout {
-  int32_t max_positions = 0;  // G for the worst case
-  int32_t max_tiles = 0;      // routed M tiles for the worst case
-  int32_t s_tiles = 0;
-  MOK_HD int32_t ticket() const { return 0; }
-  MOK_HD int32_t pulled(int32_t g) const { return 1 + g; }
-  MOK_HD int32_t pushed(int32_t g) const { return 1 + max_positions + g; }
-  MOK_HD int32_t d1_done(int32_t g) const { return 1 + 2 * max_positions + g; }
-  MOK_HD int32_t d2_done(int32_t m) const { return 1 + 3 * max_positions + m; }
-  MOK_HD int32_t sd2_done(int32_t m) const { return 1 + 3 * max_positions + max_tiles + m; }
-  MOK_HD int32_t words() const { return 1 + 3 * max_positions + max_tiles + s_tiles; }
+// Counter block layout: the forward's (CounterLayout, zeroed before every launch) with its roles
+// renamed: per position pulled / pushed / d1_done (the forward's fc2_done: the output a push waits
+// for), per routed tile d2_done (fc1_done: what the tile's second GEMM waits for), per shared
+// token tile sd2_done (s1_done).
+struct BwdCounterLayout : CounterLayout {
+  MOK_HD int32_t d1_done(int32_t g) const { return fc2_done(g); }
+  MOK_HD int32_t d2_done(int32_t m) const { return fc1_done(m); }
+  MOK_HD int32_t sd2_done(int32_t m) const { return s1_done(m); }
 };
 
 }  // namespace mok::mk
