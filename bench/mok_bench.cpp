@@ -4,60 +4,19 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
-#ifdef MOK_HAVE_GPU_LAYER
-#include "gpu_layer_bench.h"
-#endif
+#include "bench_args.h"
 #include "mok/errors.hpp"
 #include "mok/reference.hpp"
 #include "mok/schedule.hpp"
 #include "mok/workload.hpp"
+#include "mok_bench_usage.h"  // generated from mok_bench_usage.txt (bench/CMakeLists.txt)
 
 namespace {
-
-struct Preset {
-  const char* name;
-  int world;
-  int64_t T, H, I, E, k, Is;
-};
-
-// CPU presets: the model shapes scaled down so the reference finishes in seconds on 2 cores.
-constexpr Preset kCpuPresets[] = {
-    {"tiny", 2, 128, 128, 64, 8, 2, 64},
-    {"small", 4, 256, 256, 128, 16, 4, 128},
-    {"medium", 4, 512, 512, 256, 32, 4, 256},
-};
-
-void usage() {
-  std::printf(
-      "usage: mok_bench [GPU options] | --cpu [CPU options]\n"
-      "Runs the MoE layer benchmark on all visible GPUs (one EP rank per GPU); without a GPU (or\n"
-      "with --cpu) runs the CPU reference engine on W simulated ranks.\n"
-      "GPU options: --models dsv3,qwen3-30b-a3b,qwen3-235b  --tokens 2048,8192\n"
-      "             --routings uniform,zipf  --iters N (>= 20)  --warmup N  --comm-sms N  --json FILE\n"
-      "             --path megakernel|unfused  --clusters 0|1  --dispatch pull|push  --no-ablation\n"
-      "             --sustain SECONDS (main variant, back-to-back; 0 = off, default 4)  --no-backward\n"
-      "CPU options: --preset tiny|small|medium  --ranks W  --routing uniform|zipf|one-expert|\n"
-      "             one-rank|empty-slots  --threads N  --reps N\n");
-}
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  size_t b = 0;
-  while (b <= s.size()) {
-    const size_t e = s.find(',', b);
-    out.push_back(s.substr(b, e == std::string::npos ? std::string::npos : e - b));
-    if (e == std::string::npos) break;
-    b = e + 1;
-  }
-  return out;
-}
 
 int gpu_count() {
   int n = 0;
@@ -72,7 +31,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-int run_cpu(const Preset& p, int world, mok::Routing routing, int threads, int reps) {
+int run_cpu(const mok::bench::CpuPreset& p, int world, mok::Routing routing, int threads, int reps) {
   mok::LayerShape shape = mok::LayerShape::uniform(world, p.T, p.H, p.I, p.E, p.k, p.Is);
   mok::Config cfg;
   cfg.cpu_threads = threads;
@@ -134,88 +93,32 @@ int run_cpu(const Preset& p, int world, mok::Routing routing, int threads, int r
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string preset = "medium", routing = "uniform";
-  int world = 0, threads = 0, reps = 3;
-  bool force_cpu = false;
-  std::string models, tokens, routings, json;
-  int iters = 20, warmup = 5, comm_sms = 0, clusters = -1;
-  std::string path = "megakernel", dispatch = "pull";
-  bool ablation = true, backward = true;
-  double sustain = 4.0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "mok_bench: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--preset") preset = value();
-    else if (a == "--ranks") world = std::atoi(value().c_str());
-    else if (a == "--routing") routing = value();
-    else if (a == "--threads") threads = std::atoi(value().c_str());
-    else if (a == "--reps") reps = std::atoi(value().c_str());
-    else if (a == "--cpu") force_cpu = true;
-    else if (a == "--models") models = value();
-    else if (a == "--tokens") tokens = value();
-    else if (a == "--routings") routings = value();
-    else if (a == "--iters") iters = std::atoi(value().c_str());
-    else if (a == "--warmup") warmup = std::atoi(value().c_str());
-    else if (a == "--comm-sms") comm_sms = std::atoi(value().c_str());
-    else if (a == "--clusters") clusters = std::atoi(value().c_str());
-    else if (a == "--json") json = value();
-    else if (a == "--path") path = value();
-    else if (a == "--dispatch") dispatch = value();
-    else if (a == "--sustain") sustain = std::atof(value().c_str());
-    else if (a == "--no-ablation") ablation = false;
-    else if (a == "--no-backward") backward = false;
-    else if (a == "--help" || a == "-h") { usage(); return 0; }
-    else { std::fprintf(stderr, "mok_bench: unknown argument '%s'\n", a.c_str()); usage(); return 2; }
-  }
   try {
-    const Preset* p = nullptr;
-    for (const auto& c : kCpuPresets)
-      if (preset == c.name) p = &c;
-    MOK_REQUIRE(p != nullptr, "--preset", "must be one of tiny, small, medium; got '", preset, "'");
-    MOK_REQUIRE(reps >= 1, "--reps", "must be >= 1, got ", reps);
-    const int gpus = gpu_count();
-    if (gpus > 0 && !force_cpu) {
+    // Everything is parsed and checked first: a bad option stops the run before any work.
+    const mok::bench::BenchArgs args = mok::bench::parse_bench_args({argv + 1, argv + argc});
+    if (args.help) {
+      std::fputs(kMokBenchUsage, stdout);
+      return 0;
+    }
+    const int gpus = args.force_cpu ? 0 : gpu_count();
 #ifdef MOK_HAVE_GPU_LAYER
-      mok::bench::GpuBenchOptions o;
-      if (!models.empty()) o.models = split_list(models);
-      if (!tokens.empty()) {
-        o.tokens.clear();
-        for (const auto& t : split_list(tokens)) o.tokens.push_back(std::atoll(t.c_str()));
-      }
-      if (!routings.empty()) {
-        o.routings.clear();
-        for (const auto& r : split_list(routings)) o.routings.push_back(mok::routing_from_string(r));
-      }
-      o.iters = iters;
-      o.warmup = warmup;
-      o.comm_sms = comm_sms;
-      MOK_REQUIRE(clusters >= -1 && clusters <= 1, "--clusters", "must be 0 or 1, got ", clusters);
-      o.clusters = clusters;
-      MOK_REQUIRE(path == "megakernel" || path == "unfused", "--path", "must be megakernel or unfused, got '", path, "'");
-      o.path = path == "megakernel" ? mok::ForwardPath::Megakernel : mok::ForwardPath::Unfused;
-      MOK_REQUIRE(dispatch == "pull" || dispatch == "push", "--dispatch", "must be pull or push, got '", dispatch, "'");
-      o.dispatch = dispatch == "pull" ? mok::DispatchPath::Pull : mok::DispatchPath::Push;
-      o.ablation = ablation;
-      o.backward = backward;
-      MOK_REQUIRE(sustain >= 0 && sustain <= 600, "--sustain", "must be in [0, 600] seconds, got ", sustain);
-      o.sustain_s = sustain;
-      o.json = json;
-      return mok::bench::run_gpu_layer_bench(o);
+    const bool gpu_mode = gpus > 0;
 #else
+    const bool gpu_mode = false;
+#endif
+    for (const auto& note : mok::bench::mode_notes(args, gpu_mode)) std::fprintf(stderr, "[mok_bench] %s\n", note.c_str());
+#ifdef MOK_HAVE_GPU_LAYER
+    if (gpu_mode) return mok::bench::run_gpu_layer_bench(args.gpu);
+#endif
+    if (gpus > 0) {
       std::printf("[mok_bench] %d GPU(s) visible, but this build has no GPU layer (NCCL or the GEMM "
                   "engine missing); running the CPU reference engine instead\n", gpus);
-#endif
-    } else if (!force_cpu) {
+    } else if (!args.force_cpu) {
       std::printf("[mok_bench] no GPU visible: running the CPU reference engine on simulated ranks\n");
     }
-    if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    return run_cpu(*p, world > 0 ? world : p->world, mok::routing_from_string(routing), threads, reps);
+    const mok::bench::CpuBenchOptions& c = args.cpu;
+    const int threads = c.threads > 0 ? c.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    return run_cpu(*c.preset, c.ranks, c.routing, threads, c.reps);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;

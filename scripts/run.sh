@@ -4,11 +4,23 @@
 # (or with --cpu), the CPU reference engine on simulated ranks. Arguments go to mok_bench
 # (scripts/run.sh --help). Results: $MOK_OUT (default build/results) as JSON.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+# --help: the usage text mok_bench itself prints (one file), before anything is installed or built.
+# Every other argument is checked by mok_bench alone, so the messages are the same either way.
+for a in "$@"; do
+  case "$a" in --help|-h)
+    echo "usage: scripts/run.sh [mok_bench options]"
+    echo "Builds mok_bench in \$MOK_BUILD (default build/release) and runs it with these options; on GPUs"
+    echo "it also runs the PyTorch+NCCL baseline, results as JSON under \$MOK_OUT (default build/results)."
+    echo
+    cat "$MOK_ROOT/bench/mok_bench_usage.txt"
+    exit 0 ;;
+  esac
+done
 mok_ensure_deps
 mok_build --target mok_bench
 bench="$MOK_BUILD/bench/mok_bench"
 gpus="$(mok_gpu_count)"
-case " $* " in *" --cpu "*|*" --help "*|*" -h "*) gpus=0 ;; esac
+case " $* " in *" --cpu "*) gpus=0 ;; esac
 if [ "$gpus" -eq 0 ]; then
   exec "$bench" "$@"
 fi
@@ -28,8 +40,16 @@ if command -v nvidia-smi >/dev/null; then
     --format=csv,noheader,nounits -lms 50 >"$samples" 2>/dev/null &
   sampler=$!
 fi
+# run.sh's --json goes before the user's options, so that a value missing at their end is reported
+# for the user's option; a --json among them names the results file instead.
+mok_json="$out/mok-forward-$tag.json"
+prev=""
+for a in "$@"; do
+  [ "$prev" = --json ] && mok_json="$a"
+  prev="$a"
+done
 status=0
-"$bench" "$@" --json "$out/mok-forward-$tag.json" || status=$?
+"$bench" --json "$mok_json" "$@" || status=$?
 [ -n "$sampler" ] && kill "$sampler" 2>/dev/null
 [ "$status" -eq 0 ] || exit "$status"
 # The baseline runs the shapes mok_bench ran and follows its --sustain (default 4 s), so both
@@ -46,7 +66,7 @@ if python3 -c "import torch" 2>/dev/null; then
     "$MOK_ROOT/bench/baseline/torch_moe_baseline.py" "${base_args[@]}" --out "$out/baseline-$tag.json" 2>&1 |
     grep -E "^\[baseline\]|Error" || true
   if [ -f "$out/baseline-$tag.json" ]; then
-    python3 "$MOK_ROOT/bench/forward_report.py" "$out/mok-forward-$tag.json" "$out/baseline-$tag.json" \
+    python3 "$MOK_ROOT/bench/forward_report.py" "$mok_json" "$out/baseline-$tag.json" \
       "$out/forward-$tag.json" "$samples"
   fi
 else

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# mok_bench end to end (ctest mok_bench_cli, label cpu): every bad value stops it with exit code 2
+# and a message on stderr naming the option, before it runs anything (nothing on stdout); a tiny
+# CPU run passes, with a note for each GPU-only option given; and scripts/run.sh --help prints the
+# usage without building. Usage: test_bench_cli.sh <path to mok_bench>
+set -uo pipefail
+bench="$1"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+# expect_reject MESSAGE ARGS...: exit code 2, stderr holds MESSAGE, stdout is empty.
+expect_reject() {
+  local message="$1" rc=0
+  shift
+  "$bench" "$@" >"$tmp/out" 2>"$tmp/err" || rc=$?
+  [ "$rc" -eq 2 ] || fail "mok_bench $*: exit code $rc, expected 2"
+  grep -qF -- "$message" "$tmp/err" || fail "mok_bench $*: stderr lacks \"$message\"; it was: $(cat "$tmp/err")"
+  if [ -s "$tmp/out" ]; then fail "mok_bench $*: printed to stdout (it ran?): $(head -3 "$tmp/out")"; fi
+  echo "mok_bench $* -> $(cat "$tmp/err")"
+}
+
+expect_reject "invalid argument '--ranks' (got '0'): must be a whole number in [1, 4096]" --ranks 0
+expect_reject "invalid argument '--ranks' (got 'abc'): must be a whole number in [1, 4096]" --ranks abc
+expect_reject "invalid argument '--threads' (got '-1'): must be a whole number in [0, 1024] (0 = all cores)" --threads -1
+expect_reject "invalid argument '--reps' (got '2.5'): must be a whole number in [1, 1000]" --reps 2.5
+expect_reject "invalid argument '--tokens' (got '-5'): must be a whole number in [1, 1048576] per rank" --tokens -5
+expect_reject "invalid argument '--tokens' (got '12x'): must be a whole number in [1, 1048576] per rank" --tokens 12x
+expect_reject "invalid argument '--sustain' (got 'x'): must be a number in [0, 600] seconds (0 = off)" --sustain x
+expect_reject "invalid argument '--models' (got 'llama'): must be one of dsv3, qwen3-30b-a3b, qwen3-235b" --models dsv3,llama
+expect_reject "invalid argument '--routing' (got 'zipff'): must be one of uniform, zipf" --routing zipff
+expect_reject "invalid argument '--ranks' (got the option '--cpu'): needs a value" --ranks --cpu
+expect_reject "invalid argument '--ranks': needs a value" --cpu --ranks
+expect_reject "invalid argument '--frobnicate': unknown option (--help lists the options)" --frobnicate
+expect_reject "invalid argument '--ranks': must divide the experts of preset tiny (E = 8), got 3" --cpu --preset tiny --ranks 3
+# A bad value of the other mode's option is still an error (checked before the mode is known).
+expect_reject "invalid argument '--comm-sms' (got '8x')" --cpu --comm-sms 8x
+
+# A tiny CPU run: passes in well under a second, with notes for the GPU-only options.
+rc=0
+"$bench" --cpu --preset tiny --reps 1 --threads 2 --comm-sms 8 --no-ablation --routings zipf \
+  >"$tmp/out" 2>"$tmp/err" || rc=$?
+[ "$rc" -eq 0 ] || fail "tiny CPU run: exit code $rc: $(cat "$tmp/err")"
+grep -q '^| tiny | 128 |' "$tmp/out" || fail "tiny CPU run: no results row: $(cat "$tmp/out")"
+for note in "note: --comm-sms applies on GPUs only; ignored in CPU mode" \
+            "note: --no-ablation applies on GPUs only; ignored in CPU mode" \
+            "note: --routings applies on GPUs only; ignored in CPU mode, which takes --routing"; do
+  grep -qF -- "$note" "$tmp/err" || fail "tiny CPU run: stderr lacks \"$note\"; it was: $(cat "$tmp/err")"
+done
+echo "tiny CPU run -> $(cat "$tmp/err")"
+
+# --help: the usage file, from mok_bench and from scripts/run.sh (which must not build: its
+# build folder stays absent).
+"$bench" --help >"$tmp/help" || fail "mok_bench --help: nonzero exit code"
+cmp -s "$tmp/help" "$root/bench/mok_bench_usage.txt" || fail "mok_bench --help differs from bench/mok_bench_usage.txt"
+rc=0
+MOK_BUILD="$tmp/no-build" bash "$root/scripts/run.sh" --cpu -h >"$tmp/help" 2>"$tmp/err" || rc=$?
+[ "$rc" -eq 0 ] || fail "scripts/run.sh --help: exit code $rc: $(cat "$tmp/err")"
+grep -qF -- "--comm-sms N" "$tmp/help" || fail "scripts/run.sh --help lacks mok_bench's options: $(cat "$tmp/help")"
+[ ! -e "$tmp/no-build" ] || fail "scripts/run.sh --help created its build folder"
+[ ! -s "$tmp/err" ] || fail "scripts/run.sh --help wrote to stderr (built?): $(cat "$tmp/err")"
+
+if [ "$failures" -gt 0 ]; then
+  echo "$failures check(s) failed" >&2
+  exit 1
+fi
+echo "all mok_bench command-line checks passed"
