@@ -1,54 +1,266 @@
 #!/usr/bin/env bash
-# compute-sanitizer on a GPU machine: memcheck over the grouped-GEMM tests and a set of layer
-# tests (1 and 2 GPUs: pull, push, ring reuse, clusters, epilogue combine, empty slots), racecheck
-# over three GEMM tests (partial blocks of FC1 and FC2, split-N tiles). NCCL's own start-up
-# probes raise CUDA API errors (kernels without an image for this GPU, peer access already
-# enabled); they are not reported (--report-api-errors no), so
-# "ERROR SUMMARY: 0 errors" means no device memory error. Instrumenting a module takes seconds
-# on its first launch, so the layer tests run with a longer wait bound (MOK_TEST_WAIT_TIMEOUT_S).
-# Megakernel-path layer tests only: the one unfused test tried (LayerForwardInference/unfused) ran
-# over 100 s under memcheck without finishing (not diagnosed; it passes in ~1 s without the tool).
-# LayerWindows.LaterLayersReuseWindows (NCCL window registration across layers) runs once mok's
-# communicators are non-blocking and every NCCL host call is polled: 40 s, 0 errors (2x H200,
-# 2026-11-30). It hung for 300 s under memcheck when those calls were blocking.
-# The backward (eighth session; added, not yet run under the tool): the FFN chain (every backward
-# form, the unpacked wgrad epilogue) and the layer's backward at EP 1 and 2 on the megakernel path
-# (its kernels are the unfused backward's: reverse-combine pull, push, router-weight gradient).
-# Logs: $OUT (default build/sanitize). Exit status: 0 when every run is clean.
+# compute-sanitizer on a one-GPU machine: memcheck, racecheck, synccheck and initcheck over the
+# one-GPU tests of every forward megakernel variant (pull, ring, clusters, push dispatch, epilogue
+# combine), the unfused forward, the backward (unfused, and after the megakernel forward) and the
+# reliability tests (bad routing, bad pointers); memcheck and racecheck over the grouped-GEMM tests.
+# One process per (tool, test): a hang or a crash costs one run, not the rest, and each run has its
+# own log and verdict. Two-GPU tests (EP 2, window reuse across layers) are not run here.
+#
+# Why the flags: NCCL's own start-up probes raise CUDA API errors (kernels without an image for
+# this GPU, peer access already enabled); they are not reported (--report-api-errors no), so
+# "ERROR SUMMARY: 0 errors" means no device-side error. Instrumenting a module takes seconds on
+# its first launch, so the tests' wait bound is raised (MOK_TEST_WAIT_TIMEOUT_S=120), and each run
+# has a wall-clock bound (the unfused forward once ran past 100 s under memcheck).
+#
+# Environment:
+#   OUT                     logs and sanitize.json (default build/sanitize); logs are <tool>-<test>.log
+#   MOK_SANITIZE_TOOLS      tools to run (default "memcheck racecheck synccheck initcheck")
+#   MOK_SANITIZE_ONLY       extended regex on the test label (e.g. '^fwd_'), to run a subset
+#   MOK_SANITIZE_JOBS       runs at once (default 4): the tests use one GPU and several processes
+#                           share it by time slicing, so concurrency only trades speed per run
+#   MOK_SANITIZE_TIMEOUT_S  wall-clock bound per run (default 240); a timeout is a failure
+#   MOK_SANITIZE_DRY_RUN=1  print the commands, build and run nothing, write sanitize.json with
+#                           null results (for checking the selection without a GPU)
+#   MOK_SANITIZE_NO_BUILD=1 use the binaries already built (a second pass over one build; the CPU
+#                           test's stub runs); a missing binary fails its runs
+#   MOK_COMMIT              commit recorded in sanitize.json (default: git rev-parse HEAD)
+# `sanitize.sh --judge TOOL LOG RC` prints the verdict of one log (the CPU test uses it).
+# Exit status: 0 when every run is clean; 1 when one is not; 2 on a usage or setup error.
+# shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+# --- Judging one log --------------------------------------------------------------------------
+# Prints "errors<TAB>passed<TAB>failed<TAB>clean". errors is the summary's error count, or -1 when
+# there is no summary (a timeout, a crash, a missing binary). Clean: exit status 0, at least one
+# test passed (a filter that matches nothing, or tests that all skip, prove nothing), none failed,
+# and a zero summary (for racecheck: no hazard at all, warnings included).
+mok_sanitize_judge() {  # tool log rc
+  local tool="$1" log="$2" rc="$3" summary counts errors=-1 hazards=-1 warnings=-1 passed failed
+  local clean=false
+  if [ "$tool" = racecheck ]; then
+    summary="$(grep -E 'RACECHECK SUMMARY:' "$log" 2>/dev/null | tail -1 || true)"
+    # "RACECHECK SUMMARY: 3 hazards displayed (2 errors, 1 warnings)"; singular forms too.
+    counts="$(sed -nE 's/.*RACECHECK SUMMARY: ([0-9]+) hazards? displayed \(([0-9]+) errors?, ([0-9]+) warnings?\).*/\1 \2 \3/p' <<<"$summary")"
+    [ -n "$counts" ] && read -r hazards errors warnings <<<"$counts"
+  else
+    summary="$(grep -E 'ERROR SUMMARY:' "$log" 2>/dev/null | tail -1 || true)"
+    counts="$(sed -nE 's/.*ERROR SUMMARY: ([0-9]+) errors?.*/\1/p' <<<"$summary")"
+    [ -n "$counts" ] && errors="$counts" && hazards=0 && warnings=0
+  fi
+  # timeout(1): 124 when the run was stopped by SIGTERM, 137 when it needed the SIGKILL. Whatever
+  # summary a stopped run left is not a verdict.
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then errors=-1; fi
+  passed="$(grep -c '^\[       OK \] ' "$log" 2>/dev/null || true)"
+  # gtest prints a failed test's name twice (when it ends, and in the final list): count names.
+  failed="$(grep -E '^\[  FAILED  \] [^ ,]+\.[^ ,]+' "$log" 2>/dev/null |
+            sed -E 's/^\[  FAILED  \] ([^ ,]+).*/\1/' | sort -u | wc -l || true)"
+  passed="${passed:-0}" failed="${failed// /}"
+  if [ "$rc" = 0 ] && [ "$passed" -gt 0 ] && [ "${failed:-0}" -eq 0 ] && [ "$errors" -eq 0 ] &&
+     [ "$hazards" -eq 0 ] && [ "$warnings" -eq 0 ]; then
+    clean=true
+  fi
+  printf '%s\t%s\t%s\t%s\n' "$errors" "$passed" "${failed:-0}" "$clean"
+}
+
+if [ "${1:-}" = --judge ]; then
+  [ $# -eq 4 ] || { echo "usage: $0 --judge TOOL LOG RC" >&2; exit 2; }
+  mok_sanitize_judge "$2" "$3" "$4"
+  exit 0
+fi
+[ $# -eq 0 ] || { echo "usage: $0   (settings through the environment; see the header)" >&2; exit 2; }
+
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 OUT="${OUT:-$MOK_ROOT/build/sanitize}"
-mkdir -p "$OUT"
-mok_ensure_deps
-# A failed build stops here (common.sh's set -e): never sanitize stale binaries.
-mok_build --target mok_gpu_gemm_tests --target mok_gpu_layer_tests
-set +e  # from here every run is judged from its log, and all of them run
-cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
-[ -x "$cs" ] || { echo "compute-sanitizer not found" >&2; exit 2; }
-gemm="$MOK_BUILD/tests/gpu/gemm/mok_gpu_gemm_tests"
-layer="$MOK_BUILD/tests/gpu/megakernel/mok_gpu_layer_tests"
+tools="${MOK_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}"
+only="${MOK_SANITIZE_ONLY:-}"
+max_jobs="${MOK_SANITIZE_JOBS:-4}"
+timeout_s="${MOK_SANITIZE_TIMEOUT_S:-240}"
+dry_run="${MOK_SANITIZE_DRY_RUN:-0}"
+no_build="${MOK_SANITIZE_NO_BUILD:-0}"
+[[ "$max_jobs" =~ ^[1-9][0-9]*$ ]] || { mok_log "MOK_SANITIZE_JOBS must be a positive integer"; exit 2; }
+[[ "$timeout_s" =~ ^[1-9][0-9]*$ ]] || { mok_log "MOK_SANITIZE_TIMEOUT_S must be a positive integer"; exit 2; }
+for t in $tools; do
+  case "$t" in memcheck|racecheck|synccheck|initcheck) ;;
+    *) mok_log "unknown tool in MOK_SANITIZE_TOOLS: $t"; exit 2 ;; esac
+done
+
+# --- What runs ----------------------------------------------------------------------------------
+# Binaries by key: target name and path. The reliability binary may not be defined yet in a
+# checkout; its runs then fail as "binary not found" instead of stopping the others.
+declare -A target_of=([layer]=mok_gpu_layer_tests [gemm]=mok_gpu_gemm_tests
+                      [reliability]=mok_gpu_reliability_tests)
+declare -A path_of=([layer]="$MOK_BUILD/tests/gpu/megakernel/mok_gpu_layer_tests"
+                    [gemm]="$MOK_BUILD/tests/gpu/gemm/mok_gpu_gemm_tests"
+                    [reliability]="$MOK_BUILD/tests/gpu/megakernel/mok_gpu_reliability_tests")
 gemm_tests='GroupedGemm.Fc1SwiGLUSmallExpertsPartialBlocks:GroupedGemm.Fc2SmallExpertsPartialBlocks:GroupedGemm.SplitNForNearlyEmptyTiles:GroupedGemm.WgradKGroupedMaskedPadding:GroupedGemm.DgradMNMajorWeights:GroupedGemm.ClustersMulticastB:FfnBackward.FormsComposeIntoTheSpecifiedBackward'
-layer_tests='Routings/LayerForward.*/ep1_uniform_shared:Routings/LayerForward.*/ep2_zipf:Routings/LayerForward.*/ep2_empty_slots_t0_shared:Ring/LayerForward.*/ring_mb128_macro256:PushDispatch/LayerForward.*/ep2_zipf:Clusters/LayerForward.*/ep2_zipf:EpilogueCombine/LayerForward.*/ep2_zipf:Paths/LayerForwardInference.*/megakernel:LayerWindows.LaterLayersReuseWindows:Routings/LayerBackward.*/ep1_uniform_shared:Routings/LayerBackward.*/ep2_zipf'
-status=0
-run() {  # name tool binary filter
-  local log="$OUT/$1.log"
-  MOK_TEST_WAIT_TIMEOUT_S=120 timeout 900 "$cs" --tool "$2" --report-api-errors no --print-limit 100 \
-    "$3" --gtest_filter="$4" >"$log" 2>&1
-  local rc=$?
-  local summary
-  summary="$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1 || true)"
-  local passed failed
-  passed="$(grep -c '^\[       OK \]' "$log" || true)"
-  failed="$(grep -c '^\[  FAILED  \] .*\.' "$log" || true)"
-  mok_log "$1: rc $rc, $passed tests passed, $failed failed; ${summary:-no summary} ($log)"
-  # Clean: exit 0, at least one test ran, none failed, and a zero summary (anchored: "10 hazards"
-  # must not match "0 hazards").
-  if [ "$rc" -ne 0 ] || [ "$passed" -eq 0 ] || [ "$failed" -ne 0 ] ||
-     ! grep -qE "(ERROR SUMMARY: 0 errors|SUMMARY: 0 hazards displayed \(0 errors)" <<<"$summary"; then
-    status=1
-  fi
+all_tools="memcheck racecheck synccheck initcheck"
+# label | binary key | gtest filter | tools it is run under
+specs=(
+  "fwd_megakernel_pull|layer|Routings/LayerForward.*/ep1_uniform_shared|$all_tools"
+  "fwd_megakernel_ring|layer|Ring/LayerForward.*/ring_ep1_mb128_macro256|$all_tools"
+  "fwd_megakernel_clusters|layer|Clusters/LayerForward.*/ep1_uniform_shared|$all_tools"
+  "fwd_megakernel_push|layer|PushDispatch/LayerForward.*/ep1_uniform_shared|$all_tools"
+  "fwd_megakernel_epilogue_combine|layer|EpilogueCombine/LayerForward.*/ep1_uniform_shared|$all_tools"
+  "fwd_unfused|layer|Routings/LayerForward.*/ep1_uniform_shared_unfused|$all_tools"
+  "bwd_unfused|layer|Routings/LayerBackward.*/ep1_uniform_shared_unfused|$all_tools"
+  "bwd_after_megakernel|layer|Routings/LayerBackward.*/ep1_uniform_shared|$all_tools"
+  "reliability|reliability|BadRouting.*:BadPointers.*|$all_tools"
+  # The GEMM tests' edge shapes (partial blocks, split-N, masked wgrad padding) under memcheck and
+  # racecheck, as before; the layer runs the grouped-GEMM kernels under all four tools anyway.
+  "gemm|gemm|$gemm_tests|memcheck racecheck"
+)
+# The runs, test-major with the tools in MOK_SANITIZE_TOOLS order: the results' order is this
+# order whatever order the runs finish in, and neighbours (which run at the same time) are mostly
+# different tools over one binary.
+run_tool=() run_test=() run_key=() run_filter=()
+declare -A needed=()
+for spec in "${specs[@]}"; do
+  IFS='|' read -r label key filter spec_tools <<<"$spec"
+  if [ -n "$only" ] && ! [[ "$label" =~ $only ]]; then continue; fi
+  for t in $tools; do
+    [[ " $spec_tools " == *" $t "* ]] || continue
+    run_tool+=("$t") run_test+=("$label") run_key+=("$key") run_filter+=("$filter")
+    needed[$key]=1
+  done
+done
+[ ${#run_tool[@]} -gt 0 ] || { mok_log "no run selected (MOK_SANITIZE_TOOLS='$tools', MOK_SANITIZE_ONLY='$only')"; exit 2; }
+mkdir -p "$OUT"
+
+# --- Build (only the binaries the selected runs use) --------------------------------------------
+cs=compute-sanitizer
+if [ "$dry_run" = 1 ]; then
+  mok_log "dry run: would build $(for k in $(printf '%s\n' "${!needed[@]}" | sort); do printf '%s ' "${target_of[$k]}"; done)"
+elif [ "$no_build" = 1 ]; then
+  mok_log "MOK_SANITIZE_NO_BUILD=1: running the binaries found under $MOK_BUILD"
+else
+  mok_ensure_deps
+  # Configures when needed and regenerates a stale build.ninja, so that the query below sees the
+  # targets the current CMakeLists define.
+  mok_build --target build.ninja
+  targets=()
+  for k in $(printf '%s\n' "${!needed[@]}" | sort); do
+    if ninja -C "$MOK_BUILD" -t query "${target_of[$k]}" >/dev/null 2>&1; then
+      targets+=(--target "${target_of[$k]}")
+    else
+      mok_log "target ${target_of[$k]} is not defined: its runs will fail as 'binary not found'"
+    fi
+  done
+  # A failed build stops here (common.sh's set -e): never sanitize stale binaries.
+  [ ${#targets[@]} -eq 0 ] || mok_build "${targets[@]}"
+fi
+if [ "$dry_run" != 1 ]; then
+  cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+  [ -x "$cs" ] || { mok_log "compute-sanitizer not found"; exit 2; }
+fi
+
+# --- Runs ---------------------------------------------------------------------------------------
+set +e  # from here every run is judged from its log, and all of them run
+results="$(mktemp -d)"
+# Each run's timeout(1) is in its own process group (so a terminal's Ctrl-C does not reach it):
+# on an interrupt, stop the ones still running by their recorded pid.
+# shellcheck disable=SC2317  # invoked by the EXIT trap
+cleanup() {
+  local f
+  for f in "$results"/*.pid; do [ -f "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null; done
+  wait  # for the runs' shells to record their end, before their directory goes
+  rm -rf "$results"
 }
-run memcheck-gemm memcheck "$gemm" "$gemm_tests"
-run memcheck-layer memcheck "$layer" "$layer_tests"
-run racecheck-gemm racecheck "$gemm" 'GroupedGemm.Fc1SwiGLUSmallExpertsPartialBlocks:GroupedGemm.Fc2SmallExpertsPartialBlocks:GroupedGemm.SplitNForNearlyEmptyTiles'
-exit $status
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+export MOK_TEST_WAIT_TIMEOUT_S=120
+
+run_one() {  # index: writes $results/<index>.tsv
+  local i="$1" tool="${run_tool[$1]}" test="${run_test[$1]}" filter="${run_filter[$1]}"
+  local bin="${path_of[${run_key[$1]}]}" log="$OUT/${run_tool[$1]}-${run_test[$1]}.log"
+  local id rc t0 t1 seconds errors passed failed clean
+  id="$(printf '%03d' "$i")"
+  local cmd=(timeout -k 30 "$timeout_s" "$cs" --tool "$tool" --report-api-errors no
+             --print-limit 100 "$bin" --gtest_filter="$filter")
+  if [ "$dry_run" = 1 ]; then
+    printf 'MOK_TEST_WAIT_TIMEOUT_S=120'; printf ' %q' "${cmd[@]}"; printf ' >%q 2>&1\n' "$log"
+    printf '%s\t%s\t%s\t%s\tnull\t0.0\tnull\tnull\tnull\tfalse\n' \
+      "$tool" "$test" "$bin" "$filter" >"$results/$id.tsv"
+    return
+  fi
+  t0="$(date +%s.%N)"
+  if [ -x "$bin" ]; then
+    "${cmd[@]}" >"$log" 2>&1 </dev/null &
+    echo $! >"$results/$id.pid"
+    wait $!
+    rc=$?
+    rm -f "$results/$id.pid"
+  else
+    echo "binary not found: $bin (target ${target_of[${run_key[$1]}]})" >"$log"
+    rc=127
+  fi
+  t1="$(date +%s.%N)"
+  seconds="$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')"
+  IFS=$'\t' read -r errors passed failed clean <<<"$(mok_sanitize_judge "$tool" "$log" "$rc")"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$tool" "$test" "$bin" "$filter" \
+    "$errors" "$seconds" "$passed" "$failed" "$rc" "$clean" >"$results/$id.tsv"
+  mok_log "$tool $test: rc $rc, $seconds s, $passed passed, $failed failed, errors $errors," \
+          "clean $clean ($log)"
+}
+
+mok_log "${#run_tool[@]} runs, $max_jobs at a time, ${timeout_s} s each at most; logs in $OUT"
+for i in "${!run_tool[@]}"; do
+  # A counting semaphore over the background jobs: wait for one to end before starting another.
+  while [ "$(jobs -rp | wc -l)" -ge "$max_jobs" ]; do wait -n; done
+  if [ "$dry_run" = 1 ]; then run_one "$i"; else run_one "$i" & fi
+done
+wait
+
+# --- sanitize.json and the table ----------------------------------------------------------------
+device="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+commit="${MOK_COMMIT:-$(git -C "$MOK_ROOT" rev-parse HEAD 2>/dev/null)}"
+python3 - "$results" "$OUT/sanitize.json" "${device:-unknown}" "${commit:-unknown}" \
+  "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${#run_tool[@]}" "$dry_run" <<'EOF'
+import json, os, sys
+
+results, out, device, commit, date, expected, dry_run = sys.argv[1:]
+keys = ["tool", "test", "binary", "filter", "errors", "seconds", "passed_tests", "failed_tests",
+        "rc", "clean"]
+runs = []
+for i in range(int(expected)):
+    path = os.path.join(results, "%03d.tsv" % i)
+    if not os.path.exists(path):  # a run whose shell died before writing: a failure, not a gap
+        runs.append(None)
+        continue
+    with open(path) as f:
+        fields = f.read().rstrip("\n").split("\t")
+    run = dict(zip(keys, fields))
+    for k in ("errors", "passed_tests", "failed_tests", "rc"):
+        run[k] = None if run[k] == "null" else int(run[k])
+    run["seconds"] = float(run["seconds"])
+    run["clean"] = run["clean"] == "true"
+    runs.append(run)
+missing = [i for i, r in enumerate(runs) if r is None]
+runs = [r for r in runs if r is not None]
+doc = {"device": device, "date": date, "commit": commit, "runs": runs}
+if dry_run == "1":
+    doc["dry_run"] = True
+tmp = out + ".tmp"
+with open(tmp, "w") as f:
+    json.dump(doc, f, indent=2)
+    f.write("\n")
+os.replace(tmp, out)
+
+def cell(v):
+    return "-" if v is None else str(v)
+
+print("%-10s %-32s %7s %8s %4s %4s %4s  %s" % ("tool", "test", "errors", "seconds", "pass",
+                                               "fail", "rc", "verdict"))
+for r in runs:
+    verdict = "dry run" if dry_run == "1" else ("clean" if r["clean"] else "NOT CLEAN")
+    print("%-10s %-32s %7s %8.1f %4s %4s %4s  %s" % (
+        r["tool"], r["test"], cell(r["errors"]), r["seconds"], cell(r["passed_tests"]),
+        cell(r["failed_tests"]), cell(r["rc"]), verdict))
+for i in missing:
+    print("run %d wrote no result (its shell died): counted as not clean" % i)
+print("%d runs, %d clean -> %s" % (len(runs) + len(missing), sum(r["clean"] for r in runs), out))
+sys.exit(0 if not missing and all(r["clean"] for r in runs) else 1)
+EOF
+status=$?
+if [ "$dry_run" = 1 ]; then exit 0; fi
+exit "$status"
