@@ -325,11 +325,12 @@ struct RankRun {
     MOK_CUDA_CHECK(cudaMemcpy(x, in.x.data(), in.x.size() * 2, cudaMemcpyHostToDevice));
     MOK_CUDA_CHECK(cudaMemcpy(idx, in.topk_idx.data(), in.topk_idx.size() * 4, cudaMemcpyHostToDevice));
     MOK_CUDA_CHECK(cudaMemcpy(w, in.topk_w.data(), in.topk_w.size() * 4, cudaMemcpyHostToDevice));
-    const DeviceWeights dw{rw.gate, rw.up, rw.down, nullptr, nullptr, nullptr};
+    const DeviceWeights dw = DeviceWeights::bf16(shape, rw.gate, rw.up, rw.down);
     layer = std::make_unique<Layer>(c, shape, cfg, dw);
     refs = RoutingRefs{TensorRef::contiguous(x, DType::BF16, {T, H}), TensorRef::contiguous(idx, DType::I32, {T, k}),
                        TensorRef::contiguous(w, DType::F32, {T, k})};
   }
+  TensorRef out_ref() const { return TensorRef::contiguous(out, DType::BF16, {T, H}); }
   ~RankRun() {
     layer.reset();
     for (void* p : {x, idx, w, out}) cudaFree(p);
@@ -360,7 +361,7 @@ double sustained_ms(comm::LocalGroup& group, std::vector<std::unique_ptr<RankRun
     MOK_CUDA_CHECK(cudaEventCreate(&end));
     for (int it = 0; it < n; ++it) {
       if (it == n / 2) MOK_CUDA_CHECK(cudaEventRecord(mid, s));
-      run.layer->forward(run.refs, run.out, s);
+      run.layer->forward(run.refs, run.out_ref(), s);
     }
     MOK_CUDA_CHECK(cudaEventRecord(end, s));
     MOK_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -409,36 +410,32 @@ void time_backward(Layer& layer, const RoutingRefs& refs, void* out, const Layer
   const int64_t T = shape.tokens_of(rank), H = shape.hidden, k = shape.top_k, I = shape.intermediate,
                 e_loc = shape.local_experts();
   void* d_out = nullptr;
-  DeviceGrads g;
   void* bufs[5] = {};
   const size_t bytes[5] = {static_cast<size_t>(std::max<int64_t>(1, T * H)) * 2,
                            static_cast<size_t>(std::max<int64_t>(1, T * k)) * 4, static_cast<size_t>(e_loc * I * H) * 2,
                            static_cast<size_t>(e_loc * I * H) * 2, static_cast<size_t>(e_loc * H * I) * 2};
   MOK_CUDA_CHECK(cudaMalloc(&d_out, bytes[0]));
   for (int i = 0; i < 5; ++i) MOK_CUDA_CHECK(cudaMalloc(&bufs[i], bytes[i]));
-  g.d_x = bufs[0];
-  g.d_topk_w = static_cast<float*>(bufs[1]);
-  g.d_w_gate = bufs[2];
-  g.d_w_up = bufs[3];
-  g.d_w_down = bufs[4];
+  const DeviceGrads g = DeviceGrads::of(shape, rank, bufs[0], static_cast<float*>(bufs[1]), bufs[2], bufs[3], bufs[4]);
+  const TensorRef oref = TensorRef::contiguous(out, DType::BF16, {T, H});
   gpu::fill_normal_bf16(d_out, T * H, 9001 + static_cast<uint64_t>(rank), 1.0f, s);
   const TensorRef dref = TensorRef::contiguous(d_out, DType::BF16, {T, H});
-  layer.forward(refs, out, s);
+  layer.forward(refs, oref, s);
   layer.backward(refs, dref, g, s);
   MOK_CUDA_CHECK(cudaStreamSynchronize(s));
   layer.check();
   for (int64_t t : samples) {
     std::vector<bf16> row(static_cast<size_t>(H)), drow(static_cast<size_t>(H));
     std::vector<float> w(static_cast<size_t>(k));
-    MOK_CUDA_CHECK(cudaMemcpy(row.data(), static_cast<bf16*>(g.d_x) + t * H, H * 2, cudaMemcpyDeviceToHost));
+    MOK_CUDA_CHECK(cudaMemcpy(row.data(), static_cast<const bf16*>(g.d_x.data) + t * H, H * 2, cudaMemcpyDeviceToHost));
     MOK_CUDA_CHECK(cudaMemcpy(drow.data(), static_cast<bf16*>(d_out) + t * H, H * 2, cudaMemcpyDeviceToHost));
-    MOK_CUDA_CHECK(cudaMemcpy(w.data(), g.d_topk_w + t * k, k * 4, cudaMemcpyDeviceToHost));
+    MOK_CUDA_CHECK(cudaMemcpy(w.data(), static_cast<const float*>(g.d_topk_w.data) + t * k, k * 4, cudaMemcpyDeviceToHost));
     for (const bf16 v : row) sampled.push_back(float(v));
     sampled.insert(sampled.end(), w.begin(), w.end());
     for (const bf16 v : drow) dout_sampled.push_back(float(v));
   }
   ms = event_times(
-      layer, o, s, ev, [&] { layer.forward(refs, out, s); }, [&] { layer.backward(refs, dref, g, s); });
+      layer, o, s, ev, [&] { layer.forward(refs, oref, s); }, [&] { layer.backward(refs, dref, g, s); });
   const std::string summary = layer.profile_summary();
   const size_t at = summary.find("backward stages");
   if (at != std::string::npos) profile = summary.substr(at);
@@ -538,7 +535,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
               c.host_barrier();  // every rank's x in place before any forward pulls it
             }
             MOK_CUDA_CHECK(cudaMemsetAsync(out, 0xff, static_cast<size_t>(T * H) * 2, s));  // poison
-            layer.forward(refs, out, s, var.save_for_backward);
+            layer.forward(refs, run.out_ref(), s, var.save_for_backward);
             MOK_CUDA_CHECK(cudaStreamSynchronize(s));
             layer.check();
             for (int64_t t : samples) {
@@ -549,7 +546,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
             std::vector<cudaEvent_t> ev(static_cast<size_t>(2 * (o.warmup + o.iters)));
             for (auto& e : ev) MOK_CUDA_CHECK(cudaEventCreate(&e));
             ms[r] = event_times(
-                layer, o, s, ev, [] {}, [&] { layer.forward(refs, out, s, var.save_for_backward); });
+                layer, o, s, ev, [] {}, [&] { layer.forward(refs, run.out_ref(), s, var.save_for_backward); });
             profile[r] = layer.profile_summary();
             if (bwd)
               time_backward(layer, refs, out, shape, static_cast<int>(r), samples, o, s, bwd_ms[r], bwd_sampled[r],

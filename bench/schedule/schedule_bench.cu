@@ -35,7 +35,7 @@ double time_rank(const mok::LayerShape& shape, const std::vector<int32_t*>& publ
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   MOK_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  mok::gpu::publish_routing(my_ids, true, shape.tokens_of(g), shape.top_k, shape.experts, g,
+  mok::gpu::publish_routing(my_ids, true, nullptr, shape.tokens_of(g), shape.top_k, shape.experts, g,
                             published[g], nullptr, s);
   b.build(s);
   MOK_CUDA_CHECK(cudaStreamEndCapture(s, &graph));

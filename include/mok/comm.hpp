@@ -21,10 +21,14 @@
 // lsaSize == nRanks on one node). NVLink multicast (NVLS) is never requested.
 //
 // Bounded waits: every device-side spin has a deadline (Config::wait_timeout_s). On expiry the
-// kernel records the wait id, rank, peer and values in a host-mapped WaitErrorRecord and returns.
-// check_waits() turns that into mok::Error(ErrorKind::Timeout, "<wait name>", ...). After a
-// timeout the communicator is poisoned (barrier epochs and flags are no longer consistent between
-// ranks): destroy it. Destruction never blocks on a peer kernel, so teardown is clean.
+// kernel records the wait id, rank, peer and values in a host-mapped WaitErrorRecord, tells every
+// peer through its abort word (src/comm/abort_word.h: the peers' waits give up at once and their
+// kernels that touch peer memory return at entry), and returns. check_waits() turns that into
+// mok::Error(ErrorKind::Timeout, "<wait name>", ...) naming the rank whose wait expired, on that
+// rank and on every peer. Failure is collective and final: after it the communicator is poisoned
+// on every rank (barrier epochs and flags are no longer consistent between ranks), every later
+// check_usable() / check_waits() raises again, and it must be destroyed. Destruction never
+// blocks on a peer kernel, so teardown is clean.
 //
 // Host calls that wait for the other ranks (NCCL initialization, window registration,
 // ncclDevCommCreate, the handshake and barrier collectives, finalize) are bounded by
@@ -128,8 +132,9 @@ int pick_free_window(const std::vector<size_t>& sizes, const std::vector<bool>& 
 struct alignas(64) WaitErrorRecord {
   uint32_t status;     // 0 = none, 1 = being written, 2 = complete
   uint32_t wait_id;    // which wait (see wait ids below and register_wait_name)
-  int32_t rank;        // rank whose wait expired
-  int32_t peer;        // peer it waited for (-1 = not one peer)
+  int32_t rank;        // rank that wrote the record
+  int32_t origin;      // rank whose wait expired: == rank, or the peer that told this rank
+  int32_t peer;        // peer it waited for (-1 = not one peer, or not known here)
   uint32_t block;      // blockIdx.x of the waiting thread
   uint32_t thread;     // threadIdx.x
   uint64_t expected;   // value waited for
@@ -212,9 +217,12 @@ class Communicator {
 
   // Device pointer of the host-mapped wait-error record, and its host view.
   WaitErrorRecord* wait_error_device() const;
-  // A word in device memory that the first expired wait on this GPU claims (atomicCAS) before it
-  // fills the record; other waits on this GPU see it and give up early.
+  // This rank's abort word (device memory in a small symmetric window, as kernels address it):
+  // the first failure on this GPU claims it (atomicCAS) and a failing comm wait also writes it on
+  // every peer; every wait gives up once it is nonzero (codes: src/comm/abort_word.h).
   uint32_t* wait_claim_device() const;
+  ncclWindow_t abort_window() const;      // the abort words' window (to reach the peers' words)
+  uint32_t* record_claim_device() const;  // device word: the record is written once
   const volatile WaitErrorRecord* wait_error_host() const;
   uint64_t wait_timeout_ns() const;
   // Throws mok::Error(Timeout, "<wait name>", ...) if a kernel reported an expired wait, or
@@ -225,6 +233,20 @@ class Communicator {
   // cudaStreamSynchronize(stream) (CUDA failure -> Runtime error), then check_waits().
   void sync_and_check(cudaStream_t stream);
   bool poisoned() const;
+  // Cheap, no device access (call it before enqueuing work): raises the communicator's first
+  // failure again once it is poisoned, or the failure a kernel has already recorded in the
+  // host-mapped record (an expired wait here, or a peer's failure seen here); returns otherwise.
+  void check_usable();
+  // Collective: every rank's `fields` are compared (as the start-up handshake compares the
+  // config); throws mok::Error(InvalidArgument, "handshake: <field>") naming the first field
+  // that differs, on every rank.
+  void agree(const std::vector<HandshakeField>& fields);
+  // One call on this communicator at a time (its layers share the LSA barrier and the abort
+  // word): `who` is refused with InvalidArgument("stream") when the previous call, made on
+  // another stream, has not completed; end_call marks the end of a call's work on `stream`. Not
+  // checked while `stream` is being captured (a graph's launches are ordered by its user).
+  void begin_call(cudaStream_t stream, const char* who);
+  void end_call(cudaStream_t stream);
   // Collective host-side barrier (a one-word ncclAllReduce on stream()).
   void host_barrier();
 

@@ -27,34 +27,23 @@
 namespace mok {
 
 // This rank's weights in device memory (bf16, contiguous): the E_loc routed experts and the
-// shared expert (ignored when Is = 0). Layouts as in validate.hpp's WeightRefs.
-struct DeviceWeights {
-  const void* w_gate = nullptr;   // [E_loc, I, H]
-  const void* w_up = nullptr;     // [E_loc, I, H]
-  const void* w_down = nullptr;   // [E_loc, H, I]
-  const void* ws_gate = nullptr;  // [Is, H]
-  const void* ws_up = nullptr;    // [Is, H]
-  const void* ws_down = nullptr;  // [H, Is]
-};
-
-// Outputs of backward(): device buffers of this rank, overwritten (not accumulated). Every one is
-// required (the shared expert's only when Is > 0).
-struct DeviceGrads {
-  void* d_x = nullptr;         // [T, H] bf16
-  float* d_topk_w = nullptr;   // [T, k] f32; 0 for empty slots
-  void* d_w_gate = nullptr;    // [E_loc, I, H] bf16 (this rank's experts)
-  void* d_w_up = nullptr;      // [E_loc, I, H] bf16
-  void* d_w_down = nullptr;    // [E_loc, H, I] bf16
-  void* d_ws_gate = nullptr;   // [Is, H] bf16: over this rank's tokens only (data-parallel partial;
-  void* d_ws_up = nullptr;     // [Is, H] bf16   sum it over the ranks as for any replicated weight)
-  void* d_ws_down = nullptr;   // [H, Is] bf16
-};
+// shared expert (ignored when Is = 0); shapes in validate.hpp's WeightRefs
+// (WeightRefs::bf16(shape, w_gate, w_up, w_down, ...) builds them from pointers).
+using DeviceWeights = WeightRefs;
+// Outputs of backward(): device tensors of this rank, overwritten (not accumulated); shapes in
+// validate.hpp's GradRefs (GradRefs::of(shape, rank, ...) builds them from pointers). Every one is
+// required (the shared expert's only when Is > 0). The shared expert's gradients are over this
+// rank's tokens only (a data-parallel partial: sum them over the ranks as for any replicated
+// weight).
+using DeviceGrads = GradRefs;
 
 class Layer {
  public:
   // Collective over `comm`'s ranks; `comm` must outlive the layer. Validates shape/config against
-  // the device (comm SMs < SM count), allocates every buffer for the worst case, registers the
-  // symmetric windows, and packs the gate/up weights (so later weight updates need repack()).
+  // the device (comm SMs < SM count) and the weights (as every tensor above), compares shape and
+  // config across the ranks (the first field that differs is named, on every rank), allocates
+  // every buffer for the worst case, registers the symmetric windows, and packs the gate/up
+  // weights (so later weight updates need repack()).
   Layer(comm::Communicator& comm, const LayerShape& shape, const Config& config,
         const DeviceWeights& weights);
   ~Layer();
@@ -67,7 +56,8 @@ class Layer {
   // pre-activations a backward needs (2I bf16 per routed row: 0.5 GB of writes per forward at
   // DeepSeek-V3 T = 8192, EP 2; the buffer stays allocated); `out` is bitwise the same either
   // way. All ranks need not agree. A captured graph keeps the value it was captured with.
-  void forward(const RoutingRefs& in, void* out, cudaStream_t stream, bool save_for_backward = true);
+  // out: [T, H] bf16.
+  void forward(const RoutingRefs& in, const TensorRef& out, cudaStream_t stream, bool save_for_backward = true);
   // Gradients of the last forward() given d_out [T, H] bf16 (device), enqueued on `stream`
   // (collective: every rank calls it, after the same forward). `in` must be the routing that
   // forward() used: its topk_w weight the reverse combine, its topk_idx marks the empty slots; x
@@ -87,8 +77,9 @@ class Layer {
   void* input_buffer() const;
   // Re-packs the gate/up weights after the caller changed them in place.
   void repack(cudaStream_t stream);
-  // Raises pending device-side errors (invalid expert ids: InvalidArgument naming topk_idx[t,j];
-  // expired waits: Timeout naming the wait). Call after synchronizing the stream.
+  // Raises pending device-side errors (invalid routing: InvalidArgument naming topk_idx[t,j] or
+  // topk_w[t,j]; a backward given other routing than its forward: InvalidArgument; expired waits,
+  // here or on a peer: Timeout naming the wait and the rank). Call after synchronizing the stream.
   void check();
   // With MOK_PROFILE=1 in the environment when the layer was built: one line on where the last
   // forward's kernel spent its time (megakernel path) — compute CTAs busy in tiles / waiting for a

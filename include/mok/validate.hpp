@@ -27,6 +27,28 @@ struct WeightRefs {
   TensorRef ws_gate;  // [Is, H] bf16 (ignored when Is = 0)
   TensorRef ws_up;    // [Is, H] bf16
   TensorRef ws_down;  // [H, Is] bf16
+
+  // Contiguous bf16 tensors of the shapes above at these addresses (the shared expert's may be
+  // null when Is = 0).
+  static WeightRefs bf16(const LayerShape& shape, const void* w_gate, const void* w_up, const void* w_down,
+                         const void* ws_gate = nullptr, const void* ws_up = nullptr, const void* ws_down = nullptr);
+};
+
+// One rank's gradients (outputs of the backward, overwritten): the same shapes as the inputs and
+// weights they belong to.
+struct GradRefs {
+  TensorRef d_x;        // [T, H] bf16
+  TensorRef d_topk_w;   // [T, k] f32; 0 for empty slots
+  TensorRef d_w_gate;   // [E_loc, I, H] bf16
+  TensorRef d_w_up;     // [E_loc, I, H] bf16
+  TensorRef d_w_down;   // [E_loc, H, I] bf16
+  TensorRef d_ws_gate;  // [Is, H] bf16 (ignored when Is = 0)
+  TensorRef d_ws_up;    // [Is, H] bf16
+  TensorRef d_ws_down;  // [H, Is] bf16
+
+  // Contiguous tensors of the shapes above for rank `rank` at these addresses.
+  static GradRefs of(const LayerShape& shape, int rank, void* d_x, float* d_topk_w, void* d_w_gate, void* d_w_up,
+                     void* d_w_down, void* d_ws_gate = nullptr, void* d_ws_up = nullptr, void* d_ws_down = nullptr);
 };
 
 // Shapes, dtypes and layouts of one rank's forward inputs.
@@ -34,6 +56,8 @@ void validate_routing_layout(const LayerShape& shape, int rank, const RoutingRef
 void validate_weights_layout(const LayerShape& shape, const WeightRefs& w);
 // d_out of the backward pass: [T, H] bf16.
 void validate_grad_output_layout(const LayerShape& shape, int rank, const TensorRef& d_out);
+// The backward's outputs (the shared expert's only when Is > 0).
+void validate_grads_layout(const LayerShape& shape, int rank, const GradRefs& g);
 
 // Values of host-resident routing tensors: every id in [-1, E), every weight finite and >= 0.
 // The error names the first offending element, e.g. "topk_idx[5,2]".

@@ -11,6 +11,8 @@
 #include <string>
 #include <thread>
 
+#include "comm/abort_word.h"
+#include "comm/flat_alias.h"
 #include "comm/nccl_check.h"
 #include "common/cuda_check.h"
 #include "mok/comm.hpp"
@@ -120,7 +122,12 @@ struct Communicator::Impl {
   int64_t exchanges = 0;       // handshake exchanges so far (all ranks make the same ones)
   WaitErrorRecord* record_host = nullptr;
   WaitErrorRecord* record_dev = nullptr;
-  uint32_t* claim_dev = nullptr;
+  Window abort_w;                   // the abort words (one per rank), not in `windows`
+  uint32_t* claim_dev = nullptr;    // this rank's abort word, as kernels address it (flat alias)
+  uint32_t* record_claim = nullptr;  // device word: the record is written once
+  std::unique_ptr<Error> first_error;  // the failure that poisoned the communicator
+  cudaEvent_t call_done = nullptr;  // end of the last layer call (begin_call / end_call)
+  cudaStream_t call_stream = nullptr;
   cudaStream_t stream = nullptr;
   bool poisoned = false;
   // An NCCL call or collective kernel of ours timed out and may still be running (in NCCL's
@@ -166,7 +173,9 @@ struct Communicator::Impl {
       windows.clear();
       released.clear();
       record_host = record_dev = nullptr;
-      claim_dev = nullptr;
+      claim_dev = record_claim = nullptr;
+      abort_w = Window{};
+      call_done = nullptr;
       stream = nullptr;
       comm = nullptr;
       (void)cudaGetLastError();
@@ -182,16 +191,20 @@ struct Communicator::Impl {
     if (stream) (void)cudaStreamSynchronize(stream);  // our own work only; kernels have deadlines
     if (dev_created && comm) (void)ncclDevCommDestroy(comm, &dev);
     dev_created = false;
+    windows.push_back(abort_w);
     for (auto& w : windows) {
       if (w.handle && comm) (void)ncclCommWindowDeregister(comm, w.handle);
       if (w.ptr) (void)ncclMemFree(w.ptr);
     }
     windows.clear();
     released.clear();
+    abort_w = Window{};
     if (record_host) (void)cudaFreeHost(record_host);
     record_host = record_dev = nullptr;
-    if (claim_dev) (void)cudaFree(claim_dev);
-    claim_dev = nullptr;
+    if (record_claim) (void)cudaFree(record_claim);
+    claim_dev = record_claim = nullptr;
+    if (call_done) (void)cudaEventDestroy(call_done);
+    call_done = nullptr;
     if (stream) (void)cudaStreamDestroy(stream);
     stream = nullptr;
     if (owned && comm) {
@@ -212,7 +225,9 @@ struct Communicator::Impl {
     device = -1;
   }
 
-  void register_window(const WindowSpec& spec) {
+  // Collective: allocates and registers a symmetric window, zeroed on `stream`; kept in `windows`
+  // unless `keep` is false (the communicator's own abort window).
+  Window register_window(const WindowSpec& spec, bool keep = true) {
     Window w;
     w.name = spec.name;
     w.bytes = spec.bytes;
@@ -234,9 +249,19 @@ struct Communicator::Impl {
                   "symmetric-memory support (it needs CUDA P2P load/store between all GPUs of the "
                   "node, NCCL_CUMEM_ENABLE unset or 1, NCCL_WIN_ENABLE unset or 1)");
     }
-    windows.push_back(w);
-    released.push_back(false);
+    if (keep) {
+      windows.push_back(w);
+      released.push_back(false);
+    }
     MOK_CUDA_CHECK(cudaMemsetAsync(w.ptr, 0, spec.bytes, stream));
+    return w;
+  }
+
+  // Poisons the communicator with `e` (the first failure is kept and raised again) and throws it.
+  [[noreturn]] void fail(const Error& e) {
+    poisoned = true;
+    if (!first_error) first_error = std::make_unique<Error>(e);
+    throw e;
   }
 
   void handshake(const std::vector<WindowSpec>& specs, bool with_config) {
@@ -358,10 +383,11 @@ std::unique_ptr<Communicator> Communicator::create(ncclComm_t comm, bool owned, 
   void* rec_dev = nullptr;
   MOK_CUDA_CHECK(cudaHostGetDevicePointer(&rec_dev, rec, 0));
   impl->record_dev = static_cast<WaitErrorRecord*>(rec_dev);
-  MOK_CUDA_CHECK(cudaMalloc(&impl->claim_dev, sizeof(uint32_t)));
-  MOK_CUDA_CHECK(cudaMemsetAsync(impl->claim_dev, 0, sizeof(uint32_t), impl->stream));
+  MOK_CUDA_CHECK(cudaMalloc(&impl->record_claim, sizeof(uint32_t)));
+  MOK_CUDA_CHECK(cudaMemsetAsync(impl->record_claim, 0, sizeof(uint32_t), impl->stream));
 
-  // 4. Symmetric windows (collective), zeroed.
+  // 4. Symmetric windows (collective), zeroed; first the abort words (one 128-byte line per rank).
+  impl->abort_w = impl->register_window({"mok.abort", 128}, /*keep=*/false);
   for (const auto& spec : options.windows) impl->register_window(spec);
 
   // 5. Device communicator: LSA barriers only; never multimem (NVLS).
@@ -384,6 +410,7 @@ std::unique_ptr<Communicator> Communicator::create(ncclComm_t comm, bool owned, 
   }
   impl->dev = impl->out->dev;
   impl->dev_created = true;
+  impl->claim_dev = static_cast<uint32_t*>(flat_alias(impl->abort_w.handle, 0, impl->rank, impl->device, impl->stream));
   if (impl->dev.lsaSize != impl->nranks) {
     throw Error(ErrorKind::Unsupported, "ncclDevComm.lsaSize",
                 detail::concat("all ranks must reach each other by load/store (one NVLink domain): lsaSize = ",
@@ -527,30 +554,43 @@ void Communicator::release_window(const Window& w) {
 WaitErrorRecord* Communicator::wait_error_device() const { return impl_->record_dev; }
 const volatile WaitErrorRecord* Communicator::wait_error_host() const { return impl_->record_host; }
 uint32_t* Communicator::wait_claim_device() const { return impl_->claim_dev; }
+ncclWindow_t Communicator::abort_window() const { return impl_->abort_w.handle; }
+uint32_t* Communicator::record_claim_device() const { return impl_->record_claim; }
 
 uint64_t Communicator::wait_timeout_ns() const {
   return static_cast<uint64_t>(impl_->options.config.wait_timeout_s * 1e9);
 }
 
 void Communicator::check_waits() {
+  if (impl_->first_error) throw *impl_->first_error;
   const volatile WaitErrorRecord* r = impl_->record_host;
   if (r == nullptr) return;
   if (r->status == 0) {
-    // Waits inside a kernel's shared-memory pipeline (TMA / hand-off barriers) claim the word
-    // without writing a record; the kernels then return early with partial results, so this is a
-    // timeout too (and the communicator is unusable, as after any other expired wait).
+    // No record: either nothing failed, or only the abort word tells (a kernel's internal pipeline
+    // wait claims it with its site and writes no record; a peer's notice arrived but no kernel
+    // here has seen it yet).
     uint32_t claim = 0;
-    if (impl_->claim_dev != nullptr) {
+    if (impl_->abort_w.ptr != nullptr) {
       DeviceGuard guard(impl_->device);
-      MOK_CUDA_CHECK(cudaMemcpy(&claim, impl_->claim_dev, sizeof(claim), cudaMemcpyDeviceToHost));
+      MOK_CUDA_CHECK(cudaMemcpy(&claim, impl_->abort_w.ptr, sizeof(claim), cudaMemcpyDeviceToHost));
     }
     if (claim == 0) return;
-    impl_->poisoned = true;
-    throw Error(ErrorKind::Timeout, "device pipeline wait",
-                detail::concat("every wait completes within config.wait_timeout_s = ",
-                               impl_->options.config.wait_timeout_s, " s"),
-                detail::concat("a kernel's internal pipeline wait expired (site 0x", std::hex, claim,
-                               "); the communicator is unusable now: destroy it"));
+    const int origin = abort_origin(claim, impl_->rank);
+    if (origin != impl_->rank) {
+      WaitErrorRecord notice{};
+      notice.status = 2;
+      notice.wait_id = abort_id(claim);
+      notice.rank = impl_->rank;
+      notice.origin = origin;
+      notice.peer = -1;
+      impl_->fail(wait_error(notice, impl_->options.config.wait_timeout_s));
+    }
+    impl_->fail(Error(ErrorKind::Timeout, "device pipeline wait",
+                      detail::concat("every wait completes within config.wait_timeout_s = ",
+                                     impl_->options.config.wait_timeout_s, " s"),
+                      detail::concat("rank ", impl_->rank, ": a kernel's internal pipeline wait expired (site 0x",
+                                     std::hex, abort_id(claim),
+                                     "); the communicator is unusable now on every rank: destroy it")));
   }
   // A writer may still be filling the record (status 1): give it a moment.
   for (int i = 0; i < 1000 && r->status != 2; ++i) std::this_thread::sleep_for(std::chrono::microseconds(100));
@@ -558,14 +598,51 @@ void Communicator::check_waits() {
   copy.status = r->status;
   copy.wait_id = r->wait_id;
   copy.rank = r->rank;
+  copy.origin = r->origin;
   copy.peer = r->peer;
   copy.block = r->block;
   copy.thread = r->thread;
   copy.expected = r->expected;
   copy.observed = r->observed;
   copy.waited_ns = r->waited_ns;
-  impl_->poisoned = true;
-  throw wait_error(copy, impl_->options.config.wait_timeout_s);
+  impl_->fail(wait_error(copy, impl_->options.config.wait_timeout_s));
+}
+
+void Communicator::check_usable() {
+  if (impl_->first_error) throw *impl_->first_error;
+  if (impl_->poisoned)
+    throw Error(ErrorKind::Runtime, "communicator", "unusable after an earlier failure (a host-side NCCL call timed out): destroy it");
+  if (impl_->record_host != nullptr && impl_->record_host->status != 0) check_waits();  // throws
+}
+
+void Communicator::agree(const std::vector<HandshakeField>& fields) {
+  check_usable();
+  DeviceGuard guard(impl_->device);
+  impl_->exchange(fields);
+}
+
+void Communicator::begin_call(cudaStream_t stream, const char* who) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  MOK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone || impl_->call_done == nullptr || impl_->call_stream == stream) return;
+  const cudaError_t q = cudaEventQuery(impl_->call_done);
+  if (q == cudaErrorNotReady)
+    throw Error(ErrorKind::InvalidArgument, "stream",
+                detail::concat(who, " was called on another stream while the previous layer call on this communicator "
+                                    "is still running on its own: calls on one communicator run one at a time (its "
+                                    "layers share the barrier and the abort word); issue them on one stream or wait "
+                                    "for the previous one"));
+  if (q != cudaSuccess) MOK_CUDA_CHECK(q);
+}
+
+void Communicator::end_call(cudaStream_t stream) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  MOK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone) return;
+  DeviceGuard guard(impl_->device);
+  if (impl_->call_done == nullptr) MOK_CUDA_CHECK(cudaEventCreateWithFlags(&impl_->call_done, cudaEventDisableTiming));
+  MOK_CUDA_CHECK(cudaEventRecord(impl_->call_done, stream));
+  impl_->call_stream = stream;
 }
 
 void Communicator::sync_and_check(cudaStream_t stream) {

@@ -21,11 +21,14 @@
 //     each other by release/acquire (PTX "proxy" rule). Kernel boundaries order everything.
 //
 // Bounded waits: every wait has a deadline (Config::wait_timeout_s, read from %globaltimer). On
-// expiry the first waiter on this GPU claims the error word, writes the WaitErrorRecord (wait id,
-// rank, peer, values) into host-mapped memory and the wait returns false; other waits on this GPU
-// see the claim and also return false. Kernels must then return (never trap: a trap kills the
-// CUDA context and with it any chance of a clean teardown). The host's Communicator::check_waits()
-// raises mok::Error(ErrorKind::Timeout, "<wait name>").
+// expiry the first waiter on this GPU claims the abort word (comm/abort_word.h), writes its code
+// into every peer's abort word too, fills the WaitErrorRecord (wait id, rank, peer, values) in
+// host-mapped memory, and the wait returns false; every other wait on any rank sees a nonzero
+// abort word and also returns false. Kernels must then return (never trap: a trap kills the CUDA
+// context and with it any chance of a clean teardown); kernels that touch peer memory or merge
+// what peers delivered check the word at entry (entry_aborted). The host's
+// Communicator::check_waits() raises mok::Error(ErrorKind::Timeout, "<wait name>") naming the rank
+// whose wait expired, on that rank and on the peers it told.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -34,6 +37,8 @@
 
 #include <cstdint>
 
+#include "comm/abort_word.h"
+#include "comm/flat_alias.h"
 #include "common/cuda_check.h"
 #include "mok/comm.hpp"
 
@@ -42,7 +47,9 @@ namespace mok::comm::dev {
 struct DeviceComm {
   ncclDevComm nccl;        // by value; LSA team == world on one node
   WaitErrorRecord* error;  // host-mapped
-  uint32_t* claim;         // device memory; nonzero once a wait on this GPU expired
+  uint32_t* claim;         // this rank's abort word (flat alias); nonzero once any rank failed
+  ncclWindow_t abort_win;  // the abort words' window: peers' words at ncclGetLsaPointer(abort_win, 0, p)
+  uint32_t* record_claim;  // device memory: the record above is written once
   uint64_t timeout_ns;
   int rank;
   int nranks;
@@ -54,6 +61,8 @@ inline DeviceComm make_device_comm(const Communicator& c) {
   d.nccl = c.dev_comm();
   d.error = c.wait_error_device();
   d.claim = c.wait_claim_device();
+  d.abort_win = c.abort_window();
+  d.record_claim = c.record_claim_device();
   d.timeout_ns = c.wait_timeout_ns();
   d.rank = c.rank();
   d.nranks = c.world_size();
@@ -118,15 +127,32 @@ __device__ __forceinline__ bool wait_aborted(const DeviceComm& c) {
   return v != 0;
 }
 
-// Records an expired wait (first one on this GPU wins) in the host-mapped record.
-__device__ __noinline__ inline void report_timeout(const DeviceComm& c, uint32_t wait_id, int peer,
-                                                   uint64_t expected, uint64_t observed,
-                                                   uint64_t waited_ns) {
-  if (atomicCAS(c.claim, 0u, 1u) != 0u) return;
+__device__ __forceinline__ uint32_t abort_code(const DeviceComm& c) {
+  uint32_t v;
+  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(c.claim) : "memory");
+  return v;
+}
+
+// Writes `code` into every peer's abort word unless the peer already holds one (its own failure
+// or an earlier notice: the first code wins there too).
+__device__ __noinline__ inline void broadcast_abort(const DeviceComm& c, uint32_t code) {
+  if (c.abort_win == nullptr) return;
+  for (int p = 0; p < c.nranks; ++p) {
+    if (p == c.rank) continue;
+    atomicCAS_system(static_cast<unsigned int*>(ncclGetLsaPointer(c.abort_win, 0, p)), 0u, code);
+  }
+  __threadfence_system();
+}
+
+// Fills the host-mapped record (once per GPU: the first writer wins).
+__device__ __noinline__ inline void write_record(const DeviceComm& c, uint32_t wait_id, int origin, int peer,
+                                                 uint64_t expected, uint64_t observed, uint64_t waited_ns) {
+  if (c.record_claim == nullptr || atomicCAS(c.record_claim, 0u, 1u) != 0u) return;
   volatile WaitErrorRecord* r = c.error;
   r->status = 1u;
   r->wait_id = wait_id;
   r->rank = c.rank;
+  r->origin = origin;
   r->peer = peer;
   r->block = blockIdx.x;
   r->thread = threadIdx.x;
@@ -136,6 +162,38 @@ __device__ __noinline__ inline void report_timeout(const DeviceComm& c, uint32_t
   __threadfence_system();
   r->status = 2u;
   __threadfence_system();
+}
+
+// Records an expired wait: the abort word (first failure on this GPU wins), the peers' abort
+// words, and the host-mapped record.
+__device__ __noinline__ inline void report_timeout(const DeviceComm& c, uint32_t wait_id, int peer,
+                                                   uint64_t expected, uint64_t observed,
+                                                   uint64_t waited_ns) {
+  const uint32_t code = encode_abort(c.rank, wait_id);
+  if (atomicCAS(c.claim, 0u, code) != 0u) return;
+  broadcast_abort(c, code);
+  write_record(c, wait_id, c.rank, peer, expected, observed, waited_ns);
+}
+
+// A peer's failure seen here for the first time: recorded in the host-mapped record, so the host
+// can refuse the next call without reading device memory. Own failures record themselves.
+__device__ __noinline__ inline void note_abort(const DeviceComm& c) {
+  const uint32_t code = abort_code(c);
+  if (code == 0u || abort_origin(code, c.rank) == c.rank) return;
+  if (*reinterpret_cast<volatile uint32_t*>(c.record_claim) != 0u) return;
+  write_record(c, abort_id(code), abort_origin(code, c.rank), -1, 0, 0, 0);
+}
+
+// Kernels that touch peer memory, or merge what peers delivered, start with this (all threads of
+// the block call it; block-uniform result): true when some rank has failed, and the kernel must
+// return. Notes a peer's failure in the record.
+__device__ __forceinline__ bool entry_aborted(const DeviceComm& c) {
+  int aborted = 0;
+  if (threadIdx.x == 0) {
+    aborted = abort_code(c) != 0u ? 1 : 0;
+    if (aborted) note_abort(c);
+  }
+  return __syncthreads_or(aborted) != 0;
 }
 
 // Spins (this thread) until the 32-bit value at `p` has reached `target` in wrap-around order,
@@ -156,7 +214,10 @@ __device__ __forceinline__ bool wait_geq(const DeviceComm& c, const uint32_t* p,
         report_timeout(c, wait_id, peer, target, v, waited);
         return false;
       }
-      if (wait_aborted(c)) return false;
+      if (wait_aborted(c)) {
+        note_abort(c);
+        return false;
+      }
     }
   }
 }
@@ -199,32 +260,12 @@ __device__ __forceinline__ bool lsa_barrier(const DeviceComm& c, uint32_t index,
 // (NCCL's flat alias; NCCL 2.28 has no host-side getter, so one tiny kernel computes it). Use it
 // to hand raw peer pointers to kernels that should not carry a window handle.
 // ---------------------------------------------------------------------------------------------
-template <int kUnused = 0>
-__global__ void lsa_pointer_kernel(ncclWindow_t w, size_t offset, int peer, void** out) {
-  *out = ncclGetLsaPointer(w, offset, peer);
-}
-
 inline void* lsa_pointer(const Communicator& c, const Window& w, int peer, size_t offset = 0) {
   MOK_REQUIRE(peer >= 0 && peer < c.world_size(), "peer", "must be a rank in [0, ", c.world_size(),
               "), got ", peer);
   MOK_REQUIRE(offset < w.bytes, "offset", "must be inside window '", w.name, "' (", w.bytes,
               " bytes), got ", offset);
-  int saved = -1;
-  MOK_CUDA_CHECK(cudaGetDevice(&saved));
-  MOK_CUDA_CHECK(cudaSetDevice(c.device()));
-  void** d = nullptr;
-  void* h = nullptr;
-  MOK_CUDA_CHECK(cudaMalloc(&d, sizeof(void*)));
-  lsa_pointer_kernel<<<1, 1, 0, c.stream()>>>(w.handle, offset, peer, d);
-  const cudaError_t launch = cudaGetLastError();
-  const cudaError_t copy = cudaMemcpyAsync(&h, d, sizeof(void*), cudaMemcpyDeviceToHost, c.stream());
-  const cudaError_t sync = cudaStreamSynchronize(c.stream());
-  (void)cudaFree(d);
-  (void)cudaSetDevice(saved);
-  MOK_CUDA_CHECK(launch);
-  MOK_CUDA_CHECK(copy);
-  MOK_CUDA_CHECK(sync);
-  return h;
+  return flat_alias(w.handle, offset, peer, c.device(), c.stream());
 }
 
 #endif  // __CUDACC__

@@ -186,11 +186,19 @@ std::string wait_name(uint32_t wait_id) {
 
 Error wait_error(const WaitErrorRecord& r, double timeout_s) {
   std::ostringstream s;
+  if (r.origin != r.rank) {
+    // A peer's failure, as this rank learned it from its abort word.
+    s << "rank " << r.origin << " gave up (this wait expired there after " << timeout_s
+      << " s, Config::wait_timeout_s) and told rank " << r.rank
+      << ", whose kernels then stopped: the outputs of that call are not valid; the communicator is "
+         "unusable now on every rank: destroy it";
+    return Error(ErrorKind::Timeout, wait_name(r.wait_id), s.str());
+  }
   s << "rank " << r.rank << " waited " << static_cast<double>(r.waited_ns) * 1e-9 << " s (bound "
     << timeout_s << " s, Config::wait_timeout_s) ";
   if (r.peer >= 0) s << "for peer " << r.peer << " ";
   s << "to reach " << r.expected << ", last saw " << r.observed << " (block " << r.block
-    << ", thread " << r.thread << "); the communicator is unusable now: destroy it";
+    << ", thread " << r.thread << "); the communicator is unusable now on every rank: destroy it";
   return Error(ErrorKind::Timeout, wait_name(r.wait_id), s.str());
 }
 

@@ -32,13 +32,22 @@ void DeviceErrorWord::check(int64_t top_k) {
   clear();
   const int rank = device_error_rank(w);
   const uint64_t d = device_error_detail(w);
+  const std::string entry = detail::concat("[", d / static_cast<uint64_t>(top_k), ",", d % static_cast<uint64_t>(top_k), "]");
   switch (device_error_code(w)) {
     case DeviceErrorCode::InvalidExpertId:
-      throw Error(ErrorKind::InvalidArgument,
-                  detail::concat("topk_idx[", d / static_cast<uint64_t>(top_k), ",",
-                                 d % static_cast<uint64_t>(top_k), "]"),
+      throw Error(ErrorKind::InvalidArgument, "topk_idx" + entry,
                   "expert ids must satisfy -1 <= id < E (found on the GPU; the entry was "
                   "treated as an empty slot)",
+                  detail::concat("rank ", rank));
+    case DeviceErrorCode::InvalidRouterWeight:
+      throw Error(ErrorKind::InvalidArgument, "topk_w" + entry,
+                  "router weights of routed slots must be finite and >= 0 (found on the GPU; the slot was "
+                  "treated as an empty slot)",
+                  detail::concat("rank ", rank));
+    case DeviceErrorCode::RoutingChanged:
+      throw Error(ErrorKind::InvalidArgument, "topk_idx" + entry,
+                  "backward() must get the routing forward() used (this entry differs; the backward used "
+                  "the forward's)",
                   detail::concat("rank ", rank));
     default:
       throw Error(ErrorKind::Runtime, "device error word",

@@ -36,6 +36,40 @@ void validate_weights_layout(const LayerShape& shape, const WeightRefs& w) {
   }
 }
 
+WeightRefs WeightRefs::bf16(const LayerShape& shape, const void* w_gate, const void* w_up, const void* w_down,
+                            const void* ws_gate, const void* ws_up, const void* ws_down) {
+  const int64_t el = shape.local_experts(), H = shape.hidden, I = shape.intermediate, Is = shape.shared_intermediate;
+  const auto t = [](const void* p, std::vector<int64_t> sizes) { return TensorRef::contiguous(p, DType::BF16, std::move(sizes)); };
+  return {t(w_gate, {el, I, H}), t(w_up, {el, I, H}), t(w_down, {el, H, I}),
+          t(ws_gate, {Is, H}),   t(ws_up, {Is, H}),   t(ws_down, {H, Is})};
+}
+
+GradRefs GradRefs::of(const LayerShape& shape, int rank, void* d_x, float* d_topk_w, void* d_w_gate, void* d_w_up,
+                      void* d_w_down, void* d_ws_gate, void* d_ws_up, void* d_ws_down) {
+  const int64_t T = shape.tokens_of(rank), k = shape.top_k;
+  const WeightRefs w = WeightRefs::bf16(shape, d_w_gate, d_w_up, d_w_down, d_ws_gate, d_ws_up, d_ws_down);
+  return {TensorRef::contiguous(d_x, DType::BF16, {T, shape.hidden}), TensorRef::contiguous(d_topk_w, DType::F32, {T, k}),
+          w.w_gate, w.w_up, w.w_down, w.ws_gate, w.ws_up, w.ws_down};
+}
+
+void validate_grads_layout(const LayerShape& shape, int rank, const GradRefs& g) {
+  shape.validate();
+  check_rank(shape, rank);
+  const int64_t T = shape.tokens_of(rank), k = shape.top_k, el = shape.local_experts(), H = shape.hidden,
+                I = shape.intermediate;
+  check_tensor("grads.d_x", g.d_x, {DType::BF16}, {T, H});
+  check_tensor("grads.d_topk_w", g.d_topk_w, {DType::F32}, {T, k});
+  check_tensor("grads.d_w_gate", g.d_w_gate, {DType::BF16}, {el, I, H});
+  check_tensor("grads.d_w_up", g.d_w_up, {DType::BF16}, {el, I, H});
+  check_tensor("grads.d_w_down", g.d_w_down, {DType::BF16}, {el, H, I});
+  if (shape.shared_intermediate > 0) {
+    const int64_t Is = shape.shared_intermediate;
+    check_tensor("grads.d_ws_gate", g.d_ws_gate, {DType::BF16}, {Is, H});
+    check_tensor("grads.d_ws_up", g.d_ws_up, {DType::BF16}, {Is, H});
+    check_tensor("grads.d_ws_down", g.d_ws_down, {DType::BF16}, {H, Is});
+  }
+}
+
 void validate_grad_output_layout(const LayerShape& shape, int rank, const TensorRef& d_out) {
   shape.validate();
   check_rank(shape, rank);

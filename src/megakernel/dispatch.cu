@@ -17,8 +17,8 @@ __global__ void __launch_bounds__(kThreads) move_rows_kernel(ScheduleView s, int
                                                              int64_t row_begin, int64_t row_end,
                                                              const uint4* const* src_peers,
                                                              const uint4* local_src, uint4* local_dst,
-                                                             uint4* const* dst_peers) {
-  for_each_window_row(s, row_begin, row_end, [&](int64_t row, int lane) {
+                                                             uint4* const* dst_peers, const uint32_t* abort) {
+  for_each_window_row(s, row_begin, row_end, abort, [&](int64_t row, int lane) {
     const int src = s.src_rank[row];
     const int slot = s.src_slot[row];
     const int64_t local = (row - row_begin) * hidden_vecs;
@@ -50,7 +50,7 @@ void pull_dispatch(const MoveArgs& a, const void* const* x_peers, void* x_routed
   check_move_args(a);
   move_rows_kernel<true><<<a.sms, kThreads, 0, stream>>>(
       a.schedule, static_cast<int>(a.hidden / 8), static_cast<int>(a.top_k), a.row_begin, a.row_end,
-      reinterpret_cast<const uint4* const*>(x_peers), nullptr, static_cast<uint4*>(x_routed), nullptr);
+      reinterpret_cast<const uint4* const*>(x_peers), nullptr, static_cast<uint4*>(x_routed), nullptr, a.abort);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -58,7 +58,7 @@ void push_combine(const MoveArgs& a, const void* y_routed, void* const* combine_
   check_move_args(a);
   move_rows_kernel<false><<<a.sms, kThreads, 0, stream>>>(
       a.schedule, static_cast<int>(a.hidden / 8), static_cast<int>(a.top_k), a.row_begin, a.row_end,
-      nullptr, static_cast<const uint4*>(y_routed), nullptr, reinterpret_cast<uint4* const*>(combine_peers));
+      nullptr, static_cast<const uint4*>(y_routed), nullptr, reinterpret_cast<uint4* const*>(combine_peers), a.abort);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -21,6 +21,7 @@ struct MoveArgs {
   int64_t row_begin = 0;  // first routed row of the window (ring / macrobatch); rows are
   int64_t row_end = -1;   // clipped to [row_begin, min(row_end, total_rows)); -1 = to the end
   int sms = 16;           // CTAs used (one per SM)
+  const uint32_t* abort = nullptr;  // the communicator's abort word: no row moves once it is set
 };
 
 // Throws mok::Error naming the first bad field (H a positive multiple of 8, k >= 1, sms >= 1, a

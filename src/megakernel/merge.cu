@@ -16,16 +16,22 @@ union Pack8 {
 };
 
 // One thread merges 8 consecutive hidden values of one token. Loads are 16 bytes wide and
-// coalesced along H; the j loop is sequential, which fixes the summation order.
-template <bool kWeighted, typename Idx>
+// coalesced along H; the j loop is sequential, which fixes the summation order. After a failure
+// (abort set) the slots may hold rows nobody delivered: the output is NaN then, never a plausible
+// wrong value.
+template <bool kWeighted>
 __global__ void __launch_bounds__(256) merge_kernel(const uint4* __restrict__ shared,
                                                     const uint4* __restrict__ slots,
                                                     const float* __restrict__ weights,
-                                                    const Idx* __restrict__ topk_idx, int tokens,
-                                                    int top_k, int hidden_vecs,
+                                                    const int32_t* __restrict__ topk_idx, int tokens,
+                                                    int top_k, int hidden_vecs, const uint32_t* abort,
                                                     uint4* __restrict__ out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(tokens) * hidden_vecs) return;
+  if (abort != nullptr && *reinterpret_cast<const volatile uint32_t*>(abort) != 0u) {
+    out[i] = make_uint4(0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u);  // bf16 quiet NaN
+    return;
+  }
   const int t = static_cast<int>(i / hidden_vecs);
   const int v = static_cast<int>(i % hidden_vecs);
   float acc[kVec];
@@ -79,10 +85,8 @@ void launch(const MergeArgs& a, cudaStream_t stream) {
   const auto* sh = static_cast<const uint4*>(a.shared);
   const auto* sl = static_cast<const uint4*>(a.slots);
   auto* out = static_cast<uint4*>(a.out);
-  if (a.idx_is_int64)
-    merge_kernel<kWeighted, int64_t><<<blocks, threads, 0, stream>>>(sh, sl, a.weights, static_cast<const int64_t*>(a.topk_idx), static_cast<int>(a.tokens), static_cast<int>(a.top_k), static_cast<int>(hv), out);
-  else
-    merge_kernel<kWeighted, int32_t><<<blocks, threads, 0, stream>>>(sh, sl, a.weights, static_cast<const int32_t*>(a.topk_idx), static_cast<int>(a.tokens), static_cast<int>(a.top_k), static_cast<int>(hv), out);
+  merge_kernel<kWeighted><<<blocks, threads, 0, stream>>>(sh, sl, a.weights, a.topk_idx, static_cast<int>(a.tokens),
+                                                         static_cast<int>(a.top_k), static_cast<int>(hv), a.abort, out);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 

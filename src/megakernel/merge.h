@@ -2,8 +2,10 @@
 // post-kernel barrier:
 //   forward:  out[t] = rnd(y_s[t] + sum_j fma(w[t,j], y[t*k+j]))   (fixed j order, fp32)
 //   backward: d_x[t] = rnd(dx_s[t] + sum_j dx[t*k+j])              (fixed j order, fp32)
-// Empty slots (topk_idx = -1) are skipped; their combine rows are never read. The arithmetic is
-// the CPU reference's (include/mok/reference.hpp), so the two agree bit for bit.
+// Empty slots (topk_idx = -1) are skipped; their combine rows are never read. topk_idx is the
+// forward's published routing (checked: an invalid entry of the caller's is -1 there), so a bad
+// id can never select a slot nobody pushed. The arithmetic is the CPU reference's
+// (include/mok/reference.hpp), so the two agree bit for bit.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,8 +18,8 @@ struct MergeArgs {
   const void* shared = nullptr;    // [T, H] bf16 shared-expert output, or null
   const void* slots = nullptr;     // [T*k, H] bf16 combine (forward) / reverse-dispatch (backward) rows
   const float* weights = nullptr;  // [T, k] router weights (forward only)
-  const void* topk_idx = nullptr;  // [T, k] int32 or int64
-  bool idx_is_int64 = false;
+  const int32_t* topk_idx = nullptr;  // [T, k], -1 = empty slot
+  const uint32_t* abort = nullptr;    // the communicator's abort word: out is all NaN once it is set
   int64_t tokens = 0, top_k = 0, hidden = 0;  // H must be a multiple of 8
   void* out = nullptr;             // [T, H] bf16
 };

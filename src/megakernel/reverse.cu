@@ -37,8 +37,8 @@ __global__ void __launch_bounds__(kThreads) reverse_combine_kernel(ScheduleView 
                                                                    int64_t row_begin, int64_t row_end,
                                                                    const uint4* const* d_out_peers,
                                                                    const float* const* weight_peers,
-                                                                   uint4* __restrict__ dy) {
-  for_each_window_row(s, row_begin, row_end, [&](int64_t row, int lane) {
+                                                                   uint4* __restrict__ dy, const uint32_t* abort) {
+  for_each_window_row(s, row_begin, row_end, abort, [&](int64_t row, int lane) {
     const int src = s.src_rank[row];
     uint4* to = dy + (row - row_begin) * hidden_vecs;
     if (src < 0) {
@@ -60,18 +60,20 @@ __global__ void __launch_bounds__(kThreads) reverse_combine_kernel(ScheduleView 
   });
 }
 
-// One warp per slot (t, j).
-template <typename Idx>
+// One warp per slot (t, j). After a failure (abort set) the slots may hold rows nobody pushed:
+// every gradient is NaN then, never a plausible wrong value.
 __global__ void __launch_bounds__(256) router_grad_kernel(const uint4* __restrict__ d_out,
                                                           const uint4* __restrict__ y,
-                                                          const Idx* __restrict__ topk_idx, int64_t slots,
-                                                          int top_k, int hidden_vecs, float* __restrict__ out) {
+                                                          const int32_t* __restrict__ topk_idx, int64_t slots,
+                                                          int top_k, int hidden_vecs, const uint32_t* abort,
+                                                          float* __restrict__ out) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const bool aborted = abort_seen(abort);
   for (int64_t slot = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; slot < slots;
        slot += warps) {
-    if (topk_idx[slot] < 0) {  // empty slot: no row was pushed there
-      if (lane == 0) out[slot] = 0.0f;
+    if (aborted || topk_idx[slot] < 0) {  // empty slot: no row was pushed there
+      if (lane == 0) out[slot] = aborted ? __int_as_float(0x7fc00000) : 0.0f;
       continue;
     }
     const uint4* d = d_out + (slot / top_k) * hidden_vecs;
@@ -103,7 +105,7 @@ void pull_reverse_combine(const MoveArgs& a, const void* const* d_out_peers, con
               "d_out_peers, weight_peers and dy_routed must be non-null");
   reverse_combine_kernel<<<a.sms, kThreads, 0, stream>>>(
       a.schedule, static_cast<int>(a.hidden / 8), static_cast<int>(a.top_k), a.row_begin, a.row_end,
-      reinterpret_cast<const uint4* const*>(d_out_peers), weight_peers, static_cast<uint4*>(dy_routed));
+      reinterpret_cast<const uint4* const*>(d_out_peers), weight_peers, static_cast<uint4*>(dy_routed), a.abort);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -119,12 +121,7 @@ void router_weight_grad(const RouterGradArgs& a, cudaStream_t stream) {
   const auto* d = static_cast<const uint4*>(a.d_out);
   const auto* y = static_cast<const uint4*>(a.y_slots);
   const int k = static_cast<int>(a.top_k), hv = static_cast<int>(a.hidden / 8);
-  if (a.idx_is_int64)
-    router_grad_kernel<int64_t><<<blocks, 256, 0, stream>>>(d, y, static_cast<const int64_t*>(a.topk_idx), slots,
-                                                            k, hv, a.d_topk_w);
-  else
-    router_grad_kernel<int32_t><<<blocks, 256, 0, stream>>>(d, y, static_cast<const int32_t*>(a.topk_idx), slots,
-                                                            k, hv, a.d_topk_w);
+  router_grad_kernel<<<blocks, 256, 0, stream>>>(d, y, a.topk_idx, slots, k, hv, a.abort, a.d_topk_w);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 

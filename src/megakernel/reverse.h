@@ -24,8 +24,8 @@ void pull_reverse_combine(const MoveArgs& a, const void* const* d_out_peers, con
 struct RouterGradArgs {
   const void* d_out = nullptr;     // [T, H] bf16
   const void* y_slots = nullptr;   // [T*k, H] bf16: the forward's combine slots
-  const void* topk_idx = nullptr;  // [T, k] int32 or int64, -1 = empty slot
-  bool idx_is_int64 = false;
+  const int32_t* topk_idx = nullptr;  // [T, k]: the forward's published (checked) routing, -1 = empty slot
+  const uint32_t* abort = nullptr;    // the communicator's abort word: all NaN once it is set
   int64_t tokens = 0, top_k = 0, hidden = 0;  // H a multiple of 8
   float* d_topk_w = nullptr;       // [T, k]
 };

@@ -26,6 +26,7 @@ constexpr int kScanThreads = 1024;
 
 struct Params {
   const int32_t* const* tables;
+  const uint32_t* abort;  // nonzero once some rank failed: count nothing (an empty schedule)
   int32_t routes[sched::kMaxWorldSize];           // T_r * k
   int32_t chunk_first[sched::kMaxWorldSize + 1];  // first chunk of each rank
   int world, rank, e_loc, first_expert, minibatch_rows, macrobatch_rows, capacity_tiles;
@@ -80,7 +81,10 @@ __global__ void __launch_bounds__(512) count_kernel(Params p) {
   __syncthreads();
   const int chunk = blockIdx.x, r = rank_of_chunk(p, chunk);
   const int begin = (chunk - p.chunk_first[r]) * kChunk;
-  const int end = min(begin + kChunk, p.routes[r]);
+  // After a failure the peers' tables are not read: every count stays 0, so the place kernel
+  // (which follows these counts) places nothing and every consumer sees an empty schedule.
+  const bool aborted = p.abort != nullptr && *reinterpret_cast<const volatile uint32_t*>(p.abort) != 0u;
+  const int end = aborted ? begin : min(begin + kChunk, p.routes[r]);
   const int32_t* tab = p.tables[r];
   for (int s = begin + threadIdx.x; s < end; s += blockDim.x) {
     const int le = tab[s] - p.first_expert;  // -1 slots land far below 0
@@ -193,15 +197,44 @@ __global__ void __launch_bounds__(kPlaceThreads) place_kernel(Params p) {
   }
 }
 
+// The validity of one routing slot: an expert id in [-1, E), and for a routed slot a finite,
+// non-negative router weight. An invalid slot becomes an empty one (-1) everywhere.
 template <typename Idx>
-__global__ void publish_kernel(const Idx* __restrict__ in, int64_t n, int64_t experts, int rank,
-                               int32_t* __restrict__ out, unsigned long long* error_word) {
+__device__ __forceinline__ int32_t checked_slot(const Idx* in, const float* w, int64_t i, int64_t experts, int rank,
+                                                unsigned long long* error_word) {
+  const Idx id = in[i];
+  if (!(id >= -1 && id < static_cast<Idx>(experts))) {
+    report_device_error(error_word, DeviceErrorCode::InvalidExpertId, rank, static_cast<uint64_t>(i));
+    return -1;
+  }
+  if (id >= 0 && w != nullptr) {
+    const float v = w[i];
+    if (!(isfinite(v) && v >= 0.0f)) {  // NaN fails both tests
+      report_device_error(error_word, DeviceErrorCode::InvalidRouterWeight, rank, static_cast<uint64_t>(i));
+      return -1;
+    }
+  }
+  return static_cast<int32_t>(id);
+}
+
+template <typename Idx>
+__global__ void publish_kernel(const Idx* __restrict__ in, const float* __restrict__ w, int64_t n, int64_t experts,
+                               int rank, int32_t* __restrict__ out, unsigned long long* error_word) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const Idx id = in[i];
-  const bool ok = id >= -1 && id < static_cast<Idx>(experts);
-  if (!ok) report_device_error(error_word, DeviceErrorCode::InvalidExpertId, rank, static_cast<uint64_t>(i));
-  out[i] = ok ? static_cast<int32_t>(id) : -1;
+  out[i] = checked_slot(in, w, i, experts, rank, error_word);
+}
+
+template <typename Idx>
+__global__ void backward_routing_kernel(const Idx* __restrict__ in, const float* __restrict__ w, int64_t n,
+                                        int64_t experts, int rank, const int32_t* __restrict__ published,
+                                        float* __restrict__ w_out, unsigned long long* error_word) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int32_t id = checked_slot(in, w, i, experts, rank, error_word);
+  const int32_t fwd = published[i];
+  if (id != fwd) report_device_error(error_word, DeviceErrorCode::RoutingChanged, rank, static_cast<uint64_t>(i));
+  w_out[i] = fwd >= 0 ? w[i] : 0.0f;  // the forward's slots: a slot it routed has a checked weight
 }
 
 size_t place_smem_bytes(int e_loc, int world) {
@@ -211,7 +244,9 @@ size_t place_smem_bytes(int e_loc, int world) {
 template <typename T>
 T* device_alloc(int64_t n, const char* what) {
   void* p = nullptr;
-  const cudaError_t err = cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T));
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T);
+  cudaError_t err = cudaMalloc(&p, bytes);
+  if (err == cudaSuccess) err = cudaMemset(p, 0, bytes);  // never read before written, but initcheck-clean
   if (err != cudaSuccess)
     throw Error(ErrorKind::Runtime, what, cudaGetErrorString(err), "schedule buffer allocation");
   return static_cast<T*>(p);
@@ -219,7 +254,7 @@ T* device_alloc(int64_t n, const char* what) {
 
 }  // namespace
 
-void publish_routing(const void* topk_idx, bool is_int64, int64_t tokens, int64_t top_k,
+void publish_routing(const void* topk_idx, bool is_int64, const float* topk_w, int64_t tokens, int64_t top_k,
                      int64_t experts, int rank, int32_t* published, unsigned long long* error_word,
                      cudaStream_t stream) {
   const int64_t n = tokens * top_k;
@@ -228,9 +263,28 @@ void publish_routing(const void* topk_idx, bool is_int64, int64_t tokens, int64_
   const int threads = 256;
   const auto blocks = static_cast<unsigned>((n + threads - 1) / threads);
   if (is_int64)
-    publish_kernel<<<blocks, threads, 0, stream>>>(static_cast<const int64_t*>(topk_idx), n, experts, rank, published, error_word);
+    publish_kernel<<<blocks, threads, 0, stream>>>(static_cast<const int64_t*>(topk_idx), topk_w, n, experts, rank,
+                                                   published, error_word);
   else
-    publish_kernel<<<blocks, threads, 0, stream>>>(static_cast<const int32_t*>(topk_idx), n, experts, rank, published, error_word);
+    publish_kernel<<<blocks, threads, 0, stream>>>(static_cast<const int32_t*>(topk_idx), topk_w, n, experts, rank,
+                                                   published, error_word);
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+void check_backward_routing(const void* topk_idx, bool is_int64, const float* topk_w, int64_t tokens,
+                            int64_t top_k, int64_t experts, int rank, const int32_t* published, float* weights,
+                            unsigned long long* error_word, cudaStream_t stream) {
+  const int64_t n = tokens * top_k;
+  if (n == 0) return;
+  MOK_REQUIRE(topk_idx && topk_w && published && weights, "topk_idx", "input and output buffers must be non-null");
+  const int threads = 256;
+  const auto blocks = static_cast<unsigned>((n + threads - 1) / threads);
+  if (is_int64)
+    backward_routing_kernel<<<blocks, threads, 0, stream>>>(static_cast<const int64_t*>(topk_idx), topk_w, n, experts,
+                                                            rank, published, weights, error_word);
+  else
+    backward_routing_kernel<<<blocks, threads, 0, stream>>>(static_cast<const int32_t*>(topk_idx), topk_w, n, experts,
+                                                            rank, published, weights, error_word);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -271,9 +325,10 @@ ScheduleBuilder::~ScheduleBuilder() {
     if (p) cudaFree(p);
 }
 
-void ScheduleBuilder::build(cudaStream_t stream) {
+void ScheduleBuilder::build(cudaStream_t stream, const uint32_t* abort) {
   Params p{};
   p.tables = tables_;
+  p.abort = abort;
   p.world = shape_.world_size();
   p.rank = rank_;
   p.e_loc = static_cast<int>(shape_.local_experts());

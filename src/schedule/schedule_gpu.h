@@ -38,10 +38,19 @@ struct ScheduleView {
 };
 
 // Casts/validates one rank's topk_idx ([T, k], int32 or int64) into `published` ([T, k] int32).
-// Invalid ids are reported to `error_word` (may be null) and written as -1.
-void publish_routing(const void* topk_idx, bool is_int64, int64_t tokens, int64_t top_k,
+// An invalid slot — an id outside [-1, E), or a routed slot whose topk_w (may be null: not
+// checked) is NaN, infinite or negative — is reported to `error_word` (may be null; the first
+// problem wins) and written as -1: an empty slot for every later kernel.
+void publish_routing(const void* topk_idx, bool is_int64, const float* topk_w, int64_t tokens, int64_t top_k,
                      int64_t experts, int rank, int32_t* published, unsigned long long* error_word,
                      cudaStream_t stream);
+// The backward's view of the same routing: checks topk_idx / topk_w again (so the backward
+// reports a bad entry too), reports RoutingChanged where the checked id differs from the
+// forward's `published` one, and writes weights[i] = topk_w[i] for the slots the forward routed
+// and 0 for its empty ones (the backward uses the forward's slots throughout).
+void check_backward_routing(const void* topk_idx, bool is_int64, const float* topk_w, int64_t tokens,
+                            int64_t top_k, int64_t experts, int rank, const int32_t* published, float* weights,
+                            unsigned long long* error_word, cudaStream_t stream);
 
 class ScheduleBuilder {
  public:
@@ -54,8 +63,10 @@ class ScheduleBuilder {
   ScheduleBuilder(const ScheduleBuilder&) = delete;
   ScheduleBuilder& operator=(const ScheduleBuilder&) = delete;
 
-  // Enqueues the build on `stream`: 4 kernels and one memset, no host synchronization.
-  void build(cudaStream_t stream);
+  // Enqueues the build on `stream`: 4 kernels and one memset, no host synchronization. `abort`
+  // (the communicator's abort word, may be null): once nonzero, the peers' tables are not read
+  // and the schedule is empty.
+  void build(cudaStream_t stream, const uint32_t* abort = nullptr);
   ScheduleView view() const;
 
  private:

@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,7 @@ using mok::test::upload;
 
 struct Case {
   int64_t T, k, H;
-  bool shared, int64_idx;
+  bool shared, aborted;  // aborted: the communicator's abort word is set (out must be all NaN)
 };
 
 void run_case(const Case& c, bool weighted) {
@@ -37,7 +38,6 @@ void run_case(const Case& c, bool weighted) {
     idx[i] = rng.uniform() < 0.2 ? -1 : int32_t(rng.below(64));
     w[i] = float(rng.uniform());
   }
-  std::vector<int64_t> idx64(idx.begin(), idx.end());
   const auto expect = mok::ref::merge_rows(c.shared ? shared_f.data() : nullptr, slots_f.data(),
                                            weighted ? w.data() : nullptr, idx.data(), c.T, c.k,
                                            c.H, 1);
@@ -45,7 +45,8 @@ void run_case(const Case& c, bool weighted) {
   auto* d_shared = upload(shared);
   auto* d_slots = upload(slots);
   auto* d_w = upload(w);
-  void* d_idx = c.int64_idx ? static_cast<void*>(upload(idx64)) : static_cast<void*>(upload(idx));
+  int32_t* d_idx = upload(idx);
+  uint32_t* d_abort = upload(std::vector<uint32_t>{c.aborted ? 0x80001234u : 0u});
   mok::bf16* d_out = nullptr;
   MOK_ASSERT_CUDA(cudaMalloc(&d_out, std::max<size_t>(1, expect.size() * 2)));
   MOK_ASSERT_CUDA(cudaMemset(d_out, 0xFF, expect.size() * 2));  // poison: NaN bf16
@@ -55,7 +56,7 @@ void run_case(const Case& c, bool weighted) {
   a.slots = d_slots;
   a.weights = d_w;
   a.topk_idx = d_idx;
-  a.idx_is_int64 = c.int64_idx;
+  a.abort = d_abort;
   a.tokens = c.T;
   a.top_k = c.k;
   a.hidden = c.H;
@@ -68,13 +69,15 @@ void run_case(const Case& c, bool weighted) {
   std::vector<mok::bf16> got(expect.size());
   MOK_ASSERT_CUDA(cudaMemcpy(got.data(), d_out, got.size() * 2, cudaMemcpyDeviceToHost));
   int64_t mismatches = 0;
-  for (size_t i = 0; i < got.size(); ++i) mismatches += got[i].bits != expect[i].bits;
+  for (size_t i = 0; i < got.size(); ++i)
+    mismatches += c.aborted ? !std::isnan(float(got[i])) : got[i].bits != expect[i].bits;
   EXPECT_EQ(mismatches, 0) << "of " << got.size() << " values (T=" << c.T << " k=" << c.k
                            << " H=" << c.H << ")";
   cudaFree(d_shared);
   cudaFree(d_slots);
   cudaFree(d_w);
   cudaFree(d_idx);
+  cudaFree(d_abort);
   cudaFree(d_out);
 }
 
@@ -100,7 +103,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MergeTest,
                            const Case& c = p.param;
                            return "T" + std::to_string(c.T) + "_k" + std::to_string(c.k) + "_H" +
                                   std::to_string(c.H) + (c.shared ? "_shared" : "") +
-                                  (c.int64_idx ? "_i64" : "_i32");
+                                  (c.aborted ? "_aborted" : "");
                          });
 
 }  // namespace

@@ -342,3 +342,19 @@ TEST(CommWaitError, NamesTheWaitRankAndPeer) {
   EXPECT_NE(m.find("peer 1"), std::string::npos) << m;
   EXPECT_NE(m.find("to reach 5, last saw 4"), std::string::npos) << m;
 }
+
+// A peer's failure as the rank it told reports it: the wait's name, the rank it expired on.
+TEST(CommWaitError, PeerNoticeNamesTheOriginRank) {
+  mc::WaitErrorRecord r{};
+  r.status = 2;
+  r.wait_id = mc::kWaitLsaBarrier;
+  r.rank = 1;
+  r.origin = 0;
+  r.peer = -1;
+  const mok::Error e = mc::wait_error(r, 0.5);
+  EXPECT_EQ(e.kind(), mok::ErrorKind::Timeout);
+  EXPECT_EQ(e.argument(), "comm.lsa_barrier");
+  const std::string m = e.what();
+  EXPECT_NE(m.find("rank 0 gave up"), std::string::npos) << m;
+  EXPECT_NE(m.find("told rank 1"), std::string::npos) << m;
+}

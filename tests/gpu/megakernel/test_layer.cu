@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "layer_test_util.h"
 #include "mok/comm.hpp"
 #include "mok/layer.hpp"
 #include "mok/reference.hpp"
@@ -21,7 +22,14 @@
 
 namespace {
 
+using mok::test::as_float;
+using mok::test::bit_diffs;
 using mok::test::download;
+using mok::test::RankData;
+using mok::test::RankGrads;
+using mok::test::ranks_on_gpus;
+using mok::test::rel_err;
+using mok::test::two_ranks;
 using mok::test::upload;
 
 struct Case {
@@ -68,84 +76,11 @@ mok::Config config_of(const Case& c) {
   return cfg;
 }
 
-// One rank's device inputs and weights for a workload (freed on destruction).
-struct RankData {
-  mok::DeviceWeights dw;
-  mok::bf16* x = nullptr;
-  int32_t* idx = nullptr;
-  float* w = nullptr;
-  mok::bf16* out = nullptr;
-  int64_t T = 0, H = 0;
-  mok::RoutingRefs refs;
-  RankData(const mok::LayerShape& shape, const mok::Workload& wl, int r) {
-    T = shape.tokens_of(r);
-    H = shape.hidden;
-    const int64_t I = shape.intermediate, k = shape.top_k;
-    const int64_t e_loc = shape.local_experts(), e0 = static_cast<int64_t>(r) * e_loc;
-    const auto& W = wl.weights;
-    dw.w_gate = upload(&W.w_gate[e0 * I * H], e_loc * I * H);
-    dw.w_up = upload(&W.w_up[e0 * I * H], e_loc * I * H);
-    dw.w_down = upload(&W.w_down[e0 * H * I], e_loc * H * I);
-    if (shape.shared_intermediate > 0) {
-      dw.ws_gate = upload(W.ws_gate.data(), W.ws_gate.size());
-      dw.ws_up = upload(W.ws_up.data(), W.ws_up.size());
-      dw.ws_down = upload(W.ws_down.data(), W.ws_down.size());
-    }
-    const auto& in = wl.inputs[r];
-    x = upload(in.x.data(), in.x.size());
-    idx = upload(in.topk_idx.data(), in.topk_idx.size());
-    w = upload(in.topk_w.data(), in.topk_w.size());
-    EXPECT_EQ(cudaSuccess, cudaMalloc(&out, std::max<int64_t>(1, T * H) * 2));
-    refs = mok::RoutingRefs{mok::TensorRef::contiguous(x, mok::DType::BF16, {T, H}),
-                            mok::TensorRef::contiguous(idx, mok::DType::I32, {T, k}),
-                            mok::TensorRef::contiguous(w, mok::DType::F32, {T, k})};
-  }
-  ~RankData() {
-    for (const void* p : {dw.w_gate, dw.w_up, dw.w_down, dw.ws_gate, dw.ws_up, dw.ws_down})
-      if (p) cudaFree(const_cast<void*>(p));
-    cudaFree(x);
-    cudaFree(idx);
-    cudaFree(w);
-    cudaFree(out);
-  }
-  RankData(const RankData&) = delete;
-  RankData& operator=(const RankData&) = delete;
-  // The memset runs on the legacy stream, which the communicator's non-blocking stream does not
-  // wait for: synchronize, so the poison lands before forward() writes.
-  void poison() const {
-    EXPECT_EQ(cudaSuccess, cudaMemset(out, 0xff, std::max<int64_t>(1, T * H) * 2));
-    EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
-  }
-  std::vector<mok::bf16> result() const { return download(out, T * H); }
-  // Poisons out, runs one forward of `layer` on the communicator's stream (inputs `in`, default
-  // this rank's refs), waits, raises device-side errors and returns out.
-  std::vector<mok::bf16> forward_once(mok::Layer& layer, mok::comm::Communicator& comm,
-                                      const mok::RoutingRefs* in = nullptr, bool save_for_backward = true) const {
-    poison();
-    layer.forward(in ? *in : refs, out, comm.stream(), save_for_backward);
-    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
-    layer.check();
-    return result();
-  }
-};
-
-int64_t bit_diffs(const std::vector<mok::bf16>& a, const std::vector<mok::bf16>& b) {
-  int64_t d = 0;
-  for (size_t i = 0; i < a.size(); ++i) d += a[i].bits != b[i].bits;
-  return d;
-}
-
-// `world` ranks on GPUs 0 .. world-1, with the layer's shape and config in the start-up handshake.
-mok::comm::LocalGroup ranks_on_gpus(int world, const mok::LayerShape& shape, const mok::Config& cfg) {
-  std::vector<int> devices(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) devices[static_cast<size_t>(r)] = r;
-  mok::comm::CommOptions opt;
-  opt.shape = shape;
-  opt.config = cfg;
-  return mok::comm::LocalGroup::create(devices, opt);
-}
-mok::comm::LocalGroup two_ranks(const mok::LayerShape& shape, const mok::Config& cfg) {
-  return ranks_on_gpus(2, shape, cfg);
+// Repetitions of a case: MOK_TEST_REPS caps them (scripts/sanitize.sh: every launch is slow under
+// the tools, and two repetitions still compare bits run to run).
+int reps_of(const Case& c) {
+  const char* cap = std::getenv("MOK_TEST_REPS");
+  return cap ? std::max(1, std::min(c.reps, std::atoi(cap))) : c.reps;
 }
 
 class LayerForward : public ::testing::TestWithParam<Case> {};
@@ -167,9 +102,9 @@ TEST_P(LayerForward, MatchesReferenceAndIsBitwiseReproducible) {
     const int64_t T = d.T, H = d.H;
     mok::Layer layer(comm, shape, cfg, d.dw);
     std::vector<mok::bf16> first;
-    for (int rep = 0; rep < c.reps; ++rep) {
+    for (int rep = 0; rep < reps_of(c); ++rep) {
       d.poison();
-      layer.forward(d.refs, d.out, comm.stream());
+      layer.forward(d.refs, d.out_ref(), comm.stream());
       ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
       layer.check();
       const std::vector<mok::bf16> got = d.result();
@@ -311,12 +246,12 @@ TEST_P(LayerForwardDispatch, PushEqualsPullBitwise) {
     mok::Layer pull(comm, shape, pull_cfg, d1.dw), push(comm, shape, push_cfg, d1.dw);  // wl1's weights
     for (RankData* d : {&d1, &d2, &d1}) {
       d->poison();
-      pull.forward(d->refs, d->out, comm.stream());
+      pull.forward(d->refs, d->out_ref(), comm.stream());
       ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
       pull.check();
       const auto want = d->result();
       d->poison();
-      push.forward(d->refs, d->out, comm.stream());
+      push.forward(d->refs, d->out_ref(), comm.stream());
       ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
       push.check();
       EXPECT_EQ(bit_diffs(d->result(), want), 0) << "rank " << r << (d == &d1 ? ", first inputs" : ", second inputs");
@@ -336,79 +271,6 @@ INSTANTIATE_TEST_SUITE_P(
 // same bits on a second forward + backward, on 1 and 2 GPUs, after the unfused forward and after
 // the megakernel (whose ring holds every routed row by default).
 // ---------------------------------------------------------------------------------------------
-// One rank's gradient buffers (device), poisoned before each backward.
-struct RankGrads {
-  mok::DeviceGrads g;
-  int64_t n_x = 0, n_w = 0, n_gate = 0, n_down = 0, n_sgate = 0, n_sdown = 0;
-  RankGrads(const mok::LayerShape& s, int r) {
-    const int64_t T = s.tokens_of(r), H = s.hidden, I = s.intermediate, E = s.local_experts(), Is = s.shared_intermediate;
-    n_x = T * H;
-    n_w = T * s.top_k;
-    n_gate = E * I * H;
-    n_down = E * H * I;
-    n_sgate = Is * H;
-    n_sdown = H * Is;
-    g.d_x = alloc(n_x * 2);
-    g.d_topk_w = static_cast<float*>(alloc(n_w * 4));
-    g.d_w_gate = alloc(n_gate * 2);
-    g.d_w_up = alloc(n_gate * 2);
-    g.d_w_down = alloc(n_down * 2);
-    if (Is > 0) {
-      g.d_ws_gate = alloc(n_sgate * 2);
-      g.d_ws_up = alloc(n_sgate * 2);
-      g.d_ws_down = alloc(n_sdown * 2);
-    }
-  }
-  ~RankGrads() {
-    for (void* p : {g.d_x, static_cast<void*>(g.d_topk_w), g.d_w_gate, g.d_w_up, g.d_w_down, g.d_ws_gate, g.d_ws_up,
-                    g.d_ws_down})
-      if (p) cudaFree(p);
-  }
-  RankGrads(const RankGrads&) = delete;
-  RankGrads& operator=(const RankGrads&) = delete;
-  static void* alloc(int64_t bytes) {
-    void* p = nullptr;
-    EXPECT_EQ(cudaSuccess, cudaMalloc(&p, std::max<int64_t>(16, bytes)));
-    EXPECT_EQ(cudaSuccess, cudaMemset(p, 0xff, std::max<int64_t>(16, bytes)));  // NaN poison
-    return p;
-  }
-  void poison() const {
-    for (auto [p, n] : {std::pair<void*, int64_t>{g.d_x, n_x * 2}, {g.d_topk_w, n_w * 4}, {g.d_w_gate, n_gate * 2},
-                        {g.d_w_up, n_gate * 2}, {g.d_w_down, n_down * 2}, {g.d_ws_gate, n_sgate * 2},
-                        {g.d_ws_up, n_sgate * 2}, {g.d_ws_down, n_sdown * 2}})
-      if (p) EXPECT_EQ(cudaSuccess, cudaMemset(p, 0xff, std::max<int64_t>(16, n)));
-    EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
-  }
-  // Every output as float, in a fixed order: d_x, d_topk_w, dW_gate, dW_up, dW_down, dWs_gate, dWs_up, dWs_down.
-  std::vector<std::vector<float>> fetch() const {
-    const auto bf = [](const void* p, int64_t n) {
-      std::vector<float> v;
-      if (p == nullptr) return v;
-      for (const mok::bf16 b : download(static_cast<const mok::bf16*>(p), n)) v.push_back(float(b));
-      return v;
-    };
-    return {bf(g.d_x, n_x), download(g.d_topk_w, n_w), bf(g.d_w_gate, n_gate), bf(g.d_w_up, n_gate),
-            bf(g.d_w_down, n_down), bf(g.d_ws_gate, n_sgate), bf(g.d_ws_up, n_sgate), bf(g.d_ws_down, n_sdown)};
-  }
-};
-
-// Relative L2 error (infinite when a value is not finite).
-double rel_err(const std::vector<float>& got, const float* want, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double a = got[i], b = want[i];
-    if (!std::isfinite(a)) return INFINITY;
-    num += (a - b) * (a - b);
-    den += b * b;
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-template <typename V>
-std::vector<float> as_float(const V& v, int64_t begin, int64_t n) {
-  std::vector<float> f(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) f[i] = float(v[begin + i]);
-  return f;
-}
 
 class LayerBackward : public ::testing::TestWithParam<Case> {};
 
@@ -547,7 +409,7 @@ TEST(LayerWindows, LaterLayersReuseWindows) {
       if (i == 1) windows = comm.window_count();
       if (i == 3) EXPECT_EQ(comm.window_count(), windows) << "rank " << r << ": the fourth layer registered new windows";
       d.poison();
-      layer.forward(d.refs, d.out, comm.stream());
+      layer.forward(d.refs, d.out_ref(), comm.stream());
       ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
       layer.check();
       if (i == 0)
@@ -575,14 +437,14 @@ TEST_P(LayerForwardGraph, CaptureAndReplay) {
     RankData d(shape, wl, static_cast<int>(r));
     mok::Layer layer(comm, shape, cfg, d.dw);
     cudaStream_t s = comm.stream();
-    layer.forward(d.refs, d.out, s);
+    layer.forward(d.refs, d.out_ref(), s);
     ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
     layer.check();
     const auto direct = d.result();
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    layer.forward(d.refs, d.out, s);
+    layer.forward(d.refs, d.out_ref(), s);
     ASSERT_EQ(cudaSuccess, cudaStreamEndCapture(s, &graph));
     ASSERT_EQ(cudaSuccess, cudaGraphInstantiate(&exec, graph, 0));
     for (int rep = 0; rep < 3; ++rep) {
@@ -604,7 +466,7 @@ TEST_P(LayerForwardGraph, CaptureAndReplay) {
     ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
     layer.check();
     const auto replayed = d.result();
-    layer.forward(d.refs, d.out, s);
+    layer.forward(d.refs, d.out_ref(), s);
     ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
     layer.check();
     EXPECT_EQ(bit_diffs(replayed, d.result()), 0) << "rank " << r << ": replay with new inputs";
@@ -745,7 +607,7 @@ TEST(LayerForwardTimeout, MissingPeerIsNamedAndTerminates) {
     mok::Layer layer(comm, shape, cfg, d.dw);
     if (r == 0) {
       const auto t0 = std::chrono::steady_clock::now();
-      layer.forward(d.refs, d.out, comm.stream());
+      layer.forward(d.refs, d.out_ref(), comm.stream());
       ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
       waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       try {

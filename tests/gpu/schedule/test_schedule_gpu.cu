@@ -146,7 +146,7 @@ TEST(ScheduleGpuGraph, CaptureAndReplayWithNewRouting) {
   cudaGraph_t graph;
   MOK_ASSERT_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   for (int r = 0; r < 2; ++r)
-    mok::gpu::publish_routing(inputs[r], true, 3000, 4, 32, r, published[r], err.device(), s);
+    mok::gpu::publish_routing(inputs[r], true, nullptr, 3000, 4, 32, r, published[r], err.device(), s);
   b.build(s);
   MOK_ASSERT_CUDA(cudaStreamEndCapture(s, &graph));
   cudaGraphExec_t exec;
@@ -179,7 +179,7 @@ TEST(ScheduleGpuErrors, InvalidIdGivesNamedErrorAndIsNeutralized) {
   int32_t* d_in = upload(ids);
   int32_t* d_out = upload(std::vector<int32_t>(8, 99));
   mok::DeviceErrorWord err;
-  mok::gpu::publish_routing(d_in, false, 4, 2, 8, 3, d_out, err.device(), nullptr);
+  mok::gpu::publish_routing(d_in, false, nullptr, 4, 2, 8, 3, d_out, err.device(), nullptr);
   MOK_ASSERT_CUDA(cudaDeviceSynchronize());
   try {
     err.check(2);

@@ -1,0 +1,34 @@
+#include "comm/flat_alias.h"
+
+#include <nccl_device.h>
+
+#include "common/cuda_check.h"
+
+namespace mok::comm {
+
+namespace {
+__global__ void flat_alias_kernel(ncclWindow_t w, size_t offset, int peer, void** out) {
+  *out = ncclGetLsaPointer(w, offset, peer);
+}
+}  // namespace
+
+void* flat_alias(ncclWindow_t w, size_t offset, int peer, int device, cudaStream_t stream) {
+  int saved = -1;
+  MOK_CUDA_CHECK(cudaGetDevice(&saved));
+  MOK_CUDA_CHECK(cudaSetDevice(device));
+  void** d = nullptr;
+  void* h = nullptr;
+  MOK_CUDA_CHECK(cudaMalloc(&d, sizeof(void*)));
+  flat_alias_kernel<<<1, 1, 0, stream>>>(w, offset, peer, d);
+  const cudaError_t launch = cudaGetLastError();
+  const cudaError_t copy = cudaMemcpyAsync(&h, d, sizeof(void*), cudaMemcpyDeviceToHost, stream);
+  const cudaError_t sync = cudaStreamSynchronize(stream);
+  (void)cudaFree(d);
+  (void)cudaSetDevice(saved);
+  MOK_CUDA_CHECK(launch);
+  MOK_CUDA_CHECK(copy);
+  MOK_CUDA_CHECK(sync);
+  return h;
+}
+
+}  // namespace mok::comm

@@ -1,0 +1,230 @@
+// The GPU layer's backward (unfused kernels; a backward megakernel will mirror the forward), its
+// stage profile, and the helpers it shares with the shared expert's backward.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <string>
+
+#include "common/device_check.h"
+#include "megakernel/layer_impl.h"
+#include "megakernel/merge.h"
+#include "megakernel/reverse.h"
+#include "schedule/schedule_math.h"
+
+namespace mok {
+
+using layer_detail::upload_array;
+
+// ---------------------------------------------------------------------------------------------
+// Backward (unfused). Buffers it reuses from the forward: gu (d_gu is written over it), h (for
+// dW_down), the routed x rows (for dW_gate, dW_up), y (the routed d_x rows), the shared expert's
+// gu_s, h_s and y_s likewise, and the combine window (y_j for the router-weight gradient, then
+// the reverse-dispatch slots). Its own: dy_routed.
+void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& g, cudaStream_t stream) {
+  check_call(in, stream, "backward()");
+  validate_grad_output_layout(shape, rank, d_out);
+  validate_grads_layout(shape, rank, g);
+  const int dev = comm.device();
+  check_device_tensor("d_out", d_out, dev);
+  check_device_tensor("grads.d_x", g.d_x, dev);
+  check_device_tensor("grads.d_topk_w", g.d_topk_w, dev, 4);
+  check_device_tensor("grads.d_w_gate", g.d_w_gate, dev);
+  check_device_tensor("grads.d_w_up", g.d_w_up, dev);
+  check_device_tensor("grads.d_w_down", g.d_w_down, dev);
+  if (Is > 0) {
+    check_device_tensor("grads.d_ws_gate", g.d_ws_gate, dev);
+    check_device_tensor("grads.d_ws_up", g.d_ws_up, dev);
+    check_device_tensor("grads.d_ws_down", g.d_ws_down, dev);
+  }
+  MOK_REQUIRE(saved, "forward(save_for_backward)",
+              "backward() needs the last forward() to have saved the gate/up pre-activations "
+              "(save_for_backward = true), and runs once per forward (it overwrites them with d_gu "
+              "and the combine slots with d_x rows)");
+  MOK_REQUIRE(!fused || ring_rows >= cap_rows, "config.macrobatch_tokens",
+              "backward() reads every routed row of the forward, but the megakernel's ring holds ", ring_rows,
+              " of up to ", cap_rows, " rows: use 0 (automatic) or at least the worst case, or "
+              "config.forward_path = Unfused");
+  // Output pointers (the refs' data are const views).
+  void* d_x = const_cast<void*>(g.d_x.data);
+  float* d_topk_w = static_cast<float*>(const_cast<void*>(g.d_topk_w.data));
+  void* dw_gate = const_cast<void*>(g.d_w_gate.data);
+  void* dw_up = const_cast<void*>(g.d_w_up.data);
+  void* dw_down = const_cast<void*>(g.d_w_down.data);
+  allocate_backward();
+  // Stage events only outside stream capture: a plain record adds no node to a graph.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  MOK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  marking = capturing == cudaStreamCaptureStatusNone;
+  bwd_marked = false;
+  saved = false;  // gu becomes d_gu and the combine slots d_x rows: one backward per forward
+  mark(0, stream);
+  if (T > 0) {
+    MOK_CUDA_CHECK(cudaMemcpyAsync(win_dout->ptr, d_out.data, static_cast<size_t>(T * H) * 2,
+                                   cudaMemcpyDeviceToDevice, stream));
+    // The router weights the peers read for the reverse combine: the caller's, checked again
+    // (and its routing compared with the forward's), 0 for the forward's empty slots.
+    gpu::check_backward_routing(in.topk_idx.data, in.topk_idx.dtype == DType::I64,
+                                static_cast<const float*>(in.topk_w.data), T, k, shape.experts, rank, published(),
+                                static_cast<float*>(win_weights->ptr), errors.device(), stream);
+    // Before the barrier: after it the peers' reverse-dispatch pushes overwrite the slots.
+    gpu::RouterGradArgs rg;
+    rg.d_out = win_dout->ptr;
+    rg.y_slots = win_combine->ptr;
+    rg.topk_idx = published();
+    rg.abort = dc.claim;
+    rg.tokens = T;
+    rg.top_k = k;
+    rg.hidden = H;
+    rg.d_topk_w = d_topk_w;
+    gpu::router_weight_grad(rg, stream);
+  }
+  mark(1, stream);
+  barrier(stream);  // d_out and weights visible; every y_j read
+  mark(2, stream);
+  const gpu::ScheduleView v = schedule->view();
+  const int64_t tiles = cap_rows / sched::kBlockM;
+  // The movement kernels run alone here (nothing to share the GPU with): every SM. With the
+  // forward's comm SM count (8 at DeepSeek-V3) the pull took 5.9 ms and the push 3.2 ms of a
+  // 31 ms backward (MOK_PROFILE, 2 H200s, T = 8192): ~160 and ~290 GB/s for 0.94 GB each.
+  gpu::MoveArgs move = move_args();
+  move.sms = sms;
+  gpu::pull_reverse_combine(move, dout_peers.get<const void* const>(), weight_peers.get<const float* const>(),
+                            dy_routed.p, stream);
+  mark(3, stream);
+  // Routed d_x rows into y (the forward's FC2 output is no longer needed).
+  run_dgrads(dy_routed.p, weights.w_down.data, gu.p, w1p.p, y.p, I, e_loc, v.tile_expert, tiles, stream, 4);
+  mark(5, stream);
+  gpu::push_combine(move, y.p, combine_peers.get<void* const>(), stream);
+  mark(6, stream);
+  // Weight gradients while the pushes land: rows in the schedule's order, padding rows masked.
+  if (cap_rows > 0) {
+    run_wgrad(dy_routed.p, h.p, dw_down, H, I, e_loc, cap_rows, v.expert_offset, v.expert_rows, stream);
+    mark(7, stream);
+    run_wgrad(gu.p, x_rows, dw_gate, 2 * I, H, e_loc, cap_rows, v.expert_offset, v.expert_rows, stream, dw_up);
+  } else {  // no rank has tokens: no rows, zero gradients
+    for (void* p : {dw_gate, dw_up, dw_down})
+      MOK_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(e_loc * I * H) * 2, stream));
+    mark(7, stream);
+  }
+  mark(8, stream);
+  barrier(stream);  // every d_x row pushed into our slots landed
+  mark(9, stream);
+  bwd_marked = marking && !bwd_marks.empty();
+  if (T == 0) {  // no tokens: the shared expert's gradient over them is zero
+    for (const TensorRef* p : {&g.d_ws_gate, &g.d_ws_up, &g.d_ws_down})
+      if (Is > 0) MOK_CUDA_CHECK(cudaMemsetAsync(const_cast<void*>(p->data), 0, static_cast<size_t>(Is * H) * 2, stream));
+    mark(10, stream);
+    mark(11, stream);
+    comm.end_call(stream);
+    return;
+  }
+  if (Is > 0) shared_backward(g, stream);
+  mark(10, stream);
+  gpu::MergeArgs m;
+  m.shared = Is > 0 ? y_s.p : nullptr;
+  m.slots = win_combine->ptr;
+  m.topk_idx = published();
+  m.abort = dc.claim;
+  m.tokens = T;
+  m.top_k = k;
+  m.hidden = H;
+  m.out = d_x;
+  gpu::merge_backward(m, stream);
+  mark(11, stream);
+  comm.end_call(stream);
+}
+
+// The last backward's stage times (MOK_PROFILE=1), or "".
+std::string Layer::Impl::backward_profile() const {
+  if (!bwd_marked) return "";
+  MOK_CUDA_CHECK(cudaEventSynchronize(bwd_marks.back()));
+  std::string line = "backward stages (ms):";
+  float total = 0;
+  for (int i = 0; i < kBwdStages; ++i) {
+    float ms = 0;
+    MOK_CUDA_CHECK(cudaEventElapsedTime(&ms, bwd_marks[static_cast<size_t>(i)], bwd_marks[static_cast<size_t>(i + 1)]));
+    total += ms;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%s %s %.3f", i ? "," : "", kBwdStageNames[i], ms);
+    line += buf;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "; total %.3f", total);
+  return line + buf;
+}
+
+// The shared expert over this rank's tokens: dy = d_out (weight 1), as one expert of T rows.
+void Layer::Impl::shared_backward(const DeviceGrads& g, cudaStream_t stream) {
+  const int32_t* begin = shared_rows.get<const int32_t>();
+  run_dgrads(win_dout->ptr, weights.ws_down.data, gu_s.p, ws1p.p, y_s.p, Is, 1, shared_tiles.get<const int32_t>(),
+             t_tiles, stream);
+  run_wgrad(win_dout->ptr, h_s.p, const_cast<void*>(g.d_ws_down.data), H, Is, 1, t_tiles * sched::kBlockM, begin, begin + 1, stream);
+  run_wgrad(gu_s.p, win_x->ptr, const_cast<void*>(g.d_ws_gate.data), 2 * Is, H, 1, t_tiles * sched::kBlockM, begin,
+            begin + 1, stream, const_cast<void*>(g.d_ws_up.data));
+}
+
+// the d_x rows = rnd(d_gu . w1p) into dx_rows; mark_between >= 0 records that stage mark between.
+void Layer::Impl::run_dgrads(const void* dy, const void* w_down, void* gu_buf, const void* w1p_buf, void* dx_rows,
+                             int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
+                             cudaStream_t stream, int mark_between) {
+  gemm::DgradSwiGLUArgs ds;
+  ds.dy = dy;
+  ds.w_down = w_down;
+  ds.gu = gu_buf;
+  ds.d_gu = gu_buf;
+  ds.hidden = H;
+  ds.inter = inter;
+  ds.experts = experts;
+  ds.tile_expert = tile_expert;
+  ds.num_m_tiles = tiles;
+  gemm::run(gemm::plan_dgrad_swiglu(ds, gemm_options()), stream);
+  if (mark_between >= 0) mark(mark_between, stream);
+  gemm::DgradArgs dx;
+  dx.dy = gu_buf;
+  dx.w = w1p_buf;
+  dx.dx = dx_rows;
+  dx.k = 2 * inter;
+  dx.n = H;
+  dx.experts = experts;
+  dx.tile_expert = tile_expert;
+  dx.num_m_tiles = tiles;
+  gemm::run(gemm::plan_dgrad(dx, gemm_options()), stream);
+}
+
+// dw_up: a is packed gate/up (d_gu), dw gets the gate rows and dw_up the up rows.
+void Layer::Impl::run_wgrad(const void* a, const void* b, void* dw, int64_t m, int64_t n, int64_t experts,
+                      int64_t rows_total, const int32_t* row_begin, const int32_t* rows, cudaStream_t stream,
+                            void* dw_up) const {
+  gemm::WgradArgs w;
+  w.a = a;
+  w.b = b;
+  w.dw = dw;
+  w.m = m;
+  w.n = n;
+  w.experts = experts;
+  w.rows_total = rows_total;
+  w.expert_row_begin = row_begin;
+  w.expert_rows = rows;
+  w.dw_up = dw_up;
+  gemm::run(gemm::plan_wgrad(w, gemm_options()), stream);
+}
+
+void Layer::Impl::allocate_backward() {
+  if (dy_routed.p != nullptr) return;
+  if (profile && bwd_marks.empty()) {
+    for (int i = 0; i <= kBwdStages; ++i) {
+      cudaEvent_t e = nullptr;
+      MOK_CUDA_CHECK(cudaEventCreate(&e));
+      bwd_marks.push_back(e);
+    }
+  }
+  dy_routed = DeviceBuffer(static_cast<size_t>(cap_rows * H) * 2, "backward dy rows");
+  if (Is > 0 && T > 0) {
+    // The shared expert as one expert of T rows starting at row 0: {begin, rows}.
+    shared_rows = upload_array(std::vector<int32_t>{0, static_cast<int32_t>(T)}, "shared expert rows");
+    if (shared_tiles.p == nullptr)  // the megakernel path has no shared tile table
+      shared_tiles = upload_array(std::vector<int32_t>(static_cast<size_t>(t_tiles), 0), "shared tiles");
+  }
+}
+
+}  // namespace mok

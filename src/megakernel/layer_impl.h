@@ -1,0 +1,174 @@
+// mok — the GPU layer's state (Layer::Impl), shared by its two halves: layer.cu (construction,
+// forward, checks) and layer_backward.cu (backward). Private to src/megakernel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/device.cuh"
+#include "common/cuda_check.h"
+#include "common/device_error.h"
+#include "gemm/grouped_gemm.h"
+#include "megakernel/dispatch.h"
+#include "megakernel/forward_kernel.h"
+#include "mok/errors.hpp"
+#include "mok/layer.hpp"
+#include "schedule/schedule_gpu.h"
+
+namespace mok {
+
+namespace layer_detail {
+
+// Owned device allocation.
+struct DeviceBuffer {
+  void* p = nullptr;
+  DeviceBuffer() = default;
+  // Zeroed once: a tile's padding rows are read by the next GEMM (and their results dropped)
+  // before anything wrote them, and no kernel may read memory nobody wrote (compute-sanitizer's
+  // initcheck flags it; a NaN pattern left there would be harmless but is not worth the doubt).
+  explicit DeviceBuffer(size_t bytes, const char* what) {
+    cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 16));
+    if (e == cudaSuccess) e = cudaMemset(p, 0, std::max<size_t>(bytes, 16));
+    if (e != cudaSuccess)
+      throw Error(ErrorKind::Runtime, what, cudaGetErrorString(e), detail::concat(bytes, " bytes"));
+  }
+  ~DeviceBuffer() {
+    if (p) cudaFree(p);
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p(o.p) { o.p = nullptr; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(p, o.p);
+    return *this;
+  }
+  template <typename T = void>
+  T* get() const { return static_cast<T*>(p); }
+};
+
+template <typename T>
+DeviceBuffer upload_array(const std::vector<T>& v, const char* what) {
+  DeviceBuffer b(v.size() * sizeof(T), what);
+  MOK_CUDA_CHECK(cudaMemcpy(b.p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return b;
+}
+
+// The layer's symmetric windows, taken from the communicator's pool and given back when the
+// layer goes, also when its constructor throws (no kernel has used them then). `keep`: not given
+// back (the device could not be synchronized, so a kernel might still use them).
+struct WindowLeases {
+  comm::Communicator* comm = nullptr;
+  std::vector<const comm::Window*> held;
+  bool keep = false;
+  const comm::Window* acquire(comm::Communicator& c, const std::string& name, size_t bytes) {
+    comm = &c;
+    held.push_back(&c.acquire_window(name, bytes));
+    return held.back();
+  }
+  WindowLeases() = default;
+  WindowLeases(const WindowLeases&) = delete;
+  WindowLeases& operator=(const WindowLeases&) = delete;
+  ~WindowLeases() {
+    if (keep || comm == nullptr) return;
+    for (auto it = held.rbegin(); it != held.rend(); ++it) {
+      try {
+        comm->release_window(**it);
+      } catch (...) {
+        // never throw from a destructor; a window left out of the pool is only memory
+      }
+    }
+  }
+};
+
+}  // namespace layer_detail
+
+struct Layer::Impl {
+  using DeviceBuffer = layer_detail::DeviceBuffer;
+  comm::Communicator& comm;
+  layer_detail::WindowLeases leases;  // every window below
+  LayerShape shape;
+  Config config;
+  DeviceWeights weights;
+  int rank = 0, world = 1;
+  int64_t H = 0, I = 0, k = 0, e_loc = 0, Is = 0, T = 0, cap_rows = 0, t_tiles = 0;
+  const comm::Window* win_routing = nullptr;
+  const comm::Window* win_x = nullptr;
+  const comm::Window* win_combine = nullptr;
+  const comm::Window* win_dout = nullptr;     // backward: d_out [T_pad, H] bf16, pulled by the peers
+  const comm::Window* win_weights = nullptr;  // backward: router weights [T, k] f32, read by the peers
+  comm::dev::DeviceComm dc{};
+  DeviceErrorWord errors;
+  DeviceBuffer tables, x_peers, combine_peers, dout_peers, weight_peers;
+  std::unique_ptr<gpu::ScheduleBuilder> schedule;
+  DeviceBuffer w1p, x_routed, gu, h, y;
+  DeviceBuffer ws1p, shared_tiles, gu_s, h_s, y_s;
+  // Backward: what the forward leaves for it, and its own buffer (allocated by the first
+  // backward(): an inference-only layer never pays for it).
+  void* x_rows = nullptr;  // routed x rows of the last forward (x_routed, or the megakernel's ring)
+  int64_t ring_rows = 0;   // megakernel: rows of the ring (0 on the unfused path)
+  bool saved = false;      // the last forward() stored gu (save_for_backward)
+  DeviceBuffer dy_routed, shared_rows;
+  // MOK_PROFILE=1: events at the backward's stage boundaries (profile_summary reports the last one).
+  static constexpr int kBwdStages = 11;
+  static constexpr const char* kBwdStageNames[kBwdStages] = {
+      "router-weight grad", "barrier", "reverse-combine pull", "FC2 dgrad + SwiGLU'", "FC1 dgrad",
+      "reverse-dispatch push", "wgrad down", "wgrad gate/up", "barrier", "shared expert", "d_x merge"};
+  bool profile = false;
+  std::vector<cudaEvent_t> bwd_marks;
+  bool marking = false;     // this backward records them (not under stream capture)
+  bool bwd_marked = false;  // the last backward recorded all of them
+  void mark(int i, cudaStream_t stream) {
+    if (marking && !bwd_marks.empty()) MOK_CUDA_CHECK(cudaEventRecord(bwd_marks[static_cast<size_t>(i)], stream));
+  }
+  gemm::Plan fc1, fc2, fc1_s, fc2_s;
+  gemm::Plan fc1_nogu, fc1_s_nogu;  // forward(..., save_for_backward = false)
+  // Megakernel: ring buffers, counters, tensor maps and parameters.
+  bool fused = true;
+  int sms = 0;
+  int grid = 0;  // megakernel CTAs (sms, or the SMs that pair up into 2-CTA clusters)
+  DeviceBuffer counters;
+  // Push dispatch: the ring and the counter block are symmetric windows, and this rank builds
+  // every receiver's schedule (receivers[d], null for itself: `schedule`).
+  bool push = false;
+  const comm::Window* win_ring = nullptr;
+  const comm::Window* win_counters = nullptr;
+  std::vector<std::unique_ptr<gpu::ScheduleBuilder>> receivers;
+  DeviceBuffer dest_views, ring_peers, counter_peers;
+  mk::ForwardMaps maps{};
+  mk::ForwardParams mkp{};
+  DeviceBuffer stats;  // MOK_PROFILE=1: per-CTA profile of the last megakernel
+
+  Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg, const DeviceWeights& w);
+  // The windows go back to the communicator's pool (WindowLeases) once our own kernels are done:
+  // synchronized here. The peers' kernels on them are ordered by the pool itself (a window is
+  // reused only when every rank has given it back; see Communicator::acquire_window).
+  ~Impl();
+  void setup_unfused();
+  void setup_megakernel();
+  void setup_push_dispatch();
+  void repack(cudaStream_t stream);
+  gpu::MoveArgs move_args() const;
+  // Every in-kernel wait of the layer's GEMMs bounded by the config's timeout and given up once
+  // any rank has failed (the communicator's abort word).
+  gemm::Options gemm_options() const;
+  // Checks common to forward() and backward() before anything is enqueued: the communicator is
+  // usable, no call of another stream is running, the routing tensors' shapes and memory.
+  void check_call(const RoutingRefs& in, cudaStream_t stream, const char* who);
+  void barrier(cudaStream_t stream);
+  void forward(const RoutingRefs& in, const TensorRef& out, cudaStream_t stream, bool save_for_backward);
+  void backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& g, cudaStream_t stream);
+  void shared_backward(const DeviceGrads& g, cudaStream_t stream);
+  void run_dgrads(const void* dy, const void* w_down, void* gu_buf, const void* w1p_buf, void* dx_rows, int64_t inter,
+                  int64_t experts, const int32_t* tile_expert, int64_t tiles, cudaStream_t stream,
+                  int mark_between = -1);
+  void run_wgrad(const void* a, const void* b, void* dw, int64_t m, int64_t n, int64_t experts, int64_t rows_total,
+                 const int32_t* row_begin, const int32_t* rows, cudaStream_t stream, void* dw_up = nullptr) const;
+  void allocate_backward();
+  std::string forward_profile() const;   // the megakernel's line of profile_summary, or ""
+  std::string backward_profile() const;  // the last backward's stage times (MOK_PROFILE=1), or ""
+  const int32_t* published() const { return static_cast<const int32_t*>(win_routing->ptr); }
+};
+
+}  // namespace mok
