@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 namespace mok::gpu {
 
 __device__ __forceinline__ void copy_row(const uint4* __restrict__ from, uint4* __restrict__ to, int vecs,
