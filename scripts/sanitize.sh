@@ -104,7 +104,7 @@ specs=(
   "fwd_unfused|layer|Routings/LayerForward.*/ep1_uniform_shared_unfused|$all_tools"
   "bwd_unfused|layer|Routings/LayerBackward.*/ep1_uniform_shared_unfused|$all_tools"
   "bwd_after_megakernel|layer|Routings/LayerBackward.*/ep1_uniform_shared|$all_tools"
-  "reliability|reliability|BadRouting.*:BadPointers.*|$all_tools"
+  "reliability|reliability|Paths/BadRouting.*:BadRoutingBackward.*:Faults/BadPointers.*|$all_tools"
   # The GEMM tests' edge shapes (partial blocks, split-N, masked wgrad padding) under memcheck and
   # racecheck, as before; the layer runs the grouped-GEMM kernels under all four tools anyway.
   "gemm|gemm|$gemm_tests|memcheck racecheck"
