@@ -169,6 +169,9 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 export MOK_TEST_WAIT_TIMEOUT_S=120
+# Two repetitions per layer case (still a run-to-run bit comparison): every launch is slow under
+# the tools, and the layer cases repeat three to twenty times otherwise.
+export MOK_TEST_REPS="${MOK_TEST_REPS:-2}"
 
 run_one() {  # index: writes $results/<index>.tsv
   local i="$1" tool="${run_tool[$1]}" test="${run_test[$1]}" filter="${run_filter[$1]}"

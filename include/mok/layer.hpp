@@ -60,7 +60,8 @@ class Layer {
   void forward(const RoutingRefs& in, const TensorRef& out, cudaStream_t stream, bool save_for_backward = true);
   // Gradients of the last forward() given d_out [T, H] bf16 (device), enqueued on `stream`
   // (collective: every rank calls it, after the same forward). `in` must be the routing that
-  // forward() used: its topk_w weight the reverse combine, its topk_idx marks the empty slots; x
+  // forward() used: its topk_w weight the reverse combine; its topk_idx is checked against the
+  // forward's (a difference is named by check(); the forward's slots are used throughout); x
   // is not read (the forward's copy is: leave input_buffer() alone until the backward is done).
   // Needs the last forward() to have run with save_for_backward = true, once per forward (it
   // overwrites what the forward saved), and routed rows resident: the unfused path, or the
@@ -69,6 +70,7 @@ class Layer {
   // expert's rows in the schedule's order (fixed for a given routing): bitwise reproducible. The
   // first call allocates the backward's buffer (the routed dy rows): make it before capturing a
   // backward in a CUDA graph.
+  // d_out: [T, H] bf16; grads: as DeviceGrads above (checked like every input).
   void backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& grads, cudaStream_t stream);
   // This rank's x buffer [T, H] bf16 (device) inside the layer's symmetric window, which the
   // peers read during forward() (and backward() reads for the shared expert's weight gradients). forward() copies RoutingRefs::x there unless x already points at
