@@ -323,7 +323,7 @@ class SanitizeScriptTest(Tmp):
                                     ("memcheck", "fwd_megakernel_ring")])
         self.assertEqual(runs[-2:], [("memcheck", "gemm"), ("racecheck", "gemm")])
         self.assertTrue(all(r["errors"] is None and not r["clean"] for r in doc["runs"]))
-        self.assertIn("--gtest_filter=BadRouting.\\*:BadPointers.\\*", p.stdout)
+        self.assertIn("--gtest_filter=Paths/BadRouting.\\*:BadRoutingBackward.\\*:Faults/BadPointers.\\*", p.stdout)
         self.assertIn("mok_gpu_reliability_tests", p.stderr)  # would build it
 
     def test_dry_run_subsets(self):
