@@ -6,6 +6,7 @@ mok_build
 cd "$MOK_BUILD"
 mok_log "running CPU tests (label cpu)"
 ctest -L cpu --output-on-failure -j "$(nproc)" --timeout 1200
+"$MOK_ROOT/scripts/python_tests.sh"
 gpus="$(mok_gpu_count)"
 if [ "$gpus" -gt 0 ]; then
   mok_log "running GPU tests (label gpu) on $gpus GPU(s)"

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The Python package's tests (called by scripts/test.sh): `pip install .` into a virtual
+# environment (build/venv; --system-site-packages, so a PyTorch already installed in the system
+# Python is reused, e.g. on the GPU machines, which have no network), PyTorch, pytest and the
+# build tools (scikit-build-core, nanobind) from PyPI where they are missing, then pytest over
+# tests/python. MOK_VENV overrides the environment's path.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+venv="${MOK_VENV:-$MOK_ROOT/build/venv}"
+if [ ! -x "$venv/bin/python" ]; then
+  mok_log "creating the Python environment $venv"
+  python3 -m venv --system-site-packages "$venv" || {
+    mok_log "python3 -m venv failed: install the venv module (e.g. apt-get install python3-venv)"
+    exit 1
+  }
+fi
+py="$venv/bin/python"
+missing=()
+"$py" -c "import torch" 2>/dev/null || missing+=("torch>=2.6")
+"$py" -c "import pytest" 2>/dev/null || missing+=(pytest numpy)
+"$py" -c "import scikit_build_core" 2>/dev/null || missing+=("scikit-build-core>=0.10")
+"$py" -c "import nanobind" 2>/dev/null || missing+=("nanobind>=2.4")
+if [ ${#missing[@]} -gt 0 ]; then
+  mok_log "installing into $venv: ${missing[*]}"
+  "$py" -m pip install -q "${missing[@]}"
+fi
+mok_log "pip install . (the extension mok._cpu)"
+# No build isolation: the build tools above are used (the GPU machines cannot fetch them).
+"$py" -m pip install -q --no-build-isolation "$MOK_ROOT"
+(cd "$MOK_ROOT/build" && "$py" -c "import mok; print('[mok] import mok:', mok.__version__, mok.__file__)")
+mok_log "running the Python tests (tests/python)"
+"$py" -m pytest -q "$MOK_ROOT/tests/python"
