@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "common/cuda_check.h"
-#include "gemm/grouped_gemm.h"
 #include "mok/bf16.hpp"
+#include "mok/gemm.hpp"
 #include "mok/workload.hpp"
 
 namespace {

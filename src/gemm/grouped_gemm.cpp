@@ -1,10 +1,11 @@
 // mok — grouped GEMM plans (host side): validation, tensor maps, grid.
-#include "gemm/grouped_gemm.h"
+#include "mok/gemm.hpp"
 
 #include <algorithm>
 #include <cstdint>
 
 #include "common/cuda_check.h"
+#include "gemm/launchers.h"
 #include "gemm/tensor_map.h"
 #include "mok/errors.hpp"
 

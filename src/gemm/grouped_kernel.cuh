@@ -8,7 +8,7 @@
 #include <type_traits>
 
 #include "gemm/engine.cuh"
-#include "gemm/params.h"
+#include "mok/gemm.hpp"
 
 namespace mok::gemm::engine {
 

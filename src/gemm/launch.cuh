@@ -8,8 +8,8 @@
 #include <cstdio>
 
 #include "common/cuda_check.h"
-#include "gemm/grouped_gemm.h"
 #include "gemm/grouped_kernel.cuh"
+#include "gemm/launchers.h"
 
 namespace mok::gemm::detail {
 

@@ -1,11 +1,11 @@
-// mok — gate/up weight packing on the device (see grouped_gemm.h).
+// mok — gate/up weight packing on the device (see mok/gemm.hpp).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 
 #include "common/cuda_check.h"
-#include "gemm/grouped_gemm.h"
 #include "mok/errors.hpp"
+#include "mok/gemm.hpp"
 
 namespace mok::gemm {
 namespace {

@@ -12,10 +12,10 @@
 #include "comm/device.cuh"
 #include "common/cuda_check.h"
 #include "common/device_error.h"
-#include "gemm/grouped_gemm.h"
 #include "megakernel/dispatch.h"
 #include "megakernel/forward_kernel.h"
 #include "mok/errors.hpp"
+#include "mok/gemm.hpp"
 #include "mok/layer.hpp"
 #include "schedule/schedule_gpu.h"
 

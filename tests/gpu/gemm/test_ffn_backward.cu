@@ -17,9 +17,9 @@
 #include <cstdio>
 #include <vector>
 
-#include "gemm/grouped_gemm.h"
 #include "gemm_test_util.h"
 #include "gpu_test_util.h"
+#include "mok/gemm.hpp"
 
 namespace {
 

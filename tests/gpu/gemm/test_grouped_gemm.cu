@@ -11,10 +11,10 @@
 #include <cmath>
 #include <vector>
 
-#include "gemm/grouped_gemm.h"
 #include "gemm_test_util.h"
-#include "mok/errors.hpp"
 #include "gpu_test_util.h"
+#include "mok/errors.hpp"
+#include "mok/gemm.hpp"
 
 namespace {
 

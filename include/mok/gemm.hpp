@@ -4,7 +4,7 @@
 // contiguous and padded to a multiple of 128; tile_expert[m] (device memory) is the expert of
 // M tile m (-1: skip). Weights of all experts are one [E, ., .] tensor (one 3-D tensor map).
 // Element type is bf16 everywhere (pointers to 16-bit storage); accumulation is fp32, every
-// output is rounded once to bf16 (the rounding points of include/mok/reference.hpp).
+// output is rounded once to bf16 (the rounding points of mok/reference.hpp).
 //
 // Use: build a Plan once per shape and set of buffers (it encodes the TMA tensor maps), then
 // run() it as often as needed; run() only launches. Results are bitwise reproducible: every
@@ -15,8 +15,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-
-#include "gemm/params.h"
 
 namespace mok::gemm {
 
@@ -114,6 +112,42 @@ struct WgradArgs {
   void* dw_up = nullptr;                      // optional: see above
 };
 
+// What a Plan holds. Its fields are filled by plan_* and read by run(); they are public because a
+// Plan is a plain value (built once, copied into the caller's state, launched without any
+// allocation or lookup), not because callers should set them. The kernels read KernelParams as
+// is (src/gemm/grouped_kernel.cuh), so its layout is shared by host and device code.
+enum class Form : int {
+  Fc1SwiGLU = 0,  // gu = x . W1p[e]^T (gate/up interleaved), h = silu(g) * u
+  Plain = 1,      // out = a . W[e]^T, W [E, N, K] (FC2 forward)
+  Dgrad = 2,      // out = a . W[e], W [E, K, N] (MN-major B)
+  Wgrad = 3,      // dw[e] = a_e^T . b_e over expert e's rows (K-grouped, both operands MN-major)
+  DgradSwiGLU = 4,  // FC2's dgrad fused with the SwiGLU backward: d_gu from dy . W_down[e] and gu
+};
+
+struct KernelParams {
+  int32_t num_m_tiles = 0;  // M-grouped: 128-row tiles of the routed buffer; Wgrad: M tiles per expert
+  int32_t n_tiles = 0;      // 256-column output tiles
+  int32_t k_blocks = 0;     // M-grouped: 64-wide K blocks
+  int32_t n = 0;            // output columns (FC1: 2*inter, the packed gate/up width)
+  int32_t m_out = 0;        // Wgrad: output rows per expert
+  int32_t experts = 0;      // Wgrad: experts
+  int32_t group_m = 8;      // tile raster: M tiles per group (N outer, M inner inside a group)
+  int32_t store_gu = 1;     // FC1: also store the gate/up pre-activations
+  int32_t skew_stages = 0;  // stagger of the consumer warpgroups in K blocks (0: off, <= 4)
+  const int32_t* tile_expert = nullptr;       // M-grouped: [num_m_tiles], -1 = skip the tile
+  // Wgrad: [experts] first routed row and valid rows of each expert. FC1/FC2 (optional): with
+  // them, a tile whose tokens fit in its first 64 rows runs in split-N form.
+  const int32_t* expert_row_begin = nullptr;
+  const int32_t* expert_rows = nullptr;
+  void* fc1_h = nullptr;  // FC1: h, dense [rows, n/2] bf16 (split-N tiles at BLOCK_N 128 store to it directly)
+  const void* gu = nullptr;  // DgradSwiGLU: the forward's packed gate/up pre-activations, dense [rows, 2n] bf16
+  // Wgrad: the output rows are packed gate/up rows (m_out = 2I): map_d0 receives the gate rows and
+  // map_d1 the up rows, each [experts, m_out / 2, n] in plain order (epilogue_store_gate_up).
+  int32_t split_gate_up = 0;
+  unsigned int* error = nullptr;              // bounded waits: error word (nullptr: unbounded)
+  unsigned long long wait_limit_ns = 0;
+};
+
 struct Plan {
   Form form = Form::Plain;
   CUtensorMap map_a{}, map_b{}, map_b_half{}, map_d0{}, map_d1{};
@@ -150,13 +184,5 @@ void pack_gate_up_host(const uint16_t* w_gate, const uint16_t* w_up, uint16_t* w
 // Device version (all pointers in device memory; hidden must be a multiple of 8).
 void pack_gate_up(const void* w_gate, const void* w_up, void* w1p, int64_t experts, int64_t inter,
                   int64_t hidden, cudaStream_t stream);
-
-namespace detail {
-void launch_fc1(const Plan& plan, cudaStream_t stream);
-void launch_plain(const Plan& plan, cudaStream_t stream);
-void launch_dgrad(const Plan& plan, cudaStream_t stream);
-void launch_dgrad_swiglu(const Plan& plan, cudaStream_t stream);
-void launch_wgrad(const Plan& plan, cudaStream_t stream);
-}  // namespace detail
 
 }  // namespace mok::gemm
