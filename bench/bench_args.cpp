@@ -66,6 +66,9 @@ const Option kOptions[] = {
     {"--help", false, Mode::Both, [](BenchArgs& a, const std::string&, const std::string&) { a.help = true; }},
     {"-h", false, Mode::Both, [](BenchArgs& a, const std::string&, const std::string&) { a.help = true; }},
     {"--cpu", false, Mode::Both, [](BenchArgs& a, const std::string&, const std::string&) { a.force_cpu = true; }},
+    // Both modes write their results file there (which mode runs is known only after parsing).
+    {"--json", true, Mode::Both,
+     [](BenchArgs& a, const std::string&, const std::string& v) { a.gpu.json = a.cpu.json = v; }},
     // GPU options.
     {"--models", true, Mode::Gpu,
      [](BenchArgs& a, const std::string& o, const std::string& v) {
@@ -113,7 +116,6 @@ const Option kOptions[] = {
      }},
     {"--no-ablation", false, Mode::Gpu, [](BenchArgs& a, const std::string&, const std::string&) { a.gpu.ablation = false; }},
     {"--no-backward", false, Mode::Gpu, [](BenchArgs& a, const std::string&, const std::string&) { a.gpu.backward = false; }},
-    {"--json", true, Mode::Gpu, [](BenchArgs& a, const std::string&, const std::string& v) { a.gpu.json = v; }},
     // CPU options.
     {"--preset", true, Mode::Cpu,
      [](BenchArgs& a, const std::string& o, const std::string& v) {

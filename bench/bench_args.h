@@ -35,6 +35,7 @@ struct CpuBenchOptions {
   Routing routing = Routing::Uniform;
   int threads = 0;  // 0 = all cores
   int reps = 3;
+  std::string json;  // results file ("" = none); --json sets it and GpuBenchOptions::json
 };
 
 struct BenchArgs {

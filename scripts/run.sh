@@ -2,7 +2,8 @@
 # Builds mok and runs the main job: the MoE layer benchmark on all visible GPUs, compared in the
 # same run with the PyTorch+NCCL baseline (when python3 has torch); on a machine without a GPU
 # (or with --cpu), the CPU reference engine on simulated ranks. Arguments go to mok_bench
-# (scripts/run.sh --help). Results: $MOK_OUT (default build/results) as JSON.
+# (scripts/run.sh --help). Results: $MOK_OUT (default build/results) as JSON: on GPUs
+# forward-<gpu>x<n>.json (with the baseline), on the CPU mok-cpu.json.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # --help: the usage text mok_bench itself prints (one file), before anything is installed or built.
 # Every other argument is checked by mok_bench alone, so the messages are the same either way.
@@ -10,7 +11,8 @@ for a in "$@"; do
   case "$a" in --help|-h)
     echo "usage: scripts/run.sh [mok_bench options]"
     echo "Builds mok_bench in \$MOK_BUILD (default build/release) and runs it with these options; on GPUs"
-    echo "it also runs the PyTorch+NCCL baseline, results as JSON under \$MOK_OUT (default build/results)."
+    echo "it also runs the PyTorch+NCCL baseline. Results as JSON under \$MOK_OUT (default build/results):"
+    echo "forward-<gpu>x<n>.json on GPUs, mok-cpu.json (with the verdict) on the CPU."
     echo
     cat "$MOK_ROOT/bench/mok_bench_usage.txt"
     exit 0 ;;
@@ -19,14 +21,22 @@ done
 mok_ensure_deps
 mok_build --target mok_bench
 bench="$MOK_BUILD/bench/mok_bench"
-gpus="$(mok_gpu_count)"
-case " $* " in *" --cpu "*) gpus=0 ;; esac
-if [ "$gpus" -eq 0 ]; then
-  exec "$bench" "$@"
-fi
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 out="${MOK_OUT:-$MOK_ROOT/build/results}"
 mkdir -p "$out"
+# The commit the results files record (the GPU machines get a tree without .git and pass it in).
+if [ -z "${MOK_COMMIT:-}" ] && git -C "$MOK_ROOT" rev-parse --short HEAD >/dev/null 2>&1; then
+  MOK_COMMIT="$(git -C "$MOK_ROOT" rev-parse --short HEAD)"
+  git -C "$MOK_ROOT" diff --quiet HEAD -- 2>/dev/null || MOK_COMMIT="$MOK_COMMIT+uncommitted"
+  export MOK_COMMIT
+fi
+gpus="$(mok_gpu_count)"
+case " $* " in *" --cpu "*) gpus=0 ;; esac
+# The CPU reference engine on simulated ranks, ending with its verdict against the fp64 model
+# (exit status 1 on FAIL). --json goes first so that one among the user's options names the file.
+if [ "$gpus" -eq 0 ]; then
+  exec "$bench" --json "$out/mok-cpu.json" "$@"
+fi
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 tag="$(mok_gpu_tag)"
 # nvidia-smi samples (clock, power, clock event reasons) while mok_bench runs: the report states
 # the sustained SM clock and whether the power cap held it down.

@@ -97,6 +97,7 @@ TEST(BenchArgs, ParsesEveryOption) {
   EXPECT_FALSE(a.gpu.ablation);
   EXPECT_FALSE(a.gpu.backward);
   EXPECT_EQ(a.gpu.json, "out.json");
+  EXPECT_EQ(a.cpu.json, "out.json");  // --json names the results file of either mode
   EXPECT_STREQ(a.cpu.preset->name, "tiny");
   EXPECT_EQ(a.cpu.ranks, 8);
   EXPECT_EQ(a.cpu.routing, mok::Routing::EmptySlots);
@@ -161,7 +162,7 @@ TEST(BenchArgs, NotesForTheModeThatDoesNotRun) {
   EXPECT_EQ(mode_notes(a, /*gpu_mode=*/true),
             (std::vector<std::string>{"note: --ranks applies in CPU mode only (--cpu); ignored on GPUs",
                                       "note: --routing applies in CPU mode only (--cpu); ignored on GPUs, which take --routings"}));
-  EXPECT_TRUE(mode_notes(parse_bench_args({"--cpu", "--preset", "tiny"}), false).empty());
+  EXPECT_TRUE(mode_notes(parse_bench_args({"--cpu", "--preset", "tiny", "--json", "x.json"}), false).empty());
   EXPECT_TRUE(mode_notes(parse_bench_args({"--iters", "30", "--no-ablation"}), true).empty());
 }
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # mok_bench end to end (ctest mok_bench_cli, label cpu): every bad value stops it with exit code 2
 # and a message on stderr naming the option, before it runs anything (nothing on stdout); a tiny
-# CPU run passes, with a note for each GPU-only option given; and scripts/run.sh --help prints the
-# usage without building. Usage: test_bench_cli.sh <path to mok_bench>
+# CPU run passes, with a note for each GPU-only option given, a PASS verdict and its results file;
+# and scripts/run.sh --help prints the usage without building. Usage: test_bench_cli.sh <path to mok_bench>
 set -uo pipefail
 bench="$1"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -41,18 +41,50 @@ expect_reject "invalid argument '--ranks': must divide the experts of preset tin
 # A bad value of the other mode's option is still an error (checked before the mode is known).
 expect_reject "invalid argument '--comm-sms' (got '8x')" --cpu --comm-sms 8x
 
-# A tiny CPU run: passes in well under a second, with notes for the GPU-only options.
+# A tiny CPU run: passes in well under a second, with notes for the GPU-only options, ends with
+# the verdict against the fp64 model and writes its results file.
 rc=0
-"$bench" --cpu --preset tiny --reps 1 --threads 2 --comm-sms 8 --no-ablation --routings zipf \
-  >"$tmp/out" 2>"$tmp/err" || rc=$?
+"$bench" --cpu --preset tiny --reps 2 --threads 2 --comm-sms 8 --no-ablation --routings zipf \
+  --json "$tmp/cpu.json" >"$tmp/out" 2>"$tmp/err" || rc=$?
 [ "$rc" -eq 0 ] || fail "tiny CPU run: exit code $rc: $(cat "$tmp/err")"
 grep -q '^| tiny | 128 |' "$tmp/out" || fail "tiny CPU run: no results row: $(cat "$tmp/out")"
+verdict="$(tail -n 2 "$tmp/out" | grep '^verdict: ' || true)"
+case "$verdict" in
+  "verdict: PASS — the reference engine's forward and backward match the fp64 model on 2 simulated ranks (preset tiny, uniform routing): forward rel err "*" < 1.0e-02, worst gradient "*" < 2.0e-02") ;;
+  *) fail "tiny CPU run: no PASS verdict line at the end: $(tail -n 3 "$tmp/out")" ;;
+esac
+python3 - "$tmp/cpu.json" "$verdict" <<'PY' || fail "tiny CPU run: results file $tmp/cpu.json: see above"
+import json, sys
+d = json.load(open(sys.argv[1]))
+want = {"device": "cpu", "gpus": 0, "preset": "tiny", "ranks": 2, "routing": "uniform", "threads": 2, "reps": 2,
+        "verdict": "PASS", "verdict_line": sys.argv[2]}
+bad = ["%s = %r, expected %r" % (k, d.get(k), v) for k, v in want.items() if d.get(k) != v]
+for k in ("date", "commit", "what", "shape", "routed_rows", "fwd_s", "bwd_s", "fwd_s_reps", "bwd_s_reps", "fp64_check"):
+    if k not in d:
+        bad.append("no key " + k)
+c = d.get("fp64_check", {})
+if not 0 < c.get("forward_rel_err", 0) < c.get("forward_tol", 0):
+    bad.append("fp64_check.forward_rel_err %r not in (0, forward_tol)" % c.get("forward_rel_err"))
+if sorted(c.get("backward_rel_err", {})) != sorted(["d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down",
+                                                    "d_ws_gate", "d_ws_up", "d_ws_down"]):
+    bad.append("fp64_check.backward_rel_err has keys %r" % sorted(c.get("backward_rel_err", {})))
+if len(d.get("fwd_s_reps", [])) != 2:
+    bad.append("fwd_s_reps %r: expected one time per repetition" % d.get("fwd_s_reps"))
+if bad:
+    print("\n".join(bad), file=sys.stderr)
+    sys.exit(1)
+PY
 for note in "note: --comm-sms applies on GPUs only; ignored in CPU mode" \
             "note: --no-ablation applies on GPUs only; ignored in CPU mode" \
             "note: --routings applies on GPUs only; ignored in CPU mode, which takes --routing"; do
   grep -qF -- "$note" "$tmp/err" || fail "tiny CPU run: stderr lacks \"$note\"; it was: $(cat "$tmp/err")"
 done
 echo "tiny CPU run -> $(cat "$tmp/err")"
+# An unwritable results file is an error naming --json (exit code 2), after the run.
+rc=0
+"$bench" --cpu --preset tiny --reps 1 --json "$tmp/no-such-dir/cpu.json" >"$tmp/out" 2>"$tmp/err" || rc=$?
+[ "$rc" -eq 2 ] || fail "tiny CPU run with an unwritable --json: exit code $rc, expected 2"
+grep -qF -- "'--json'" "$tmp/err" || fail "tiny CPU run with an unwritable --json: stderr lacks '--json': $(cat "$tmp/err")"
 
 # --help: the usage file, from mok_bench and from scripts/run.sh (which must not build: its
 # build folder stays absent).

@@ -8,29 +8,29 @@
 #include <cmath>
 #include <functional>
 
-#include "fp64_model.h"
-#include "test_names.h"
 #include "mok/reference.hpp"
 #include "mok/workload.hpp"
+#include "reference/fp64_model.h"
+#include "test_names.h"
 
 namespace {
 
 struct Probe {
   const char* name;
-  std::function<double&(mok::test::F64Params&, int64_t)> param;  // coordinate i of the tensor
+  std::function<double&(mok::ref::F64Params&, int64_t)> param;  // coordinate i of the tensor
   int64_t size;
-  std::function<double(const mok::test::F64Grads&, int64_t)> analytic;
+  std::function<double(const mok::ref::F64Grads&, int64_t)> analytic;
   std::function<double(const mok::ref::Gradients&, int64_t)> reference;
 };
 
-double fd(const mok::Workload& wl, mok::test::F64Params p, const Probe& pr, int64_t i) {
+double fd(const mok::Workload& wl, mok::ref::F64Params p, const Probe& pr, int64_t i) {
   const double eps = 1e-5;
   double& v = pr.param(p, i);
   const double v0 = v;
   v = v0 + eps;
-  const double lp = mok::test::f64_loss(wl.shape, wl, p);
+  const double lp = mok::ref::f64_loss(wl.shape, wl, p);
   v = v0 - eps;
-  const double lm = mok::test::f64_loss(wl.shape, wl, p);
+  const double lm = mok::ref::f64_loss(wl.shape, wl, p);
   v = v0;
   return (lp - lm) / (2 * eps);
 }
@@ -43,13 +43,13 @@ TEST_P(GradCheck, FiniteDifferences) {
   auto shape = mok::LayerShape::uniform(2, 6, 64, 64, 4, 2, 64);
   shape.tokens[1] = 5;
   const auto wl = mok::make_workload(shape, GetParam(), 31);
-  const auto p = mok::test::to_f64(wl);
-  const auto an = mok::test::f64_backward(shape, wl, p);
+  const auto p = mok::ref::to_f64(wl);
+  const auto an = mok::ref::f64_backward(shape, wl, p);
   const auto rf = mok::ref::Engine(shape, mok::Config{}).backward(wl.inputs, wl.weights, wl.d_out);
   const int64_t H = 64, T0 = 6, k = 2, EIH = 4 * 64 * 64;
 
-  using P = mok::test::F64Params;
-  using A = mok::test::F64Grads;
+  using P = mok::ref::F64Params;
+  using A = mok::ref::F64Grads;
   using R = mok::ref::Gradients;
   auto sum_ranks = [](const std::vector<std::vector<double>>& v, int64_t i) { return v[0][i] + v[1][i]; };
   auto sum_ranks_bf = [](const std::vector<std::vector<mok::bf16>>& v, int64_t i) {

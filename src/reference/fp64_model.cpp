@@ -1,17 +1,11 @@
-#include "fp64_model.h"
+#include "reference/fp64_model.h"
 
 #include <cmath>
 
-namespace mok::test {
+namespace mok::ref {
 
 namespace {
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
-
-std::vector<double> to_d(const std::vector<bf16>& v) {
-  std::vector<double> o(v.size());
-  for (size_t i = 0; i < v.size(); ++i) o[i] = double(float(v[i]));
-  return o;
-}
 
 // FFN(v) = Wd (silu(Wg v) * (Wu v)), fp64.
 void ffn(const double* wg, const double* wu, const double* wd, int64_t H, int64_t I,
@@ -33,18 +27,43 @@ void ffn(const double* wg, const double* wu, const double* wd, int64_t H, int64_
 }
 }  // namespace
 
+std::vector<double> flat_f64(const std::vector<bf16>& v) {
+  std::vector<double> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) o[i] = double(float(v[i]));
+  return o;
+}
+
+std::vector<double> flat_f64(const std::vector<std::vector<bf16>>& v) {
+  std::vector<double> o;
+  for (const auto& r : v)
+    for (bf16 x : r) o.push_back(double(float(x)));
+  return o;
+}
+
+std::vector<double> flat_f64(const std::vector<std::vector<float>>& v) {
+  std::vector<double> o;
+  for (const auto& r : v) o.insert(o.end(), r.begin(), r.end());
+  return o;
+}
+
+std::vector<double> flat_f64(const std::vector<std::vector<double>>& v) {
+  std::vector<double> o;
+  for (const auto& r : v) o.insert(o.end(), r.begin(), r.end());
+  return o;
+}
+
 F64Params to_f64(const Workload& wl) {
   F64Params p;
   for (const auto& in : wl.inputs) {
-    p.x.push_back(to_d(in.x));
+    p.x.push_back(flat_f64(in.x));
     p.w.emplace_back(in.topk_w.begin(), in.topk_w.end());
   }
-  p.wg = to_d(wl.weights.w_gate);
-  p.wu = to_d(wl.weights.w_up);
-  p.wd = to_d(wl.weights.w_down);
-  p.sg = to_d(wl.weights.ws_gate);
-  p.su = to_d(wl.weights.ws_up);
-  p.sd = to_d(wl.weights.ws_down);
+  p.wg = flat_f64(wl.weights.w_gate);
+  p.wu = flat_f64(wl.weights.w_up);
+  p.wd = flat_f64(wl.weights.w_down);
+  p.sg = flat_f64(wl.weights.ws_gate);
+  p.su = flat_f64(wl.weights.ws_up);
+  p.sd = flat_f64(wl.weights.ws_down);
   return p;
 }
 
@@ -96,10 +115,6 @@ double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
   }
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
-
-}  // namespace mok::test
-
-namespace mok::test {
 
 namespace {
 // Accumulates the gradients of G * <d, FFN(v)> and returns <d, FFN(v)>.
@@ -186,4 +201,40 @@ F64Grads f64_backward(const LayerShape& shape, const Workload& wl, const F64Para
   return g;
 }
 
-}  // namespace mok::test
+const TensorError* F64Comparison::worst_backward() const {
+  const TensorError* worst = nullptr;
+  for (const auto& e : backward)
+    if (worst == nullptr || !(e.rel_err <= worst->rel_err)) worst = &e;  // NaN counts as worst
+  return worst;
+}
+
+bool F64Comparison::within_tolerances() const {
+  // Written as !(err < tol) so that a NaN error fails.
+  if (!(forward_rel_err < kF64ForwardTol)) return false;
+  for (const auto& e : backward)
+    if (!(e.rel_err < kF64BackwardTol)) return false;
+  return true;
+}
+
+F64Comparison compare_to_f64(const Workload& wl, const ForwardResult& fwd, const Gradients* grads) {
+  const LayerShape& shape = wl.shape;
+  const F64Params p = to_f64(wl);
+  F64Comparison c;
+  c.forward_rel_err = rel_error(flat_f64(fwd.out), flat_f64(f64_forward(shape, wl, p)));
+  if (grads == nullptr) return c;
+  const F64Grads r = f64_backward(shape, wl, p);
+  const Gradients& g = *grads;
+  c.backward = {{"d_x", rel_error(flat_f64(g.d_x), flat_f64(r.d_x))},
+                {"d_topk_w", rel_error(flat_f64(g.d_topk_w), flat_f64(r.d_w))},
+                {"d_w_gate", rel_error(flat_f64(g.d_w_gate), r.d_wg)},
+                {"d_w_up", rel_error(flat_f64(g.d_w_up), r.d_wu)},
+                {"d_w_down", rel_error(flat_f64(g.d_w_down), r.d_wd)}};
+  if (shape.shared_intermediate > 0) {
+    c.backward.push_back({"d_ws_gate", rel_error(flat_f64(g.d_ws_gate), flat_f64(r.d_sg))});
+    c.backward.push_back({"d_ws_up", rel_error(flat_f64(g.d_ws_up), flat_f64(r.d_su))});
+    c.backward.push_back({"d_ws_down", rel_error(flat_f64(g.d_ws_down), flat_f64(r.d_sd))});
+  }
+  return c;
+}
+
+}  // namespace mok::ref

@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""Tests of scripts/readme_figures.py on small synthetic results files (ctest
+readme_figures_selftest, label cpu): the figures taken from each file, the wording when mok is
+slower, errors that name the file and the key, the write / --check cycle, and figures typed by
+hand outside the generated block."""
+import copy
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+from contextlib import redirect_stderr, redirect_stdout
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import readme_figures as rf  # noqa: E402
+
+META2 = {"device": "NVIDIA H200", "gpus": 2, "date": "2026-11-30T08:39:53Z", "commit": "45ca2101234"}
+
+
+def fwd_case(model, T, routing, mok_ms, base_ms, bwd=(2.0, 3.0)):
+    return {"model": model, "T": T, "routing": routing, "variant": "megakernel", "mok_ms": mok_ms,
+            "mok_tflops": 400.0, "check_rel_err": 1e-3, "baseline_ms": base_ms, "speedup": base_ms / mok_ms,
+            "mok_bwd_ms": bwd[0], "baseline_bwd_ms": bwd[1], "bwd_speedup": bwd[1] / bwd[0],
+            "mok_bwd_tflops": 300.0, "bwd_check_rel_err": 2e-3, "baseline_sustained_ms": base_ms * 1.1,
+            "sustained_speedup": 1.1 * base_ms / (mok_ms * 1.05), "mok_sustained_tflops": 380.0,
+            "mok_pct_of_peak": 51.28, "mok_sustained_pct_of_sustained_peak": 56.7}
+
+
+def synthetic():
+    """Every results file the script reads, with the keys it reads (values chosen to be easy to spot)."""
+    cases = [fwd_case("dsv3", 8192, "uniform", 10.0, 25.0), fwd_case("qwen3-235b", 8192, "uniform", 5.0, 15.0),
+             fwd_case("qwen3-30b-a3b", 8192, "uniform", 2.0, 9.0)]
+    base = {k: v for k, v in META2.items()}
+    base.update({"torch": "2.11.0", "nccl": "2.28.9", "self_check_rel_err": 0.0031, "self_check_bwd_rel_err": 0.0042,
+                 "cases": [{"model": c["model"], "T": c["T"], "routing": c["routing"], "baseline_ms": c["baseline_ms"],
+                            "baseline_bwd_ms": c["baseline_bwd_ms"],
+                            "baseline_sustained_ms": c["baseline_sustained_ms"]} for c in cases]})
+    forward = dict(META2, peak_bf16={"burst_tflops_max": 780.0, "sustained_tflops_max": 670.0}, cases=cases,
+                   ablation=[dict(model=c["model"], T=c["T"], routing=c["routing"], variant="unfused",
+                                  ms=c["mok_ms"] * 1.5) for c in cases] +
+                   [dict(model="dsv3", T=8192, routing="uniform", variant="megakernel-ring4", ms=10.1)],
+                   gpu_samples=[{"gpu": 0, "sm_clock_mhz_median": 1440.0, "power_capped_share": 1.0},
+                                {"gpu": 1, "sm_clock_mhz_median": 1695.0, "power_capped_share": 0.62}])
+    gemm_case = {"form": "fc1", "rows_per_expert": 512, "routing": "uniform", "speedup": 1.01}
+    gemm = dict(META2, gpus=1, peak_bf16_tflops=780.2, cases=[
+        dict(gemm_case, name="dsv3-fc1", mok_tflops=752.8, torch_grouped_mm_tflops=744.1),
+        dict(gemm_case, name="dsv3-fc2", form="fc2", mok_tflops=651.6, torch_grouped_mm_tflops=611.7, speedup=1.07),
+        dict(gemm_case, name="dsv3-dgrad-fc2-swiglu", form="dgrad_swiglu", rows_per_expert=128, mok_tflops=400.0,
+             torch_grouped_mm_tflops=380.0, torch_dgrad_swiglu_tflops=200.0, speedup=0.92)])
+    comm = dict(META2, copy_ceiling_GBps=394.45, signal_latency_us={"pull": 4.45, "push": 5.02},
+                results=[{"mode": m, "method": "tma", "hidden": 7168, "comm_sms": n, "GBps": g,
+                          "fraction_of_ceiling": g / 394.45, "wrong_words": 0}
+                         for m, n, g in [("pull", 8, 368.2), ("pull", 16, 374.2), ("push", 8, 340.2),
+                                         ("push", 16, 349.1)]],
+                results_bidirectional=[{"wrong_words": 0}],
+                signal_latency_detail=[{"mode": m, "ctas": 1, "us_per_handoff": us, "wrong_words": 0,
+                                        "bytes_per_handoff": {"payload_loaded_from_peer": 131072}}
+                                       for m, us in [("pull", 4.45), ("push", 5.02)]])
+    schedule = dict(META2, what="graph of the builder", cases=[
+        {"model": "dsv3", "T": 8192, "routing": "uniform", "schedule_us": 42.7},
+        {"model": "qwen3-235b", "T": 8192, "routing": "uniform", "schedule_us": 30.2}])
+    sustained = {"device": "NVIDIA H200", "gpus": 2, "date": "2026-11-30", "cublas_bf16_8192_cubed": {
+        "per_gpu": [{"burst_tflops": 789.6, "sustained_tflops_median": 670.9},
+                    {"burst_tflops": 806.1, "sustained_tflops_median": 673.5}],
+        "nvidia_smi": [{"sm_clock_mhz_median": 1485.0}, {"sm_clock_mhz_median": 1470.0}]}}
+    reliability = dict(META2, gpus=1, determinism={"runs": 100, "bitwise": True}, cases=[
+        {"name": "A.a", "passed": True}, {"name": "A.b", "passed": True},
+        {"name": "B.two_gpus", "passed": False, "skipped": True}, {"name": "C.broken", "passed": False}],
+        sanitize=[{"tool": "memcheck", "test": "fwd", "errors": 0}, {"tool": "racecheck", "test": "fwd", "errors": 2},
+                  {"tool": "racecheck", "test": "bwd", "errors": -1}])
+    return {"forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
+            "comm-h200x2.json": comm, "schedule-h200x2.json": schedule, "sustained-h200x2.json": sustained,
+            "reliability-h200x1.json": reliability}
+
+
+README = """# project
+
+## Status
+Prose without figures, `code 2.5x` aside.
+
+<!-- figures:begin -->
+stale text
+<!-- figures:end -->
+
+Next: more prose.
+
+## Other
+Numbers here (3.5 ms) are not the script's business.
+"""
+
+
+class Fixture(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.results = os.path.join(self.tmp.name, "results")
+        os.mkdir(self.results)
+        self.readme = os.path.join(self.tmp.name, "README.md")
+        self.write_results(synthetic())
+        with open(self.readme, "w", encoding="utf-8") as f:
+            f.write(README)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def write_results(self, files):
+        for name, data in files.items():
+            with open(os.path.join(self.results, name), "w") as f:
+                json.dump(data, f)
+
+    def block(self):
+        return " ".join(rf.render(self.results)[0].split())  # wrapping undone
+
+    def main(self, *args):
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            rc = rf.main(["--results", self.results, "--readme", self.readme] + list(args))
+        return rc, out.getvalue(), err.getvalue()
+
+    def readme_text(self):
+        with open(self.readme, encoding="utf-8") as f:
+            return f.read()
+
+
+class Figures(Fixture):
+    def test_forward_figures_come_from_the_cases(self):
+        b = self.block()
+        self.assertIn("**2.50–4.50× faster** over all 3 cases", b)  # 25/10 .. 9/2
+        self.assertIn("DeepSeek-V3 T=8192 uniform: **10.00 vs 25.00 ms** (2.50×), 400 TF/s per GPU = 51% of the "
+                      "780 TF/s cuBLAS bf16 burst peak", b)
+        self.assertIn("Qwen3-235B 3.00×, Qwen3-30B-A3B 4.50×", b)
+        self.assertIn("vs the unfused path the megakernel is 1.50× faster over all 3 cases; 2 other variants "
+                      "(`unfused`, `megakernel-ring4`) and other comm-SM / minibatch settings, 4 runs", b)
+        self.assertIn("**1.50× faster** over all 3 cases; DeepSeek-V3 T=8192 uniform: 2.00 vs 3.00 ms", b)
+        self.assertIn("1440 / 1695 MHz (GPU 0 / 1), held down by the power cap in 100% / 62%", b)
+
+    def test_every_line_names_its_results_file_and_run(self):
+        lines = rf.render(self.results)[0].split("\n- ")[1:]
+        self.assertEqual(len(lines), 10)
+        for line in lines:
+            self.assertRegex(" ".join(line.split()), r"\*\[`[a-z0-9-]+\.json`\]\(bench/results/[a-z0-9-]+\.json\): "
+                                                     r"\d× NVIDIA H200, commit (45ca210|not recorded), 2026-11-30\*")
+
+    def test_other_files(self):
+        b = self.block()
+        self.assertIn("FC1 with the fused SwiGLU 753 TF/s, FC2 652 TF/s (torch._grouped_mm 744 / 612", b)
+        self.assertIn("Over all 3 cases (forms fc1, fc2, dgrad_swiglu; 128–512 rows per expert) mok's rate is "
+                      "0.92–1.07× torch._grouped_mm's", b)
+        self.assertIn("SwiGLU backward is 2.00× torch's grouped GEMM plus elementwise ops (1 case)", b)
+        self.assertIn("pull 368 / 374 GB/s with 8 / 16 SMs = 93% / 95% of the 394 GB/s", b)
+        self.assertIn("a 128 KiB block handed over with a flag by one CTA in 4.5 µs pulled, 5.0 µs pushed; "
+                      "0 wrong words over 7 checked", b)
+        self.assertIn("(graph of the builder): 30–43 µs over all 2 cases, DeepSeek-V3 T=8192 uniform 43 µs", b)
+        self.assertIn("790 / 806 TF/s burst and 671 / 674 TF/s sustained", b)
+        self.assertIn("2 of 4 tests pass, 1 skipped, 1 failed; 100 forward+backward calls bitwise identical", b)
+        self.assertIn("1 of 3 runs clean (memcheck 1/1, racecheck 0/2); not clean: racecheck fwd (2 errors), "
+                      "racecheck bwd (no verdict)", b)
+
+    def test_a_slower_case_is_not_called_faster(self):
+        files = synthetic()
+        files["forward-h200x2.json"]["cases"][1]["speedup"] = 0.9
+        self.write_results(files)
+        self.assertIn("**0.90–4.50× the speed (slower in 1 of 3 cases)**", self.block())
+        files["gemm-h200x1.json"]["cases"].pop()
+        self.write_results(files)
+        with self.assertRaisesRegex(rf.FigureError, "gemm-h200x1.json: no dgrad_swiglu case"):
+            rf.render(self.results)
+
+    def test_a_missing_key_names_the_file_and_the_key(self):
+        files = synthetic()
+        del files["forward-h200x2.json"]["peak_bf16"]["burst_tflops_max"]
+        self.write_results(files)
+        with self.assertRaisesRegex(rf.FigureError, r"forward-h200x2\.json: no key peak_bf16\.burst_tflops_max"):
+            rf.render(self.results)
+
+    def test_a_missing_case_is_named(self):
+        files = synthetic()
+        files["schedule-h200x2.json"]["cases"].pop(0)
+        self.write_results(files)
+        with self.assertRaisesRegex(rf.FigureError, r"schedule-h200x2\.json: no entry dsv3 T=8192 uniform"):
+            rf.render(self.results)
+
+    def test_baseline_times_must_be_the_baseline_files(self):
+        files = synthetic()
+        files["baseline-h200x2.json"]["cases"][0]["baseline_ms"] = 26.0
+        self.write_results(files)
+        with self.assertRaisesRegex(rf.FigureError, "not joined with this baseline"):
+            rf.render(self.results)
+
+    def test_the_committed_results_render(self):
+        block, _ = rf.render(os.path.join(os.path.dirname(HERE), "bench", "results"))
+        self.assertTrue(block.startswith(rf.BEGIN) and block.endswith(rf.END + "\n"))
+
+
+class Cli(Fixture):
+    def test_write_then_check_then_stale(self):
+        rc, out, err = self.main("--check")
+        self.assertEqual(rc, 1)
+        self.assertIn("-stale text", out)
+        self.assertIn("does not match the results files", err)
+        self.assertIn("stale text", self.readme_text(), "--check must not write")
+        self.assertEqual(self.main()[0], 0)
+        text = self.readme_text()
+        self.assertNotIn("stale text", text)
+        self.assertTrue(text.startswith("# project\n\n## Status\n") and text.endswith("Numbers here (3.5 ms) are "
+                                                                                     "not the script's business.\n"))
+        self.assertEqual(self.main("--check"), (0, "", ""))
+        files = synthetic()
+        files["forward-h200x2.json"]["cases"][0]["mok_ms"] = 9.5
+        self.write_results(files)
+        rc, out, _ = self.main("--check")
+        self.assertEqual(rc, 1)
+        added = [l for l in out.splitlines() if l.startswith("+") and not l.startswith("+++")]
+        self.assertTrue(any("**9.50 vs 25.00 ms**" in l for l in added), out)
+
+    def test_a_figure_typed_into_the_section_fails_the_check(self):
+        self.main()
+        text = self.readme_text().replace("Next: more prose.", "Next: more prose, now 2.5× faster.")
+        with open(self.readme, "w", encoding="utf-8") as f:
+            f.write(text)
+        rc, _, err = self.main("--check")
+        self.assertEqual(rc, 1)
+        line = self.readme_text().splitlines().index("Next: more prose, now 2.5× faster.") + 1
+        self.assertIn("line %d: '2.5×'" % line, err)
+        self.assertNotIn("3.5 ms", err)  # another section
+        self.assertNotIn("code 2.5x", err)  # a code span
+
+    def test_hand_typed_figure_patterns(self):
+        for prose in ("11.62 vs 26.93 ms", "95% of", "~40 µs", "2.07–5.18×", "at 497 TF/s", "1.5e-3 apart"):
+            text = README.replace("Next: more prose.", prose)
+            self.assertTrue(rf.hand_typed_figures(text, "R"), prose)
+        for prose in ("H200 GPUs, FP8, sm_90a, 2-CTA clusters, FC2 rows", "`Config::fwd_clusters` = 1"):
+            text = README.replace("Next: more prose.", prose)
+            self.assertEqual(rf.hand_typed_figures(text, "R"), [], prose)
+
+    def test_markers_must_be_one_pair(self):
+        for text in ("# no markers\n", README.replace("<!-- figures:end -->", ""),
+                     README + "<!-- figures:begin -->\n<!-- figures:end -->\n"):
+            with open(self.readme, "w", encoding="utf-8") as f:
+                f.write(text)
+            rc, _, err = self.main("--check")
+            self.assertEqual(rc, 2)
+            self.assertIn("needs exactly one '<!-- figures:begin ... -->' line", err)
+
+    def test_unreadable_results_are_named(self):
+        with open(os.path.join(self.results, "comm-h200x2.json"), "w") as f:
+            f.write("{not json")
+        rc, _, err = self.main("--check")
+        self.assertEqual(rc, 2)
+        self.assertIn("comm-h200x2.json: not JSON", err)
+        os.remove(os.path.join(self.results, "comm-h200x2.json"))
+        rc, _, err = self.main("--check")
+        self.assertEqual(rc, 2)
+        self.assertIn("comm-h200x2.json: cannot be read", err)
+
+    def test_a_results_file_no_figure_quotes_is_noted(self):
+        self.write_results({"forward-h100x8.json": copy.deepcopy(synthetic()["forward-h200x2.json"])})
+        self.main()
+        rc, _, err = self.main("--check")
+        self.assertEqual(rc, 0)
+        self.assertIn("note: forward-h100x8.json is quoted by no figure", err)
+
+    def test_runs_as_a_script(self):
+        self.main()
+        p = subprocess.run([sys.executable, os.path.join(HERE, "readme_figures.py"), "--check", "--results",
+                            self.results, "--readme", self.readme], capture_output=True, text=True)
+        self.assertEqual((p.returncode, p.stdout, p.stderr), (0, "", ""))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
