@@ -23,9 +23,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   mok_log "installing into $venv: ${missing[*]}"
   "$py" -m pip install -q "${missing[@]}"
 fi
-mok_log "pip install . (the extension mok._cpu)"
-# No build isolation: the build tools above are used (the GPU machines cannot fetch them).
-"$py" -m pip install -q --no-build-isolation "$MOK_ROOT"
+# No build isolation: the build tools above are used (the GPU machines cannot fetch them). Without a
+# GPU the GPU extension (minutes of compiling on a small machine) is left out.
+cuda=ON
+[ "$(mok_gpu_count)" -gt 0 ] || cuda=OFF
+mok_log "pip install . (extensions: mok._cpu; mok._cuda: $cuda)"
+"$py" -m pip install -q --no-build-isolation -C cmake.define.MOK_PYTHON_CUDA=$cuda "$MOK_ROOT"
 (cd "$MOK_ROOT/build" && "$py" -c "import mok; print('[mok] import mok:', mok.__version__, mok.__file__)")
 mok_log "running the Python tests (tests/python)"
 "$py" -m pytest -q "$MOK_ROOT/tests/python"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ._ops import moe
+from ._ops import moe, register_gpu_layer, unregister_gpu_layer
 
 # The knobs of mok::Config (include/mok/config.hpp), by the same names. On CPU tensors only
 # cpu_threads matters; the others configure the GPU layer and are kept for it.
@@ -68,10 +68,56 @@ class MoE(torch.nn.Module):
         else:
             self.ws_gate = self.ws_up = self.ws_down = None
 
+        self._gpu = {}  # (device, T, weight addresses) -> handle of the GPU layer built for them
+
     def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
         if self.config.get("cpu_threads"):
             torch.set_num_threads(int(self.config["cpu_threads"]))
-        return moe(x, topk_idx, topk_w, self.w_gate, self.w_up, self.w_down, self.ws_gate, self.ws_up, self.ws_down)
+        layer = self._gpu_layer(x, topk_idx) if x.is_cuda else 0
+        return moe(x, topk_idx, topk_w, self.w_gate, self.w_up, self.w_down, self.ws_gate, self.ws_up, self.ws_down,
+                   layer)
+
+    def _weights(self):
+        return [self.w_gate, self.w_up, self.w_down] + (
+            [self.ws_gate, self.ws_up, self.ws_down] if self.shared_intermediate else [])
+
+    def _gpu_layer(self, x: torch.Tensor, topk_idx: torch.Tensor) -> int:
+        """The GPU layer for x's device and token count (built on first use: a one-rank communicator,
+        the layer's buffers and windows). Rebuilt when the weights moved to new storage."""
+        T = x.shape[0]
+        if x.dim() != 2 or x.shape[1] != self.hidden or tuple(topk_idx.shape) != (T, self.top_k):
+            raise ValueError(f"mok.MoE: x must be [T, {self.hidden}] and topk_idx [T, {self.top_k}], got "
+                             f"{tuple(x.shape)} and {tuple(topk_idx.shape)}")
+        weights = self._weights()
+        for p in weights:
+            if not p.is_cuda or p.device != x.device or not p.is_contiguous():
+                raise ValueError(f"mok.MoE: the weights must be contiguous on {x.device} (move the module there)")
+        key = (x.device.index, T, tuple(p.data_ptr() for p in weights))
+        if key not in self._gpu:
+            try:
+                from . import _cuda
+            except ImportError as e:
+                raise ImportError("mok.MoE: CUDA tensors need mok._cuda, which this installation was built without "
+                                  "(pip install . with MOK_PYTHON_CUDA=ON, the default)") from e
+            for stale in [k for k in self._gpu if k[:2] == key[:2]]:
+                unregister_gpu_layer(self._gpu.pop(stale))
+            torch.cuda.synchronize(x.device)  # the weights are written before the layer packs them
+            gl = _cuda.Layer(x.device.index, T, self.hidden, self.intermediate, self.experts, self.top_k,
+                             self.shared_intermediate, [p.data_ptr() for p in weights],
+                             float(self.config.get("wait_timeout_s", 5.0)))
+            self._gpu[key] = register_gpu_layer(gl)
+        return self._gpu[key]
+
+    def __del__(self):
+        for handle in getattr(self, "_gpu", {}).values():
+            unregister_gpu_layer(handle)
+
+    def check(self) -> None:
+        """Raises the GPU layers' pending device-side errors (synchronize first): bad routing,
+        expired waits. CPU tensors raise at the call itself."""
+        from ._ops import _gpu_layers
+        for handle in self._gpu.values():
+            _gpu_layers[handle].check()
 
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.parameters())

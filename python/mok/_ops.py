@@ -2,9 +2,14 @@
 
 Registered with ``torch.library.custom_op`` (each with a fake implementation, so the ops trace
 under ``torch.compile`` and run on meta tensors) and joined by ``register_autograd``: gradients
-flow to x, topk_w (to the router) and every weight; topk_idx gets none. The backward recomputes
-what it needs from the saved inputs, so any number of forwards may be alive before their
-backwards (microbatches, activation checkpointing).
+flow to x, topk_w (to the router) and every weight; topk_idx gets none.
+
+CPU tensors run the CPU reference engine, whose backward recomputes what it needs from the saved
+inputs: any number of forwards may be alive before their backwards (microbatches, activation
+checkpointing). CUDA tensors run a GPU layer (mok._cuda) that a ``mok.MoE`` owns and names by the
+``layer`` argument (a handle; 0 = none): its backward uses what the layer saved in its last
+forward, so on the GPU a backward must follow its own forward (an earlier forward's backward is
+refused by name until the training memory model's saved state lands).
 """
 
 from __future__ import annotations
@@ -22,41 +27,87 @@ def _cpu_threads() -> int:
     return max(1, torch.get_num_threads())
 
 
-def _check_device(tensors: dict[str, Optional[Tensor]]) -> None:
+def _check_device(tensors: dict[str, Optional[Tensor]], device: torch.device) -> None:
     for name, t in tensors.items():
-        if t is None:
-            continue
-        if t.device.type != "cpu":
-            raise NotImplementedError(
-                f"mok.moe: '{name}' is on {t.device}: this build runs CPU tensors only (the CPU "
-                "reference engine); the GPU megakernel path is not in the Python package yet")
+        if t is not None and t.device != device:
+            raise ValueError(f"mok.moe: '{name}' is on {t.device}, x on {device}: all tensors must be on one device")
+
+
+# GPU layers by handle (registered by mok.MoE, which owns them), and how many forwards each one
+# has run: the layer holds the saved state of the last one, whose number a backward must carry.
+_gpu_layers: dict[int, object] = {}
+_gpu_generation: dict[int, int] = {}
+
+
+def register_gpu_layer(layer) -> int:
+    handle = max(_gpu_layers, default=0) + 1
+    _gpu_layers[handle] = layer
+    _gpu_generation[handle] = 0
+    return handle
+
+
+def unregister_gpu_layer(handle: int) -> None:
+    _gpu_layers.pop(handle, None)
+    _gpu_generation.pop(handle, None)
+
+
+def _gpu_layer(handle: int, what: str):
+    if handle not in _gpu_layers:
+        raise NotImplementedError(
+            f"mok.moe: {what} on CUDA tensors needs the GPU layer of a mok.MoE module (use mok.MoE; the functional "
+            "op runs CPU tensors only)")
+    return _gpu_layers[handle]
+
+
+def _stream(t: Tensor) -> int:
+    return torch.cuda.current_stream(t.device).cuda_stream
 
 
 @torch.library.custom_op("mok::moe_forward", mutates_args=())
 def moe_forward(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
-                ws_gate: Optional[Tensor], ws_up: Optional[Tensor], ws_down: Optional[Tensor]) -> Tensor:
-    _check_device({"x": x, "topk_idx": topk_idx, "topk_w": topk_w, "w_gate": w_gate, "w_up": w_up,
-                   "w_down": w_down, "ws_gate": ws_gate, "ws_up": ws_up, "ws_down": ws_down})
+                ws_gate: Optional[Tensor], ws_up: Optional[Tensor], ws_down: Optional[Tensor],
+                layer: int = 0) -> Tensor:
+    _check_device({"topk_idx": topk_idx, "topk_w": topk_w, "w_gate": w_gate, "w_up": w_up,
+                   "w_down": w_down, "ws_gate": ws_gate, "ws_up": ws_up, "ws_down": ws_down}, x.device)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     c = lambda t: None if t is None else t.detach().contiguous()  # noqa: E731
+    if x.is_cuda:
+        gl = _gpu_layer(layer, "the forward")
+        xc, ic, wc = c(x), c(topk_idx), c(topk_w)
+        stream = _stream(x)
+        gl.repack(stream)  # the weights may have changed in place since the last call
+        gl.forward(xc.data_ptr(), ic.data_ptr(), ic.dtype == torch.int64, wc.data_ptr(), out.data_ptr(), stream)
+        _gpu_generation[layer] += 1
+        return out
     _cpu.forward(c(x), c(topk_idx), c(topk_w), c(w_gate), c(w_up), c(w_down), c(ws_gate), c(ws_up), c(ws_down),
                  out, threads=_cpu_threads())
     return out
 
 
 @moe_forward.register_fake
-def _(x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down):
+def _(x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, layer=0):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 @torch.library.custom_op("mok::moe_backward", mutates_args=())
 def moe_backward(d_out: Tensor, x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_up: Tensor,
                  w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor],
-                 ws_down: Optional[Tensor]) -> list[Tensor]:
+                 ws_down: Optional[Tensor], layer: int = 0, generation: int = 0) -> list[Tensor]:
     """[d_x, d_topk_w, d_w_gate, d_w_up, d_w_down] and, with a shared expert, its three."""
-    _check_device({"d_out": d_out, "x": x, "w_gate": w_gate})
+    _check_device({"d_out": d_out, "w_gate": w_gate}, x.device)
     c = lambda t: None if t is None else t.detach().contiguous()  # noqa: E731
     grads = _grad_buffers(x, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    if x.is_cuda:
+        gl = _gpu_layer(layer, "the backward")
+        if generation != _gpu_generation[layer]:
+            raise _cpu.Error(
+                "mok: invalid argument 'backward': on the GPU a backward must follow its own forward (this is the "
+                f"backward of forward {generation}, the layer last saved forward {_gpu_generation[layer]}): the "
+                "GPU layer keeps the saved state of its last forward only")
+        xc, ic, wc, dc = c(x), c(topk_idx), c(topk_w), c(d_out)
+        gl.backward(xc.data_ptr(), ic.data_ptr(), ic.dtype == torch.int64, wc.data_ptr(), dc.data_ptr(),
+                    [g.data_ptr() for g in grads], _stream(x))
+        return grads
     _cpu.backward(c(x), c(topk_idx), c(topk_w), c(w_gate), c(w_up), c(w_down), c(ws_gate), c(ws_up), c(ws_down),
                   c(d_out), grads, threads=_cpu_threads())
     return grads
@@ -68,22 +119,24 @@ def _grad_buffers(x, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down) -> l
 
 
 @moe_backward.register_fake
-def _(d_out, x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down):
+def _(d_out, x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, layer=0, generation=0):
     return _grad_buffers(x, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
 
 
 def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*[t for t in inputs if t is not None])
+    ctx.save_for_backward(*[t for t in inputs[:9] if t is not None])
     ctx.shared = inputs[6] is not None
+    ctx.layer = inputs[9] if len(inputs) > 9 else 0
+    ctx.generation = _gpu_generation.get(ctx.layer, 0)
 
 
 def _backward(ctx, d_out):
     saved = list(ctx.saved_tensors)
     x, topk_idx, topk_w, w_gate, w_up, w_down = saved[:6]
     ws = saved[6:9] if ctx.shared else [None, None, None]
-    g = moe_backward(d_out, x, topk_idx, topk_w, w_gate, w_up, w_down, *ws)
+    g = moe_backward(d_out, x, topk_idx, topk_w, w_gate, w_up, w_down, *ws, ctx.layer, ctx.generation)
     shared = g[5:8] if ctx.shared else [None, None, None]
-    return g[0], None, g[1], g[2], g[3], g[4], *shared
+    return g[0], None, g[1], g[2], g[3], g[4], *shared, None
 
 
 torch.library.register_autograd("mok::moe_forward", _backward, setup_context=_setup_context)
@@ -91,13 +144,14 @@ torch.library.register_autograd("mok::moe_forward", _backward, setup_context=_se
 
 def moe(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
         ws_gate: Optional[Tensor] = None, ws_up: Optional[Tensor] = None,
-        ws_down: Optional[Tensor] = None) -> Tensor:
+        ws_down: Optional[Tensor] = None, layer: int = 0) -> Tensor:
     """The MoE layer on one rank: ``out[t] = shared(x[t]) + sum_j topk_w[t,j] FFN_{topk_idx[t,j]}(x[t])``.
 
     x [T, H] bf16; topk_idx [T, k] int32/int64 (global expert ids, -1 = empty slot); topk_w [T, k]
     float32, finite and >= 0; w_gate, w_up [E, I, H], w_down [E, H, I] bf16; the shared expert's
     ws_gate, ws_up [Is, H], ws_down [H, Is] bf16, or None. Returns out [T, H] bf16. Bad arguments
     raise mok.Error (a ValueError) naming the argument and the constraint, e.g. "topk_idx[3,1]".
-    The rounding points are the C++ layer's (include/mok/reference.hpp).
+    The rounding points are the C++ layer's (include/mok/reference.hpp). ``layer``: the GPU layer
+    of a mok.MoE for CUDA tensors (mok.MoE passes it; 0 on CPU).
     """
-    return moe_forward(x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    return moe_forward(x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, layer)

@@ -1,0 +1,115 @@
+// mok._cuda — the GPU layer (mok::Layer: the forward megakernel and the unfused backward) for
+// PyTorch CUDA tensors, one rank per process. Tensors arrive as raw device addresses with their
+// shapes known from the layer, and run on the caller's stream (PyTorch's current stream). Like
+// mok._cpu it links nothing of libtorch; it links the NCCL mok was compiled against, which must
+// be the NCCL the process loads (PyTorch's): mok checks the version when the communicator is
+// created and names a mismatch.
+//
+// This first GPU binding runs EP 1 (a one-rank communicator of its own); an EP group built on a
+// torch ProcessGroup's NCCL communicator comes with the multi-GPU issue.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "mok/comm.hpp"
+#include "mok/errors.hpp"
+#include "mok/layer.hpp"
+
+namespace nb = nanobind;
+
+namespace {
+
+void* ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
+
+class GpuLayer {
+ public:
+  // Weight addresses: w_gate, w_up, w_down[, ws_gate, ws_up, ws_down] (bf16, contiguous).
+  GpuLayer(int device, int64_t tokens, int64_t hidden, int64_t inter, int64_t experts, int64_t top_k,
+           int64_t shared_inter, const std::vector<uintptr_t>& weights, double wait_timeout_s)
+      : shape_{{tokens}, hidden, inter, experts, top_k, shared_inter} {
+    MOK_REQUIRE(weights.size() == (shared_inter > 0 ? 6u : 3u), "weights", "needs ", shared_inter > 0 ? 6 : 3,
+                " addresses, got ", weights.size());
+    config_.wait_timeout_s = wait_timeout_s;
+    mok::comm::CommOptions opt;
+    opt.shape = shape_;
+    opt.config = config_;
+    group_ = mok::comm::LocalGroup::create({device}, opt);
+    const auto w = [&](size_t i) { return i < weights.size() ? ptr(weights[i]) : nullptr; };
+    const mok::DeviceWeights dw = mok::DeviceWeights::bf16(shape_, w(0), w(1), w(2), w(3), w(4), w(5));
+    layer_ = std::make_unique<mok::Layer>(group_[0], shape_, config_, dw);
+  }
+  ~GpuLayer() {
+    layer_.reset();  // before its communicator
+    group_.destroy();
+  }
+
+  void forward(uintptr_t x, uintptr_t idx, bool idx_int64, uintptr_t w, uintptr_t out, uintptr_t stream, bool save) {
+    nb::gil_scoped_release release;
+    layer_->forward(refs(x, idx, idx_int64, w), tensor(out, mok::DType::BF16, {T(), shape_.hidden}),
+                    reinterpret_cast<cudaStream_t>(stream), save);
+  }
+
+  // grads: d_x, d_topk_w, d_w_gate, d_w_up, d_w_down[, d_ws_gate, d_ws_up, d_ws_down].
+  void backward(uintptr_t x, uintptr_t idx, bool idx_int64, uintptr_t w, uintptr_t d_out,
+                const std::vector<uintptr_t>& grads, uintptr_t stream) {
+    MOK_REQUIRE(grads.size() == (shape_.shared_intermediate > 0 ? 8u : 5u), "grads", "wrong number of addresses (",
+                grads.size(), ")");
+    nb::gil_scoped_release release;
+    const auto g = [&](size_t i) { return i < grads.size() ? ptr(grads[i]) : nullptr; };
+    const mok::DeviceGrads dg = mok::DeviceGrads::of(shape_, 0, g(0), static_cast<float*>(g(1)), g(2), g(3), g(4),
+                                                     g(5), g(6), g(7));
+    layer_->backward(refs(x, idx, idx_int64, w), tensor(d_out, mok::DType::BF16, {T(), shape_.hidden}), dg,
+                     reinterpret_cast<cudaStream_t>(stream));
+  }
+
+  // The gate/up weights are packed once per layer: after an optimizer step changed them in
+  // place, the next forward must repack (an extra pass over them; the memory-model issue removes
+  // the packed copy).
+  void repack(uintptr_t stream) { layer_->repack(reinterpret_cast<cudaStream_t>(stream)); }
+  void check() { layer_->check(); }
+
+ private:
+  int64_t T() const { return shape_.tokens_of(0); }
+  static mok::TensorRef tensor(uintptr_t p, mok::DType t, std::vector<int64_t> sizes) {
+    return mok::TensorRef::contiguous(ptr(p), t, std::move(sizes));
+  }
+  mok::RoutingRefs refs(uintptr_t x, uintptr_t idx, bool idx_int64, uintptr_t w) const {
+    return {tensor(x, mok::DType::BF16, {T(), shape_.hidden}),
+            tensor(idx, idx_int64 ? mok::DType::I64 : mok::DType::I32, {T(), shape_.top_k}),
+            tensor(w, mok::DType::F32, {T(), shape_.top_k})};
+  }
+  mok::LayerShape shape_;
+  mok::Config config_;
+  mok::comm::LocalGroup group_;
+  std::unique_ptr<mok::Layer> layer_;
+};
+
+}  // namespace
+
+NB_MODULE(_cuda, m) {
+  m.doc() = "mok's GPU layer (one rank per process, EP 1 in this build) on raw CUDA addresses";
+  // mok::Error -> mok.Error, the one exception type of the package (defined by mok._cpu).
+  static PyObject* error_type = nb::module_::import_("mok._cpu").attr("Error").release().ptr();
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const mok::Error& e) {
+      PyErr_SetString(error_type, e.what());
+    }
+  });
+  nb::class_<GpuLayer>(m, "Layer")
+      .def(nb::init<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const std::vector<uintptr_t>&,
+                    double>(),
+           nb::arg("device"), nb::arg("tokens"), nb::arg("hidden"), nb::arg("intermediate"), nb::arg("experts"),
+           nb::arg("top_k"), nb::arg("shared_intermediate"), nb::arg("weights"), nb::arg("wait_timeout_s") = 5.0)
+      .def("forward", &GpuLayer::forward, nb::arg("x"), nb::arg("topk_idx"), nb::arg("idx_int64"),
+           nb::arg("topk_w"), nb::arg("out"), nb::arg("stream"), nb::arg("save_for_backward") = true)
+      .def("backward", &GpuLayer::backward, nb::arg("x"), nb::arg("topk_idx"), nb::arg("idx_int64"),
+           nb::arg("topk_w"), nb::arg("d_out"), nb::arg("grads"), nb::arg("stream"))
+      .def("repack", &GpuLayer::repack, nb::arg("stream"))
+      .def("check", &GpuLayer::check);
+}

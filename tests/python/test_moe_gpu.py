@@ -1,0 +1,86 @@
+"""mok.MoE on CUDA tensors (the GPU layer, mok._cuda) against the CPU reference engine (mok._cpu)
+on the same weights and inputs: forward and every gradient; weights changed in place by an
+optimizer are read by the next call; bad routing is named by check(); a backward of an earlier
+forward is refused by name. Skipped without a GPU or without mok._cuda."""
+
+import pytest
+import torch
+
+import mok
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+H, I, E, K, IS, T = 256, 128, 8, 2, 128, 256
+
+
+def rel(a, b):
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def inputs(seed, device):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g).to(torch.bfloat16)
+    w, idx = torch.topk(torch.softmax(torch.randn(T, E, generator=g), -1), K, -1)
+    idx = idx.to(torch.int32)
+    idx[::7, 1] = -1
+    return x.to(device), idx.to(device), w.float().to(device)
+
+
+def step(m, x, idx, w, d_out):
+    x = x.clone().requires_grad_()
+    w = w.clone().requires_grad_()
+    m.zero_grad()
+    out = m(x, idx, w)
+    out.backward(d_out)
+    return [out, x.grad, w.grad] + [p.grad for p in m.parameters()]
+
+
+def test_gpu_layer_matches_the_cpu_reference():
+    pytest.importorskip("mok._cuda")
+    torch.manual_seed(0)
+    cpu = mok.MoE(H, I, E, K, IS, init_std=0.05)
+    gpu = mok.MoE(H, I, E, K, IS).cuda()
+    gpu.load_state_dict(cpu.state_dict())
+    x, idx, w = inputs(1, "cpu")
+    d_out = torch.randn(T, H, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    want = step(cpu, x, idx, w, d_out)
+    got = step(gpu, x.cuda(), idx.cuda(), w.cuda(), d_out.cuda())
+    torch.cuda.synchronize()
+    gpu.check()
+    names = ["out", "d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down", "d_ws_gate", "d_ws_up", "d_ws_down"]
+    for name, a, b in zip(names, got, want):
+        assert a is not None and a.is_cuda, name
+        assert rel(a, b) < 1e-2, (name, rel(a, b))
+    # Weights changed in place (an optimizer step) are read by the next call, as on the CPU.
+    for m in (cpu, gpu):
+        with torch.no_grad():
+            for p in m.parameters():
+                p.mul_(1.5)
+    x2, idx2, w2 = inputs(3, "cpu")
+    a = gpu(x2.cuda(), idx2.cuda(), w2.cuda())
+    b = cpu(x2, idx2, w2)
+    assert rel(a, b) < 1e-2
+
+
+def test_gpu_bad_routing_is_named_by_check():
+    pytest.importorskip("mok._cuda")
+    m = mok.MoE(H, I, E, K).cuda()
+    x, idx, w = inputs(4, "cuda")
+    idx[9, 1] = E + 3
+    with torch.no_grad():
+        m(x, idx, w)
+    torch.cuda.synchronize()
+    with pytest.raises(mok.Error, match=r"topk_idx\[9,1\]"):
+        m.check()
+
+
+def test_gpu_backward_of_an_earlier_forward_is_refused():
+    pytest.importorskip("mok._cuda")
+    m = mok.MoE(H, I, E, K).cuda()
+    x, idx, w = inputs(5, "cuda")
+    first = m(x.clone().requires_grad_(), idx, w)
+    second = m(x.clone().requires_grad_(), idx, w)
+    second.float().sum().backward()  # its own: accepted
+    with pytest.raises(mok.Error, match="backward must follow its own forward"):
+        first.float().sum().backward()
