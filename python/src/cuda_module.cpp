@@ -93,7 +93,7 @@ class GpuLayer {
 NB_MODULE(_cuda, m) {
   m.doc() = "mok's GPU layer (one rank per process, EP 1 in this build) on raw CUDA addresses";
   // mok::Error -> mok.Error, the one exception type of the package (defined by mok._cpu).
-  static PyObject* error_type = nb::module_::import_("mok._cpu").attr("Error").release().ptr();
+  static PyObject* error_type = nb::object(nb::module_::import_("mok._cpu").attr("Error")).release().ptr();
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
