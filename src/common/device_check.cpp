@@ -71,4 +71,16 @@ void check_device_tensor(const std::string& name, const TensorRef& t, int device
   check_device_memory(name, t.data, t.numel() * size_of(t.dtype), device, align);
 }
 
+void check_device_weight_set(const std::string& prefix, const TensorRef& gate, const TensorRef& up,
+                             const TensorRef& down, const TensorRef& s_gate, const TensorRef& s_up,
+                             const TensorRef& s_down, bool shared, int device) {
+  check_device_tensor(prefix + "_gate", gate, device);
+  check_device_tensor(prefix + "_up", up, device);
+  check_device_tensor(prefix + "_down", down, device);
+  if (!shared) return;
+  check_device_tensor(prefix + "s_gate", s_gate, device);
+  check_device_tensor(prefix + "s_up", s_up, device);
+  check_device_tensor(prefix + "s_down", s_down, device);
+}
+
 }  // namespace mok

@@ -68,15 +68,8 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   Is = shape.shared_intermediate;
   T = shape.tokens_of(rank);
   validate_weights_layout(shape, w);
-  const int dev = comm.device();
-  check_device_tensor("weights.w_gate", w.w_gate, dev);
-  check_device_tensor("weights.w_up", w.w_up, dev);
-  check_device_tensor("weights.w_down", w.w_down, dev);
-  if (Is > 0) {
-    check_device_tensor("weights.ws_gate", w.ws_gate, dev);
-    check_device_tensor("weights.ws_up", w.ws_up, dev);
-    check_device_tensor("weights.ws_down", w.ws_down, dev);
-  }
+  check_device_weight_set("weights.w", w.w_gate, w.w_up, w.w_down, w.ws_gate, w.ws_up, w.ws_down, Is > 0,
+                          comm.device());
   // The layer's shape and config must be the same on every rank (push dispatch even builds the
   // receivers' schedules from the sender's): compared before any window is taken, so a mismatch
   // is named on every rank instead of corrupting results. cpu_threads is host-only.

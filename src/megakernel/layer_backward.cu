@@ -28,14 +28,8 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   check_device_tensor("d_out", d_out, dev);
   check_device_tensor("grads.d_x", g.d_x, dev);
   check_device_tensor("grads.d_topk_w", g.d_topk_w, dev, 4);
-  check_device_tensor("grads.d_w_gate", g.d_w_gate, dev);
-  check_device_tensor("grads.d_w_up", g.d_w_up, dev);
-  check_device_tensor("grads.d_w_down", g.d_w_down, dev);
-  if (Is > 0) {
-    check_device_tensor("grads.d_ws_gate", g.d_ws_gate, dev);
-    check_device_tensor("grads.d_ws_up", g.d_ws_up, dev);
-    check_device_tensor("grads.d_ws_down", g.d_ws_down, dev);
-  }
+  check_device_weight_set("grads.d_w", g.d_w_gate, g.d_w_up, g.d_w_down, g.d_ws_gate, g.d_ws_up, g.d_ws_down, Is > 0,
+                          dev);
   MOK_REQUIRE(saved, "forward(save_for_backward)",
               "backward() needs the last forward() to have saved the gate/up pre-activations "
               "(save_for_backward = true), and runs once per forward (it overwrites them with d_gu "
