@@ -84,10 +84,11 @@ struct Config {
   // machine without GPU) bounds the comm SM counts: at least one SM must remain for compute.
   void validate(const LayerShape& shape, int sm_count = 0) const;
 
-  // Resolved values (defaults filled in from the shape).
+  // Resolved values (defaults filled in from the shape). `sm_count`: the device's SMs, which the
+  // minibatch's two-wave rule counts (0 = the target parts' 132; the layer passes the real count).
   int resolved_fwd_comm_sms(const LayerShape& shape) const;
-  int64_t resolved_minibatch(const LayerShape& shape) const;
-  int64_t resolved_macrobatch(const LayerShape& shape) const;
+  int64_t resolved_minibatch(const LayerShape& shape, int sm_count = 0) const;
+  int64_t resolved_macrobatch(const LayerShape& shape, int sm_count = 0) const;
 };
 
 }  // namespace mok

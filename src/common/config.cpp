@@ -116,14 +116,15 @@ int Config::resolved_fwd_comm_sms(const LayerShape& shape) const {
   return static_cast<int>(std::clamp<int64_t>(sms, 4, 32));
 }
 
-int64_t Config::resolved_minibatch(const LayerShape& shape) const {
+int64_t Config::resolved_minibatch(const LayerShape& shape, int sm_count) const {
   if (minibatch_tokens > 0) return minibatch_tokens;
   // MoK's rule: each GEMM of a minibatch gets >= 2 full waves of 128x256 tiles over the compute
   // SMs, the narrower of FC1 (N = 2I) and FC2 (N = H) deciding. But the last minibatch's FC2 runs
   // with nothing to overlap, so when a rank has few routed rows the minibatch shrinks to about
   // 1/16 of them, down to one wave. Measured on 2xH200 (bench/results/forward-h200x2.json,
   // minibatch sweep): T = 2048 runs 5-12% faster at half the two-wave size, T = 8192 best at it.
-  const int64_t compute_sms = std::max<int64_t>(1, kDefaultSmCount - resolved_fwd_comm_sms(shape));
+  const int64_t sms = sm_count > 0 ? sm_count : kDefaultSmCount;
+  const int64_t compute_sms = std::max<int64_t>(1, sms - resolved_fwd_comm_sms(shape));
   const int64_t n = std::min(2 * shape.intermediate, shape.hidden);
   const int64_t one_wave = sched::round_up((compute_sms * 128 * 256 + n - 1) / n, sched::kBlockM);
   const int64_t two_waves = sched::round_up((2 * compute_sms * 128 * 256 + n - 1) / n, sched::kBlockM);
@@ -134,8 +135,8 @@ int64_t Config::resolved_minibatch(const LayerShape& shape) const {
   return std::max<int64_t>(unit, std::min(sched::round_up(mb, unit), sched::round_up(shape.worst_case_rows(), unit)));
 }
 
-int64_t Config::resolved_macrobatch(const LayerShape& shape) const {
-  const int64_t mb = resolved_minibatch(shape);
+int64_t Config::resolved_macrobatch(const LayerShape& shape, int sm_count) const {
+  const int64_t mb = resolved_minibatch(shape, sm_count);
   if (macrobatch_tokens > 0) return macrobatch_tokens;
   const int64_t widest = std::max({shape.hidden, 2 * shape.intermediate});
   const int64_t limit = (kInt32Max / widest) / mb * mb;  // largest ring that keeps 32-bit offsets

@@ -29,6 +29,7 @@
 #include "common/cuda_check.h"
 #include "gemm/engine.cuh"
 #include "megakernel/forward_kernel.h"
+#include "megakernel/forward_setup.h"
 #include "mok/errors.hpp"
 
 namespace mok::mk {
@@ -37,6 +38,7 @@ namespace {
 
 using namespace mok::gemm::engine;
 using C = Cfg<256>;
+static_assert(C::kBlockN == kForwardBlockN, "the host plan (forward_setup.h) and the kernel's tiles disagree");
 namespace dev = mok::comm::dev;
 
 // Three slots: the producer can publish task i+2 while the consumers finish task i's epilogue

@@ -1,7 +1,8 @@
 // mok — the forward megakernel's work plan: minibatch positions in the ring, the task-ticket
 // order of the compute CTAs, and the dependency counters. Shared by the kernel and by the CPU
 // tests that prove every tile is issued exactly once and every dependency points to a lower
-// ticket (tests/cpu/megakernel/forward_plan_test.cpp). Keep it free of host- or device-only code.
+// ticket (tests/cpu/test_forward_plan.cpp). Keep it free of host- or device-only code. The host plan
+// that fills these structures for a layer is forward_setup.h.
 //
 // Rows and ring. The routed rows [0, total_rows) of this rank (the schedule's table, a multiple of
 // 128) are cut into macrobatches of R rows (the ring) aligned to the END: macrobatch q (processing

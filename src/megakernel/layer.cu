@@ -11,6 +11,7 @@
 
 #include "common/device_check.h"
 #include "gemm/tensor_map.h"
+#include "megakernel/forward_setup.h"
 #include "megakernel/layer_impl.h"
 #include "megakernel/merge.h"
 #include "schedule/schedule_math.h"
@@ -77,6 +78,11 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   (void)ncclGetVersion(&nccl_version);
   std::vector<comm::HandshakeField> fields = comm::handshake_fields(shape, config, {}, world,
                                                                      comm.options().lsa_barrier_count, nccl_version);
+  // What the config resolves to with this device's SM count: push dispatch builds the receivers'
+  // schedules with the sender's minibatch and ring, so a rank on another GPU model must not differ.
+  fields.push_back({"resolved.minibatch_rows", config.resolved_minibatch(shape, sms), false});
+  fields.push_back({"resolved.macrobatch_rows", config.resolved_macrobatch(shape, sms), false});
+  fields.push_back({"resolved.fwd_comm_sms", config.resolved_fwd_comm_sms(shape), false});
   for (auto& f : fields) f.name = "layer " + f.name;
   comm.agree(fields);
 
@@ -105,7 +111,7 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   combine_peers = upload_array(cp, "combine peers");
   dout_peers = upload_array(dp, "d_out peers");
   weight_peers = upload_array(wp, "router weight peers");
-  schedule = std::make_unique<gpu::ScheduleBuilder>(shape, config, rank, tables.get<const int32_t* const>());
+  schedule = std::make_unique<gpu::ScheduleBuilder>(shape, config, rank, tables.get<const int32_t* const>(), sms);
 
   cap_rows = shape.worst_case_rows();
   t_tiles = sched::ceil_div(T, sched::kBlockM);
@@ -196,16 +202,11 @@ void Layer::Impl::setup_unfused() {
 
 // Megakernel: the ring (macrobatch) buffers, the counter block and the tensor maps.
 void Layer::Impl::setup_megakernel() {
-  const int64_t mb = config.resolved_minibatch(shape), ring = config.resolved_macrobatch(shape);
-  MOK_REQUIRE(ring >= cap_rows || ring >= 2 * mb, "config.macrobatch_tokens",
-              "the megakernel's ring must hold at least two minibatches (2 x ", mb,
-              " rows) when it is smaller than the worst case (", cap_rows, " rows), got ", ring);
-  MOK_REQUIRE(Is == 0 || Is % 64 == 0, "shape.shared_intermediate", "must be a multiple of 64, got ", Is);
+  const mk::ForwardSetup fs = mk::plan_forward(shape, config, rank, sms);
   MOK_REQUIRE(H <= mk::forward_max_hidden(), "shape.hidden",
               "the megakernel's comm CTAs stage whole rows in shared memory: at most ",
               mk::forward_max_hidden(), ", got ", H);
-  // Never more than can be used; at least one tile (valid tensor maps without any tokens).
-  const int64_t R = std::max<int64_t>(sched::kBlockM, std::min(ring, sched::round_up(cap_rows, mb)));
+  const int64_t R = fs.ring_rows;
   push = config.dispatch == DispatchPath::Push;
   void* x_ring = nullptr;
   if (push) {
@@ -222,33 +223,17 @@ void Layer::Impl::setup_megakernel() {
   ring_rows = R;
   h = DeviceBuffer(static_cast<size_t>(R * I) * 2, "h ring");
   y = DeviceBuffer(static_cast<size_t>(R * H) * 2, "y ring");
-  constexpr int64_t kBN = 256;
+  constexpr int64_t kBN = mk::kForwardBlockN;
+  mkp.plan = fs.plan;
+  mkp.layout = fs.layout;
+  mkp.cluster = fs.cluster ? 1 : 0;
   mk::PlanShape& ps = mkp.plan;
-  ps.mb_rows = static_cast<int32_t>(mb);
-  ps.ring_rows = static_cast<int32_t>(R);
-  ps.n1 = static_cast<int32_t>(sched::ceil_div(2 * I, kBN));
-  ps.n2 = static_cast<int32_t>(sched::ceil_div(H, kBN));
-  const bool has_shared = Is > 0 && T > 0;
-  ps.s_tiles = has_shared ? static_cast<int32_t>(t_tiles) : 0;
-  ps.n1s = static_cast<int32_t>(sched::ceil_div(2 * Is, kBN));
-  ps.n2s = ps.n2;
-  ps.comm_ctas = config.resolved_fwd_comm_sms(shape);
-  mkp.cluster = config.fwd_clusters ? 1 : 0;
-  ps.pair = mkp.cluster;
-  ps.group_m = mkp.cluster ? 4 : 8;  // raster groups of 8 M tiles (as the grouped GEMM)
-  mkp.layout.max_positions = static_cast<int32_t>(sched::ceil_div(cap_rows, mb));
-  mkp.layout.max_tiles = static_cast<int32_t>(cap_rows / sched::kBlockM);
-  mkp.layout.s_tiles = ps.s_tiles;
-  MOK_REQUIRE(mk::num_tickets(ps, mkp.layout.max_positions) < (int64_t(1) << 31), "shape",
-              "the megakernel's task tickets (", mk::num_tickets(ps, mkp.layout.max_positions),
-              ") must fit 31 bits");
+  const bool has_shared = ps.s_tiles > 0;
   const size_t counter_bytes = static_cast<size_t>(mkp.layout.words()) * 4;
   if (push) {
     // Equal on every rank: the shared expert's words (the last ones) sized for the largest T.
-    mk::CounterLayout widest = mkp.layout;
-    widest.s_tiles = Is > 0 ? static_cast<int32_t>(sched::ceil_div(shape.max_tokens(), sched::kBlockM)) : 0;
     win_counters = leases.acquire(comm, detail::concat("mok.layer", comm.window_count(), ".counters"),
-                                    static_cast<size_t>(widest.words()) * 4);
+                                    static_cast<size_t>(fs.widest.words()) * 4);
     // The flat alias, which the peers' and our own comm CTAs' remote adds also use.
     mkp.counters = static_cast<uint32_t*>(comm::dev::lsa_pointer(comm, *win_counters, rank));
     setup_push_dispatch();

@@ -289,14 +289,14 @@ void check_backward_routing(const void* topk_idx, bool is_int64, const float* to
 }
 
 ScheduleBuilder::ScheduleBuilder(const LayerShape& shape, const Config& config, int rank,
-                                 const int32_t* const* tables)
+                                 const int32_t* const* tables, int sm_count)
     : shape_(shape), rank_(rank), tables_(tables) {
   config.validate(shape);
   MOK_REQUIRE(rank >= 0 && rank < shape.world_size(), "rank", "must be in [0, W) (W = ",
               shape.world_size(), "), got ", rank);
   MOK_REQUIRE(tables != nullptr, "tables", "the device array of published routing tables is null");
-  minibatch_rows_ = config.resolved_minibatch(shape);
-  macrobatch_rows_ = config.resolved_macrobatch(shape);
+  minibatch_rows_ = config.resolved_minibatch(shape, sm_count);
+  macrobatch_rows_ = config.resolved_macrobatch(shape, sm_count);
   capacity_rows_ = shape.worst_case_rows();
   total_chunks_ = 0;
   for (int r = 0; r < shape.world_size(); ++r)

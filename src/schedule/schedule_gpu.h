@@ -57,8 +57,10 @@ class ScheduleBuilder {
   // Allocates every buffer for the worst case of `shape` (throws mok::Error). `tables` is a
   // device array of W pointers, entry r pointing at rank r's published [T_r, k] int32 table
   // (a peer address for r != rank); it must stay valid while the builder is used.
+  // `sm_count`: the device's SMs for the minibatch rule (Config::resolved_minibatch; 0 = default):
+  // the megakernel's plan must use the same.
   ScheduleBuilder(const LayerShape& shape, const Config& config, int rank,
-                  const int32_t* const* tables);
+                  const int32_t* const* tables, int sm_count = 0);
   ~ScheduleBuilder();
   ScheduleBuilder(const ScheduleBuilder&) = delete;
   ScheduleBuilder& operator=(const ScheduleBuilder&) = delete;
