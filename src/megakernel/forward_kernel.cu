@@ -426,11 +426,11 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
       ++push_next;
   }
   if (clock.out) {
-    clock.out[0] = clock.now() - clock.t0;
-    clock.out[1] = pull_ns;
-    clock.out[2] = push_ns;
-    clock.out[3] = idle_ns;
-    clock.out[4] = 0;
+    clock.out[kStatCommSpan] = clock.now() - clock.t0;
+    clock.out[kStatPull] = pull_ns;
+    clock.out[kStatPush] = push_ns;
+    clock.out[kStatIdle] = idle_ns;
+    clock.out[kStatIdle + 1] = 0;
   }
 }
 
@@ -614,7 +614,7 @@ __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const 
     issuing = produce_tile<C, false, false, kCluster>(sm, ps, slot->tile, tm.a, tm.b, wb, tm.b_half,
                                                       (slot->flags & kSlotSharedB) != 0, 0u);
   }
-  if (clock.out) clock.out[3] = dep_ns;
+  if (clock.out) clock.out[kStatDeps] = dep_ns;
   drain_stages(sm, ps, wb);
   if constexpr (kCluster) producer_tail(sm, ps, wb);
 }
@@ -809,16 +809,16 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
   if (leader) report(p, pending, sys_reports);
   epi_finish(leader);
   if (clock.out) {
-    clock.out[0] = clock.now() - clock.t0;
-    clock.out[1] = busy_ns;
-    clock.out[2] = wait_ns;
-    clock.out[4] = tiles;
-    clock.out[5] = start_ns;
-    clock.out[6] = epi_ns;
-    clock.out[7] = fc2_ns;
-    clock.out[8] = fc2_tiles;
-    clock.out[9] = mc_tiles;
-    clock.out[10] = clock64() - c0;
+    clock.out[kStatSpan] = clock.now() - clock.t0;
+    clock.out[kStatBusy] = busy_ns;
+    clock.out[kStatWaitTask] = wait_ns;
+    clock.out[kStatTiles] = tiles;
+    clock.out[kStatFirstStage] = start_ns;
+    clock.out[kStatEpilogue] = epi_ns;
+    clock.out[kStatFc2] = fc2_ns;
+    clock.out[kStatFc2Tiles] = fc2_tiles;
+    clock.out[kStatMulticast] = mc_tiles;
+    clock.out[kStatCycles] = clock64() - c0;
   }
 }
 

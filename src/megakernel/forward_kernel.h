@@ -72,6 +72,22 @@ struct ForwardParams {
 };
 
 inline constexpr int kForwardStatWords = 12;
+// The profile words of one CTA (MOK_PROFILE=1; ForwardParams::stats, kForwardStatWords each), by
+// role. Times in globaltimer ns, except kStatCycles (clock64 cycles).
+enum CommStat : int { kStatCommSpan = 0, kStatPull = 1, kStatPush = 2, kStatIdle = 3 };
+enum ComputeStat : int {
+  kStatSpan = 0,        // the CTA's whole run
+  kStatBusy = 1,        // inside tiles
+  kStatWaitTask = 2,    // consumers waiting for the next task
+  kStatDeps = 3,        // the producer waiting on dependencies
+  kStatTiles = 4,       // tiles computed (a count)
+  kStatFirstStage = 5,  // waiting for a tile's first stage
+  kStatEpilogue = 6,    // in epilogues
+  kStatFc2 = 7,         // inside FC2 tiles
+  kStatFc2Tiles = 8,    // FC2 tiles (a count)
+  kStatMulticast = 9,   // tiles whose B was multicast (a count)
+  kStatCycles = 10,     // clock64 cycles over the run (the SM clock)
+};
 
 // Dynamic shared memory of one CTA.
 int forward_smem_bytes();

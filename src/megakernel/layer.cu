@@ -436,24 +436,24 @@ std::string Layer::Impl::forward_profile() const {
   double start = 0, epi = 0, fc2 = 0, fc2_tiles = 0, mc_tiles = 0, cycles = 0;
   for (int b = 0; b < m.grid; ++b) {
     const unsigned long long* s = &w[static_cast<size_t>(b) * mk::kForwardStatWords];
-    max_span = std::max(max_span, double(s[0]));
+    max_span = std::max(max_span, double(s[mk::kStatSpan]));
     if (b < c) {
-      cspan += double(s[0]);
-      pull += double(s[1]);
-      push += double(s[2]);
-      idle += double(s[3]);
+      cspan += double(s[mk::kStatCommSpan]);
+      pull += double(s[mk::kStatPull]);
+      push += double(s[mk::kStatPush]);
+      idle += double(s[mk::kStatIdle]);
     } else {
-      span += double(s[0]);
-      busy += double(s[1]);
-      wait += double(s[2]);
-      dep += double(s[3]);
-      tiles += double(s[4]);
-      start += double(s[5]);
-      epi += double(s[6]);
-      fc2 += double(s[7]);
-      fc2_tiles += double(s[8]);
-      mc_tiles += double(s[9]);
-      cycles += double(s[10]);
+      span += double(s[mk::kStatSpan]);
+      busy += double(s[mk::kStatBusy]);
+      wait += double(s[mk::kStatWaitTask]);
+      dep += double(s[mk::kStatDeps]);
+      tiles += double(s[mk::kStatTiles]);
+      start += double(s[mk::kStatFirstStage]);
+      epi += double(s[mk::kStatEpilogue]);
+      fc2 += double(s[mk::kStatFc2]);
+      fc2_tiles += double(s[mk::kStatFc2Tiles]);
+      mc_tiles += double(s[mk::kStatMulticast]);
+      cycles += double(s[mk::kStatCycles]);
     }
   }
   const auto pct = [](double a, double b) { return b > 0 ? 100.0 * a / b : 0.0; };
