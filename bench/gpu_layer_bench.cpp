@@ -22,6 +22,7 @@
 #include "mok/errors.hpp"
 #include "mok/layer.hpp"
 #include "mok/schedule.hpp"
+#include "reference/token_spec.h"
 #include "util/bench_util.h"
 #include "util/peer_copy.h"
 
@@ -197,46 +198,13 @@ const std::vector<float>& expert_weights(const Model& m, const std::vector<RankW
   return cache.emplace(e, std::move(f)).first->second;
 }
 
-// One token through one expert at the spec's rounding points: g, u, h (I each) and y (H).
-struct TokenExpert {
-  std::vector<float> g, u, h, y;
-};
-TokenExpert token_through_expert(const Model& m, const std::vector<float>& W, const std::vector<float>& x) {
-  const int64_t H = m.H, I = m.I;
-  const float* wg = W.data();
-  const float* wu = wg + I * H;
-  const float* wd = wu + I * H;
-  TokenExpert t{std::vector<float>(I), std::vector<float>(I), std::vector<float>(I), std::vector<float>(H)};
-  for (int64_t i = 0; i < I; ++i) {
-    float g = 0, u = 0;
-    for (int64_t c = 0; c < H; ++c) {
-      g += x[c] * wg[i * H + c];
-      u += x[c] * wu[i * H + c];
-    }
-    t.g[i] = round_bf16(g);
-    t.u[i] = round_bf16(u);
-    t.h[i] = round_bf16(t.g[i] / (1.0f + std::exp(-t.g[i])) * t.u[i]);
-  }
-  for (int64_t c = 0; c < H; ++c) {
-    float y = 0;
-    for (int64_t i = 0; i < I; ++i) y += t.h[i] * wd[c * I + i];
-    t.y[c] = round_bf16(y);
-  }
-  return t;
-}
-
-// The spec's arithmetic (include/mok/reference.hpp) for one token, fp32 sums in order.
+// The spec for one token (src/reference/token_spec.h), with the experts' weights fetched from
+// the GPU once each.
 std::vector<float> expected_token(const Model& m, const std::vector<RankWeights>& w, int64_t e_loc,
                                   const std::vector<float>& x, const int32_t* idx, const float* wt,
                                   std::map<int64_t, std::vector<float>>& cache) {
-  std::vector<float> acc(static_cast<size_t>(m.H), 0.0f);
-  for (int64_t j = 0; j < m.k; ++j) {
-    if (idx[j] < 0) continue;
-    const TokenExpert t = token_through_expert(m, expert_weights(m, w, e_loc, idx[j], cache), x);
-    for (int64_t c = 0; c < m.H; ++c) acc[c] = std::fma(wt[j], t.y[c], acc[c]);
-  }
-  for (auto& v : acc) v = round_bf16(v);
-  return acc;
+  return ref::token_forward(m.H, m.I, m.k, x.data(), idx, wt,
+                            [&](int32_t e) { return expert_weights(m, w, e_loc, e, cache).data(); });
 }
 
 // The spec's backward for one token (no shared expert): d_x (H values) followed by d_topk_w (k).
@@ -244,37 +212,8 @@ std::vector<float> expected_backward_token(const Model& m, const std::vector<Ran
                                            const std::vector<float>& x, const std::vector<float>& d_out,
                                            const int32_t* idx, const float* wt,
                                            std::map<int64_t, std::vector<float>>& cache) {
-  const int64_t H = m.H, I = m.I;
-  std::vector<float> dx(static_cast<size_t>(H), 0.0f), d_w(static_cast<size_t>(m.k), 0.0f), dy(H), dg(I), du(I);
-  for (int64_t j = 0; j < m.k; ++j) {
-    if (idx[j] < 0) continue;
-    const std::vector<float>& W = expert_weights(m, w, e_loc, idx[j], cache);
-    const float* wg = W.data();
-    const float* wu = wg + I * H;
-    const float* wd = wu + I * H;
-    const TokenExpert t = token_through_expert(m, W, x);
-    for (int64_t c = 0; c < H; ++c) {
-      d_w[j] += d_out[c] * t.y[c];
-      dy[c] = round_bf16(wt[j] * d_out[c]);
-    }
-    // Loops ordered for contiguous weight rows; each sum still runs over its index in increasing order.
-    std::vector<float> dh(static_cast<size_t>(I), 0.0f), a(static_cast<size_t>(H), 0.0f);
-    for (int64_t c = 0; c < H; ++c)
-      for (int64_t i = 0; i < I; ++i) dh[i] += dy[c] * wd[c * I + i];
-    for (int64_t i = 0; i < I; ++i) {
-      const float d = round_bf16(dh[i]), g = t.g[i], s = 1.0f / (1.0f + std::exp(-g));
-      du[i] = round_bf16(g * s * d);
-      dg[i] = round_bf16(s * (1.0f + g * (1.0f - s)) * t.u[i] * d);
-    }
-    for (int64_t i = 0; i < I; ++i)
-      for (int64_t c = 0; c < H; ++c) a[c] += dg[i] * wg[i * H + c];
-    for (int64_t i = 0; i < I; ++i)
-      for (int64_t c = 0; c < H; ++c) a[c] += du[i] * wu[i * H + c];
-    for (int64_t c = 0; c < H; ++c) dx[c] += round_bf16(a[c]);
-  }
-  for (auto& v : dx) v = round_bf16(v);
-  dx.insert(dx.end(), d_w.begin(), d_w.end());
-  return dx;
+  return ref::token_backward(m.H, m.I, m.k, x.data(), d_out.data(), idx, wt,
+                             [&](int32_t e) { return expert_weights(m, w, e_loc, e, cache).data(); });
 }
 
 // Relative L2 error of the GPU's values for the sampled tokens (samples[q] of every rank):

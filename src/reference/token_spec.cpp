@@ -1,0 +1,80 @@
+#include "reference/token_spec.h"
+
+#include <cmath>
+
+#include "mok/bf16.hpp"
+#include "reference/cpu_math.h"
+
+namespace mok::ref {
+
+TokenExpert token_through_expert(int64_t H, int64_t I, const float* w, const float* x) {
+  const float* wg = w;
+  const float* wu = wg + I * H;
+  const float* wd = wu + I * H;
+  TokenExpert t{std::vector<float>(I), std::vector<float>(I), std::vector<float>(I), std::vector<float>(H)};
+  for (int64_t i = 0; i < I; ++i) {
+    float g = 0, u = 0;
+    for (int64_t c = 0; c < H; ++c) {
+      g += x[c] * wg[i * H + c];
+      u += x[c] * wu[i * H + c];
+    }
+    t.g[i] = round_bf16(g);
+    t.u[i] = round_bf16(u);
+    t.h[i] = round_bf16(silu(t.g[i]) * t.u[i]);
+  }
+  for (int64_t c = 0; c < H; ++c) {
+    float y = 0;
+    for (int64_t i = 0; i < I; ++i) y += t.h[i] * wd[c * I + i];
+    t.y[c] = round_bf16(y);
+  }
+  return t;
+}
+
+std::vector<float> token_forward(int64_t H, int64_t I, int64_t k, const float* x, const int32_t* topk_idx,
+                                 const float* topk_w, const ExpertWeights& expert) {
+  std::vector<float> acc(static_cast<size_t>(H), 0.0f);
+  for (int64_t j = 0; j < k; ++j) {
+    if (topk_idx[j] < 0) continue;
+    const TokenExpert t = token_through_expert(H, I, expert(topk_idx[j]), x);
+    for (int64_t c = 0; c < H; ++c) acc[c] = std::fma(topk_w[j], t.y[c], acc[c]);
+  }
+  for (auto& v : acc) v = round_bf16(v);
+  return acc;
+}
+
+std::vector<float> token_backward(int64_t H, int64_t I, int64_t k, const float* x, const float* d_out,
+                                  const int32_t* topk_idx, const float* topk_w, const ExpertWeights& expert) {
+  std::vector<float> dx(static_cast<size_t>(H), 0.0f), d_w(static_cast<size_t>(k), 0.0f);
+  std::vector<float> dy(static_cast<size_t>(H)), dg(static_cast<size_t>(I)), du(static_cast<size_t>(I));
+  for (int64_t j = 0; j < k; ++j) {
+    if (topk_idx[j] < 0) continue;
+    const float* w = expert(topk_idx[j]);
+    const float* wg = w;
+    const float* wu = wg + I * H;
+    const float* wd = wu + I * H;
+    const TokenExpert t = token_through_expert(H, I, w, x);
+    for (int64_t c = 0; c < H; ++c) {
+      d_w[j] += d_out[c] * t.y[c];
+      dy[c] = round_bf16(topk_w[j] * d_out[c]);
+    }
+    // Loops ordered for contiguous weight rows; each sum still runs over its index in increasing order.
+    std::vector<float> dh(static_cast<size_t>(I), 0.0f), a(static_cast<size_t>(H), 0.0f);
+    for (int64_t c = 0; c < H; ++c)
+      for (int64_t i = 0; i < I; ++i) dh[i] += dy[c] * wd[c * I + i];
+    for (int64_t i = 0; i < I; ++i) {
+      const float d = round_bf16(dh[i]), g = t.g[i], s = sigmoid(g);
+      du[i] = round_bf16(g * s * d);
+      dg[i] = round_bf16(s * (1.0f + g * (1.0f - s)) * t.u[i] * d);
+    }
+    for (int64_t i = 0; i < I; ++i)
+      for (int64_t c = 0; c < H; ++c) a[c] += dg[i] * wg[i * H + c];
+    for (int64_t i = 0; i < I; ++i)
+      for (int64_t c = 0; c < H; ++c) a[c] += du[i] * wu[i * H + c];
+    for (int64_t c = 0; c < H; ++c) dx[c] += round_bf16(a[c]);
+  }
+  for (auto& v : dx) v = round_bf16(v);
+  dx.insert(dx.end(), d_w.begin(), d_w.end());
+  return dx;
+}
+
+}  // namespace mok::ref
