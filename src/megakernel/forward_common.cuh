@@ -1,0 +1,87 @@
+// mok — the forward megakernel's shared definitions (its tile configuration, wait ids and sites,
+// the task slot handed from producer to consumers and its ring in shared memory). Private to the
+// forward program: included by forward_kernel.cu and forward_comm.cuh only (one translation unit).
+#pragma once
+
+#include <cstdint>
+
+#include "comm/device.cuh"
+#include "gemm/engine.cuh"
+#include "megakernel/forward_kernel.h"
+#include "megakernel/forward_setup.h"
+#include "megakernel/runtime.cuh"
+
+namespace mok::mk {
+
+namespace {
+
+using namespace mok::gemm::engine;
+using C = Cfg<256>;
+static_assert(C::kBlockN == kForwardBlockN, "the host plan (forward_setup.h) and the kernel's tiles disagree");
+namespace dev = mok::comm::dev;
+
+// Three slots: the producer can publish task i+2 while the consumers finish task i's epilogue
+// (measured equal to two slots without clusters; a prefetching producer that claimed task i+1
+// during task i's loads measured 2% slower: its ticket atomic stalled the TMA thread mid-tile).
+constexpr int kTaskSlots = 3;
+constexpr int kStatWords = kForwardStatWords;
+using StatClock = rt::StatClock<kStatWords>;
+using rt::handoff_wait;
+using rt::kSiteTaskSlot;
+using rt::ld_acquire;
+using rt::red_release;
+using rt::wait_counter;
+// Register split: the producer thread decodes tickets and waits on counters besides issuing TMA,
+// which needs more than the plain engine's 40 registers; the consumers give up 8. With clusters
+// the producer also stages and copies the partner's task slot (spills below 96); the consumers
+// then fit in 200 without spills. The sum must stay within the CTA's allocation at launch
+// (168 x 384 = 64512): 128 x 56 + 256 x 224 = 64512; 128 x 96 + 256 x 200 = 63488.
+template <bool kCluster>
+constexpr uint32_t kMkProducerRegs = kCluster ? 96 : 56;
+template <bool kCluster>
+constexpr uint32_t kMkConsumerRegs = kCluster ? 200 : 224;
+// Wait ids (names registered by the layer).
+constexpr uint32_t kWaitTaskDeps = comm::kWaitUserBase + 40;  // "megakernel.task_dependency"
+constexpr uint32_t kWaitCommDeps = comm::kWaitUserBase + 41;  // "megakernel.comm_dependency"
+constexpr unsigned int kSiteCommRow = 0x6e11;
+
+// One task handed from the producer to the consumers.
+struct TaskSlot {
+  Tile tile;
+  int32_t kind;
+  int32_t gu_row;   // routed row of the tile's first row (FC1: gu keeps every row; FC2: combine)
+  int32_t counter;  // counter word reported when the tile is stored (-1: none)
+  int32_t n_cols;   // output width of the GEMM (FC1: 2I)
+  int32_t rows;     // rows of the tile that hold tokens (<= 64: warpgroup 1 skips its half)
+  int32_t flags;    // kSlotDummy, kSlotSharedB (clusters)
+  int32_t pad_[2];  // 64 bytes: copied to the partner CTA as 4 x 16-byte stores
+};
+// Clusters: the CTA recomputes its partner's tile only to keep the shared pipeline in step (odd
+// last unit) and stores and reports nothing; B is multicast (both tiles use one weight tile).
+constexpr int32_t kSlotDummy = 1;
+constexpr int32_t kSlotSharedB = 2;
+
+struct TaskRing {
+  TaskSlot* slot;
+  uint64_t* full;     // [kTaskSlots], 1 arrival (producer)
+  uint64_t* empty;  // [kTaskSlots], 256 arrivals (every consumer thread)
+};
+
+__device__ __forceinline__ TaskRing task_ring(uint8_t* smem_raw) {
+  uint8_t* p = smem_raw + C::kSmemBytes;  // after the engine's region (8-byte aligned)
+  TaskRing r;
+  r.slot = reinterpret_cast<TaskSlot*>(p);
+  r.full = reinterpret_cast<uint64_t*>(p + kTaskSlots * sizeof(TaskSlot));
+  r.empty = r.full + kTaskSlots;
+  return r;
+}
+// Task ring, its barriers, then (clusters) the pair's abort word at the end.
+constexpr int kExtraSmem = kTaskSlots * int(sizeof(TaskSlot)) + 2 * kTaskSlots * 8 + 16;
+__device__ __forceinline__ uint32_t* abort_word(uint8_t* smem_raw) {
+  return reinterpret_cast<uint32_t*>(smem_raw + C::kSmemBytes + kExtraSmem - 16);
+}
+static_assert(C::kSmemBytes % 16 == 0 && sizeof(TaskSlot) == 64, "task ring alignment");
+
+}  // namespace
+
+}  // namespace mok::mk
