@@ -226,7 +226,7 @@ class Communicator {
   const volatile WaitErrorRecord* wait_error_host() const;
   uint64_t wait_timeout_ns() const;
   // Throws mok::Error(Timeout, "<wait name>", ...) if a kernel reported an expired wait, or
-  // Timeout("device pipeline wait") if only the claim word is set (a kernel-internal wait that
+  // Timeout("<site name>") if only the claim word is set (a kernel-internal wait that
   // writes no record), and poisons the communicator; returns otherwise. Cheap: reads the
   // host-mapped record and, when it is empty, the 4-byte claim word (a synchronous cudaMemcpy).
   void check_waits();
@@ -242,9 +242,11 @@ class Communicator {
   // that differs, on every rank.
   void agree(const std::vector<HandshakeField>& fields);
   // One call on this communicator at a time (its layers share the LSA barrier and the abort
-  // word): `who` is refused with InvalidArgument("stream") when the previous call, made on
-  // another stream, has not completed; end_call marks the end of a call's work on `stream`. Not
-  // checked while `stream` is being captured (a graph's launches are ordered by its user).
+  // word): begin_call orders `stream` after the previous call's work when that call ran on
+  // another stream (cudaStreamWaitEvent: no host wait) and holds a lock until end_call, which marks
+  // the end of the call's work on `stream`; host threads calling at once are serialized. Every
+  // begin_call must be followed by end_call on the same thread (also when the call throws). While
+  // `stream` is being captured only the lock is taken (a graph's launches are ordered by its user).
   void begin_call(cudaStream_t stream, const char* who);
   void end_call(cudaStream_t stream);
   // Collective host-side barrier (a one-word ncclAllReduce on stream()).

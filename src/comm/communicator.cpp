@@ -8,6 +8,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -127,6 +128,7 @@ struct Communicator::Impl {
   uint32_t* record_claim = nullptr;  // device word: the record is written once
   std::unique_ptr<Error> first_error;  // the failure that poisoned the communicator
   cudaEvent_t call_done = nullptr;  // end of the last layer call (begin_call / end_call)
+  std::mutex call_mutex;            // held from begin_call to end_call
   cudaStream_t call_stream = nullptr;
   cudaStream_t stream = nullptr;
   bool poisoned = false;
@@ -585,12 +587,28 @@ void Communicator::check_waits() {
       notice.peer = -1;
       impl_->fail(wait_error(notice, impl_->options.config.wait_timeout_s));
     }
-    impl_->fail(Error(ErrorKind::Timeout, "device pipeline wait",
-                      detail::concat("every wait completes within config.wait_timeout_s = ",
-                                     impl_->options.config.wait_timeout_s, " s"),
-                      detail::concat("rank ", impl_->rank, ": a kernel's internal pipeline wait expired (site 0x",
-                                     std::hex, abort_id(claim),
-                                     "); the communicator is unusable now on every rank: destroy it")));
+    // This rank's own comm wait claimed the word: its record follows (give it a moment).
+    for (int i = 0; abort_has_origin(claim) && i < 1000 && r->status == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (r->status == 0) {
+      // A kernel-internal pipeline wait (a site code, no record): only this GPU saw it, and this
+      // rank will run no barrier any more (the communicator is poisoned now) to pass it on, so
+      // tell the peers here; their next waits then give up naming this rank.
+      const uint32_t site = abort_id(claim);
+      try {
+        tell_peers(impl_->abort_w.handle, impl_->rank, impl_->nranks, encode_abort(impl_->rank, site),
+                   impl_->device, impl_->stream);
+      } catch (const Error&) {
+        // the local error below is raised either way
+      }
+      impl_->fail(Error(ErrorKind::Timeout, wait_name(site),
+                        detail::concat("every wait completes within config.wait_timeout_s = ",
+                                       impl_->options.config.wait_timeout_s, " s"),
+                        detail::concat("rank ", impl_->rank, ": a kernel's internal pipeline wait expired (site 0x",
+                                       std::hex, site, std::dec,
+                                       "); the peers were told; the communicator is unusable now on every rank: "
+                                       "destroy it")));
+    }
   }
   // A writer may still be filling the record (status 1): give it a moment.
   for (int i = 0; i < 1000 && r->status != 2; ++i) std::this_thread::sleep_for(std::chrono::microseconds(100));
@@ -622,20 +640,27 @@ void Communicator::agree(const std::vector<HandshakeField>& fields) {
 }
 
 void Communicator::begin_call(cudaStream_t stream, const char* who) {
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  MOK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-  if (capturing != cudaStreamCaptureStatusNone || impl_->call_done == nullptr || impl_->call_stream == stream) return;
-  const cudaError_t q = cudaEventQuery(impl_->call_done);
-  if (q == cudaErrorNotReady)
-    throw Error(ErrorKind::InvalidArgument, "stream",
-                detail::concat(who, " was called on another stream while the previous layer call on this communicator "
-                                    "is still running on its own: calls on one communicator run one at a time (its "
-                                    "layers share the barrier and the abort word); issue them on one stream or wait "
-                                    "for the previous one"));
-  if (q != cudaSuccess) MOK_CUDA_CHECK(q);
+  impl_->call_mutex.lock();
+  try {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    MOK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    if (capturing != cudaStreamCaptureStatusNone || impl_->call_done == nullptr || impl_->call_stream == stream) return;
+    const cudaError_t e = cudaStreamWaitEvent(stream, impl_->call_done, 0);
+    if (e != cudaSuccess)
+      throw Error(ErrorKind::Runtime, "stream",
+                  detail::concat(who, " could not be ordered after the previous call on this communicator (",
+                                 cudaGetErrorString(e), ")"));
+  } catch (...) {
+    impl_->call_mutex.unlock();
+    throw;
+  }
 }
 
 void Communicator::end_call(cudaStream_t stream) {
+  struct Unlock {
+    std::mutex& m;
+    ~Unlock() { m.unlock(); }
+  } unlock{impl_->call_mutex};
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   MOK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
   if (capturing != cudaStreamCaptureStatusNone) return;

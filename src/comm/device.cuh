@@ -121,9 +121,10 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
 // Bounded waits.
 // ---------------------------------------------------------------------------------------------
 // True once some wait on this GPU has expired (then every other wait gives up too).
+// System scope: peers write the word with system-scope atomics over NVLink.
 __device__ __forceinline__ bool wait_aborted(const DeviceComm& c) {
   uint32_t v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c.claim) : "memory");
+  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(c.claim) : "memory");
   return v != 0;
 }
 
@@ -170,7 +171,7 @@ __device__ __noinline__ inline void report_timeout(const DeviceComm& c, uint32_t
                                                    uint64_t expected, uint64_t observed,
                                                    uint64_t waited_ns) {
   const uint32_t code = encode_abort(c.rank, wait_id);
-  if (atomicCAS(c.claim, 0u, code) != 0u) return;
+  if (atomicCAS_system(c.claim, 0u, code) != 0u) return;
   broadcast_abort(c, code);
   write_record(c, wait_id, c.rank, peer, expected, observed, waited_ns);
 }

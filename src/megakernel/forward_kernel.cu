@@ -33,6 +33,11 @@
 
 namespace mok::mk {
 
+static_assert(kWaitSites[0].code == kSiteProducerEmpty && kWaitSites[1].code == kSiteConsumerFull &&
+                  kWaitSites[2].code == kSiteSkew && kWaitSites[3].code == rt::kSiteTaskSlot &&
+                  kWaitSites[4].code == kSiteCommRow,
+              "forward_kernel.h's wait-site names must follow the codes");
+
 namespace {
 
 // ------------------------------------------------------------------------------------------------

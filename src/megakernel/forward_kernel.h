@@ -72,6 +72,18 @@ struct ForwardParams {
 };
 
 inline constexpr int kForwardStatWords = 12;
+// The kernel-internal wait sites that the megakernel and the GEMM engine record in the abort word
+// when a shared-memory pipeline wait expires, with their names for error messages (the codes are
+// defined beside the waits; forward_kernel.cu checks that they agree with this list).
+struct WaitSite {
+  unsigned int code;
+  const char* name;
+};
+inline constexpr WaitSite kWaitSites[] = {{0x6e01, "gemm.producer_empty_stage"},
+                                          {0x6e02, "gemm.consumer_full_stage"},
+                                          {0x6e03, "gemm.consumer_skew"},
+                                          {0x6e10, "megakernel.task_slot_handoff"},
+                                          {0x6e11, "megakernel.comm_row_load"}};
 // The profile words of one CTA (MOK_PROFILE=1; ForwardParams::stats, kForwardStatWords each), by
 // role. Times in globaltimer ns, except kStatCycles (clock64 cycles).
 enum CommStat : int { kStatCommSpan = 0, kStatPull = 1, kStatPush = 2, kStatIdle = 3 };

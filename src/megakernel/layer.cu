@@ -49,46 +49,77 @@ Layer::Impl::~Impl() {
 
 Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg, const DeviceWeights& w)
     : comm(c), shape(s), config(cfg), weights(w) {
-  comm::register_wait_name(comm::kWaitUserBase + 40, "megakernel.task_dependency");
-  comm::register_wait_name(comm::kWaitUserBase + 41, "megakernel.comm_dependency");
+  register_site_names();
   MOK_CUDA_CHECK(cudaSetDevice(comm.device()));
   MOK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, comm.device()));
-  config.validate(shape, sms);
   fused = config.forward_path == ForwardPath::Megakernel;
   const char* prof = std::getenv("MOK_PROFILE");
   profile = prof != nullptr && std::string(prof) == "1";
   rank = comm.rank();
   world = comm.world_size();
-  MOK_REQUIRE(world == shape.world_size(), "shape.tokens",
-              "one entry per rank of the communicator is required (communicator has ", world,
-              " ranks, shape has ", shape.world_size(), ")");
-  H = shape.hidden;
-  I = shape.intermediate;
-  k = shape.top_k;
-  e_loc = shape.local_experts();
-  Is = shape.shared_intermediate;
-  T = shape.tokens_of(rank);
-  validate_weights_layout(shape, w);
-  check_device_weight_set("weights.w", w.w_gate, w.w_up, w.w_down, w.ws_gate, w.ws_up, w.ws_down, Is > 0,
-                          comm.device());
+  // This rank's own checks first. Their verdict is one field of the cross-rank agreement below:
+  // a rank that refuses its arguments must not leave the others waiting in a collective (they
+  // would time out after CommOptions::bootstrap_timeout_s, naming the wrong thing), so every rank
+  // takes part in the agreement and then raises: the refusing rank its own error, the others one
+  // naming the rank whose arguments were refused.
+  std::exception_ptr refused;
+  mk::ForwardSetup fs;
+  std::vector<comm::HandshakeField> resolved;
+  try {
+    config.validate(shape, sms);
+    MOK_REQUIRE(world == shape.world_size(), "shape.tokens",
+                "one entry per rank of the communicator is required (communicator has ", world,
+                " ranks, shape has ", shape.world_size(), ")");
+    H = shape.hidden;
+    I = shape.intermediate;
+    k = shape.top_k;
+    e_loc = shape.local_experts();
+    Is = shape.shared_intermediate;
+    T = shape.tokens_of(rank);
+    validate_weights_layout(shape, w);
+    check_device_weight_set("weights.w", w.w_gate, w.w_up, w.w_down, w.ws_gate, w.ws_up, w.ws_down, Is > 0,
+                            comm.device());
+    if (fused) {
+      fs = mk::plan_forward(shape, config, rank, sms);
+      MOK_REQUIRE(H <= mk::forward_max_hidden(), "shape.hidden",
+                  "the megakernel's comm CTAs stage whole rows in shared memory: at most ",
+                  mk::forward_max_hidden(), ", got ", H);
+    }
+    // What the config resolves to with this device's SM count: push dispatch builds the
+    // receivers' schedules with the sender's minibatch and ring, so no rank may differ.
+    resolved = {{"resolved.minibatch_rows", config.resolved_minibatch(shape, sms), false},
+                {"resolved.macrobatch_rows", config.resolved_macrobatch(shape, sms), false},
+                {"resolved.fwd_comm_sms", config.resolved_fwd_comm_sms(shape), false}};
+  } catch (...) {
+    refused = std::current_exception();
+  }
   // The layer's shape and config must be the same on every rank (push dispatch even builds the
   // receivers' schedules from the sender's): compared before any window is taken, so a mismatch
   // is named on every rank instead of corrupting results. cpu_threads is host-only.
   int nccl_version = 0;
   (void)ncclGetVersion(&nccl_version);
-  std::vector<comm::HandshakeField> fields = comm::handshake_fields(shape, config, {}, world,
-                                                                     comm.options().lsa_barrier_count, nccl_version);
-  // What the config resolves to with this device's SM count: push dispatch builds the receivers'
-  // schedules with the sender's minibatch and ring, so a rank on another GPU model must not differ.
-  fields.push_back({"resolved.minibatch_rows", config.resolved_minibatch(shape, sms), false});
-  fields.push_back({"resolved.macrobatch_rows", config.resolved_macrobatch(shape, sms), false});
-  fields.push_back({"resolved.fwd_comm_sms", config.resolved_fwd_comm_sms(shape), false});
+  std::vector<comm::HandshakeField> fields;
+  fields.push_back({"arguments accepted by every rank (0: that rank refused them, see its error)",
+                    refused ? 0 : 1, false});
+  if (!refused) {
+    for (auto& f : comm::handshake_fields(shape, config, {}, world, comm.options().lsa_barrier_count, nccl_version))
+      fields.push_back(std::move(f));
+    fields.insert(fields.end(), resolved.begin(), resolved.end());
+  }
   for (auto& f : fields) f.name = "layer " + f.name;
-  comm.agree(fields);
+  try {
+    comm.agree(fields);
+  } catch (...) {
+    if (refused) std::rethrow_exception(refused);
+    throw;
+  }
+  if (refused) std::rethrow_exception(refused);  // every rank refused: each raises its own
 
   // Symmetric windows, equal on every rank (sized by the largest T), taken from the
-  // communicator's pool when an earlier layer gave back one that fits. Names carry the number of
-  // windows already registered so several layers can share one communicator.
+  // communicator's pool when an earlier layer gave back one that fits, all of them before any
+  // local allocation (a local failure after this point leaves no rank inside a collective).
+  // Names carry the number of windows already registered so several layers can share one
+  // communicator.
   const int64_t t_max = shape.max_tokens(), t_max_pad = sched::pad_rows(t_max);
   const std::string tag = "mok.layer" + std::to_string(comm.window_count());
   win_routing = leases.acquire(comm, tag + ".routing", static_cast<size_t>(std::max<int64_t>(1, t_max * k)) * 4);
@@ -96,6 +127,13 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   win_combine = leases.acquire(comm, tag + ".combine", static_cast<size_t>(std::max<int64_t>(1, t_max * k * H)) * 2);
   win_dout = leases.acquire(comm, tag + ".d_out", static_cast<size_t>(std::max<int64_t>(1, t_max_pad * H)) * 2);
   win_weights = leases.acquire(comm, tag + ".weights", static_cast<size_t>(std::max<int64_t>(1, t_max * k)) * 4);
+  push = fused && config.dispatch == DispatchPath::Push;
+  if (push) {
+    // Other ranks write into our ring and count into our counters: symmetric windows (equal on
+    // every rank: R is, and the counters are sized for the largest T).
+    win_ring = leases.acquire(comm, tag + ".ring", static_cast<size_t>(fs.ring_rows * H) * 2);
+    win_counters = leases.acquire(comm, tag + ".counters", static_cast<size_t>(fs.widest.words()) * 4);
+  }
   dc = comm::dev::make_device_comm(comm);
   std::vector<const void*> tab(world), xp(world), dp(world), wp(world);
   std::vector<void*> cp(world);
@@ -129,7 +167,7 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
     y_s = DeviceBuffer(static_cast<size_t>(t_tiles * 128 * H) * 2, "y_s");
   }
   if (fused)
-    setup_megakernel();
+    setup_megakernel(fs);
   else
     setup_unfused();
   repack(nullptr);
@@ -201,19 +239,12 @@ void Layer::Impl::setup_unfused() {
 }
 
 // Megakernel: the ring (macrobatch) buffers, the counter block and the tensor maps.
-void Layer::Impl::setup_megakernel() {
-  const mk::ForwardSetup fs = mk::plan_forward(shape, config, rank, sms);
-  MOK_REQUIRE(H <= mk::forward_max_hidden(), "shape.hidden",
-              "the megakernel's comm CTAs stage whole rows in shared memory: at most ",
-              mk::forward_max_hidden(), ", got ", H);
+void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
   const int64_t R = fs.ring_rows;
-  push = config.dispatch == DispatchPath::Push;
   void* x_ring = nullptr;
   if (push) {
-    // Other ranks write into our ring: a symmetric window (R is equal on every rank). Kernels
-    // reach it through NCCL's flat alias only (as the peers do; see comm/device.cuh).
-    win_ring = leases.acquire(comm, detail::concat("mok.layer", comm.window_count(), ".ring"),
-                                static_cast<size_t>(R * H) * 2);
+    // The ring window (acquired with the others): kernels reach it through NCCL's flat alias
+    // only (as the peers do; see comm/device.cuh).
     x_ring = comm::dev::lsa_pointer(comm, *win_ring, rank);
   } else {
     x_routed = DeviceBuffer(static_cast<size_t>(R * H) * 2, "x ring");
@@ -231,10 +262,9 @@ void Layer::Impl::setup_megakernel() {
   const bool has_shared = ps.s_tiles > 0;
   const size_t counter_bytes = static_cast<size_t>(mkp.layout.words()) * 4;
   if (push) {
-    // Equal on every rank: the shared expert's words (the last ones) sized for the largest T.
-    win_counters = leases.acquire(comm, detail::concat("mok.layer", comm.window_count(), ".counters"),
-                                    static_cast<size_t>(fs.widest.words()) * 4);
-    // The flat alias, which the peers' and our own comm CTAs' remote adds also use.
+    // The counter window (acquired with the others; the shared expert's words, the last ones,
+    // sized for the largest T). The flat alias, which the peers' and our own comm CTAs' remote
+    // adds also use.
     mkp.counters = static_cast<uint32_t*>(comm::dev::lsa_pointer(comm, *win_counters, rank));
     setup_push_dispatch();
   } else {
@@ -333,6 +363,12 @@ gpu::MoveArgs Layer::Impl::move_args() const {
   return a;
 }
 
+void Layer::Impl::register_site_names() {
+  comm::register_wait_name(comm::kWaitUserBase + 40, "megakernel.task_dependency");
+  comm::register_wait_name(comm::kWaitUserBase + 41, "megakernel.comm_dependency");
+  for (const mk::WaitSite& site : mk::kWaitSites) comm::register_wait_name(site.code, site.name);
+}
+
 gemm::Options Layer::Impl::gemm_options() const {
   gemm::Options o;
   o.error = dc.claim;
@@ -345,9 +381,7 @@ void Layer::Impl::barrier(cudaStream_t stream) {
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 
-void Layer::Impl::check_call(const RoutingRefs& in, cudaStream_t stream, const char* who) {
-  comm.check_usable();  // an earlier failure, here or on a peer, is raised again: nothing is enqueued
-  comm.begin_call(stream, who);
+void Layer::Impl::check_routing(const RoutingRefs& in) const {
   validate_routing_layout(shape, rank, in);
   const int dev = comm.device();
   check_device_tensor("x", in.x, dev);
@@ -356,7 +390,8 @@ void Layer::Impl::check_call(const RoutingRefs& in, cudaStream_t stream, const c
 }
 
 void Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaStream_t stream, bool save_for_backward) {
-  check_call(in, stream, "forward()");
+  const layer_detail::CallScope scope(comm, stream, "forward()");
+  check_routing(in);
   check_tensor("out", out, {DType::BF16}, {T, H});
   check_device_tensor("out", out, comm.device());
   if (T > 0 && in.x.data != win_x->ptr)  // x written into input_buffer(): nothing to copy
@@ -399,7 +434,6 @@ void Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaStrea
   m.hidden = H;
   m.out = const_cast<void*>(out.data);
   gpu::merge_forward(m, stream);
-  comm.end_call(stream);
 }
 
 Layer::Layer(comm::Communicator& comm, const LayerShape& shape, const Config& config,

@@ -21,7 +21,8 @@ using layer_detail::upload_array;
 // gu_s, h_s and y_s likewise, and the combine window (y_j for the router-weight gradient, then
 // the reverse-dispatch slots). Its own: dy_routed.
 void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& g, cudaStream_t stream) {
-  check_call(in, stream, "backward()");
+  const layer_detail::CallScope scope(comm, stream, "backward()");
+  check_routing(in);
   validate_grad_output_layout(shape, rank, d_out);
   validate_grads_layout(shape, rank, g);
   const int dev = comm.device();
@@ -109,7 +110,6 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
       if (Is > 0) MOK_CUDA_CHECK(cudaMemsetAsync(const_cast<void*>(p->data), 0, static_cast<size_t>(Is * H) * 2, stream));
     mark(10, stream);
     mark(11, stream);
-    comm.end_call(stream);
     return;
   }
   if (Is > 0) shared_backward(g, stream);
@@ -125,7 +125,6 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   m.out = d_x;
   gpu::merge_backward(m, stream);
   mark(11, stream);
-  comm.end_call(stream);
 }
 
 // The last backward's stage times (MOK_PROFILE=1), or "".

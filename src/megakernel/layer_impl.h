@@ -14,6 +14,7 @@
 #include "common/device_error.h"
 #include "megakernel/dispatch.h"
 #include "megakernel/forward_kernel.h"
+#include "megakernel/forward_setup.h"
 #include "mok/errors.hpp"
 #include "mok/gemm.hpp"
 #include "mok/layer.hpp"
@@ -22,6 +23,30 @@
 namespace mok {
 
 namespace layer_detail {
+
+// One forward()/backward() on a communicator: refuses a communicator that failed before anything
+// is enqueued, orders the stream after the communicator's previous call (Communicator::begin_call)
+// and marks the end of this one when it goes, also when the call throws.
+class CallScope {
+ public:
+  CallScope(comm::Communicator& c, cudaStream_t s, const char* who) : c_(c), s_(s) {
+    c_.check_usable();  // an earlier failure, here or on a peer, is raised again: nothing is enqueued
+    c_.begin_call(s_, who);
+  }
+  ~CallScope() {
+    try {
+      c_.end_call(s_);
+    } catch (...) {
+      // never throw from a destructor; the next call then waits on an older event only
+    }
+  }
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+
+ private:
+  comm::Communicator& c_;
+  cudaStream_t s_;
+};
 
 // Owned device allocation.
 struct DeviceBuffer {
@@ -146,16 +171,17 @@ struct Layer::Impl {
   // reused only when every rank has given it back; see Communicator::acquire_window).
   ~Impl();
   void setup_unfused();
-  void setup_megakernel();
+  void setup_megakernel(const mk::ForwardSetup& fs);
+  static void register_site_names();
   void setup_push_dispatch();
   void repack(cudaStream_t stream);
   gpu::MoveArgs move_args() const;
   // Every in-kernel wait of the layer's GEMMs bounded by the config's timeout and given up once
   // any rank has failed (the communicator's abort word).
   gemm::Options gemm_options() const;
-  // Checks common to forward() and backward() before anything is enqueued: the communicator is
-  // usable, no call of another stream is running, the routing tensors' shapes and memory.
-  void check_call(const RoutingRefs& in, cudaStream_t stream, const char* who);
+  // Checks common to forward() and backward() before anything is enqueued: the routing tensors'
+  // shapes and memory (the call's scope has checked the communicator and ordered the stream).
+  void check_routing(const RoutingRefs& in) const;
   void barrier(cudaStream_t stream);
   void forward(const RoutingRefs& in, const TensorRef& out, cudaStream_t stream, bool save_for_backward);
   void backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& g, cudaStream_t stream);

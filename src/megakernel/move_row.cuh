@@ -30,7 +30,7 @@ __device__ __forceinline__ void zero_row(uint4* to, int vecs, int lane) {
 __device__ __forceinline__ bool abort_seen(const uint32_t* abort) {
   if (abort == nullptr) return false;
   uint32_t v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(abort) : "memory");
+  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(abort) : "memory");  // peers write it
   return v != 0u;
 }
 

@@ -26,7 +26,8 @@ constexpr int kScanThreads = 1024;
 
 struct Params {
   const int32_t* const* tables;
-  const uint32_t* abort;  // nonzero once some rank failed: count nothing (an empty schedule)
+  const uint32_t* abort;    // the communicator's abort word (may be null)
+  uint32_t* aborted;        // this build's copy of it: count and place agree on one value
   int32_t routes[sched::kMaxWorldSize];           // T_r * k
   int32_t chunk_first[sched::kMaxWorldSize + 1];  // first chunk of each rank
   int world, rank, e_loc, first_expert, minibatch_rows, macrobatch_rows, capacity_tiles;
@@ -81,10 +82,9 @@ __global__ void __launch_bounds__(512) count_kernel(Params p) {
   __syncthreads();
   const int chunk = blockIdx.x, r = rank_of_chunk(p, chunk);
   const int begin = (chunk - p.chunk_first[r]) * kChunk;
-  // After a failure the peers' tables are not read: every count stays 0, so the place kernel
-  // (which follows these counts) places nothing and every consumer sees an empty schedule.
-  const bool aborted = p.abort != nullptr && *reinterpret_cast<const volatile uint32_t*>(p.abort) != 0u;
-  const int end = aborted ? begin : min(begin + kChunk, p.routes[r]);
+  // After a failure the peers' tables are not read: every count stays 0, the place kernel (which
+  // reads the same snapshot) places nothing, and every consumer sees an empty schedule.
+  const int end = *p.aborted != 0u ? begin : min(begin + kChunk, p.routes[r]);
   const int32_t* tab = p.tables[r];
   for (int s = begin + threadIdx.x; s < end; s += blockDim.x) {
     const int le = tab[s] - p.first_expert;  // -1 slots land far below 0
@@ -149,7 +149,15 @@ __global__ void __launch_bounds__(kScanThreads) offsets_kernel(Params p) {
   }
 }
 
+// One value of the abort word for the whole build (it may change while the kernels run).
+__global__ void snapshot_abort_kernel(Params p) {
+  uint32_t v = 0;
+  if (p.abort != nullptr) asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p.abort) : "memory");
+  *p.aborted = v;
+}
+
 __global__ void __launch_bounds__(kPlaceThreads) place_kernel(Params p) {
+  if (*p.aborted != 0u) return;  // nothing was counted
   // Shared: running ordinal per expert, per-warp counts of the current sub-round, segment
   // offsets, and the (expert, rank) counts the interleave needs.
   extern __shared__ int32_t sm[];
@@ -234,7 +242,9 @@ __global__ void backward_routing_kernel(const Idx* __restrict__ in, const float*
   const int32_t id = checked_slot(in, w, i, experts, rank, error_word);
   const int32_t fwd = published[i];
   if (id != fwd) report_device_error(error_word, DeviceErrorCode::RoutingChanged, rank, static_cast<uint64_t>(i));
-  w_out[i] = fwd >= 0 ? w[i] : 0.0f;  // the forward's slots: a slot it routed has a checked weight
+  // The forward's slots, with the weight checked now: a bad one (id -1 from checked_slot) reaches
+  // no peer's reverse combine.
+  w_out[i] = fwd >= 0 && id >= 0 ? w[i] : 0.0f;
 }
 
 size_t place_smem_bytes(int e_loc, int world) {
@@ -313,6 +323,7 @@ ScheduleBuilder::ScheduleBuilder(const LayerShape& shape, const Config& config, 
   src_slot_ = device_alloc<int32_t>(capacity_rows_, "src_slot");
   tile_expert_ = device_alloc<int32_t>(capacity_rows_ / sched::kBlockM, "tile_expert");
   totals_ = device_alloc<ScheduleTotals>(1, "totals");
+  aborted_ = device_alloc<uint32_t>(1, "abort snapshot");
   MOK_CUDA_CHECK(cudaFuncSetAttribute(place_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(place_smem_bytes(static_cast<int>(e_loc), shape.world_size()))));
 }
@@ -321,7 +332,7 @@ ScheduleBuilder::~ScheduleBuilder() {
   for (void* p : {static_cast<void*>(chunk_hist_), static_cast<void*>(counts_),
                   static_cast<void*>(expert_rows_), static_cast<void*>(expert_offset_),
                   static_cast<void*>(src_rank_), static_cast<void*>(src_slot_),
-                  static_cast<void*>(tile_expert_), static_cast<void*>(totals_)})
+                  static_cast<void*>(tile_expert_), static_cast<void*>(totals_), static_cast<void*>(aborted_)})
     if (p) cudaFree(p);
 }
 
@@ -329,6 +340,7 @@ void ScheduleBuilder::build(cudaStream_t stream, const uint32_t* abort) {
   Params p{};
   p.tables = tables_;
   p.abort = abort;
+  p.aborted = aborted_;
   p.world = shape_.world_size();
   p.rank = rank_;
   p.e_loc = static_cast<int>(shape_.local_experts());
@@ -353,6 +365,7 @@ void ScheduleBuilder::build(cudaStream_t stream, const uint32_t* abort) {
   p.totals = totals_;
   const auto chunks = static_cast<unsigned>(total_chunks_);
   const size_t hist_bytes = sizeof(int32_t) * static_cast<size_t>(p.e_loc);
+  snapshot_abort_kernel<<<1, 1, 0, stream>>>(p);
   if (chunks > 0) count_kernel<<<chunks, 512, hist_bytes, stream>>>(p);
   scan_kernel<<<static_cast<unsigned>(p.e_loc), kScanThreads, 0, stream>>>(p);
   offsets_kernel<<<1, kScanThreads, 0, stream>>>(p);

@@ -10,7 +10,8 @@
 //                counts, minibatch sizes, ring sizes and the two paths.
 //   LargeBuffers a forward whose buffers exceed 2^31 bytes, sampled against the spec.
 //   LatePeer, ConfigMismatch, Concurrency: collective failure, the cross-rank agreement and one
-//                call at a time (the 2-GPU ones skip loudly on one GPU).
+//                call at a time (the 2-GPU ones skip loudly on one GPU); a rank refusing its
+//                weights at construction is named on the other rank (2 GPUs).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -580,28 +581,59 @@ TEST(ConfigMismatch, NamedOnBothRanks) {
   for (int r = 0; r < 2; ++r) EXPECT_NE(arg[r].find("config.fwd_comm_sms"), std::string::npos) << "rank " << r << ": " << arg[r];
 }
 
+// One rank's weights are bad (misaligned): that rank names them, the other names the refusal, and
+// neither waits for the other (the agreement carries the verdict).
+TEST(ConfigMismatch, ARankRefusingItsArgumentsIsNamedOnEveryRank) {
+  MOK_REQUIRE_GPUS(2);
+  const mok::LayerShape shape{{300, 500}, 1024, 512, 16, 4, 0};
+  mok::Config cfg = config_for(mok::ForwardPath::Megakernel);
+  const auto wl = mok::make_workload(shape, mok::Routing::Uniform, 87);
+  auto group = ranks_on_gpus(2, shape, cfg);
+  std::string arg[2];
+  double seconds[2] = {0, 0};
+  group.run([&](mok::comm::Communicator& comm, size_t r) {
+    RankData d(shape, wl, static_cast<int>(r));
+    mok::DeviceWeights w = d.dw;
+    if (r == 0) w.w_up.data = static_cast<const char*>(w.w_up.data) + 2;
+    const auto t0 = std::chrono::steady_clock::now();
+    arg[r] = error_argument([&] { mok::Layer layer(comm, shape, cfg, w); });
+    seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
+  EXPECT_EQ(arg[0], "weights.w_up");
+  EXPECT_NE(arg[1].find("arguments accepted by every rank"), std::string::npos) << arg[1];
+  EXPECT_LT(seconds[1], 30.0) << "rank 1 waited for rank 0";
+}
+
 __global__ void sleep_kernel(unsigned ms) {
   for (unsigned i = 0; i < ms; ++i) __nanosleep(1000000);
 }
 
-// A call on a second stream while the previous one still runs on the first: refused by name;
-// afterwards both streams work.
-TEST(Concurrency, SecondStreamWhileTheFirstRunsIsRefused) {
+// A call on a second stream while the previous one still runs on the first is ordered after it on
+// the GPU (no host wait): both give the bits of a lone call.
+TEST(Concurrency, SecondStreamIsOrderedAfterTheFirst) {
   MOK_REQUIRE_GPUS(1);
   OneRank r(kSmall, config_for(mok::ForwardPath::Megakernel), 86);
   cudaStream_t a = r.comm().stream(), b = nullptr;
   MOK_ASSERT_CUDA(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
-  sleep_kernel<<<1, 1, 0, a>>>(300);  // the forward behind it is still queued when b's call comes
   r.layer->forward(r.d->refs, r.d->out_ref(), a);
-  std::string msg;
-  EXPECT_EQ(error_argument([&] { r.layer->forward(r.d->refs, r.d->out_ref(), b); }, &msg), "stream") << msg;
   MOK_ASSERT_CUDA(cudaStreamSynchronize(a));
   r.layer->check();
-  const auto first = r.d->result();
-  r.layer->forward(r.d->refs, r.d->out_ref(), b);  // the previous call is done: accepted
+  const auto lone = r.d->result();
+  r.d->poison();
+  mok::bf16* out2 = nullptr;
+  MOK_ASSERT_CUDA(cudaMalloc(&out2, lone.size() * 2));
+  MOK_ASSERT_CUDA(cudaMemset(out2, 0xff, lone.size() * 2));
+  MOK_ASSERT_CUDA(cudaDeviceSynchronize());
+  sleep_kernel<<<1, 1, 0, a>>>(300);  // the first call is still queued when the second comes
+  r.layer->forward(r.d->refs, r.d->out_ref(), a);
+  r.layer->forward(r.d->refs, mok::TensorRef::contiguous(out2, mok::DType::BF16, {kSmall.tokens_of(0), kSmall.hidden}),
+                   b);
   MOK_ASSERT_CUDA(cudaStreamSynchronize(b));
+  MOK_ASSERT_CUDA(cudaStreamSynchronize(a));
   r.layer->check();
-  EXPECT_EQ(bit_diffs(r.d->result(), first), 0);
+  EXPECT_EQ(bit_diffs(r.d->result(), lone), 0) << "first call";
+  EXPECT_EQ(bit_diffs(download(out2, static_cast<int64_t>(lone.size())), lone), 0) << "second call";
+  cudaFree(out2);
   cudaStreamDestroy(b);
 }
 
