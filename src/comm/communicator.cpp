@@ -14,6 +14,7 @@
 
 #include "comm/abort_word.h"
 #include "comm/flat_alias.h"
+#include "comm/host_wait.h"
 #include "comm/nccl_check.h"
 #include "common/cuda_check.h"
 #include "mok/comm.hpp"
@@ -21,70 +22,16 @@
 namespace mok::comm {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using host::Clock;
+using host::deadline_after;
+using host::DeviceGuard;
+using host::nccl_complete;
+using host::wait_stream;
+using host::validate_options;
 
-// Restores the caller's current device on scope exit.
-struct DeviceGuard {
-  int saved = -1;
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
-    MOK_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceGuard() {
-    if (saved >= 0) (void)cudaSetDevice(saved);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-};
+}  // namespace
 
-Clock::time_point deadline_after(double timeout_s) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
-}
-
-// Waits for `stream` with a host-side deadline (a collective whose peer never comes must not hang
-// start-up forever).
-void wait_stream(cudaStream_t stream, double timeout_s, const char* what) {
-  const auto deadline = deadline_after(timeout_s);
-  while (true) {
-    const cudaError_t e = cudaStreamQuery(stream);
-    if (e == cudaSuccess) return;
-    if (e != cudaErrorNotReady) {
-      throw Error(ErrorKind::Runtime, what, detail::concat(cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
-    }
-    if (Clock::now() > deadline) {
-      throw Error(ErrorKind::Timeout, what,
-                  detail::concat("the other ranks did not join within ", timeout_s,
-                                 " s (did every rank create its communicator at the same point?)"));
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-}
-
-// Completes an NCCL host call on `comm` that may wait for the other ranks. A non-blocking
-// communicator returns before the work is done: with ncclInProgress, or even with ncclSuccess
-// (NCCL 2.28's window registration and ncclDevCommCreate return the group's launch status; the
-// outcome arrives later in the communicator's state). So the state is polled until it settles,
-// which on a blocking communicator it already has. Until then NCCL refuses any other call on the
-// communicator, and a collective's kernel is not yet on its stream.
-void nccl_complete(ncclResult_t issued, ncclComm_t comm, double timeout_s, const std::string& what) {
-  if (issued != ncclSuccess && issued != ncclInProgress) throw nccl_error(issued, comm, what);
-  const auto deadline = deadline_after(timeout_s);
-  while (true) {
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
-    if (r != ncclSuccess) throw nccl_error(r, comm, what + " (ncclCommGetAsyncError)");
-    if (state == ncclSuccess) return;
-    if (state != ncclInProgress) throw nccl_error(state, comm, what);
-    if (Clock::now() > deadline) {
-      throw Error(ErrorKind::Timeout, what,
-                  detail::concat("the call did not complete within options.bootstrap_timeout_s = ", timeout_s,
-                                 " s: a peer did not join (dead, stuck, or not making the same call?)"));
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-}
-
-void validate_options(const CommOptions& o, int nranks) {
+void host::validate_options(const CommOptions& o, int nranks) {
   MOK_REQUIRE(o.lsa_barrier_count >= 1 && o.lsa_barrier_count <= 4096, "options.lsa_barrier_count",
               "must be in [1, 4096], got ", o.lsa_barrier_count);
   MOK_REQUIRE(o.config.wait_timeout_s > 0 && o.config.wait_timeout_s <= 3600,
@@ -108,8 +55,6 @@ void validate_options(const CommOptions& o, int nranks) {
     }
   }
 }
-
-}  // namespace
 
 struct Communicator::Impl {
   ncclComm_t comm = nullptr;
@@ -681,127 +626,6 @@ bool Communicator::poisoned() const { return impl_->poisoned; }
 void Communicator::host_barrier() {
   DeviceGuard guard(impl_->device);
   impl_->barrier();
-}
-
-// ---------------------------------------------------------------------------------------------
-// LocalGroup
-// ---------------------------------------------------------------------------------------------
-void parallel_for_ranks(size_t n, const std::function<void(size_t)>& fn) {
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    threads.emplace_back([&, i] {
-      try {
-        fn(i);
-      } catch (...) {
-        errors[i] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-}
-
-LocalGroup LocalGroup::create(const std::vector<int>& devices, const CommOptions& options) {
-  MOK_REQUIRE(!devices.empty(), "devices", "at least one device is required");
-  int runtime = 0;
-  MOK_NCCL_CHECK(ncclGetVersion(&runtime), nullptr, "ncclGetVersion");
-  check_nccl_version(runtime, NCCL_VERSION_CODE);
-  int ndev = 0;
-  MOK_CUDA_CHECK(cudaGetDeviceCount(&ndev));
-  for (size_t i = 0; i < devices.size(); ++i) {
-    MOK_REQUIRE(devices[i] >= 0 && devices[i] < ndev, detail::concat("devices[", i, "]"),
-                "must be a visible GPU index in [0, ", ndev, "), got ", devices[i]);
-  }
-  validate_options(options, static_cast<int>(devices.size()));
-  // ncclCommInitAll's steps, with non-blocking communicators: their calls are then bounded as in
-  // from_env, so that a rank thread that fails does not hold the others forever.
-  ncclUniqueId id;
-  MOK_NCCL_CHECK(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId");
-  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-  cfg.blocking = 0;
-  const int n = static_cast<int>(devices.size());
-  std::vector<ncclComm_t> comms(devices.size(), nullptr);
-  ncclResult_t issued = ncclSuccess;
-  {
-    DeviceGuard guard(devices[0]);
-    MOK_NCCL_CHECK(ncclGroupStart(), nullptr, "ncclGroupStart");
-    for (int i = 0; i < n && (issued == ncclSuccess || issued == ncclInProgress); ++i) {
-      // Nothing may throw before ncclGroupEnd: the group would stay open on this thread.
-      issued = cudaSetDevice(devices[static_cast<size_t>(i)]) == cudaSuccess
-                   ? ncclCommInitRankConfig(&comms[static_cast<size_t>(i)], n, id, i, &cfg)
-                   : ncclUnhandledCudaError;
-    }
-    const ncclResult_t end = ncclGroupEnd();
-    if (issued == ncclSuccess || issued == ncclInProgress) issued = end;
-  }
-  try {
-    for (size_t i = 0; i < comms.size(); ++i) {
-      nccl_complete(issued, comms[i], options.bootstrap_timeout_s,
-                    detail::concat("ncclCommInitRankConfig (device ", devices[i], ")"));
-    }
-  } catch (...) {
-    for (ncclComm_t c : comms) {
-      if (c) (void)ncclCommAbort(c);
-    }
-    throw;
-  }
-  LocalGroup g;
-  g.comms_.resize(devices.size());
-  try {
-    parallel_for_ranks(devices.size(), [&](size_t i) {
-      // From here on `comms[i]` is owned by the Impl that create() builds first; that Impl tears
-      // it down on any failure.
-      g.comms_[i] = Communicator::create(comms[i], /*owned=*/true, options);
-    });
-  } catch (...) {
-    g.destroy();
-    throw;
-  }
-  return g;
-}
-
-LocalGroup LocalGroup::adopt(const std::vector<ncclComm_t>& comms, const CommOptions& options) {
-  LocalGroup g;
-  g.comms_.resize(comms.size());
-  try {
-    parallel_for_ranks(comms.size(), [&](size_t i) {
-      g.comms_[i] = Communicator::from_nccl_comm(comms[i], options);
-    });
-  } catch (...) {
-    g.destroy();
-    throw;
-  }
-  return g;
-}
-
-LocalGroup& LocalGroup::operator=(LocalGroup&& other) noexcept {
-  if (this != &other) {
-    destroy();
-    comms_ = std::move(other.comms_);
-  }
-  return *this;
-}
-
-LocalGroup::~LocalGroup() { destroy(); }
-
-void LocalGroup::run(const std::function<void(Communicator&, size_t)>& fn) {
-  parallel_for_ranks(comms_.size(), [&](size_t i) {
-    MOK_CUDA_CHECK(cudaSetDevice(comms_[i]->device()));
-    fn(*comms_[i], i);
-  });
-}
-
-void LocalGroup::destroy() {
-  if (comms_.empty()) return;
-  try {
-    parallel_for_ranks(comms_.size(), [&](size_t i) { comms_[i].reset(); });
-  } catch (...) {
-  }
-  comms_.clear();
 }
 
 }  // namespace mok::comm
