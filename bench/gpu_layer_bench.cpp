@@ -21,6 +21,7 @@
 #include "mok/comm.hpp"
 #include "mok/errors.hpp"
 #include "mok/layer.hpp"
+#include "mok/memory.hpp"
 #include "mok/schedule.hpp"
 #include "reference/token_spec.h"
 #include "util/bench_util.h"
@@ -214,6 +215,19 @@ std::vector<float> expected_backward_token(const Model& m, const std::vector<Ran
                                            std::map<int64_t, std::vector<float>>& cache) {
   return ref::token_backward(m.H, m.I, m.k, x.data(), d_out.data(), idx, wt,
                              [&](int32_t e) { return expert_weights(m, w, e_loc, e, cache).data(); });
+}
+
+// The layer's planned device memory on rank 0 (include/mok/memory.hpp; the layer allocates these
+// sizes), next to the times: "memory": {total, layer, saved, backward, symmetric} in bytes.
+std::string memory_json(const LayerShape& shape, const Config& cfg) {
+  int sms = 0;
+  MOK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const MemoryPlan p = plan_memory(shape, cfg, 0, sms);
+  return ", \"memory\": {\"total_bytes\": " + std::to_string(p.total()) +
+         ", \"layer_bytes\": " + std::to_string(p.total(MemoryScope::Layer) + p.total(MemoryScope::Saved)) +
+         ", \"saved_bytes\": " + std::to_string(p.total(MemoryScope::Saved)) +
+         ", \"backward_bytes\": " + std::to_string(p.total(MemoryScope::Backward)) +
+         ", \"symmetric_bytes\": " + std::to_string(p.symmetric()) + "}";
 }
 
 // Relative L2 error of the GPU's values for the sampled tokens (samples[q] of every rank):
@@ -539,7 +553,15 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           if (&var == &variants.front()) {  // the main variant (checked against the spec)
             main_ms = t_ms;
             main_case = key + ", \"mok_ms\": " + std::to_string(t_ms) + ", \"mok_tflops\": " +
-                        std::to_string(tflops) + knobs + ", \"check_rel_err\": " + std::to_string(rel) + tiles_json;
+                        std::to_string(tflops) + knobs + ", \"check_rel_err\": " + std::to_string(rel) + tiles_json +
+                        memory_json(shape, cfg);
+            {
+              const MemoryPlan plan = plan_memory(shape, cfg, 0, 0);
+              std::printf("  memory per layer (plan, rank 0): %.2f GB (saved for the backward %.2f GB, backward's own "
+                          "%.2f GB), weights not counted\n",
+                          double(plan.total()) * 1e-9, double(plan.total(MemoryScope::Saved)) * 1e-9,
+                          double(plan.total(MemoryScope::Backward)) * 1e-9);
+            }
             if (W >= 2) {
               const LinkRate l = link_rate(link_rows, H, t_ms);
               main_case += nvlink_json(link_rows, H, l, ceiling);

@@ -120,19 +120,20 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   // local allocation (a local failure after this point leaves no rank inside a collective).
   // Names carry the number of windows already registered so several layers can share one
   // communicator.
-  const int64_t t_max = shape.max_tokens(), t_max_pad = sched::pad_rows(t_max);
   const std::string tag = "mok.layer" + std::to_string(comm.window_count());
-  win_routing = leases.acquire(comm, tag + ".routing", static_cast<size_t>(std::max<int64_t>(1, t_max * k)) * 4);
-  win_x = leases.acquire(comm, tag + ".x", static_cast<size_t>(std::max<int64_t>(1, t_max_pad * H)) * 2);
-  win_combine = leases.acquire(comm, tag + ".combine", static_cast<size_t>(std::max<int64_t>(1, t_max * k * H)) * 2);
-  win_dout = leases.acquire(comm, tag + ".d_out", static_cast<size_t>(std::max<int64_t>(1, t_max_pad * H)) * 2);
-  win_weights = leases.acquire(comm, tag + ".weights", static_cast<size_t>(std::max<int64_t>(1, t_max * k)) * 4);
+  mem = plan_memory(shape, config, rank, sms);  // every size below (include/mok/memory.hpp)
+  const auto bytes = [&](const char* name) { return static_cast<size_t>(mem.bytes(name)); };
+  win_routing = leases.acquire(comm, tag + ".routing", bytes("window.routing"));
+  win_x = leases.acquire(comm, tag + ".x", bytes("window.x"));
+  win_combine = leases.acquire(comm, tag + ".combine", bytes("window.combine"));
+  win_dout = leases.acquire(comm, tag + ".d_out", bytes("window.d_out"));
+  win_weights = leases.acquire(comm, tag + ".weights", bytes("window.router_weights"));
   push = fused && config.dispatch == DispatchPath::Push;
   if (push) {
     // Other ranks write into our ring and count into our counters: symmetric windows (equal on
     // every rank: R is, and the counters are sized for the largest T).
-    win_ring = leases.acquire(comm, tag + ".ring", static_cast<size_t>(fs.ring_rows * H) * 2);
-    win_counters = leases.acquire(comm, tag + ".counters", static_cast<size_t>(fs.widest.words()) * 4);
+    win_ring = leases.acquire(comm, tag + ".ring", bytes("x_ring"));
+    win_counters = leases.acquire(comm, tag + ".counters", bytes("counters"));
   }
   dc = comm::dev::make_device_comm(comm);
   std::vector<const void*> tab(world), xp(world), dp(world), wp(world);
@@ -153,18 +154,18 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
 
   cap_rows = shape.worst_case_rows();
   t_tiles = sched::ceil_div(T, sched::kBlockM);
-  w1p = DeviceBuffer(static_cast<size_t>(e_loc * 2 * I * H) * 2, "w1p");
+  w1p = DeviceBuffer(bytes("w1p"), "w1p");
   // gate/up pre-activations of every routed row (kept for backward on both paths). Not written
   // by forward(..., save_for_backward = false): a backward must know whether the last forward
   // saved them (track it when the backward lands; a captured graph fixes the flag).
   // (at least one tile of rows, so tensor maps stay valid when no rank has tokens)
-  gu = DeviceBuffer(static_cast<size_t>(std::max<int64_t>(cap_rows, sched::kBlockM) * 2 * I) * 2, "gu");
+  gu = DeviceBuffer(bytes("gu"), "gu");
   const bool has_shared = Is > 0 && T > 0;
   if (has_shared) {
-    ws1p = DeviceBuffer(static_cast<size_t>(2 * Is * H) * 2, "ws1p");
-    gu_s = DeviceBuffer(static_cast<size_t>(t_tiles * 128 * 2 * Is) * 2, "gu_s");
-    h_s = DeviceBuffer(static_cast<size_t>(t_tiles * 128 * Is) * 2, "h_s");
-    y_s = DeviceBuffer(static_cast<size_t>(t_tiles * 128 * H) * 2, "y_s");
+    ws1p = DeviceBuffer(bytes("ws1p"), "ws1p");
+    gu_s = DeviceBuffer(bytes("gu_s"), "gu_s");
+    h_s = DeviceBuffer(bytes("h_s"), "h_s");
+    y_s = DeviceBuffer(bytes("y_s"), "y_s");
   }
   if (fused)
     setup_megakernel(fs);
@@ -176,10 +177,10 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
 
 // Unfused path: routed buffers for the worst case (one macrobatch) and one GEMM plan per stage.
 void Layer::Impl::setup_unfused() {
-  x_routed = DeviceBuffer(static_cast<size_t>(cap_rows * H) * 2, "x_routed");
+  x_routed = DeviceBuffer(static_cast<size_t>(mem.bytes("x_routed")), "x_routed");
   x_rows = x_routed.p;
-  h = DeviceBuffer(static_cast<size_t>(cap_rows * I) * 2, "h");
-  y = DeviceBuffer(static_cast<size_t>(cap_rows * H) * 2, "y");
+  h = DeviceBuffer(static_cast<size_t>(mem.bytes("h")), "h");
+  y = DeviceBuffer(static_cast<size_t>(mem.bytes("y")), "y");
   const gpu::ScheduleView v = schedule->view();
   gemm::Fc1Args a1;
   a1.x = x_routed.p;
@@ -247,20 +248,19 @@ void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
     // only (as the peers do; see comm/device.cuh).
     x_ring = comm::dev::lsa_pointer(comm, *win_ring, rank);
   } else {
-    x_routed = DeviceBuffer(static_cast<size_t>(R * H) * 2, "x ring");
+    x_routed = DeviceBuffer(static_cast<size_t>(mem.bytes("x_ring")), "x ring");
     x_ring = x_routed.p;
   }
   x_rows = x_ring;
   ring_rows = R;
-  h = DeviceBuffer(static_cast<size_t>(R * I) * 2, "h ring");
-  y = DeviceBuffer(static_cast<size_t>(R * H) * 2, "y ring");
+  h = DeviceBuffer(static_cast<size_t>(mem.bytes("h_ring")), "h ring");
+  y = DeviceBuffer(static_cast<size_t>(mem.bytes("y_ring")), "y ring");
   constexpr int64_t kBN = mk::kForwardBlockN;
   mkp.plan = fs.plan;
   mkp.layout = fs.layout;
   mkp.cluster = fs.cluster ? 1 : 0;
   mk::PlanShape& ps = mkp.plan;
   const bool has_shared = ps.s_tiles > 0;
-  const size_t counter_bytes = static_cast<size_t>(mkp.layout.words()) * 4;
   if (push) {
     // The counter window (acquired with the others; the shared expert's words, the last ones,
     // sized for the largest T). The flat alias, which the peers' and our own comm CTAs' remote
@@ -268,7 +268,7 @@ void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
     mkp.counters = static_cast<uint32_t*>(comm::dev::lsa_pointer(comm, *win_counters, rank));
     setup_push_dispatch();
   } else {
-    counters = DeviceBuffer(counter_bytes, "megakernel counters");
+    counters = DeviceBuffer(static_cast<size_t>(mem.bytes("counters")), "megakernel counters");
     mkp.counters = counters.get<uint32_t>();
   }
   grid = mk::prepare_forward(ps.comm_ctas, sms, mkp.cluster != 0);

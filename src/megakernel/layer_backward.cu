@@ -211,7 +211,7 @@ void Layer::Impl::allocate_backward() {
       bwd_marks.push_back(e);
     }
   }
-  dy_routed = DeviceBuffer(static_cast<size_t>(cap_rows * H) * 2, "backward dy rows");
+  dy_routed = DeviceBuffer(static_cast<size_t>(mem.bytes("dy_rows")), "backward dy rows");
   if (Is > 0 && T > 0) {
     // The shared expert as one expert of T rows starting at row 0: {begin, rows}.
     shared_rows = upload_array(std::vector<int32_t>{0, static_cast<int32_t>(T)}, "shared expert rows");

@@ -18,6 +18,7 @@
 #include "mok/errors.hpp"
 #include "mok/gemm.hpp"
 #include "mok/layer.hpp"
+#include "mok/memory.hpp"
 #include "schedule/schedule_gpu.h"
 
 namespace mok {
@@ -123,6 +124,7 @@ struct Layer::Impl {
   const comm::Window* win_combine = nullptr;
   const comm::Window* win_dout = nullptr;     // backward: d_out [T_pad, H] bf16, pulled by the peers
   const comm::Window* win_weights = nullptr;  // backward: router weights [T, k] f32, read by the peers
+  MemoryPlan mem;  // the bytes of every buffer below (include/mok/memory.hpp)
   comm::dev::DeviceComm dc{};
   DeviceErrorWord errors;
   DeviceBuffer tables, x_peers, combine_peers, dout_peers, weight_peers;

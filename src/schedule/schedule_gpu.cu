@@ -20,7 +20,7 @@ namespace mok::gpu {
 
 namespace {
 
-constexpr int kChunk = 2048;        // slots per count/place block
+constexpr int kChunk = sched::kBuilderChunk;  // slots per count/place block
 constexpr int kPlaceThreads = 1024; // place kernel: two sub-rounds of 1024 slots
 constexpr int kScanThreads = 1024;
 
@@ -315,13 +315,14 @@ ScheduleBuilder::ScheduleBuilder(const LayerShape& shape, const Config& config, 
   MOK_REQUIRE(place_smem_bytes(static_cast<int>(e_loc), shape.world_size()) <= 200 * 1024,
               "shape.experts", "local experts times (34 + W) int32 must fit in shared memory (E_loc = ",
               e_loc, ")");
-  chunk_hist_ = device_alloc<int32_t>(total_chunks_ * e_loc, "chunk_hist");
-  counts_ = device_alloc<int32_t>(e_loc * shape.world_size(), "counts");
-  expert_rows_ = device_alloc<int32_t>(e_loc, "expert_rows");
-  expert_offset_ = device_alloc<int32_t>(e_loc + 1, "expert_offset");
-  src_rank_ = device_alloc<int32_t>(capacity_rows_, "src_rank");
-  src_slot_ = device_alloc<int32_t>(capacity_rows_, "src_slot");
-  tile_expert_ = device_alloc<int32_t>(capacity_rows_ / sched::kBlockM, "tile_expert");
+  const sched::BuilderSizes n = sched::builder_sizes(total_chunks_, e_loc, shape.world_size(), capacity_rows_);
+  chunk_hist_ = device_alloc<int32_t>(n.chunk_hist, "chunk_hist");
+  counts_ = device_alloc<int32_t>(n.counts, "counts");
+  expert_rows_ = device_alloc<int32_t>(n.expert_rows, "expert_rows");
+  expert_offset_ = device_alloc<int32_t>(n.expert_offset, "expert_offset");
+  src_rank_ = device_alloc<int32_t>(n.src_rank, "src_rank");
+  src_slot_ = device_alloc<int32_t>(n.src_slot, "src_slot");
+  tile_expert_ = device_alloc<int32_t>(n.tile_expert, "tile_expert");
   totals_ = device_alloc<ScheduleTotals>(1, "totals");
   aborted_ = device_alloc<uint32_t>(1, "abort snapshot");
   MOK_CUDA_CHECK(cudaFuncSetAttribute(place_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -46,6 +46,20 @@ MOK_HD int64_t worst_case_rows(int64_t routes, int64_t e_loc) {
 }
 
 // Owner rank and local index of a global expert id.
+// The GPU schedule builder's device buffers, in int32 elements (schedule_gpu.cu allocates them,
+// the memory planner counts them): per-chunk expert histograms (chunks of kBuilderChunk routes of
+// one source rank), counts per (expert, rank), rows and offsets per expert, the source rank and
+// slot of every routed row of the worst case, the expert of every M tile.
+inline constexpr int kBuilderChunk = 2048;
+struct BuilderSizes {
+  int64_t chunk_hist, counts, expert_rows, expert_offset, src_rank, src_slot, tile_expert;
+  int64_t total() const { return chunk_hist + counts + expert_rows + expert_offset + src_rank + src_slot + tile_expert; }
+};
+inline BuilderSizes builder_sizes(int64_t total_chunks, int64_t e_loc, int world, int64_t capacity_rows) {
+  return {total_chunks * e_loc, e_loc * world, e_loc, e_loc + 1, capacity_rows, capacity_rows,
+          capacity_rows / kBlockM};
+}
+
 MOK_HD int owner_rank(int64_t expert, int64_t e_loc) { return static_cast<int>(expert / e_loc); }
 MOK_HD int64_t local_expert(int64_t expert, int64_t e_loc) { return expert % e_loc; }
 

@@ -1,0 +1,56 @@
+// mok — the GPU layer's device memory, planned without a GPU: every buffer one rank's mok::Layer
+// allocates, with its bytes, whether it is a symmetric window (NCCL memory the peers address) and
+// when it is allocated. mok::Layer allocates exactly these sizes (src/megakernel/layer.cu asks the
+// plan), so the plan is the footprint: mok_bench reports it per case, and a GPU test compares it
+// with the device's free memory before and after a layer.
+//
+// Names: window.{routing, x, combine, d_out, router_weights}, peer_tables, schedule, w1p (the
+// packed gate/up weights), gu (gate/up pre-activations), the shared expert's ws1p, gu_s, h_s, y_s,
+// the megakernel's x_ring, h_ring, y_ring, counters (push_peer_tables with push dispatch), the
+// unfused path's x_routed, h, y, and the backward's dy_rows (shared_rows, shared_tiles).
+//
+// Today's model (the training memory model of the open issue replaces it): every buffer belongs to
+// one layer and is sized for the worst case of the routing (every route of every rank landing on
+// this rank), and the gate/up weights are held once more, packed. Scopes:
+//   Layer     allocated when the layer is built, held for its life;
+//   Saved     part of Layer: what a backward reads of the last forward (routed x rows, gate/up
+//             pre-activations, h), one forward's worth per layer;
+//   Backward  allocated by the layer's first backward() and held from then on.
+// Weights, inputs and outputs (the caller's tensors) are not counted.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mok/config.hpp"
+
+namespace mok {
+
+enum class MemoryScope { Layer, Saved, Backward };
+const char* to_string(MemoryScope s);
+
+struct BufferBytes {
+  std::string name;
+  int64_t bytes = 0;
+  MemoryScope scope = MemoryScope::Layer;
+  bool symmetric = false;  // a symmetric window (ncclMemAlloc), not cudaMalloc
+};
+
+struct MemoryPlan {
+  std::vector<BufferBytes> buffers;
+  // The bytes of buffer `name`; throws mok::Error naming it when the plan has no such buffer.
+  int64_t bytes(const std::string& name) const;
+  bool has(const std::string& name) const;
+  int64_t total() const;                  // every buffer, the backward's included
+  int64_t total(MemoryScope scope) const;
+  int64_t symmetric() const;
+  std::string table() const;              // one line per buffer, largest first, and the totals
+};
+
+// One rank's plan for `shape` and `config` on a GPU with `sm_count` SMs (0 = the target parts'
+// 132; the minibatch, and so the ring, depends on it). Throws mok::Error for what cannot run (as
+// the layer would).
+MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, int sm_count = 0);
+
+}  // namespace mok

@@ -1,0 +1,132 @@
+#include <algorithm>
+#include <cstdio>
+
+#include "megakernel/forward_setup.h"
+#include "mok/errors.hpp"
+#include "mok/memory.hpp"
+#include "schedule/schedule_math.h"
+
+namespace mok {
+
+const char* to_string(MemoryScope s) {
+  switch (s) {
+    case MemoryScope::Layer: return "layer";
+    case MemoryScope::Saved: return "saved";
+    case MemoryScope::Backward: return "backward";
+  }
+  return "?";
+}
+
+int64_t MemoryPlan::bytes(const std::string& name) const {
+  for (const BufferBytes& b : buffers)
+    if (b.name == name) return b.bytes;
+  throw Error(ErrorKind::Runtime, "memory plan", detail::concat("has no buffer '", name, "'"));
+}
+
+bool MemoryPlan::has(const std::string& name) const {
+  return std::any_of(buffers.begin(), buffers.end(), [&](const BufferBytes& b) { return b.name == name; });
+}
+
+int64_t MemoryPlan::total() const {
+  int64_t t = 0;
+  for (const BufferBytes& b : buffers) t += b.bytes;
+  return t;
+}
+
+int64_t MemoryPlan::total(MemoryScope scope) const {
+  int64_t t = 0;
+  for (const BufferBytes& b : buffers) t += b.scope == scope ? b.bytes : 0;
+  return t;
+}
+
+int64_t MemoryPlan::symmetric() const {
+  int64_t t = 0;
+  for (const BufferBytes& b : buffers) t += b.symmetric ? b.bytes : 0;
+  return t;
+}
+
+std::string MemoryPlan::table() const {
+  std::vector<BufferBytes> sorted = buffers;
+  std::stable_sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+  std::string out;
+  char line[160];
+  for (const BufferBytes& b : sorted) {
+    std::snprintf(line, sizeof line, "  %-26s %12.3f MB  %-8s%s\n", b.name.c_str(), double(b.bytes) * 1e-6,
+                  to_string(b.scope), b.symmetric ? " (symmetric window)" : "");
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "  total %.3f GB: layer %.3f GB (of it saved for the backward %.3f GB), backward %.3f GB\n",
+                double(total()) * 1e-9, double(total(MemoryScope::Layer) + total(MemoryScope::Saved)) * 1e-9,
+                double(total(MemoryScope::Saved)) * 1e-9, double(total(MemoryScope::Backward)) * 1e-9);
+  return out + line;
+}
+
+MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, int sm_count) {
+  config.validate(shape, sm_count);
+  MOK_REQUIRE(rank >= 0 && rank < shape.world_size(), "rank", "must be in [0, W) (W = ", shape.world_size(),
+              "), got ", rank);
+  const bool fused = config.forward_path == ForwardPath::Megakernel;
+  const bool push = fused && config.dispatch == DispatchPath::Push;
+  const int W = shape.world_size();
+  const int64_t H = shape.hidden, I = shape.intermediate, k = shape.top_k, e_loc = shape.local_experts();
+  const int64_t Is = shape.shared_intermediate, T = shape.tokens_of(rank);
+  const int64_t t_max = shape.max_tokens(), t_max_pad = sched::pad_rows(t_max);
+  const int64_t cap = shape.worst_case_rows(), t_tiles = sched::ceil_div(T, sched::kBlockM);
+  const auto at_least = [](int64_t v) { return std::max<int64_t>(v, 1); };
+  MemoryPlan p;
+  const auto add = [&](std::string name, int64_t bytes, MemoryScope scope, bool symmetric = false) {
+    // cudaMalloc'd buffers take at least 16 bytes (layer.cu's DeviceBuffer).
+    p.buffers.push_back({std::move(name), symmetric ? bytes : std::max<int64_t>(bytes, 16), scope, symmetric});
+  };
+  using S = MemoryScope;
+  // Symmetric windows: equal on every rank, sized by the largest T.
+  add("window.routing", at_least(t_max * k) * 4, S::Layer, true);
+  add("window.x", at_least(t_max_pad * H) * 2, S::Layer, true);
+  add("window.combine", at_least(t_max * k * H) * 2, S::Layer, true);
+  add("window.d_out", at_least(t_max_pad * H) * 2, S::Layer, true);
+  add("window.router_weights", at_least(t_max * k) * 4, S::Layer, true);
+  // The peers' addresses of the five windows (W pointers each).
+  add("peer_tables", 5 * std::max<int64_t>(16, int64_t(W) * 8), S::Layer);
+  // The schedule (and, with push dispatch, every receiver's, built here too).
+  int64_t chunks = 0;
+  for (int r = 0; r < W; ++r) chunks += sched::ceil_div(shape.tokens_of(r) * k, sched::kBuilderChunk);
+  const sched::BuilderSizes n = sched::builder_sizes(chunks, e_loc, W, cap);
+  const int64_t one_schedule = n.total() * 4 + 16 /* totals */ + 16 /* abort snapshot */;
+  add("schedule", one_schedule * (push ? W : 1), S::Layer);
+  add("w1p", e_loc * 2 * I * H * 2, S::Layer);
+  add("gu", std::max<int64_t>(cap, sched::kBlockM) * 2 * I * 2, S::Saved);
+  if (Is > 0 && T > 0) {
+    add("ws1p", 2 * Is * H * 2, S::Layer);
+    add("gu_s", t_tiles * 128 * 2 * Is * 2, S::Saved);
+    add("h_s", t_tiles * 128 * Is * 2, S::Saved);
+    add("y_s", t_tiles * 128 * H * 2, S::Layer);
+  }
+  if (fused) {
+    const mk::ForwardSetup fs = mk::plan_forward(shape, config, rank, sm_count);
+    const int64_t R = fs.ring_rows;
+    add("x_ring", R * H * 2, S::Saved, push);
+    add("h_ring", R * I * 2, S::Saved);
+    add("y_ring", R * H * 2, S::Layer);
+    if (push) {
+      add("counters", int64_t(fs.widest.words()) * 4, S::Layer, true);
+      // Every receiver's schedule view (64 bytes), ring and counter addresses.
+      add("push_peer_tables", std::max<int64_t>(16, int64_t(W) * 64) + 2 * std::max<int64_t>(16, int64_t(W) * 8),
+          S::Layer);
+    } else {
+      add("counters", int64_t(fs.layout.words()) * 4, S::Layer);
+    }
+  } else {
+    add("x_routed", cap * H * 2, S::Saved);
+    add("h", cap * I * 2, S::Saved);
+    add("y", cap * H * 2, S::Layer);
+    if (Is > 0 && T > 0) add("shared_tiles", t_tiles * 4, S::Layer);
+  }
+  add("dy_rows", cap * H * 2, S::Backward);
+  if (Is > 0 && T > 0) {
+    add("shared_rows", 8, S::Backward);
+    if (fused) add("shared_tiles", t_tiles * 4, S::Backward);
+  }
+  return p;
+}
+
+}  // namespace mok

@@ -1,0 +1,71 @@
+// The memory planner (include/mok/memory.hpp) against the layer memory measured on one H200 at
+// c5c4276 (issue 19: cudaMemGetInfo around one Layer after forward + backward, weights and inputs
+// not counted) and two EP-8 figures of the issue's formulas; the plan's structure. (The issue's
+// DeepSeek-V3 EP-8 figure, 21.5 GB, is not reproduced: the plan says 24.8 GB there, of which the
+// ring is capped by 32-bit offsets at 299k of the 528k worst-case rows; the EP-1 measurements,
+// which it matches within 1%, are the check.)
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "mok/errors.hpp"
+#include "mok/memory.hpp"
+
+namespace {
+
+struct Measured {
+  const char* name;
+  int world;
+  int64_t T, H, I, E, k;
+  double gb;  // measured (EP 1) or from the issue's formulas (EP 8)
+};
+
+// DeepSeek-V3 (E 256 and one EP-8 rank's 32), Qwen3-235B and Qwen3-30B-A3B at T = 8192.
+const Measured kCases[] = {
+    {"dsv3_ep1", 1, 8192, 7168, 2048, 256, 8, 21.6},     {"dsv3_e32_ep1", 1, 8192, 7168, 2048, 32, 8, 6.9},
+    {"qwen3_235b_ep1", 1, 8192, 4096, 1536, 128, 8, 6.7}, {"qwen3_30b_ep1", 1, 8192, 2048, 768, 128, 8, 2.5},
+    {"qwen3_235b_ep8", 8, 8192, 4096, 1536, 128, 8, 18.7},
+    {"qwen3_30b_ep8", 8, 8192, 2048, 768, 128, 8, 9.4},
+};
+
+TEST(MemoryPlan, MatchesTheMeasuredLayerMemory) {
+  for (const Measured& c : kCases) {
+    const auto shape = mok::LayerShape::uniform(c.world, c.T, c.H, c.I, c.E, c.k);
+    const mok::MemoryPlan p = mok::plan_memory(shape, mok::Config{}, 0, 132);
+    const double gb = double(p.total()) * 1e-9;
+    std::printf("[memory] %-15s plan %6.2f GB (figure %5.1f GB)\n", c.name, gb, c.gb);
+    EXPECT_NEAR(gb, c.gb, 0.03 * c.gb) << c.name << "\n" << p.table();
+  }
+}
+
+TEST(MemoryPlan, NamesEveryBufferOnceWithItsScope) {
+  const auto shape = mok::LayerShape::uniform(2, 700, 1024, 512, 16, 4, 512);
+  for (const auto dispatch : {mok::DispatchPath::Pull, mok::DispatchPath::Push}) {
+    for (const auto path : {mok::ForwardPath::Megakernel, mok::ForwardPath::Unfused}) {
+      mok::Config cfg;
+      cfg.forward_path = path;
+      cfg.dispatch = dispatch;
+      const mok::MemoryPlan p = mok::plan_memory(shape, cfg, 1, 132);
+      std::set<std::string> names;
+      for (const auto& b : p.buffers) {
+        EXPECT_GT(b.bytes, 0) << b.name;
+        EXPECT_TRUE(names.insert(b.name).second) << "twice: " << b.name;
+      }
+      for (const char* n : {"window.x", "window.combine", "schedule", "w1p", "gu", "dy_rows", "ws1p", "gu_s"})
+        EXPECT_TRUE(p.has(n)) << n;
+      const bool mk = path == mok::ForwardPath::Megakernel;
+      EXPECT_EQ(p.has("x_ring"), mk);
+      EXPECT_EQ(p.has("x_routed"), !mk);
+      EXPECT_GT(p.total(mok::MemoryScope::Saved), 0);
+      EXPECT_EQ(p.total(), p.total(mok::MemoryScope::Layer) + p.total(mok::MemoryScope::Saved) +
+                               p.total(mok::MemoryScope::Backward));
+      EXPECT_GT(p.symmetric(), 0);
+      EXPECT_NE(p.table().find("total"), std::string::npos);
+    }
+  }
+  EXPECT_THROW((void)mok::plan_memory(shape, mok::Config{}, 0, 132).bytes("no such buffer"), mok::Error);
+  EXPECT_THROW((void)mok::plan_memory(shape, mok::Config{}, 2, 132), mok::Error);  // rank out of range
+}
+
+}  // namespace
