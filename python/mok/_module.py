@@ -94,11 +94,7 @@ class MoE(torch.nn.Module):
                 raise ValueError(f"mok.MoE: the weights must be contiguous on {x.device} (move the module there)")
         key = (x.device.index, T, tuple(p.data_ptr() for p in weights))
         if key not in self._gpu:
-            try:
-                from . import _cuda
-            except ImportError as e:
-                raise ImportError("mok.MoE: CUDA tensors need mok._cuda, which this installation was built without "
-                                  "(pip install . with MOK_PYTHON_CUDA=ON, the default)") from e
+            _cuda = _import_cuda()
             for stale in [k for k in self._gpu if k[:2] == key[:2]]:
                 unregister_gpu_layer(self._gpu.pop(stale))
             torch.cuda.synchronize(x.device)  # the weights are written before the layer packs them
@@ -126,6 +122,27 @@ class MoE(torch.nn.Module):
         shared = f", shared_intermediate={self.shared_intermediate}" if self.shared_intermediate else ""
         return (f"hidden={self.hidden}, intermediate={self.intermediate}, experts={self.experts}, top_k={self.top_k}"
                 f"{shared}, ep_size={self.ep_size}, weights={self.weight_bytes() / 2**20:.1f} MiB")
+
+
+def _version(code: int) -> str:
+    return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+
+
+def _import_cuda():
+    """mok._cuda, after checking that the NCCL this process loaded is the one mok was built
+    against (device-API structures differ between NCCL versions)."""
+    try:
+        from . import _cuda
+    except ImportError as e:
+        raise ImportError("mok.MoE: CUDA tensors need mok._cuda, which this installation was built without "
+                          "(pip install . with MOK_PYTHON_CUDA=ON, the default)") from e
+    compiled, loaded = _cuda.nccl_versions()
+    if compiled != loaded:
+        raise ImportError(
+            f"mok._cuda was compiled against NCCL {_version(compiled)}, but this process loaded NCCL "
+            f"{_version(loaded)} (PyTorch's: torch.cuda.nccl.version() = {torch.cuda.nccl.version()}): rebuild mok in "
+            "this environment (pip install --no-build-isolation .) so it compiles against the NCCL wheel torch uses")
+    return _cuda
 
 
 def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,11 +9,14 @@
 // torch ProcessGroup's NCCL communicator comes with the multi-GPU issue.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <memory>
 #include <vector>
+
+#include <nccl.h>
 
 #include "mok/comm.hpp"
 #include "mok/errors.hpp"
@@ -100,6 +103,14 @@ NB_MODULE(_cuda, m) {
     } catch (const mok::Error& e) {
       PyErr_SetString(error_type, e.what());
     }
+  });
+  // The NCCL mok's device code was compiled against and the one this process has loaded (the
+  // first libnccl.so.2 loaded wins: PyTorch's, when torch was imported first). mok.MoE compares
+  // them before building a layer and names a mismatch.
+  m.def("nccl_versions", [] {
+    int runtime = 0;
+    (void)ncclGetVersion(&runtime);
+    return std::make_pair(int(NCCL_VERSION_CODE), runtime);
   });
   nb::class_<GpuLayer>(m, "Layer")
       .def(nb::init<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const std::vector<uintptr_t>&,
