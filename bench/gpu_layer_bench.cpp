@@ -31,6 +31,16 @@ namespace mok::bench {
 
 namespace {
 
+// SMs of GPU 0 (every rank's GPU is one model): the minibatch and ring the layer resolves with.
+int device_sms() {
+  static const int n = [] {
+    int v = 0;
+    MOK_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0));
+    return v;
+  }();
+  return n;
+}
+
 struct Model {
   const char* name;
   int64_t H, I, E, k;
@@ -128,7 +138,7 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   v.push_back({to_string(other.forward_path), other});
   Config mk = main;
   mk.forward_path = ForwardPath::Megakernel;
-  const int64_t mb = mk.resolved_minibatch(shape);
+  const int64_t mb = mk.resolved_minibatch(shape, device_sms());
   for (int sms : {4, 8, 16, 32}) {
     if (sms == main.resolved_fwd_comm_sms(shape)) continue;
     Config c = mk;
@@ -220,9 +230,7 @@ std::vector<float> expected_backward_token(const Model& m, const std::vector<Ran
 // The layer's planned device memory on rank 0 (include/mok/memory.hpp; the layer allocates these
 // sizes), next to the times: "memory": {total, layer, saved, backward, symmetric} in bytes.
 std::string memory_json(const LayerShape& shape, const Config& cfg) {
-  int sms = 0;
-  MOK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const MemoryPlan p = plan_memory(shape, cfg, 0, sms);
+  const MemoryPlan p = plan_memory(shape, cfg, 0, device_sms());
   return ", \"memory\": {\"total_bytes\": " + std::to_string(p.total()) +
          ", \"layer_bytes\": " + std::to_string(p.total(MemoryScope::Layer) + p.total(MemoryScope::Saved)) +
          ", \"saved_bytes\": " + std::to_string(p.total(MemoryScope::Saved)) +
@@ -466,7 +474,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           // The backward needs every routed row resident (unfused, or a ring of the worst case).
           const bool bwd = o.backward && &var == &variants.front() &&
                            (cfg.forward_path == ForwardPath::Unfused ||
-                            cfg.resolved_macrobatch(shape) >= shape.worst_case_rows());
+                            cfg.resolved_macrobatch(shape, device_sms()) >= shape.worst_case_rows());
           std::vector<std::vector<double>> bwd_ms(static_cast<size_t>(W));
           std::vector<std::vector<float>> bwd_sampled(static_cast<size_t>(W)), dout_sampled(static_cast<size_t>(W));
           std::vector<std::string> bwd_profile(static_cast<size_t>(W));
@@ -536,7 +544,8 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
             for (int it = 0; it < o.iters; ++it) slowest[it] = std::max(slowest[it], ms[r][it]);
           const double t_ms = median(slowest);
           const double tflops = flops / (t_ms * 1e-3) / 1e12;
-          const int64_t mb = cfg.resolved_minibatch(shape), ring = cfg.resolved_macrobatch(shape);
+          const int64_t mb = cfg.resolved_minibatch(shape, device_sms()),
+                        ring = cfg.resolved_macrobatch(shape, device_sms());
           const int sms = cfg.resolved_fwd_comm_sms(shape);
           std::printf("| %s | %lld | %s | %s | %d | %lld | %lld | %s | %.3f | %.0f |\n", m->name, (long long)T,
                       to_string(routing), var.name.c_str(), sms, (long long)mb, (long long)ring, check.c_str(),
@@ -556,7 +565,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
                         std::to_string(tflops) + knobs + ", \"check_rel_err\": " + std::to_string(rel) + tiles_json +
                         memory_json(shape, cfg);
             {
-              const MemoryPlan plan = plan_memory(shape, cfg, 0, 0);
+              const MemoryPlan plan = plan_memory(shape, cfg, 0, device_sms());
               std::printf("  memory per layer (plan, rank 0): %.2f GB (saved for the backward %.2f GB, backward's own "
                           "%.2f GB), weights not counted\n",
                           double(plan.total()) * 1e-9, double(plan.total(MemoryScope::Saved)) * 1e-9,

@@ -244,8 +244,11 @@ class Communicator {
   // One call on this communicator at a time (its layers share the LSA barrier and the abort
   // word): begin_call orders `stream` after the previous call's work when that call ran on
   // another stream (cudaStreamWaitEvent: no host wait) and holds a lock until end_call, which marks
-  // the end of the call's work on `stream`; host threads calling at once are serialized. Every
-  // begin_call must be followed by end_call on the same thread (also when the call throws). While
+  // the end of the call's work on `stream`; host threads calling at once are serialized, but in no
+  // order the other ranks know: calls on one communicator must be issued in the same order on
+  // every rank (from one thread per rank, or ordered by the caller), or layers pair up with the
+  // wrong peers' calls. Every begin_call must be followed by end_call on the same thread (also
+  // when the call throws). While
   // `stream` is being captured only the lock is taken (a graph's launches are ordered by its user).
   void begin_call(cudaStream_t stream, const char* who);
   void end_call(cudaStream_t stream);

@@ -81,7 +81,8 @@ struct Config {
   int cpu_threads = 0;               // CPU reference engine: worker threads, 0 = hardware concurrency
 
   // Throws mok::Error for the first violated constraint. `sm_count` (0 = unknown, e.g. on a
-  // machine without GPU) bounds the comm SM counts: at least one SM must remain for compute.
+  // machine without GPU) bounds the comm SM counts (at least one SM must remain for compute) and
+  // is the SM count the minibatch and ring are checked with.
   void validate(const LayerShape& shape, int sm_count = 0) const;
 
   // Resolved values (defaults filled in from the shape). `sm_count`: the device's SMs, which the

@@ -541,7 +541,9 @@ void Communicator::check_waits() {
       // tell the peers here; their next waits then give up naming this rank.
       const uint32_t site = abort_id(claim);
       try {
-        tell_peers(impl_->abort_w.handle, impl_->rank, impl_->nranks, encode_abort(impl_->rank, site),
+        // Not while an NCCL call of ours may still occupy the stream (it could wait forever).
+        if (!impl_->nccl_pending)
+          tell_peers(impl_->abort_w.handle, impl_->rank, impl_->nranks, encode_abort(impl_->rank, site),
                    impl_->device, impl_->stream);
       } catch (const Error&) {
         // the local error below is raised either way

@@ -162,13 +162,14 @@ void Config::validate(const LayerShape& shape, int sm_count) const {
   MOK_REQUIRE(minibatch_tokens >= 0 && minibatch_tokens % sched::kBlockM == 0,
               "config.minibatch_tokens", "must be 0 (automatic) or a positive multiple of ",
               sched::kBlockM, ", got ", minibatch_tokens);
-  const int64_t mb = resolved_minibatch(shape);
+  // With the SM count the layer runs with (the minibatch depends on it).
+  const int64_t mb = resolved_minibatch(shape, sm_count);
   MOK_REQUIRE(macrobatch_tokens >= 0 && macrobatch_tokens % mb == 0, "config.macrobatch_tokens",
               "must be 0 (automatic) or a positive multiple of the minibatch (", mb, "), got ",
               macrobatch_tokens);
   const int64_t widest = std::max({shape.hidden, 2 * shape.intermediate});
-  MOK_REQUIRE(fits_int32(resolved_macrobatch(shape), widest), "config.macrobatch_tokens",
-              "the ring buffer rows * max(H, 2I) = ", resolved_macrobatch(shape), "*", widest,
+  MOK_REQUIRE(fits_int32(resolved_macrobatch(shape, sm_count), widest), "config.macrobatch_tokens",
+              "the ring buffer rows * max(H, 2I) = ", resolved_macrobatch(shape, sm_count), "*", widest,
               " must fit 32-bit indexing (< 2^31)");
   MOK_REQUIRE(wait_timeout_s > 0.0 && wait_timeout_s <= 3600.0, "config.wait_timeout_s",
               "must be in (0, 3600] seconds, got ", wait_timeout_s);

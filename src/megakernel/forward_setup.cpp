@@ -19,6 +19,8 @@ ForwardSetup plan_forward(const LayerShape& shape, const Config& config, int ran
   MOK_REQUIRE(ring >= s.cap_rows || ring >= 2 * mb, "config.macrobatch_tokens",
               "the megakernel's ring must hold at least two minibatches (2 x ", mb,
               " rows) when it is smaller than the worst case (", s.cap_rows, " rows), got ", ring);
+  MOK_REQUIRE(ring % mb == 0, "config.macrobatch_tokens", "must be a multiple of the minibatch (", mb,
+              " rows with ", sm_count > 0 ? sm_count : 132, " SMs), got ", ring);
   MOK_REQUIRE(Is == 0 || Is % 64 == 0, "shape.shared_intermediate", "must be a multiple of 64, got ", Is);
   // Never more than can be used; at least one tile (valid tensor maps without any tokens).
   s.ring_rows = std::max<int64_t>(sched::kBlockM, std::min(ring, sched::round_up(s.cap_rows, mb)));

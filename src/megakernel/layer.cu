@@ -334,7 +334,7 @@ void Layer::Impl::setup_push_dispatch() {
   for (int d = 0; d < world; ++d) {
     if (d != rank)
       receivers[static_cast<size_t>(d)] =
-          std::make_unique<gpu::ScheduleBuilder>(shape, config, d, tables.get<const int32_t* const>());
+          std::make_unique<gpu::ScheduleBuilder>(shape, config, d, tables.get<const int32_t* const>(), sms);
     views[static_cast<size_t>(d)] = d == rank ? schedule->view() : receivers[static_cast<size_t>(d)]->view();
     rings[static_cast<size_t>(d)] = comm::dev::lsa_pointer(comm, *win_ring, d);
     ctrs[static_cast<size_t>(d)] = static_cast<uint32_t*>(comm::dev::lsa_pointer(comm, *win_counters, d));

@@ -65,7 +65,7 @@ class ScheduleBuilder {
   ScheduleBuilder(const ScheduleBuilder&) = delete;
   ScheduleBuilder& operator=(const ScheduleBuilder&) = delete;
 
-  // Enqueues the build on `stream`: 5 kernels and one memset, no host synchronization. `abort`
+  // Enqueues the build on `stream`: 5 kernels, no host synchronization. `abort`
   // (the communicator's abort word, may be null): once nonzero, the peers' tables are not read
   // and the schedule is empty.
   void build(cudaStream_t stream, const uint32_t* abort = nullptr);

@@ -45,7 +45,6 @@ MOK_HD int64_t worst_case_rows(int64_t routes, int64_t e_loc) {
   return (routes + busy * (kBlockM - 1)) / kBlockM * kBlockM;
 }
 
-// Owner rank and local index of a global expert id.
 // The GPU schedule builder's device buffers, in int32 elements (schedule_gpu.cu allocates them,
 // the memory planner counts them): per-chunk expert histograms (chunks of kBuilderChunk routes of
 // one source rank), counts per (expert, rank), rows and offsets per expert, the source rank and
@@ -60,6 +59,7 @@ inline BuilderSizes builder_sizes(int64_t total_chunks, int64_t e_loc, int world
           capacity_rows / kBlockM};
 }
 
+// Owner rank and local index of a global expert id.
 MOK_HD int owner_rank(int64_t expert, int64_t e_loc) { return static_cast<int>(expert / e_loc); }
 MOK_HD int64_t local_expert(int64_t expert, int64_t e_loc) { return expert % e_loc; }
 

@@ -88,3 +88,29 @@ TEST(ForwardSetup, WhatCannotRunIsNamed) {
 }
 
 }  // namespace
+
+namespace {
+
+// The ring is checked with the SM count the layer runs with (a review found the check used 132
+// SMs while the layer used the device's: on 114 SMs a 4096-row ring passed with a 1792-row
+// minibatch, leaving 512 rows of every macrobatch without a position).
+TEST(ForwardSetup, TheRingIsCheckedWithTheDevicesMinibatch) {
+  const LayerShape shape = LayerShape::uniform(8, 8192, 7168, 2048, 256, 8);
+  mok::Config cfg;
+  const int64_t mb114 = cfg.resolved_minibatch(shape, 114), mb132 = cfg.resolved_minibatch(shape, 132);
+  ASSERT_NE(mb114, mb132);
+  ASSERT_NE(mb132 % mb114, 0);
+  cfg.macrobatch_tokens = 2 * mb132;
+  EXPECT_NO_THROW((void)plan_forward(shape, cfg, 0, 132));
+  try {
+    (void)plan_forward(shape, cfg, 0, 114);
+    ADD_FAILURE() << "a ring of 2 x " << mb132 << " rows was accepted with a minibatch of " << mb114;
+  } catch (const mok::Error& e) {
+    EXPECT_EQ(e.argument(), "config.macrobatch_tokens") << e.what();
+  }
+  cfg.macrobatch_tokens = 2 * mb114;
+  const auto s = plan_forward(shape, cfg, 0, 114);
+  EXPECT_EQ(s.plan.ring_rows % s.plan.mb_rows, 0);
+}
+
+}  // namespace
