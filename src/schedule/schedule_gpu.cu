@@ -301,7 +301,7 @@ void check_backward_routing(const void* topk_idx, bool is_int64, const float* to
 ScheduleBuilder::ScheduleBuilder(const LayerShape& shape, const Config& config, int rank,
                                  const int32_t* const* tables, int sm_count)
     : shape_(shape), rank_(rank), tables_(tables) {
-  config.validate(shape);
+  config.validate(shape, sm_count);
   MOK_REQUIRE(rank >= 0 && rank < shape.world_size(), "rank", "must be in [0, W) (W = ",
               shape.world_size(), "), got ", rank);
   MOK_REQUIRE(tables != nullptr, "tables", "the device array of published routing tables is null");
