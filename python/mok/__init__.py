@@ -2,9 +2,10 @@
 
 ``mok.MoE`` is the layer as a PyTorch module (it owns this rank's expert weights) and
 ``mok.moe`` the functional op (registered with ``torch.library``: autograd, fake tensors,
-``torch.compile``). This build runs CPU tensors on the CPU reference engine, the layer's
-executable specification (``mok._cpu``), so a model using ``mok.MoE`` can be developed and unit
-tested without a GPU; the GPU path (the megakernels) is not part of the Python package yet.
+``torch.compile``). CPU tensors run on the CPU reference engine, the layer's executable
+specification (``mok._cpu``), so a model using ``mok.MoE`` can be developed and unit tested
+without a GPU; CUDA tensors run on the GPU layer (``mok._cuda``: the megakernel forward and the
+backward, one rank per process for now).
 PyTorch is needed for ``mok.moe`` / ``mok.MoE`` only: ``import mok`` works without it.
 """
 
