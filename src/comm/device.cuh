@@ -39,6 +39,7 @@
 
 #include "comm/abort_word.h"
 #include "comm/flat_alias.h"
+#include "common/device_clock.cuh"
 #include "common/cuda_check.h"
 #include "mok/comm.hpp"
 
@@ -111,11 +112,7 @@ __device__ __forceinline__ void fence_sys() { asm volatile("fence.acq_rel.sys;" 
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
-__device__ __forceinline__ uint64_t globaltimer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+using mok::globaltimer_ns;  // common/device_clock.cuh
 
 // ---------------------------------------------------------------------------------------------
 // Bounded waits.

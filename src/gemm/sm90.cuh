@@ -23,6 +23,8 @@
 
 #include <cstdint>
 
+#include "common/device_clock.cuh"
+
 namespace mok::gemm::sm90 {
 
 // ------------------------------------------------------------------------------------------------
@@ -99,11 +101,7 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
 }
 
-__device__ __forceinline__ uint64_t global_timer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+__device__ __forceinline__ uint64_t global_timer_ns() { return mok::globaltimer_ns(); }
 
 // ------------------------------------------------------------------------------------------------
 // wgmma
