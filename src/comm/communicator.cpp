@@ -31,7 +31,7 @@ using host::validate_options;
 
 }  // namespace
 
-void host::validate_options(const CommOptions& o, int nranks) {
+void host::validate_options(const CommOptions& o, int nranks, int sm_count) {
   MOK_REQUIRE(o.lsa_barrier_count >= 1 && o.lsa_barrier_count <= 4096, "options.lsa_barrier_count",
               "must be in [1, 4096], got ", o.lsa_barrier_count);
   MOK_REQUIRE(o.config.wait_timeout_s > 0 && o.config.wait_timeout_s <= 3600,
@@ -42,7 +42,7 @@ void host::validate_options(const CommOptions& o, int nranks) {
     MOK_REQUIRE(o.shape->world_size() == nranks, "shape.tokens",
                 "needs one entry per rank of the communicator (", nranks, " ranks), got ",
                 o.shape->world_size());
-    o.config.validate(*o.shape);
+    o.config.validate(*o.shape, sm_count);
   }
   for (size_t i = 0; i < o.windows.size(); ++i) {
     const auto& w = o.windows[i];
@@ -316,7 +316,9 @@ std::unique_ptr<Communicator> Communicator::create(ncclComm_t comm, bool owned, 
   MOK_NCCL_CHECK(ncclCommCount(comm, &impl->nranks), comm, "ncclCommCount");
   DeviceGuard guard(device);
   impl->device = device;
-  validate_options(options, impl->nranks);
+  int sms = 0;  // the minibatch (and so the ring's check) depends on the device's SM count
+  MOK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  validate_options(options, impl->nranks, sms);
   MOK_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
 
   // 2. Every rank must describe the same layer, config, windows and barriers.

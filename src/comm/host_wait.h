@@ -21,7 +21,8 @@ struct CommOptions;
 namespace mok::comm::host {
 
 // Checks the options a communicator is created with (throws mok::Error naming the field).
-void validate_options(const CommOptions& o, int nranks);
+// `sm_count`: the device's SMs when known (0 before a device is chosen: the target parts' 132).
+void validate_options(const CommOptions& o, int nranks, int sm_count = 0);
 
 using Clock = std::chrono::steady_clock;
 
