@@ -33,7 +33,8 @@ for s in "${suites[@]}"; do
   name="$(basename "$s")"
   json="$OUT/gtest-${name#mok_gpu_}.json"
   t0=$(date +%s)
-  "$MOK_BUILD/tests/gpu/$s" --gtest_output="json:$json" >"$OUT/logs/$name.log" 2>&1
+  # The memory tests read the device's free memory: not while the sanitizers' processes run (below).
+  "$MOK_BUILD/tests/gpu/$s" --gtest_output="json:$json" --gtest_filter=-*LayerMemory* >"$OUT/logs/$name.log" 2>&1
   rc=$?
   [ "$rc" -eq 0 ] || status=1
   mok_log "$name: rc $rc in $(( $(date +%s) - t0 )) s, $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/logs/$name.log" | tr '\n' ' ')"
@@ -44,6 +45,12 @@ if [ -n "$san_pid" ]; then
   tail -n 45 "$OUT/logs/sanitize.log" >&2
   sanitize_args=(--sanitize-json "$OUT/sanitize/sanitize.json")
 fi
+# The GPU to ourselves now: the layer memory tests (free memory before and after a layer).
+"$MOK_BUILD/tests/gpu/megakernel/mok_gpu_layer_tests" --gtest_filter=*LayerMemory* \
+  --gtest_output="json:$OUT/gtest-layer_memory.json" >"$OUT/logs/layer_memory.log" 2>&1
+rc=$?
+[ "$rc" -eq 0 ] || status=1
+mok_log "layer memory tests: rc $rc, $(grep -E '^\[layer memory\]' "$OUT/logs/layer_memory.log" | tr '\n' ' ')"
 tag="$(mok_gpu_tag)"
 # Cases: the reliability binary's tests (the other suites' results are in their logs and gtest JSON).
 python3 "$MOK_ROOT/bench/reliability_report.py" --gtest-json "$OUT/gtest-reliability_tests.json" \

@@ -200,7 +200,8 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
   for (int s = 0; s < sets; ++s) {
     if (c.form == "fc1") {
       gemm::Fc1Args a;
-      a.x = A[s]->p; a.w1p = W[s]->p; a.h = out.p; a.gu = kn.store_gu ? out2.p : nullptr;
+      // W holds w_gate [E, I, H] then w_up [E, I, H].
+      a.x = A[s]->p; a.w_gate = W[s]->p; a.w_up = static_cast<const uint16_t*>(W[s]->p) + E * I * H; a.h = out.p; a.gu = kn.store_gu ? out2.p : nullptr;
       a.hidden = H; a.inter = I; a.experts = E;
       a.tile_expert = static_cast<int32_t*>(d_te.p); a.num_m_tiles = tiles;
       a.expert_row_begin = static_cast<int32_t*>(d_beg.p); a.expert_rows = static_cast<int32_t*>(d_cnt.p);
@@ -249,8 +250,8 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
     if (c.form == "fc1") {
       const int64_t i = rng.below(I);
       const auto x = fetch(A[0]->p, r * H, H);
-      const auto g = fetch(W[0]->p, (e * 2 * I + gemm::packed_gate_row(i)) * H, H);
-      const auto u = fetch(W[0]->p, (e * 2 * I + gemm::packed_up_row(i)) * H, H);
+      const auto g = fetch(W[0]->p, (e * I + i) * H, H);
+      const auto u = fetch(W[0]->p, E * I * H + (e * I + i) * H, H);
       const double gv = dot_rows(x, g), uv = dot_rows(x, u);
       ref = gv / (1.0 + std::exp(-gv)) * uv;
       got = host_bf16(fetch(out.p, r * I + i, 1)[0]);

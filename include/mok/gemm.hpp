@@ -36,13 +36,23 @@ struct Options {
   bool pdl = false;
 };
 
-// FC1 forward: gu[r] = x[r] . W1p[e]^T (2*inter values, gate/up interleaved in groups of 8, see
-// pack_gate_up), h[r] = rnd(silu(rnd(g)) * rnd(u)) (inter values).
+// Gate/up order ("packed order") of the FC1 pre-activations gu and of d_gu: in each group of 64
+// columns, 32 gate columns then the 32 up columns of the same intermediate indices. FC1 reads
+// w_gate and w_up where they are (two tensor maps of 32-row boxes fill the B tile in this order),
+// so there is no packed copy of the weights; the order only shows in gu / d_gu (and in a
+// packed-row wgrad without dw_up). inter must be a multiple of 32.
+constexpr int64_t kGateUpGroup = 32;
+constexpr int64_t packed_gate_row(int64_t i) { return (i / kGateUpGroup) * 2 * kGateUpGroup + i % kGateUpGroup; }
+constexpr int64_t packed_up_row(int64_t i) { return packed_gate_row(i) + kGateUpGroup; }
+
+// FC1 forward: gu[r] = the gate and up pre-activations x[r] . W_gate[e]^T, x[r] . W_up[e]^T
+// (2*inter values in packed order), h[r] = rnd(silu(rnd(g)) * rnd(u)) (inter values).
 struct Fc1Args {
-  const void* x = nullptr;    // [num_m_tiles*128, hidden]
-  const void* w1p = nullptr;  // [experts, 2*inter, hidden], packed by pack_gate_up
-  void* h = nullptr;          // [num_m_tiles*128, inter]
-  void* gu = nullptr;         // [num_m_tiles*128, 2*inter] (packed order), or nullptr: not stored
+  const void* x = nullptr;       // [num_m_tiles*128, hidden]
+  const void* w_gate = nullptr;  // [experts, inter, hidden]
+  const void* w_up = nullptr;    // [experts, inter, hidden]
+  void* h = nullptr;             // [num_m_tiles*128, inter]
+  void* gu = nullptr;            // [num_m_tiles*128, 2*inter] (packed order), or nullptr: not stored
   int64_t hidden = 0, inter = 0, experts = 0;
   const int32_t* tile_expert = nullptr;
   int64_t num_m_tiles = 0;
@@ -68,27 +78,30 @@ struct Fc2Args {
 };
 
 // Dgrad: dx[r] = dy[r] . W[e] with W untransposed ([experts, k, n], n contiguous: MN-major B).
-// FC2's dgrad: dy = d_y, W = w_down [E, hidden, inter] -> d_h. FC1's: dy = d_gu (packed order),
-// W = W1p [E, 2*inter, hidden] -> d_x.
+// FC2's dgrad: dy = d_y, W = w_down [E, hidden, inter] -> d_h. FC1's: dy = d_gu (packed order,
+// k = 2*inter), w = w_gate and w_up = w_up (each [E, inter, hidden]) -> d_x: the K blocks of the
+// packed order are read from the two tensors where they are.
 struct DgradArgs {
   const void* dy = nullptr;  // [num_m_tiles*128, k]
-  const void* w = nullptr;   // [experts, k, n]
+  const void* w = nullptr;   // [experts, k, n], or with w_up: w_gate [experts, k/2, n]
   void* dx = nullptr;        // [num_m_tiles*128, n]
   int64_t k = 0, n = 0, experts = 0;
   const int32_t* tile_expert = nullptr;
   int64_t num_m_tiles = 0;
+  const void* w_up = nullptr;  // optional: FC1's dgrad, see above (k a multiple of 64)
 };
 
 // FC2's dgrad fused with the SwiGLU backward (the backward of h = silu(g) * u): with
 // d_h = rnd(d_y[r] . w_down[e]) (kept in registers, never stored) and the forward's packed gate/up
-// pre-activations gu[r] (FC1's `gu` output), writes d_gu[r] in the same packed order:
+// pre-activations gu[r] (FC1's `gu` output, packed order), writes d_gu[r] in the same order:
 // d_u = rnd(g * s * d_h), d_g = rnd(s * (1 + g * (1 - s)) * u * d_h), s = sigmoid(g) (the rounding
-// points of ref::Engine's backward). d_gu is what FC1's dgrad (d_x = d_gu . W1p) and wgrad
-// (dW1p = d_gu^T x) take. d_gu may be gu itself (in place). Padding rows of d_gu are undefined.
+// points of ref::Engine's backward). d_gu is what FC1's dgrad (d_x = d_gu . [W_gate; W_up]) and
+// wgrad (dW_gate, dW_up from d_gu^T x) take. d_gu may be gu itself (in place). Padding rows of
+// d_gu are undefined. inter must be a multiple of 32.
 struct DgradSwiGLUArgs {
   const void* dy = nullptr;      // [num_m_tiles*128, hidden] (d_y, already weighted)
   const void* w_down = nullptr;  // [experts, hidden, inter]
-  const void* gu = nullptr;      // [num_m_tiles*128, 2*inter], packed (pack_gate_up order)
+  const void* gu = nullptr;      // [num_m_tiles*128, 2*inter], packed order
   void* d_gu = nullptr;          // [num_m_tiles*128, 2*inter], packed; may equal gu
   int64_t hidden = 0, inter = 0, experts = 0;
   const int32_t* tile_expert = nullptr;
@@ -98,10 +111,10 @@ struct DgradSwiGLUArgs {
 // Wgrad (K-grouped): dw[e] = sum over expert e's rows r of a[r]^T b[r], i.e. [m, n] per expert,
 // fp32 sums in increasing row order, rounded to bf16. Rows past expert_rows[e] inside the padded
 // segment are ignored whatever they hold. Experts without rows get dw[e] = 0.
-// With dw_up given, a's m columns are packed gate/up columns (pack_gate_up's order, e.g. d_gu; m a
-// multiple of 16) and the gradient is written unpacked: its gate rows to dw and its up rows to
-// dw_up, each [experts, m / 2, n] (dW_gate and dW_up, the same bits as dW1p's rows), so no
-// unpacking pass is needed.
+// With dw_up given, a's m columns are in packed gate/up order (e.g. d_gu; m a multiple of 64) and
+// the gradient is written unpacked: its gate rows to dw and its up rows to dw_up, each
+// [experts, m / 2, n] (dW_gate and dW_up, the same bits as the packed rows), so no unpacking pass
+// is needed.
 struct WgradArgs {
   const void* a = nullptr;  // [rows_total, m]  (e.g. d_y for dW_down, d_gu for dW1p)
   const void* b = nullptr;  // [rows_total, n]  (e.g. h, x)
@@ -117,7 +130,7 @@ struct WgradArgs {
 // allocation or lookup), not because callers should set them. The kernels read KernelParams as
 // is (src/gemm/grouped_kernel.cuh), so its layout is shared by host and device code.
 enum class Form : int {
-  Fc1SwiGLU = 0,  // gu = x . W1p[e]^T (gate/up interleaved), h = silu(g) * u
+  Fc1SwiGLU = 0,  // gu = x . [W_gate[e]; W_up[e]]^T (packed order), h = silu(g) * u
   Plain = 1,      // out = a . W[e]^T, W [E, N, K] (FC2 forward)
   Dgrad = 2,      // out = a . W[e], W [E, K, N] (MN-major B)
   Wgrad = 3,      // dw[e] = a_e^T . b_e over expert e's rows (K-grouped, both operands MN-major)
@@ -144,12 +157,17 @@ struct KernelParams {
   // Wgrad: the output rows are packed gate/up rows (m_out = 2I): map_d0 receives the gate rows and
   // map_d1 the up rows, each [experts, m_out / 2, n] in plain order (epilogue_store_gate_up).
   int32_t split_gate_up = 0;
+  // Dgrad: B is a gate/up pair (FC1's dgrad): map_b is w_gate's, map_b_half w_up's (32-row boxes),
+  // and K runs over the packed order (engine_mainloop.cuh's produce_tile). FC1 always reads so.
+  int32_t b_gate_up = 0;
   unsigned int* error = nullptr;              // bounded waits: error word (nullptr: unbounded)
   unsigned long long wait_limit_ns = 0;
 };
 
 struct Plan {
   Form form = Form::Plain;
+  // map_b_half: the K-major B map with a box of BLOCK_N/2 rows (clusters); with a gate/up B
+  // (FC1, FC1's dgrad) the up map, map_b then being the gate map.
   CUtensorMap map_a{}, map_b{}, map_b_half{}, map_d0{}, map_d1{};
   KernelParams params{};
   int block_n = 256;     // tile width of the kernel that runs
@@ -174,15 +192,10 @@ int smem_bytes(int block_n);
 // columns on `sms` SMs: 128 when 256-wide tiles would leave too much of the last wave idle.
 int choose_block_n(int64_t m_tiles, int64_t n, int sms);
 
-// Gate/up packing, done once when weights are loaded: row 16j + r of W1p[e] is gate row 8j + r,
-// row 16j + 8 + r is up row 8j + r (r < 8). inter must be a multiple of 8.
-constexpr int64_t packed_gate_row(int64_t i) { return (i / 8) * 16 + i % 8; }
-constexpr int64_t packed_up_row(int64_t i) { return (i / 8) * 16 + 8 + i % 8; }
-// Host version on bf16 bit patterns: w_gate, w_up [experts, inter, hidden] -> w1p [experts, 2*inter, hidden].
+// The packed order on the host, on bf16 bit patterns: w_gate, w_up [experts, inter, hidden] ->
+// w1p [experts, 2*inter, hidden] with row packed_gate_row(i) = gate row i, packed_up_row(i) = up
+// row i (what FC1's B tile holds; for references and tests: the kernels take w_gate and w_up).
 void pack_gate_up_host(const uint16_t* w_gate, const uint16_t* w_up, uint16_t* w1p, int64_t experts,
                        int64_t inter, int64_t hidden);
-// Device version (all pointers in device memory; hidden must be a multiple of 8).
-void pack_gate_up(const void* w_gate, const void* w_up, void* w1p, int64_t experts, int64_t inter,
-                  int64_t hidden, cudaStream_t stream);
 
 }  // namespace mok::gemm

@@ -42,8 +42,9 @@ class Layer {
   // Collective over `comm`'s ranks; `comm` must outlive the layer. Validates shape/config against
   // the device (comm SMs < SM count) and the weights (as every tensor above), compares shape and
   // config across the ranks (the first field that differs is named, on every rank), allocates
-  // every buffer for the worst case, registers the symmetric windows, and packs the gate/up
-  // weights (so later weight updates need repack()).
+  // every buffer for the worst case and registers the symmetric windows. The weights are read
+  // where they are, by every call (no copy): updating them in place (an optimizer step) between
+  // calls needs nothing more; set_weights() points the layer at other tensors.
   Layer(comm::Communicator& comm, const LayerShape& shape, const Config& config,
         const DeviceWeights& weights);
   ~Layer();
@@ -77,8 +78,10 @@ class Layer {
   // it: write x here (rows [0, T) only, ordered before forward() on its stream) to skip that copy.
   // Valid for the layer's lifetime; nullptr when T = 0.
   void* input_buffer() const;
-  // Re-packs the gate/up weights after the caller changed them in place.
-  void repack(cudaStream_t stream);
+  // Points later calls at other weight tensors (checked as the constructor's: shapes, this rank's
+  // device, alignment, sizes). Host-side only (the kernels' tensor maps are re-encoded): calls
+  // already enqueued, or captured in a CUDA graph, keep the weights they were given.
+  void set_weights(const DeviceWeights& weights);
   // Raises pending device-side errors (invalid routing: InvalidArgument naming topk_idx[t,j] or
   // topk_w[t,j]; a backward given other routing than its forward: InvalidArgument; expired waits,
   // here or on a peer: Timeout naming the wait and the rank). Call after synchronizing the stream.

@@ -4,14 +4,14 @@
 // plan), so the plan is the footprint: mok_bench reports it per case, and a GPU test compares it
 // with the device's free memory before and after a layer.
 //
-// Names: window.{routing, x, combine, d_out, router_weights}, peer_tables, schedule, w1p (the
-// packed gate/up weights), gu (gate/up pre-activations), the shared expert's ws1p, gu_s, h_s, y_s,
+// Names: window.{routing, x, combine, d_out, router_weights}, peer_tables, schedule, gu (gate/up
+// pre-activations), the shared expert's gu_s, h_s, y_s,
 // the megakernel's x_ring, h_ring, y_ring, counters (push_peer_tables with push dispatch), the
 // unfused path's x_routed, h, y, and the backward's dy_rows (shared_rows, shared_tiles).
 //
 // Today's model (the training memory model of the open issue replaces it): every buffer belongs to
 // one layer and is sized for the worst case of the routing (every route of every rank landing on
-// this rank), and the gate/up weights are held once more, packed. Scopes:
+// this rank); the weights are read where the caller keeps them (no copy). Scopes:
 //   Layer     allocated when the layer is built, held for its life;
 //   Saved     part of Layer: what a backward reads of the last forward (routed x rows, gate/up
 //             pre-activations, h), one forward's worth per layer;

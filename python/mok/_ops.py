@@ -37,6 +37,7 @@ def _check_device(tensors: dict[str, Optional[Tensor]], device: torch.device) ->
 # has run: the layer holds the saved state of the last one, whose number a backward must carry.
 _gpu_layers: dict[int, object] = {}
 _gpu_generation: dict[int, int] = {}
+_gpu_weights: dict[int, tuple] = {}  # the weight addresses each GPU layer was last pointed at
 
 
 def register_gpu_layer(layer) -> int:
@@ -49,6 +50,7 @@ def register_gpu_layer(layer) -> int:
 def unregister_gpu_layer(handle: int) -> None:
     _gpu_layers.pop(handle, None)
     _gpu_generation.pop(handle, None)
+    _gpu_weights.pop(handle, None)
 
 
 def _gpu_layer(handle: int, what: str):
@@ -57,6 +59,17 @@ def _gpu_layer(handle: int, what: str):
             f"mok.moe: {what} on CUDA tensors needs the GPU layer of a mok.MoE module (use mok.MoE; the functional "
             "op runs CPU tensors only)")
     return _gpu_layers[handle]
+
+
+def _bind_weights(gl, handle: int, weights) -> None:
+    """Points the GPU layer at these weight tensors (contiguous, on its device) when they are not
+    the ones it reads already: the layer keeps no copy, so in-place updates need nothing, and other
+    tensors (after .to(), load_state_dict(assign=True), a non-contiguous view copied here) are
+    re-bound (host-side only)."""
+    ptrs = tuple(w.data_ptr() for w in weights if w is not None)
+    if _gpu_weights.get(handle) != ptrs:
+        gl.set_weights(list(ptrs))
+        _gpu_weights[handle] = ptrs
 
 
 def _stream(t: Tensor) -> int:
@@ -75,7 +88,7 @@ def moe_forward(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_u
         gl = _gpu_layer(layer, "the forward")
         xc, ic, wc = c(x), c(topk_idx), c(topk_w)
         stream = _stream(x)
-        gl.repack(stream)  # the weights may have changed in place since the last call
+        _bind_weights(gl, layer, [c(w) for w in (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)])
         gl.forward(xc.data_ptr(), ic.data_ptr(), ic.dtype == torch.int64, wc.data_ptr(), out.data_ptr(), stream)
         _gpu_generation[layer] += 1
         return out
@@ -105,6 +118,7 @@ def moe_backward(d_out: Tensor, x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_g
                 f"backward of forward {generation}, the layer last saved forward {_gpu_generation[layer]}): the "
                 "GPU layer keeps the saved state of its last forward only")
         xc, ic, wc, dc = c(x), c(topk_idx), c(topk_w), c(d_out)
+        _bind_weights(gl, layer, [c(w) for w in (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)])
         gl.backward(xc.data_ptr(), ic.data_ptr(), ic.dtype == torch.int64, wc.data_ptr(), dc.data_ptr(),
                     [g.data_ptr() for g in grads], _stream(x))
         return grads

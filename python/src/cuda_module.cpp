@@ -69,10 +69,12 @@ class GpuLayer {
                      reinterpret_cast<cudaStream_t>(stream));
   }
 
-  // The gate/up weights are packed once per layer: after an optimizer step changed them in
-  // place, the next forward must repack (an extra pass over them; the memory-model issue removes
-  // the packed copy).
-  void repack(uintptr_t stream) { layer_->repack(reinterpret_cast<cudaStream_t>(stream)); }
+  // The layer reads the weights where they are (in-place updates need nothing); other tensors
+  // (e.g. after .to() or load_state_dict(assign=True)) are handed over here.
+  void set_weights(const std::vector<uintptr_t>& weights) {
+    const auto w = [&](size_t i) { return i < weights.size() ? ptr(weights[i]) : nullptr; };
+    layer_->set_weights(mok::DeviceWeights::bf16(shape_, w(0), w(1), w(2), w(3), w(4), w(5)));
+  }
   void check() { layer_->check(); }
 
  private:
@@ -121,6 +123,6 @@ NB_MODULE(_cuda, m) {
            nb::arg("topk_w"), nb::arg("out"), nb::arg("stream"), nb::arg("save_for_backward") = true)
       .def("backward", &GpuLayer::backward, nb::arg("x"), nb::arg("topk_idx"), nb::arg("idx_int64"),
            nb::arg("topk_w"), nb::arg("d_out"), nb::arg("grads"), nb::arg("stream"))
-      .def("repack", &GpuLayer::repack, nb::arg("stream"))
+      .def("set_weights", &GpuLayer::set_weights, nb::arg("weights"))
       .def("check", &GpuLayer::check);
 }

@@ -59,21 +59,16 @@ __device__ __forceinline__ int32_t acc_row(uint32_t wt) { return int32_t((wt >> 
 __device__ __forceinline__ int32_t acc_col(uint32_t wt) { return int32_t(2u * (wt & 3u)); }
 // stmatrix x4 stores two such blocks (16 rows x 16 columns) of a warp; lane l addresses row l%8 of
 // matrix l/8 (matrices: block b rows 0-7, block b rows 8-15, block b+1 rows 0-7, rows 8-15).
-// kGateUpRows: the chunk's 64 rows are packed gate/up rows (16j + c gate, 16j + 8 + c up, as
-// pack_gate_up): warp w's gate rows go to buffer rows 8w.., its up rows to 32 + 8w.., so the
-// buffer holds 32 gate rows then 32 up rows in plain order (the swizzle depends on row % 8, which
-// the move keeps).
-template <bool kGateUpRows = false>
 __device__ __forceinline__ uint32_t stmatrix_addr(uint32_t buf_addr, uint32_t wt, int unit_pair) {
   const uint32_t warp = wt >> 5, lane = wt & 31u;
   const uint32_t mi = lane >> 3, ri = lane & 7u;
-  const uint32_t row = kGateUpRows ? (mi & 1u) * 32u + warp * 8u + ri : warp * 16u + (mi & 1u) * 8u + ri;
+  const uint32_t row = warp * 16u + (mi & 1u) * 8u + ri;
   const uint32_t unit = uint32_t(unit_pair) * 2u + (mi >> 1);
   return buf_addr + row * 128u + ((unit ^ ri) << 4);  // row % 8 == ri
 }
 
-// Writes accumulator blocks kB0 .. kB0+7 (64 columns) as bf16 (rows as stmatrix_addr<kGateUpRows>).
-template <int kB0, int kN, bool kGateUpRows = false>
+// Writes accumulator blocks kB0 .. kB0+7 (64 columns) as bf16.
+template <int kB0, int kN>
 __device__ __forceinline__ void write_chunk_bf16(uint8_t* buf, const float (&acc)[kN], uint32_t wt) {
   static_assert(4 * (kB0 + 8) <= kN, "chunk outside the accumulators");
   const uint32_t base = smem_addr(buf);
@@ -81,7 +76,7 @@ __device__ __forceinline__ void write_chunk_bf16(uint8_t* buf, const float (&acc
   for (int q = 0; q < 4; ++q) {
     constexpr int kStride = 4;
     const int b = kB0 + 2 * q;
-    stmatrix_x4(stmatrix_addr<kGateUpRows>(base, wt, q), pack_bf16x2(acc[kStride * b + 0], acc[kStride * b + 1]),
+    stmatrix_x4(stmatrix_addr(base, wt, q), pack_bf16x2(acc[kStride * b + 0], acc[kStride * b + 1]),
                 pack_bf16x2(acc[kStride * b + 2], acc[kStride * b + 3]),
                 pack_bf16x2(acc[kStride * b + 4], acc[kStride * b + 5]),
                 pack_bf16x2(acc[kStride * b + 6], acc[kStride * b + 7]));
@@ -100,8 +95,14 @@ __device__ __forceinline__ float swiglu(float acc_g, float acc_u) {
   return silu * u;
 }
 
-// FC1 with gate/up rows interleaved in groups of 8: accumulator block 2j is gate, 2j+1 is up, for
-// the same 8 intermediate columns. Writes h blocks kH0 .. kH0+7 (64 h columns).
+// The accumulator block of h block hb (8 intermediate columns of the tile) in FC1's packed order
+// (mok/gemm.hpp): each 64-column chunk c holds gate blocks 8c..8c+3 then the up blocks 8c+4..8c+7 of
+// h blocks 4c..4c+3; the up block of a gate block is 4 further on.
+__host__ __device__ constexpr int gate_block_of(int hb) { return 8 * (hb / 4) + hb % 4; }
+constexpr int kUpBlockOffset = 4;
+
+// FC1 in packed order: writes h blocks kH0 .. kH0+7 (64 h columns), from accumulator chunks
+// kH0/4 and kH0/4 + 1.
 template <int kH0, int kN>
 __device__ __forceinline__ void write_chunk_swiglu(uint8_t* buf, const float (&acc)[kN], uint32_t wt) {
   static_assert(8 * (kH0 + 8) <= kN, "chunk outside the accumulators");
@@ -112,7 +113,7 @@ __device__ __forceinline__ void write_chunk_swiglu(uint8_t* buf, const float (&a
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
       const int hb = kH0 + 2 * q + m;
-      const int g = 4 * (2 * hb), u = 4 * (2 * hb + 1);
+      const int g = 4 * gate_block_of(hb), u = g + 4 * kUpBlockOffset;
       r[2 * m + 0] = pack_bf16x2(swiglu(acc[g + 0], acc[u + 0]), swiglu(acc[g + 1], acc[u + 1]));
       r[2 * m + 1] = pack_bf16x2(swiglu(acc[g + 2], acc[u + 2]), swiglu(acc[g + 3], acc[u + 3]));
     }
@@ -197,11 +198,12 @@ __device__ __forceinline__ void epilogue_store(const Smem<C>& sm, EpiState& es, 
   store_chunks<C, C::kAccRegs>(sm, es, cwg, wt, acc, d, row + 64 * cwg, b_n, n, batch);
 }
 
-// Wgrad of a packed gate/up weight (dW1p's rows, 64 per warpgroup: 32 gate and 32 up rows) stored
-// straight into the two plain-order gradients: each 64-column chunk's gate rows to `gate` and its
-// up rows to `up` ([batch, rows / 2, n] 3-D maps with boxes of 32 rows) at row packed_row / 2.
-// Same accumulators as epilogue_store, so the same bits as dW1p's rows. packed_row is a multiple
-// of 64; rows past the maps' end are clipped by the TMA stores.
+// Wgrad of packed gate/up rows (64 per warpgroup: in packed order, 32 gate rows then the 32 up
+// rows of the same intermediate indices) stored straight into the two plain-order gradients: each
+// 64-column chunk's first 32 rows to `gate` and the next 32 to `up` ([batch, rows / 2, n] 3-D maps
+// with boxes of 32 rows) at row packed_row / 2. Same accumulators as epilogue_store, so the same
+// bits as the packed rows. packed_row is a multiple of 64; rows past the maps' end are clipped by
+// the TMA stores.
 template <class C>
 __device__ __forceinline__ void epilogue_store_gate_up(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
                                                        const float (&acc)[C::kAccRegs], const CUtensorMap* gate,
@@ -214,7 +216,7 @@ __device__ __forceinline__ void epilogue_store_gate_up(const Smem<C>& sm, EpiSta
     if constexpr (kCH < C::kChunks) {
       if (b_n + 64 * kCH >= n) return;
       uint8_t* buf = epi_begin(sm, cwg, es, leader);
-      write_chunk_bf16<8 * kCH, C::kAccRegs, true>(buf, acc, wt);
+      write_chunk_bf16<8 * kCH, C::kAccRegs>(buf, acc, wt);
       fence_async_shared();
       named_bar_sync(kBarEpilogue + uint32_t(cwg), 128);
       if (leader) {
@@ -242,8 +244,8 @@ __device__ __forceinline__ void epilogue_fc1_split_n(const Smem<C>& sm, EpiState
   const float(&a)[kHalf] = reinterpret_cast<const float(&)[kHalf]>(acc);
   fc1_chunks<C, kHalf>(sm, es, cwg, wt, a, gu, gu_row, h, h_row, b_n + cwg * (C::kBlockN / 2), n);
 }
-// h of a split-N FC1 tile at BLOCK_N 128: warpgroup cwg holds 64 packed columns (4 gate/up
-// pairs of 8), i.e. 32 h columns, half of a 64-column chunk of the h map's 128B-swizzled boxes.
+// h of a split-N FC1 tile at BLOCK_N 128: warpgroup cwg holds 64 packed columns (one group: 32
+// gate and 32 up columns), i.e. 32 h columns, half of a 64-column chunk of the h map's 128B-swizzled boxes.
 // Rather than pair the warpgroups over one shared chunk, each thread stores its h values to
 // global memory directly (4-byte stores of 2 adjacent columns; split-N tiles are the rare tails
 // of experts with <= 64 rows, so the store pattern does not matter). Rows 0..63 of the tile only;
@@ -259,8 +261,8 @@ __device__ __forceinline__ void store_h_split_n_direct(const float (&acc)[C::kAc
   const int32_t col0 = (b_n + cwg * (C::kBlockN / 2)) / 2 + acc_col(wt);
   auto* out = static_cast<uint16_t*>(h);
 #pragma unroll
-  for (int hb = 0; hb < kHalf / 8; ++hb) {  // 8-column h blocks: gate block 2hb, up block 2hb + 1
-    const int g = 4 * (2 * hb), u = 4 * (2 * hb + 1);
+  for (int hb = 0; hb < kHalf / 8; ++hb) {  // 8-column h blocks: gate block hb, up block hb + 4
+    const int g = 4 * gate_block_of(hb), u = g + 4 * kUpBlockOffset;
     const int32_t col = col0 + 8 * hb;
     if (col >= inter) continue;  // inter is a multiple of 8: col + 1 < inter as well
 #pragma unroll
@@ -287,16 +289,15 @@ __device__ __forceinline__ void swiglu_backward(float acc_dh, float g, float u, 
 
 // FC2's dgrad fused with the SwiGLU backward (Form DgradSwiGLU). The accumulators hold d_h for
 // this warpgroup's 64 rows and the tile's intermediate columns [b_n, b_n + BLOCK_N); the output
-// is d_gu in the packed gate/up order of gu (pack_gate_up: packed column 16j + c is the gate of
-// intermediate column 8j + c, 16j + 8 + c its up), i.e. the packed columns [2 b_n, 2 b_n + 2 BLOCK_N):
-// twice as many chunks as a plain store. Packed chunk q holds intermediate blocks 4q..4q+3, each
-// as a d_g block and a d_u block, exactly the pair one stmatrix x4 writes. Each thread reads the
-// g/u pairs of its own accumulator elements straight from global memory (two 4-byte loads per
-// 8-column block and row: a quad of lanes reads 16 bytes of gate and the 16 bytes of up next to
-// them, one 32-byte sector), one chunk ahead of the chunk it converts (the first chunk's loads
-// wait after the tile's last MMAs: not overlapped). Intermediate columns >= inter are neither
-// read nor stored (the TMA store clips the packed width 2 * inter). Every tile reads exactly the
-// gu elements it writes, before writing them (in whole 32-byte sectors per chunk), so d_gu may
+// is d_gu in the packed order of gu (mok/gemm.hpp: packed column 64q + c is the gate of
+// intermediate column 32q + c, 64q + 32 + c its up), i.e. the packed columns [2 b_n, 2 b_n + 2 BLOCK_N):
+// twice as many chunks as a plain store. Packed chunk q holds intermediate blocks 4q..4q+3: their
+// d_g blocks then their d_u blocks. Each thread reads the g/u pairs of its own accumulator
+// elements straight from global memory (two 4-byte loads per 8-column block and row: a quad of
+// lanes reads 16 bytes of gate and the 16 bytes of up 64 bytes further), one chunk ahead of the
+// chunk it converts (the first chunk's loads wait after the tile's last MMAs: not overlapped).
+// Intermediate columns >= inter are neither read nor stored (the TMA store clips the packed width
+// 2 * inter). Every tile reads exactly the gu elements it writes, before writing them, so d_gu may
 // alias gu. gu is read with generic-proxy loads: correct when an earlier kernel wrote it; a
 // megakernel whose FC1 TMA-stores gu in the same launch must order those stores before these
 // loads (store wait, proxy fence, release / acquire) as it does for h.
@@ -306,6 +307,7 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
                                                       const CUtensorMap* d_gu, int32_t row, int32_t b_n,
                                                       int32_t inter) {
   constexpr int kPackedChunks = 2 * C::kChunks;  // 64-column chunks of the packed output
+  constexpr int kUp = 32;                        // packed columns from a gate column to its up column
   const int64_t pitch = 2 * int64_t(inter);
   const int32_t out_row = row + 64 * cwg;
   // This thread's rows (r and r + 8 of its accumulator layout), at its first g column.
@@ -319,12 +321,13 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
       const int j = 4 * q + m;  // intermediate block of the tile
+      const int col = 64 * q + 8 * m;  // its gate column, from g0
       uint32_t* d = &v[q & 1][4 * m];
       const bool valid = b_n + 8 * j < inter;
-      d[0] = valid ? *reinterpret_cast<const uint32_t*>(g0 + 16 * j) : 0u;
-      d[1] = valid ? *reinterpret_cast<const uint32_t*>(g0 + 16 * j + 8) : 0u;
-      d[2] = valid ? *reinterpret_cast<const uint32_t*>(g1 + 16 * j) : 0u;
-      d[3] = valid ? *reinterpret_cast<const uint32_t*>(g1 + 16 * j + 8) : 0u;
+      d[0] = valid ? *reinterpret_cast<const uint32_t*>(g0 + col) : 0u;
+      d[1] = valid ? *reinterpret_cast<const uint32_t*>(g0 + col + kUp) : 0u;
+      d[2] = valid ? *reinterpret_cast<const uint32_t*>(g1 + col) : 0u;
+      d[3] = valid ? *reinterpret_cast<const uint32_t*>(g1 + col + kUp) : 0u;
     }
   };
   load(0);
@@ -335,23 +338,26 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
     if (2 * b_n + 64 * q >= 2 * inter) continue;  // uniform over the warpgroup
     uint8_t* buf = epi_begin(sm, cwg, es, leader);
     const uint32_t base = smem_addr(buf);
+    uint32_t dg[4][2], du[4][2];  // [block m][row rr]
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
       const int j = 4 * q + m;
       const uint32_t* d = &v[q & 1][4 * m];
-      uint32_t dg[2], du[2];
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         const uint32_t g = d[2 * rr], u = d[2 * rr + 1];
         float g_lo, u_lo, g_hi, u_hi;
         swiglu_backward(acc[4 * j + 2 * rr], bf16x2_lo(g), bf16x2_lo(u), g_lo, u_lo);
         swiglu_backward(acc[4 * j + 2 * rr + 1], bf16x2_hi(g), bf16x2_hi(u), g_hi, u_hi);
-        dg[rr] = pack_bf16x2(g_lo, g_hi);
-        du[rr] = pack_bf16x2(u_lo, u_hi);
+        dg[m][rr] = pack_bf16x2(g_lo, g_hi);
+        du[m][rr] = pack_bf16x2(u_lo, u_hi);
       }
-      // Chunk blocks 2m (d_g) and 2m + 1 (d_u): matrices rows 0-7 / 8-15 of each.
-      stmatrix_x4(stmatrix_addr(base, wt, m), dg[0], dg[1], du[0], du[1]);
     }
+    // Chunk blocks 0-3 (d_g) and 4-7 (d_u), two blocks (rows 0-7 / 8-15 of each) per stmatrix.
+    stmatrix_x4(stmatrix_addr(base, wt, 0), dg[0][0], dg[0][1], dg[1][0], dg[1][1]);
+    stmatrix_x4(stmatrix_addr(base, wt, 1), dg[2][0], dg[2][1], dg[3][0], dg[3][1]);
+    stmatrix_x4(stmatrix_addr(base, wt, 2), du[0][0], du[0][1], du[1][0], du[1][1]);
+    stmatrix_x4(stmatrix_addr(base, wt, 3), du[2][0], du[2][1], du[3][0], du[3][1]);
     epi_end_2d(buf, cwg, es, leader, d_gu, 2 * b_n + 64 * q, out_row);
   }
 }

@@ -146,14 +146,24 @@ struct NoHook {
 // Clusters (kCluster): when the tile's B is `shared` with the partner CTA (same expert and
 // columns, the other 128 rows), this CTA loads half of B (rows or chunks of its `rank`) and
 // multicasts it to both CTAs; map_b_half is the K-major B map with a box of BLOCK_N/2 rows.
+// Gate/up B (`gate_up`: FC1, and FC1's dgrad): B is [W_gate; W_up] in the packed order of
+// mok/gemm.hpp, read from the two weights where they are: map_b is W_gate's map and map_b_half
+// W_up's, both with boxes of 32 rows (kGateUpBox) of the intermediate dimension. K-major (FC1): the
+// tile's BLOCK_N packed rows are BLOCK_N/32 boxes, alternately gate and up; MN-major (the dgrad:
+// K is the packed dimension): each 64-row K block is 32 gate rows then 32 up rows of every chunk.
+// A 32-row box is 4 KB, a multiple of the 128B swizzle's 1 KB atom, so the shared tile is
+// byte-identical to one box of the packed tensor.
 // Returns false (nothing more issued, the stage not armed) when a wait for a free stage expired:
 // the producer must then stop, so that each stage has at most one load in flight and
 // drain_stages can wait for exactly those.
+constexpr int kGateUpBox = 32;  // rows of a gate or up box (mok::gemm::kGateUpGroup)
+constexpr int kGateUpBoxBytes = kGateUpBox * 128;
 template <class C, bool kAMN, bool kBMN, bool kCluster = false>
 __device__ __forceinline__ bool produce_tile(const Smem<C>& sm, PipeState<C>& ps, const Tile& t,
                                              const CUtensorMap* map_a, const CUtensorMap* map_b,
                                              const WaitBound& wb, const CUtensorMap* map_b_half = nullptr,
-                                             bool shared = false, uint32_t rank = 0) {
+                                             bool shared = false, uint32_t rank = 0, bool gate_up = false) {
+  const bool multicast = kCluster && shared;
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     if (!mbar_wait(sm.empty(ps.stage), ps.phase ^ 1u, wb, kSiteProducerEmpty)) return false;
     uint64_t* full = sm.full(ps.stage);
@@ -167,23 +177,44 @@ __device__ __forceinline__ bool produce_tile(const Smem<C>& sm, PipeState<C>& ps
       tma_load_2d(a, map_a, full, t.a_m, k);
       tma_load_2d(a + kChunkBytes, map_a, full, t.a_m + 64, k);
     }
-    if (kCluster && shared) {
+    // One box of B into the tile at byte `off`, multicast to both CTAs when shared.
+    const auto load_b = [&](uint32_t off, const CUtensorMap* map, int32_t c0, int32_t c1) {
+      if (multicast)
+        tma_load_3d_multicast(b + off, map, full, c0, c1, t.b_batch, 0x3);
+      else
+        tma_load_3d(b + off, map, full, c0, c1, t.b_batch);
+    };
+    if (gate_up) {
+      // Boxes (K-major) or chunks (MN-major) of this CTA: all, or its rank's half when multicast.
       if constexpr (!kBMN) {
-        tma_load_3d_multicast(b + rank * (C::kBTileBytes / 2), map_b_half, full, k,
-                              t.b_n + int32_t(rank) * (C::kBlockN / 2), t.b_batch, 0x3);
+        constexpr int kBoxes = C::kBlockN / kGateUpBox;  // alternately gate and up
+#pragma unroll
+        for (int s = 0; s < kBoxes; ++s)
+          if (!multicast || uint32_t(s / (kBoxes / 2)) == rank)
+            load_b(uint32_t(s) * kGateUpBoxBytes, (s & 1) ? map_b_half : map_b, k, t.b_n / 2 + kGateUpBox * (s >> 1));
+      } else {
+#pragma unroll
+        for (int c = 0; c < C::kChunks; ++c)
+          if (!multicast || uint32_t(c / (C::kChunks / 2)) == rank) {
+            load_b(uint32_t(c) * kChunkBytes, map_b, t.b_n + 64 * c, k / 2);
+            load_b(uint32_t(c) * kChunkBytes + kGateUpBoxBytes, map_b_half, t.b_n + 64 * c, k / 2);
+          }
+      }
+    } else if (multicast) {
+      if constexpr (!kBMN) {
+        load_b(rank * (C::kBTileBytes / 2), map_b_half, k, t.b_n + int32_t(rank) * (C::kBlockN / 2));
       } else {
 #pragma unroll
         for (int h = 0; h < C::kChunks / 2; ++h) {
           const int c = int(rank) * (C::kChunks / 2) + h;
-          tma_load_3d_multicast(b + c * kChunkBytes, map_b, full, t.b_n + 64 * c, k, t.b_batch, 0x3);
+          load_b(uint32_t(c) * kChunkBytes, map_b, t.b_n + 64 * c, k);
         }
       }
     } else if constexpr (!kBMN) {
-      tma_load_3d(b, map_b, full, k, t.b_n, t.b_batch);
+      load_b(0, map_b, k, t.b_n);
     } else {
 #pragma unroll
-      for (int c = 0; c < C::kChunks; ++c)
-        tma_load_3d(b + c * kChunkBytes, map_b, full, t.b_n + 64 * c, k, t.b_batch);
+      for (int c = 0; c < C::kChunks; ++c) load_b(uint32_t(c) * kChunkBytes, map_b, t.b_n + 64 * c, k);
     }
     ps.advance();
   }

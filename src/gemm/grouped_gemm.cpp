@@ -110,9 +110,17 @@ void set_split_n(Plan& p, const Options& o, const int32_t* row_begin, const int3
   p.params.expert_rows = rows;
 }
 
+// FC1's B from the gate and up weights where they are: 32-row boxes, packed order (mok/gemm.hpp).
+void gate_up_maps(Plan& p, const void* w_gate, const void* w_up, int64_t experts, int64_t inter, int64_t hidden) {
+  const auto box = static_cast<uint32_t>(kGateUpGroup);
+  p.map_b = make_map_3d(w_gate, uint64_t(experts), uint64_t(inter), uint64_t(hidden), box);
+  p.map_b_half = make_map_3d(w_up, uint64_t(experts), uint64_t(inter), uint64_t(hidden), box);
+}
+
 Plan plan_fc1(const Fc1Args& a, const Options& o) {
-  MOK_REQUIRE(a.inter % 8 == 0, "fc1.inter", "multiple of 8 (gate/up interleave), got ", a.inter);
-  MOK_REQUIRE(a.x && a.w1p && a.h, "fc1", "x, w1p and h must be given");
+  MOK_REQUIRE(a.inter % kGateUpGroup == 0, "fc1.inter", "multiple of ", kGateUpGroup, " (gate/up order), got ",
+              a.inter);
+  MOK_REQUIRE(a.x && a.w_gate && a.w_up && a.h, "fc1", "x, w_gate, w_up and h must be given");
   const int64_t rows = a.num_m_tiles * kBlockM, n = 2 * a.inter;
   Plan p = m_grouped_plan(Form::Fc1SwiGLU, a.hidden, n, a.experts, a.tile_expert, a.num_m_tiles, o, "fc1");
   p.params.store_gu = a.gu != nullptr;
@@ -121,8 +129,8 @@ Plan plan_fc1(const Fc1Args& a, const Options& o) {
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(rows);
   p.map_a = make_map_2d(a.x, u, uint64_t(a.hidden), 128);
-  p.map_b = make_map_3d(a.w1p, uint64_t(a.experts), uint64_t(n), uint64_t(a.hidden), uint32_t(p.block_n));
-  p.map_b_half = make_map_3d(a.w1p, uint64_t(a.experts), uint64_t(n), uint64_t(a.hidden), uint32_t(p.block_n / 2));
+  gate_up_maps(p, a.w_gate, a.w_up, a.experts, a.inter, a.hidden);
+  p.params.b_gate_up = 1;
   p.map_d1 = make_map_2d(a.h, u, uint64_t(a.inter), 64);
   p.map_d0 = a.gu ? make_map_2d(a.gu, u, uint64_t(n), 64) : p.map_d1;
   return p;
@@ -145,13 +153,20 @@ Plan plan_fc2(const Fc2Args& a, const Options& o) {
 
 Plan plan_dgrad(const DgradArgs& a, const Options& o) {
   MOK_REQUIRE(a.dy && a.w && a.dx, "dgrad", "dy, w and dx must be given");
+  MOK_REQUIRE(a.w_up == nullptr || a.k % (2 * kGateUpGroup) == 0, "dgrad.k",
+              "a multiple of 64 with w_up (whole groups of the gate/up order), got ", a.k);
   const int64_t rows = a.num_m_tiles * kBlockM;
   Plan p = m_grouped_plan(Form::Dgrad, a.k, a.n, a.experts, a.tile_expert, a.num_m_tiles, o, "dgrad");
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(rows);
   p.map_a = make_map_2d(a.dy, u, uint64_t(a.k), 128);
-  p.map_b = make_map_3d(a.w, uint64_t(a.experts), uint64_t(a.k), uint64_t(a.n), 64);  // {n, k, e}
-  p.map_b_half = p.map_b;  // MN-major B is loaded in 64-column chunks either way
+  if (a.w_up != nullptr) {
+    gate_up_maps(p, a.w, a.w_up, a.experts, a.k / 2, a.n);  // {n, k/2, e} each, 32 k rows per box
+    p.params.b_gate_up = 1;
+  } else {
+    p.map_b = make_map_3d(a.w, uint64_t(a.experts), uint64_t(a.k), uint64_t(a.n), 64);  // {n, k, e}
+    p.map_b_half = p.map_b;  // MN-major B is loaded in 64-column chunks either way
+  }
   p.map_d0 = make_map_2d(a.dx, u, uint64_t(a.n), 64);
   p.map_d1 = p.map_d0;
   return p;
@@ -159,7 +174,8 @@ Plan plan_dgrad(const DgradArgs& a, const Options& o) {
 
 Plan plan_dgrad_swiglu(const DgradSwiGLUArgs& a, const Options& o) {
   MOK_REQUIRE(a.dy && a.w_down && a.gu && a.d_gu, "dgrad_swiglu", "dy, w_down, gu and d_gu must be given");
-  MOK_REQUIRE(a.inter % 8 == 0, "dgrad_swiglu.inter", "multiple of 8 (gate/up interleave), got ", a.inter);
+  MOK_REQUIRE(a.inter % kGateUpGroup == 0, "dgrad_swiglu.inter", "multiple of ", kGateUpGroup,
+              " (gate/up order), got ", a.inter);
   MOK_REQUIRE(a.inter < (int64_t(1) << 30), "dgrad_swiglu.inter", "2*inter below 2^31, got inter = ", a.inter);
   // The epilogue's 4-byte gu loads (d_gu goes through a TMA map, which checks its own alignment).
   MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.gu) % 16 == 0, "dgrad_swiglu.gu", "16-byte aligned");
@@ -189,8 +205,8 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
               "1 <= rows_total < 2^31, got ", a.rows_total);
   MOK_REQUIRE(a.a && a.b && a.dw && a.expert_row_begin && a.expert_rows, "wgrad",
               "a, b, dw, expert_row_begin and expert_rows must be given");
-  MOK_REQUIRE(a.dw_up == nullptr || a.m % 16 == 0, "wgrad.m",
-              "a multiple of 16 (whole groups of 8 gate and 8 up rows) with dw_up, got ", a.m);
+  MOK_REQUIRE(a.dw_up == nullptr || a.m % (2 * kGateUpGroup) == 0, "wgrad.m",
+              "a multiple of 64 (whole groups of 32 gate and 32 up rows) with dw_up, got ", a.m);
   Plan p;
   p.form = Form::Wgrad;
   p.params.num_m_tiles = static_cast<int32_t>(cdiv(a.m, kBlockM));
@@ -231,7 +247,7 @@ void run(const Plan& plan, cudaStream_t stream) {
 
 void pack_gate_up_host(const uint16_t* w_gate, const uint16_t* w_up, uint16_t* w1p, int64_t experts,
                        int64_t inter, int64_t hidden) {
-  MOK_REQUIRE(inter % 8 == 0, "pack_gate_up.inter", "multiple of 8, got ", inter);
+  MOK_REQUIRE(inter % kGateUpGroup == 0, "pack_gate_up.inter", "multiple of ", kGateUpGroup, ", got ", inter);
   for (int64_t e = 0; e < experts; ++e) {
     for (int64_t i = 0; i < inter; ++i) {
       const uint16_t* g = w_gate + (e * inter + i) * hidden;

@@ -158,15 +158,16 @@ struct KPairSchedule {
 // ------------------------------------------------------------------------------------------------
 // Forms: operand layouts, schedule and epilogue
 // ------------------------------------------------------------------------------------------------
-// FC1: A = routed x [rows, H] (K-major), B = W1p [E, 2I, H] (K-major). Epilogue: the gate/up
-// pre-activations (bf16, interleaved as packed) to map_d0 [rows, 2I] if store_gu, and
-// h = silu(g) * u to map_d1 [rows, I].
+// FC1: A = routed x [rows, H] (K-major), B = [W_gate; W_up] in packed order (K-major, from the
+// two weights: map_b, map_b_half, p.b_gate_up). Epilogue: the gate/up pre-activations (bf16,
+// packed order) to map_d0 [rows, 2I] if store_gu, and h = silu(g) * u to map_d1 [rows, I].
 // kSplitN: the form can run a tile whose tokens fit in 64 rows in split-N form (K-major A and B),
 // with epilogue_split. At BLOCK_N 256 a warpgroup's half holds whole h chunks (128 packed
 // columns -> 64 h columns, TMA-stored); at 128 it holds half a chunk, stored directly.
 template <class C>
 struct FormFc1 {
   static constexpr bool kAMN = false, kBMN = false, kMaskK = false;
+  static constexpr bool kGateUpB = true;  // B may be a gate/up pair (p.b_gate_up; FC1: always)
   static constexpr bool kSplitN = true;
   using Schedule = MGroupedSchedule<C>;
   using PairSchedule = MPairSchedule<C>;
@@ -190,6 +191,7 @@ struct FormFc1 {
 template <class C, bool kBMNArg>
 struct FormStore2d {
   static constexpr bool kAMN = false, kBMN = kBMNArg, kMaskK = false;
+  static constexpr bool kGateUpB = kBMNArg;  // Dgrad: FC1's dgrad reads [W_gate; W_up]
   static constexpr bool kSplitN = !kBMNArg;  // K-major B: halves of 128 or 64 columns
   using Schedule = MGroupedSchedule<C>;
   using PairSchedule = MPairSchedule<C>;
@@ -216,7 +218,7 @@ using FormDgrad = FormStore2d<C, true>;
 // forward's packed gate/up pre-activations p.gu into d_gu [rows, 2 * inter] at map_d0 (packed).
 template <class C>
 struct FormDgradSwiGLU {
-  static constexpr bool kAMN = false, kBMN = true, kMaskK = false, kSplitN = false;
+  static constexpr bool kAMN = false, kBMN = true, kMaskK = false, kSplitN = false, kGateUpB = false;
   using Schedule = MGroupedSchedule<C>;
   using PairSchedule = MPairSchedule<C>;
   __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
@@ -232,7 +234,7 @@ struct FormDgradSwiGLU {
 // p.split_gate_up, M is a packed gate/up width and the rows go to map_d0 (gate) / map_d1 (up).
 template <class C>
 struct FormWgrad {
-  static constexpr bool kAMN = true, kBMN = true, kMaskK = true, kSplitN = false;
+  static constexpr bool kAMN = true, kBMN = true, kMaskK = true, kSplitN = false, kGateUpB = false;
   using Schedule = KGroupedSchedule<C>;
   using PairSchedule = KPairSchedule<C>;
   __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
@@ -286,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       Schedule sched(p);
       while (sched.next(t, shared, dummy))
         if (!produce_tile<C, Form::kAMN, Form::kBMN, kCluster>(sm, ps, t, &map_a, &map_b, wb, &map_b_half, shared,
-                                                               rank))
+                                                               rank, Form::kGateUpB && p.b_gate_up != 0))
           break;  // a wait expired: issue nothing more
       drain_stages(sm, ps, wb);
       if constexpr (kCluster) producer_tail(sm, ps, wb);

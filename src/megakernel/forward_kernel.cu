@@ -139,23 +139,25 @@ struct SlotCursor {
   }
 };
 
-// Operand maps of a task kind. Clusters: `b_half` is the weight map with a box of BLOCK_N/2 rows
-// (each CTA loads and multicasts half of a shared B tile).
+// Operand maps of a task kind. FC2: `b_half` is the weight map with a box of BLOCK_N/2 rows (with
+// clusters each CTA loads and multicasts half of a shared B tile); FC1 (gate_up): b and b_half
+// are the gate and up weights (produce_tile reads B from both).
 struct TaskMaps {
   const CUtensorMap* a;
   const CUtensorMap* b;
   const CUtensorMap* b_half;
+  bool gate_up;
 };
 __device__ __forceinline__ TaskMaps task_maps(const ForwardMaps& maps, int32_t kind) {
   switch (kind) {
     case kTaskFc2:
-      return TaskMaps{&maps.h_in, &maps.w_down, &maps.w_down_half};
+      return TaskMaps{&maps.h_in, &maps.w_down, &maps.w_down_half, false};
     case kTaskShared1:
-      return TaskMaps{&maps.xs_in, &maps.ws1p, &maps.ws1p_half};
+      return TaskMaps{&maps.xs_in, &maps.ws_gate, &maps.ws_up, true};
     case kTaskShared2:
-      return TaskMaps{&maps.hs_in, &maps.ws_down, &maps.ws_down_half};
+      return TaskMaps{&maps.hs_in, &maps.ws_down, &maps.ws_down_half, false};
     default:
-      return TaskMaps{&maps.x_ring, &maps.w1p, &maps.w1p_half};
+      return TaskMaps{&maps.x_ring, &maps.w_gate, &maps.w_up, true};
   }
 }
 
@@ -218,7 +220,7 @@ __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const 
     dev::fence_proxy_async();  // the acquired rows are read by TMA next
     const TaskMaps tm = task_maps(maps, tk.kind);
     issuing = produce_tile<C, false, false, kCluster>(sm, ps, slot->tile, tm.a, tm.b, wb, tm.b_half,
-                                                      (slot->flags & kSlotSharedB) != 0, 0u);
+                                                      (slot->flags & kSlotSharedB) != 0, 0u, tm.gate_up);
   }
   if (clock.out) clock.out[kStatDeps] = dep_ns;
   drain_stages(sm, ps, wb);
@@ -243,7 +245,7 @@ __device__ void follower_producer(const ForwardMaps& maps, const Smem<C>& sm, co
     if (kind == kTaskEnd) break;
     dev::fence_proxy_async();  // rows acquired (through rank 0) are read by TMA next
     const TaskMaps tm = task_maps(maps, kind);
-    if (!produce_tile<C, false, false, true>(sm, ps, t, tm.a, tm.b, wb, tm.b_half, shared, 1u)) break;
+    if (!produce_tile<C, false, false, true>(sm, ps, t, tm.a, tm.b, wb, tm.b_half, shared, 1u, tm.gate_up)) break;
   }
   drain_stages(sm, ps, wb);
   producer_tail(sm, ps, wb);

@@ -18,10 +18,11 @@
 namespace mok::mk {
 
 // TMA tensor maps (bf16, 128-byte swizzle). A operands: box 128 rows; outputs: box 64 rows;
-// weights: 3-D [E, N, K] with box BLOCK_N rows.
+// weights: 3-D [E, N, K] with box BLOCK_N rows, the gate/up weights (FC1's B, read where the
+// caller keeps them) with boxes of 32 rows (the engine's produce_tile, gate_up).
 struct ForwardMaps {
   CUtensorMap x_ring;    // A of FC1: ring [R, H]
-  CUtensorMap w1p;       // B of FC1: [E_loc, 2I, H] (gate/up packed)
+  CUtensorMap w_gate;    // B of FC1, with w_up: [E_loc, I, H] each
   CUtensorMap gu;        // FC1 out: gate/up pre-activations [cap_rows, 2I] (every routed row; rows
                          // 64-127 of a tile whose tokens fit in rows 0-63 are padding and stay
                          // unwritten, so padding rows of gu are undefined)
@@ -30,16 +31,16 @@ struct ForwardMaps {
   CUtensorMap w_down;    // B of FC2: [E_loc, H, I]
   CUtensorMap y_out;     // FC2 out: ring [R, H]
   CUtensorMap xs_in;     // shared expert A: this rank's x [s_tiles*128, H]
-  CUtensorMap ws1p;      // [1, 2Is, H]
+  CUtensorMap ws_gate;   // [1, Is, H]
   CUtensorMap gus_out;   // [s_tiles*128, 2Is]
   CUtensorMap hs_out;    // [s_tiles*128, Is]
   CUtensorMap hs_in;     // [s_tiles*128, Is]
   CUtensorMap ws_down;   // [1, H, Is]
   CUtensorMap ys_out;    // [s_tiles*128, H]
-  // Clusters: the weight maps with a box of BLOCK_N/2 rows (each CTA multicasts half a B tile).
-  CUtensorMap w1p_half;
+  CUtensorMap w_up;      // [E_loc, I, H]
+  CUtensorMap ws_up;     // [1, Is, H]
+  // Clusters: the FC2 weight maps with a box of BLOCK_N/2 rows (each CTA multicasts half a B tile).
   CUtensorMap w_down_half;
-  CUtensorMap ws1p_half;
   CUtensorMap ws_down_half;
 };
 

@@ -154,7 +154,6 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
 
   cap_rows = shape.worst_case_rows();
   t_tiles = sched::ceil_div(T, sched::kBlockM);
-  w1p = DeviceBuffer(bytes("w1p"), "w1p");
   // gate/up pre-activations of every routed row (kept for backward on both paths). Not written
   // by forward(..., save_for_backward = false): a backward must know whether the last forward
   // saved them (track it when the backward lands; a captured graph fixes the flag).
@@ -162,7 +161,6 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   gu = DeviceBuffer(bytes("gu"), "gu");
   const bool has_shared = Is > 0 && T > 0;
   if (has_shared) {
-    ws1p = DeviceBuffer(bytes("ws1p"), "ws1p");
     gu_s = DeviceBuffer(bytes("gu_s"), "gu_s");
     h_s = DeviceBuffer(bytes("h_s"), "h_s");
     y_s = DeviceBuffer(bytes("y_s"), "y_s");
@@ -171,20 +169,28 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
     setup_megakernel(fs);
   else
     setup_unfused();
-  repack(nullptr);
+  bind_weights();
   MOK_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-// Unfused path: routed buffers for the worst case (one macrobatch) and one GEMM plan per stage.
+// Unfused path: routed buffers for the worst case (one macrobatch); bind_weights builds one GEMM
+// plan per stage.
 void Layer::Impl::setup_unfused() {
   x_routed = DeviceBuffer(static_cast<size_t>(mem.bytes("x_routed")), "x_routed");
   x_rows = x_routed.p;
   h = DeviceBuffer(static_cast<size_t>(mem.bytes("h")), "h");
   y = DeviceBuffer(static_cast<size_t>(mem.bytes("y")), "y");
+  if (Is > 0 && T > 0)
+    shared_tiles = upload_array(std::vector<int32_t>(static_cast<size_t>(t_tiles), 0), "shared tiles");
+}
+
+// The unfused path's GEMM plans: FC1 reads w_gate and w_up where the caller keeps them.
+void Layer::Impl::plan_unfused() {
   const gpu::ScheduleView v = schedule->view();
   gemm::Fc1Args a1;
   a1.x = x_routed.p;
-  a1.w1p = w1p.p;
+  a1.w_gate = weights.w_gate.data;
+  a1.w_up = weights.w_up.data;
   a1.h = h.p;
   a1.gu = gu.p;
   a1.hidden = H;
@@ -212,10 +218,10 @@ void Layer::Impl::setup_unfused() {
   fc2 = gemm::plan_fc2(a2, gemm_options());
   // Shared expert: one "expert" over this rank's tokens, read straight from the x window.
   if (Is > 0 && T > 0) {
-    shared_tiles = upload_array(std::vector<int32_t>(static_cast<size_t>(t_tiles), 0), "shared tiles");
     gemm::Fc1Args s1 = a1;
     s1.x = win_x->ptr;
-    s1.w1p = ws1p.p;
+    s1.w_gate = weights.ws_gate.data;
+    s1.w_up = weights.ws_up.data;
     s1.h = h_s.p;
     s1.gu = gu_s.p;
     s1.inter = Is;
@@ -239,7 +245,8 @@ void Layer::Impl::setup_unfused() {
   }
 }
 
-// Megakernel: the ring (macrobatch) buffers, the counter block and the tensor maps.
+// Megakernel: the ring (macrobatch) buffers, the counter block and the tensor maps of the buffers
+// (bind_weights adds the weights').
 void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
   const int64_t R = fs.ring_rows;
   void* x_ring = nullptr;
@@ -255,7 +262,6 @@ void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
   ring_rows = R;
   h = DeviceBuffer(static_cast<size_t>(mem.bytes("h_ring")), "h ring");
   y = DeviceBuffer(static_cast<size_t>(mem.bytes("y_ring")), "y ring");
-  constexpr int64_t kBN = mk::kForwardBlockN;
   mkp.plan = fs.plan;
   mkp.layout = fs.layout;
   mkp.cluster = fs.cluster ? 1 : 0;
@@ -299,29 +305,20 @@ void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
   using gemm::make_map_3d;
   const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
   maps.x_ring = make_map_2d(x_ring, u(R), u(H), 128);
-  maps.w1p = make_map_3d(w1p.p, u(e_loc), u(2 * I), u(H), kBN);
   maps.gu = make_map_2d(gu.p, u(std::max<int64_t>(cap_rows, sched::kBlockM)), u(2 * I), 64);
   maps.h_out = make_map_2d(h.p, u(R), u(I), 64);
   maps.h_in = make_map_2d(h.p, u(R), u(I), 128);
-  maps.w_down = make_map_3d(weights.w_down.data, u(e_loc), u(H), u(I), kBN);
-  maps.w1p_half = make_map_3d(w1p.p, u(e_loc), u(2 * I), u(H), kBN / 2);
-  maps.w_down_half = make_map_3d(weights.w_down.data, u(e_loc), u(H), u(I), kBN / 2);
   maps.y_out = make_map_2d(y.p, u(R), u(H), 64);
   if (has_shared) {
     const int64_t rows = t_tiles * sched::kBlockM;
     maps.xs_in = make_map_2d(win_x->ptr, u(rows), u(H), 128);
-    maps.ws1p = make_map_3d(ws1p.p, 1, u(2 * Is), u(H), kBN);
     maps.gus_out = make_map_2d(gu_s.p, u(rows), u(2 * Is), 64);
     maps.hs_out = make_map_2d(h_s.p, u(rows), u(Is), 64);
     maps.hs_in = make_map_2d(h_s.p, u(rows), u(Is), 128);
-    maps.ws_down = make_map_3d(weights.ws_down.data, 1, u(H), u(Is), kBN);
-    maps.ws1p_half = make_map_3d(ws1p.p, 1, u(2 * Is), u(H), kBN / 2);
-    maps.ws_down_half = make_map_3d(weights.ws_down.data, 1, u(H), u(Is), kBN / 2);
     maps.ys_out = make_map_2d(y_s.p, u(rows), u(H), 64);
   } else {
     // Never used (no shared tasks); every map must still be a valid encoding.
-    maps.xs_in = maps.ws1p = maps.gus_out = maps.hs_out = maps.hs_in = maps.ws_down = maps.ys_out = maps.x_ring;
-    maps.ws1p_half = maps.ws_down_half = maps.x_ring;
+    maps.xs_in = maps.gus_out = maps.hs_out = maps.hs_in = maps.ys_out = maps.x_ring;
   }
 }
 
@@ -348,9 +345,40 @@ void Layer::Impl::setup_push_dispatch() {
   mkp.counter_peers = counter_peers.get<uint32_t* const>();
 }
 
-void Layer::Impl::repack(cudaStream_t stream) {
-  gemm::pack_gate_up(weights.w_gate.data, weights.w_up.data, w1p.p, e_loc, I, H, stream);
-  if (Is > 0 && T > 0) gemm::pack_gate_up(weights.ws_gate.data, weights.ws_up.data, ws1p.p, 1, Is, H, stream);
+// Everything that holds a weight's address: the unfused path's plans, or the megakernel's weight
+// maps (FC1's B from w_gate and w_up as they are: no packed copy, so an optimizer's in-place
+// update is read by the next call). Host-side only (tensor-map encodes): set_weights calls it too.
+void Layer::Impl::bind_weights() {
+  if (!fused) {
+    plan_unfused();
+    return;
+  }
+  using gemm::make_map_3d;
+  const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
+  constexpr int64_t kBN = mk::kForwardBlockN;
+  constexpr auto kBox = static_cast<uint32_t>(gemm::kGateUpGroup);
+  maps.w_gate = make_map_3d(weights.w_gate.data, u(e_loc), u(I), u(H), kBox);
+  maps.w_up = make_map_3d(weights.w_up.data, u(e_loc), u(I), u(H), kBox);
+  maps.w_down = make_map_3d(weights.w_down.data, u(e_loc), u(H), u(I), kBN);
+  maps.w_down_half = make_map_3d(weights.w_down.data, u(e_loc), u(H), u(I), kBN / 2);
+  if (mkp.plan.s_tiles > 0) {
+    maps.ws_gate = make_map_3d(weights.ws_gate.data, 1, u(Is), u(H), kBox);
+    maps.ws_up = make_map_3d(weights.ws_up.data, 1, u(Is), u(H), kBox);
+    maps.ws_down = make_map_3d(weights.ws_down.data, 1, u(H), u(Is), kBN);
+    maps.ws_down_half = make_map_3d(weights.ws_down.data, 1, u(H), u(Is), kBN / 2);
+  } else {
+    // Never used (no shared tasks); every map must still be a valid encoding.
+    maps.ws_gate = maps.ws_up = maps.ws_down = maps.ws_down_half = maps.w_gate;
+  }
+}
+
+void Layer::Impl::set_weights(const DeviceWeights& w) {
+  MOK_CUDA_CHECK(cudaSetDevice(comm.device()));
+  validate_weights_layout(shape, w);
+  check_device_weight_set("weights.w", w.w_gate, w.w_up, w.w_down, w.ws_gate, w.ws_up, w.ws_down, Is > 0,
+                          comm.device());
+  weights = w;
+  bind_weights();
 }
 
 gpu::MoveArgs Layer::Impl::move_args() const {
@@ -450,7 +478,7 @@ void Layer::backward(const RoutingRefs& in, const TensorRef& d_out, const Device
   impl_->backward(in, d_out, grads, stream);
 }
 
-void Layer::repack(cudaStream_t stream) { impl_->repack(stream); }
+void Layer::set_weights(const DeviceWeights& weights) { impl_->set_weights(weights); }
 
 void* Layer::input_buffer() const { return impl_->T > 0 ? impl_->win_x->ptr : nullptr; }
 

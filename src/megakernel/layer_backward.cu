@@ -87,7 +87,8 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
                             dy_routed.p, stream);
   mark(3, stream);
   // Routed d_x rows into y (the forward's FC2 output is no longer needed).
-  run_dgrads(dy_routed.p, weights.w_down.data, gu.p, w1p.p, y.p, I, e_loc, v.tile_expert, tiles, stream, 4);
+  run_dgrads(dy_routed.p, weights.w_down.data, gu.p, weights.w_gate.data, weights.w_up.data, y.p, I, e_loc,
+             v.tile_expert, tiles, stream, 4);
   mark(5, stream);
   gpu::push_combine(move, y.p, combine_peers.get<void* const>(), stream);
   mark(6, stream);
@@ -149,16 +150,16 @@ std::string Layer::Impl::backward_profile() const {
 // The shared expert over this rank's tokens: dy = d_out (weight 1), as one expert of T rows.
 void Layer::Impl::shared_backward(const DeviceGrads& g, cudaStream_t stream) {
   const int32_t* begin = shared_rows.get<const int32_t>();
-  run_dgrads(win_dout->ptr, weights.ws_down.data, gu_s.p, ws1p.p, y_s.p, Is, 1, shared_tiles.get<const int32_t>(),
-             t_tiles, stream);
+  run_dgrads(win_dout->ptr, weights.ws_down.data, gu_s.p, weights.ws_gate.data, weights.ws_up.data, y_s.p, Is, 1,
+             shared_tiles.get<const int32_t>(), t_tiles, stream);
   run_wgrad(win_dout->ptr, h_s.p, const_cast<void*>(g.d_ws_down.data), H, Is, 1, t_tiles * sched::kBlockM, begin, begin + 1, stream);
   run_wgrad(gu_s.p, win_x->ptr, const_cast<void*>(g.d_ws_gate.data), 2 * Is, H, 1, t_tiles * sched::kBlockM, begin,
             begin + 1, stream, const_cast<void*>(g.d_ws_up.data));
 }
 
-// the d_x rows = rnd(d_gu . w1p) into dx_rows; mark_between >= 0 records that stage mark between.
-void Layer::Impl::run_dgrads(const void* dy, const void* w_down, void* gu_buf, const void* w1p_buf, void* dx_rows,
-                             int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
+// the d_x rows = rnd(d_gu . [w_gate; w_up]) into dx_rows; mark_between >= 0 records that stage mark between.
+void Layer::Impl::run_dgrads(const void* dy, const void* w_down, void* gu_buf, const void* w_gate, const void* w_up,
+                             void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
                              cudaStream_t stream, int mark_between) {
   gemm::DgradSwiGLUArgs ds;
   ds.dy = dy;
@@ -174,7 +175,8 @@ void Layer::Impl::run_dgrads(const void* dy, const void* w_down, void* gu_buf, c
   if (mark_between >= 0) mark(mark_between, stream);
   gemm::DgradArgs dx;
   dx.dy = gu_buf;
-  dx.w = w1p_buf;
+  dx.w = w_gate;
+  dx.w_up = w_up;
   dx.dx = dx_rows;
   dx.k = 2 * inter;
   dx.n = H;

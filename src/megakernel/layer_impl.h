@@ -129,8 +129,8 @@ struct Layer::Impl {
   DeviceErrorWord errors;
   DeviceBuffer tables, x_peers, combine_peers, dout_peers, weight_peers;
   std::unique_ptr<gpu::ScheduleBuilder> schedule;
-  DeviceBuffer w1p, x_routed, gu, h, y;
-  DeviceBuffer ws1p, shared_tiles, gu_s, h_s, y_s;
+  DeviceBuffer x_routed, gu, h, y;
+  DeviceBuffer shared_tiles, gu_s, h_s, y_s;
   // Backward: what the forward leaves for it, and its own buffer (allocated by the first
   // backward(): an inference-only layer never pays for it).
   void* x_rows = nullptr;  // routed x rows of the last forward (x_routed, or the megakernel's ring)
@@ -173,10 +173,12 @@ struct Layer::Impl {
   // reused only when every rank has given it back; see Communicator::acquire_window).
   ~Impl();
   void setup_unfused();
+  void plan_unfused();
   void setup_megakernel(const mk::ForwardSetup& fs);
   static void register_site_names();
   void setup_push_dispatch();
-  void repack(cudaStream_t stream);
+  void bind_weights();
+  void set_weights(const DeviceWeights& w);
   gpu::MoveArgs move_args() const;
   // Every in-kernel wait of the layer's GEMMs bounded by the config's timeout and given up once
   // any rank has failed (the communicator's abort word).
@@ -188,9 +190,9 @@ struct Layer::Impl {
   void forward(const RoutingRefs& in, const TensorRef& out, cudaStream_t stream, bool save_for_backward);
   void backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& g, cudaStream_t stream);
   void shared_backward(const DeviceGrads& g, cudaStream_t stream);
-  void run_dgrads(const void* dy, const void* w_down, void* gu_buf, const void* w1p_buf, void* dx_rows, int64_t inter,
-                  int64_t experts, const int32_t* tile_expert, int64_t tiles, cudaStream_t stream,
-                  int mark_between = -1);
+  void run_dgrads(const void* dy, const void* w_down, void* gu_buf, const void* w_gate, const void* w_up,
+                  void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
+                  cudaStream_t stream, int mark_between = -1);
   void run_wgrad(const void* a, const void* b, void* dw, int64_t m, int64_t n, int64_t experts, int64_t rows_total,
                  const int32_t* row_begin, const int32_t* rows, cudaStream_t stream, void* dw_up = nullptr) const;
   void allocate_backward();

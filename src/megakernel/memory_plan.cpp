@@ -93,10 +93,8 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   const sched::BuilderSizes n = sched::builder_sizes(chunks, e_loc, W, cap);
   const int64_t one_schedule = n.total() * 4 + 16 /* totals */ + 16 /* abort snapshot */;
   add("schedule", one_schedule * (push ? W : 1), S::Layer);
-  add("w1p", e_loc * 2 * I * H * 2, S::Layer);
   add("gu", std::max<int64_t>(cap, sched::kBlockM) * 2 * I * 2, S::Saved);
   if (Is > 0 && T > 0) {
-    add("ws1p", 2 * Is * H * 2, S::Layer);
     add("gu_s", t_tiles * 128 * 2 * Is * 2, S::Saved);
     add("h_s", t_tiles * 128 * Is * 2, S::Saved);
     add("y_s", t_tiles * 128 * H * 2, S::Layer);

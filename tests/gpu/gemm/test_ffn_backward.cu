@@ -3,11 +3,11 @@
 //   FC1 forward            gu = (g, u) packed, h = rnd(silu(g) * u)          plan_fc1 (split-N on)
 //   FC2 dgrad + SwiGLU'    d_gu = (rnd(s (1 + g (1 - s)) u dh), rnd(g s dh)),
 //                          dh = rnd(dy . W_down[e])                          plan_dgrad_swiglu
-//   FC1 dgrad              d_x = rnd(d_gu . W1p[e])                           plan_dgrad
+//   FC1 dgrad              d_x = rnd(d_gu . [W_gate; W_up][e]) (packed K)     plan_dgrad (w_up)
 //   wgrads                 dW_down[e] = rnd(sum dy^T h), dW1p[e] = rnd(sum d_gu^T x)  plan_wgrad
 //   (and FC2 forward       y = rnd(h . W_down[e]^T)                           plan_fc2, split-N on)
 // What no single-form test pins: the packed gate/up order flows through every form (d_gu comes out
-// in the order FC1's dgrad and wgrad take, dW1p in pack_gate_up's order, i.e. dW_gate and dW_up
+// in the order FC1's dgrad and wgrad take, dW1p in the packed order, i.e. dW_gate and dW_up
 // after unpacking), and padding rows never leak into a reduction: x and dy hold NaN there, and
 // split-N FC1 tiles leave rows 64..127 of gu and h unwritten (NaN poison here).
 #include <cuda_runtime.h>
@@ -110,17 +110,17 @@ void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I,
   const auto wg = random_bf16(size_t(E * I * H), seed + 2, 0.05);
   const auto wu = random_bf16(size_t(E * I * H), seed + 3, 0.05);
   const auto wd = random_bf16(size_t(E * H * I), seed + 4, 0.05);
-  std::vector<uint16_t> w1p(size_t(E * 2 * I * H));
-  gemm::pack_gate_up_host(wg.data(), wu.data(), w1p.data(), E, I, H);
+  const size_t w1_elems = size_t(E * 2 * I * H);  // dW1 in packed rows (the wgrad without dw_up)
 
-  DevBuf d_x_in(x.size() * 2), d_dy(dy.size() * 2), d_w1p(w1p.size() * 2), d_wd(wd.size() * 2),
+  DevBuf d_x_in(x.size() * 2), d_dy(dy.size() * 2), d_wg(wg.size() * 2), d_wu(wu.size() * 2), d_wd(wd.size() * 2),
       d_te(rt.tile_expert.size() * 4 + 4), d_beg(rt.begin.size() * 4 + 4), d_cnt(rt.counts.size() * 4 + 4),
       d_h(size_t(rows * I) * 2), d_gu(size_t(rows * 2 * I) * 2), d_dgu(size_t(rows * 2 * I) * 2),
-      d_dx(size_t(rows * H) * 2), d_dwd(size_t(E * H * I) * 2), d_dw1p(w1p.size() * 2), d_y(size_t(rows * H) * 2),
+      d_dx(size_t(rows * H) * 2), d_dwd(size_t(E * H * I) * 2), d_dw1p(w1_elems * 2), d_y(size_t(rows * H) * 2),
       err(sizeof(unsigned));
   upload(d_x_in, x);
   upload(d_dy, dy);
-  upload(d_w1p, w1p);
+  upload(d_wg, wg);
+  upload(d_wu, wu);
   upload(d_wd, wd);
   upload(d_te, rt.tile_expert);
   upload(d_beg, rt.begin);
@@ -135,15 +135,15 @@ void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I,
   const int32_t* cnt = d_cnt.as<int32_t>();
   const int64_t mt = rt.num_m_tiles();
   // FC1 with the experts' rows: split-N for tails of <= 64 rows, as in the megakernel.
-  const gemm::Fc1Args f{.x = d_x_in.p, .w1p = d_w1p.p, .h = d_h.p, .gu = d_gu.p, .hidden = H, .inter = I,
+  const gemm::Fc1Args f{.x = d_x_in.p, .w_gate = d_wg.p, .w_up = d_wu.p, .h = d_h.p, .gu = d_gu.p, .hidden = H, .inter = I,
                         .experts = E, .tile_expert = te, .num_m_tiles = mt, .expert_row_begin = beg,
                         .expert_rows = cnt};
   const gemm::Fc2Args f2{.a = d_h.p, .w = d_wd.p, .y = d_y.p, .k = I, .n = H, .experts = E, .tile_expert = te,
                          .num_m_tiles = mt, .expert_row_begin = beg, .expert_rows = cnt};
   const gemm::DgradSwiGLUArgs s{.dy = d_dy.p, .w_down = d_wd.p, .gu = d_gu.p, .d_gu = d_dgu.p, .hidden = H,
                                 .inter = I, .experts = E, .tile_expert = te, .num_m_tiles = mt};
-  const gemm::DgradArgs d{.dy = d_dgu.p, .w = d_w1p.p, .dx = d_dx.p, .k = 2 * I, .n = H, .experts = E,
-                          .tile_expert = te, .num_m_tiles = mt};
+  const gemm::DgradArgs d{.dy = d_dgu.p, .w = d_wg.p, .dx = d_dx.p, .k = 2 * I, .n = H, .experts = E,
+                          .tile_expert = te, .num_m_tiles = mt, .w_up = d_wu.p};
   const gemm::WgradArgs w2{.a = d_dy.p, .b = d_h.p, .dw = d_dwd.p, .m = H, .n = I, .experts = E,
                            .rows_total = rows, .expert_row_begin = beg, .expert_rows = cnt};
   const gemm::WgradArgs w1{.a = d_dgu.p, .b = d_x_in.p, .dw = d_dw1p.p, .m = 2 * I, .n = H, .experts = E,
@@ -155,7 +155,7 @@ void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I,
   ASSERT_EQ(download<unsigned>(err, 1)[0], 0u) << "a bounded wait expired";
   const auto dx = download<uint16_t>(d_dx, size_t(rows * H));
   const auto dwd = download<uint16_t>(d_dwd, size_t(E * H * I));
-  const auto dw1p = download<uint16_t>(d_dw1p, w1p.size());
+  const auto dw1p = download<uint16_t>(d_dw1p, w1_elems);
   const auto y = download<uint16_t>(d_y, size_t(rows * H));
   // FC1's wgrad written unpacked (dw_up): dW_gate and dW_up in plain order, the same bits as
   // dW1p's packed rows.
@@ -227,8 +227,8 @@ void ffn_backward_case(const std::vector<int32_t>& counts, int64_t H, int64_t I,
 TEST(FfnBackward, FormsComposeIntoTheSpecifiedBackward) {
   MOK_REQUIRE_GPUS(1);
   // Experts with 0, 1, 63 (split-N FC1 tile), 128, 200 and 385 rows; K and N off the block sizes.
-  ffn_backward_case({0, 1, 63, 128, 200, 385}, 328, 200, 0, 901);
-  ffn_backward_case({0, 1, 63, 128, 200, 385}, 328, 200, 5, 902);  // few CTAs: the stage ring wraps
+  ffn_backward_case({0, 1, 63, 128, 200, 385}, 328, 224, 0, 901);
+  ffn_backward_case({0, 1, 63, 128, 200, 385}, 328, 224, 5, 902);  // few CTAs: the stage ring wraps
   ffn_backward_case({40, 0, 300, 129}, 512, 256, 0, 903);
 }
 
@@ -258,7 +258,7 @@ void expect_same_bits(const std::vector<int32_t>& counts, int64_t H, int64_t I, 
 
 TEST(FfnBackward, ProgrammaticDependentLaunchGivesTheSameBits) {
   MOK_REQUIRE_GPUS(1);
-  expect_same_bits({0, 1, 63, 128, 200, 385}, 328, 200, 0, 904, Variant{.pdl = true}, "programmatic dependent launch");
+  expect_same_bits({0, 1, 63, 128, 200, 385}, 328, 224, 0, 904, Variant{.pdl = true}, "programmatic dependent launch");
 }
 
 }  // namespace

@@ -98,26 +98,20 @@ void fc1_case(const std::vector<int32_t>& counts, int64_t hidden, int64_t inter,
   const auto x = routed_input(rt, hidden, seed);
   const auto wg = random_bf16(size_t(E * inter * hidden), seed + 1, 0.05);
   const auto wu = random_bf16(size_t(E * inter * hidden), seed + 2, 0.05);
-  std::vector<uint16_t> w1p(size_t(E * n * hidden));
-  gemm::pack_gate_up_host(wg.data(), wu.data(), w1p.data(), E, inter, hidden);
-
-  DevBuf dx(x.size() * 2), dwg(wg.size() * 2), dwu(wu.size() * 2), dw1p(w1p.size() * 2), dte(rt.tile_expert.size() * 4 + 4);
+  DevBuf dx(x.size() * 2), dwg(wg.size() * 2), dwu(wu.size() * 2), dte(rt.tile_expert.size() * 4 + 4);
   DevBuf dh(size_t(rows * inter) * 2), dgu(size_t(rows * n) * 2);
   upload(dx, x);
   upload(dwg, wg);
   upload(dwu, wu);
   upload(dte, rt.tile_expert);
-  // The device packing must match the host packing.
-  gemm::pack_gate_up(dwg.p, dwu.p, dw1p.p, E, inter, hidden, nullptr);
-  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
-  EXPECT_TRUE(download<uint16_t>(dw1p, w1p.size()) == w1p) << "pack_gate_up (device) != pack_gate_up_host";
 
   Device dev;
   dev.skew = skew;
   dev.block_n = g_block_n;
   gemm::Fc1Args a;
   a.x = dx.p;
-  a.w1p = dw1p.p;
+  a.w_gate = dwg.p;  // read where they are: no packed copy
+  a.w_up = dwu.p;
   a.h = dh.p;
   a.gu = dgu.p;
   a.hidden = hidden;
@@ -187,9 +181,9 @@ void fc1_case(const std::vector<int32_t>& counts, int64_t hidden, int64_t inter,
 
 TEST(GroupedGemm, Fc1SwiGLUSmallExpertsPartialBlocks) {
   MOK_REQUIRE_GPUS(1);
-  // K = 328 (5 full blocks + 8), N = 2*200 = 400 (one full tile + 144 columns).
-  fc1_case({0, 1, 63, 128, 200, 385}, 328, 200, 5, 101);
-  fc1_case({0, 1, 63, 128, 200, 385}, 328, 200, 0, 102);
+  // K = 328 (5 full blocks + 8), N = 2*224 = 448 (one full tile + 192 columns).
+  fc1_case({0, 1, 63, 128, 200, 385}, 328, 224, 5, 101);
+  fc1_case({0, 1, 63, 128, 200, 385}, 328, 224, 0, 102);
 }
 
 TEST(GroupedGemm, Fc1SwiGLUManyTiles) {
@@ -397,8 +391,8 @@ TEST(GroupedGemm, DgradSwiGLUFusedBackward) {
     g_cluster = cluster;
     for (int bn : {256, 128}) {
       g_block_n = bn;
-      dswiglu_case({0, 1, 63, 128, 200, 385}, 328, 200, 5, 801);
-      dswiglu_case({0, 1, 63, 128, 200, 385}, 328, 232, 0, 802);
+      dswiglu_case({0, 1, 63, 128, 200, 385}, 328, 160, 5, 801);
+      dswiglu_case({0, 1, 63, 128, 200, 385}, 328, 224, 0, 802);
       dswiglu_case({512, 300, 0, 1000, 17}, 1024, 512, 7, 803, 7, 2);
     }
   }
@@ -407,7 +401,7 @@ TEST(GroupedGemm, DgradSwiGLUFusedBackward) {
 }
 
 // Bad buffers are named: gu misaligned, d_gu overlapping gu other than exactly (in place is fine),
-// inter not a multiple of 8.
+// inter not a multiple of 32 (the gate/up order's group).
 TEST(GroupedGemm, DgradSwiGLURejectsBadBuffers) {
   MOK_REQUIRE_GPUS(1);
   const Routed rt({100, 30});
@@ -436,7 +430,7 @@ TEST(GroupedGemm, DgradSwiGLURejectsBadBuffers) {
   a.d_gu = base + 4;
   rejects(a, "dgrad_swiglu.gu");
   a.gu = a.d_gu = gu.p;
-  a.inter = 60;
+  a.inter = 48;
   rejects(a, "dgrad_swiglu.inter");
 }
 
@@ -538,7 +532,7 @@ TEST(GroupedGemm, StaggeredConsumerWarpgroups) {
 TEST(GroupedGemm, BlockN128AllForms) {
   MOK_REQUIRE_GPUS(1);
   g_block_n = 128;
-  fc1_case({0, 1, 63, 128, 200, 385}, 328, 200, 5, 501);
+  fc1_case({0, 1, 63, 128, 200, 385}, 328, 224, 5, 501);
   fc1_case({512, 300, 0, 1000, 17}, 1024, 512, 0, 502, 7, 3);
   plain_case(false, {0, 1, 63, 128, 200, 385}, 200, 328, 5, 503);
   plain_case(false, {512, 300, 0, 1000, 17}, 1024, 512, 11, 504, 5, 2);
@@ -587,8 +581,8 @@ TEST(GroupedGemm, SplitNForNearlyEmptyTiles) {
         g_split = true;
         fc1_case(counts, 1024, 512, 0, 702, 7, skew, &on);
         same_token_rows(rt, off, on, {512, 1024});
-        fc1_case(counts, 328, 200, 5, 701);  // I = 200: warpgroup 0's half of the last tile partly past I
-        fc1_case(counts, 328, 232, 5, 705);  // I = 232: warpgroup 1's half partly past I (at BLOCK_N 128)
+        fc1_case(counts, 328, 160, 5, 701);  // I = 160: warpgroup 0's half of the last tile partly past I
+        fc1_case(counts, 328, 224, 5, 705);  // I = 224: warpgroup 1's half partly (BLOCK_N 256) or wholly past I
         g_split = false;
         plain_case(false, counts, 1024, 512, 0, 704, 5, skew, &off);
         g_split = true;
@@ -610,7 +604,7 @@ TEST(GroupedGemm, ClustersMulticastB) {
     g_block_n = bn;
     // Expert tile runs of odd length (pairs straddle experts: B not shared), an odd tile count
     // (the last pair has a dummy), zero-row experts, few CTAs (ring wraps) and all SMs.
-    fc1_case({0, 1, 63, 128, 200, 385}, 328, 200, 4, 601);
+    fc1_case({0, 1, 63, 128, 200, 385}, 328, 224, 4, 601);
     fc1_case({512, 300, 0, 1000, 17}, 1024, 512, 0, 602, 7);
     plain_case(false, {0, 1, 63, 128, 200, 385}, 200, 328, 6, 603);
     plain_case(false, {512, 300, 0, 1000, 17}, 1024, 512, 10, 604, 5);

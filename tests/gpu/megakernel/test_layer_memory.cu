@@ -1,0 +1,165 @@
+// The layer's memory (tests for the training-memory issue): the device memory a layer takes
+// against the planner (include/mok/memory.hpp), and the weights read where the caller keeps them
+// (no packed copy, no repack): in-place updates and set_weights(). One GPU, both paths.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "layer_test_util.h"
+#include "mok/comm.hpp"
+#include "mok/layer.hpp"
+#include "mok/memory.hpp"
+#include "mok/workload.hpp"
+
+namespace {
+
+using mok::test::bit_diffs;
+using mok::test::RankData;
+using mok::test::RankGrads;
+using mok::test::ranks_on_gpus;
+using mok::test::upload;
+
+constexpr auto kMk = mok::ForwardPath::Megakernel;
+constexpr auto kUnfused = mok::ForwardPath::Unfused;
+std::string path_name(const ::testing::TestParamInfo<mok::ForwardPath>& i) { return mok::to_string(i.param); }
+
+// The device memory a layer takes is what the memory planner says, within 2% (and the
+// allocator's rounding): its construction (the layer's buffers and windows) and its first backward
+// (the backward's own buffers), each measured as the drop in free memory, on both paths, one GPU.
+// A first layer is built, run and destroyed before measuring, so that what a process allocates
+// once (lazily loaded kernels, NCCL's and the runtime's pools) is not counted; its symmetric
+// windows stay in the communicator's pool and are reused. The device's free memory is read: the GPU must
+// be ours alone meanwhile (scripts/reliability.sh runs this after its sanitizer processes).
+class LayerMemory : public ::testing::TestWithParam<mok::ForwardPath> {};
+
+TEST_P(LayerMemory, MeasuredEqualsThePlan) {
+  MOK_REQUIRE_GPUS(1);
+  const mok::LayerShape shape{{4096}, 2048, 768, 16, 8, 0};
+  mok::Config cfg;
+  cfg.forward_path = GetParam();
+  const auto wl = mok::make_workload(shape, mok::Routing::Uniform, 91);
+  auto group = ranks_on_gpus(1, shape, cfg);
+  RankData d(shape, wl, 0);
+  RankGrads gr(shape, 0);
+  mok::bf16* d_out = upload(wl.d_out[0].data(), wl.d_out[0].size());
+  const auto dref = mok::TensorRef::contiguous(d_out, mok::DType::BF16, {d.T, d.H});
+  int sms = 0;
+  ASSERT_EQ(cudaSuccess, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const mok::MemoryPlan plan = mok::plan_memory(shape, cfg, 0, sms);
+  const auto free_now = [] {
+    size_t free = 0, total = 0;
+    EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    EXPECT_EQ(cudaSuccess, cudaMemGetInfo(&free, &total));
+    return double(free);
+  };
+  const auto step = [&](mok::Layer& layer) {
+    d.forward_once(layer, group[0]);
+    layer.backward(d.refs, dref, gr.g, group[0].stream());
+    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(group[0].stream()));
+    layer.check();
+  };
+  {
+    mok::Layer warm(group[0], shape, cfg, d.dw);
+    step(warm);
+  }
+  double built = 0, backward = 0, after = 0;
+  const double f0 = free_now();
+  {
+    mok::Layer layer(group[0], shape, cfg, d.dw);
+    const double f1 = free_now();
+    d.forward_once(layer, group[0]);
+    const double f2 = free_now();
+    layer.backward(d.refs, dref, gr.g, group[0].stream());
+    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(group[0].stream()));
+    layer.check();
+    const double f3 = free_now();
+    built = f0 - f1;
+    backward = f2 - f3;
+    std::printf("[layer memory] %s: built %.1f MB, forward %.1f MB, backward %.1f MB (free %.1f -> %.1f MB)\n",
+                mok::to_string(GetParam()), built * 1e-6, (f1 - f2) * 1e-6, backward * 1e-6, f0 * 1e-6, f3 * 1e-6);
+  }
+  after = f0 - free_now();
+  // The warm-up layer's symmetric windows went back to the communicator's pool, which hands them
+  // to the measured layer: its construction takes the rest of the plan.
+  const double p_layer =
+      double(plan.total(mok::MemoryScope::Layer) + plan.total(mok::MemoryScope::Saved) - plan.symmetric());
+  const double p_bwd = double(plan.total(mok::MemoryScope::Backward));
+  std::printf("[layer memory] planned: layer %.1f MB, backward %.1f MB; after the layer is gone %.1f MB held\n%s",
+              p_layer * 1e-6, p_bwd * 1e-6, after * 1e-6, plan.table().c_str());
+  EXPECT_NEAR(built, p_layer, 0.02 * p_layer + 16e6) << "construction";
+  EXPECT_NEAR(backward, p_bwd, 0.02 * p_bwd + 8e6) << "first backward";
+  cudaFree(d_out);
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, LayerMemory, ::testing::Values(kMk, kUnfused), path_name);
+
+// The layer keeps no copy of the weights (FC1 reads w_gate / w_up where they are): weights changed
+// in place between two steps are used by the next forward and backward, and set_weights() points a
+// layer at other tensors; either way the results are bitwise those of a layer built with the new
+// weights. Both paths, one GPU, with a shared expert.
+class LayerWeights : public ::testing::TestWithParam<mok::ForwardPath> {};
+
+TEST_P(LayerWeights, InPlaceUpdatesAndSetWeightsNeedNoRepack) {
+  MOK_REQUIRE_GPUS(1);
+  const mok::LayerShape shape{{640}, 1024, 256, 16, 4, 256};
+  mok::Config cfg;
+  cfg.forward_path = GetParam();
+  const auto wl = mok::make_workload(shape, mok::Routing::Zipf, 31);
+  auto mixed = wl;  // the same inputs with other weights
+  mixed.weights = mok::make_workload(shape, mok::Routing::Zipf, 32).weights;
+  auto group = ranks_on_gpus(1, shape, cfg);
+  mok::comm::Communicator& comm = group[0];
+  RankData a(shape, wl, 0), b(shape, mixed, 0);
+  RankGrads ga(shape, 0), gb(shape, 0);
+  mok::bf16* d_out = upload(wl.d_out[0].data(), wl.d_out[0].size());
+  const auto dref = mok::TensorRef::contiguous(d_out, mok::DType::BF16, {a.T, a.H});
+  const auto backward = [&](mok::Layer& layer, const RankData& d, const RankGrads& g) {
+    g.poison();
+    layer.backward(d.refs, dref, g.g, comm.stream());
+    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
+    layer.check();
+  };
+  // The reference: a layer built with the new weights.
+  std::vector<mok::bf16> want;
+  {
+    mok::Layer fresh(comm, shape, cfg, b.dw);
+    want = b.forward_once(fresh, comm);
+    backward(fresh, b, gb);
+  }
+  const auto want_grads = gb.fetch();
+  mok::Layer layer(comm, shape, cfg, a.dw);
+  const auto before = a.forward_once(layer, comm);
+  EXPECT_GT(bit_diffs(before, want), 0) << "the two weight sets must give different outputs";
+  // set_weights: the other tensors.
+  layer.set_weights(b.dw);
+  EXPECT_EQ(bit_diffs(a.forward_once(layer, comm), want), 0) << "forward after set_weights";
+  backward(layer, a, ga);
+  auto got = ga.fetch();
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(got[i] == want_grads[i]) << "gradient " << i << " after set_weights";
+  // In place: back to a's tensors, then b's values copied into them (as an optimizer step would).
+  layer.set_weights(a.dw);
+  EXPECT_EQ(bit_diffs(a.forward_once(layer, comm), before), 0) << "back to the first weights";
+  const int64_t n[6] = {shape.local_experts() * shape.intermediate * shape.hidden,
+                        shape.local_experts() * shape.intermediate * shape.hidden,
+                        shape.local_experts() * shape.hidden * shape.intermediate,
+                        shape.shared_intermediate * shape.hidden, shape.shared_intermediate * shape.hidden,
+                        shape.hidden * shape.shared_intermediate};
+  for (int i = 0; i < 6; ++i)
+    ASSERT_EQ(cudaSuccess, cudaMemcpy(const_cast<void*>(a.weight_ptrs[static_cast<size_t>(i)]),
+                                      b.weight_ptrs[static_cast<size_t>(i)], static_cast<size_t>(n[i]) * 2,
+                                      cudaMemcpyDeviceToDevice));
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  EXPECT_EQ(bit_diffs(a.forward_once(layer, comm), want), 0) << "forward after an in-place update";
+  backward(layer, a, ga);
+  got = ga.fetch();
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(got[i] == want_grads[i]) << "gradient " << i << " after an in-place update";
+  cudaFree(d_out);
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, LayerWeights, ::testing::Values(kMk, kUnfused), path_name);
+
+}  // namespace
