@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -434,11 +435,18 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
               "|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& name : o.models) {
     const Model* m = nullptr;
+    const size_t cut = name.find('/');
     for (const auto& c : kModels)
-      if (name == c.name) m = &c;
-    MOK_REQUIRE(m != nullptr, "--models", "unknown model '", name, "' (dsv3, qwen3-30b-a3b, qwen3-235b)");
-    MOK_REQUIRE(m->E % W == 0, "GPUs", m->name, " has ", m->E, " experts, not divisible by ", W, " ranks");
-    const int64_t H = m->H, I = m->I, k = m->k, e_loc = m->E / W;
+      if (name.substr(0, cut) == c.name) m = &c;
+    MOK_REQUIRE(m != nullptr, "--models", "unknown model '", name, "' (dsv3, qwen3-30b-a3b, qwen3-235b, each optionally /ep8)");
+    // "/epS": the slice one rank of EP S computes, on each of our W GPUs: E * W / S experts in all.
+    const int slice = cut == std::string::npos ? 0 : std::atoi(name.c_str() + cut + 3);
+    MOK_REQUIRE(slice == 0 || (name.compare(cut, 3, "/ep") == 0 && slice >= W && m->E * W % slice == 0), "--models",
+                "'", name, "': a slice is /epS with S >= ", W, " GPUs dividing E * GPUs");
+    const int64_t E = slice ? m->E * W / slice : m->E;
+    MOK_REQUIRE(E % W == 0, "GPUs", name, " has ", E, " experts, not divisible by ", W, " ranks");
+    const std::string model = name;
+    const int64_t H = m->H, I = m->I, k = m->k, e_loc = E / W;
     std::vector<RankWeights> weights(static_cast<size_t>(W));
     group.run([&](comm::Communicator& c, size_t r) {
       RankWeights& rw = weights[r];
@@ -453,7 +461,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
     });
     for (int64_t T : o.tokens) {
       for (Routing routing : o.routings) {
-        const LayerShape shape = LayerShape::uniform(W, T, H, I, m->E, k, 0);
+        const LayerShape shape = LayerShape::uniform(W, T, H, I, E, k, 0);
         const Workload wl = make_workload(shape, routing, 2026 + static_cast<uint64_t>(T), 0);
         const std::string tiles_json = tile_stats_json(shape, wl);
         const std::vector<int64_t> link_rows = nvlink_rows_per_rank(shape, wl);
@@ -526,7 +534,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
                 },
                 [&](int r, int q, int64_t c) { return double(float(sampled[r][q * H + c])); });
             MOK_REQUIRE(rel < 1e-2, "GPU layer check", "sampled outputs must match the spec within 1e-2 (",
-                        m->name, " T=", T, " ", to_string(routing), ": rel err ", rel, ")");
+                        model, " T=", T, " ", to_string(routing), ": rel err ", rel, ")");
             main_sampled = sampled;
             char buf[32];
             std::snprintf(buf, sizeof buf, "rel %.1e", rel);
@@ -536,7 +544,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
             for (int r = 0; r < W; ++r)
               for (size_t i = 0; i < sampled[r].size(); ++i) differ += sampled[r][i].bits != main_sampled[r][i].bits;
             MOK_REQUIRE(differ == 0, "GPU layer check", "every variant must give the main variant's bits (",
-                        m->name, " T=", T, " ", to_string(routing), " ", var.name, ": ", differ, " values differ)");
+                        model, " T=", T, " ", to_string(routing), " ", var.name, ": ", differ, " values differ)");
             check = "bitwise";
           }
           std::vector<double> slowest(static_cast<size_t>(o.iters), 0.0);
@@ -547,13 +555,16 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           const int64_t mb = cfg.resolved_minibatch(shape, device_sms()),
                         ring = cfg.resolved_macrobatch(shape, device_sms());
           const int sms = cfg.resolved_fwd_comm_sms(shape);
-          std::printf("| %s | %lld | %s | %s | %d | %lld | %lld | %s | %.3f | %.0f |\n", m->name, (long long)T,
+          std::printf("| %s | %lld | %s | %s | %d | %lld | %lld | %s | %.3f | %.0f |\n", model.c_str(), (long long)T,
                       to_string(routing), var.name.c_str(), sms, (long long)mb, (long long)ring, check.c_str(),
                       t_ms, tflops);
           for (int r = 0; r < W; ++r)
             if (!profile[r].empty()) std::printf("  profile rank %d: %s\n", r, profile[r].c_str());
           std::fflush(stdout);
-          const std::string key = "{\"model\": \"" + std::string(m->name) + "\", \"T\": " + std::to_string(T) +
+          const std::string key = "{\"model\": \"" + model + "\", \"T\": " + std::to_string(T) +
+                                  (slice ? ", \"slice_of_ep\": " + std::to_string(slice) + ", \"experts\": " +
+                                               std::to_string(E)
+                                         : std::string()) +
                                   ", \"routing\": \"" + to_string(routing) + "\", \"variant\": \"" + var.name + "\"";
           const std::string knobs = ", \"comm_sms\": " + std::to_string(sms) + ", \"minibatch_tokens\": " +
                                     std::to_string(mb) + ", \"macrobatch_tokens\": " + std::to_string(ring);
@@ -593,7 +604,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
                 },
                 [&](int r, int q, int64_t c) { return double(bwd_sampled[r][q * (H + k) + c]); });
             MOK_REQUIRE(brel < 1e-2, "GPU layer backward check", "sampled d_x and d_topk_w must match the spec within 1e-2 (",
-                        m->name, " T=", T, " ", to_string(routing), ": rel err ", brel, ")");
+                        model, " T=", T, " ", to_string(routing), ": rel err ", brel, ")");
             std::vector<double> bslow(static_cast<size_t>(o.iters), 0.0);
             for (int r = 0; r < W; ++r)
               for (int it = 0; it < o.iters; ++it) bslow[it] = std::max(bslow[it], bwd_ms[r][it]);

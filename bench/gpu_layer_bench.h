@@ -10,7 +10,11 @@
 namespace mok::bench {
 
 struct GpuBenchOptions {
-  std::vector<std::string> models = {"dsv3", "qwen3-30b-a3b", "qwen3-235b"};
+  // A model, or "<model>/ep8": the per-rank slice of EP 8 (E / 8 experts per GPU at the same
+  // tokens per GPU, so each GPU computes what one rank of an 8-GPU node does; "slice_of_ep" in
+  // the JSON).
+  std::vector<std::string> models = {"dsv3",        "qwen3-30b-a3b",     "qwen3-235b",
+                                     "dsv3/ep8",    "qwen3-30b-a3b/ep8", "qwen3-235b/ep8"};
   std::vector<int64_t> tokens = {2048, 8192};
   std::vector<Routing> routings = {Routing::Uniform, Routing::Zipf};
   int warmup = 5;

@@ -46,6 +46,21 @@ MODELS = {  # name: (H, I, E, k)
 ALIGN = 16
 
 
+def model_shape(name, world):
+    """(H, I, E, k, slice) of a model name as mok_bench takes it: "dsv3", or "dsv3/ep8" for the
+    per-rank slice of EP 8 (E / 8 experts per GPU at the same tokens per GPU: E * world / 8 in all)."""
+    base, _, sl = name.partition("/")
+    if base not in MODELS:
+        raise SystemExit(f"unknown model '{name}' (one of {', '.join(MODELS)}, optionally /epN)")
+    H, I, E, k = MODELS[base]
+    if not sl:
+        return H, I, E, k, 0
+    if not sl.startswith("ep") or not sl[2:].isdigit() or int(sl[2:]) < world or (E * world) % int(sl[2:]):
+        raise SystemExit(f"model '{name}': the slice must be /epN with N >= {world} GPUs dividing E * GPUs")
+    S = int(sl[2:])
+    return H, I, E * world // S, k, S
+
+
 def routing(T, E, k, kind, gen, device):
     if kind == "uniform":
         scores = torch.rand(T, E, generator=gen, device=device)
@@ -317,7 +332,7 @@ def peak_entry(world, device, sustain_s):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="baseline.json")
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=",".join(list(MODELS) + [m + "/ep8" for m in MODELS]))
     ap.add_argument("--tokens", default="2048,8192")
     ap.add_argument("--routings", default="uniform,zipf")
     ap.add_argument("--warmup", type=int, default=5)
@@ -350,7 +365,7 @@ def main():
               f"{', '.join(f'{v:.0f}' for v in peak['burst_tflops'])}{extra}", flush=True)
     cases = []
     for name in a.models.split(","):
-        H, I, E, k = MODELS[name]
+        H, I, E, k, slice_of = model_shape(name, world)
         gen = torch.Generator(device=device).manual_seed(1000 + rank)
         model = EpMoE(H, I, E, k, world, rank, device, gen)
         for T in map(int, a.tokens.split(",")):
@@ -364,6 +379,7 @@ def main():
                 # per-GPU average: 2 * T * k * 3 * H * I per rank.
                 tflops = 2 * T * k * 3 * H * I / (ms * 1e-3) / 1e12
                 case = {"model": name, "T": T, "routing": kind, "baseline_ms": ms,
+                        **({"slice_of_ep": slice_of, "experts": E} if slice_of else {}),
                         "baseline_tflops": tflops, "ep": world}
                 if not a.no_backward:
                     d_out = torch.randn(T, H, generator=gen, device=device).bfloat16()

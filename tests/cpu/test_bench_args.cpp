@@ -123,7 +123,7 @@ TEST(BenchArgs, RejectsBadValuesByName) {
 }
 
 TEST(BenchArgs, RejectsUnknownNames) {
-  expect_bad_args({"--models", "llama"}, "--models", "must be one of dsv3, qwen3-30b-a3b, qwen3-235b");
+  expect_bad_args({"--models", "llama"}, "--models", "must be one of dsv3, qwen3-30b-a3b, qwen3-235b, dsv3/ep8");
   expect_bad_args({"--models", "dsv3,"}, "--models", "got ''");
   expect_bad_args({"--preset", "huge"}, "--preset", "must be one of tiny, small, medium");
   expect_bad_args({"--path", "fused"}, "--path", "must be one of megakernel, unfused");
