@@ -229,10 +229,14 @@ std::vector<float> expected_backward_token(const Model& m, const std::vector<Ran
 }
 
 // The layer's planned device memory on rank 0 (include/mok/memory.hpp; the layer allocates these
-// sizes), next to the times: "memory": {total, layer, saved, backward, symmetric} in bytes.
-std::string memory_json(const LayerShape& shape, const Config& cfg) {
+// sizes), next to the times: "memory": {total, layer, saved, backward, symmetric} in bytes, and
+// what rank 0's device lost to the layer: at construction ("measured_built_bytes") and, when the
+// backward ran, with its first backward ("measured_bytes" = both; -1 = not measured).
+std::string memory_json(const LayerShape& shape, const Config& cfg, int64_t built, int64_t first_backward) {
   const MemoryPlan p = plan_memory(shape, cfg, 0, device_sms());
-  return ", \"memory\": {\"total_bytes\": " + std::to_string(p.total()) +
+  return ", \"memory\": {\"measured_built_bytes\": " + std::to_string(built) +
+         (first_backward >= 0 ? ", \"measured_bytes\": " + std::to_string(built + first_backward) : std::string()) +
+         ", \"total_bytes\": " + std::to_string(p.total()) +
          ", \"layer_bytes\": " + std::to_string(p.total(MemoryScope::Layer) + p.total(MemoryScope::Saved)) +
          ", \"saved_bytes\": " + std::to_string(p.total(MemoryScope::Saved)) +
          ", \"backward_bytes\": " + std::to_string(p.total(MemoryScope::Backward)) +
@@ -269,11 +273,21 @@ std::string seconds_text(double s) {
   return buf;
 }
 
+// The current device's free memory (after the device is idle). mok_bench has the GPUs to itself,
+// so differences around a layer's construction and first backward are its memory.
+int64_t free_device_bytes() {
+  size_t free = 0, total = 0;
+  MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  MOK_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return static_cast<int64_t>(free);
+}
+
 // One rank's device inputs (x, routing, weights of its tokens) and output for a workload, and a
 // layer built on them; freed on destruction.
 struct RankRun {
   void *x = nullptr, *idx = nullptr, *w = nullptr, *out = nullptr;
   int64_t T = 0, H = 0;
+  int64_t built_bytes = 0;  // the device's free memory before the layer was built minus after
   RoutingRefs refs;
   std::unique_ptr<Layer> layer;
   RankRun(comm::Communicator& c, const LayerShape& shape, const Config& cfg, const ref::RankInput& in,
@@ -288,7 +302,9 @@ struct RankRun {
     MOK_CUDA_CHECK(cudaMemcpy(idx, in.topk_idx.data(), in.topk_idx.size() * 4, cudaMemcpyHostToDevice));
     MOK_CUDA_CHECK(cudaMemcpy(w, in.topk_w.data(), in.topk_w.size() * 4, cudaMemcpyHostToDevice));
     const DeviceWeights dw = DeviceWeights::bf16(shape, rw.gate, rw.up, rw.down);
+    const int64_t before = free_device_bytes();
     layer = std::make_unique<Layer>(c, shape, cfg, dw);
+    built_bytes = before - free_device_bytes();
     refs = RoutingRefs{TensorRef::contiguous(x, DType::BF16, {T, H}), TensorRef::contiguous(idx, DType::I32, {T, k}),
                        TensorRef::contiguous(w, DType::F32, {T, k})};
   }
@@ -368,7 +384,7 @@ std::vector<double> event_times(Layer& layer, const GpuBenchOptions& o, cudaStre
 void time_backward(Layer& layer, const RoutingRefs& refs, void* out, const LayerShape& shape, int rank,
                    const int64_t (&samples)[2], const GpuBenchOptions& o, cudaStream_t s, std::vector<double>& ms,
                    std::vector<float>& sampled, std::vector<float>& dout_sampled, std::vector<cudaEvent_t>& ev,
-                   std::string& profile) {
+                   std::string& profile, int64_t& first_backward_bytes) {
   const int64_t T = shape.tokens_of(rank), H = shape.hidden, k = shape.top_k, I = shape.intermediate,
                 e_loc = shape.local_experts();
   void* d_out = nullptr;
@@ -383,8 +399,10 @@ void time_backward(Layer& layer, const RoutingRefs& refs, void* out, const Layer
   gpu::fill_normal_bf16(d_out, T * H, 9001 + static_cast<uint64_t>(rank), 1.0f, s);
   const TensorRef dref = TensorRef::contiguous(d_out, DType::BF16, {T, H});
   layer.forward(refs, oref, s);
+  const int64_t before = free_device_bytes();  // the first backward allocates the backward's buffers
   layer.backward(refs, dref, g, s);
   MOK_CUDA_CHECK(cudaStreamSynchronize(s));
+  first_backward_bytes = before - free_device_bytes();
   layer.check();
   for (int64_t t : samples) {
     std::vector<bf16> row(static_cast<size_t>(H)), drow(static_cast<size_t>(H));
@@ -486,9 +504,11 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           std::vector<std::vector<double>> bwd_ms(static_cast<size_t>(W));
           std::vector<std::vector<float>> bwd_sampled(static_cast<size_t>(W)), dout_sampled(static_cast<size_t>(W));
           std::vector<std::string> bwd_profile(static_cast<size_t>(W));
+          std::vector<int64_t> built(static_cast<size_t>(W), 0), bwd_bytes(static_cast<size_t>(W), -1);
           group.run([&](comm::Communicator& c, size_t r) {
             std::unique_ptr<RankRun> owned = std::make_unique<RankRun>(c, shape, cfg, wl.inputs[r], weights[r]);
             RankRun& run = *owned;
+            built[r] = run.built_bytes;
             if (keep) main_runs[r] = std::move(owned);
             Layer& layer = *run.layer;
             void* out = run.out;
@@ -519,7 +539,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
             profile[r] = layer.profile_summary();
             if (bwd)
               time_backward(layer, refs, out, shape, static_cast<int>(r), samples, o, s, bwd_ms[r], bwd_sampled[r],
-                            dout_sampled[r], ev, bwd_profile[r]);
+                            dout_sampled[r], ev, bwd_profile[r], bwd_bytes[r]);
             for (auto& e : ev) cudaEventDestroy(e);
           });
           std::string check;
@@ -574,13 +594,14 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
             main_ms = t_ms;
             main_case = key + ", \"mok_ms\": " + std::to_string(t_ms) + ", \"mok_tflops\": " +
                         std::to_string(tflops) + knobs + ", \"check_rel_err\": " + std::to_string(rel) + tiles_json +
-                        memory_json(shape, cfg);
+                        memory_json(shape, cfg, built[0], bwd ? bwd_bytes[0] : -1);
             {
               const MemoryPlan plan = plan_memory(shape, cfg, 0, device_sms());
               std::printf("  memory per layer (plan, rank 0): %.2f GB (saved for the backward %.2f GB, backward's own "
-                          "%.2f GB), weights not counted\n",
+                          "%.2f GB), weights not counted; measured at construction %.2f GB (plan %.2f GB)\n",
                           double(plan.total()) * 1e-9, double(plan.total(MemoryScope::Saved)) * 1e-9,
-                          double(plan.total(MemoryScope::Backward)) * 1e-9);
+                          double(plan.total(MemoryScope::Backward)) * 1e-9, double(built[0]) * 1e-9,
+                          double(plan.total() - plan.total(MemoryScope::Backward)) * 1e-9);
             }
             if (W >= 2) {
               const LinkRate l = link_rate(link_rows, H, t_ms);

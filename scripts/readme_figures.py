@@ -83,7 +83,9 @@ class Doc:
         """Where a figure came from: the file and the run it records."""
         d = self.data
         gpus = "%s× " % d["gpus"] if isinstance(d.get("gpus"), int) else ""
-        commit = ("commit %s" % d["commit"][:7]) if d.get("commit") else "commit not recorded"
+        # A short hash, or with a suffix such as "+uncommitted" (a tree measured before its commit).
+        c = str(d.get("commit") or "")
+        commit = ("commit %s" % (c[:7] + c[c.index("+"):] if "+" in c else c[:7])) if c else "commit not recorded"
         return "*[`%s`](bench/results/%s): %s%s, %s, %s*" % (
             self.name, self.name, gpus, d.get("device", "device not recorded"), commit,
             str(d.get("date", "date not recorded"))[:10])
@@ -330,8 +332,64 @@ def reliability_figures(res):
             "; not clean: " + ", ".join(dirty) + " (`notes/reliability.md`)" if dirty else "", r.source())]
 
 
-FIGURES = [forward_figures, gemm_figures, comm_figures, schedule_figures, sustained_figures,
-           reliability_figures]
+def one_gpu_figures(res):
+    """The main job on one GPU: the full models (EP 1) and the per-rank slices of EP 8."""
+    f = res["forward-h200x1.json"]
+    cases = f.get("cases")
+    full = [c for c in cases if "slice_of_ep" not in c]
+    slices = [c for c in cases if "slice_of_ep" in c]
+    if not full or not slices:
+        raise FigureError("%s: needs full-model cases and EP-8 slices (slice_of_ep)" % f.name)
+
+    def both(c):  # forward + backward of mok against the baseline's
+        return (f.num("baseline_ms", within=c) + f.num("baseline_bwd_ms", within=c)) / (
+            f.num("mok_ms", within=c) + f.num("mok_bwd_ms", within=c))
+
+    h = f.case(*HEADLINE)
+    hs = f.case(HEADLINE[0] + "/ep8", HEADLINE[1], HEADLINE[2])
+    return [
+        "**One GPU** (the main job): the full models (EP 1) forward **%s** and forward + backward %s "
+        "the baseline over %s; the per-rank slices of EP 8 (each GPU computing what one rank of an "
+        "8-GPU node does: E/8 experts, the same T) forward %s, forward + backward %s over %s. %s: "
+        "forward %.2f ms = %.0f TF/s, backward %.2f ms = %.0f TF/s; its EP-8 slice: %.2f ms = %.0f TF/s "
+        "and %.2f ms = %.0f TF/s (%.0f%% / %.0f%% of the %.0f TF/s burst peak of that run). %s" % (
+            versus(nums(f, full, "speedup")), span([both(c) for c in full]), count(len(full), "case"),
+            span(nums(f, slices, "speedup")), span([both(c) for c in slices]), count(len(slices), "case"),
+            case_name(*HEADLINE), f.num("mok_ms", within=h), f.num("mok_tflops", within=h),
+            f.num("mok_bwd_ms", within=h), f.num("mok_bwd_tflops", within=h), f.num("mok_ms", within=hs),
+            f.num("mok_tflops", within=hs), f.num("mok_bwd_ms", within=hs), f.num("mok_bwd_tflops", within=hs),
+            f.num("mok_pct_of_peak", within=hs), f.num("mok_bwd_pct_of_peak", within=hs),
+            f.num("peak_bf16", "burst_tflops_max"), f.source())]
+
+
+def memory_figures(res):
+    m = res["memory-h200x1.json"]
+    cases = m.get("cases")
+
+    def pick(model, ep):
+        for c in cases:
+            if (c.get("model"), c.get("ep"), c.get("T"), c.get("routing")) == (model, ep, 8192, "uniform"):
+                return c
+        raise FigureError("%s: no case %s EP %d T=8192 uniform" % (m.name, model, ep))
+
+    def layer_gb(c):
+        return (m.num("persistent_bytes_per_layer", within=c) + m.num("saved_bytes_per_forward", within=c)) / 1e9
+
+    d1, d8 = pick("dsv3", 1), pick("dsv3", 8)
+    ep8 = [pick(x, 8) for x in ("dsv3", "qwen3-235b", "qwen3-30b-a3b")]
+    return [
+        "**Memory per layer** (the planner, `mok::plan_memory`, which the layer allocates by; T = 8192): "
+        "DeepSeek-V3 EP 1 %.1f GB, measured %.1f GB on one GPU (the weights are read where they are: no "
+        "packed copy); at EP 8 %s GB for DeepSeek-V3 / Qwen3-235B / Qwen3-30B-A3B (buffers sized for the "
+        "worst case of the routing; the baseline keeps %.1f GB for its backward at DeepSeek-V3), and the "
+        "megakernel backward runs at EP 8 for %s of the 3 models. %s" % (
+            layer_gb(d1), m.num("measured_bytes", within=d1) / 1e9, " / ".join("%.1f" % layer_gb(c) for c in ep8),
+            m.num("baseline_saved_bytes", within=d1) / 1e9,
+            sum(1 for c in ep8 if m.get("backward_ok", within=c) is True), m.source())]
+
+
+FIGURES = [forward_figures, one_gpu_figures, gemm_figures, comm_figures, schedule_figures, sustained_figures,
+           reliability_figures, memory_figures]
 
 
 def render(results_dir):

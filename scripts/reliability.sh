@@ -18,7 +18,8 @@ commit="${MOK_COMMIT:-$(git -C "$MOK_ROOT" rev-parse --short HEAD 2>/dev/null ||
 export MOK_COMMIT="$commit"
 mok_ensure_deps
 suites=(megakernel/mok_gpu_reliability_tests megakernel/mok_gpu_layer_tests megakernel/mok_gpu_movement_tests
-        schedule/mok_gpu_schedule_tests comm/mok_gpu_comm_tests gemm/mok_gpu_gemm_tests mok_gpu_merge_tests)
+        schedule/mok_gpu_schedule_tests comm/mok_gpu_comm_tests gemm/mok_gpu_gemm_tests gemm/mok_gpu_gemm_primitive_tests
+        mok_gpu_merge_tests)
 targets=()
 for s in "${suites[@]}"; do targets+=(--target "$(basename "$s")"); done
 mok_build "${targets[@]}"  # a failed build stops here (set -e): never test stale binaries

@@ -71,9 +71,18 @@ def synthetic():
         {"name": "B.two_gpus", "passed": False, "skipped": True}, {"name": "C.broken", "passed": False}],
         sanitize=[{"tool": "memcheck", "test": "fwd", "errors": 0}, {"tool": "racecheck", "test": "fwd", "errors": 2},
                   {"tool": "racecheck", "test": "bwd", "errors": -1}])
+    one = [dict(c, model=m) for c in cases for m in (c["model"], c["model"] + "/ep8")]
+    for c in one:
+        if c["model"].endswith("/ep8"):
+            c.update(slice_of_ep=8, mok_bwd_pct_of_peak=60.0)
+    forward1 = dict(META2, gpus=1, peak_bf16={"burst_tflops_max": 780.0}, cases=one)
+    mem_case = {"T": 8192, "routing": "uniform", "persistent_bytes_per_layer": 4.0e9, "saved_bytes_per_forward": 2.6e9,
+                "baseline_saved_bytes": 2.7e9, "measured_bytes": 6.6e9, "backward_ok": True}
+    memory = dict(META2, gpus=1, cases=[dict(mem_case, model=m, ep=ep, backward_ok=ep == 1 or m == "qwen3-30b-a3b")
+                                        for m in ("dsv3", "qwen3-235b", "qwen3-30b-a3b") for ep in (1, 8)])
     return {"forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
             "comm-h200x2.json": comm, "schedule-h200x2.json": schedule, "sustained-h200x2.json": sustained,
-            "reliability-h200x1.json": reliability}
+            "reliability-h200x1.json": reliability, "forward-h200x1.json": forward1, "memory-h200x1.json": memory}
 
 
 README = """# project
@@ -136,9 +145,16 @@ class Figures(Fixture):
         self.assertIn("**1.50× faster** over all 3 cases; DeepSeek-V3 T=8192 uniform: 2.00 vs 3.00 ms", b)
         self.assertIn("1440 / 1695 MHz (GPU 0 / 1), held down by the power cap in 100% / 62%", b)
 
+    def test_one_gpu_and_memory_figures_come_from_the_cases(self):
+        b = " ".join(self.block().split())
+        # forward + backward: (25 + 3) / (10 + 2) .. (9 + 3) / (2 + 2)
+        self.assertIn("forward **2.50–4.50× faster** and forward + backward 2.33–3.00× the baseline over 3 cases", b)
+        self.assertIn("the megakernel backward runs at EP 8 for 1 of the 3 models", b)
+        self.assertIn("DeepSeek-V3 EP 1 6.6 GB, measured 6.6 GB", b)
+
     def test_every_line_names_its_results_file_and_run(self):
         lines = rf.render(self.results)[0].split("\n- ")[1:]
-        self.assertEqual(len(lines), 10)
+        self.assertEqual(len(lines), 12)
         for line in lines:
             self.assertRegex(" ".join(line.split()), r"\*\[`[a-z0-9-]+\.json`\]\(bench/results/[a-z0-9-]+\.json\): "
                                                      r"\d× NVIDIA H200, commit (45ca210|not recorded), 2026-11-30\*")

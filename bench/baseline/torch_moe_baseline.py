@@ -20,6 +20,8 @@ With --sustain S, each case is also run for ~S seconds of back-to-back forwards 
 between them; the count is fixed from the median above, so every rank runs the same number),
 and `baseline_sustained_ms` is the slowest rank's mean time per forward over the second half: the
 rate once the GPUs sit at their power cap (mok_bench --sustain measures mok the same way).
+Memory: `saved_bytes` per case is what one forward with save=True keeps for the backward (the
+largest rank's torch.cuda.memory_allocated growth; one untimed forward, bench/memory_report.py).
 
 The measured bf16 peak (the "% of peak" the report quotes): before the MoE cases every rank
 times cuBLAS dense bf16 8192^3 (torch.matmul) at the same time: `burst` = the median of 20
@@ -250,6 +252,22 @@ def slowest_median(fn, a, device, before=None):
     return times[len(times) // 2]
 
 
+def saved_bytes(model, x, idx, w, device):
+    """What a forward with save=True keeps alive for the backward (model.ctx and model.ectx), in
+    bytes: torch.cuda.memory_allocated after it minus before, synchronised, on the rank that keeps
+    the most (the routing decides how many rows each rank receives). Untimed; collective."""
+    model.ctx = model.ectx = None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated(device)
+    model.forward(x, idx, w, save=True)  # its output is dropped at once: only the saved tensors stay
+    torch.cuda.synchronize()
+    kept = torch.cuda.memory_allocated(device) - before
+    model.ctx = model.ectx = None
+    t = torch.tensor([kept], device=device, dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def sustained_ms(model, x, idx, w, ms, a, device):
     """~a.sustain seconds of back-to-back forwards; each rank's mean time per forward over the
     second half, the slowest rank's (as mok_bench --sustain). `ms` is the max-reduced median of
@@ -381,6 +399,7 @@ def main():
                 case = {"model": name, "T": T, "routing": kind, "baseline_ms": ms,
                         **({"slice_of_ep": slice_of, "experts": E} if slice_of else {}),
                         "baseline_tflops": tflops, "ep": world}
+                case["saved_bytes"] = saved_bytes(model, x, idx, w, device)
                 if not a.no_backward:
                     d_out = torch.randn(T, H, generator=gen, device=device).bfloat16()
                     case["baseline_bwd_ms"] = slowest_median(lambda: model.backward(d_out), a, device,

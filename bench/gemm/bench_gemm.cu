@@ -160,7 +160,7 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
     a_cols = H; w_elems = E * 2 * I * H; out_elems = rows * I; out2_elems = rows * 2 * I;
   } else if (c.form == "fc2") {
     a_cols = I; w_elems = E * H * I; out_elems = rows * H;
-  } else if (c.form == "dgrad") {
+  } else if (c.form == "dgrad" || c.form == "dgrad_fc1") {  // dgrad_fc1: W = w_gate then w_up
     a_cols = c.k; w_elems = E * c.k * c.n; out_elems = rows * c.n;
   } else if (c.form == "dgrad_swiglu") {  // d_y [rows, H], W_down [E, H, I], gu and d_gu [rows, 2I]
     a_cols = H; w_elems = E * H * I; b_cols = 2 * I; out_elems = rows * 2 * I;
@@ -212,10 +212,11 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
       a.tile_expert = static_cast<int32_t*>(d_te.p); a.num_m_tiles = tiles;
       a.expert_row_begin = static_cast<int32_t*>(d_beg.p); a.expert_rows = static_cast<int32_t*>(d_cnt.p);
       plans.push_back(gemm::plan_fc2(a, o));
-    } else if (c.form == "dgrad") {
+    } else if (c.form == "dgrad" || c.form == "dgrad_fc1") {
       gemm::DgradArgs a;
       a.dy = A[s]->p; a.w = W[s]->p; a.dx = out.p; a.k = c.k; a.n = c.n; a.experts = E;
       a.tile_expert = static_cast<int32_t*>(d_te.p); a.num_m_tiles = tiles;
+      if (c.form == "dgrad_fc1") a.w_up = static_cast<const uint16_t*>(W[s]->p) + E * (c.k / 2) * c.n;
       plans.push_back(gemm::plan_dgrad(a, o));
     } else if (c.form == "dgrad_swiglu") {
       gemm::DgradSwiGLUArgs a;
@@ -262,6 +263,18 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
     } else if (c.form == "dgrad") {
       const int64_t j = rng.below(c.n);
       ref = dot_rows(fetch(A[0]->p, r * c.k, c.k), fetch_strided(W[0]->p, e * c.k * c.n + j, c.n, c.k));
+      got = host_bf16(fetch(out.p, r * c.n + j, 1)[0]);
+    } else if (c.form == "dgrad_fc1") {
+      // Column j of [W_gate; W_up][e] in the packed K order.
+      const int64_t j = rng.below(c.n), inter = c.k / 2;
+      const auto g = fetch_strided(W[0]->p, e * inter * c.n + j, c.n, inter);
+      const auto u = fetch_strided(W[0]->p, (E + e) * inter * c.n + j, c.n, inter);
+      std::vector<uint16_t> col(size_t(c.k));
+      for (int64_t i = 0; i < inter; ++i) {
+        col[size_t(gemm::packed_gate_row(i))] = g[size_t(i)];
+        col[size_t(gemm::packed_up_row(i))] = u[size_t(i)];
+      }
+      ref = dot_rows(fetch(A[0]->p, r * c.k, c.k), col);
       got = host_bf16(fetch(out.p, r * c.n + j, 1)[0]);
     } else if (c.form == "dgrad_swiglu") {
       // d_h in fp64 (rounded to bf16, as the reference), then d_g (even samples) or d_u (odd).
@@ -324,7 +337,7 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
   // Useful FLOPs: real rows only (padding rows are mok's overhead).
   if (c.form == "fc1") res.flops = 2.0 * double(real_rows) * double(2 * I) * double(H);
   else if (c.form == "fc2") res.flops = 2.0 * double(real_rows) * double(H) * double(I);
-  else if (c.form == "dgrad" || c.form == "dgrad_swiglu")
+  else if (c.form == "dgrad" || c.form == "dgrad_fc1" || c.form == "dgrad_swiglu")
     res.flops = 2.0 * double(real_rows) * double(c.n) * double(c.k);
   else res.flops = 2.0 * double(real_rows) * double(c.m_or_rows) * double(c.n);
   res.tflops = res.flops / (res.ms * 1e-3) / 1e12;
@@ -395,8 +408,8 @@ int main(int argc, char** argv) {
       c.form = "dgrad_swiglu";  // d_gu = SwiGLU'(gu, d_y . W_down[e])   (K = hidden, N = inter)
       c.name = std::string(m.name) + "-dgrad-fc2-swiglu"; c.k = m.hidden; c.n = m.inter;
       cases.push_back(c);
-      c.form = "dgrad";
-      c.name = std::string(m.name) + "-dgrad-fc1"; c.k = 2 * m.inter; c.n = m.hidden;  // d_x = d_gu . W1p[e]
+      c.form = "dgrad_fc1";  // d_x = d_gu . [W_gate; W_up][e]: K blocks from both weights
+      c.name = std::string(m.name) + "-dgrad-fc1"; c.k = 2 * m.inter; c.n = m.hidden;
       cases.push_back(c);
       c.form = "wgrad";  // dW_down[e] = d_y^T h   (M = hidden, N = inter)
       c.name = std::string(m.name) + "-wgrad-fc2"; c.m_or_rows = m.hidden; c.n = m.inter;

@@ -29,7 +29,7 @@ import json
 import sys
 
 DEFAULT_COPY_TBPS = 4.3
-FORMS_WITH_BYTES = ("fc1", "fc2", "dgrad", "dgrad_swiglu")
+FORMS_WITH_BYTES = ("fc1", "fc2", "dgrad", "dgrad_fc1", "dgrad_swiglu")
 HBM_PEAK_TBPS = 4.8  # H200 datasheet
 
 

@@ -79,7 +79,7 @@ def build(case):
         def make():
             return rnd(M, I), rnd(E, H, I, scale=0.03)
         return make, lambda s: torch._grouped_mm(s[0], s[1].transpose(-2, -1), offs=offs), M
-    if form == "dgrad":  # [M, k] x [E, k, n]
+    if form in ("dgrad", "dgrad_fc1"):  # [M, k] x [E, k, n] (dgrad_fc1: mok reads the K blocks from w_gate and w_up)
         k, n = case["k"], case["n"]
         def make():
             return rnd(M, k), rnd(E, k, n, scale=0.03)

@@ -116,7 +116,7 @@ struct DgradSwiGLUArgs {
 // [experts, m / 2, n] (dW_gate and dW_up, the same bits as the packed rows), so no unpacking pass
 // is needed.
 struct WgradArgs {
-  const void* a = nullptr;  // [rows_total, m]  (e.g. d_y for dW_down, d_gu for dW1p)
+  const void* a = nullptr;  // [rows_total, m]  (e.g. d_y for dW_down, d_gu for dW_gate/dW_up)
   const void* b = nullptr;  // [rows_total, n]  (e.g. h, x)
   void* dw = nullptr;       // [experts, m, n]
   int64_t m = 0, n = 0, experts = 0, rows_total = 0;

@@ -66,7 +66,7 @@ def _bind_weights(gl, handle: int, weights) -> None:
     the ones it reads already: the layer keeps no copy, so in-place updates need nothing, and other
     tensors (after .to(), load_state_dict(assign=True), a non-contiguous view copied here) are
     re-bound (host-side only)."""
-    ptrs = tuple(w.data_ptr() for w in weights if w is not None)
+    ptrs = tuple(0 if w is None else w.data_ptr() for w in weights)
     if _gpu_weights.get(handle) != ptrs:
         gl.set_weights(list(ptrs))
         _gpu_weights[handle] = ptrs
@@ -88,8 +88,11 @@ def moe_forward(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_u
         gl = _gpu_layer(layer, "the forward")
         xc, ic, wc = c(x), c(topk_idx), c(topk_w)
         stream = _stream(x)
-        _bind_weights(gl, layer, [c(w) for w in (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)])
+        # Kept alive until the call is enqueued (a copied non-contiguous weight is a temporary).
+        ws = [c(w) for w in (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)]
+        _bind_weights(gl, layer, ws)
         gl.forward(xc.data_ptr(), ic.data_ptr(), ic.dtype == torch.int64, wc.data_ptr(), out.data_ptr(), stream)
+        del ws
         _gpu_generation[layer] += 1
         return out
     _cpu.forward(c(x), c(topk_idx), c(topk_w), c(w_gate), c(w_up), c(w_down), c(ws_gate), c(ws_up), c(ws_down),
@@ -118,7 +121,8 @@ def moe_backward(d_out: Tensor, x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_g
                 f"backward of forward {generation}, the layer last saved forward {_gpu_generation[layer]}): the "
                 "GPU layer keeps the saved state of its last forward only")
         xc, ic, wc, dc = c(x), c(topk_idx), c(topk_w), c(d_out)
-        _bind_weights(gl, layer, [c(w) for w in (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)])
+        ws = [c(w) for w in (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)]
+        _bind_weights(gl, layer, ws)
         gl.backward(xc.data_ptr(), ic.data_ptr(), ic.dtype == torch.int64, wc.data_ptr(), dc.data_ptr(),
                     [g.data_ptr() for g in grads], _stream(x))
         return grads

@@ -10,6 +10,9 @@
 #include "gemm/engine.cuh"
 #include "mok/gemm.hpp"
 
+static_assert(mok::gemm::engine::kGateUpBox == mok::gemm::kGateUpGroup,
+              "the producer's gate/up boxes are the packed order's groups (mok/gemm.hpp)");
+
 namespace mok::gemm::engine {
 
 // Raster inside a grid of num_m x n_tiles tiles: groups of group_m M tiles, N outer and M inner
@@ -283,6 +286,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (warp == 0 && elect_one()) {
       prefetch_tensor_map(&map_a);
       prefetch_tensor_map(&map_b);
+      if (Form::kGateUpB && p.b_gate_up != 0) prefetch_tensor_map(&map_b_half);  // the up weights
       PipeState<C> ps;
       Tile t;
       Schedule sched(p);

@@ -8,11 +8,11 @@
 // Per routed M tile m (128 rows of one expert) the backward runs, as Layer::backward does unfused:
 //   D2 tiles (m, n < n_d2): d_gu = SwiGLU'(gu, rnd(dy . W_down[e])) over the intermediate columns
 //            of N tile n, written over gu (FC2 dgrad fused with the SwiGLU backward);
-//   D1 tiles (m, n < n_d1): the d_x rows = rnd(d_gu . W1p[e]) for hidden columns of N tile n;
+//   D1 tiles (m, n < n_d1): the d_x rows = rnd(d_gu . [W_gate; W_up][e]) for hidden columns of N tile n;
 // and per local expert e, once all of its rows are through D2 (K-grouped over its rows, so an
 // expert's weight gradient is one fixed-order fp32 sum: deterministic):
 //   WD tiles (e, i < wd_units): dW_down[e] = rnd(dy_e^T h_e)    ([H, I]: H/128 x I/BLOCK_N tiles)
-//   W1 tiles (e, i < w1_units): dW1p[e]    = rnd(d_gu_e^T x_e)  ([2I, H]: 2I/128 x H/BLOCK_N tiles)
+//   W1 tiles (e, i < w1_units): dW_gate/up[e] = rnd(d_gu_e^T x_e)  ([2I, H] packed rows: 2I/128 x H/BLOCK_N tiles)
 // The shared expert over this rank's token tiles likewise (SD2, SD1, SWD, SW1), with dy = d_out.
 //
 // Positions g: the minibatches of forward_plan.h's mb_rows with a ring that holds every row
@@ -52,7 +52,7 @@ enum BwdTaskKind : int32_t {
   kBwdSharedD2 = 2,
   kBwdSharedD1 = 3,
   kBwdWd = 4,   // dW_down of expert e
-  kBwdW1 = 5,   // dW1p of expert e
+  kBwdW1 = 5,   // dW_gate and dW_up of expert e (packed rows)
   kBwdSharedWd = 6,
   kBwdSharedW1 = 7,
   kBwdEnd = 8,

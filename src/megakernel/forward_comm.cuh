@@ -151,6 +151,13 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
   mbar_fence_init();
   __syncthreads();
   const bool mover = t < cs.slots;
+  // Movers go in rounds of one row each, a CTA barrier between rounds (every thread takes part:
+  // the round count is uniform). Each slot's reuse is already ordered by its mbarrier and the bulk
+  // store's read wait; the barrier is for compute-sanitizer's racecheck, which does not see that
+  // ordering for bulk copies and reported every refill of a slot as a write-after-write race
+  // (attributed to other threads) whenever a mover took two rows in one step. (A named barrier
+  // over the movers' warps silenced those, but racecheck then reported the action word, written
+  // by thread 0 after the step's closing __syncthreads, as racing with the step's reads.)
   uint8_t* my_row = cs.rows + size_t(t) * row_bytes;
   uint64_t* my_bar = cs.bars + t;
   uint32_t parity = 0;
@@ -241,13 +248,18 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
         }
         __syncthreads();
         const int32_t n = *cs.count;
-        if (mover)
-          for (int32_t i = t; i < n; i += cs.slots) move_row(cs.list[i]);
+        for (int32_t i0 = 0; i0 < n; i0 += cs.slots) {
+          if (mover && i0 + t < n) move_row(cs.list[i0 + t]);
+          __syncthreads();
+        }
         __syncthreads();  // the list is refilled next
       }
-    } else if (mover) {
+    } else {
 #pragma unroll 1
-      for (int32_t row = r.begin + first; row < r.end; row += stride) move_row(row);
+      for (int32_t base = r.begin + first - t; base < r.end; base += stride) {
+        if (mover && base + t < r.end) move_row(base + t);
+        __syncthreads();
+      }
     }
     if (mover) {
       tma_store_wait_all<0>();   // this thread's rows are written

@@ -377,8 +377,15 @@ void Layer::Impl::set_weights(const DeviceWeights& w) {
   validate_weights_layout(shape, w);
   check_device_weight_set("weights.w", w.w_gate, w.w_up, w.w_down, w.ws_gate, w.ws_up, w.ws_down, Is > 0,
                           comm.device());
+  const DeviceWeights previous = weights;
   weights = w;
-  bind_weights();
+  try {
+    bind_weights();
+  } catch (...) {
+    weights = previous;  // a refused encode leaves the layer as it was
+    bind_weights();
+    throw;
+  }
 }
 
 gpu::MoveArgs Layer::Impl::move_args() const {

@@ -346,9 +346,9 @@ TEST(Sm90Primitives, StmatrixChunkMatchesAccumulatorLayout) {
         if (!swiglu) {
           want = mok::round_bf16(fake_acc(r, 64 + c));
         } else {
-          // h column c: gate = accumulator column 16*(c/8) + c%8, up = that + 8.
-          const int gc = 16 * (c / 8) + c % 8;
-          const float g = mok::round_bf16(fake_acc(r, gc)), u = mok::round_bf16(fake_acc(r, gc + 8));
+          // h column c: gate = accumulator column 64*(c/32) + c%32 (packed order), up = that + 32.
+          const int gc = 64 * (c / 32) + c % 32;
+          const float g = mok::round_bf16(fake_acc(r, gc)), u = mok::round_bf16(fake_acc(r, gc + 32));
           want = mok::round_bf16(g / (1.0f + std::exp(-g)) * u);
         }
         const float got = float_of(v[sw128_offset(uint32_t(r), uint32_t(c)) / 2]);
