@@ -123,7 +123,21 @@ struct WgradArgs {
   const int32_t* expert_row_begin = nullptr;  // [experts] (device)
   const int32_t* expert_rows = nullptr;       // [experts] (device)
   void* dw_up = nullptr;                      // optional: see above
+  // A gradient whose rows come in several calls (the backward's macrobatches), with the bits of
+  // one call over all rows: each call gives its part of every expert's rows (expert_row_begin /
+  // expert_rows; K-block aligned: a part starts 64 * j rows after the expert's first row), in
+  // order. carry_experts (device, {in, out}, -1 = none): expert `in` continues the fp32 sums a
+  // previous call left in `carry` instead of starting from 0; expert `out` continues in a later
+  // call, so its fp32 sums go to `carry` instead of dw (in == out when its rows span three or
+  // more calls). carry: wgrad_carry_floats(m, n) floats (device), one expert's worth.
+  // expert_rows_total (device, [experts], optional): an expert without rows in this call is
+  // written as 0 only if it has no rows at all (else another call writes it).
+  float* carry = nullptr;
+  const int32_t* carry_experts = nullptr;
+  const int32_t* expert_rows_total = nullptr;
 };
+// Floats of a wgrad carry buffer for an [m, n] gradient (any tile width).
+constexpr int64_t wgrad_carry_floats(int64_t m, int64_t n) { return (m + 127) / 128 * 128 * ((n + 255) / 256 * 256); }
 
 // What a Plan holds. Its fields are filled by plan_* and read by run(); they are public because a
 // Plan is a plain value (built once, copied into the caller's state, launched without any
@@ -160,6 +174,11 @@ struct KernelParams {
   // Dgrad: B is a gate/up pair (FC1's dgrad): map_b is w_gate's, map_b_half w_up's (32-row boxes),
   // and K runs over the packed order (engine_mainloop.cuh's produce_tile). FC1 always reads so.
   int32_t b_gate_up = 0;
+  // Wgrad across calls (WgradArgs::carry): fp32 partial sums of one expert, [tiles][256 threads]
+  // in the accumulators' order; {carry in, carry out} experts; every expert's rows over all calls.
+  float* carry = nullptr;
+  const int32_t* carry_experts = nullptr;
+  const int32_t* expert_rows_total = nullptr;
   unsigned int* error = nullptr;              // bounded waits: error word (nullptr: unbounded)
   unsigned long long wait_limit_ns = 0;
 };

@@ -295,12 +295,14 @@ struct Skew {
 
 // mma_tile's hook is called once per tile, right after the first K block's MMAs were issued (they
 // run asynchronously): a megakernel uses it to publish the previous tile's completion off the
-// critical path.
+// critical path. accumulate: the accumulators hold partial sums already (a wgrad carried over
+// from an earlier call) and the MMAs add to them instead of starting from 0.
 
 template <class C, bool kAMN, bool kBMN, bool kMaskK, bool kCluster = false, class Hook = NoHook>
 __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg,
                                          uint32_t ct, float (&acc)[C::kAccRegs], const WaitBound& wb,
-                                         Skew<C>& skew, uint32_t peer = 0, const Hook& on_first_block = Hook{}) {
+                                         Skew<C>& skew, uint32_t peer = 0, const Hook& on_first_block = Hook{},
+                                         bool accumulate = false) {
   const bool staggered = skew.applies(t);
   uint64_t* skew_bar = sm.skew(skew.tiles & 1u);
   const uint32_t skew_parity = (skew.tiles >> 1) & 1u;
@@ -310,8 +312,10 @@ __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, co
   }
   // Zeroing (the first wgmma also starts from 0) ends the previous tile's accumulators' lifetime
   // at its epilogue: wgmma's operands are read-write, so without it they would stay live.
+  if (!accumulate) {
 #pragma unroll
-  for (int i = 0; i < C::kAccRegs; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < C::kAccRegs; ++i) acc[i] = 0.0f;
+  }
   if (t.k_blocks == 0) return;
   // Both A layouts put warpgroup cwg's 64 rows at +cwg * 8 KB of the stage's A tile.
   const uint32_t a0 = smem_addr(sm.a(0)) + uint32_t(cwg) * kChunkBytes;
@@ -331,7 +335,7 @@ __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, co
     for (int k16 = 0; k16 < kBlockK / 16; ++k16) {
       const uint64_t da = kAMN ? desc_mn_major(as, k16, kChunkBytes) : desc_k_major(as, k16);
       const uint64_t db = kBMN ? desc_mn_major(bs, k16, kChunkBytes) : desc_k_major(bs, k16);
-      wgmma_bf16<C::kBlockN, kAMN ? 1 : 0, kBMN ? 1 : 0>(acc, da, db, (kb > 0 || k16 > 0) ? 1u : 0u);
+      wgmma_bf16<C::kBlockN, kAMN ? 1 : 0, kBMN ? 1 : 0>(acc, da, db, (accumulate || kb > 0 || k16 > 0) ? 1u : 0u);
     }
     wgmma_commit();
     if (kb == 0) on_first_block();

@@ -216,6 +216,12 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
   p.params.experts = static_cast<int32_t>(a.experts);
   p.params.expert_row_begin = a.expert_row_begin;
   p.params.expert_rows = a.expert_rows;
+  MOK_REQUIRE((a.carry == nullptr) == (a.carry_experts == nullptr), "wgrad.carry",
+              "carry and carry_experts must be given together (or neither)");
+  MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.carry) % 16 == 0, "wgrad.carry", "16-byte aligned (float4 accesses)");
+  p.params.carry = a.carry;
+  p.params.carry_experts = a.carry_experts;
+  p.params.expert_rows_total = a.expert_rows_total;
   fill_common(p, o, a.experts * p.params.num_m_tiles * p.params.n_tiles,
               a.experts * cdiv(p.params.num_m_tiles, 2) * p.params.n_tiles);
   p.padded_flops = 2.0 * double(a.rows_total) * double(a.m) * double(a.n);

@@ -171,6 +171,7 @@ template <class C>
 struct FormFc1 {
   static constexpr bool kAMN = false, kBMN = false, kMaskK = false;
   static constexpr bool kGateUpB = true;  // B may be a gate/up pair (p.b_gate_up; FC1: always)
+  static constexpr bool kCarry = false;   // no partial sums across calls (FormWgrad only)
   static constexpr bool kSplitN = true;
   using Schedule = MGroupedSchedule<C>;
   using PairSchedule = MPairSchedule<C>;
@@ -195,6 +196,7 @@ template <class C, bool kBMNArg>
 struct FormStore2d {
   static constexpr bool kAMN = false, kBMN = kBMNArg, kMaskK = false;
   static constexpr bool kGateUpB = kBMNArg;  // Dgrad: FC1's dgrad reads [W_gate; W_up]
+  static constexpr bool kCarry = false;
   static constexpr bool kSplitN = !kBMNArg;  // K-major B: halves of 128 or 64 columns
   using Schedule = MGroupedSchedule<C>;
   using PairSchedule = MPairSchedule<C>;
@@ -222,6 +224,7 @@ using FormDgrad = FormStore2d<C, true>;
 template <class C>
 struct FormDgradSwiGLU {
   static constexpr bool kAMN = false, kBMN = true, kMaskK = false, kSplitN = false, kGateUpB = false;
+  static constexpr bool kCarry = false;
   using Schedule = MGroupedSchedule<C>;
   using PairSchedule = MPairSchedule<C>;
   __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
@@ -238,12 +241,40 @@ struct FormDgradSwiGLU {
 template <class C>
 struct FormWgrad {
   static constexpr bool kAMN = true, kBMN = true, kMaskK = true, kSplitN = false, kGateUpB = false;
+  static constexpr bool kCarry = true;
   using Schedule = KGroupedSchedule<C>;
   using PairSchedule = KPairSchedule<C>;
+  // Carry (p.carry, WgradArgs::carry): thread ct's accumulators of output tile (m, n) at
+  // [tile][i / 4][ct][i % 4] floats (float4 accesses, coalesced over the threads).
+  __device__ __forceinline__ static float* carry_at(const Tile& t, const KernelParams& p, uint32_t ct) {
+    const int32_t tile = (t.out_row / kBlockM) * p.n_tiles + t.b_n / C::kBlockN;
+    return p.carry + int64_t(tile) * 256 * C::kAccRegs + int64_t(ct) * 4;
+  }
+  // Before the tile's MMAs: the expert continued from an earlier call starts from its sums.
+  __device__ __forceinline__ static bool load_carry(const Tile& t, uint32_t ct, float (&acc)[C::kAccRegs],
+                                                    const KernelParams& p) {
+    if (p.carry == nullptr || t.out_batch != __ldg(p.carry_experts)) return false;
+    const float* c = carry_at(t, p, ct);
+#pragma unroll
+    for (int i = 0; i < C::kAccRegs; i += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(c + i * 256);
+      acc[i] = v.x, acc[i + 1] = v.y, acc[i + 2] = v.z, acc[i + 3] = v.w;
+    }
+    return true;
+  }
   __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
                                                   uint32_t wt, const float (&acc)[C::kAccRegs],
                                                   const CUtensorMap* d0, const CUtensorMap* d1,
                                                   const KernelParams& p) {
+    // An expert without rows here that has rows in another call: that call writes it.
+    if (t.k_blocks == 0 && p.expert_rows_total != nullptr && __ldg(p.expert_rows_total + t.out_batch) > 0) return;
+    if (p.carry != nullptr && t.out_batch == __ldg(p.carry_experts + 1)) {  // continued in a later call
+      float* c = carry_at(t, p, uint32_t(cwg) * 128u + wt);
+#pragma unroll
+      for (int i = 0; i < C::kAccRegs; i += 4)
+        *reinterpret_cast<float4*>(c + i * 256) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
+      return;
+    }
     if (t.out_row + 64 * cwg >= p.m_out) return;
     if (p.split_gate_up)
       epilogue_store_gate_up<C>(sm, es, cwg, wt, acc, d0, d1, t.out_row, t.b_n, p.n, t.out_batch);
@@ -324,7 +355,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           continue;
         }
       }
-      mma_tile<C, Form::kAMN, Form::kBMN, Form::kMaskK, kCluster>(sm, ps, t, cwg, ct, acc, wb, skew, rank ^ 1u);
+      bool accumulate = false;
+      if constexpr (Form::kCarry) accumulate = Form::load_carry(t, ct, acc, p);
+      mma_tile<C, Form::kAMN, Form::kBMN, Form::kMaskK, kCluster>(sm, ps, t, cwg, ct, acc, wb, skew, rank ^ 1u,
+                                                                  NoHook{}, accumulate);
       if (!dummy) Form::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
     }
     epi_finish(wt == 0);

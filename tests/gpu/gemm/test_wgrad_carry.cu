@@ -1,0 +1,123 @@
+// A weight gradient whose rows come in several calls (WgradArgs::carry: the backward's
+// macrobatches, notes/memory.md) gives the bits of one call over all rows: the routed layout is
+// cut into windows of whole 128-row tiles, each call gets every expert's token rows inside its
+// window, the expert cut by a window's end continues through the fp32 carry buffer, and experts
+// without rows in a call are left to the call that has them (expert_rows_total). Cuts inside an
+// expert, an expert spanning three windows (carry in and out of the same call), empty experts, a
+// partial N tile; both tile widths, with and without 2-CTA clusters, the gate/up split store.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "gemm_test_util.h"
+#include "gpu_test_util.h"
+#include "mok/gemm.hpp"
+
+namespace {
+
+using namespace mok::test;
+namespace gemm = mok::gemm;
+
+struct Variant {
+  int block_n = 0;
+  bool cluster = false;
+  bool gate_up = false;  // dw_up given: m is a packed gate/up width
+};
+
+// One wgrad over rows [0, rows) of the routed layout, or over the windows `cuts` (row offsets,
+// multiples of 128, ascending, ending at rows) with the carry. Returns dw (and dw_up).
+std::vector<uint16_t> wgrad_in_windows(const Routed& rt, const DevBuf& a, const DevBuf& b, int64_t m, int64_t n,
+                                       const Variant& v, const std::vector<int64_t>& cuts) {
+  const int64_t E = int64_t(rt.counts.size());
+  const size_t out = size_t(E * m * n);
+  DevBuf dw(out * 2), err(4), carry(size_t(gemm::wgrad_carry_floats(m, n)) * 4), total(size_t(E) * 4 + 4),
+      beg(size_t(E) * 4 + 4), cnt(size_t(E) * 4 + 4), ce(8);
+  EXPECT_EQ(cudaSuccess, cudaMemset(dw.p, 0xFF, dw.bytes));  // NaN poison: every element is written once
+  EXPECT_EQ(cudaSuccess, cudaMemset(err.p, 0, 4));
+  upload(total, rt.counts);
+  gemm::Options o;
+  o.error = err.as<unsigned>();
+  o.block_n = v.block_n;
+  o.cluster = v.cluster;
+  int64_t lo = 0;
+  int32_t carried = -1;  // the expert whose sums the previous window left in the carry
+  for (const int64_t hi : cuts) {
+    std::vector<int32_t> b0(static_cast<size_t>(E)), c0(static_cast<size_t>(E));
+    int32_t out_e = -1;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t s = rt.begin[size_t(e)], t = s + rt.counts[size_t(e)];
+      const int64_t ps = std::max(s, lo), pt = std::min(t, hi);
+      b0[size_t(e)] = int32_t(ps);
+      c0[size_t(e)] = int32_t(std::max<int64_t>(0, pt - ps));
+      if (ps < pt && pt < t) out_e = int32_t(e);  // its rows go on past this window
+    }
+    upload(beg, b0);
+    upload(cnt, c0);
+    upload(ce, std::vector<int32_t>{carried, out_e});
+    gemm::WgradArgs w;
+    w.a = a.p;
+    w.b = b.p;
+    w.dw = dw.p;
+    w.m = m;
+    w.n = n;
+    w.experts = E;
+    w.rows_total = rt.rows;
+    w.expert_row_begin = beg.as<int32_t>();
+    w.expert_rows = cnt.as<int32_t>();
+    if (v.gate_up) w.dw_up = static_cast<uint16_t*>(dw.p) + out / 2;
+    if (cuts.size() > 1) {
+      w.carry = carry.as<float>();
+      w.carry_experts = ce.as<int32_t>();
+      w.expert_rows_total = total.as<int32_t>();
+    }
+    gemm::run(gemm::plan_wgrad(w, o), nullptr);
+    EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());  // the per-call arrays are refilled next
+    carried = out_e;
+    lo = hi;
+  }
+  EXPECT_EQ(download<unsigned>(err, 1)[0], 0u) << "a bounded wait expired";
+  return download<uint16_t>(dw, out);
+}
+
+void carry_case(const std::vector<int32_t>& counts, int64_t m, int64_t n, const std::vector<int64_t>& tile_cuts,
+                const Variant& v, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "wgrad carry m=" << m << " n=" << n << " bn=" << v.block_n
+                                  << " cluster=" << v.cluster << " gate_up=" << v.gate_up);
+  const Routed rt(counts);
+  const auto a = routed_input(rt, m, seed), b = routed_input(rt, n, seed + 1);  // padding rows NaN
+  DevBuf da(a.size() * 2), db(b.size() * 2);
+  upload(da, a);
+  upload(db, b);
+  std::vector<int64_t> cuts;
+  for (const int64_t t : tile_cuts) cuts.push_back(t * 128);
+  cuts.push_back(rt.rows);
+  const auto one = wgrad_in_windows(rt, da, db, m, n, v, {rt.rows});
+  const auto split = wgrad_in_windows(rt, da, db, m, n, v, cuts);
+  int64_t differ = 0, nonfinite = 0;
+  for (size_t i = 0; i < one.size(); ++i) {
+    differ += one[i] != split[i];
+    nonfinite += !std::isfinite(float_of(one[i]));
+  }
+  EXPECT_EQ(nonfinite, 0) << "the one-call gradient has unwritten or NaN elements";
+  EXPECT_EQ(differ, 0) << "of " << one.size() << " elements, split into " << cuts.size() << " calls";
+  std::printf("[wgrad carry] E=%zu m=%lld n=%lld calls=%zu bn=%d cluster=%d gate_up=%d: %lld of %zu differ\n",
+              counts.size(), (long long)m, (long long)n, cuts.size(), v.block_n, v.cluster, v.gate_up,
+              (long long)differ, one.size());
+}
+
+TEST(WgradCarry, CallsOverWindowsGiveTheOneCallBits) {
+  MOK_REQUIRE_GPUS(1);
+  // Tiles per expert: 3, 0, 6, 2, 1 (rows 300, 0, 700, 129, 64): cuts at tiles 2 (inside expert 0),
+  // 4 and 7 (expert 2 spans three windows), 10 (inside expert 3).
+  const std::vector<int32_t> counts = {300, 0, 700, 129, 64};
+  const std::vector<int64_t> cuts = {2, 4, 7, 10};
+  for (const Variant& v : {Variant{256, false, false}, Variant{128, false, false}, Variant{256, true, false},
+                           Variant{256, false, true}})
+    carry_case(counts, 192, 328, cuts, v, 1201);
+  carry_case({1000}, 256, 512, {1, 3, 5, 6}, Variant{256, true, true}, 1202);  // one expert, five calls
+}
+
+}  // namespace
