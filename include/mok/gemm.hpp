@@ -16,6 +16,8 @@
 
 #include <cstdint>
 
+#include "mok/gemm_sizes.hpp"  // wgrad_carry_floats
+
 namespace mok::gemm {
 
 struct Options {
@@ -136,8 +138,6 @@ struct WgradArgs {
   const int32_t* carry_experts = nullptr;
   const int32_t* expert_rows_total = nullptr;
 };
-// Floats of a wgrad carry buffer for an [m, n] gradient (any tile width).
-constexpr int64_t wgrad_carry_floats(int64_t m, int64_t n) { return (m + 127) / 128 * 128 * ((n + 255) / 256 * 256); }
 
 // What a Plan holds. Its fields are filled by plan_* and read by run(); they are public because a
 // Plan is a plain value (built once, copied into the caller's state, launched without any

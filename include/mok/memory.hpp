@@ -11,10 +11,14 @@
 //
 // Today's model (the training memory model of the open issue replaces it): every buffer belongs to
 // one layer and is sized for the worst case of the routing (every route of every rank landing on
-// this rank); the weights are read where the caller keeps them (no copy). Scopes:
+// this rank); the weights are read where the caller keeps them (no copy). A megakernel ring below
+// the worst case makes the backward run over windows of the ring (recomputing FC1, the weight
+// gradients carried across windows: notes/memory.md): gu and the dy rows then hold one window,
+// bwd_carry and bwd_windows are added. Scopes:
 //   Layer     allocated when the layer is built, held for its life;
-//   Saved     part of Layer: what a backward reads of the last forward (routed x rows, gate/up
-//             pre-activations, h), one forward's worth per layer;
+//   Saved     part of Layer: what a backward reads of the last forward (the published routing,
+//             the combine slots, the schedule, and the routed x rows, gate/up pre-activations and
+//             h unless the backward recomputes them), one forward's worth per layer;
 //   Backward  allocated by the layer's first backward() and held from then on.
 // Weights, inputs and outputs (the caller's tensors) are not counted.
 #pragma once

@@ -364,7 +364,8 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
       if (dummy) {
       } else if (kind == kTaskFc1 || kind == kTaskShared1) {
         const bool routed = kind == kTaskFc1;
-        const CUtensorMap* gu_map = !p.save_gu ? nullptr : routed ? &maps.gu : &maps.gus_out;
+        const CUtensorMap* gu_map =
+            routed ? (p.save_gu ? &maps.gu : nullptr) : (p.save_gu_shared ? &maps.gus_out : nullptr);
         epilogue_fc1_split_n<C>(sm, es, cwg, wt, acc, gu_map, slot.gu_row,
                                 routed ? &maps.h_out : &maps.hs_out, t.out_row, t.b_n, slot.n_cols);
       } else {
@@ -383,7 +384,8 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
       if (dummy) {
       } else if (kind == kTaskFc1 || kind == kTaskShared1) {
         const bool routed = kind == kTaskFc1;
-        const CUtensorMap* gu_map = !p.save_gu ? nullptr : routed ? &maps.gu : &maps.gus_out;
+        const CUtensorMap* gu_map =
+            routed ? (p.save_gu ? &maps.gu : nullptr) : (p.save_gu_shared ? &maps.gus_out : nullptr);
         epilogue_fc1<C>(sm, es, cwg, wt, acc, gu_map, slot.gu_row,
                         routed ? &maps.h_out : &maps.hs_out, t.out_row, t.b_n, slot.n_cols);
       } else if (kind == kTaskFc2 && p.combine_in_epilogue) {

@@ -55,7 +55,10 @@ struct ForwardParams {
   const void* y_ring = nullptr;          // [R, H] (read by the comm CTAs)
   int32_t hidden = 0, inter = 0, shared_inter = 0, top_k = 0;
   int32_t tokens = 0;  // this rank's T (rows of the shared expert's tiles)
-  int32_t save_gu = 1;  // 0: FC1 epilogues skip the gate/up pre-activations (forward without backward)
+  // 0: FC1 epilogues skip the gate/up pre-activations of the routed rows (a forward without
+  // backward, or a backward over windows, which recomputes them) / of the shared expert's rows.
+  int32_t save_gu = 1;
+  int32_t save_gu_shared = 1;
   int32_t combine_in_epilogue = 0;  // 1: FC2 tiles store rows into combine_peers, comm CTAs only pull
   int32_t skew_stages = 0;  // stagger of the consumer warpgroups in K blocks (engine's Skew; 0 = off)
   int32_t split_n = 1;      // tiles with <= 64 token rows: both warpgroups on those rows (0: warpgroup 0 alone)

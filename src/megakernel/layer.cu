@@ -260,6 +260,7 @@ void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
   }
   x_rows = x_ring;
   ring_rows = R;
+  windowed = R < cap_rows;  // the backward runs over windows of the ring (layer_backward_windows.cu)
   h = DeviceBuffer(static_cast<size_t>(mem.bytes("h_ring")), "h ring");
   y = DeviceBuffer(static_cast<size_t>(mem.bytes("y_ring")), "y ring");
   mkp.plan = fs.plan;
@@ -305,7 +306,8 @@ void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
   using gemm::make_map_3d;
   const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
   maps.x_ring = make_map_2d(x_ring, u(R), u(H), 128);
-  maps.gu = make_map_2d(gu.p, u(std::max<int64_t>(cap_rows, sched::kBlockM)), u(2 * I), 64);
+  // Every routed row's, or with a backward over windows one window's (unused by the forward then).
+  maps.gu = make_map_2d(gu.p, u(mem.bytes("gu") / (4 * I)), u(2 * I), 64);
   maps.h_out = make_map_2d(h.p, u(R), u(I), 64);
   maps.h_in = make_map_2d(h.p, u(R), u(I), 128);
   maps.y_out = make_map_2d(y.p, u(R), u(H), 64);
@@ -445,7 +447,8 @@ void Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaStrea
   saved = save_for_backward;
   if (fused) {
     mk::ForwardParams params = mkp;
-    params.save_gu = save_for_backward ? 1 : 0;
+    params.save_gu = save_for_backward && !windowed ? 1 : 0;  // windowed: the backward recomputes gu
+    params.save_gu_shared = save_for_backward ? 1 : 0;
     mk::launch_forward(maps, params, dc, grid, stream);
   } else {
     gpu::pull_dispatch(move_args(), x_peers.get<const void* const>(), x_routed.p, stream);

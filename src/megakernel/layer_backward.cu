@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "common/device_check.h"
@@ -35,10 +36,13 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
               "backward() needs the last forward() to have saved the gate/up pre-activations "
               "(save_for_backward = true), and runs once per forward (it overwrites them with d_gu "
               "and the combine slots with d_x rows)");
-  MOK_REQUIRE(!fused || ring_rows >= cap_rows, "config.macrobatch_tokens",
-              "backward() reads every routed row of the forward, but the megakernel's ring holds ", ring_rows,
-              " of up to ", cap_rows, " rows: use 0 (automatic) or at least the worst case, or "
-              "config.forward_path = Unfused");
+  // The backward over windows (a ring below the worst case) is written and not yet run on a GPU:
+  // until it is, it runs only when asked for (MOK_WINDOWED_BACKWARD=1, an experiment knob).
+  const char* win_env = std::getenv("MOK_WINDOWED_BACKWARD");
+  MOK_REQUIRE(!windowed || (win_env != nullptr && std::string(win_env) == "1"), "config.macrobatch_tokens",
+              "backward() over a megakernel ring smaller than the worst case (", ring_rows, " of up to ", cap_rows,
+              " rows) runs window by window, which is not yet verified on a GPU (MOK_WINDOWED_BACKWARD=1 runs "
+              "it): use 0 (automatic) or at least the worst case, or config.forward_path = Unfused");
   // Output pointers (the refs' data are const views).
   void* d_x = const_cast<void*>(g.d_x.data);
   float* d_topk_w = static_cast<float*>(const_cast<void*>(g.d_topk_w.data));
@@ -76,6 +80,41 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   mark(1, stream);
   barrier(stream);  // d_out and weights visible; every y_j read
   mark(2, stream);
+  if (windowed) {
+    backward_windows(dw_gate, dw_up, dw_down, stream);  // one stage in the profile: marks 3-7 follow it
+    for (int i = 3; i <= 7; ++i) mark(i, stream);
+  } else {
+    backward_resident(dw_gate, dw_up, dw_down, stream);
+  }
+  mark(8, stream);
+  barrier(stream);  // every d_x row pushed into our slots landed
+  mark(9, stream);
+  bwd_marked = marking && !bwd_marks.empty();
+  if (T == 0) {  // no tokens: the shared expert's gradient over them is zero
+    for (const TensorRef* p : {&g.d_ws_gate, &g.d_ws_up, &g.d_ws_down})
+      if (Is > 0) MOK_CUDA_CHECK(cudaMemsetAsync(const_cast<void*>(p->data), 0, static_cast<size_t>(Is * H) * 2, stream));
+    mark(10, stream);
+    mark(11, stream);
+    return;
+  }
+  if (Is > 0) shared_backward(g, stream);
+  mark(10, stream);
+  gpu::MergeArgs m;
+  m.shared = Is > 0 ? y_s.p : nullptr;
+  m.slots = win_combine->ptr;
+  m.topk_idx = published();
+  m.abort = dc.claim;
+  m.tokens = T;
+  m.top_k = k;
+  m.hidden = H;
+  m.out = d_x;
+  gpu::merge_backward(m, stream);
+  mark(11, stream);
+}
+
+// Every routed row of the forward resident (the unfused path, or a ring of the worst case): each
+// stage once over all rows, the forward's gu, h and x rows read as they are.
+void Layer::Impl::backward_resident(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream) {
   const gpu::ScheduleView v = schedule->view();
   const int64_t tiles = cap_rows / sched::kBlockM;
   // The movement kernels run alone here (nothing to share the GPU with): every SM. With the
@@ -102,30 +141,6 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
       MOK_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(e_loc * I * H) * 2, stream));
     mark(7, stream);
   }
-  mark(8, stream);
-  barrier(stream);  // every d_x row pushed into our slots landed
-  mark(9, stream);
-  bwd_marked = marking && !bwd_marks.empty();
-  if (T == 0) {  // no tokens: the shared expert's gradient over them is zero
-    for (const TensorRef* p : {&g.d_ws_gate, &g.d_ws_up, &g.d_ws_down})
-      if (Is > 0) MOK_CUDA_CHECK(cudaMemsetAsync(const_cast<void*>(p->data), 0, static_cast<size_t>(Is * H) * 2, stream));
-    mark(10, stream);
-    mark(11, stream);
-    return;
-  }
-  if (Is > 0) shared_backward(g, stream);
-  mark(10, stream);
-  gpu::MergeArgs m;
-  m.shared = Is > 0 ? y_s.p : nullptr;
-  m.slots = win_combine->ptr;
-  m.topk_idx = published();
-  m.abort = dc.claim;
-  m.tokens = T;
-  m.top_k = k;
-  m.hidden = H;
-  m.out = d_x;
-  gpu::merge_backward(m, stream);
-  mark(11, stream);
 }
 
 // The last backward's stage times (MOK_PROFILE=1), or "".
@@ -188,8 +203,9 @@ void Layer::Impl::run_dgrads(const void* dy, const void* w_down, void* gu_buf, c
 
 // dw_up: a is packed gate/up (d_gu), dw gets the gate rows and dw_up the up rows.
 void Layer::Impl::run_wgrad(const void* a, const void* b, void* dw, int64_t m, int64_t n, int64_t experts,
-                      int64_t rows_total, const int32_t* row_begin, const int32_t* rows, cudaStream_t stream,
-                            void* dw_up) const {
+                            int64_t rows_total, const int32_t* row_begin, const int32_t* rows, cudaStream_t stream,
+                            void* dw_up, float* carry, const int32_t* carry_experts,
+                            const int32_t* expert_rows_total) const {
   gemm::WgradArgs w;
   w.a = a;
   w.b = b;
@@ -201,6 +217,9 @@ void Layer::Impl::run_wgrad(const void* a, const void* b, void* dw, int64_t m, i
   w.expert_row_begin = row_begin;
   w.expert_rows = rows;
   w.dw_up = dw_up;
+  w.carry = carry;
+  w.carry_experts = carry_experts;
+  w.expert_rows_total = expert_rows_total;
   gemm::run(gemm::plan_wgrad(w, gemm_options()), stream);
 }
 
@@ -214,6 +233,10 @@ void Layer::Impl::allocate_backward() {
     }
   }
   dy_routed = DeviceBuffer(static_cast<size_t>(mem.bytes("dy_rows")), "backward dy rows");
+  if (windowed) {
+    bwd_carry = DeviceBuffer(static_cast<size_t>(mem.bytes("bwd_carry")), "backward wgrad carries");
+    bwd_windows = DeviceBuffer(static_cast<size_t>(mem.bytes("bwd_windows")), "backward window parts");
+  }
   if (Is > 0 && T > 0) {
     // The shared expert as one expert of T rows starting at row 0: {begin, rows}.
     shared_rows = upload_array(std::vector<int32_t>{0, static_cast<int32_t>(T)}, "shared expert rows");

@@ -137,6 +137,11 @@ struct Layer::Impl {
   int64_t ring_rows = 0;   // megakernel: rows of the ring (0 on the unfused path)
   bool saved = false;      // the last forward() stored gu (save_for_backward)
   DeviceBuffer dy_routed, shared_rows;
+  // The megakernel with a ring below the worst case: the backward runs over windows of the ring's
+  // rows (backward_windows), with these (allocated by the first backward: the plan's bwd_carry,
+  // bwd_windows).
+  bool windowed = false;
+  DeviceBuffer bwd_carry, bwd_windows;
   // MOK_PROFILE=1: events at the backward's stage boundaries (profile_summary reports the last one).
   static constexpr int kBwdStages = 11;
   static constexpr const char* kBwdStageNames[kBwdStages] = {
@@ -194,7 +199,11 @@ struct Layer::Impl {
                   void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
                   cudaStream_t stream, int mark_between = -1);
   void run_wgrad(const void* a, const void* b, void* dw, int64_t m, int64_t n, int64_t experts, int64_t rows_total,
-                 const int32_t* row_begin, const int32_t* rows, cudaStream_t stream, void* dw_up = nullptr) const;
+                 const int32_t* row_begin, const int32_t* rows, cudaStream_t stream, void* dw_up = nullptr,
+                 float* carry = nullptr, const int32_t* carry_experts = nullptr,
+                 const int32_t* expert_rows_total = nullptr) const;
+  void backward_resident(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream);
+  void backward_windows(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream);
   void allocate_backward();
   std::string forward_profile() const;   // the megakernel's line of profile_summary, or ""
   std::string backward_profile() const;  // the last backward's stage times (MOK_PROFILE=1), or ""

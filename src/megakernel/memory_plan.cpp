@@ -3,6 +3,7 @@
 
 #include "megakernel/forward_setup.h"
 #include "mok/errors.hpp"
+#include "mok/gemm_sizes.hpp"
 #include "mok/memory.hpp"
 #include "schedule/schedule_math.h"
 
@@ -80,9 +81,11 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   };
   using S = MemoryScope;
   // Symmetric windows: equal on every rank, sized by the largest T.
-  add("window.routing", at_least(t_max * k) * 4, S::Layer, true);
+  // What a backward reads of its forward is Saved: the published routing, the combine slots (the
+  // router-weight gradient's y rows), the schedule; and gu, x and h rows unless it recomputes them.
+  add("window.routing", at_least(t_max * k) * 4, S::Saved, true);
   add("window.x", at_least(t_max_pad * H) * 2, S::Layer, true);
-  add("window.combine", at_least(t_max * k * H) * 2, S::Layer, true);
+  add("window.combine", at_least(t_max * k * H) * 2, S::Saved, true);
   add("window.d_out", at_least(t_max_pad * H) * 2, S::Layer, true);
   add("window.router_weights", at_least(t_max * k) * 4, S::Layer, true);
   // The peers' addresses of the five windows (W pointers each).
@@ -92,18 +95,25 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   for (int r = 0; r < W; ++r) chunks += sched::ceil_div(shape.tokens_of(r) * k, sched::kBuilderChunk);
   const sched::BuilderSizes n = sched::builder_sizes(chunks, e_loc, W, cap);
   const int64_t one_schedule = n.total() * 4 + 16 /* totals */ + 16 /* abort snapshot */;
-  add("schedule", one_schedule * (push ? W : 1), S::Layer);
-  add("gu", std::max<int64_t>(cap, sched::kBlockM) * 2 * I * 2, S::Saved);
+  add("schedule", one_schedule * (push ? W : 1), S::Saved);
+  // The megakernel with a ring below the worst case runs the backward over windows of the ring's
+  // size (recomputing FC1: notes/memory.md): gu and the dy rows hold one window, plus the wgrad
+  // carries and the window arrays.
+  const mk::ForwardSetup fs0 = fused ? mk::plan_forward(shape, config, rank, sm_count) : mk::ForwardSetup{};
+  const bool windowed = fused && fs0.ring_rows < cap;
+  const int64_t bwd_rows = windowed ? fs0.ring_rows : std::max<int64_t>(cap, sched::kBlockM);
+  add("gu", bwd_rows * 2 * I * 2, windowed ? S::Layer : S::Saved);
   if (Is > 0 && T > 0) {
     add("gu_s", t_tiles * 128 * 2 * Is * 2, S::Saved);
     add("h_s", t_tiles * 128 * Is * 2, S::Saved);
     add("y_s", t_tiles * 128 * H * 2, S::Layer);
   }
   if (fused) {
-    const mk::ForwardSetup fs = mk::plan_forward(shape, config, rank, sm_count);
+    const mk::ForwardSetup& fs = fs0;
     const int64_t R = fs.ring_rows;
-    add("x_ring", R * H * 2, S::Saved, push);
-    add("h_ring", R * I * 2, S::Saved);
+    // Saved for a resident backward; a backward over windows fills them again.
+    add("x_ring", R * H * 2, windowed ? S::Layer : S::Saved, push);
+    add("h_ring", R * I * 2, windowed ? S::Layer : S::Saved);
     add("y_ring", R * H * 2, S::Layer);
     if (push) {
       add("counters", int64_t(fs.widest.words()) * 4, S::Layer, true);
@@ -119,7 +129,11 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
     add("y", cap * H * 2, S::Layer);
     if (Is > 0 && T > 0) add("shared_tiles", t_tiles * 4, S::Layer);
   }
-  add("dy_rows", cap * H * 2, S::Backward);
+  add("dy_rows", (windowed ? bwd_rows : cap) * H * 2, S::Backward);
+  if (windowed) {
+    add("bwd_carry", (gemm::wgrad_carry_floats(H, I) + gemm::wgrad_carry_floats(2 * I, H)) * 4, S::Backward);
+    add("bwd_windows", (2 * e_loc + 2) * 4, S::Backward);
+  }
   if (Is > 0 && T > 0) {
     add("shared_rows", 8, S::Backward);
     if (fused) add("shared_tiles", t_tiles * 4, S::Backward);

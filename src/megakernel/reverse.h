@@ -21,6 +21,14 @@ namespace mok::gpu {
 void pull_reverse_combine(const MoveArgs& a, const void* const* d_out_peers, const float* const* weight_peers,
                           void* dy_routed, cudaStream_t stream);
 
+// The backward over windows of the routed layout (notes/memory.md), for window [lo, hi) (whole
+// 128-row tiles) of `v`'s rows: parts[e] = expert e's first token row in the window, relative to
+// lo, parts[experts + e] its token rows there (0: none), parts[2 * experts] / parts[2 * experts + 1]
+// the expert whose token rows cross lo / hi (its weight-gradient sums carry in / out; -1 = none).
+// parts: 2 * experts + 2 int32 (device). schedule_math.h's window_part / rows_cross.
+void window_parts(const ScheduleView& v, int64_t experts, int64_t lo, int64_t hi, int32_t* parts,
+                  cudaStream_t stream);
+
 struct RouterGradArgs {
   const void* d_out = nullptr;     // [T, H] bf16
   const void* y_slots = nullptr;   // [T*k, H] bf16: the forward's combine slots

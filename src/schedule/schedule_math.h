@@ -87,4 +87,19 @@ MOK_HD int64_t chunk_end(int64_t index, int64_t chunk, int64_t rows) {
   return e < rows ? e : rows;
 }
 
+// The backward over windows of the routed layout (a ring smaller than the worst case, notes/memory.md):
+// window [lo, hi) of rows (multiples of kBlockM), an expert's token rows [begin, begin + rows).
+// Its part in the window, with `begin` relative to the window's first row (the window's buffers
+// hold its rows only); rows = 0 when the expert has none there.
+struct WindowPart {
+  int32_t begin, rows;
+};
+MOK_HD WindowPart window_part(int64_t begin, int64_t rows, int64_t lo, int64_t hi) {
+  const int64_t s = begin > lo ? begin : lo, e = begin + rows < hi ? begin + rows : hi;
+  return e > s ? WindowPart{int32_t(s - lo), int32_t(e - s)} : WindowPart{0, 0};
+}
+// Whether the expert's token rows go on past row `cut` (it has rows on both sides): its weight
+// gradient's fp32 sums are carried from the window ending at `cut` into the next one.
+MOK_HD bool rows_cross(int64_t begin, int64_t rows, int64_t cut) { return begin < cut && cut < begin + rows; }
+
 }  // namespace mok::sched

@@ -5,6 +5,8 @@
 #include <map>
 #include <set>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "mok/schedule.hpp"
 #include "test_names.h"
@@ -29,6 +31,39 @@ TEST(ScheduleMath, PaddingAndWorstCase) {
     for (int64_t b = 0; a + b <= 300; ++b)
       best = std::max(best, sched::pad_rows(a) + sched::pad_rows(b) + sched::pad_rows(300 - a - b));
   EXPECT_EQ(best, sched::worst_case_rows(300, 3));
+}
+
+// Windows of the routed layout (the backward over a ring smaller than the worst case): every
+// token row of an expert is in exactly one window's part, parts are window-relative, and the
+// experts carried across a cut are those with rows on both sides of it (at most one per cut, the
+// experts' rows being contiguous and disjoint).
+TEST(ScheduleMath, WindowPartsCoverEveryRowOnceAndCarryAcrossCuts) {
+  // Experts' [begin, rows) in a padded layout: 300, 0, 700, 129, 64 token rows.
+  const std::vector<std::pair<int64_t, int64_t>> experts = {{0, 300}, {384, 0}, {384, 700}, {1152, 129}, {1408, 64}};
+  const int64_t total = 1536;
+  for (const int64_t window : {int64_t(128), int64_t(256), int64_t(384), int64_t(1024), int64_t(2048)}) {
+    std::vector<int64_t> covered(static_cast<size_t>(total), 0);
+    for (int64_t lo = 0; lo < total; lo += window) {
+      const int64_t hi = lo + window;
+      int carried_out = 0;
+      for (const auto& [begin, rows] : experts) {
+        const mok::sched::WindowPart p = mok::sched::window_part(begin, rows, lo, hi);
+        EXPECT_GE(p.rows, 0);
+        EXPECT_LE(p.begin + p.rows, window);
+        for (int64_t r = 0; r < p.rows; ++r) ++covered[static_cast<size_t>(lo + p.begin + r)];
+        if (p.rows > 0) {
+          EXPECT_EQ((lo + p.begin - begin) % 128, 0) << "a part starts K-block aligned";
+        }
+        carried_out += mok::sched::rows_cross(begin, rows, hi);
+      }
+      EXPECT_LE(carried_out, 1) << "window " << window << " at " << lo;
+    }
+    for (const auto& [begin, rows] : experts)
+      for (int64_t r = begin; r < begin + rows; ++r) EXPECT_EQ(covered[static_cast<size_t>(r)], 1) << "row " << r;
+  }
+  EXPECT_TRUE(mok::sched::rows_cross(384, 700, 512));
+  EXPECT_FALSE(mok::sched::rows_cross(0, 300, 384));  // ends before the cut (padding up to it)
+  EXPECT_FALSE(mok::sched::rows_cross(384, 700, 384));  // starts at it
 }
 
 TEST(ScheduleMath, InterleavedRowsAreRoundRobin) {

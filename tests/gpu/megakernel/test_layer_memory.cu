@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -161,5 +163,73 @@ TEST_P(LayerWeights, InPlaceUpdatesAndSetWeightsNeedNoRepack) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, LayerWeights, ::testing::Values(kMk, kUnfused), path_name);
+
+// The megakernel with a ring below the worst case runs the backward over windows of the ring
+// (MOK_WINDOWED_BACKWARD=1 until this test has passed on a GPU): FC1 recomputed, the weight
+// gradients carried across windows in fp32. Its gradients are bitwise those of the unfused path
+// (whose forward and backward run every stage once over all rows, with the same GEMM sums), on
+// uniform, Zipf and one-expert routing (one expert's rows over every window), with a shared
+// expert, for rings of 2 and 3 minibatches; and the second backward gives the same bits.
+struct WindowCase {
+  const char* name;
+  mok::Routing routing;
+  int64_t minibatch, ring;
+};
+class LayerBackwardWindows : public ::testing::TestWithParam<WindowCase> {};
+
+std::vector<std::vector<float>> grads_of(const mok::LayerShape& shape, const mok::Config& cfg, const mok::Workload& wl,
+                                         int reps) {
+  auto group = ranks_on_gpus(1, shape, cfg);
+  RankData d(shape, wl, 0);
+  RankGrads gr(shape, 0);
+  mok::bf16* d_out = upload(wl.d_out[0].data(), wl.d_out[0].size());
+  const auto dref = mok::TensorRef::contiguous(d_out, mok::DType::BF16, {d.T, d.H});
+  mok::Layer layer(group[0], shape, cfg, d.dw);
+  std::vector<std::vector<float>> first;
+  for (int rep = 0; rep < reps; ++rep) {
+    d.forward_once(layer, group[0]);
+    gr.poison();
+    layer.backward(d.refs, dref, gr.g, group[0].stream());
+    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(group[0].stream()));
+    layer.check();
+    auto got = gr.fetch();
+    if (rep == 0) first = got;
+    for (size_t o = 0; rep > 0 && o < got.size(); ++o)
+      EXPECT_TRUE(got[o] == first[o]) << "gradient " << o << " differs on backward " << rep + 1;
+  }
+  cudaFree(d_out);
+  return first;
+}
+
+TEST_P(LayerBackwardWindows, BitwiseTheUnfusedBackward) {
+  MOK_REQUIRE_GPUS(1);
+  const WindowCase& c = GetParam();
+  const mok::LayerShape shape{{1536}, 1024, 256, 16, 4, 256};
+  const auto wl = mok::make_workload(shape, c.routing, 77);
+  mok::Config unfused;
+  unfused.forward_path = kUnfused;
+  mok::Config windows;
+  windows.minibatch_tokens = c.minibatch;
+  windows.macrobatch_tokens = c.ring;
+  ASSERT_LT(c.ring, shape.worst_case_rows()) << "the case must run over windows";
+  const auto want = grads_of(shape, unfused, wl, 1);
+  ASSERT_EQ(setenv("MOK_WINDOWED_BACKWARD", "1", 1), 0);
+  const auto got = grads_of(shape, windows, wl, 2);
+  unsetenv("MOK_WINDOWED_BACKWARD");
+  const char* names[] = {"d_x", "d_topk_w", "dW_gate", "dW_up", "dW_down", "dWs_gate", "dWs_up", "dWs_down"};
+  for (size_t o = 0; o < want.size(); ++o) {
+    int64_t differ = 0;
+    for (size_t i = 0; i < want[o].size(); ++i) differ += std::memcmp(&want[o][i], &got[o][i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0) << names[o] << ": " << differ << " of " << want[o].size() << " differ";
+  }
+  std::printf("[backward windows] %s: ring %lld of %lld worst-case rows\n", c.name, (long long)c.ring,
+              (long long)shape.worst_case_rows());
+}
+
+INSTANTIATE_TEST_SUITE_P(Rings, LayerBackwardWindows,
+                         ::testing::Values(WindowCase{"uniform_mb128_ring256", mok::Routing::Uniform, 128, 256},
+                                           WindowCase{"zipf_mb128_ring384", mok::Routing::Zipf, 128, 384},
+                                           WindowCase{"one_expert_mb256_ring512", mok::Routing::OneExpert, 256, 512}),
+                         [](const auto& i) { return std::string(i.param.name); });
 
 }  // namespace

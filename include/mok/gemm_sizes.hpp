@@ -1,0 +1,13 @@
+// mok — sizes of the grouped GEMM engine's buffers, without CUDA headers (the memory planner,
+// src/megakernel/memory_plan.cpp, counts them in a library built without CUDA).
+#pragma once
+
+#include <cstdint>
+
+namespace mok::gemm {
+
+// Floats of a wgrad carry buffer (WgradArgs::carry) for an [m, n] gradient, at any tile width:
+// whole 128-row tiles by whole 256-column tiles, one expert's worth.
+constexpr int64_t wgrad_carry_floats(int64_t m, int64_t n) { return (m + 127) / 128 * 128 * ((n + 255) / 256 * 256); }
+
+}  // namespace mok::gemm

@@ -1,0 +1,66 @@
+// The GPU layer's backward over windows of the routed rows: the megakernel's ring holds fewer rows
+// than the worst case, so the forward kept neither gu nor every routed x row (notes/memory.md).
+// Written and compiled, NOT YET RUN ON A GPU: Layer::backward runs it only with
+// MOK_WINDOWED_BACKWARD=1 until tests/gpu/megakernel/test_layer_memory.cu's windowed cases pass.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "megakernel/layer_impl.h"
+#include "megakernel/reverse.h"
+#include "mok/gemm_sizes.hpp"
+#include "schedule/schedule_math.h"
+
+namespace mok {
+
+// Window by window (R = the ring's rows, a fixed count of windows covering the worst case: those
+// past the routed rows move and compute nothing, their tiles being -1 and their parts empty, so
+// the host never waits for the row count): the x rows pulled again into the ring and FC1 run
+// again (gu, h; without split-N, whose row test is not window-relative: the same sums), the
+// weighted d_out rows pulled, FC2's dgrad + SwiGLU' and FC1's dgrad, the d_x rows pushed into
+// their slots, and the weight gradients over each expert's part of the window, the expert cut by
+// the window's end carried to the next in fp32 (WgradArgs::carry): every gradient the resident
+// backward's bits (windows are whole tiles, so every sum runs in the same K order).
+void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream) {
+  const gpu::ScheduleView v = schedule->view();
+  const int64_t R = ring_rows;
+  gpu::MoveArgs move = move_args();
+  move.sms = sms;  // the movement kernels run alone here
+  float* carry_down = bwd_carry.get<float>();
+  float* carry_gu = carry_down + gemm::wgrad_carry_floats(H, I);
+  int32_t* parts = bwd_windows.get<int32_t>();
+  const int32_t* part_begin = parts;
+  const int32_t* part_rows = parts + e_loc;
+  const int32_t* carried = parts + 2 * e_loc;
+  for (int64_t lo = 0; lo < cap_rows; lo += R) {
+    const int64_t hi = std::min(lo + R, cap_rows), tiles = (hi - lo) / sched::kBlockM;
+    const int32_t* tile_expert = v.tile_expert + lo / sched::kBlockM;
+    move.row_begin = lo;
+    move.row_end = hi;
+    gpu::pull_dispatch(move, x_peers.get<const void* const>(), x_rows, stream);
+    gemm::Fc1Args a1;
+    a1.x = x_rows;
+    a1.w_gate = weights.w_gate.data;
+    a1.w_up = weights.w_up.data;
+    a1.h = h.p;
+    a1.gu = gu.p;
+    a1.hidden = H;
+    a1.inter = I;
+    a1.experts = e_loc;
+    a1.tile_expert = tile_expert;
+    a1.num_m_tiles = tiles;
+    gemm::run(gemm::plan_fc1(a1, gemm_options()), stream);
+    gpu::pull_reverse_combine(move, dout_peers.get<const void* const>(), weight_peers.get<const float* const>(),
+                              dy_routed.p, stream);
+    run_dgrads(dy_routed.p, weights.w_down.data, gu.p, weights.w_gate.data, weights.w_up.data, y.p, I, e_loc,
+               tile_expert, tiles, stream);
+    gpu::push_combine(move, y.p, combine_peers.get<void* const>(), stream);
+    gpu::window_parts(v, e_loc, lo, hi, parts, stream);
+    run_wgrad(dy_routed.p, h.p, dw_down, H, I, e_loc, hi - lo, part_begin, part_rows, stream, nullptr, carry_down,
+              carried, v.expert_rows);
+    run_wgrad(gu.p, x_rows, dw_gate, 2 * I, H, e_loc, hi - lo, part_begin, part_rows, stream, dw_up, carry_gu,
+              carried, v.expert_rows);
+  }
+}
+
+}  // namespace mok
