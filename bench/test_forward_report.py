@@ -9,8 +9,9 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import unittest
+
+from report_test_util import TempDirCase
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPORT = os.path.join(HERE, "forward_report.py")
@@ -62,22 +63,7 @@ def synthetic_baseline():
                        "baseline_tflops": 400.0, "ep": 2}]}
 
 
-class ForwardReportTest(unittest.TestCase):
-    def setUp(self):
-        self._tmp = tempfile.TemporaryDirectory()
-        self.tmp = self._tmp.name
-
-    def tearDown(self):
-        self._tmp.cleanup()
-
-    def write(self, name, doc):
-        path = os.path.join(self.tmp, name)
-        with open(path, "w") as f:
-            if isinstance(doc, str):
-                f.write(doc)
-            else:
-                json.dump(doc, f)
-        return path
+class ForwardReportTest(TempDirCase):
 
     def report(self, mok, baseline):
         """Runs forward_report.py; `baseline` is a document, a raw string, or None (no file)."""

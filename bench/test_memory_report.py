@@ -9,8 +9,9 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import unittest
+
+from report_test_util import TempDirCase
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPORT = os.path.join(HERE, "memory_report.py")
@@ -35,19 +36,7 @@ def synthetic_plan():
     ]}
 
 
-class MemoryReportTest(unittest.TestCase):
-    def setUp(self):
-        self._tmp = tempfile.TemporaryDirectory()
-        self.tmp = self._tmp.name
-
-    def tearDown(self):
-        self._tmp.cleanup()
-
-    def write(self, name, doc):
-        path = os.path.join(self.tmp, name)
-        with open(path, "w") as f:
-            json.dump(doc, f)
-        return path
+class MemoryReportTest(TempDirCase):
 
     def report(self, plan=None, mok=None, baseline=None, extra=()):
         args = [sys.executable, REPORT, "--out", os.path.join(self.tmp, "memory.json"), "--device", "NVIDIA H200",

@@ -10,9 +10,10 @@ import os
 import stat
 import subprocess
 import sys
-import tempfile
 import textwrap
 import unittest
+
+from report_test_util import TempDirCase
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -89,22 +90,7 @@ def sanitize_doc(runs=None):
             "runs": runs}
 
 
-class Tmp(unittest.TestCase):
-    def setUp(self):
-        self._tmp = tempfile.TemporaryDirectory()
-        self.tmp = self._tmp.name
-
-    def tearDown(self):
-        self._tmp.cleanup()
-
-    def write(self, name, doc):
-        path = os.path.join(self.tmp, name)
-        with open(path, "w") as f:
-            f.write(doc if isinstance(doc, str) else json.dumps(doc))
-        return path
-
-
-class ReportTest(Tmp):
+class ReportTest(TempDirCase):
     def report(self, *args):
         out = os.path.join(self.tmp, "out", "reliability.json")
         p = subprocess.run([sys.executable, REPORT, "--out", out] + list(args),
@@ -227,7 +213,7 @@ def log(*summary, ok=1, failed=()):
     return "\n".join(lines + list(summary)) + "\n"
 
 
-class JudgeTest(Tmp):
+class JudgeTest(TempDirCase):
     def judge(self, tool, text, rc=0):
         p = subprocess.run(["bash", SANITIZE, "--judge", tool, self.write("x.log", text), str(rc)],
                            capture_output=True, text=True)
@@ -296,7 +282,7 @@ echo "[       OK ] $filter (5 ms)"
 """
 
 
-class SanitizeScriptTest(Tmp):
+class SanitizeScriptTest(TempDirCase):
     def sanitize(self, **env):
         full = dict(os.environ, OUT=os.path.join(self.tmp, "out"), MOK_COMMIT="c0ffee1",
                     MOK_BUILD=os.path.join(self.tmp, "build"))

@@ -184,20 +184,26 @@ void Layer::Impl::setup_unfused() {
     shared_tiles = upload_array(std::vector<int32_t>(static_cast<size_t>(t_tiles), 0), "shared tiles");
 }
 
+gemm::Fc1Args Layer::Impl::routed_fc1(const void* x, void* h_rows, void* gu_rows, const int32_t* tile_expert,
+                                      int64_t tiles) const {
+  gemm::Fc1Args a;
+  a.x = x;
+  a.w_gate = weights.w_gate.data;
+  a.w_up = weights.w_up.data;
+  a.h = h_rows;
+  a.gu = gu_rows;
+  a.hidden = H;
+  a.inter = I;
+  a.experts = e_loc;
+  a.tile_expert = tile_expert;
+  a.num_m_tiles = tiles;
+  return a;
+}
+
 // The unfused path's GEMM plans: FC1 reads w_gate and w_up where the caller keeps them.
 void Layer::Impl::plan_unfused() {
   const gpu::ScheduleView v = schedule->view();
-  gemm::Fc1Args a1;
-  a1.x = x_routed.p;
-  a1.w_gate = weights.w_gate.data;
-  a1.w_up = weights.w_up.data;
-  a1.h = h.p;
-  a1.gu = gu.p;
-  a1.hidden = H;
-  a1.inter = I;
-  a1.experts = e_loc;
-  a1.tile_expert = v.tile_expert;
-  a1.num_m_tiles = cap_rows / sched::kBlockM;
+  gemm::Fc1Args a1 = routed_fc1(x_routed.p, h.p, gu.p, v.tile_expert, cap_rows / sched::kBlockM);
   a1.expert_row_begin = v.expert_offset;  // nearly empty tiles in split-N form
   a1.expert_rows = v.expert_rows;
   fc1 = gemm::plan_fc1(a1, gemm_options());

@@ -38,18 +38,7 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
     move.row_begin = lo;
     move.row_end = hi;
     gpu::pull_dispatch(move, x_peers.get<const void* const>(), x_rows, stream);
-    gemm::Fc1Args a1;
-    a1.x = x_rows;
-    a1.w_gate = weights.w_gate.data;
-    a1.w_up = weights.w_up.data;
-    a1.h = h.p;
-    a1.gu = gu.p;
-    a1.hidden = H;
-    a1.inter = I;
-    a1.experts = e_loc;
-    a1.tile_expert = tile_expert;
-    a1.num_m_tiles = tiles;
-    gemm::run(gemm::plan_fc1(a1, gemm_options()), stream);
+    gemm::run(gemm::plan_fc1(routed_fc1(x_rows, h.p, gu.p, tile_expert, tiles), gemm_options()), stream);
     gpu::pull_reverse_combine(move, dout_peers.get<const void* const>(), weight_peers.get<const float* const>(),
                               dy_routed.p, stream);
     run_dgrads(dy_routed.p, weights.w_down.data, gu.p, weights.w_gate.data, weights.w_up.data, y.p, I, e_loc,

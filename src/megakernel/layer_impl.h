@@ -179,6 +179,9 @@ struct Layer::Impl {
   ~Impl();
   void setup_unfused();
   void plan_unfused();
+  // FC1 of the routed experts over `tiles` 128-row tiles of x rows, with the bound weights.
+  gemm::Fc1Args routed_fc1(const void* x, void* h_rows, void* gu_rows, const int32_t* tile_expert,
+                           int64_t tiles) const;
   void setup_megakernel(const mk::ForwardSetup& fs);
   static void register_site_names();
   void setup_push_dispatch();
