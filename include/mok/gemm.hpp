@@ -129,12 +129,15 @@ struct WgradArgs {
   // one call over all rows: each call gives its part of every expert's rows (expert_row_begin /
   // expert_rows; K-block aligned: a part starts 64 * j rows after the expert's first row), in
   // order. carry_experts (device, {in, out}, -1 = none): expert `in` continues the fp32 sums a
-  // previous call left in `carry` instead of starting from 0; expert `out` continues in a later
-  // call, so its fp32 sums go to `carry` instead of dw (in == out when its rows span three or
-  // more calls). carry: wgrad_carry_floats(m, n) floats (device), one expert's worth.
+  // previous call left in `carry_in` instead of starting from 0; expert `out` continues in a later
+  // call, so its fp32 sums go to `carry_out` instead of dw (in == out when its rows span three or
+  // more calls). Two buffers of wgrad_carry_floats(m, n) floats (device, one expert's worth
+  // each), which must not overlap: tiles of `in` read while tiles of `out` write, unordered; the
+  // next call takes this one's carry_out as its carry_in (alternate the two).
   // expert_rows_total (device, [experts], optional): an expert without rows in this call is
   // written as 0 only if it has no rows at all (else another call writes it).
-  float* carry = nullptr;
+  const float* carry_in = nullptr;
+  float* carry_out = nullptr;
   const int32_t* carry_experts = nullptr;
   const int32_t* expert_rows_total = nullptr;
 };
@@ -176,7 +179,8 @@ struct KernelParams {
   int32_t b_gate_up = 0;
   // Wgrad across calls (WgradArgs::carry): fp32 partial sums of one expert, [tiles][256 threads]
   // in the accumulators' order; {carry in, carry out} experts; every expert's rows over all calls.
-  float* carry = nullptr;
+  const float* carry_in = nullptr;
+  float* carry_out = nullptr;
   const int32_t* carry_experts = nullptr;
   const int32_t* expert_rows_total = nullptr;
   unsigned int* error = nullptr;              // bounded waits: error word (nullptr: unbounded)

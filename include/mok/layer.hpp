@@ -67,7 +67,9 @@ class Layer {
   // Needs the last forward() to have run with save_for_backward = true, once per forward (it
   // overwrites what the forward saved), and routed rows resident: the unfused path, or the
   // megakernel with a ring that holds the worst case (config.macrobatch_tokens 0 = automatic, or
-  // large enough); anything else is refused with an error naming the setting. The weight gradients sum each
+  // large enough); anything else is refused with an error naming the setting. (A backward over
+  // windows of a smaller ring, recomputing FC1, is written and runs with MOK_WINDOWED_BACKWARD=1
+  // in the environment of every rank; it is not yet verified on a GPU: notes/memory.md.) The weight gradients sum each
   // expert's rows in the schedule's order (fixed for a given routing): bitwise reproducible. The
   // first call allocates the backward's buffer (the routed dy rows): make it before capturing a
   // backward in a CUDA graph.

@@ -216,10 +216,17 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
   p.params.experts = static_cast<int32_t>(a.experts);
   p.params.expert_row_begin = a.expert_row_begin;
   p.params.expert_rows = a.expert_rows;
-  MOK_REQUIRE((a.carry == nullptr) == (a.carry_experts == nullptr), "wgrad.carry",
-              "carry and carry_experts must be given together (or neither)");
-  MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.carry) % 16 == 0, "wgrad.carry", "16-byte aligned (float4 accesses)");
-  p.params.carry = a.carry;
+  const bool carry = a.carry_in != nullptr;
+  MOK_REQUIRE(carry == (a.carry_out != nullptr) && carry == (a.carry_experts != nullptr), "wgrad.carry",
+              "carry_in, carry_out and carry_experts must be given together (or none)");
+  MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.carry_in) % 16 == 0 && reinterpret_cast<uintptr_t>(a.carry_out) % 16 == 0,
+              "wgrad.carry", "16-byte aligned (float4 accesses)");
+  const auto carry_bytes = static_cast<uintptr_t>(wgrad_carry_floats(a.m, a.n) * 4);
+  const auto in_lo = reinterpret_cast<uintptr_t>(a.carry_in), out_lo = reinterpret_cast<uintptr_t>(a.carry_out);
+  MOK_REQUIRE(!carry || in_lo + carry_bytes <= out_lo || out_lo + carry_bytes <= in_lo, "wgrad.carry_out",
+              "must not overlap carry_in (the two are read and written in the same call)");
+  p.params.carry_in = a.carry_in;
+  p.params.carry_out = a.carry_out;
   p.params.carry_experts = a.carry_experts;
   p.params.expert_rows_total = a.expert_rows_total;
   fill_common(p, o, a.experts * p.params.num_m_tiles * p.params.n_tiles,

@@ -244,17 +244,17 @@ struct FormWgrad {
   static constexpr bool kCarry = true;
   using Schedule = KGroupedSchedule<C>;
   using PairSchedule = KPairSchedule<C>;
-  // Carry (p.carry, WgradArgs::carry): thread ct's accumulators of output tile (m, n) at
+  // Carry (WgradArgs::carry_in / carry_out): thread ct's accumulators of output tile (m, n) at
   // [tile][i / 4][ct][i % 4] floats (float4 accesses, coalesced over the threads).
-  __device__ __forceinline__ static float* carry_at(const Tile& t, const KernelParams& p, uint32_t ct) {
+  __device__ __forceinline__ static int64_t carry_offset(const Tile& t, const KernelParams& p, uint32_t ct) {
     const int32_t tile = (t.out_row / kBlockM) * p.n_tiles + t.b_n / C::kBlockN;
-    return p.carry + int64_t(tile) * 256 * C::kAccRegs + int64_t(ct) * 4;
+    return int64_t(tile) * 256 * C::kAccRegs + int64_t(ct) * 4;
   }
   // Before the tile's MMAs: the expert continued from an earlier call starts from its sums.
   __device__ __forceinline__ static bool load_carry(const Tile& t, uint32_t ct, float (&acc)[C::kAccRegs],
                                                     const KernelParams& p) {
-    if (p.carry == nullptr || t.out_batch != __ldg(p.carry_experts)) return false;
-    const float* c = carry_at(t, p, ct);
+    if (p.carry_in == nullptr || t.out_batch != __ldg(p.carry_experts)) return false;
+    const float* c = p.carry_in + carry_offset(t, p, ct);
 #pragma unroll
     for (int i = 0; i < C::kAccRegs; i += 4) {
       const float4 v = *reinterpret_cast<const float4*>(c + i * 256);
@@ -268,8 +268,8 @@ struct FormWgrad {
                                                   const KernelParams& p) {
     // An expert without rows here that has rows in another call: that call writes it.
     if (t.k_blocks == 0 && p.expert_rows_total != nullptr && __ldg(p.expert_rows_total + t.out_batch) > 0) return;
-    if (p.carry != nullptr && t.out_batch == __ldg(p.carry_experts + 1)) {  // continued in a later call
-      float* c = carry_at(t, p, uint32_t(cwg) * 128u + wt);
+    if (p.carry_out != nullptr && t.out_batch == __ldg(p.carry_experts + 1)) {  // continued in a later call
+      float* c = p.carry_out + carry_offset(t, p, uint32_t(cwg) * 128u + wt);
 #pragma unroll
       for (int i = 0; i < C::kAccRegs; i += 4)
         *reinterpret_cast<float4*>(c + i * 256) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);

@@ -175,7 +175,7 @@ void Layer::Impl::shared_backward(const DeviceGrads& g, cudaStream_t stream) {
 // the d_x rows = rnd(d_gu . [w_gate; w_up]) into dx_rows; mark_between >= 0 records that stage mark between.
 void Layer::Impl::run_dgrads(const void* dy, const void* w_down, void* gu_buf, const void* w_gate, const void* w_up,
                              void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
-                             cudaStream_t stream, int mark_between) {
+                             cudaStream_t stream, int mark_between, int64_t width_tiles) {
   gemm::DgradSwiGLUArgs ds;
   ds.dy = dy;
   ds.w_down = w_down;
@@ -186,7 +186,7 @@ void Layer::Impl::run_dgrads(const void* dy, const void* w_down, void* gu_buf, c
   ds.experts = experts;
   ds.tile_expert = tile_expert;
   ds.num_m_tiles = tiles;
-  gemm::run(gemm::plan_dgrad_swiglu(ds, gemm_options()), stream);
+  gemm::run(gemm::plan_dgrad_swiglu(ds, options_as(width_tiles, inter)), stream);
   if (mark_between >= 0) mark(mark_between, stream);
   gemm::DgradArgs dx;
   dx.dy = gu_buf;
@@ -198,13 +198,19 @@ void Layer::Impl::run_dgrads(const void* dy, const void* w_down, void* gu_buf, c
   dx.experts = experts;
   dx.tile_expert = tile_expert;
   dx.num_m_tiles = tiles;
-  gemm::run(gemm::plan_dgrad(dx, gemm_options()), stream);
+  gemm::run(gemm::plan_dgrad(dx, options_as(width_tiles, H)), stream);
+}
+
+gemm::Options Layer::Impl::options_as(int64_t width_tiles, int64_t n) const {
+  gemm::Options o = gemm_options();
+  if (width_tiles > 0) o.block_n = gemm::choose_block_n(width_tiles, n, sms);
+  return o;
 }
 
 // dw_up: a is packed gate/up (d_gu), dw gets the gate rows and dw_up the up rows.
 void Layer::Impl::run_wgrad(const void* a, const void* b, void* dw, int64_t m, int64_t n, int64_t experts,
                             int64_t rows_total, const int32_t* row_begin, const int32_t* rows, cudaStream_t stream,
-                            void* dw_up, float* carry, const int32_t* carry_experts,
+                            void* dw_up, const float* carry_in, float* carry_out, const int32_t* carry_experts,
                             const int32_t* expert_rows_total) const {
   gemm::WgradArgs w;
   w.a = a;
@@ -217,7 +223,8 @@ void Layer::Impl::run_wgrad(const void* a, const void* b, void* dw, int64_t m, i
   w.expert_row_begin = row_begin;
   w.expert_rows = rows;
   w.dw_up = dw_up;
-  w.carry = carry;
+  w.carry_in = carry_in;
+  w.carry_out = carry_out;
   w.carry_experts = carry_experts;
   w.expert_rows_total = expert_rows_total;
   gemm::run(gemm::plan_wgrad(w, gemm_options()), stream);

@@ -19,36 +19,45 @@ namespace mok {
 // again (gu, h; without split-N, whose row test is not window-relative: the same sums), the
 // weighted d_out rows pulled, FC2's dgrad + SwiGLU' and FC1's dgrad, the d_x rows pushed into
 // their slots, and the weight gradients over each expert's part of the window, the expert cut by
-// the window's end carried to the next in fp32 (WgradArgs::carry): every gradient the resident
+// the window's end carried to the next in fp32 (WgradArgs::carry_in / carry_out): every gradient the resident
 // backward's bits (windows are whole tiles, so every sum runs in the same K order).
 void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream) {
   const gpu::ScheduleView v = schedule->view();
   const int64_t R = ring_rows;
   gpu::MoveArgs move = move_args();
   move.sms = sms;  // the movement kernels run alone here
-  float* carry_down = bwd_carry.get<float>();
-  float* carry_gu = carry_down + gemm::wgrad_carry_floats(H, I);
+  // Carries: [down 0][down 1][gate/up 0][gate/up 1]; window w reads slot w & 1 (what window w - 1
+  // wrote) and writes the other (the tiles of the expert carried in and of the one carried out
+  // run unordered in one call).
+  const int64_t down_floats = gemm::wgrad_carry_floats(H, I), gu_floats = gemm::wgrad_carry_floats(2 * I, H);
+  float* carry_down[2] = {bwd_carry.get<float>(), bwd_carry.get<float>() + down_floats};
+  float* carry_gu[2] = {carry_down[0] + 2 * down_floats, carry_down[0] + 2 * down_floats + gu_floats};
+  // The tile widths of the resident backward's plans, so that the windows' GEMMs tile exactly as
+  // its GEMMs do (a window's few tiles would otherwise pick 128-wide ones).
+  const int64_t all_tiles = cap_rows / sched::kBlockM;
   int32_t* parts = bwd_windows.get<int32_t>();
   const int32_t* part_begin = parts;
   const int32_t* part_rows = parts + e_loc;
   const int32_t* carried = parts + 2 * e_loc;
-  for (int64_t lo = 0; lo < cap_rows; lo += R) {
+  for (int64_t lo = 0, w = 0; lo < cap_rows; lo += R, ++w) {
+    const int in = int(w & 1), out = in ^ 1;
     const int64_t hi = std::min(lo + R, cap_rows), tiles = (hi - lo) / sched::kBlockM;
     const int32_t* tile_expert = v.tile_expert + lo / sched::kBlockM;
     move.row_begin = lo;
     move.row_end = hi;
     gpu::pull_dispatch(move, x_peers.get<const void* const>(), x_rows, stream);
-    gemm::run(gemm::plan_fc1(routed_fc1(x_rows, h.p, gu.p, tile_expert, tiles), gemm_options()), stream);
+    gemm::run(gemm::plan_fc1(routed_fc1(x_rows, h.p, gu.p, tile_expert, tiles), options_as(all_tiles, 2 * I)),
+              stream);
     gpu::pull_reverse_combine(move, dout_peers.get<const void* const>(), weight_peers.get<const float* const>(),
                               dy_routed.p, stream);
     run_dgrads(dy_routed.p, weights.w_down.data, gu.p, weights.w_gate.data, weights.w_up.data, y.p, I, e_loc,
-               tile_expert, tiles, stream);
+               tile_expert, tiles, stream, -1, all_tiles);
     gpu::push_combine(move, y.p, combine_peers.get<void* const>(), stream);
     gpu::window_parts(v, e_loc, lo, hi, parts, stream);
-    run_wgrad(dy_routed.p, h.p, dw_down, H, I, e_loc, hi - lo, part_begin, part_rows, stream, nullptr, carry_down,
-              carried, v.expert_rows);
-    run_wgrad(gu.p, x_rows, dw_gate, 2 * I, H, e_loc, hi - lo, part_begin, part_rows, stream, dw_up, carry_gu,
-              carried, v.expert_rows);
+    run_wgrad(dy_routed.p, h.p, dw_down, H, I, e_loc, hi - lo, part_begin, part_rows, stream, nullptr,
+              carry_down[in], carry_down[out], carried, v.expert_rows);
+    run_wgrad(gu.p, x_rows, dw_gate, 2 * I, H, e_loc, hi - lo, part_begin, part_rows, stream, dw_up, carry_gu[in],
+              carry_gu[out], carried, v.expert_rows);
   }
 }
 

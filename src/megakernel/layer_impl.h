@@ -200,11 +200,15 @@ struct Layer::Impl {
   void shared_backward(const DeviceGrads& g, cudaStream_t stream);
   void run_dgrads(const void* dy, const void* w_down, void* gu_buf, const void* w_gate, const void* w_up,
                   void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
-                  cudaStream_t stream, int mark_between = -1);
+                  cudaStream_t stream, int mark_between = -1, int64_t width_tiles = 0);
+  // gemm_options() with the tile width a plan over `width_tiles` M tiles and n columns picks
+  // (0: the plan's own choice): a window's GEMMs then tile like the whole layout's.
+  gemm::Options options_as(int64_t width_tiles, int64_t n) const;
   void run_wgrad(const void* a, const void* b, void* dw, int64_t m, int64_t n, int64_t experts, int64_t rows_total,
                  const int32_t* row_begin, const int32_t* rows, cudaStream_t stream, void* dw_up = nullptr,
-                 float* carry = nullptr, const int32_t* carry_experts = nullptr,
-                 const int32_t* expert_rows_total = nullptr) const;
+                 const float* carry_in = nullptr, float* carry_out = nullptr,
+                 const int32_t* carry_experts = nullptr, const int32_t* expert_rows_total = nullptr) const;
+
   void backward_resident(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream);
   void backward_windows(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream);
   void allocate_backward();

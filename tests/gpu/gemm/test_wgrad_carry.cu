@@ -1,7 +1,8 @@
-// A weight gradient whose rows come in several calls (WgradArgs::carry: the backward's
-// macrobatches, notes/memory.md) gives the bits of one call over all rows: the routed layout is
-// cut into windows of whole 128-row tiles, each call gets every expert's token rows inside its
-// window, the expert cut by a window's end continues through the fp32 carry buffer, and experts
+// A weight gradient whose rows come in several calls (WgradArgs::carry_in / carry_out: the
+// backward's macrobatches, notes/memory.md) gives the bits of one call over all rows: the routed
+// layout is cut into windows of whole 128-row tiles, each call gets every expert's token rows
+// inside its window, the expert cut by a window's end continues through the fp32 carry (two
+// buffers, alternating: a call reads one while it writes the other), and experts
 // without rows in a call are left to the call that has them (expert_rows_total). Cuts inside an
 // expert, an expert spanning three windows (carry in and out of the same call), empty experts, a
 // partial N tile; both tile widths, with and without 2-CTA clusters, the gate/up split store.
@@ -33,7 +34,8 @@ std::vector<uint16_t> wgrad_in_windows(const Routed& rt, const DevBuf& a, const 
                                        const Variant& v, const std::vector<int64_t>& cuts) {
   const int64_t E = int64_t(rt.counts.size());
   const size_t out = size_t(E * m * n);
-  DevBuf dw(out * 2), err(4), carry(size_t(gemm::wgrad_carry_floats(m, n)) * 4), total(size_t(E) * 4 + 4),
+  const size_t carry_floats = size_t(gemm::wgrad_carry_floats(m, n));
+  DevBuf dw(out * 2), err(4), carry(carry_floats * 2 * 4), total(size_t(E) * 4 + 4),
       beg(size_t(E) * 4 + 4), cnt(size_t(E) * 4 + 4), ce(8);
   EXPECT_EQ(cudaSuccess, cudaMemset(dw.p, 0xFF, dw.bytes));  // NaN poison: every element is written once
   EXPECT_EQ(cudaSuccess, cudaMemset(err.p, 0, 4));
@@ -44,6 +46,7 @@ std::vector<uint16_t> wgrad_in_windows(const Routed& rt, const DevBuf& a, const 
   o.cluster = v.cluster;
   int64_t lo = 0;
   int32_t carried = -1;  // the expert whose sums the previous window left in the carry
+  int slot = 0;          // which half of `carry` the previous window wrote (this one reads it)
   for (const int64_t hi : cuts) {
     std::vector<int32_t> b0(static_cast<size_t>(E)), c0(static_cast<size_t>(E));
     int32_t out_e = -1;
@@ -69,13 +72,15 @@ std::vector<uint16_t> wgrad_in_windows(const Routed& rt, const DevBuf& a, const 
     w.expert_rows = cnt.as<int32_t>();
     if (v.gate_up) w.dw_up = static_cast<uint16_t*>(dw.p) + out / 2;
     if (cuts.size() > 1) {
-      w.carry = carry.as<float>();
+      w.carry_in = carry.as<float>() + size_t(slot) * carry_floats;
+      w.carry_out = carry.as<float>() + size_t(slot ^ 1) * carry_floats;
       w.carry_experts = ce.as<int32_t>();
       w.expert_rows_total = total.as<int32_t>();
     }
     gemm::run(gemm::plan_wgrad(w, o), nullptr);
     EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());  // the per-call arrays are refilled next
     carried = out_e;
+    slot ^= 1;
     lo = hi;
   }
   EXPECT_EQ(download<unsigned>(err, 1)[0], 0u) << "a bounded wait expired";

@@ -170,6 +170,24 @@ INSTANTIATE_TEST_SUITE_P(Paths, LayerWeights, ::testing::Values(kMk, kUnfused), 
 // (whose forward and backward run every stage once over all rows, with the same GEMM sums), on
 // uniform, Zipf and one-expert routing (one expert's rows over every window), with a shared
 // expert, for rings of 2 and 3 minibatches; and the second backward gives the same bits.
+// MOK_WINDOWED_BACKWARD=1 for the scope, the previous value (or its absence) restored after.
+struct WindowedKnob {
+  std::string previous;
+  bool had = false;
+  WindowedKnob() {
+    if (const char* v = std::getenv("MOK_WINDOWED_BACKWARD")) had = true, previous = v;
+    EXPECT_EQ(setenv("MOK_WINDOWED_BACKWARD", "1", 1), 0);
+  }
+  ~WindowedKnob() {
+    if (had)
+      setenv("MOK_WINDOWED_BACKWARD", previous.c_str(), 1);
+    else
+      unsetenv("MOK_WINDOWED_BACKWARD");
+  }
+  WindowedKnob(const WindowedKnob&) = delete;
+  WindowedKnob& operator=(const WindowedKnob&) = delete;
+};
+
 struct WindowCase {
   const char* name;
   mok::Routing routing;
@@ -213,9 +231,11 @@ TEST_P(LayerBackwardWindows, BitwiseTheUnfusedBackward) {
   windows.macrobatch_tokens = c.ring;
   ASSERT_LT(c.ring, shape.worst_case_rows()) << "the case must run over windows";
   const auto want = grads_of(shape, unfused, wl, 1);
-  ASSERT_EQ(setenv("MOK_WINDOWED_BACKWARD", "1", 1), 0);
-  const auto got = grads_of(shape, windows, wl, 2);
-  unsetenv("MOK_WINDOWED_BACKWARD");
+  std::vector<std::vector<float>> got;
+  {
+    const WindowedKnob knob;  // the experiment knob, for this scope only (also when a check throws)
+    got = grads_of(shape, windows, wl, 2);
+  }
   const char* names[] = {"d_x", "d_topk_w", "dW_gate", "dW_up", "dW_down", "dWs_gate", "dWs_up", "dWs_down"};
   for (size_t o = 0; o < want.size(); ++o) {
     int64_t differ = 0;
