@@ -83,7 +83,8 @@ class MoE(torch.nn.Module):
 
     def _gpu_layer(self, x: torch.Tensor, topk_idx: torch.Tensor) -> int:
         """The GPU layer for x's device and token count (built on first use: a one-rank communicator,
-        the layer's buffers and windows). Rebuilt when the weights moved to new storage."""
+        the layer's buffers and windows). It reads the weights where they are; when they move to new
+        storage (``.to()``, ``load_state_dict(assign=True)``) the op re-binds it (``_bind_weights``)."""
         T = x.shape[0]
         if x.dim() != 2 or x.shape[1] != self.hidden or tuple(topk_idx.shape) != (T, self.top_k):
             raise ValueError(f"mok.MoE: x must be [T, {self.hidden}] and topk_idx [T, {self.top_k}], got "
@@ -92,12 +93,9 @@ class MoE(torch.nn.Module):
         for p in weights:
             if not p.is_cuda or p.device != x.device or not p.is_contiguous():
                 raise ValueError(f"mok.MoE: the weights must be contiguous on {x.device} (move the module there)")
-        key = (x.device.index, T, tuple(p.data_ptr() for p in weights))
+        key = (x.device.index, T)
         if key not in self._gpu:
             _cuda = _import_cuda()
-            for stale in [k for k in self._gpu if k[:2] == key[:2]]:
-                unregister_gpu_layer(self._gpu.pop(stale))
-            torch.cuda.synchronize(x.device)  # the weights are written before the layer packs them
             gl = _cuda.Layer(x.device.index, T, self.hidden, self.intermediate, self.experts, self.top_k,
                              self.shared_intermediate, [p.data_ptr() for p in weights],
                              float(self.config.get("wait_timeout_s", 5.0)))

@@ -1,6 +1,6 @@
 """mok.MoE on CUDA tensors (the GPU layer, mok._cuda) against the CPU reference engine (mok._cpu)
 on the same weights and inputs: forward and every gradient; weights changed in place by an
-optimizer are read by the next call; bad routing is named by check(); a backward of an earlier
+optimizer are read by the next call, and weights moved to new tensors are re-bound; bad routing is named by check(); a backward of an earlier
 forward is refused by name. Skipped without a GPU or without mok._cuda."""
 
 import pytest
@@ -61,6 +61,15 @@ def test_gpu_layer_matches_the_cpu_reference():
     a = gpu(x2.cuda(), idx2.cuda(), w2.cuda())
     b = cpu(x2, idx2, w2)
     assert rel(a, b) < 1e-2
+    # Weights moved to new storage (load_state_dict(assign=True)): the same GPU layer, re-bound.
+    torch.manual_seed(5)
+    other = mok.MoE(H, I, E, K, IS, init_std=0.05)
+    cpu.load_state_dict(other.state_dict())
+    gpu.load_state_dict({k: v.cuda() for k, v in other.state_dict().items()}, assign=True)
+    layers = dict(gpu._gpu)
+    a = gpu(x2.cuda(), idx2.cuda(), w2.cuda())
+    assert gpu._gpu == layers, "the GPU layer was rebuilt instead of re-bound"
+    assert rel(a, cpu(x2, idx2, w2)) < 1e-2
 
 
 def test_gpu_bad_routing_is_named_by_check():
