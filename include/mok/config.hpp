@@ -79,6 +79,12 @@ struct Config {
   Precision precision = Precision::BF16;
   double wait_timeout_s = 5.0;       // bound of every device-side spin-wait
   int cpu_threads = 0;               // CPU reference engine: worker threads, 0 = hardware concurrency
+  // GPU layer: the buffers a call uses and leaves nothing in for a later call (the FC2 rows, the
+  // backward's dy rows; with a backward over windows also the rings, gu and the wgrad carries)
+  // are one workspace shared by every layer on the communicator with this setting (calls on a
+  // communicator run one at a time), sized for the largest; the planner marks them (workspace).
+  // Host-only (each rank's own memory). Off: every layer has its own.
+  bool share_workspace = false;
 
   // Throws mok::Error for the first violated constraint. `sm_count` (0 = unknown, e.g. on a
   // machine without GPU) bounds the comm SM counts (at least one SM must remain for compute) and

@@ -39,6 +39,9 @@ struct BufferBytes {
   int64_t bytes = 0;
   MemoryScope scope = MemoryScope::Layer;
   bool symmetric = false;  // a symmetric window (ncclMemAlloc), not cudaMalloc
+  // In the workspace shared by the layers on a communicator (Config::share_workspace): the
+  // layers with this shape together hold it once.
+  bool workspace = false;
 };
 
 struct MemoryPlan {
@@ -49,6 +52,8 @@ struct MemoryPlan {
   int64_t total() const;                  // every buffer, the backward's included
   int64_t total(MemoryScope scope) const;
   int64_t symmetric() const;
+  int64_t workspace() const;              // the buffers in the shared workspace
+  int64_t per_layer() const { return total() - workspace(); }
   std::string table() const;              // one line per buffer, largest first, and the totals
 };
 

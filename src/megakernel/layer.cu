@@ -39,6 +39,34 @@ __global__ void barrier_kernel(__grid_constant__ const comm::dev::DeviceComm dc,
 
 using layer_detail::upload_array;
 
+std::shared_ptr<layer_detail::DeviceBuffer> layer_detail::Workspace::get(const std::string& name, size_t bytes) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  Entry& e = entries_[name];
+  if (std::shared_ptr<DeviceBuffer> b = e.buffer.lock(); b && e.bytes >= bytes) return b;
+  auto b = std::make_shared<DeviceBuffer>(bytes, name.c_str());  // zeroed, as every buffer
+  e = Entry{b, bytes};
+  return b;
+}
+
+std::shared_ptr<layer_detail::Workspace> layer_detail::Workspace::of(const comm::Communicator& comm) {
+  // One per communicator while any of its layers shares; keyed by address (a communicator
+  // outlives its layers, so an expired entry is never another one's).
+  static std::mutex mutex;
+  static std::map<const comm::Communicator*, std::weak_ptr<Workspace>> registry;
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::weak_ptr<Workspace>& slot = registry[&comm];
+  std::shared_ptr<Workspace> w = slot.lock();
+  if (!w) slot = w = std::make_shared<Workspace>();
+  return w;
+}
+
+layer_detail::DeviceBuffer Layer::Impl::allocate(const char* name, const char* what) {
+  const auto bytes = static_cast<size_t>(mem.bytes(name));
+  for (const BufferBytes& b : mem.buffers)
+    if (b.name == name && b.workspace) return DeviceBuffer::view(workspace->get(name, bytes));
+  return DeviceBuffer(bytes, what);
+}
+
 Layer::Impl::~Impl() {
   int prev = -1;
   const bool restore = cudaGetDevice(&prev) == cudaSuccess;
@@ -122,6 +150,7 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   // communicator.
   const std::string tag = "mok.layer" + std::to_string(comm.window_count());
   mem = plan_memory(shape, config, rank, sms);  // every size below (include/mok/memory.hpp)
+  if (config.share_workspace) workspace = Workspace::of(comm);
   const auto bytes = [&](const char* name) { return static_cast<size_t>(mem.bytes(name)); };
   win_routing = leases.acquire(comm, tag + ".routing", bytes("window.routing"));
   win_x = leases.acquire(comm, tag + ".x", bytes("window.x"));
@@ -158,12 +187,12 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   // by forward(..., save_for_backward = false): a backward must know whether the last forward
   // saved them (track it when the backward lands; a captured graph fixes the flag).
   // (at least one tile of rows, so tensor maps stay valid when no rank has tokens)
-  gu = DeviceBuffer(bytes("gu"), "gu");
+  gu = allocate("gu", "gu");
   const bool has_shared = Is > 0 && T > 0;
   if (has_shared) {
     gu_s = DeviceBuffer(bytes("gu_s"), "gu_s");
     h_s = DeviceBuffer(bytes("h_s"), "h_s");
-    y_s = DeviceBuffer(bytes("y_s"), "y_s");
+    y_s = allocate("y_s", "y_s");
   }
   if (fused)
     setup_megakernel(fs);
@@ -176,10 +205,10 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
 // Unfused path: routed buffers for the worst case (one macrobatch); bind_weights builds one GEMM
 // plan per stage.
 void Layer::Impl::setup_unfused() {
-  x_routed = DeviceBuffer(static_cast<size_t>(mem.bytes("x_routed")), "x_routed");
+  x_routed = allocate("x_routed", "x_routed");
   x_rows = x_routed.p;
-  h = DeviceBuffer(static_cast<size_t>(mem.bytes("h")), "h");
-  y = DeviceBuffer(static_cast<size_t>(mem.bytes("y")), "y");
+  h = allocate("h", "h");
+  y = allocate("y", "y");
   if (Is > 0 && T > 0)
     shared_tiles = upload_array(std::vector<int32_t>(static_cast<size_t>(t_tiles), 0), "shared tiles");
 }
@@ -261,14 +290,14 @@ void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
     // only (as the peers do; see comm/device.cuh).
     x_ring = comm::dev::lsa_pointer(comm, *win_ring, rank);
   } else {
-    x_routed = DeviceBuffer(static_cast<size_t>(mem.bytes("x_ring")), "x ring");
+    x_routed = allocate("x_ring", "x ring");
     x_ring = x_routed.p;
   }
   x_rows = x_ring;
   ring_rows = R;
   windowed = R < cap_rows;  // the backward runs over windows of the ring (layer_backward_windows.cu)
-  h = DeviceBuffer(static_cast<size_t>(mem.bytes("h_ring")), "h ring");
-  y = DeviceBuffer(static_cast<size_t>(mem.bytes("y_ring")), "y ring");
+  h = allocate("h_ring", "h ring");
+  y = allocate("y_ring", "y ring");
   mkp.plan = fs.plan;
   mkp.layout = fs.layout;
   mkp.cluster = fs.cluster ? 1 : 0;

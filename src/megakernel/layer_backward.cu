@@ -239,10 +239,10 @@ void Layer::Impl::allocate_backward() {
       bwd_marks.push_back(e);
     }
   }
-  dy_routed = DeviceBuffer(static_cast<size_t>(mem.bytes("dy_rows")), "backward dy rows");
+  dy_routed = allocate("dy_rows", "backward dy rows");
   if (windowed) {
-    bwd_carry = DeviceBuffer(static_cast<size_t>(mem.bytes("bwd_carry")), "backward wgrad carries");
-    bwd_windows = DeviceBuffer(static_cast<size_t>(mem.bytes("bwd_windows")), "backward window parts");
+    bwd_carry = allocate("bwd_carry", "backward wgrad carries");
+    bwd_windows = allocate("bwd_windows", "backward window parts");
   }
   if (Is > 0 && T > 0) {
     // The shared expert as one expert of T rows starting at row 0: {begin, rows}.

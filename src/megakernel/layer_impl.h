@@ -5,7 +5,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -49,10 +51,18 @@ class CallScope {
   cudaStream_t s_;
 };
 
-// Owned device allocation.
+// Owned device allocation, or a view of a workspace buffer other layers share (`shared` keeps it
+// alive; this one does not free it).
 struct DeviceBuffer {
   void* p = nullptr;
+  std::shared_ptr<DeviceBuffer> shared;
   DeviceBuffer() = default;
+  static DeviceBuffer view(std::shared_ptr<DeviceBuffer> of) {
+    DeviceBuffer b;
+    b.p = of->p;
+    b.shared = std::move(of);
+    return b;
+  }
   // Zeroed once: a tile's padding rows are read by the next GEMM (and their results dropped)
   // before anything wrote them, and no kernel may read memory nobody wrote (compute-sanitizer's
   // initcheck flags it; a NaN pattern left there would be harmless but is not worth the doubt).
@@ -63,15 +73,36 @@ struct DeviceBuffer {
       throw Error(ErrorKind::Runtime, what, cudaGetErrorString(e), detail::concat(bytes, " bytes"));
   }
   ~DeviceBuffer() {
-    if (p) cudaFree(p);
+    if (p && !shared) cudaFree(p);
   }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p(o.p) { o.p = nullptr; }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p(o.p), shared(std::move(o.shared)) { o.p = nullptr; }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     std::swap(p, o.p);
+    std::swap(shared, o.shared);
     return *this;
   }
   template <typename T = void>
   T* get() const { return static_cast<T*>(p); }
+};
+
+// The workspace of the layers on one communicator (Config::share_workspace): one buffer per name,
+// handed to every layer that needs no more bytes than it has. A layer that needs more gets a new
+// one, which later layers then share; the older buffer lives on with the layers that hold it
+// (their tensor maps point into it), so nothing is ever reallocated under a layer. Layers on a
+// communicator run one call at a time, so they never use a workspace buffer at once.
+class Workspace {
+ public:
+  std::shared_ptr<DeviceBuffer> get(const std::string& name, size_t bytes);
+  // The workspace of `comm`'s layers (created with the first one that shares).
+  static std::shared_ptr<Workspace> of(const comm::Communicator& comm);
+
+ private:
+  struct Entry {
+    std::weak_ptr<DeviceBuffer> buffer;
+    size_t bytes = 0;
+  };
+  std::mutex mutex_;
+  std::map<std::string, Entry> entries_;
 };
 
 template <typename T>
@@ -112,6 +143,7 @@ struct WindowLeases {
 
 struct Layer::Impl {
   using DeviceBuffer = layer_detail::DeviceBuffer;
+  using Workspace = layer_detail::Workspace;
   comm::Communicator& comm;
   layer_detail::WindowLeases leases;  // every window below
   LayerShape shape;
@@ -125,6 +157,10 @@ struct Layer::Impl {
   const comm::Window* win_dout = nullptr;     // backward: d_out [T_pad, H] bf16, pulled by the peers
   const comm::Window* win_weights = nullptr;  // backward: router weights [T, k] f32, read by the peers
   MemoryPlan mem;  // the bytes of every buffer below (include/mok/memory.hpp)
+  std::shared_ptr<Workspace> workspace;  // Config::share_workspace: the communicator's
+  // The plan's buffer `name`: this layer's own, or a view of the shared workspace's when the plan
+  // puts it there.
+  DeviceBuffer allocate(const char* name, const char* what);
   comm::dev::DeviceComm dc{};
   DeviceErrorWord errors;
   DeviceBuffer tables, x_peers, combine_peers, dout_peers, weight_peers;

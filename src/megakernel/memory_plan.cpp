@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <vector>
 #include <cstdio>
 
 #include "megakernel/forward_setup.h"
@@ -40,6 +41,12 @@ int64_t MemoryPlan::total(MemoryScope scope) const {
   return t;
 }
 
+int64_t MemoryPlan::workspace() const {
+  int64_t t = 0;
+  for (const BufferBytes& b : buffers) t += b.workspace ? b.bytes : 0;
+  return t;
+}
+
 int64_t MemoryPlan::symmetric() const {
   int64_t t = 0;
   for (const BufferBytes& b : buffers) t += b.symmetric ? b.bytes : 0;
@@ -52,13 +59,18 @@ std::string MemoryPlan::table() const {
   std::string out;
   char line[160];
   for (const BufferBytes& b : sorted) {
-    std::snprintf(line, sizeof line, "  %-26s %12.3f MB  %-8s%s\n", b.name.c_str(), double(b.bytes) * 1e-6,
-                  to_string(b.scope), b.symmetric ? " (symmetric window)" : "");
+    std::snprintf(line, sizeof line, "  %-26s %12.3f MB  %-8s%s%s\n", b.name.c_str(), double(b.bytes) * 1e-6,
+                  to_string(b.scope), b.symmetric ? " (symmetric window)" : "", b.workspace ? " (workspace)" : "");
     out += line;
   }
   std::snprintf(line, sizeof line, "  total %.3f GB: layer %.3f GB (of it saved for the backward %.3f GB), backward %.3f GB\n",
                 double(total()) * 1e-9, double(total(MemoryScope::Layer) + total(MemoryScope::Saved)) * 1e-9,
                 double(total(MemoryScope::Saved)) * 1e-9, double(total(MemoryScope::Backward)) * 1e-9);
+  if (workspace() > 0) {
+    std::snprintf(line, sizeof line, "  of it %.3f GB in the workspace the layers on the communicator share\n",
+                  double(workspace()) * 1e-9);
+    out += line;
+  }
   return out + line;
 }
 
@@ -138,6 +150,19 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   if (Is > 0 && T > 0) {
     add("shared_rows", 8, S::Backward);
     if (fused) add("shared_tiles", t_tiles * 4, S::Backward);
+  }
+  if (config.share_workspace) {
+    // The buffers no later call reads from this one's (Config::share_workspace): the FC2 rows
+    // (the backward writes its d_x rows there), the backward's dy rows; with a backward over
+    // windows also what it fills again (the rings, gu, the carries and the window arrays). A
+    // push-dispatch ring is a symmetric window the peers write: the layer's own.
+    std::vector<std::string> shared = {"y_ring", "y", "y_s", "dy_rows"};
+    if (windowed) {
+      for (const char* name : {"h_ring", "gu", "bwd_carry", "bwd_windows"}) shared.emplace_back(name);
+      if (!push) shared.emplace_back("x_ring");
+    }
+    for (BufferBytes& b : p.buffers)
+      b.workspace = std::find(shared.begin(), shared.end(), b.name) != shared.end();
   }
   return p;
 }

@@ -44,6 +44,39 @@ TEST(MemoryPlan, MatchesTheMeasuredLayerMemory) {
   }
 }
 
+// Config::share_workspace: what no later call reads goes to the workspace (counted once for the
+// layers on a communicator); with a ring below the worst case (the backward over windows) also
+// the rings, gu and the carries; a push-dispatch ring stays the layer's (a symmetric window).
+TEST(MemoryPlan, SharedWorkspaceHoldsWhatNoLaterCallReads) {
+  const auto shape = mok::LayerShape::uniform(8, 8192, 7168, 2048, 256, 8);
+  const auto in_ws = [](const mok::MemoryPlan& p, const char* name) {
+    for (const auto& b : p.buffers)
+      if (b.name == name) return b.workspace;
+    ADD_FAILURE() << "no buffer " << name;
+    return false;
+  };
+  mok::Config cfg;
+  // EP 1: the default ring holds the worst case (a resident backward); at EP 8 it is capped below.
+  const auto ep1 = mok::LayerShape::uniform(1, 8192, 7168, 2048, 256, 8);
+  const mok::MemoryPlan own = mok::plan_memory(ep1, cfg, 0, 132);
+  EXPECT_EQ(own.workspace(), 0);
+  cfg.share_workspace = true;
+  const mok::MemoryPlan resident = mok::plan_memory(ep1, cfg, 0, 132);
+  EXPECT_EQ(resident.total(), own.total());
+  EXPECT_TRUE(in_ws(resident, "y_ring") && in_ws(resident, "dy_rows"));
+  EXPECT_FALSE(in_ws(resident, "x_ring") || in_ws(resident, "gu") || in_ws(resident, "window.combine"));
+  cfg.macrobatch_tokens = 32768;  // windows: the rings, gu and carries join
+  const mok::MemoryPlan windows = mok::plan_memory(shape, cfg, 0, 132);
+  for (const char* n : {"x_ring", "h_ring", "y_ring", "gu", "dy_rows", "bwd_carry", "bwd_windows"})
+    EXPECT_TRUE(in_ws(windows, n)) << n;
+  EXPECT_FALSE(in_ws(windows, "window.combine") || in_ws(windows, "window.x") || in_ws(windows, "schedule"));
+  EXPECT_EQ(windows.per_layer() + windows.workspace(), windows.total());
+  std::printf("[memory] dsv3 ep8 T 8192, ring 32768, shared workspace: per layer %.2f GB, workspace %.2f GB\n",
+              double(windows.per_layer()) * 1e-9, double(windows.workspace()) * 1e-9);
+  cfg.dispatch = mok::DispatchPath::Push;
+  EXPECT_FALSE(in_ws(mok::plan_memory(shape, cfg, 0, 132), "x_ring")) << "a push ring is a symmetric window";
+}
+
 TEST(MemoryPlan, NamesEveryBufferOnceWithItsScope) {
   const auto shape = mok::LayerShape::uniform(2, 700, 1024, 512, 16, 4, 512);
   for (const auto dispatch : {mok::DispatchPath::Pull, mok::DispatchPath::Push}) {

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -251,5 +252,78 @@ INSTANTIATE_TEST_SUITE_P(Rings, LayerBackwardWindows,
                                            WindowCase{"zipf_mb128_ring384", mok::Routing::Zipf, 128, 384},
                                            WindowCase{"one_expert_mb256_ring512", mok::Routing::OneExpert, 256, 512}),
                          [](const auto& i) { return std::string(i.param.name); });
+
+// Eight layers alive on one communicator sharing their workspace (Config::share_workspace): all
+// forwards, then the backwards in reverse order. Every layer's gradients are bitwise those of the
+// same layer run alone, and the device memory they take is the plan's: 8 x the per-layer bytes +
+// the workspace once (within 2%). Resident backward (the default ring) and, with the experiment
+// knob, the backward over windows (whose rings, gu and carries are in the workspace too).
+class LayerMemoryWorkspace : public ::testing::TestWithParam<bool> {};
+
+TEST_P(LayerMemoryWorkspace, EightLayersShareItWithTheSameBits) {
+  MOK_REQUIRE_GPUS(1);
+  const bool windows = GetParam();
+  constexpr int kLayers = 8;
+  const mok::LayerShape shape{{1024}, 1024, 384, 32, 8, 0};
+  mok::Config cfg;
+  cfg.share_workspace = true;
+  if (windows) {
+    cfg.minibatch_tokens = 256;
+    cfg.macrobatch_tokens = 512;
+  }
+  std::unique_ptr<WindowedKnob> knob;
+  if (windows) knob = std::make_unique<WindowedKnob>();
+  std::vector<mok::Workload> wls;
+  for (int l = 0; l < kLayers; ++l) wls.push_back(mok::make_workload(shape, mok::Routing::Zipf, 300 + uint64_t(l)));
+  // Each layer alone (its own communicator, nothing shared): the bits to match.
+  mok::Config alone = cfg;
+  alone.share_workspace = false;
+  std::vector<std::vector<std::vector<float>>> want;
+  for (int l = 0; l < kLayers; ++l) want.push_back(grads_of(shape, alone, wls[size_t(l)], 1));
+  int sms = 0;
+  ASSERT_EQ(cudaSuccess, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const mok::MemoryPlan plan = mok::plan_memory(shape, cfg, 0, sms);
+  ASSERT_GT(plan.workspace(), 0);
+  auto group = ranks_on_gpus(1, shape, cfg);
+  mok::comm::Communicator& comm = group[0];
+  std::vector<std::unique_ptr<RankData>> data;
+  std::vector<std::unique_ptr<RankGrads>> grads;
+  std::vector<mok::bf16*> d_outs;
+  for (int l = 0; l < kLayers; ++l) {
+    data.push_back(std::make_unique<RankData>(shape, wls[size_t(l)], 0));
+    grads.push_back(std::make_unique<RankGrads>(shape, 0));
+    d_outs.push_back(upload(wls[size_t(l)].d_out[0].data(), wls[size_t(l)].d_out[0].size()));
+  }
+  size_t free0 = 0, free1 = 0, total = 0;
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  ASSERT_EQ(cudaSuccess, cudaMemGetInfo(&free0, &total));
+  {
+    std::vector<std::unique_ptr<mok::Layer>> layers;
+    for (int l = 0; l < kLayers; ++l) layers.push_back(std::make_unique<mok::Layer>(comm, shape, cfg, data[size_t(l)]->dw));
+    for (int l = 0; l < kLayers; ++l) data[size_t(l)]->forward_once(*layers[size_t(l)], comm);
+    for (int l = kLayers - 1; l >= 0; --l) {
+      const auto dref = mok::TensorRef::contiguous(d_outs[size_t(l)], mok::DType::BF16, {data[0]->T, data[0]->H});
+      layers[size_t(l)]->backward(data[size_t(l)]->refs, dref, grads[size_t(l)]->g, comm.stream());
+      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
+      layers[size_t(l)]->check();
+    }
+    ASSERT_EQ(cudaSuccess, cudaMemGetInfo(&free1, &total));
+    for (int l = 0; l < kLayers; ++l) {
+      const auto got = grads[size_t(l)]->fetch();
+      for (size_t o = 0; o < got.size(); ++o)
+        EXPECT_TRUE(got[o] == want[size_t(l)][o]) << "layer " << l << ": gradient " << o << " differs from it alone";
+    }
+  }
+  const double measured = double(free0) - double(free1);
+  const double planned = double(kLayers) * double(plan.per_layer()) + double(plan.workspace());
+  std::printf("[layer workspace] %s: %d layers measured %.1f MB, planned %.1f MB (%d x %.1f + workspace %.1f)\n",
+              windows ? "windows" : "resident", kLayers, measured * 1e-6, planned * 1e-6, kLayers,
+              double(plan.per_layer()) * 1e-6, double(plan.workspace()) * 1e-6);
+  EXPECT_NEAR(measured, planned, 0.02 * planned + 16e6);
+  for (mok::bf16* p : d_outs) cudaFree(p);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backward, LayerMemoryWorkspace, ::testing::Values(false, true),
+                         [](const auto& i) { return std::string(i.param ? "windows" : "resident"); });
 
 }  // namespace
