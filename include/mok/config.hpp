@@ -82,8 +82,11 @@ struct Config {
   // GPU layer: the buffers a call uses and leaves nothing in for a later call (the FC2 rows, the
   // backward's dy rows; with a backward over windows also the rings, gu and the wgrad carries)
   // are one workspace shared by every layer on the communicator with this setting (calls on a
-  // communicator run one at a time), sized for the largest; the planner marks them (workspace).
-  // Host-only (each rank's own memory). Off: every layer has its own.
+  // communicator run one at a time; CUDA graphs of two such layers must not be replayed at once),
+  // sized when a layer is built: a later layer that needs more gets a new buffer, which the
+  // layers after it share while the earlier ones keep theirs (build the largest layer first).
+  // The planner marks them (workspace). Host-only (each rank's own memory). Off: every layer has
+  // its own.
   bool share_workspace = false;
 
   // Throws mok::Error for the first violated constraint. `sm_count` (0 = unknown, e.g. on a

@@ -244,6 +244,8 @@ void Layer::Impl::allocate_backward() {
     bwd_carry = allocate("bwd_carry", "backward wgrad carries");
     bwd_windows = allocate("bwd_windows", "backward window parts");
   }
+  // The zeroing (cudaMemset, the legacy stream) done before the call's stream uses them.
+  MOK_CUDA_CHECK(cudaDeviceSynchronize());
   if (Is > 0 && T > 0) {
     // The shared expert as one expert of T rows starting at row 0: {begin, rows}.
     shared_rows = upload_array(std::vector<int32_t>{0, static_cast<int32_t>(T)}, "shared expert rows");

@@ -66,12 +66,13 @@ std::string MemoryPlan::table() const {
   std::snprintf(line, sizeof line, "  total %.3f GB: layer %.3f GB (of it saved for the backward %.3f GB), backward %.3f GB\n",
                 double(total()) * 1e-9, double(total(MemoryScope::Layer) + total(MemoryScope::Saved)) * 1e-9,
                 double(total(MemoryScope::Saved)) * 1e-9, double(total(MemoryScope::Backward)) * 1e-9);
+  out += line;
   if (workspace() > 0) {
     std::snprintf(line, sizeof line, "  of it %.3f GB in the workspace the layers on the communicator share\n",
                   double(workspace()) * 1e-9);
     out += line;
   }
-  return out + line;
+  return out;
 }
 
 MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, int sm_count) {

@@ -71,6 +71,8 @@ TEST(MemoryPlan, SharedWorkspaceHoldsWhatNoLaterCallReads) {
     EXPECT_TRUE(in_ws(windows, n)) << n;
   EXPECT_FALSE(in_ws(windows, "window.combine") || in_ws(windows, "window.x") || in_ws(windows, "schedule"));
   EXPECT_EQ(windows.per_layer() + windows.workspace(), windows.total());
+  EXPECT_NE(windows.table().find("total"), std::string::npos);
+  EXPECT_NE(windows.table().find("workspace the layers"), std::string::npos);
   std::printf("[memory] dsv3 ep8 T 8192, ring 32768, shared workspace: per layer %.2f GB, workspace %.2f GB\n",
               double(windows.per_layer()) * 1e-9, double(windows.workspace()) * 1e-9);
   cfg.dispatch = mok::DispatchPath::Push;
