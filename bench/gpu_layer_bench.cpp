@@ -231,10 +231,15 @@ std::vector<float> expected_backward_token(const Model& m, const std::vector<Ran
 // The layer's planned device memory on rank 0 (include/mok/memory.hpp; the layer allocates these
 // sizes), next to the times: "memory": {total, layer, saved, backward, symmetric} in bytes, and
 // what rank 0's device lost to the layer: at construction ("measured_built_bytes") and, when the
-// backward ran, with its first backward ("measured_bytes" = both; -1 = not measured).
-std::string memory_json(const LayerShape& shape, const Config& cfg, int64_t built, int64_t first_backward) {
+// backward ran, with its first backward ("measured_bytes" = both; omitted when it did not run).
+// "windows_from_pool": the layer's symmetric windows were ones an earlier case's layer gave back
+// to the communicator's pool, so the measurement does not hold them (compare with the plan's
+// total less symmetric_bytes then).
+std::string memory_json(const LayerShape& shape, const Config& cfg, int64_t built, int64_t first_backward,
+                        bool windows_from_pool) {
   const MemoryPlan p = plan_memory(shape, cfg, 0, device_sms());
   return ", \"memory\": {\"measured_built_bytes\": " + std::to_string(built) +
+         ", \"windows_from_pool\": " + (windows_from_pool ? "true" : "false") +
          (first_backward >= 0 ? ", \"measured_bytes\": " + std::to_string(built + first_backward) : std::string()) +
          ", \"total_bytes\": " + std::to_string(p.total()) +
          ", \"layer_bytes\": " + std::to_string(p.total(MemoryScope::Layer) + p.total(MemoryScope::Saved)) +
@@ -288,6 +293,7 @@ struct RankRun {
   void *x = nullptr, *idx = nullptr, *w = nullptr, *out = nullptr;
   int64_t T = 0, H = 0;
   int64_t built_bytes = 0;  // the device's free memory before the layer was built minus after
+  bool windows_from_pool = false;  // its symmetric windows were an earlier layer's (not in built_bytes)
   RoutingRefs refs;
   std::unique_ptr<Layer> layer;
   RankRun(comm::Communicator& c, const LayerShape& shape, const Config& cfg, const ref::RankInput& in,
@@ -303,8 +309,10 @@ struct RankRun {
     MOK_CUDA_CHECK(cudaMemcpy(w, in.topk_w.data(), in.topk_w.size() * 4, cudaMemcpyHostToDevice));
     const DeviceWeights dw = DeviceWeights::bf16(shape, rw.gate, rw.up, rw.down);
     const int64_t before = free_device_bytes();
+    const size_t windows_before = c.window_count();
     layer = std::make_unique<Layer>(c, shape, cfg, dw);
     built_bytes = before - free_device_bytes();
+    windows_from_pool = c.window_count() == windows_before;
     refs = RoutingRefs{TensorRef::contiguous(x, DType::BF16, {T, H}), TensorRef::contiguous(idx, DType::I32, {T, k}),
                        TensorRef::contiguous(w, DType::F32, {T, k})};
   }
@@ -505,10 +513,12 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           std::vector<std::vector<float>> bwd_sampled(static_cast<size_t>(W)), dout_sampled(static_cast<size_t>(W));
           std::vector<std::string> bwd_profile(static_cast<size_t>(W));
           std::vector<int64_t> built(static_cast<size_t>(W), 0), bwd_bytes(static_cast<size_t>(W), -1);
+          std::vector<char> from_pool(static_cast<size_t>(W), 0);
           group.run([&](comm::Communicator& c, size_t r) {
             std::unique_ptr<RankRun> owned = std::make_unique<RankRun>(c, shape, cfg, wl.inputs[r], weights[r]);
             RankRun& run = *owned;
             built[r] = run.built_bytes;
+            from_pool[r] = run.windows_from_pool ? 1 : 0;
             if (keep) main_runs[r] = std::move(owned);
             Layer& layer = *run.layer;
             void* out = run.out;
@@ -594,7 +604,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
             main_ms = t_ms;
             main_case = key + ", \"mok_ms\": " + std::to_string(t_ms) + ", \"mok_tflops\": " +
                         std::to_string(tflops) + knobs + ", \"check_rel_err\": " + std::to_string(rel) + tiles_json +
-                        memory_json(shape, cfg, built[0], bwd ? bwd_bytes[0] : -1);
+                        memory_json(shape, cfg, built[0], bwd ? bwd_bytes[0] : -1, from_pool[0] != 0);
             {
               const MemoryPlan plan = plan_memory(shape, cfg, 0, device_sms());
               std::printf("  memory per layer (plan, rank 0): %.2f GB (saved for the backward %.2f GB, backward's own "

@@ -14,10 +14,12 @@ of each model at T = 8192 and EP 1, 2, 8, default Config); without --plan-json t
    backward_ok}]}
 one case per plan case and routing (uniform, zipf, one-expert), mode "saved". From the plan:
   persistent_bytes_per_layer  scope Layer (the symmetric windows included) plus scope Backward:
-                              there is no shared workspace yet, so the backward's buffers
+                              with the default Config (share_workspace off) the backward's buffers
                               (dy_rows, ...) are allocated by each layer and held for its life;
-  saved_bytes_per_forward     scope Saved (routed x rows, gate/up pre-activations, h);
-  workspace_bytes             0: nothing is shared between layers today;
+  saved_bytes_per_forward     scope Saved (the published routing, the combine slots, the schedule,
+                              and the routed x rows, gate/up pre-activations and h where the
+                              backward reads them rather than recomputing them);
+  workspace_bytes             0: the default Config shares nothing between layers;
   backward_ok                 whether the backward runs on the megakernel path at that shape: it
                               reads every routed row of the forward, so the forward's ring must
                               hold the worst case (ring_rows >= worst_case_rows); null when the
@@ -71,7 +73,7 @@ def measurements(path, value, skip=lambda case: False):
     return out
 
 
-def build_cases(plan, measured, baseline):
+def build_cases(plan, measured, baseline, pool=None):
     cases = []
     for p in plan["cases"]:
         t = p.get("totals")
@@ -84,6 +86,10 @@ def build_cases(plan, measured, baseline):
                     "saved_bytes_per_forward": t["saved"] if t else None,
                     "baseline_saved_bytes": baseline.get(key),
                     "measured_bytes": measured.get(key),
+                    # "new": the measurement holds the windows; "pool": it does not (an earlier
+                    # layer's were reused); "unknown": the results file does not say; null: none.
+                    "measured_windows": None if key not in measured else
+                    {1: "pool", 0: "new"}.get((pool or {}).get(key), "unknown"),
                     "backward_ok": (ring >= worst) if ring is not None and worst is not None else None}
             if "error" in p:
                 case["plan_error"] = p["error"]
@@ -134,11 +140,15 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=58, help="layers of the footprint line (default 58)")
     a = ap.parse_args(argv)
     plan = load_plan(a)
-    measured = measurements(a.mok_json, lambda c: (c.get("memory") or {}).get("measured_bytes"),
-                            skip=lambda c: c.get("variant", "megakernel") != "megakernel")
+    mk_only = lambda c: c.get("variant", "megakernel") != "megakernel"  # noqa: E731
+    measured = measurements(a.mok_json, lambda c: (c.get("memory") or {}).get("measured_bytes"), skip=mk_only)
+    # Whether each measurement holds the layer's symmetric windows (mok_bench's windows_from_pool;
+    # older files do not say).
+    pool = measurements(a.mok_json, lambda c: {True: 1, False: 0}.get((c.get("memory") or {}).get("windows_from_pool"))
+                        if (c.get("memory") or {}).get("measured_bytes") is not None else None, skip=mk_only)
     baseline = measurements(a.baseline_json, lambda c: c.get("saved_bytes"))
     doc = {"device": a.device, "date": a.date, "commit": a.commit, "sm_count": plan.get("sm_count"),
-           "cases": build_cases(plan, measured, baseline)}
+           "cases": build_cases(plan, measured, baseline, pool)}
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")

@@ -10,8 +10,7 @@ from ._ops import moe, register_gpu_layer, unregister_gpu_layer
 # The knobs of mok::Config (include/mok/config.hpp), by the same names. On CPU tensors only
 # cpu_threads matters; the others configure the GPU layer and are kept for it.
 CONFIG_KNOBS = ("forward_path", "combine", "dispatch", "fwd_clusters", "fwd_comm_sms", "bwd_comm_sms",
-                "minibatch_tokens", "macrobatch_tokens", "precision", "wait_timeout_s", "cpu_threads",
-                "share_workspace")
+                "minibatch_tokens", "macrobatch_tokens", "precision", "wait_timeout_s", "cpu_threads")
 
 
 class MoE(torch.nn.Module):
@@ -69,7 +68,7 @@ class MoE(torch.nn.Module):
         else:
             self.ws_gate = self.ws_up = self.ws_down = None
 
-        self._gpu = {}  # (device, T, weight addresses) -> handle of the GPU layer built for them
+        self._gpu = {}  # (device, T) -> handle of the GPU layer built for them (it reads the weights in place)
 
     def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
         if self.config.get("cpu_threads"):

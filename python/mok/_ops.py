@@ -79,7 +79,10 @@ def _stream(t: Tensor) -> int:
 @torch.library.custom_op("mok::moe_forward", mutates_args=())
 def moe_forward(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
                 ws_gate: Optional[Tensor], ws_up: Optional[Tensor], ws_down: Optional[Tensor],
-                layer: int = 0) -> Tensor:
+                layer: int = 0) -> tuple[Tensor, Tensor]:
+    """(out, generation): generation, a CPU int64 scalar, numbers this forward among the GPU layer's
+    (0 on CPU tensors); the backward gets it as a tensor, so that a compiled graph checks the
+    runtime value, not the one it was traced with."""
     _check_device({"topk_idx": topk_idx, "topk_w": topk_w, "w_gate": w_gate, "w_up": w_up,
                    "w_down": w_down, "ws_gate": ws_gate, "ws_up": ws_up, "ws_down": ws_down}, x.device)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -94,31 +97,34 @@ def moe_forward(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_u
         gl.forward(xc.data_ptr(), ic.data_ptr(), ic.dtype == torch.int64, wc.data_ptr(), out.data_ptr(), stream)
         del ws
         _gpu_generation[layer] += 1
-        return out
+        return out, torch.tensor(_gpu_generation[layer], dtype=torch.int64)
     _cpu.forward(c(x), c(topk_idx), c(topk_w), c(w_gate), c(w_up), c(w_down), c(ws_gate), c(ws_up), c(ws_down),
                  out, threads=_cpu_threads())
-    return out
+    return out, torch.tensor(0, dtype=torch.int64)
 
 
 @moe_forward.register_fake
 def _(x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, layer=0):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            torch.empty((), dtype=torch.int64, device="cpu"))
 
 
 @torch.library.custom_op("mok::moe_backward", mutates_args=())
 def moe_backward(d_out: Tensor, x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_up: Tensor,
                  w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor],
-                 ws_down: Optional[Tensor], layer: int = 0, generation: int = 0) -> list[Tensor]:
-    """[d_x, d_topk_w, d_w_gate, d_w_up, d_w_down] and, with a shared expert, its three."""
+                 ws_down: Optional[Tensor], generation: Tensor, layer: int = 0) -> list[Tensor]:
+    """[d_x, d_topk_w, d_w_gate, d_w_up, d_w_down] and, with a shared expert, its three.
+    generation: the forward's (moe_forward's second output)."""
     _check_device({"d_out": d_out, "w_gate": w_gate}, x.device)
     c = lambda t: None if t is None else t.detach().contiguous()  # noqa: E731
     grads = _grad_buffers(x, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     if x.is_cuda:
         gl = _gpu_layer(layer, "the backward")
-        if generation != _gpu_generation[layer]:
+        gen = int(generation)  # a CPU scalar: no device sync
+        if gen != _gpu_generation[layer]:
             raise _cpu.Error(
                 "mok: invalid argument 'backward': on the GPU a backward must follow its own forward (this is the "
-                f"backward of forward {generation}, the layer last saved forward {_gpu_generation[layer]}): the "
+                f"backward of forward {gen}, the layer last saved forward {_gpu_generation[layer]}): the "
                 "GPU layer keeps the saved state of its last forward only")
         xc, ic, wc, dc = c(x), c(topk_idx), c(topk_w), c(d_out)
         ws = [c(w) for w in (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)]
@@ -137,22 +143,22 @@ def _grad_buffers(x, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down) -> l
 
 
 @moe_backward.register_fake
-def _(d_out, x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, layer=0, generation=0):
+def _(d_out, x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, generation, layer=0):
     return _grad_buffers(x, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
 
 
 def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*[t for t in inputs[:9] if t is not None])
+    ctx.save_for_backward(*[t for t in inputs[:9] if t is not None], output[1])
     ctx.shared = inputs[6] is not None
     ctx.layer = inputs[9] if len(inputs) > 9 else 0
-    ctx.generation = _gpu_generation.get(ctx.layer, 0)
 
 
-def _backward(ctx, d_out):
+def _backward(ctx, d_out, _d_generation):
     saved = list(ctx.saved_tensors)
+    generation = saved.pop()
     x, topk_idx, topk_w, w_gate, w_up, w_down = saved[:6]
     ws = saved[6:9] if ctx.shared else [None, None, None]
-    g = moe_backward(d_out, x, topk_idx, topk_w, w_gate, w_up, w_down, *ws, ctx.layer, ctx.generation)
+    g = moe_backward(d_out, x, topk_idx, topk_w, w_gate, w_up, w_down, *ws, generation, ctx.layer)
     shared = g[5:8] if ctx.shared else [None, None, None]
     return g[0], None, g[1], g[2], g[3], g[4], *shared, None
 
@@ -172,4 +178,4 @@ def moe(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_up: Tenso
     The rounding points are the C++ layer's (include/mok/reference.hpp). ``layer``: the GPU layer
     of a mok.MoE for CUDA tensors (mok.MoE passes it; 0 on CPU).
     """
-    return moe_forward(x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, layer)
+    return moe_forward(x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, layer)[0]
