@@ -375,16 +375,16 @@ def memory_figures(res):
     def layer_gb(c):
         return (m.num("persistent_bytes_per_layer", within=c) + m.num("saved_bytes_per_forward", within=c)) / 1e9
 
-    d1, d8 = pick("dsv3", 1), pick("dsv3", 8)
+    d1 = pick("dsv3", 1)
     ep8 = [pick(x, 8) for x in ("dsv3", "qwen3-235b", "qwen3-30b-a3b")]
     return [
-        "**Memory per layer** (the planner, `mok::plan_memory`, which the layer allocates by; T = 8192): "
-        "DeepSeek-V3 EP 1 %.1f GB, measured %.1f GB on one GPU (the weights are read where they are: no "
-        "packed copy); at EP 8 %s GB for DeepSeek-V3 / Qwen3-235B / Qwen3-30B-A3B (buffers sized for the "
-        "worst case of the routing; the baseline keeps %.1f GB for its backward at DeepSeek-V3), and the "
-        "megakernel backward runs at EP 8 for %s of the 3 models. %s" % (
-            layer_gb(d1), m.num("measured_bytes", within=d1) / 1e9, " / ".join("%.1f" % layer_gb(c) for c in ep8),
-            m.num("baseline_saved_bytes", within=d1) / 1e9,
+        "**Memory per layer** (the planner, `mok::plan_memory`, which the layer allocates by; T = 8192, "
+        "default config): DeepSeek-V3 EP 1 %.1f GB, measured %.1f GB on one GPU (the weights are read "
+        "where they are: no packed copy; the PyTorch baseline keeps %.1f GB for its backward there); at "
+        "EP 8 %s GB for DeepSeek-V3 / Qwen3-235B / Qwen3-30B-A3B, and the megakernel backward runs at EP 8 "
+        "for %s of the 3 models. %s" % (
+            layer_gb(d1), m.num("measured_bytes", within=d1) / 1e9, m.num("baseline_saved_bytes", within=d1) / 1e9,
+            " / ".join("%.1f" % layer_gb(c) for c in ep8),
             sum(1 for c in ep8 if m.get("backward_ok", within=c) is True), m.source())]
 
 
