@@ -116,10 +116,27 @@ class MoE(torch.nn.Module):
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.parameters())
 
+    def memory_plan(self, tokens: int) -> dict:
+        """The GPU layer's planned device memory for calls of `tokens` tokens per rank, weights and
+        inputs not counted (mok::plan_memory, which the layer allocates by): {buffer: bytes} and
+        the totals under "total", "saved" (what a backward reads of its forward) and "workspace"."""
+        from . import _cpu
+        rows = _cpu.plan_memory(int(tokens), self.hidden, self.intermediate, self.experts, self.top_k,
+                                self.shared_intermediate, self.ep_size,
+                                int(self.config.get("macrobatch_tokens", 0)))
+        plan = {name: nbytes for name, nbytes, _, _, _ in rows}
+        plan["total"] = sum(r[1] for r in rows)
+        plan["saved"] = sum(r[1] for r in rows if r[2] == "saved")
+        plan["workspace"] = sum(r[1] for r in rows if r[4])
+        return plan
+
     def extra_repr(self) -> str:
         shared = f", shared_intermediate={self.shared_intermediate}" if self.shared_intermediate else ""
+        # The layer memory of the GPU layers built so far (one per token count).
+        built = sorted({T for (_, T) in self._gpu})
+        layer = "".join(f", layer memory at T={T}: {self.memory_plan(T)['total'] / 2**20:.1f} MiB" for T in built)
         return (f"hidden={self.hidden}, intermediate={self.intermediate}, experts={self.experts}, top_k={self.top_k}"
-                f"{shared}, ep_size={self.ep_size}, weights={self.weight_bytes() / 2**20:.1f} MiB")
+                f"{shared}, ep_size={self.ep_size}, weights={self.weight_bytes() / 2**20:.1f} MiB{layer}")
 
 
 def _version(code: int) -> str:

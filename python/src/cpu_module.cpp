@@ -10,15 +10,18 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "mok/errors.hpp"
+#include "mok/memory.hpp"
 #include "mok/reference.hpp"
 #include "mok/validate.hpp"
 
@@ -154,6 +157,21 @@ void backward(const Array& x, const Array& topk_idx, const Array& topk_w, const 
   }
 }
 
+// The GPU layer's planned device memory (include/mok/memory.hpp) for one rank of an EP group of
+// `world` ranks with `tokens` each, default Config except the ring's macrobatch_tokens: a list of
+// (name, bytes, scope, symmetric, workspace).
+std::vector<std::tuple<std::string, int64_t, std::string, bool, bool>> plan_memory(
+    int64_t tokens, int64_t hidden, int64_t inter, int64_t experts, int64_t top_k, int64_t shared, int world,
+    int64_t macrobatch_tokens, int sm_count) {
+  mok::Config cfg;
+  cfg.macrobatch_tokens = macrobatch_tokens;
+  const auto shape = mok::LayerShape::uniform(world, tokens, hidden, inter, experts, top_k, shared);
+  std::vector<std::tuple<std::string, int64_t, std::string, bool, bool>> out;
+  for (const mok::BufferBytes& b : mok::plan_memory(shape, cfg, 0, sm_count).buffers)
+    out.emplace_back(b.name, b.bytes, mok::to_string(b.scope), b.symmetric, b.workspace);
+  return out;
+}
+
 }  // namespace
 
 NB_MODULE(_cpu, m) {
@@ -168,4 +186,8 @@ NB_MODULE(_cpu, m) {
         nb::arg("w_up"), nb::arg("w_down"), nb::arg("ws_gate").none(), nb::arg("ws_up").none(),
         nb::arg("ws_down").none(), nb::arg("d_out"), nb::arg("grads"), nb::arg("threads") = 0,
         "Writes d_x, d_topk_w, d_w_gate, d_w_up, d_w_down (and the shared expert's) into `grads`.");
+  m.def("plan_memory", &plan_memory, nb::arg("tokens"), nb::arg("hidden"), nb::arg("intermediate"),
+        nb::arg("experts"), nb::arg("top_k"), nb::arg("shared_intermediate") = 0, nb::arg("world") = 1,
+        nb::arg("macrobatch_tokens") = 0, nb::arg("sm_count") = 132,
+        "The GPU layer's planned device memory on one rank: [(name, bytes, scope, symmetric, workspace)].");
 }

@@ -155,6 +155,16 @@ def test_module_repr_names_the_shape_and_footprint():
     assert "hidden=128" in r and "ep_size=1" in r and "MiB" in r
 
 
+def test_memory_plan_is_the_planners():
+    m = mok.MoE(2048, 768, 128, 8)  # Qwen3-30B-A3B's layer, EP 1
+    plan = m.memory_plan(8192)
+    assert plan["total"] == sum(v for k, v in plan.items() if k not in ("total", "saved", "workspace"))
+    assert 1.6e9 < plan["total"] < 1.8e9, plan["total"]  # 1.72 GB (tests/cpu/test_memory_plan.cpp)
+    assert plan["gu"] > 0 and plan["window.combine"] == 8192 * 8 * 2048 * 2 and plan["workspace"] == 0
+    with pytest.raises(mok.Error, match="top_k"):  # the planner refuses what the layer would
+        mok._cpu.plan_memory(64, 2048, 768, 8, 9)
+
+
 def test_training_example_matches_the_eager_model():
     import importlib.util
     import pathlib
