@@ -98,6 +98,10 @@ const Option kOptions[] = {
      [](BenchArgs& a, const std::string& o, const std::string& v) {
        a.gpu.comm_sms = parse_number(o, v, 0, kMaxCommSms, " (0 = chosen from the shape)");
      }},
+    {"--macrobatch", true, Mode::Gpu,
+     [](BenchArgs& a, const std::string& o, const std::string& v) {
+       a.gpu.macrobatch = parse_number<int64_t>(o, v, 0, kMaxTokens * 32, " routed rows (0 = the default ring)");
+     }},
     {"--path", true, Mode::Gpu,
      [](BenchArgs& a, const std::string& o, const std::string& v) {
        require_one_of(o, v, {"megakernel", "unfused"});

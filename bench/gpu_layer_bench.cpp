@@ -130,6 +130,7 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   Config main;
   main.forward_path = o.path;
   main.fwd_comm_sms = o.comm_sms;
+  main.macrobatch_tokens = o.macrobatch;
   if (o.clusters >= 0) main.fwd_clusters = o.clusters != 0;
   main.dispatch = o.dispatch;
   std::vector<Variant> v{{to_string(o.path), main}};
@@ -441,6 +442,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
   for (int g = 0; g < W; ++g) devices[static_cast<size_t>(g)] = g;
   comm::CommOptions copt;
   copt.config.fwd_comm_sms = o.comm_sms;
+  copt.config.macrobatch_tokens = o.macrobatch;
   const std::string sms_text = o.comm_sms > 0 ? std::to_string(o.comm_sms) : std::string("shape-chosen");
   std::printf("[mok_bench] GPU layer (%s) on %d x %s, EP %d, %s comm SMs, %d warm-up + %d timed iterations%s\n",
               to_string(o.path), W, device_name().c_str(), W, sms_text.c_str(), o.warmup, o.iters,
@@ -505,10 +507,13 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           std::vector<std::vector<bf16>> sampled(static_cast<size_t>(W));
           std::vector<std::string> profile(static_cast<size_t>(W));
           const bool keep = o.sustain_s > 0 && &var == &variants.front();  // for the sustained run
-          // The backward needs every routed row resident (unfused, or a ring of the worst case).
+          // The backward needs every routed row resident (unfused, or a ring of the worst case), or
+          // runs over windows of a smaller ring with the experiment knob set (notes/memory.md).
+          const char* windows = std::getenv("MOK_WINDOWED_BACKWARD");
           const bool bwd = o.backward && &var == &variants.front() &&
                            (cfg.forward_path == ForwardPath::Unfused ||
-                            cfg.resolved_macrobatch(shape, device_sms()) >= shape.worst_case_rows());
+                            cfg.resolved_macrobatch(shape, device_sms()) >= shape.worst_case_rows() ||
+                            (windows != nullptr && std::string(windows) == "1"));
           std::vector<std::vector<double>> bwd_ms(static_cast<size_t>(W));
           std::vector<std::vector<float>> bwd_sampled(static_cast<size_t>(W)), dout_sampled(static_cast<size_t>(W));
           std::vector<std::string> bwd_profile(static_cast<size_t>(W));

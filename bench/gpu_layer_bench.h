@@ -20,6 +20,10 @@ struct GpuBenchOptions {
   int warmup = 5;
   int iters = 20;
   int comm_sms = 0;  // 0 = chosen from the shape (Config::resolved_fwd_comm_sms)
+  // The main variant's ring (Config::macrobatch_tokens, routed rows; 0 = the default). Below the
+  // worst case its backward runs over windows, which is timed only with MOK_WINDOWED_BACKWARD=1
+  // (not yet verified on a GPU; notes/memory.md).
+  int64_t macrobatch = 0;
   ForwardPath path = ForwardPath::Megakernel;  // the variant reported in `cases`
   int clusters = -1;  // main variant's Config::fwd_clusters: 0 / 1, -1 = the Config default
   DispatchPath dispatch = DispatchPath::Pull;  // main variant's Config::dispatch
