@@ -96,9 +96,9 @@ class MoE(torch.nn.Module):
         key = (x.device.index, T)
         if key not in self._gpu:
             _cuda = _import_cuda()
+            knobs = {name: _knob_text(value) for name, value in self.config.items()}
             gl = _cuda.Layer(x.device.index, T, self.hidden, self.intermediate, self.experts, self.top_k,
-                             self.shared_intermediate, [p.data_ptr() for p in weights],
-                             float(self.config.get("wait_timeout_s", 5.0)))
+                             self.shared_intermediate, [p.data_ptr() for p in weights], knobs)
             self._gpu[key] = register_gpu_layer(gl)
         return self._gpu[key]
 
@@ -137,6 +137,11 @@ class MoE(torch.nn.Module):
         layer = "".join(f", layer memory at T={T}: {self.memory_plan(T)['total'] / 2**20:.1f} MiB" for T in built)
         return (f"hidden={self.hidden}, intermediate={self.intermediate}, experts={self.experts}, top_k={self.top_k}"
                 f"{shared}, ep_size={self.ep_size}, weights={self.weight_bytes() / 2**20:.1f} MiB{layer}")
+
+
+def _knob_text(value) -> str:
+    """A config knob's value as the GPU layer parses it: bools as 0/1, the rest as written."""
+    return str(int(value)) if isinstance(value, bool) else str(value)
 
 
 def _version(code: int) -> str:

@@ -93,3 +93,20 @@ def test_gpu_backward_of_an_earlier_forward_is_refused():
     second.float().sum().backward()  # its own: accepted
     with pytest.raises(mok.Error, match="backward must follow its own forward"):
         first.float().sum().backward()
+
+
+def test_gpu_config_knobs_reach_the_layer():
+    """mok.MoE's keyword arguments configure the GPU layer (mok::Config by name): the unfused path
+    gives the megakernel's bits; a bad value is named."""
+    pytest.importorskip("mok._cuda")
+    torch.manual_seed(9)
+    base = mok.MoE(H, I, E, K, IS).cuda()
+    unfused = mok.MoE(H, I, E, K, IS, forward_path="unfused").cuda()
+    unfused.load_state_dict(base.state_dict())
+    x, idx, w = inputs(10, "cuda")
+    with torch.no_grad():
+        assert torch.equal(base(x, idx, w), unfused(x, idx, w))
+    bad = mok.MoE(H, I, E, K, forward_path="fused").cuda()
+    with pytest.raises(mok.Error, match=r"config\.forward_path"):
+        with torch.no_grad():
+            bad(x, idx, w)
