@@ -307,7 +307,7 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
                                                       const CUtensorMap* d_gu, int32_t row, int32_t b_n,
                                                       int32_t inter) {
   constexpr int kPackedChunks = 2 * C::kChunks;  // 64-column chunks of the packed output
-  constexpr int kUp = 32;                        // packed columns from a gate column to its up column
+  constexpr int kUp = kGateUpBox;                // packed columns from a gate column to its up column
   const int64_t pitch = 2 * int64_t(inter);
   const int32_t out_row = row + 64 * cwg;
   // This thread's rows (r and r + 8 of its accumulator layout), at its first g column.
