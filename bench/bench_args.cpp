@@ -102,6 +102,10 @@ const Option kOptions[] = {
      [](BenchArgs& a, const std::string& o, const std::string& v) {
        a.gpu.macrobatch = parse_number<int64_t>(o, v, 0, kMaxTokens * 32, " routed rows (0 = the default ring)");
      }},
+    {"--budget", true, Mode::Gpu,
+     [](BenchArgs& a, const std::string& o, const std::string& v) {
+       a.gpu.budget_mb = parse_number<int64_t>(o, v, -1, int64_t(1) << 30, " MB (-1 = automatic, 0 = full recompute)");
+     }},
     {"--path", true, Mode::Gpu,
      [](BenchArgs& a, const std::string& o, const std::string& v) {
        require_one_of(o, v, {"megakernel", "unfused"});

@@ -33,6 +33,8 @@ namespace mok::bench {
 namespace {
 
 // SMs of GPU 0 (every rank's GPU is one model): the minibatch and ring the layer resolves with.
+int64_t sched_round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
 int device_sms() {
   static const int n = [] {
     int v = 0;
@@ -130,9 +132,11 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   Config main;
   main.forward_path = o.path;
   main.fwd_comm_sms = o.comm_sms;
-  main.macrobatch_tokens = o.macrobatch;
   if (o.clusters >= 0) main.fwd_clusters = o.clusters != 0;
   main.dispatch = o.dispatch;
+  // A multiple of this shape's minibatch (which the models' shapes choose differently).
+  if (o.macrobatch > 0) main.macrobatch_tokens = sched_round_up(o.macrobatch, main.resolved_minibatch(shape, device_sms()));
+  main.activation_budget_bytes = o.budget_mb < 0 ? -1 : o.budget_mb * 1000000;
   std::vector<Variant> v{{to_string(o.path), main}};
   if (!o.ablation) return v;
   Config other = main;
@@ -239,14 +243,16 @@ std::vector<float> expected_backward_token(const Model& m, const std::vector<Ran
 std::string memory_json(const LayerShape& shape, const Config& cfg, int64_t built, int64_t first_backward,
                         bool windows_from_pool) {
   const MemoryPlan p = plan_memory(shape, cfg, 0, device_sms());
-  return ", \"memory\": {\"measured_built_bytes\": " + std::to_string(built) +
+  return ", \"memory\": {\"mode\": \"" + std::string(p.backward_mode()) + "\", \"measured_built_bytes\": " +
+         std::to_string(built) +
          ", \"windows_from_pool\": " + (windows_from_pool ? "true" : "false") +
          (first_backward >= 0 ? ", \"measured_bytes\": " + std::to_string(built + first_backward) : std::string()) +
          ", \"total_bytes\": " + std::to_string(p.total()) +
          ", \"layer_bytes\": " + std::to_string(p.total(MemoryScope::Layer) + p.total(MemoryScope::Saved)) +
          ", \"saved_bytes\": " + std::to_string(p.total(MemoryScope::Saved)) +
          ", \"backward_bytes\": " + std::to_string(p.total(MemoryScope::Backward)) +
-         ", \"symmetric_bytes\": " + std::to_string(p.symmetric()) + "}";
+         ", \"symmetric_bytes\": " + std::to_string(p.symmetric()) +
+         ", \"workspace_bytes\": " + std::to_string(p.workspace()) + "}";
 }
 
 // Relative L2 error of the GPU's values for the sampled tokens (samples[q] of every rank):
@@ -507,13 +513,8 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           std::vector<std::vector<bf16>> sampled(static_cast<size_t>(W));
           std::vector<std::string> profile(static_cast<size_t>(W));
           const bool keep = o.sustain_s > 0 && &var == &variants.front();  // for the sustained run
-          // The backward needs every routed row resident (unfused, or a ring of the worst case), or
-          // runs over windows of a smaller ring with the experiment knob set (notes/memory.md).
-          const char* windows = std::getenv("MOK_WINDOWED_BACKWARD");
-          const bool bwd = o.backward && &var == &variants.front() &&
-                           (cfg.forward_path == ForwardPath::Unfused ||
-                            cfg.resolved_macrobatch(shape, device_sms()) >= shape.worst_case_rows() ||
-                            (windows != nullptr && std::string(windows) == "1"));
+          // The main variant's backward (over windows when its ring is below the worst case).
+          const bool bwd = o.backward && &var == &variants.front();
           std::vector<std::vector<double>> bwd_ms(static_cast<size_t>(W));
           std::vector<std::vector<float>> bwd_sampled(static_cast<size_t>(W)), dout_sampled(static_cast<size_t>(W));
           std::vector<std::string> bwd_profile(static_cast<size_t>(W));

@@ -20,10 +20,10 @@ struct GpuBenchOptions {
   int warmup = 5;
   int iters = 20;
   int comm_sms = 0;  // 0 = chosen from the shape (Config::resolved_fwd_comm_sms)
-  // The main variant's ring (Config::macrobatch_tokens, routed rows; 0 = the default). Below the
-  // worst case its backward runs over windows, which is timed only with MOK_WINDOWED_BACKWARD=1
-  // (not yet verified on a GPU; notes/memory.md).
+  // The main variant's ring (Config::macrobatch_tokens, routed rows; 0 = the default; rounded up
+  // to a multiple of each case's minibatch). Below the worst case its backward runs over windows.
   int64_t macrobatch = 0;
+  int64_t budget_mb = -1;  // the main variant's Config::activation_budget_bytes in MB (-1 = automatic)
   ForwardPath path = ForwardPath::Megakernel;  // the variant reported in `cases`
   int clusters = -1;  // main variant's Config::fwd_clusters: 0 / 1, -1 = the Config default
   DispatchPath dispatch = DispatchPath::Pull;  // main variant's Config::dispatch

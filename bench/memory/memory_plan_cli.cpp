@@ -3,10 +3,15 @@
 // It exists so that bench/results/memory-*.json (issue 19) can be written on any machine: the plan
 // is what mok::Layer allocates, it needs no GPU, and EP 2 and 8 can be planned where only one GPU
 // (or none) is present. bench/memory_report.py turns this output into the results file. Every case
-// is rank 0 with the default mok::Config (megakernel path); the planner sizes every buffer for the
-// worst case of the routing, so the numbers do not depend on the routing. `ring_rows` (rows of the
-// forward's x ring) and `worst_case_rows` are printed so the report can tell whether the backward
-// can run on the megakernel path (it needs the ring to hold every routed row of the forward).
+// is rank 0 on the megakernel path, in three modes:
+//   resident   the default mok::Config: the ring holds the worst case of the routing (capped by
+//              32-bit offsets), every buffer the layer's own;
+//   saved      a ring of --ring routed rows (rounded up to the case's minibatch), the workspace
+//              shared by the layers (Config::share_workspace), the automatic activation budget:
+//              the backward runs over windows of the ring, reading the saved gate/up rows;
+//   recompute  the same with activation_budget_bytes = 0 (FC1 recomputed for every row).
+// The planner sizes every buffer by the worst case or by a budget, so the numbers do not depend
+// on the routing. `ring_rows` (rows of the forward's x ring) and `worst_case_rows` are printed.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -49,56 +54,84 @@ std::string plan_json(const mok::MemoryPlan& p, const mok::LayerShape& shape) {
   const std::string ring =
       p.has("x_ring") ? std::to_string(p.bytes("x_ring") / (2 * shape.hidden)) : std::string("null");
   return "\"worst_case_rows\": " + std::to_string(shape.worst_case_rows()) + ", \"ring_rows\": " + ring +
-         ", \"buffers\": [" + b + "], \"totals\": {\"total\": " + std::to_string(p.total()) +
+         ", \"backward_mode\": " + quoted(p.backward_mode()) + ", \"buffers\": [" + b +
+         "], \"totals\": {\"total\": " + std::to_string(p.total()) +
          ", \"layer\": " + std::to_string(p.total(S::Layer)) + ", \"saved\": " + std::to_string(p.total(S::Saved)) +
          ", \"backward\": " + std::to_string(p.total(S::Backward)) +
-         ", \"symmetric\": " + std::to_string(p.symmetric()) + "}";
+         ", \"symmetric\": " + std::to_string(p.symmetric()) + ", \"workspace\": " + std::to_string(p.workspace()) +
+         ", \"per_layer\": " + std::to_string(p.per_layer()) + "}";
 }
 
 int usage(int rc) {
   std::fprintf(rc ? stderr : stdout,
-               "usage: mok_memory_plan [--sm-count N]\n"
+               "usage: mok_memory_plan [--sm-count N] [--ring ROWS]\n"
                "  JSON on stdout: mok::plan_memory for dsv3, qwen3-30b-a3b, qwen3-235b at T = %lld,\n"
-               "  EP 1, 2 and 8, rank 0, the default mok::Config. --sm-count: the GPU's SMs (default 132).\n",
+               "  EP 1, 2 and 8, rank 0, modes resident (the default mok::Config), saved and recompute\n"
+               "  (a ring of ROWS routed rows, default 24576, the shared workspace, the automatic or no\n"
+               "  activation budget). --sm-count: the GPU's SMs (default 132).\n",
                static_cast<long long>(kTokens));
   return rc;
 }
+
+struct Mode {
+  const char* name;
+  bool windows;         // a ring of --ring rows and the shared workspace
+  int64_t budget;       // Config::activation_budget_bytes
+};
+constexpr Mode kModes[] = {{"resident", false, -1}, {"saved", true, -1}, {"recompute", true, 0}};
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int sm_count = 132;
+  int64_t ring_rows = 24576;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return usage(0);
-    if (!std::strcmp(argv[i], "--sm-count") && i + 1 < argc) {
+    const bool sm = !std::strcmp(argv[i], "--sm-count"), ring = !std::strcmp(argv[i], "--ring");
+    if ((sm || ring) && i + 1 < argc) {
       char* end = nullptr;
-      sm_count = static_cast<int>(std::strtol(argv[++i], &end, 10));
-      if (*end != '\0' || sm_count <= 0) return usage(2);
+      const long long v = std::strtoll(argv[++i], &end, 10);
+      if (*end != '\0' || v <= 0 || v > (1LL << 30)) return usage(2);
+      if (sm) sm_count = static_cast<int>(v);
+      if (ring) ring_rows = v;
       continue;
     }
     return usage(2);
   }
-  const mok::Config config;  // defaults: the megakernel path
-  std::printf("{\"what\": \"mok::plan_memory, rank 0, default mok::Config\", \"sm_count\": %d, "
-              "\"forward_path\": \"%s\", \"dispatch\": \"%s\", \"cases\": [",
-              sm_count, mok::to_string(config.forward_path), mok::to_string(config.dispatch));
+  const mok::Config defaults;  // the megakernel path
+  std::printf("{\"what\": \"mok::plan_memory, rank 0, modes resident / saved / recompute\", \"sm_count\": %d, "
+              "\"ring\": %lld, \"forward_path\": \"%s\", \"dispatch\": \"%s\", \"cases\": [",
+              sm_count, static_cast<long long>(ring_rows), mok::to_string(defaults.forward_path),
+              mok::to_string(defaults.dispatch));
   bool first = true;
   for (const Model& m : kModels) {
     for (int ep : kEps) {
-      const mok::LayerShape shape = mok::LayerShape::uniform(ep, kTokens, m.H, m.I, m.E, m.k);
-      std::string body;
-      // A shape the layer would refuse is reported, not fatal: the other cases still print.
-      try {
-        body = plan_json(mok::plan_memory(shape, config, 0, sm_count), shape);
-      } catch (const std::exception& e) {
-        body = "\"error\": " + quoted(e.what());
+      for (const Mode& mode : kModes) {
+        const mok::LayerShape shape = mok::LayerShape::uniform(ep, kTokens, m.H, m.I, m.E, m.k);
+        std::string body;
+        // A shape the layer would refuse is reported, not fatal: the other cases still print.
+        try {
+          mok::Config config;
+          if (mode.windows) {
+            const int64_t mb = config.resolved_minibatch(shape, sm_count);
+            config.macrobatch_tokens = (ring_rows + mb - 1) / mb * mb;
+            config.share_workspace = true;
+          }
+          config.activation_budget_bytes = mode.budget;
+          body = "\"macrobatch_tokens\": " + std::to_string(config.macrobatch_tokens) +
+                 ", \"activation_budget_bytes\": " + std::to_string(config.activation_budget_bytes) +
+                 ", \"share_workspace\": " + (config.share_workspace ? "true" : "false") + ", ";
+          body += plan_json(mok::plan_memory(shape, config, 0, sm_count), shape);
+        } catch (const std::exception& e) {
+          body = "\"error\": " + quoted(e.what());
+        }
+        std::printf("%s\n  {\"model\": \"%s\", \"H\": %lld, \"I\": %lld, \"E\": %lld, \"k\": %lld, \"ep\": %d, "
+                    "\"T\": %lld, \"mode\": \"%s\", %s}",
+                    first ? "" : ",", m.name, static_cast<long long>(m.H), static_cast<long long>(m.I),
+                    static_cast<long long>(m.E), static_cast<long long>(m.k), ep, static_cast<long long>(kTokens),
+                    mode.name, body.c_str());
+        first = false;
       }
-      std::printf("%s\n  {\"model\": \"%s\", \"H\": %lld, \"I\": %lld, \"E\": %lld, \"k\": %lld, \"ep\": %d, "
-                  "\"T\": %lld, %s}",
-                  first ? "" : ",", m.name, static_cast<long long>(m.H), static_cast<long long>(m.I),
-                  static_cast<long long>(m.E), static_cast<long long>(m.k), ep, static_cast<long long>(kTokens),
-                  body.c_str());
-      first = false;
     }
   }
   std::printf("\n]}\n");

@@ -76,6 +76,15 @@ struct Config {
   int bwd_comm_sms = 16;             // same for the backward kernel
   int64_t minibatch_tokens = 0;      // routed rows per minibatch; 0 = choose from the shape
   int64_t macrobatch_tokens = 0;     // routed rows held by the ring buffer; 0 = worst case (no ring reuse)
+  // Megakernel with a ring below the worst case (the backward then runs over windows of the ring):
+  // the bytes of FC1 pre-activations (gate/up rows, 4I bytes each) a forward keeps for its
+  // backward, in the schedule's row order; the backward recomputes FC1 for the rows past them
+  // (skewed routing), so memory is fixed whatever the routing and the gradients are the same bits.
+  // -1 = automatic (the rows a uniform routing lands on this rank, plus an eighth and each
+  // expert's padding: imbalance is recomputed, not stored); 0 = full recompute (nothing saved).
+  // Rounded down to whole 128-row tiles and capped at the worst case. Ignored when the ring holds
+  // the worst case (every row is then resident).
+  int64_t activation_budget_bytes = -1;
   Precision precision = Precision::BF16;
   double wait_timeout_s = 5.0;       // bound of every device-side spin-wait
   int cpu_threads = 0;               // CPU reference engine: worker threads, 0 = hardware concurrency
@@ -99,6 +108,9 @@ struct Config {
   int resolved_fwd_comm_sms(const LayerShape& shape) const;
   int64_t resolved_minibatch(const LayerShape& shape, int sm_count = 0) const;
   int64_t resolved_macrobatch(const LayerShape& shape, int sm_count = 0) const;
+  // Rows of FC1 pre-activations a forward keeps for a backward over windows
+  // (activation_budget_bytes resolved): a multiple of 128 in [0, worst_case_rows()].
+  int64_t resolved_saved_rows(const LayerShape& shape) const;
 };
 
 }  // namespace mok

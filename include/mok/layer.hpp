@@ -65,11 +65,10 @@ class Layer {
   // forward's (a difference is named by check(); the forward's slots are used throughout); x
   // is not read (the forward's copy is: leave input_buffer() alone until the backward is done).
   // Needs the last forward() to have run with save_for_backward = true, once per forward (it
-  // overwrites what the forward saved), and routed rows resident: the unfused path, or the
-  // megakernel with a ring that holds the worst case (config.macrobatch_tokens 0 = automatic, or
-  // large enough); anything else is refused with an error naming the setting. (A backward over
-  // windows of a smaller ring, recomputing FC1, is written and runs with MOK_WINDOWED_BACKWARD=1
-  // in the environment of every rank; it is not yet verified on a GPU: notes/memory.md.) The weight gradients sum each
+  // overwrites what the forward saved). With a megakernel ring below the worst case it runs over
+  // windows of the ring: the routed x rows pulled again, FC1 recomputed for the rows past the
+  // activation budget (config.activation_budget_bytes), the weight gradients carried across
+  // windows in fp32 — the same bits as with every row resident (notes/memory.md). The weight gradients sum each
   // expert's rows in the schedule's order (fixed for a given routing): bitwise reproducible. The
   // first call allocates the backward's buffer (the routed dy rows): make it before capturing a
   // backward in a CUDA graph.

@@ -5,7 +5,8 @@
 // with the device's free memory before and after a layer.
 //
 // Names: window.{routing, x, combine, d_out, router_weights}, peer_tables, schedule, gu (gate/up
-// pre-activations), the shared expert's gu_s, h_s, y_s,
+// pre-activations; gu_saved: the rows of the activation budget a forward keeps for a backward
+// over windows), the shared expert's gu_s, h_s, y_s,
 // the megakernel's x_ring, h_ring, y_ring, counters (push_peer_tables with push dispatch), the
 // unfused path's x_routed, h, y, and the backward's dy_rows (shared_rows, shared_tiles).
 //
@@ -14,7 +15,8 @@
 // this rank); the weights are read where the caller keeps them (no copy). A megakernel ring below
 // the worst case makes the backward run over windows of the ring (recomputing FC1, the weight
 // gradients carried across windows: notes/memory.md): gu and the dy rows then hold one window,
-// bwd_carry and bwd_windows are added. Scopes:
+// bwd_carry and bwd_windows are added, and gu_saved (Config::activation_budget_bytes; the
+// backward recomputes FC1 only for the rows past it). Scopes:
 //   Layer     allocated when the layer is built, held for its life;
 //   Saved     part of Layer: what a backward reads of the last forward (the published routing,
 //             the combine slots, the schedule, and the routed x rows, gate/up pre-activations and
@@ -55,6 +57,10 @@ struct MemoryPlan {
   int64_t workspace() const;              // the buffers in the shared workspace
   int64_t per_layer() const { return total() - workspace(); }
   std::string table() const;              // one line per buffer, largest first, and the totals
+  // How the backward gets the forward's rows: "resident" (every routed row kept: the unfused path
+  // or a ring of the worst case), "saved" (over windows of the ring, the activation budget's
+  // gate/up rows kept), "recompute" (over windows, FC1 recomputed for every row).
+  const char* backward_mode() const;
 };
 
 // One rank's plan for `shape` and `config` on a GPU with `sm_count` SMs (0 = the target parts'

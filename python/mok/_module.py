@@ -10,7 +10,8 @@ from ._ops import moe, register_gpu_layer, unregister_gpu_layer
 # The knobs of mok::Config (include/mok/config.hpp), by the same names. On CPU tensors only
 # cpu_threads matters; the others configure the GPU layer and are kept for it.
 CONFIG_KNOBS = ("forward_path", "combine", "dispatch", "fwd_clusters", "fwd_comm_sms", "bwd_comm_sms",
-                "minibatch_tokens", "macrobatch_tokens", "precision", "wait_timeout_s", "cpu_threads")
+                "minibatch_tokens", "macrobatch_tokens", "activation_budget_bytes", "share_workspace", "precision",
+                "wait_timeout_s", "cpu_threads")
 
 
 class MoE(torch.nn.Module):
@@ -121,9 +122,9 @@ class MoE(torch.nn.Module):
         inputs not counted (mok::plan_memory, which the layer allocates by): {buffer: bytes} and
         the totals under "total", "saved" (what a backward reads of its forward) and "workspace"."""
         from . import _cpu
+        knobs = {name: _knob_text(value) for name, value in self.config.items()}
         rows = _cpu.plan_memory(int(tokens), self.hidden, self.intermediate, self.experts, self.top_k,
-                                self.shared_intermediate, self.ep_size,
-                                int(self.config.get("macrobatch_tokens", 0)))
+                                self.shared_intermediate, self.ep_size, knobs)
         plan = {name: nbytes for name, nbytes, _, _, _ in rows}
         plan["total"] = sum(r[1] for r in rows)
         plan["saved"] = sum(r[1] for r in rows if r[2] == "saved")

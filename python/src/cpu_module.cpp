@@ -9,12 +9,14 @@
 // way in); outputs are written into arrays the caller allocated.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
+#include <map>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -24,6 +26,7 @@
 #include "mok/memory.hpp"
 #include "mok/reference.hpp"
 #include "mok/validate.hpp"
+#include "knobs.h"
 
 namespace nb = nanobind;
 
@@ -158,13 +161,13 @@ void backward(const Array& x, const Array& topk_idx, const Array& topk_w, const 
 }
 
 // The GPU layer's planned device memory (include/mok/memory.hpp) for one rank of an EP group of
-// `world` ranks with `tokens` each, default Config except the ring's macrobatch_tokens: a list of
+// `world` ranks with `tokens` each, the Config of mok.MoE's knobs (by name, as text): a list of
 // (name, bytes, scope, symmetric, workspace).
 std::vector<std::tuple<std::string, int64_t, std::string, bool, bool>> plan_memory(
     int64_t tokens, int64_t hidden, int64_t inter, int64_t experts, int64_t top_k, int64_t shared, int world,
-    int64_t macrobatch_tokens, int sm_count) {
+    const std::map<std::string, std::string>& knobs, int sm_count) {
   mok::Config cfg;
-  cfg.macrobatch_tokens = macrobatch_tokens;
+  mok::python::apply_knobs(cfg, knobs);
   const auto shape = mok::LayerShape::uniform(world, tokens, hidden, inter, experts, top_k, shared);
   std::vector<std::tuple<std::string, int64_t, std::string, bool, bool>> out;
   for (const mok::BufferBytes& b : mok::plan_memory(shape, cfg, 0, sm_count).buffers)
@@ -188,6 +191,6 @@ NB_MODULE(_cpu, m) {
         "Writes d_x, d_topk_w, d_w_gate, d_w_up, d_w_down (and the shared expert's) into `grads`.");
   m.def("plan_memory", &plan_memory, nb::arg("tokens"), nb::arg("hidden"), nb::arg("intermediate"),
         nb::arg("experts"), nb::arg("top_k"), nb::arg("shared_intermediate") = 0, nb::arg("world") = 1,
-        nb::arg("macrobatch_tokens") = 0, nb::arg("sm_count") = 132,
+        nb::arg("config") = std::map<std::string, std::string>{}, nb::arg("sm_count") = 132,
         "The GPU layer's planned device memory on one rank: [(name, bytes, scope, symmetric, workspace)].");
 }

@@ -24,63 +24,13 @@
 #include "mok/comm.hpp"
 #include "mok/errors.hpp"
 #include "mok/layer.hpp"
+#include "knobs.h"
 
 namespace nb = nanobind;
 
 namespace {
 
 void* ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
-
-// mok.MoE's config knobs (their names are mok::Config's, their values given as text) into `c`;
-// an unknown name or value is a mok.Error naming it. cpu_threads is the CPU engine's.
-void apply_knobs(mok::Config& c, const std::map<std::string, std::string>& knobs) {
-  const auto number = [](const std::string& name, const std::string& v) {
-    size_t used = 0;
-    long long n = 0;
-    try {
-      n = std::stoll(v, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    MOK_REQUIRE(used == v.size() && !v.empty(), "config." + name, "must be a whole number, got '", v, "'");
-    return static_cast<int64_t>(n);
-  };
-  const auto pick = [](const std::string& name, const std::string& v, auto a, auto b) {
-    if (v == mok::to_string(a)) return a;
-    MOK_REQUIRE(v == mok::to_string(b), "config." + name, "must be '", mok::to_string(a), "' or '", mok::to_string(b),
-                "', got '", v, "'");
-    return b;
-  };
-  for (const auto& [name, v] : knobs) {
-    if (name == "forward_path") {
-      c.forward_path = pick(name, v, mok::ForwardPath::Megakernel, mok::ForwardPath::Unfused);
-    } else if (name == "combine") {
-      c.combine = pick(name, v, mok::CombinePath::CommCtas, mok::CombinePath::Fc2Epilogue);
-    } else if (name == "dispatch") {
-      c.dispatch = pick(name, v, mok::DispatchPath::Pull, mok::DispatchPath::Push);
-    } else if (name == "fwd_clusters") {
-      c.fwd_clusters = number(name, v) != 0;
-    } else if (name == "fwd_comm_sms") {
-      c.fwd_comm_sms = static_cast<int>(number(name, v));
-    } else if (name == "bwd_comm_sms") {
-      c.bwd_comm_sms = static_cast<int>(number(name, v));
-    } else if (name == "minibatch_tokens") {
-      c.minibatch_tokens = number(name, v);
-    } else if (name == "macrobatch_tokens") {
-      c.macrobatch_tokens = number(name, v);
-    } else if (name == "precision") {
-      MOK_REQUIRE(v == "bf16", "config.precision", "only bf16 is implemented so far, got '", v, "'");
-    } else if (name == "wait_timeout_s") {
-      try {
-        c.wait_timeout_s = std::stod(v);
-      } catch (const std::exception&) {
-        MOK_REQUIRE(false, "config.wait_timeout_s", "must be a number of seconds, got '", v, "'");
-      }
-    } else {
-      MOK_REQUIRE(name == "cpu_threads", "config", "no knob named '", name, "'");
-    }
-  }
-}
 
 class GpuLayer {
  public:
@@ -91,7 +41,7 @@ class GpuLayer {
       : shape_{{tokens}, hidden, inter, experts, top_k, shared_inter} {
     MOK_REQUIRE(weights.size() == (shared_inter > 0 ? 6u : 3u), "weights", "needs ", shared_inter > 0 ? 6 : 3,
                 " addresses, got ", weights.size());
-    apply_knobs(config_, knobs);
+    mok::python::apply_knobs(config_, knobs);
     mok::comm::CommOptions opt;
     opt.shape = shape_;
     opt.config = config_;

@@ -143,6 +143,20 @@ int64_t Config::resolved_macrobatch(const LayerShape& shape, int sm_count) const
   return std::max(mb, std::min(sched::round_up(shape.worst_case_rows(), mb), limit));
 }
 
+int64_t Config::resolved_saved_rows(const LayerShape& shape) const {
+  const int64_t cap = shape.worst_case_rows(), row_bytes = 4 * shape.intermediate;
+  int64_t rows = 0;
+  if (activation_budget_bytes >= 0) {
+    rows = activation_budget_bytes / std::max<int64_t>(1, row_bytes) / sched::kBlockM * sched::kBlockM;
+  } else {
+    // What uniform routing lands on a rank (the routes of all ranks over W), an eighth more for
+    // its fluctuation, and every local expert's padding to whole tiles.
+    const int64_t uniform = sched::ceil_div(shape.total_tokens() * shape.top_k, std::max(1, shape.world_size()));
+    rows = sched::round_up(uniform + uniform / 8 + shape.local_experts() * (sched::kBlockM - 1), sched::kBlockM);
+  }
+  return std::min(rows, cap);
+}
+
 void Config::validate(const LayerShape& shape, int sm_count) const {
   shape.validate();
   MOK_REQUIRE(fwd_comm_sms >= 0, "config.fwd_comm_sms", "must be >= 1 (or 0 = from the shape), got ",
@@ -171,6 +185,8 @@ void Config::validate(const LayerShape& shape, int sm_count) const {
   MOK_REQUIRE(fits_int32(resolved_macrobatch(shape, sm_count), widest), "config.macrobatch_tokens",
               "the ring buffer rows * max(H, 2I) = ", resolved_macrobatch(shape, sm_count), "*", widest,
               " must fit 32-bit indexing (< 2^31)");
+  MOK_REQUIRE(activation_budget_bytes >= -1, "config.activation_budget_bytes",
+              "must be -1 (automatic), 0 (full recompute) or a positive byte count, got ", activation_budget_bytes);
   MOK_REQUIRE(wait_timeout_s > 0.0 && wait_timeout_s <= 3600.0, "config.wait_timeout_s",
               "must be in (0, 3600] seconds, got ", wait_timeout_s);
   MOK_REQUIRE(cpu_threads >= 0, "config.cpu_threads", "must be >= 0 (0 = all cores), got ",

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "gemm/engine_mainloop.cuh"
+#include "gemm/swiglu_math.cuh"
 
 namespace mok::gemm::engine {
 
@@ -84,15 +85,11 @@ __device__ __forceinline__ void write_chunk_bf16(uint8_t* buf, const float (&acc
 }
 
 // SwiGLU of one gate/up pair at the reference's rounding points: g and u rounded to bf16, then
-// silu(g) * u in fp32 (silu(g) = g / (1 + exp(-g))); the caller rounds the result to bf16.
-// exp and the division use the SFU approximations (__expf: ex2.approx, __fdividef: rcp.approx),
-// a few 1e-7 relative, far below the bf16 rounding that follows; the exact forms cost several
-// percent of an FC1 tile's time in this epilogue. For g < -87 exp overflows: silu -> -0.
+// silu(g) * u in fp32 (swiglu_math.cuh); the caller rounds the result to bf16. exp and the
+// division use the SFU approximations, a few 1e-7 relative, far below the bf16 rounding that
+// follows; the exact forms cost several percent of an FC1 tile's time in this epilogue.
 __device__ __forceinline__ float swiglu(float acc_g, float acc_u) {
-  const float g = bf16_round(acc_g);
-  const float u = bf16_round(acc_u);
-  const float silu = __fdividef(g, 1.0f + __expf(-g));
-  return silu * u;
+  return swiglu_of_bf16(bf16_round(acc_g), bf16_round(acc_u));
 }
 
 // The accumulator block of h block hb (8 intermediate columns of the tile) in FC1's packed order

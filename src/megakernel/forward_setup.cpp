@@ -24,6 +24,8 @@ ForwardSetup plan_forward(const LayerShape& shape, const Config& config, int ran
   MOK_REQUIRE(Is == 0 || Is % 64 == 0, "shape.shared_intermediate", "must be a multiple of 64, got ", Is);
   // Never more than can be used; at least one tile (valid tensor maps without any tokens).
   s.ring_rows = std::max<int64_t>(sched::kBlockM, std::min(ring, sched::round_up(s.cap_rows, mb)));
+  s.windowed = s.ring_rows < s.cap_rows;
+  s.saved_rows = s.windowed ? config.resolved_saved_rows(shape) : 0;
   PlanShape& p = s.plan;
   p.mb_rows = static_cast<int32_t>(mb);
   p.ring_rows = static_cast<int32_t>(s.ring_rows);

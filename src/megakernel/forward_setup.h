@@ -21,6 +21,8 @@ struct ForwardSetup {
                            // rank's block is one symmetric window of equal size)
   int64_t cap_rows = 0;    // worst-case routed rows of this rank (LayerShape::worst_case_rows)
   int64_t ring_rows = 0;   // R: rows of the x / h / y rings (plan.ring_rows)
+  bool windowed = false;   // R < cap_rows: the backward runs over windows of the ring
+  int64_t saved_rows = 0;  // windowed: gate/up rows a forward keeps (Config::resolved_saved_rows)
   bool cluster = false;    // 2-CTA clusters (Config::fwd_clusters)
   int sm_count = 0;        // the SM count the plan was made for
 };

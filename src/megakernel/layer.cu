@@ -295,7 +295,9 @@ void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
   }
   x_rows = x_ring;
   ring_rows = R;
-  windowed = R < cap_rows;  // the backward runs over windows of the ring (layer_backward_windows.cu)
+  windowed = fs.windowed;  // the backward runs over windows of the ring (layer_backward_windows.cu)
+  saved_rows = fs.saved_rows;
+  if (saved_rows > 0) gu_saved = allocate("gu_saved", "saved gate/up rows");
   h = allocate("h_ring", "h ring");
   y = allocate("y_ring", "y ring");
   mkp.plan = fs.plan;
@@ -341,8 +343,12 @@ void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
   using gemm::make_map_3d;
   const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
   maps.x_ring = make_map_2d(x_ring, u(R), u(H), 128);
-  // Every routed row's, or with a backward over windows one window's (unused by the forward then).
-  maps.gu = make_map_2d(gu.p, u(mem.bytes("gu") / (4 * I)), u(2 * I), 64);
+  // Every routed row's, or with a backward over windows the activation budget's first rows (the
+  // stores of rows past them clipped; unused with full recompute).
+  if (windowed && saved_rows > 0)
+    maps.gu = make_map_2d(gu_saved.p, u(saved_rows), u(2 * I), 64);
+  else
+    maps.gu = make_map_2d(gu.p, u(mem.bytes("gu") / (4 * I)), u(2 * I), 64);
   maps.h_out = make_map_2d(h.p, u(R), u(I), 64);
   maps.h_in = make_map_2d(h.p, u(R), u(I), 128);
   maps.y_out = make_map_2d(y.p, u(R), u(H), 64);
@@ -482,7 +488,8 @@ void Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaStrea
   saved = save_for_backward;
   if (fused) {
     mk::ForwardParams params = mkp;
-    params.save_gu = save_for_backward && !windowed ? 1 : 0;  // windowed: the backward recomputes gu
+    // Windowed: the rows of the activation budget (none with full recompute: FC1 recomputed).
+    params.save_gu = save_for_backward && (!windowed || saved_rows > 0) ? 1 : 0;
     params.save_gu_shared = save_for_backward ? 1 : 0;
     mk::launch_forward(maps, params, dc, grid, stream);
   } else {

@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "common/device_check.h"
@@ -36,13 +35,6 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
               "backward() needs the last forward() to have saved the gate/up pre-activations "
               "(save_for_backward = true), and runs once per forward (it overwrites them with d_gu "
               "and the combine slots with d_x rows)");
-  // The backward over windows (a ring below the worst case) is written and not yet run on a GPU:
-  // until it is, it runs only when asked for (MOK_WINDOWED_BACKWARD=1, an experiment knob).
-  const char* win_env = std::getenv("MOK_WINDOWED_BACKWARD");
-  MOK_REQUIRE(!windowed || (win_env != nullptr && std::string(win_env) == "1"), "config.macrobatch_tokens",
-              "backward() over a megakernel ring smaller than the worst case (", ring_rows, " of up to ", cap_rows,
-              " rows) runs window by window, which is not yet verified on a GPU (MOK_WINDOWED_BACKWARD=1 runs "
-              "it): use 0 (automatic) or at least the worst case, or config.forward_path = Unfused");
   // Output pointers (the refs' data are const views).
   void* d_x = const_cast<void*>(g.d_x.data);
   float* d_topk_w = static_cast<float*>(const_cast<void*>(g.d_topk_w.data));

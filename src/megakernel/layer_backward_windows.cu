@@ -1,7 +1,8 @@
 // The GPU layer's backward over windows of the routed rows: the megakernel's ring holds fewer rows
-// than the worst case, so the forward kept neither gu nor every routed x row (notes/memory.md).
-// Written and compiled, NOT YET RUN ON A GPU: Layer::backward runs it only with
-// MOK_WINDOWED_BACKWARD=1 until tests/gpu/megakernel/test_layer_memory.cu's windowed cases pass.
+// than the worst case, so the forward kept only the gate/up rows of the activation budget (and no
+// routed x rows): notes/memory.md. Bitwise the unfused backward (tests/gpu/megakernel/
+// test_layer_memory.cu, LayerBackwardWindows: uniform, Zipf, one-expert routing; budgets of
+// everything, half, nothing).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,12 +16,14 @@ namespace mok {
 
 // Window by window (R = the ring's rows, a fixed count of windows covering the worst case: those
 // past the routed rows move and compute nothing, their tiles being -1 and their parts empty, so
-// the host never waits for the row count): the x rows pulled again into the ring and FC1 run
-// again (gu, h; without split-N, whose row test is not window-relative: the same sums), the
-// weighted d_out rows pulled, FC2's dgrad + SwiGLU' and FC1's dgrad, the d_x rows pushed into
-// their slots, and the weight gradients over each expert's part of the window, the expert cut by
-// the window's end carried to the next in fp32 (WgradArgs::carry_in / carry_out): every gradient the resident
-// backward's bits (windows are whole tiles, so every sum runs in the same K order).
+// the host never waits for the row count; the activation budget's end, when inside a window, cuts
+// it in two): the x rows pulled again into the ring; for a window inside the budget h from the
+// saved gate/up rows (the bits of FC1's epilogue), past it FC1 run again (gu, h; without split-N,
+// whose row test is not window-relative: the same sums); the weighted d_out rows pulled, FC2's
+// dgrad + SwiGLU' and FC1's dgrad, the d_x rows pushed into their slots, and the weight gradients
+// over each expert's part of the window, the expert cut by the window's end carried to the next in
+// fp32 (WgradArgs::carry_in / carry_out): every gradient the resident backward's bits (windows are
+// whole tiles, so every sum runs in the same K order).
 void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream) {
   const gpu::ScheduleView v = schedule->view();
   const int64_t R = ring_rows;
@@ -39,25 +42,35 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
   const int32_t* part_begin = parts;
   const int32_t* part_rows = parts + e_loc;
   const int32_t* carried = parts + 2 * e_loc;
-  for (int64_t lo = 0, w = 0; lo < cap_rows; lo += R, ++w) {
+  for (int64_t lo = 0, w = 0; lo < cap_rows; ++w) {
     const int in = int(w & 1), out = in ^ 1;
-    const int64_t hi = std::min(lo + R, cap_rows), tiles = (hi - lo) / sched::kBlockM;
+    int64_t hi = std::min(lo + R, cap_rows);
+    if (lo < saved_rows && saved_rows < hi) hi = saved_rows;  // a multiple of 128: whole tiles
+    const bool from_saved = hi <= saved_rows;
+    const int64_t tiles = (hi - lo) / sched::kBlockM;
     const int32_t* tile_expert = v.tile_expert + lo / sched::kBlockM;
     move.row_begin = lo;
     move.row_end = hi;
     gpu::pull_dispatch(move, x_peers.get<const void* const>(), x_rows, stream);
-    gemm::run(gemm::plan_fc1(routed_fc1(x_rows, h.p, gu.p, tile_expert, tiles), options_as(all_tiles, 2 * I)),
-              stream);
+    // The window's gate/up rows: the forward's (d_gu is written over them: one backward per
+    // forward), or FC1 again.
+    void* gu_rows = from_saved ? static_cast<char*>(gu_saved.p) + lo * 4 * I : gu.p;
+    if (from_saved)
+      gpu::swiglu_rows(gu_rows, h.p, I, tile_expert, tiles, stream);
+    else
+      gemm::run(gemm::plan_fc1(routed_fc1(x_rows, h.p, gu.p, tile_expert, tiles), options_as(all_tiles, 2 * I)),
+                stream);
     gpu::pull_reverse_combine(move, dout_peers.get<const void* const>(), weight_peers.get<const float* const>(),
                               dy_routed.p, stream);
-    run_dgrads(dy_routed.p, weights.w_down.data, gu.p, weights.w_gate.data, weights.w_up.data, y.p, I, e_loc,
+    run_dgrads(dy_routed.p, weights.w_down.data, gu_rows, weights.w_gate.data, weights.w_up.data, y.p, I, e_loc,
                tile_expert, tiles, stream, -1, all_tiles);
     gpu::push_combine(move, y.p, combine_peers.get<void* const>(), stream);
     gpu::window_parts(v, e_loc, lo, hi, parts, stream);
     run_wgrad(dy_routed.p, h.p, dw_down, H, I, e_loc, hi - lo, part_begin, part_rows, stream, nullptr,
               carry_down[in], carry_down[out], carried, v.expert_rows);
-    run_wgrad(gu.p, x_rows, dw_gate, 2 * I, H, e_loc, hi - lo, part_begin, part_rows, stream, dw_up, carry_gu[in],
-              carry_gu[out], carried, v.expert_rows);
+    run_wgrad(gu_rows, x_rows, dw_gate, 2 * I, H, e_loc, hi - lo, part_begin, part_rows, stream, dw_up,
+              carry_gu[in], carry_gu[out], carried, v.expert_rows);
+    lo = hi;
   }
 }
 

@@ -178,6 +178,11 @@ struct Layer::Impl {
   // bwd_windows).
   bool windowed = false;
   DeviceBuffer bwd_carry, bwd_windows;
+  // Windowed: the forward's gate/up rows [saved_rows, 2I] of the schedule's first saved_rows rows
+  // (the activation budget; FC1's TMA stores clip the rows past it), which the backward reads
+  // instead of recomputing FC1.
+  int64_t saved_rows = 0;
+  DeviceBuffer gu_saved;
   // MOK_PROFILE=1: events at the backward's stage boundaries (profile_summary reports the last one).
   static constexpr int kBwdStages = 11;
   static constexpr const char* kBwdStageNames[kBwdStages] = {

@@ -53,6 +53,11 @@ int64_t MemoryPlan::symmetric() const {
   return t;
 }
 
+const char* MemoryPlan::backward_mode() const {
+  if (!has("bwd_carry")) return "resident";
+  return has("gu_saved") ? "saved" : "recompute";
+}
+
 std::string MemoryPlan::table() const {
   std::vector<BufferBytes> sorted = buffers;
   std::stable_sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
@@ -110,12 +115,14 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   const int64_t one_schedule = n.total() * 4 + 16 /* totals */ + 16 /* abort snapshot */;
   add("schedule", one_schedule * (push ? W : 1), S::Saved);
   // The megakernel with a ring below the worst case runs the backward over windows of the ring's
-  // size (recomputing FC1: notes/memory.md): gu and the dy rows hold one window, plus the wgrad
-  // carries and the window arrays.
+  // size (notes/memory.md): gu and the dy rows hold one window, plus the wgrad carries and the
+  // window arrays; the forward keeps the gate/up rows of the activation budget (gu_saved), the
+  // backward recomputing FC1 for the others.
   const mk::ForwardSetup fs0 = fused ? mk::plan_forward(shape, config, rank, sm_count) : mk::ForwardSetup{};
-  const bool windowed = fused && fs0.ring_rows < cap;
+  const bool windowed = fused && fs0.windowed;
   const int64_t bwd_rows = windowed ? fs0.ring_rows : std::max<int64_t>(cap, sched::kBlockM);
   add("gu", bwd_rows * 2 * I * 2, windowed ? S::Layer : S::Saved);
+  if (windowed && fs0.saved_rows > 0) add("gu_saved", fs0.saved_rows * 2 * I * 2, S::Saved);
   if (Is > 0 && T > 0) {
     add("gu_s", t_tiles * 128 * 2 * Is * 2, S::Saved);
     add("h_s", t_tiles * 128 * Is * 2, S::Saved);

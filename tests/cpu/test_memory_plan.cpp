@@ -33,7 +33,11 @@ const Measured kCases[] = {
 TEST(MemoryPlan, MatchesTheMeasuredLayerMemory) {
   for (const Measured& c : kCases) {
     const auto shape = mok::LayerShape::uniform(c.world, c.T, c.H, c.I, c.E, c.k);
-    const mok::MemoryPlan p = mok::plan_memory(shape, mok::Config{}, 0, 132);
+    // The figures predate the activation budget: at EP 8 the default ring is below the worst case
+    // (the backward runs over windows), and the saved gate/up rows are left out here.
+    mok::Config cfg;
+    cfg.activation_budget_bytes = 0;
+    const mok::MemoryPlan p = mok::plan_memory(shape, cfg, 0, 132);
     // The layer measured then also held a packed copy of its gate/up weights (E_loc * 2I * H bf16),
     // which it no longer allocates (FC1 reads w_gate and w_up where they are).
     const double w1p_gb = double(c.E / c.world * 2 * c.I * c.H * 2) * 1e-9;
@@ -109,3 +113,39 @@ TEST(MemoryPlan, NamesEveryBufferOnceWithItsScope) {
 }
 
 }  // namespace
+
+// Config::activation_budget_bytes: a forward with a ring below the worst case keeps the gate/up
+// rows (4I bytes each) of the budget, in whole 128-row tiles, at most the worst case; automatic:
+// the rows of uniform routing, an eighth more and every expert's padding; 0: none (full
+// recompute). A ring that holds the worst case keeps every row anyway (no gu_saved).
+TEST(MemoryPlan, ActivationBudgetSavesWholeTilesOfGateUpRows) {
+  const auto shape = mok::LayerShape::uniform(8, 8192, 7168, 2048, 256, 8);  // DeepSeek-V3, EP 8
+  mok::Config cfg;
+  cfg.macrobatch_tokens = 32768;
+  const int64_t row = 4 * 2048;
+  const int64_t uniform = 8192 * 8, automatic = (uniform + uniform / 8 + 32 * 127 + 127) / 128 * 128;
+  EXPECT_EQ(cfg.resolved_saved_rows(shape), automatic);
+  EXPECT_EQ(mok::plan_memory(shape, cfg, 0, 132).bytes("gu_saved"), automatic * row);
+  EXPECT_STREQ(mok::plan_memory(shape, cfg, 0, 132).backward_mode(), "saved");
+  cfg.activation_budget_bytes = 1000 * row + 5;  // rounded down to 896 rows (7 tiles)
+  EXPECT_EQ(cfg.resolved_saved_rows(shape), 896);
+  EXPECT_EQ(mok::plan_memory(shape, cfg, 0, 132).bytes("gu_saved"), 896 * row);
+  cfg.activation_budget_bytes = int64_t(1) << 50;  // capped at the worst case
+  EXPECT_EQ(cfg.resolved_saved_rows(shape), shape.worst_case_rows());
+  cfg.activation_budget_bytes = 0;
+  const mok::MemoryPlan none = mok::plan_memory(shape, cfg, 0, 132);
+  EXPECT_FALSE(none.has("gu_saved"));
+  EXPECT_STREQ(none.backward_mode(), "recompute");
+  cfg.activation_budget_bytes = -2;
+  try {
+    (void)mok::plan_memory(shape, cfg, 0, 132);
+    ADD_FAILURE() << "a budget of -2 bytes was accepted";
+  } catch (const mok::Error& e) {
+    EXPECT_EQ(e.argument(), "config.activation_budget_bytes") << e.what();
+  }
+  // Resident (EP 1, the default ring holds the worst case): no saved rows beyond gu itself.
+  const auto ep1 = mok::LayerShape::uniform(1, 8192, 7168, 2048, 256, 8);
+  const mok::MemoryPlan resident = mok::plan_memory(ep1, mok::Config{}, 0, 132);
+  EXPECT_FALSE(resident.has("gu_saved"));
+  EXPECT_STREQ(resident.backward_mode(), "resident");
+}

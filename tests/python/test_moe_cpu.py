@@ -163,6 +163,18 @@ def test_memory_plan_is_the_planners():
     assert plan["gu"] > 0 and plan["window.combine"] == 8192 * 8 * 2048 * 2 and plan["workspace"] == 0
     with pytest.raises(mok.Error, match="top_k"):  # the planner refuses what the layer would
         mok._cpu.plan_memory(64, 2048, 768, 8, 9)
+    # The knobs reach the planner: a ring below the worst case (the backward over windows) keeps
+    # the activation budget's gate/up rows (4I bytes each), none with full recompute; the shared
+    # workspace is marked; an unknown knob is named.
+    mb = 2048 * 16  # a multiple of every minibatch the planner may choose here (128-row tiles)
+    windows = mok.MoE(2048, 768, 128, 8, macrobatch_tokens=mb, activation_budget_bytes=4 * 768 * 1024 * 10,
+                      share_workspace=True).memory_plan(8192)
+    assert windows["gu_saved"] == 10 * 1024 * 4 * 768 and windows["workspace"] > 0
+    assert windows["total"] < plan["total"]
+    recompute = mok.MoE(2048, 768, 128, 8, macrobatch_tokens=mb, activation_budget_bytes=0).memory_plan(8192)
+    assert "gu_saved" not in recompute and recompute["workspace"] == 0
+    with pytest.raises(mok.Error, match="no_such_knob"):
+        mok._cpu.plan_memory(64, 2048, 768, 128, 8, config={"no_such_knob": "1"})
 
 
 def test_training_example_matches_the_eager_model():

@@ -351,20 +351,18 @@ INSTANTIATE_TEST_SUITE_P(
                       kOneExpertShared, pushed(kEmptyShared, "ep2_empty_slots_t0_shared_push")),
     [](const auto& p) { return std::string(p.param.name); });
 
-// What backward() cannot run after is named: a forward that did not save gu, a megakernel ring
-// smaller than the worst case, and a second backward after one forward (the first overwrote gu
-// with d_gu and the combine slots with d_x rows).
-TEST(LayerBackwardRefuses, UnsavedForwardSmallRingSecondBackward) {
+// What backward() cannot run after is named: a forward that did not save gu, and a second
+// backward after one forward (the first overwrote gu with d_gu and the combine slots with d_x
+// rows). (A megakernel ring below the worst case is accepted: test_layer_memory.cu.)
+TEST(LayerBackwardRefuses, UnsavedForwardSecondBackward) {
   Case c = kUniformShared;
   MOK_REQUIRE_GPUS(c.world);
-  // The small ring is refused while the backward over windows is an experiment (test_layer_memory.cu).
-  unsetenv("MOK_WINDOWED_BACKWARD");
   const mok::LayerShape shape = shape_of(c);
   const auto wl = mok::make_workload(shape, c.routing, 7);
-  enum Mode { kUnsaved, kSmallRing, kSecondBackward };
-  const char* what[] = {"an unsaved forward", "a ring smaller than the worst case", "a second backward"};
-  for (const Mode mode : {kUnsaved, kSmallRing, kSecondBackward}) {
-    const mok::Config cfg = config_of(mode == kSmallRing ? with(c, "", kMk, 8, 128, 256) : c);
+  enum Mode { kUnsaved, kSecondBackward };
+  const char* what[] = {"an unsaved forward", "a second backward"};
+  for (const Mode mode : {kUnsaved, kSecondBackward}) {
+    const mok::Config cfg = config_of(c);
     auto group = ranks_on_gpus(1, shape, cfg);
     group.run([&](mok::comm::Communicator& comm, size_t r) {
       RankData d(shape, wl, static_cast<int>(r));
@@ -382,8 +380,7 @@ TEST(LayerBackwardRefuses, UnsavedForwardSmallRingSecondBackward) {
         layer.backward(d.refs, dref, gr.g, comm.stream());
         ADD_FAILURE() << "backward accepted " << what[mode];
       } catch (const mok::Error& e) {
-        EXPECT_EQ(e.argument(), mode == kSmallRing ? "config.macrobatch_tokens" : "forward(save_for_backward)")
-            << e.what();
+        EXPECT_EQ(e.argument(), "forward(save_for_backward)") << e.what();
       }
       cudaFree(d_out);
     });

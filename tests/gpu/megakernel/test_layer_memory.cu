@@ -165,34 +165,18 @@ TEST_P(LayerWeights, InPlaceUpdatesAndSetWeightsNeedNoRepack) {
 
 INSTANTIATE_TEST_SUITE_P(Paths, LayerWeights, ::testing::Values(kMk, kUnfused), path_name);
 
-// The megakernel with a ring below the worst case runs the backward over windows of the ring
-// (MOK_WINDOWED_BACKWARD=1 until this test has passed on a GPU): FC1 recomputed, the weight
+// The megakernel with a ring below the worst case runs the backward over windows of the ring: the
+// gate/up rows of the activation budget read from the forward, FC1 recomputed past it, the weight
 // gradients carried across windows in fp32. Its gradients are bitwise those of the unfused path
 // (whose forward and backward run every stage once over all rows, with the same GEMM sums), on
 // uniform, Zipf and one-expert routing (one expert's rows over every window), with a shared
-// expert, for rings of 2 and 3 minibatches; and the second backward gives the same bits.
-// MOK_WINDOWED_BACKWARD=1 for the scope, the previous value (or its absence) restored after.
-struct WindowedKnob {
-  std::string previous;
-  bool had = false;
-  WindowedKnob() {
-    if (const char* v = std::getenv("MOK_WINDOWED_BACKWARD")) had = true, previous = v;
-    EXPECT_EQ(setenv("MOK_WINDOWED_BACKWARD", "1", 1), 0);
-  }
-  ~WindowedKnob() {
-    if (had)
-      setenv("MOK_WINDOWED_BACKWARD", previous.c_str(), 1);
-    else
-      unsetenv("MOK_WINDOWED_BACKWARD");
-  }
-  WindowedKnob(const WindowedKnob&) = delete;
-  WindowedKnob& operator=(const WindowedKnob&) = delete;
-};
-
+// expert, for rings of 2 and 3 minibatches, with budgets of every row, of 2944 rows (inside a
+// window: it is cut there) and of none (full recompute); and a second backward gives the same bits.
 struct WindowCase {
   const char* name;
   mok::Routing routing;
   int64_t minibatch, ring;
+  int64_t budget_bytes;  // Config::activation_budget_bytes
 };
 class LayerBackwardWindows : public ::testing::TestWithParam<WindowCase> {};
 
@@ -230,36 +214,42 @@ TEST_P(LayerBackwardWindows, BitwiseTheUnfusedBackward) {
   mok::Config windows;
   windows.minibatch_tokens = c.minibatch;
   windows.macrobatch_tokens = c.ring;
+  windows.activation_budget_bytes = c.budget_bytes;
   ASSERT_LT(c.ring, shape.worst_case_rows()) << "the case must run over windows";
   const auto want = grads_of(shape, unfused, wl, 1);
-  std::vector<std::vector<float>> got;
-  {
-    const WindowedKnob knob;  // the experiment knob, for this scope only (also when a check throws)
-    got = grads_of(shape, windows, wl, 2);
-  }
+  const auto got = grads_of(shape, windows, wl, 2);
   const char* names[] = {"d_x", "d_topk_w", "dW_gate", "dW_up", "dW_down", "dWs_gate", "dWs_up", "dWs_down"};
   for (size_t o = 0; o < want.size(); ++o) {
     int64_t differ = 0;
     for (size_t i = 0; i < want[o].size(); ++i) differ += std::memcmp(&want[o][i], &got[o][i], sizeof(float)) != 0;
     EXPECT_EQ(differ, 0) << names[o] << ": " << differ << " of " << want[o].size() << " differ";
   }
-  std::printf("[backward windows] %s: ring %lld of %lld worst-case rows\n", c.name, (long long)c.ring,
-              (long long)shape.worst_case_rows());
+  std::printf("[backward windows] %s: ring %lld of %lld worst-case rows, %lld rows saved\n", c.name,
+              (long long)c.ring, (long long)shape.worst_case_rows(), (long long)windows.resolved_saved_rows(shape));
 }
 
-INSTANTIATE_TEST_SUITE_P(Rings, LayerBackwardWindows,
-                         ::testing::Values(WindowCase{"uniform_mb128_ring256", mok::Routing::Uniform, 128, 256},
-                                           WindowCase{"zipf_mb128_ring384", mok::Routing::Zipf, 128, 384},
-                                           WindowCase{"one_expert_mb256_ring512", mok::Routing::OneExpert, 256, 512}),
-                         [](const auto& i) { return std::string(i.param.name); });
+// 4I = 1024 bytes per gate/up row: 2944 rows cut a window of 256 and one of 384 rows.
+constexpr int64_t kAllRows = int64_t(1) << 40, kPartRows = 2944 * 1024;
+INSTANTIATE_TEST_SUITE_P(
+    Rings, LayerBackwardWindows,
+    ::testing::Values(WindowCase{"uniform_ring256_saved", mok::Routing::Uniform, 128, 256, kAllRows},
+                      WindowCase{"uniform_ring256_part", mok::Routing::Uniform, 128, 256, kPartRows},
+                      WindowCase{"uniform_ring256_recompute", mok::Routing::Uniform, 128, 256, 0},
+                      WindowCase{"zipf_ring384_saved", mok::Routing::Zipf, 128, 384, kAllRows},
+                      WindowCase{"zipf_ring384_part", mok::Routing::Zipf, 128, 384, kPartRows},
+                      WindowCase{"zipf_ring384_recompute", mok::Routing::Zipf, 128, 384, 0},
+                      WindowCase{"one_expert_ring512_saved", mok::Routing::OneExpert, 256, 512, kAllRows},
+                      WindowCase{"one_expert_ring512_part", mok::Routing::OneExpert, 256, 512, kPartRows},
+                      WindowCase{"one_expert_ring512_recompute", mok::Routing::OneExpert, 256, 512, 0}),
+    [](const auto& i) { return std::string(i.param.name); });
 
 // Eight layers alive on one communicator sharing their workspace (Config::share_workspace): all
 // forwards, then the backwards in reverse order. Every layer's gradients are bitwise those of the
 // same layer run alone, and the device memory they take is the plan's: 8 x the per-layer bytes +
 // the workspace once (within 2%), their symmetric windows taken from the communicator's pool (8
 // layers built, run and destroyed first fill it). With a shared expert; resident backward (the
-// default ring) and, with the experiment knob, the backward over windows (whose rings, gu and
-// carries are in the workspace too). The GPU must be ours alone (free memory is read).
+// default ring) and the backward over windows (whose rings, gu and carries are in the workspace
+// too; the saved gate/up rows per layer). The GPU must be ours alone (free memory is read).
 class LayerMemoryWorkspace : public ::testing::TestWithParam<bool> {};
 
 TEST_P(LayerMemoryWorkspace, EightLayersShareItWithTheSameBits) {
@@ -273,8 +263,6 @@ TEST_P(LayerMemoryWorkspace, EightLayersShareItWithTheSameBits) {
     cfg.minibatch_tokens = 256;
     cfg.macrobatch_tokens = 512;
   }
-  std::unique_ptr<WindowedKnob> knob;
-  if (windows) knob = std::make_unique<WindowedKnob>();
   std::vector<mok::Workload> wls;
   for (int l = 0; l < kLayers; ++l) wls.push_back(mok::make_workload(shape, mok::Routing::Zipf, 300 + uint64_t(l)));
   // Each layer alone (its own communicator, nothing shared): the bits to match.
