@@ -16,7 +16,7 @@
 
 #include <cstdint>
 
-#include "mok/gemm_sizes.hpp"  // wgrad_carry_floats
+#include "mok/gemm_sizes.hpp"  // wgrad_carry_floats, router_parts
 
 namespace mok::gemm {
 
@@ -101,14 +101,22 @@ struct DgradArgs {
 // wgrad (dW_gate, dW_up from d_gu^T x) take. d_gu may be gu itself (in place). Padding rows of
 // d_gu are undefined. inter must be a multiple of 32.
 struct DgradSwiGLUArgs {
-  const void* dy = nullptr;      // [num_m_tiles*128, hidden] (d_y, already weighted)
+  const void* dy = nullptr;      // [num_m_tiles*128, hidden] (d_y, already weighted; see row_weight)
   const void* w_down = nullptr;  // [experts, hidden, inter]
   const void* gu = nullptr;      // [num_m_tiles*128, 2*inter], packed order
   void* d_gu = nullptr;          // [num_m_tiles*128, 2*inter], packed; may equal gu
   int64_t hidden = 0, inter = 0, experts = 0;
   const int32_t* tile_expert = nullptr;
   int64_t num_m_tiles = 0;
+  // Optional, together: dy holds the routed rows' unweighted d_out rows and row_weight [rows] f32
+  // their router weights; then d_h = rnd(w * rnd(g)) with g = d_out . W_down, and router_partial
+  // [rows, router_parts(inter)] f32 receives the router-weight gradient <rnd(g), h> of each row
+  // (h = rnd(silu(gate) * up) from gu) in sums of 64 intermediate columns (sum them in increasing
+  // order: that is the gradient's definition, include/mok/reference.hpp).
+  const float* row_weight = nullptr;
+  float* router_partial = nullptr;
 };
+
 
 // Wgrad (K-grouped): dw[e] = sum over expert e's rows r of a[r]^T b[r], i.e. [m, n] per expert,
 // fp32 sums in increasing row order, rounded to bf16. Rows past expert_rows[e] inside the padded
@@ -171,6 +179,11 @@ struct KernelParams {
   const int32_t* expert_rows = nullptr;
   void* fc1_h = nullptr;  // FC1: h, dense [rows, n/2] bf16 (split-N tiles at BLOCK_N 128 store to it directly)
   const void* gu = nullptr;  // DgradSwiGLU: the forward's packed gate/up pre-activations, dense [rows, 2n] bf16
+  // DgradSwiGLU with unweighted rows (DgradSwiGLUArgs::row_weight): [rows] router weights, and
+  // [rows, router_parts] partial sums of the router-weight gradient.
+  const float* row_weight = nullptr;
+  float* router_partial = nullptr;
+  int32_t router_parts = 0;
   // Wgrad: the output rows are packed gate/up rows (m_out = 2I): map_d0 receives the gate rows and
   // map_d1 the up rows, each [experts, m_out / 2, n] in plain order (epilogue_store_gate_up).
   int32_t split_gate_up = 0;

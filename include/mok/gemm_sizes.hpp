@@ -10,4 +10,7 @@ namespace mok::gemm {
 // whole 128-row tiles by whole 256-column tiles, one expert's worth.
 constexpr int64_t wgrad_carry_floats(int64_t m, int64_t n) { return (m + 127) / 128 * 128 * ((n + 255) / 256 * 256); }
 
+// Partial sums per row of DgradSwiGLUArgs::router_partial: one per 64 intermediate columns.
+constexpr int64_t router_parts(int64_t inter) { return (inter + 63) / 64; }
+
 }  // namespace mok::gemm

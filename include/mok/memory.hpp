@@ -4,11 +4,12 @@
 // plan), so the plan is the footprint: mok_bench reports it per case, and a GPU test compares it
 // with the device's free memory before and after a layer.
 //
-// Names: window.{routing, x, combine, d_out, router_weights}, peer_tables, schedule, gu (gate/up
+// Names: window.{routing, x, combine, d_out, router_weights, d_weights}, peer_tables, schedule, gu (gate/up
 // pre-activations; gu_saved: the rows of the activation budget a forward keeps for a backward
 // over windows), the shared expert's gu_s, h_s, y_s,
 // the megakernel's x_ring, h_ring, y_ring, counters (push_peer_tables with push dispatch), the
-// unfused path's x_routed, h, y, and the backward's dy_rows (shared_rows, shared_tiles).
+// unfused path's x_routed, h, y, and the backward's dy_rows, row_weights, router_partials
+// (shared_rows, shared_tiles).
 //
 // Today's model (the training memory model of the open issue replaces it): every buffer belongs to
 // one layer and is sized for the worst case of the routing (every route of every rank landing on
@@ -19,8 +20,8 @@
 // backward recomputes FC1 only for the rows past it). Scopes:
 //   Layer     allocated when the layer is built, held for its life;
 //   Saved     part of Layer: what a backward reads of the last forward (the published routing,
-//             the combine slots, the schedule, and the routed x rows, gate/up pre-activations and
-//             h unless the backward recomputes them), one forward's worth per layer;
+//             the schedule, and the routed x rows, gate/up pre-activations and h unless the
+//             backward recomputes them), one forward's worth per layer;
 //   Backward  allocated by the layer's first backward() and held from then on.
 // Weights, inputs and outputs (the caller's tensors) are not counted.
 #pragma once

@@ -14,13 +14,16 @@
 //   shared expert: y_s = the same FFN with the shared weights
 //   merge: acc = y_s (0 without shared expert); for j = 0..k-1, non-empty: acc = fma(w_j, y_j, acc);
 //          out = rnd(acc)
-//   backward, per routed row (d = d_out[t] of the source token):
-//     dy = rnd(w * d)                                          (reverse-combine, weighted pull)
-//     dh = rnd(dy . Wd[e])
+//   backward, per routed row (d = d_out[t] of the source token, pulled unweighted):
+//     gd = rnd(d . Wd[e])                                      (FC2's dgrad of the unweighted row)
+//     dh = rnd(w * gd)
 //     s = 1/(1+exp(-g));  du = rnd(g*s * dh);  dg = rnd(s*(1 + g*(1-s)) * u * dh)
 //     dx = rnd(dg . Wg[e] + du . Wu[e])                        (one fp32 sum, gate terms first)
-//     d_topk_w[t,j] = sum_h d[h] * y[h]                        (fp32, increasing h)
-//   shared expert: the same with dy = d (weight 1)
+//     d_topk_w[t,j] = sum_i gd[i] * h[i]                       (fp32, increasing i: <d, y> before
+//                     y's rounding, so the backward needs no y row of the forward; the GPU sums
+//                     64 columns at a time, then the sums in order)
+//     dy = rnd(w * d)                                          (dW_down's rows)
+//   shared expert: the same with w = 1 (dh = gd, dy = d)
 //   d_x merge: acc = dx_s (0 without shared); for j = 0..k-1, non-empty: acc += dx_j; d_x = rnd(acc)
 //   weight gradients: dWd[e] = rnd(sum_rows dy^T h), dWg[e] = rnd(sum_rows dg^T v),
 //     dWu[e] = rnd(sum_rows du^T v); fp32 sums over the expert's rows in increasing

@@ -298,11 +298,18 @@ __device__ __forceinline__ void swiglu_backward(float acc_dh, float g, float u, 
 // alias gu. gu is read with generic-proxy loads: correct when an earlier kernel wrote it; a
 // megakernel whose FC1 TMA-stores gu in the same launch must order those stores before these
 // loads (store wait, proxy fence, release / acquire) as it does for h.
+// With row_weight (routed rows: d_y holds the unweighted d_out rows), the accumulators are
+// g = d_out . W_down: d_h = rnd(w * rnd(g)) with the row's router weight w, and the router-weight
+// gradient's terms <rnd(g), h> (h = rnd(silu(gate) * up), FC1's bits: swiglu_math.cuh; since
+// <d_out, y> = <d_out . W_down, h>) are summed per row and 64 intermediate columns — each thread
+// over its columns in increasing order, then the quad's four sums in a fixed tree — into
+// router_partial[row * parts + column / 64]: the same bits whatever BLOCK_N.
 template <class C>
 __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
                                                       const float (&acc)[C::kAccRegs], const void* gu,
                                                       const CUtensorMap* d_gu, int32_t row, int32_t b_n,
-                                                      int32_t inter) {
+                                                      int32_t inter, const float* row_weight = nullptr,
+                                                      float* router_partial = nullptr, int32_t parts = 0) {
   constexpr int kPackedChunks = 2 * C::kChunks;  // 64-column chunks of the packed output
   constexpr int kUp = kGateUpBox;                // packed columns from a gate column to its up column
   const int64_t pitch = 2 * int64_t(inter);
@@ -329,6 +336,13 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
   };
   load(0);
   const bool leader = wt == 0;
+  const bool weighted = row_weight != nullptr;  // uniform over the kernel
+  const int32_t my_row = out_row + acc_row(wt);
+  float w_row[2] = {1.0f, 1.0f}, dot[2] = {0.0f, 0.0f};
+  if (weighted) {
+    w_row[0] = row_weight[my_row];
+    w_row[1] = row_weight[my_row + 8];
+  }
 #pragma unroll
   for (int q = 0; q < kPackedChunks; ++q) {
     if (q + 1 < kPackedChunks) load(q + 1);
@@ -344,10 +358,29 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
       for (int rr = 0; rr < 2; ++rr) {
         const uint32_t g = d[2 * rr], u = d[2 * rr + 1];
         float g_lo, u_lo, g_hi, u_hi;
-        swiglu_backward(acc[4 * j + 2 * rr], bf16x2_lo(g), bf16x2_lo(u), g_lo, u_lo);
-        swiglu_backward(acc[4 * j + 2 * rr + 1], bf16x2_hi(g), bf16x2_hi(u), g_hi, u_hi);
+        float a_lo = acc[4 * j + 2 * rr], a_hi = acc[4 * j + 2 * rr + 1];
+        if (weighted) {
+          a_lo = bf16_round(a_lo);
+          a_hi = bf16_round(a_hi);
+          dot[rr] = fmaf(a_lo, bf16_round(swiglu_of_bf16(bf16x2_lo(g), bf16x2_lo(u))), dot[rr]);
+          dot[rr] = fmaf(a_hi, bf16_round(swiglu_of_bf16(bf16x2_hi(g), bf16x2_hi(u))), dot[rr]);
+          a_lo = __fmul_rn(w_row[rr], a_lo);
+          a_hi = __fmul_rn(w_row[rr], a_hi);
+        }
+        swiglu_backward(a_lo, bf16x2_lo(g), bf16x2_lo(u), g_lo, u_lo);
+        swiglu_backward(a_hi, bf16x2_hi(g), bf16x2_hi(u), g_hi, u_hi);
         dg[m][rr] = pack_bf16x2(g_lo, g_hi);
         du[m][rr] = pack_bf16x2(u_lo, u_hi);
+      }
+    }
+    // The end of a 64-column group (two chunks) or of the valid columns: the quad's sums.
+    if (weighted && ((q & 1) == 1 || 2 * b_n + 64 * (q + 1) >= 2 * inter)) {
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        float t = __fadd_rn(dot[rr], __shfl_xor_sync(0xffffffffu, dot[rr], 1));
+        t = __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, 2));
+        if ((wt & 3u) == 0) router_partial[int64_t(my_row + 8 * rr) * parts + (b_n + 32 * q) / 64] = t;
+        dot[rr] = 0.0f;
       }
     }
     // Chunk blocks 0-3 (d_g) and 4-7 (d_u), two blocks (rows 0-7 / 8-15 of each) per stmatrix.

@@ -157,6 +157,7 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   win_combine = leases.acquire(comm, tag + ".combine", bytes("window.combine"));
   win_dout = leases.acquire(comm, tag + ".d_out", bytes("window.d_out"));
   win_weights = leases.acquire(comm, tag + ".weights", bytes("window.router_weights"));
+  win_dweights = leases.acquire(comm, tag + ".d_weights", bytes("window.d_weights"));
   push = fused && config.dispatch == DispatchPath::Push;
   if (push) {
     // Other ranks write into our ring and count into our counters: symmetric windows (equal on
@@ -166,8 +167,9 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   }
   dc = comm::dev::make_device_comm(comm);
   std::vector<const void*> tab(world), xp(world), dp(world), wp(world);
-  std::vector<void*> cp(world);
+  std::vector<void*> cp(world), dwp(world);
   for (int r = 0; r < world; ++r) {
+    dwp[r] = comm::dev::lsa_pointer(comm, *win_dweights, r);
     tab[r] = comm::dev::lsa_pointer(comm, *win_routing, r);
     xp[r] = comm::dev::lsa_pointer(comm, *win_x, r);
     cp[r] = comm::dev::lsa_pointer(comm, *win_combine, r);
@@ -179,6 +181,7 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   combine_peers = upload_array(cp, "combine peers");
   dout_peers = upload_array(dp, "d_out peers");
   weight_peers = upload_array(wp, "router weight peers");
+  dweight_peers = upload_array(dwp, "router weight gradient peers");
   schedule = std::make_unique<gpu::ScheduleBuilder>(shape, config, rank, tables.get<const int32_t* const>(), sms);
 
   cap_rows = shape.worst_case_rows();

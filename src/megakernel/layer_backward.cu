@@ -18,8 +18,9 @@ using layer_detail::upload_array;
 // ---------------------------------------------------------------------------------------------
 // Backward (unfused). Buffers it reuses from the forward: gu (d_gu is written over it), h (for
 // dW_down), the routed x rows (for dW_gate, dW_up), y (the routed d_x rows), the shared expert's
-// gu_s, h_s and y_s likewise, and the combine window (y_j for the router-weight gradient, then
-// the reverse-dispatch slots). Its own: dy_routed.
+// gu_s, h_s and y_s likewise, and the combine window (the reverse-dispatch slots; the forward's
+// y rows there are not read: the router-weight gradient is <d_out . W_down, h>, from FC2's
+// dgrad). Its own: dy_routed, the row weights and the router gradient's partial sums.
 void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& g, cudaStream_t stream) {
   const layer_detail::CallScope scope(comm, stream, "backward()");
   check_routing(in);
@@ -57,17 +58,6 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
     gpu::check_backward_routing(in.topk_idx.data, in.topk_idx.dtype == DType::I64,
                                 static_cast<const float*>(in.topk_w.data), T, k, shape.experts, rank, published(),
                                 static_cast<float*>(win_weights->ptr), errors.device(), stream);
-    // Before the barrier: after it the peers' reverse-dispatch pushes overwrite the slots.
-    gpu::RouterGradArgs rg;
-    rg.d_out = win_dout->ptr;
-    rg.y_slots = win_combine->ptr;
-    rg.topk_idx = published();
-    rg.abort = dc.claim;
-    rg.tokens = T;
-    rg.top_k = k;
-    rg.hidden = H;
-    rg.d_topk_w = d_topk_w;
-    gpu::router_weight_grad(rg, stream);
   }
   mark(1, stream);
   barrier(stream);  // d_out and weights visible; every y_j read
@@ -79,9 +69,11 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
     backward_resident(dw_gate, dw_up, dw_down, stream);
   }
   mark(8, stream);
-  barrier(stream);  // every d_x row pushed into our slots landed
+  barrier(stream);  // every d_x row pushed into our slots and every router-weight gradient landed
   mark(9, stream);
   bwd_marked = marking && !bwd_marks.empty();
+  gpu::finish_router_grad(static_cast<const float*>(win_dweights->ptr), published(), T * k, dc.claim, d_topk_w,
+                          stream);
   if (T == 0) {  // no tokens: the shared expert's gradient over them is zero
     for (const TensorRef* p : {&g.d_ws_gate, &g.d_ws_up, &g.d_ws_down})
       if (Is > 0) MOK_CUDA_CHECK(cudaMemsetAsync(const_cast<void*>(p->data), 0, static_cast<size_t>(Is * H) * 2, stream));
@@ -114,15 +106,7 @@ void Layer::Impl::backward_resident(void* dw_gate, void* dw_up, void* dw_down, c
   // 31 ms backward (MOK_PROFILE, 2 H200s, T = 8192): ~160 and ~290 GB/s for 0.94 GB each.
   gpu::MoveArgs move = move_args();
   move.sms = sms;
-  gpu::pull_reverse_combine(move, dout_peers.get<const void* const>(), weight_peers.get<const float* const>(),
-                            dy_routed.p, stream);
-  mark(3, stream);
-  // Routed d_x rows into y (the forward's FC2 output is no longer needed).
-  run_dgrads(dy_routed.p, weights.w_down.data, gu.p, weights.w_gate.data, weights.w_up.data, y.p, I, e_loc,
-             v.tile_expert, tiles, stream, 4);
-  mark(5, stream);
-  gpu::push_combine(move, y.p, combine_peers.get<void* const>(), stream);
-  mark(6, stream);
+  routed_dgrads(move, gu.p, v.tile_expert, tiles, 0, stream, true);
   // Weight gradients while the pushes land: rows in the schedule's order, padding rows masked.
   if (cap_rows > 0) {
     run_wgrad(dy_routed.p, h.p, dw_down, H, I, e_loc, cap_rows, v.expert_offset, v.expert_rows, stream);
@@ -164,11 +148,36 @@ void Layer::Impl::shared_backward(const DeviceGrads& g, cudaStream_t stream) {
             begin + 1, stream, const_cast<void*>(g.d_ws_up.data));
 }
 
-// the d_x rows = rnd(d_gu . [w_gate; w_up]) into dx_rows; mark_between >= 0 records that stage mark between.
+// The routed rows of move's window, their x rows, gate/up rows (gu_rows) and h in place: the
+// unweighted d_out rows pulled with their router weights (reverse combine), FC2's dgrad + SwiGLU'
+// (d_gu over gu_rows, and the router-weight gradient's partial sums), those pushed to the source
+// ranks, the rows weighted in place (dW_down's operand), FC1's dgrad into y and the d_x rows
+// pushed into their source slots (reverse dispatch). marks: the resident backward's stage marks.
+void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const int32_t* tile_expert, int64_t tiles,
+                                int64_t width_tiles, cudaStream_t stream, bool marks) {
+  float* row_w = row_weights.get<float>();
+  float* partial = router_partials.get<float>();
+  gpu::pull_reverse_combine(move, dout_peers.get<const void* const>(), weight_peers.get<const float* const>(),
+                            dy_routed.p, stream, row_w);
+  if (marks) mark(3, stream);
+  run_dgrads(dy_routed.p, weights.w_down.data, gu_rows, weights.w_gate.data, weights.w_up.data, y.p, I, e_loc,
+             tile_expert, tiles, stream, marks ? 4 : -1, width_tiles, row_w, partial);
+  gpu::push_router_grad(move, partial, gemm::router_parts(I), dweight_peers.get<float* const>(), stream);
+  gpu::weight_rows(move, dy_routed.p, row_w, stream);
+  if (marks) mark(5, stream);
+  gpu::push_combine(move, y.p, combine_peers.get<void* const>(), stream);
+  if (marks) mark(6, stream);
+}
+
+// the d_x rows = rnd(d_gu . [w_gate; w_up]) into dx_rows; mark_between >= 0 records that stage mark
+// between. row_weight / router_partial: unweighted dy rows (gemm::DgradSwiGLUArgs).
 void Layer::Impl::run_dgrads(const void* dy, const void* w_down, void* gu_buf, const void* w_gate, const void* w_up,
                              void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
-                             cudaStream_t stream, int mark_between, int64_t width_tiles) {
+                             cudaStream_t stream, int mark_between, int64_t width_tiles, const float* row_weight,
+                             float* router_partial) {
   gemm::DgradSwiGLUArgs ds;
+  ds.row_weight = row_weight;
+  ds.router_partial = router_partial;
   ds.dy = dy;
   ds.w_down = w_down;
   ds.gu = gu_buf;
@@ -232,6 +241,8 @@ void Layer::Impl::allocate_backward() {
     }
   }
   dy_routed = allocate("dy_rows", "backward dy rows");
+  row_weights = allocate("row_weights", "backward row weights");
+  router_partials = allocate("router_partials", "backward router gradient partial sums");
   if (windowed) {
     bwd_carry = allocate("bwd_carry", "backward wgrad carries");
     bwd_windows = allocate("bwd_windows", "backward window parts");

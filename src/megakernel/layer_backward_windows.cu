@@ -19,8 +19,9 @@ namespace mok {
 // the host never waits for the row count; the activation budget's end, when inside a window, cuts
 // it in two): the x rows pulled again into the ring; for a window inside the budget h from the
 // saved gate/up rows (the bits of FC1's epilogue), past it FC1 run again (gu, h; without split-N,
-// whose row test is not window-relative: the same sums); the weighted d_out rows pulled, FC2's
-// dgrad + SwiGLU' and FC1's dgrad, the d_x rows pushed into their slots, and the weight gradients
+// whose row test is not window-relative: the same sums); the d_out rows pulled, FC2's dgrad +
+// SwiGLU' (and the router-weight gradient) and FC1's dgrad, the d_x rows pushed into their slots
+// (routed_dgrads), and the weight gradients
 // over each expert's part of the window, the expert cut by the window's end carried to the next in
 // fp32 (WgradArgs::carry_in / carry_out): every gradient the resident backward's bits (windows are
 // whole tiles, so every sum runs in the same K order).
@@ -60,11 +61,7 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
     else
       gemm::run(gemm::plan_fc1(routed_fc1(x_rows, h.p, gu.p, tile_expert, tiles), options_as(all_tiles, 2 * I)),
                 stream);
-    gpu::pull_reverse_combine(move, dout_peers.get<const void* const>(), weight_peers.get<const float* const>(),
-                              dy_routed.p, stream);
-    run_dgrads(dy_routed.p, weights.w_down.data, gu_rows, weights.w_gate.data, weights.w_up.data, y.p, I, e_loc,
-               tile_expert, tiles, stream, -1, all_tiles);
-    gpu::push_combine(move, y.p, combine_peers.get<void* const>(), stream);
+    routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false);
     gpu::window_parts(v, e_loc, lo, hi, parts, stream);
     run_wgrad(dy_routed.p, h.p, dw_down, H, I, e_loc, hi - lo, part_begin, part_rows, stream, nullptr,
               carry_down[in], carry_down[out], carried, v.expert_rows);

@@ -156,6 +156,7 @@ struct Layer::Impl {
   const comm::Window* win_combine = nullptr;
   const comm::Window* win_dout = nullptr;     // backward: d_out [T_pad, H] bf16, pulled by the peers
   const comm::Window* win_weights = nullptr;  // backward: router weights [T, k] f32, read by the peers
+  const comm::Window* win_dweights = nullptr; // backward: their gradient [T, k] f32, written by the peers
   MemoryPlan mem;  // the bytes of every buffer below (include/mok/memory.hpp)
   std::shared_ptr<Workspace> workspace;  // Config::share_workspace: the communicator's
   // The plan's buffer `name`: this layer's own, or a view of the shared workspace's when the plan
@@ -163,7 +164,7 @@ struct Layer::Impl {
   DeviceBuffer allocate(const char* name, const char* what);
   comm::dev::DeviceComm dc{};
   DeviceErrorWord errors;
-  DeviceBuffer tables, x_peers, combine_peers, dout_peers, weight_peers;
+  DeviceBuffer tables, x_peers, combine_peers, dout_peers, weight_peers, dweight_peers;
   std::unique_ptr<gpu::ScheduleBuilder> schedule;
   DeviceBuffer x_routed, gu, h, y;
   DeviceBuffer shared_tiles, gu_s, h_s, y_s;
@@ -173,6 +174,9 @@ struct Layer::Impl {
   int64_t ring_rows = 0;   // megakernel: rows of the ring (0 on the unfused path)
   bool saved = false;      // the last forward() stored gu (save_for_backward)
   DeviceBuffer dy_routed, shared_rows;
+  // Backward: the routed rows' router weights and the router-weight gradient's partial sums
+  // (FC2 dgrad's epilogue: gemm::DgradSwiGLUArgs::router_partial), rows of dy_routed's.
+  DeviceBuffer row_weights, router_partials;
   // The megakernel with a ring below the worst case: the backward runs over windows of the ring's
   // rows (backward_windows), with these (allocated by the first backward: the plan's bwd_carry,
   // bwd_windows).
@@ -186,7 +190,8 @@ struct Layer::Impl {
   // MOK_PROFILE=1: events at the backward's stage boundaries (profile_summary reports the last one).
   static constexpr int kBwdStages = 11;
   static constexpr const char* kBwdStageNames[kBwdStages] = {
-      "router-weight grad", "barrier", "reverse-combine pull", "FC2 dgrad + SwiGLU'", "FC1 dgrad",
+      "routing check", "barrier", "reverse-combine pull", "FC2 dgrad + SwiGLU' + router grad",
+      "FC1 dgrad + router grad push + row weighting",
       "reverse-dispatch push", "wgrad down", "wgrad gate/up", "barrier", "shared expert", "d_x merge"};
   bool profile = false;
   std::vector<cudaEvent_t> bwd_marks;
@@ -241,7 +246,10 @@ struct Layer::Impl {
   void shared_backward(const DeviceGrads& g, cudaStream_t stream);
   void run_dgrads(const void* dy, const void* w_down, void* gu_buf, const void* w_gate, const void* w_up,
                   void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
-                  cudaStream_t stream, int mark_between = -1, int64_t width_tiles = 0);
+                  cudaStream_t stream, int mark_between = -1, int64_t width_tiles = 0,
+                  const float* row_weight = nullptr, float* router_partial = nullptr);
+  void routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const int32_t* tile_expert, int64_t tiles,
+                     int64_t width_tiles, cudaStream_t stream, bool marks);
   // gemm_options() with the tile width a plan over `width_tiles` M tiles and n columns picks
   // (0: the plan's own choice): a window's GEMMs then tile like the whole layout's.
   gemm::Options options_as(int64_t width_tiles, int64_t n) const;

@@ -99,15 +99,17 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   };
   using S = MemoryScope;
   // Symmetric windows: equal on every rank, sized by the largest T.
-  // What a backward reads of its forward is Saved: the published routing, the combine slots (the
-  // router-weight gradient's y rows), the schedule; and gu, x and h rows unless it recomputes them.
+  // What a backward reads of its forward is Saved: the published routing, the schedule; and gu,
+  // x and h rows unless it recomputes them. (The combine slots are not: the router-weight
+  // gradient is <d_out . W_down, h>, from FC2's dgrad, not <d_out, y> of the forward's rows.)
   add("window.routing", at_least(t_max * k) * 4, S::Saved, true);
   add("window.x", at_least(t_max_pad * H) * 2, S::Layer, true);
-  add("window.combine", at_least(t_max * k * H) * 2, S::Saved, true);
+  add("window.combine", at_least(t_max * k * H) * 2, S::Layer, true);
   add("window.d_out", at_least(t_max_pad * H) * 2, S::Layer, true);
   add("window.router_weights", at_least(t_max * k) * 4, S::Layer, true);
-  // The peers' addresses of the five windows (W pointers each).
-  add("peer_tables", 5 * std::max<int64_t>(16, int64_t(W) * 8), S::Layer);
+  add("window.d_weights", at_least(t_max * k) * 4, S::Layer, true);
+  // The peers' addresses of the six windows (W pointers each).
+  add("peer_tables", 6 * std::max<int64_t>(16, int64_t(W) * 8), S::Layer);
   // The schedule (and, with push dispatch, every receiver's, built here too).
   int64_t chunks = 0;
   for (int r = 0; r < W; ++r) chunks += sched::ceil_div(shape.tokens_of(r) * k, sched::kBuilderChunk);
@@ -149,7 +151,10 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
     add("y", cap * H * 2, S::Layer);
     if (Is > 0 && T > 0) add("shared_tiles", t_tiles * 4, S::Layer);
   }
-  add("dy_rows", (windowed ? bwd_rows : cap) * H * 2, S::Backward);
+  const int64_t dy_rows = windowed ? bwd_rows : cap;
+  add("dy_rows", dy_rows * H * 2, S::Backward);
+  add("row_weights", dy_rows * 4, S::Backward);
+  add("router_partials", dy_rows * gemm::router_parts(I) * 4, S::Backward);
   if (windowed) {
     // Two of each (a window reads the previous one's and writes its own: WgradArgs::carry_in / out).
     add("bwd_carry", 2 * (gemm::wgrad_carry_floats(H, I) + gemm::wgrad_carry_floats(2 * I, H)) * 4, S::Backward);
@@ -164,7 +169,7 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
     // (the backward writes its d_x rows there), the backward's dy rows; with a backward over
     // windows also what it fills again (the rings, gu, the carries and the window arrays). A
     // push-dispatch ring is a symmetric window the peers write: the layer's own.
-    std::vector<std::string> shared = {"y_ring", "y", "y_s", "dy_rows"};
+    std::vector<std::string> shared = {"y_ring", "y", "y_s", "dy_rows", "row_weights", "router_partials"};
     if (windowed) {
       for (const char* name : {"h_ring", "gu", "bwd_carry", "bwd_windows"}) shared.emplace_back(name);
       if (!push) shared.emplace_back("x_ring");

@@ -36,67 +36,90 @@ __device__ __forceinline__ uint4 scale_row_vec(uint4 raw, float w) {
 
 // One warp per routed row (warps of all CTAs stride over the window's rows), four 16-byte loads in
 // flight per lane: the rows come over NVLink from the source rank.
+// rnd(w * v) for a row of 8-value vectors, in place or from -> to, four loads in flight per lane.
+__device__ __forceinline__ void scale_row(const uint4* from, uint4* to, int hidden_vecs, int lane, float w) {
+  int v = lane;
+  for (; v + 96 < hidden_vecs; v += 128) {
+    const uint4 a = from[v], b = from[v + 32], c = from[v + 64], d = from[v + 96];
+    to[v] = scale_row_vec(a, w);
+    to[v + 32] = scale_row_vec(b, w);
+    to[v + 64] = scale_row_vec(c, w);
+    to[v + 96] = scale_row_vec(d, w);
+  }
+  for (; v < hidden_vecs; v += 32) to[v] = scale_row_vec(from[v], w);
+}
+
+// One warp per routed row (warps of all CTAs stride over the window's rows), four 16-byte loads in
+// flight per lane: the rows come over NVLink from the source rank. With row_weight the rows are
+// copied unweighted and their weights written there (0 for padding rows).
 __global__ void __launch_bounds__(kThreads) reverse_combine_kernel(ScheduleView s, int hidden_vecs, int top_k,
                                                                    int64_t row_begin, int64_t row_end,
                                                                    const uint4* const* d_out_peers,
                                                                    const float* const* weight_peers,
-                                                                   uint4* __restrict__ dy, const uint32_t* abort) {
+                                                                   uint4* __restrict__ dy, float* row_weight,
+                                                                   const uint32_t* abort) {
   for_each_window_row(s, row_begin, row_end, abort, [&](int64_t row, int lane) {
     const int src = s.src_rank[row];
     uint4* to = dy + (row - row_begin) * hidden_vecs;
     if (src < 0) {
       zero_row(to, hidden_vecs, lane);
+      if (row_weight != nullptr && lane == 0) row_weight[row - row_begin] = 0.0f;
       return;
     }
     const int slot = s.src_slot[row];
     const float w = weight_peers[src][slot];
     const uint4* from = d_out_peers[src] + static_cast<int64_t>(slot / top_k) * hidden_vecs;
+    if (row_weight == nullptr) {
+      scale_row(from, to, hidden_vecs, lane, w);
+      return;
+    }
+    if (lane == 0) row_weight[row - row_begin] = w;
     int v = lane;
     for (; v + 96 < hidden_vecs; v += 128) {
       const uint4 a = from[v], b = from[v + 32], c = from[v + 64], d = from[v + 96];
-      to[v] = scale_row_vec(a, w);
-      to[v + 32] = scale_row_vec(b, w);
-      to[v + 64] = scale_row_vec(c, w);
-      to[v + 96] = scale_row_vec(d, w);
+      to[v] = a;
+      to[v + 32] = b;
+      to[v + 64] = c;
+      to[v + 96] = d;
     }
-    for (; v < hidden_vecs; v += 32) to[v] = scale_row_vec(from[v], w);
+    for (; v < hidden_vecs; v += 32) to[v] = from[v];
   });
 }
 
-// One warp per slot (t, j). After a failure (abort set) the slots may hold rows nobody pushed:
-// every gradient is NaN then, never a plausible wrong value.
-__global__ void __launch_bounds__(256) router_grad_kernel(const uint4* __restrict__ d_out,
-                                                          const uint4* __restrict__ y,
-                                                          const int32_t* __restrict__ topk_idx, int64_t slots,
-                                                          int top_k, int hidden_vecs, const uint32_t* abort,
-                                                          float* __restrict__ out) {
-  const int lane = threadIdx.x & 31;
-  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+// dy rows of the window scaled in place by their router weights: rnd(w * d), the weighted rows.
+__global__ void __launch_bounds__(kThreads) weight_rows_kernel(ScheduleView s, int hidden_vecs, int64_t row_begin,
+                                                               int64_t row_end, uint4* __restrict__ dy,
+                                                               const float* __restrict__ row_weight,
+                                                               const uint32_t* abort) {
+  for_each_window_row(s, row_begin, row_end, abort, [&](int64_t row, int lane) {
+    uint4* r = dy + (row - row_begin) * hidden_vecs;
+    scale_row(r, r, hidden_vecs, lane, row_weight[row - row_begin]);
+  });
+}
+
+// One warp per routed row, lane 0: the row's partial sums in increasing order into its source
+// slot of the source rank's gradient window.
+__global__ void __launch_bounds__(kThreads) router_grad_push_kernel(ScheduleView s, int64_t row_begin,
+                                                                    int64_t row_end, const float* __restrict__ part,
+                                                                    int parts, float* const* d_weight_peers,
+                                                                    const uint32_t* abort) {
+  for_each_window_row(s, row_begin, row_end, abort, [&](int64_t row, int lane) {
+    const int src = s.src_rank[row];
+    if (src < 0 || lane != 0) return;
+    const float* p = part + (row - row_begin) * parts;
+    float sum = 0.0f;
+    for (int i = 0; i < parts; ++i) sum = __fadd_rn(sum, p[i]);
+    d_weight_peers[src][s.src_slot[row]] = sum;
+  });
+}
+
+// The gradient window's slots into d_topk_w: 0 for empty slots, NaN everywhere after a failure
+// (abort set: slots may hold sums nobody finished), never a plausible wrong value.
+__global__ void router_grad_finish_kernel(const float* __restrict__ win, const int32_t* __restrict__ topk_idx,
+                                          int64_t slots, const uint32_t* abort, float* __restrict__ out) {
   const bool aborted = abort_seen(abort);
-  for (int64_t slot = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; slot < slots;
-       slot += warps) {
-    if (aborted || topk_idx[slot] < 0) {  // empty slot: no row was pushed there
-      if (lane == 0) out[slot] = aborted ? __int_as_float(0x7fc00000) : 0.0f;
-      continue;
-    }
-    const uint4* d = d_out + (slot / top_k) * hidden_vecs;
-    const uint4* yr = y + slot * hidden_vecs;
-    float acc = 0.0f;
-    for (int v = lane; v < hidden_vecs; v += 32) {
-      Pack8 a, b;
-      a.raw = d[v];
-      b.raw = yr[v];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float2 fa = __bfloat1622float2(a.h2[q]), fb = __bfloat1622float2(b.h2[q]);
-        acc = __fadd_rn(acc, __fmul_rn(fa.x, fb.x));
-        acc = __fadd_rn(acc, __fmul_rn(fa.y, fb.y));
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
-    if (lane == 0) out[slot] = acc;
-  }
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < slots; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = aborted ? __int_as_float(0x7fc00000) : (topk_idx[i] < 0 ? 0.0f : win[i]);
 }
 
 // One thread per 8 h columns of a row (one 16-byte load of gate and one of up: in the packed
@@ -167,29 +190,42 @@ void swiglu_rows(const void* gu, void* h, int64_t inter, const int32_t* tile_exp
 }
 
 void pull_reverse_combine(const MoveArgs& a, const void* const* d_out_peers, const float* const* weight_peers,
-                          void* dy_routed, cudaStream_t stream) {
+                          void* dy_routed, cudaStream_t stream, float* row_weight) {
   check_move_args(a);
   MOK_REQUIRE(d_out_peers && weight_peers && dy_routed, "pull_reverse_combine",
               "d_out_peers, weight_peers and dy_routed must be non-null");
   reverse_combine_kernel<<<a.sms, kThreads, 0, stream>>>(
       a.schedule, static_cast<int>(a.hidden / 8), static_cast<int>(a.top_k), a.row_begin, a.row_end,
-      reinterpret_cast<const uint4* const*>(d_out_peers), weight_peers, static_cast<uint4*>(dy_routed), a.abort);
+      reinterpret_cast<const uint4* const*>(d_out_peers), weight_peers, static_cast<uint4*>(dy_routed), row_weight,
+      a.abort);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 
-void router_weight_grad(const RouterGradArgs& a, cudaStream_t stream) {
-  MOK_REQUIRE(a.hidden > 0 && a.hidden % 8 == 0, "hidden", "must be a positive multiple of 8, got ", a.hidden);
-  MOK_REQUIRE(a.tokens >= 0 && a.top_k >= 1, "tokens/top_k", "need T >= 0 and k >= 1, got T = ", a.tokens,
-              ", k = ", a.top_k);
-  if (a.tokens == 0) return;
-  MOK_REQUIRE(a.d_out && a.y_slots && a.topk_idx && a.d_topk_w, "router_weight_grad",
-              "d_out, y_slots, topk_idx and d_topk_w must be non-null");
-  const int64_t slots = a.tokens * a.top_k;
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>((slots * 32 + 255) / 256, 4096));
-  const auto* d = static_cast<const uint4*>(a.d_out);
-  const auto* y = static_cast<const uint4*>(a.y_slots);
-  const int k = static_cast<int>(a.top_k), hv = static_cast<int>(a.hidden / 8);
-  router_grad_kernel<<<blocks, 256, 0, stream>>>(d, y, a.topk_idx, slots, k, hv, a.abort, a.d_topk_w);
+void weight_rows(const MoveArgs& a, void* dy_routed, const float* row_weight, cudaStream_t stream) {
+  check_move_args(a);
+  MOK_REQUIRE(dy_routed && row_weight, "weight_rows", "dy_routed and row_weight must be non-null");
+  weight_rows_kernel<<<a.sms, kThreads, 0, stream>>>(a.schedule, static_cast<int>(a.hidden / 8), a.row_begin,
+                                                     a.row_end, static_cast<uint4*>(dy_routed), row_weight, a.abort);
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+void push_router_grad(const MoveArgs& a, const float* partial, int64_t parts, float* const* d_weight_peers,
+                      cudaStream_t stream) {
+  check_move_args(a);
+  MOK_REQUIRE(partial && d_weight_peers, "push_router_grad", "partial and d_weight_peers must be non-null");
+  MOK_REQUIRE(parts >= 1 && parts <= 1 << 20, "push_router_grad.parts", "in [1, 2^20], got ", parts);
+  router_grad_push_kernel<<<a.sms, kThreads, 0, stream>>>(a.schedule, a.row_begin, a.row_end, partial,
+                                                          static_cast<int>(parts), d_weight_peers, a.abort);
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+void finish_router_grad(const float* window, const int32_t* topk_idx, int64_t slots, const uint32_t* abort,
+                        float* d_topk_w, cudaStream_t stream) {
+  MOK_REQUIRE(slots >= 0, "finish_router_grad.slots", "must be >= 0, got ", slots);
+  if (slots == 0) return;
+  MOK_REQUIRE(window && topk_idx && d_topk_w, "finish_router_grad", "window, topk_idx and d_topk_w must be non-null");
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((slots + 255) / 256, 1024));
+  router_grad_finish_kernel<<<blocks, 256, 0, stream>>>(window, topk_idx, slots, abort, d_topk_w);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 

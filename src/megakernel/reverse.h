@@ -1,9 +1,14 @@
 // mok — the backward's token movement and the router-weight gradient (the unfused backward, and
 // the reference loops a backward megakernel's comm CTAs will mirror), driven by the same
 // receiver-side schedule as the forward:
-//   reverse combine (pull):  dy_routed[i] = rnd(w[src][slot] * d_out[src][slot / k])   (padding rows: 0)
-//   router-weight gradient:  d_topk_w[t, j] = sum_h d_out[t, h] * y[t*k + j, h]          (on the source rank;
-//                            y = the row the forward pushed into combine slot t*k + j; 0 for empty slots)
+//   reverse combine (pull):  dy_routed[i] = d_out[src][slot / k], row_weight[i] = w[src][slot]
+//                            (unweighted rows; padding rows: 0), or rnd(w * d_out) rows
+//   weight_rows:             dy_routed[i] = rnd(row_weight[i] * dy_routed[i]) (the weighted rows,
+//                            for dW_down, once FC2's dgrad has read the unweighted ones)
+//   router-weight gradient:  d_topk_w[t, j] = sum of FC2 dgrad's partial sums <rnd(d_out . W_down), h>
+//                            of the row of slot t*k + j (gemm::DgradSwiGLUArgs::router_partial),
+//                            pushed into the source rank's gradient window, then copied out there
+//                            (0 for empty slots)
 // The reverse dispatch (each routed row's d_x pushed to its source slot) is push_combine
 // (dispatch.h) with the d_x rows in place of y. Rounding points: include/mok/reference.hpp.
 #pragma once
@@ -18,8 +23,25 @@ namespace mok::gpu {
 
 // d_out_peers[r]: rank r's d_out [T_r, H] bf16; weight_peers[r]: rank r's router weights [T_r, k]
 // f32 (peer addresses for r != this rank). dy_routed: [rows of the window, H] bf16.
+// row_weight (optional, [rows of the window] f32): the rows are copied unweighted and their
+// router weights written there; without it the rows are weighted, rnd(w * d_out).
 void pull_reverse_combine(const MoveArgs& a, const void* const* d_out_peers, const float* const* weight_peers,
-                          void* dy_routed, cudaStream_t stream);
+                          void* dy_routed, cudaStream_t stream, float* row_weight = nullptr);
+
+// The window's rows of dy_routed (as pull_reverse_combine wrote them with row_weight) weighted in
+// place: the bits of the weighted pull.
+void weight_rows(const MoveArgs& a, void* dy_routed, const float* row_weight, cudaStream_t stream);
+
+// The router-weight gradient of the window's routed rows: partial [rows of the window, parts] f32
+// (FC2 dgrad's router_partial) summed in increasing order per row into slot src_slot of rank
+// src_rank's window (d_weight_peers[r]: rank r's [T_r, k] f32).
+void push_router_grad(const MoveArgs& a, const float* partial, int64_t parts, float* const* d_weight_peers,
+                      cudaStream_t stream);
+
+// d_topk_w [slots] = this rank's gradient window (every push into it landed), 0 for the empty
+// slots of topk_idx (the published routing), NaN everywhere once `abort` is set.
+void finish_router_grad(const float* window, const int32_t* topk_idx, int64_t slots, const uint32_t* abort,
+                        float* d_topk_w, cudaStream_t stream);
 
 // The backward over windows of the routed layout (notes/memory.md), for window [lo, hi) (whole
 // 128-row tiles) of `v`'s rows: parts[e] = expert e's first token row in the window, relative to
@@ -35,17 +57,5 @@ void window_parts(const ScheduleView& v, int64_t experts, int64_t lo, int64_t hi
 // reads saved pre-activations computes the h of one that recomputes FC1.
 void swiglu_rows(const void* gu, void* h, int64_t inter, const int32_t* tile_expert, int64_t tiles,
                  cudaStream_t stream);
-
-struct RouterGradArgs {
-  const void* d_out = nullptr;     // [T, H] bf16
-  const void* y_slots = nullptr;   // [T*k, H] bf16: the forward's combine slots
-  const int32_t* topk_idx = nullptr;  // [T, k]: the forward's published (checked) routing, -1 = empty slot
-  const uint32_t* abort = nullptr;    // the communicator's abort word: all NaN once it is set
-  int64_t tokens = 0, top_k = 0, hidden = 0;  // H a multiple of 8
-  float* d_topk_w = nullptr;       // [T, k]
-};
-// fp32 products summed per lane in increasing h, then the 32 lane sums in a fixed tree: the same
-// bits on every run (the reference sums strictly left to right, so the two agree to rounding).
-void router_weight_grad(const RouterGradArgs& a, cudaStream_t stream);
 
 }  // namespace mok::gpu

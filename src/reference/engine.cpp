@@ -62,17 +62,23 @@ FfnActs ffn_forward(const ExpertF& e, const float* v, int64_t M, int threads) {
   return a;
 }
 
-// Backward of M rows through one FFN given dy (already weighted and rounded).
+// Backward of M rows through one FFN given their unweighted d_out rows `d` and router weights
+// `w` (nullptr: weight 1, the shared expert): g = rnd(d . Wd), dh = rnd(w * g).
 struct FfnGrads {
-  std::vector<float> dg, du, dx;  // [M, I] x2, [M, H]
+  std::vector<float> g, dg, du, dx;  // [M, I] x3, [M, H]
 };
 
-FfnGrads ffn_backward(const ExpertF& e, const FfnActs& a, const float* dy, int64_t M, int threads) {
+FfnGrads ffn_backward(const ExpertF& e, const FfnActs& a, const float* d_rows, const float* w, int64_t M,
+                      int threads) {
   FfnGrads d;
   const int64_t H = e.H, I = e.I;
-  std::vector<float> dh(sz(M * I));
-  matmul(dy, e.down.data(), dh.data(), M, H, I, threads);
-  round_in_place(dh.data(), M * I);
+  d.g.resize(sz(M * I));
+  matmul(d_rows, e.down.data(), d.g.data(), M, H, I, threads);
+  round_in_place(d.g.data(), M * I);
+  std::vector<float> dh = d.g;
+  if (w != nullptr)
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t i = 0; i < I; ++i) dh[sz(r * I + i)] = round_bf16(w[r] * dh[sz(r * I + i)]);
   d.dg.resize(sz(M * I));
   d.du.resize(sz(M * I));
   std::vector<float> dgu(sz(M * 2 * I));  // [M, 2I]: dg then du per row, matching gate_up
@@ -248,48 +254,51 @@ Gradients Engine::backward(const std::vector<RankInput>& in, const LayerWeights&
     // Per local expert: rows kept for the weight gradients, keyed by (src rank, slot).
     struct Row { int64_t key; std::vector<float> v, dy, h, dg, du; };
     std::vector<std::vector<Row>> kept(sz(e_loc));
-    std::vector<float> ring_x(sz(ring_rows * H)), ring_dy(sz(ring_rows * H));
+    std::vector<float> ring_x(sz(ring_rows * H)), ring_d(sz(ring_rows * H)), ring_w(sz(ring_rows));
     const int64_t n_macro = num_chunks(s.total_rows, ring_rows);
     for (int64_t m = n_macro - 1; m >= 0; --m) {
       const int64_t b = chunk_begin(m, ring_rows), e = chunk_end(m, ring_rows, s.total_rows);
-      // Pull x (replay of dispatch) and the weighted d_out rows (reverse-combine).
+      // Pull x (replay of dispatch) and the d_out rows with their router weights (reverse-combine).
       for (int64_t row = b; row < e; ++row) {
         float* xd = &ring_x[sz((row - b) * H)];
-        float* dyd = &ring_dy[sz((row - b) * H)];
+        float* dd = &ring_d[sz((row - b) * H)];
         const int32_t src = s.src_rank[sz(row)];
         if (src < 0) {
           std::fill(xd, xd + H, 0.0f);
-          std::fill(dyd, dyd + H, 0.0f);
+          std::fill(dd, dd + H, 0.0f);
+          ring_w[sz(row - b)] = 0.0f;
           continue;
         }
         const int64_t slot = s.src_slot[sz(row)], t = slot / k;
-        const float wt = in[sz(src)].topk_w[sz(slot)];
+        ring_w[sz(row - b)] = in[sz(src)].topk_w[sz(slot)];
         for (int64_t h = 0; h < H; ++h) {
           xd[h] = static_cast<float>(in[sz(src)].x[sz(t * H + h)]);
-          dyd[h] = round_bf16(wt * static_cast<float>(d_out[sz(src)][sz(t * H + h)]));
+          dd[h] = static_cast<float>(d_out[sz(src)][sz(t * H + h)]);
         }
       }
       for_each_segment(s, d, b, e, w, H, I, [&](int64_t le, int64_t seg_b, int64_t M, const ExpertF& ex) {
         const float* xv = &ring_x[sz((seg_b - b) * H)];
-        const float* dy = &ring_dy[sz((seg_b - b) * H)];
+        const float* dv = &ring_d[sz((seg_b - b) * H)];
+        const float* wv = &ring_w[sz(seg_b - b)];
         FfnActs a = ffn_forward(ex, xv, M, threads);
-        FfnGrads gr = ffn_backward(ex, a, dy, M, threads);
+        FfnGrads gr = ffn_backward(ex, a, dv, wv, M, threads);
         for (int64_t r = 0; r < M; ++r) {
           const int64_t row = seg_b + r;
           const int32_t src = s.src_rank[sz(row)];
-          const int64_t slot = s.src_slot[sz(row)], t = slot / k;
-          // Push reverse-dispatch and the router-weight gradient to the source slot.
+          const int64_t slot = s.src_slot[sz(row)];
+          // Push reverse-dispatch and the router-weight gradient <g, h> to the source slot.
           std::copy_n(&gr.dx[sz(r * H)], H, &dx_slots[sz(src)][sz(slot * H)]);
           float dw = 0.0f;
-          for (int64_t h = 0; h < H; ++h)
-            dw += static_cast<float>(d_out[sz(src)][sz(t * H + h)]) * a.y[sz(r * H + h)];
+          for (int64_t i = 0; i < I; ++i) dw += gr.g[sz(r * I + i)] * a.h[sz(r * I + i)];
           g.d_topk_w[sz(src)][sz(slot)] = dw;
           auto span_of = [&](const std::vector<float>& v, int64_t n) {
             return std::vector<float>(v.begin() + r * n, v.begin() + (r + 1) * n);
           };
+          // dW_down's rows: the weighted d_out rows rnd(w * d).
+          std::vector<float> dy(sz(H));
+          for (int64_t h = 0; h < H; ++h) dy[sz(h)] = round_bf16(wv[r] * dv[r * H + h]);
           kept[sz(le)].push_back(Row{int64_t{src} * (int64_t{1} << 40) + slot,
-                                     std::vector<float>(xv + r * H, xv + (r + 1) * H),
-                                     std::vector<float>(dy + r * H, dy + (r + 1) * H),
+                                     std::vector<float>(xv + r * H, xv + (r + 1) * H), std::move(dy),
                                      span_of(a.h, I), span_of(gr.dg, I), span_of(gr.du, I)});
         }
       });
@@ -327,7 +336,7 @@ Gradients Engine::backward(const std::vector<RankInput>& in, const LayerWeights&
       auto xf = to_float(in[sz(r)].x.data(), T * H);
       auto dof = to_float(d_out[sz(r)].data(), T * H);
       FfnActs a = ffn_forward(*shared, xf.data(), T, threads);
-      FfnGrads gr = ffn_backward(*shared, a, dof.data(), T, threads);
+      FfnGrads gr = ffn_backward(*shared, a, dof.data(), nullptr, T, threads);
       dxs = std::move(gr.dx);
       g.d_ws_down[sz(r)].resize(sz(H * Is));
       g.d_ws_gate[sz(r)].resize(sz(Is * H));

@@ -45,7 +45,7 @@ std::vector<float> token_forward(int64_t H, int64_t I, int64_t k, const float* x
 std::vector<float> token_backward(int64_t H, int64_t I, int64_t k, const float* x, const float* d_out,
                                   const int32_t* topk_idx, const float* topk_w, const ExpertWeights& expert) {
   std::vector<float> dx(static_cast<size_t>(H), 0.0f), d_w(static_cast<size_t>(k), 0.0f);
-  std::vector<float> dy(static_cast<size_t>(H)), dg(static_cast<size_t>(I)), du(static_cast<size_t>(I));
+  std::vector<float> dg(static_cast<size_t>(I)), du(static_cast<size_t>(I));
   for (int64_t j = 0; j < k; ++j) {
     if (topk_idx[j] < 0) continue;
     const float* w = expert(topk_idx[j]);
@@ -53,16 +53,17 @@ std::vector<float> token_backward(int64_t H, int64_t I, int64_t k, const float* 
     const float* wu = wg + I * H;
     const float* wd = wu + I * H;
     const TokenExpert t = token_through_expert(H, I, w, x);
-    for (int64_t c = 0; c < H; ++c) {
-      d_w[j] += d_out[c] * t.y[c];
-      dy[c] = round_bf16(topk_w[j] * d_out[c]);
-    }
     // Loops ordered for contiguous weight rows; each sum still runs over its index in increasing order.
     std::vector<float> dh(static_cast<size_t>(I), 0.0f), a(static_cast<size_t>(H), 0.0f);
     for (int64_t c = 0; c < H; ++c)
-      for (int64_t i = 0; i < I; ++i) dh[i] += dy[c] * wd[c * I + i];
+      for (int64_t i = 0; i < I; ++i) dh[i] += d_out[c] * wd[c * I + i];
     for (int64_t i = 0; i < I; ++i) {
-      const float d = round_bf16(dh[i]), g = t.g[i], s = sigmoid(g);
+      const float gi = round_bf16(dh[i]);  // the unweighted d_h
+      d_w[j] += gi * t.h[i];
+      dh[i] = round_bf16(topk_w[j] * gi);
+    }
+    for (int64_t i = 0; i < I; ++i) {
+      const float d = dh[i], g = t.g[i], s = sigmoid(g);
       du[i] = round_bf16(g * s * d);
       dg[i] = round_bf16(s * (1.0f + g * (1.0f - s)) * t.u[i] * d);
     }

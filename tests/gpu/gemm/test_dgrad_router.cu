@@ -1,0 +1,176 @@
+// FC2's dgrad + SwiGLU' over unweighted rows with their router weights
+// (gemm::DgradSwiGLUArgs::row_weight / router_partial: the layer's backward since the router-weight
+// gradient is <d_out . W_down, h>, include/mok/reference.hpp):
+//   - with every weight 1, d_gu has the bits of the plain (weighted-rows) form;
+//   - with weights (0 among them), every d_gu element is within one bf16 step of the formula on the
+//     host from plan_dgrad's bits of g = rnd(d . W_down): d_h = rnd(w * g) (the SFU's exp and
+//     division are the only difference);
+//   - each row's partial sums, summed in order, are within 1e-3 of <g, h> on the host relative to
+//     sum |g h| (h = rnd(silu(gate) * up) with the host's exp: an element of h may be a bf16 step
+//     off the SFU's), and they are the same bits at tile widths 128 and 256 and
+//     with 2-CTA clusters (sums of 64 columns, whatever the tile);
+//   - two runs give the same bits; padding rows (NaN in d and gu) write nothing the checks read.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "gemm_test_util.h"
+#include "gpu_test_util.h"
+#include "mok/errors.hpp"
+#include "mok/gemm.hpp"
+
+namespace {
+
+using namespace mok::test;
+namespace gemm = mok::gemm;
+
+struct Outputs {
+  std::vector<uint16_t> d_gu;
+  std::vector<float> partial;
+};
+
+struct Case {
+  Routed rt;
+  int64_t hidden, inter;
+  std::vector<uint16_t> d, w, gu;
+  std::vector<float> weight;
+  DevBuf dd, dw, dte, dweight;
+  Case(const std::vector<int32_t>& counts, int64_t H, int64_t I, uint64_t seed)
+      : rt(counts), hidden(H), inter(I), d(routed_input(rt, H, seed)),
+        w(random_bf16(size_t(int64_t(counts.size()) * H * I), seed + 1, 0.05)), gu(routed_input(rt, 2 * I, seed + 2)),
+        dd(d.size() * 2), dw(w.size() * 2), dte(rt.tile_expert.size() * 4 + 4), dweight(size_t(rt.rows) * 4) {
+    mok::Rng rng(seed + 3);  // the workload generator's
+    weight.resize(size_t(rt.rows));
+    for (int64_t r = 0; r < rt.rows; ++r) {
+      const double u = rng.uniform();
+      weight[size_t(r)] = rt.expert_of(r) < 0 ? 0.0f : (u < 0.1 ? 0.0f : float(u));  // some zero weights
+    }
+    upload(dd, d);
+    upload(dw, w);
+    upload(dte, rt.tile_expert);
+  }
+  // One run (poisoned outputs) with the given weights (nullptr: the plain form); block_n, clusters.
+  Outputs run(const std::vector<float>* weights, int block_n, bool cluster) {
+    const int64_t rows = rt.rows, n2 = 2 * inter, parts = gemm::router_parts(inter);
+    DevBuf dgu(gu.size() * 2), dout(size_t(rows * n2) * 2), dpart(size_t(rows * parts) * 4 + 4), err(4);
+    upload(dgu, gu);
+    EXPECT_EQ(cudaSuccess, cudaMemset(dout.p, 0xFF, dout.bytes));
+    EXPECT_EQ(cudaSuccess, cudaMemset(dpart.p, 0xFF, dpart.bytes));
+    EXPECT_EQ(cudaSuccess, cudaMemset(err.p, 0, 4));
+    gemm::DgradSwiGLUArgs a{.dy = dd.p, .w_down = dw.p, .gu = dgu.p, .d_gu = dout.p, .hidden = hidden,
+                            .inter = inter, .experts = int64_t(rt.counts.size()), .tile_expert = dte.as<int32_t>(),
+                            .num_m_tiles = rt.num_m_tiles()};
+    if (weights != nullptr) {
+      upload(dweight, *weights);
+      a.row_weight = dweight.as<float>();
+      a.router_partial = dpart.as<float>();
+    }
+    gemm::Options o;
+    o.block_n = block_n;
+    o.cluster = cluster;
+    o.error = err.as<unsigned>();
+    o.wait_limit_s = 5.0;
+    const gemm::Plan plan = gemm::plan_dgrad_swiglu(a, o);
+    EXPECT_EQ(plan.block_n, block_n);
+    gemm::run(plan, nullptr);
+    EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    EXPECT_EQ(download<unsigned>(err, 1)[0], 0u) << "a bounded wait expired";
+    Outputs out{download<uint16_t>(dout, size_t(rows * n2)), {}};
+    if (weights != nullptr) out.partial = download<float>(dpart, size_t(rows * parts));
+    return out;
+  }
+  // g = rnd(d . W_down) of every row, as plan_dgrad computes it (the unweighted d_h).
+  std::vector<uint16_t> unweighted_dh() {
+    DevBuf ddh(size_t(rt.rows * inter) * 2);
+    const gemm::DgradArgs g{.dy = dd.p, .w = dw.p, .dx = ddh.p, .k = hidden, .n = inter,
+                            .experts = int64_t(rt.counts.size()), .tile_expert = dte.as<int32_t>(),
+                            .num_m_tiles = rt.num_m_tiles()};
+    gemm::run(gemm::plan_dgrad(g, {}), nullptr);
+    EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    return download<uint16_t>(ddh, size_t(rt.rows * inter));
+  }
+};
+
+int bf16_steps(uint16_t a, uint16_t b) {
+  const auto ordered = [](uint16_t x) { return (x & 0x8000) ? -int(x & 0x7fff) : int(x & 0x7fff); };
+  return std::abs(ordered(a) - ordered(b));
+}
+
+void check_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "H=" << H << " I=" << I);
+  Case c(counts, H, I, seed);
+  const int64_t rows = c.rt.rows, n2 = 2 * I, parts = gemm::router_parts(I);
+  const std::vector<float> ones(size_t(rows), 1.0f);
+  // Weight 1: the plain form's bits.
+  const Outputs plain = c.run(nullptr, 256, false), unit = c.run(&ones, 256, false);
+  const Outputs first = c.run(&c.weight, 256, false), again = c.run(&c.weight, 256, false);
+  const Outputs narrow = c.run(&c.weight, 128, false), paired = c.run(&c.weight, 256, true);
+  const auto g = c.unweighted_dh();
+  int64_t unit_diff = 0, far = 0, rerun_diff = 0, width_diff = 0, compared = 0;
+  double rel_max = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (c.rt.expert_of(r) < 0) continue;
+    const float wr = c.weight[size_t(r)];
+    double dot = 0, mag = 0;
+    for (int64_t i = 0; i < I; ++i) {
+      const size_t pg = size_t(r * n2 + gemm::packed_gate_row(i)), pu = size_t(r * n2 + gemm::packed_up_row(i));
+      unit_diff += (unit.d_gu[pg] != plain.d_gu[pg]) + (unit.d_gu[pu] != plain.d_gu[pu]);
+      rerun_diff += (again.d_gu[pg] != first.d_gu[pg]) + (again.d_gu[pu] != first.d_gu[pu]);
+      const float gd = float_of(g[size_t(r * I + i)]), gf = float_of(c.gu[pg]), uf = float_of(c.gu[pu]);
+      const float dh = float_of(bits_of(wr * gd)), sf = 1.0f / (1.0f + std::exp(-gf));
+      far += (bf16_steps(first.d_gu[pg], bits_of(sf * (1.0f + gf * (1.0f - sf)) * uf * dh)) > 1) +
+             (bf16_steps(first.d_gu[pu], bits_of(gf * sf * dh)) > 1);
+      compared += 2;
+      const float h = float_of(bits_of(gf / (1.0f + std::exp(-gf)) * uf));
+      dot += double(gd) * double(h);
+      mag += std::fabs(double(gd) * double(h));
+    }
+    float sum = 0.0f;
+    for (int64_t q = 0; q < parts; ++q) {
+      const size_t at = size_t(r * parts + q);
+      sum += first.partial[at];
+      width_diff += std::memcmp(&first.partial[at], &narrow.partial[at], 4) != 0;
+      width_diff += std::memcmp(&first.partial[at], &paired.partial[at], 4) != 0;
+      rerun_diff += std::memcmp(&first.partial[at], &again.partial[at], 4) != 0;
+    }
+    ASSERT_TRUE(std::isfinite(sum)) << "row " << r << ": unwritten or NaN partial sums";
+    rel_max = std::max(rel_max, std::fabs(double(sum) - dot) / std::max(1e-6, mag));
+  }
+  EXPECT_EQ(unit_diff, 0) << "weight 1 changed d_gu's bits";
+  EXPECT_EQ(far, 0) << "of " << compared << " d_gu elements more than one bf16 step from rnd(w * g)'s formula";
+  EXPECT_EQ(rerun_diff, 0) << "a second run gave other bits";
+  EXPECT_EQ(width_diff, 0) << "the partial sums depend on the tile width or clusters";
+  EXPECT_LE(rel_max, 1e-3) << "router-weight gradient vs <g, h> on the host (relative to sum |g h|)";
+  std::printf("[dgrad router] rows=%lld H=%lld I=%lld: d_gu within a step (%lld), <g,h> rel max %.1e\n",
+              (long long)rows, (long long)H, (long long)I, (long long)compared, rel_max);
+}
+
+// I = 160 (a 64-column group cut at 32: the last sum holds half a group) and 512; experts with
+// 0, 1, 63, 128, 200 and 385 rows; K = 328 not a multiple of 64.
+TEST(DgradSwiGLURouter, UnweightedRowsWithTheirWeights) {
+  MOK_REQUIRE_GPUS(1);
+  check_case({0, 1, 63, 128, 200, 385}, 328, 160, 901);
+  check_case({512, 300, 0, 1000, 17}, 1024, 512, 902);
+}
+
+// row_weight without router_partial (or the reverse) is named.
+TEST(DgradSwiGLURouter, WeightsAndPartialsComeTogether) {
+  MOK_REQUIRE_GPUS(1);
+  DevBuf buf(1 << 20), te(64);
+  float f = 0;
+  gemm::DgradSwiGLUArgs a{.dy = buf.p, .w_down = buf.p, .gu = buf.p, .d_gu = buf.p, .hidden = 64, .inter = 64,
+                          .experts = 1, .tile_expert = te.as<int32_t>(), .num_m_tiles = 1};
+  a.row_weight = &f;
+  try {
+    (void)gemm::plan_dgrad_swiglu(a, {});
+    ADD_FAILURE() << "row_weight without router_partial accepted";
+  } catch (const mok::Error& e) {
+    EXPECT_EQ(e.argument(), "dgrad_swiglu.row_weight") << e.what();
+  }
+}
+
+}  // namespace
