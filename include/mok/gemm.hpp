@@ -109,12 +109,14 @@ struct DgradSwiGLUArgs {
   const int32_t* tile_expert = nullptr;
   int64_t num_m_tiles = 0;
   // Optional, together: dy holds the routed rows' unweighted d_out rows and row_weight [rows] f32
-  // their router weights; then d_h = rnd(w * rnd(g)) with g = d_out . W_down, and router_partial
+  // their router weights; then d_h = rnd(w * rnd(g)) with g = d_out . W_down, router_partial
   // [rows, router_parts(inter)] f32 receives the router-weight gradient <rnd(g), h> of each row
-  // (h = rnd(silu(gate) * up) from gu) in sums of 64 intermediate columns (sum them in increasing
-  // order: that is the gradient's definition, include/mok/reference.hpp).
+  // in sums of 64 intermediate columns (sum them in increasing order: that is the gradient's
+  // definition, include/mok/reference.hpp), and h [rows, inter] bf16 (the forward's SwiGLU
+  // output, dense) is overwritten with rnd(w * h): dW_down's operand.
   const float* row_weight = nullptr;
   float* router_partial = nullptr;
+  void* h = nullptr;
 };
 
 
@@ -177,7 +179,9 @@ struct KernelParams {
   // them, a tile whose tokens fit in its first 64 rows runs in split-N form.
   const int32_t* expert_row_begin = nullptr;
   const int32_t* expert_rows = nullptr;
-  void* fc1_h = nullptr;  // FC1: h, dense [rows, n/2] bf16 (split-N tiles at BLOCK_N 128 store to it directly)
+  // FC1: h, dense [rows, n/2] bf16 (split-N tiles at BLOCK_N 128 store to it directly);
+  // DgradSwiGLU with row_weight: h, dense [rows, n] bf16, read and weighted in place.
+  void* fc1_h = nullptr;
   const void* gu = nullptr;  // DgradSwiGLU: the forward's packed gate/up pre-activations, dense [rows, 2n] bf16
   // DgradSwiGLU with unweighted rows (DgradSwiGLUArgs::row_weight): [rows] router weights, and
   // [rows, router_parts] partial sums of the router-weight gradient.

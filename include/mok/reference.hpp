@@ -22,10 +22,10 @@
 //     d_topk_w[t,j] = sum_i gd[i] * h[i]                       (fp32, increasing i: <d, y> before
 //                     y's rounding, so the backward needs no y row of the forward; the GPU sums
 //                     64 columns at a time, then the sums in order)
-//     dy = rnd(w * d)                                          (dW_down's rows)
-//   shared expert: the same with w = 1 (dh = gd, dy = d)
+//     hw = rnd(w * h)                                          (dW_down's rows, with d)
+//   shared expert: the same with w = 1 (dh = gd, hw = h)
 //   d_x merge: acc = dx_s (0 without shared); for j = 0..k-1, non-empty: acc += dx_j; d_x = rnd(acc)
-//   weight gradients: dWd[e] = rnd(sum_rows dy^T h), dWg[e] = rnd(sum_rows dg^T v),
+//   weight gradients: dWd[e] = rnd(sum_rows d^T hw), dWg[e] = rnd(sum_rows dg^T v),
 //     dWu[e] = rnd(sum_rows du^T v); fp32 sums over the expert's rows in increasing
 //     (source rank, slot) order, i.e. global token order, so they do not depend on W.
 //     Shared-expert gradients are per rank, over that rank's tokens in increasing t.

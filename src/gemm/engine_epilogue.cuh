@@ -299,17 +299,20 @@ __device__ __forceinline__ void swiglu_backward(float acc_dh, float g, float u, 
 // megakernel whose FC1 TMA-stores gu in the same launch must order those stores before these
 // loads (store wait, proxy fence, release / acquire) as it does for h.
 // With row_weight (routed rows: d_y holds the unweighted d_out rows), the accumulators are
-// g = d_out . W_down: d_h = rnd(w * rnd(g)) with the row's router weight w, and the router-weight
-// gradient's terms <rnd(g), h> (h = rnd(silu(gate) * up), FC1's bits: swiglu_math.cuh; since
+// g = d_out . W_down: d_h = rnd(w * rnd(g)) with the row's router weight w; the router-weight
+// gradient's terms <rnd(g), h> (h: the forward's SwiGLU output [rows, inter], since
 // <d_out, y> = <d_out . W_down, h>) are summed per row and 64 intermediate columns — each thread
 // over its columns in increasing order, then the quad's four sums in a fixed tree — into
-// router_partial[row * parts + column / 64]: the same bits whatever BLOCK_N.
+// router_partial[row * parts + column / 64] (the same bits whatever BLOCK_N); and h is
+// overwritten with rnd(w * h), dW_down's operand (each tile reads and writes only its own h
+// elements, each thread the ones it read).
 template <class C>
 __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
                                                       const float (&acc)[C::kAccRegs], const void* gu,
                                                       const CUtensorMap* d_gu, int32_t row, int32_t b_n,
                                                       int32_t inter, const float* row_weight = nullptr,
-                                                      float* router_partial = nullptr, int32_t parts = 0) {
+                                                      float* router_partial = nullptr, int32_t parts = 0,
+                                                      void* h = nullptr) {
   constexpr int kPackedChunks = 2 * C::kChunks;  // 64-column chunks of the packed output
   constexpr int kUp = kGateUpBox;                // packed columns from a gate column to its up column
   const int64_t pitch = 2 * int64_t(inter);
@@ -339,9 +342,12 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
   const bool weighted = row_weight != nullptr;  // uniform over the kernel
   const int32_t my_row = out_row + acc_row(wt);
   float w_row[2] = {1.0f, 1.0f}, dot[2] = {0.0f, 0.0f};
+  // This thread's h pairs (rows r and r + 8, its first column), read and weighted in place.
+  uint16_t* h0 = nullptr;
   if (weighted) {
     w_row[0] = row_weight[my_row];
     w_row[1] = row_weight[my_row + 8];
+    h0 = static_cast<uint16_t*>(h) + int64_t(my_row) * inter + b_n + acc_col(wt);
   }
 #pragma unroll
   for (int q = 0; q < kPackedChunks; ++q) {
@@ -360,10 +366,13 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
         float g_lo, u_lo, g_hi, u_hi;
         float a_lo = acc[4 * j + 2 * rr], a_hi = acc[4 * j + 2 * rr + 1];
         if (weighted) {
+          uint32_t* hp = reinterpret_cast<uint32_t*>(h0 + int64_t(8 * rr) * inter + 8 * j);
+          const uint32_t hv = *hp;
           a_lo = bf16_round(a_lo);
           a_hi = bf16_round(a_hi);
-          dot[rr] = fmaf(a_lo, bf16_round(swiglu_of_bf16(bf16x2_lo(g), bf16x2_lo(u))), dot[rr]);
-          dot[rr] = fmaf(a_hi, bf16_round(swiglu_of_bf16(bf16x2_hi(g), bf16x2_hi(u))), dot[rr]);
+          dot[rr] = fmaf(a_lo, bf16x2_lo(hv), dot[rr]);
+          dot[rr] = fmaf(a_hi, bf16x2_hi(hv), dot[rr]);
+          *hp = pack_bf16x2(__fmul_rn(w_row[rr], bf16x2_lo(hv)), __fmul_rn(w_row[rr], bf16x2_hi(hv)));
           a_lo = __fmul_rn(w_row[rr], a_lo);
           a_hi = __fmul_rn(w_row[rr], a_hi);
         }

@@ -187,11 +187,15 @@ Plan plan_dgrad_swiglu(const DgradSwiGLUArgs& a, const Options& o) {
   const auto span = static_cast<uintptr_t>(rows * 2 * a.inter * 2);
   MOK_REQUIRE(gu_lo == out_lo || gu_lo + span <= out_lo || out_lo + span <= gu_lo, "dgrad_swiglu.d_gu",
               "either gu itself (in place) or a buffer that does not overlap gu");
-  MOK_REQUIRE((a.row_weight == nullptr) == (a.router_partial == nullptr), "dgrad_swiglu.row_weight",
-              "row_weight and router_partial come together (unweighted rows and the router-weight gradient)");
+  MOK_REQUIRE((a.row_weight == nullptr) == (a.router_partial == nullptr) &&
+                  (a.row_weight == nullptr) == (a.h == nullptr),
+              "dgrad_swiglu.row_weight",
+              "row_weight, router_partial and h come together (unweighted rows, the router-weight gradient)");
+  MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.h) % 4 == 0, "dgrad_swiglu.h", "4-byte aligned");
   p.params.gu = a.gu;
   p.params.row_weight = a.row_weight;
   p.params.router_partial = a.router_partial;
+  p.params.fc1_h = a.h;
   p.params.router_parts = static_cast<int32_t>(router_parts(a.inter));
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(rows);

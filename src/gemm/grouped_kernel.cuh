@@ -221,8 +221,8 @@ using FormDgrad = FormStore2d<C, true>;
 // FC2's dgrad fused with the SwiGLU backward: A = d_y [rows, hidden] (K-major), B = W_down
 // [E, hidden, inter] (MN-major, as Dgrad); the epilogue turns d_h (registers only) and the
 // forward's packed gate/up pre-activations p.gu into d_gu [rows, 2 * inter] at map_d0 (packed);
-// with p.row_weight, A holds unweighted rows and the router-weight gradient's partial sums go to
-// p.router_partial (epilogue_dgrad_swiglu).
+// with p.row_weight, A holds unweighted rows, the router-weight gradient's partial sums go to
+// p.router_partial and h (p.fc1_h) is weighted in place (epilogue_dgrad_swiglu).
 template <class C>
 struct FormDgradSwiGLU {
   static constexpr bool kAMN = false, kBMN = true, kMaskK = false, kSplitN = false, kGateUpB = false;
@@ -234,7 +234,7 @@ struct FormDgradSwiGLU {
                                                   const CUtensorMap* d0, const CUtensorMap*,
                                                   const KernelParams& p) {
     epilogue_dgrad_swiglu<C>(sm, es, cwg, wt, acc, p.gu, d0, t.out_row, t.b_n, p.n, p.row_weight, p.router_partial,
-                             p.router_parts);
+                             p.router_parts, p.fc1_h);
   }
 };
 

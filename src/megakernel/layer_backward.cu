@@ -150,8 +150,8 @@ void Layer::Impl::shared_backward(const DeviceGrads& g, cudaStream_t stream) {
 
 // The routed rows of move's window, their x rows, gate/up rows (gu_rows) and h in place: the
 // unweighted d_out rows pulled with their router weights (reverse combine), FC2's dgrad + SwiGLU'
-// (d_gu over gu_rows, and the router-weight gradient's partial sums), those pushed to the source
-// ranks, the rows weighted in place (dW_down's operand), FC1's dgrad into y and the d_x rows
+// (d_gu over gu_rows, the router-weight gradient's partial sums, h weighted in place: dW_down's
+// operand), the partial sums pushed to the source ranks, FC1's dgrad into y and the d_x rows
 // pushed into their source slots (reverse dispatch). marks: the resident backward's stage marks.
 void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const int32_t* tile_expert, int64_t tiles,
                                 int64_t width_tiles, cudaStream_t stream, bool marks) {
@@ -161,23 +161,23 @@ void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const 
                             dy_routed.p, stream, row_w);
   if (marks) mark(3, stream);
   run_dgrads(dy_routed.p, weights.w_down.data, gu_rows, weights.w_gate.data, weights.w_up.data, y.p, I, e_loc,
-             tile_expert, tiles, stream, marks ? 4 : -1, width_tiles, row_w, partial);
+             tile_expert, tiles, stream, marks ? 4 : -1, width_tiles, row_w, partial, h.p);
   gpu::push_router_grad(move, partial, gemm::router_parts(I), dweight_peers.get<float* const>(), stream);
-  gpu::weight_rows(move, dy_routed.p, row_w, stream);
   if (marks) mark(5, stream);
   gpu::push_combine(move, y.p, combine_peers.get<void* const>(), stream);
   if (marks) mark(6, stream);
 }
 
 // the d_x rows = rnd(d_gu . [w_gate; w_up]) into dx_rows; mark_between >= 0 records that stage mark
-// between. row_weight / router_partial: unweighted dy rows (gemm::DgradSwiGLUArgs).
+// between. row_weight / router_partial / h_rows: unweighted dy rows (gemm::DgradSwiGLUArgs).
 void Layer::Impl::run_dgrads(const void* dy, const void* w_down, void* gu_buf, const void* w_gate, const void* w_up,
                              void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
                              cudaStream_t stream, int mark_between, int64_t width_tiles, const float* row_weight,
-                             float* router_partial) {
+                             float* router_partial, void* h_rows) {
   gemm::DgradSwiGLUArgs ds;
   ds.row_weight = row_weight;
   ds.router_partial = router_partial;
+  ds.h = h_rows;
   ds.dy = dy;
   ds.w_down = w_down;
   ds.gu = gu_buf;

@@ -191,7 +191,7 @@ struct Layer::Impl {
   static constexpr int kBwdStages = 11;
   static constexpr const char* kBwdStageNames[kBwdStages] = {
       "routing check", "barrier", "reverse-combine pull", "FC2 dgrad + SwiGLU' + router grad",
-      "FC1 dgrad + router grad push + row weighting",
+      "FC1 dgrad + router grad push",
       "reverse-dispatch push", "wgrad down", "wgrad gate/up", "barrier", "shared expert", "d_x merge"};
   bool profile = false;
   std::vector<cudaEvent_t> bwd_marks;
@@ -247,7 +247,7 @@ struct Layer::Impl {
   void run_dgrads(const void* dy, const void* w_down, void* gu_buf, const void* w_gate, const void* w_up,
                   void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
                   cudaStream_t stream, int mark_between = -1, int64_t width_tiles = 0,
-                  const float* row_weight = nullptr, float* router_partial = nullptr);
+                  const float* row_weight = nullptr, float* router_partial = nullptr, void* h_rows = nullptr);
   void routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const int32_t* tile_expert, int64_t tiles,
                      int64_t width_tiles, cudaStream_t stream, bool marks);
   // gemm_options() with the tile width a plan over `width_tiles` M tiles and n columns picks

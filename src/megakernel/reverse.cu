@@ -86,17 +86,6 @@ __global__ void __launch_bounds__(kThreads) reverse_combine_kernel(ScheduleView 
   });
 }
 
-// dy rows of the window scaled in place by their router weights: rnd(w * d), the weighted rows.
-__global__ void __launch_bounds__(kThreads) weight_rows_kernel(ScheduleView s, int hidden_vecs, int64_t row_begin,
-                                                               int64_t row_end, uint4* __restrict__ dy,
-                                                               const float* __restrict__ row_weight,
-                                                               const uint32_t* abort) {
-  for_each_window_row(s, row_begin, row_end, abort, [&](int64_t row, int lane) {
-    uint4* r = dy + (row - row_begin) * hidden_vecs;
-    scale_row(r, r, hidden_vecs, lane, row_weight[row - row_begin]);
-  });
-}
-
 // One warp per routed row, lane 0: the row's partial sums in increasing order into its source
 // slot of the source rank's gradient window.
 __global__ void __launch_bounds__(kThreads) router_grad_push_kernel(ScheduleView s, int64_t row_begin,
@@ -198,14 +187,6 @@ void pull_reverse_combine(const MoveArgs& a, const void* const* d_out_peers, con
       a.schedule, static_cast<int>(a.hidden / 8), static_cast<int>(a.top_k), a.row_begin, a.row_end,
       reinterpret_cast<const uint4* const*>(d_out_peers), weight_peers, static_cast<uint4*>(dy_routed), row_weight,
       a.abort);
-  MOK_CUDA_CHECK(cudaGetLastError());
-}
-
-void weight_rows(const MoveArgs& a, void* dy_routed, const float* row_weight, cudaStream_t stream) {
-  check_move_args(a);
-  MOK_REQUIRE(dy_routed && row_weight, "weight_rows", "dy_routed and row_weight must be non-null");
-  weight_rows_kernel<<<a.sms, kThreads, 0, stream>>>(a.schedule, static_cast<int>(a.hidden / 8), a.row_begin,
-                                                     a.row_end, static_cast<uint4*>(dy_routed), row_weight, a.abort);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -3,8 +3,6 @@
 // receiver-side schedule as the forward:
 //   reverse combine (pull):  dy_routed[i] = d_out[src][slot / k], row_weight[i] = w[src][slot]
 //                            (unweighted rows; padding rows: 0), or rnd(w * d_out) rows
-//   weight_rows:             dy_routed[i] = rnd(row_weight[i] * dy_routed[i]) (the weighted rows,
-//                            for dW_down, once FC2's dgrad has read the unweighted ones)
 //   router-weight gradient:  d_topk_w[t, j] = sum of FC2 dgrad's partial sums <rnd(d_out . W_down), h>
 //                            of the row of slot t*k + j (gemm::DgradSwiGLUArgs::router_partial),
 //                            pushed into the source rank's gradient window, then copied out there
@@ -27,10 +25,6 @@ namespace mok::gpu {
 // router weights written there; without it the rows are weighted, rnd(w * d_out).
 void pull_reverse_combine(const MoveArgs& a, const void* const* d_out_peers, const float* const* weight_peers,
                           void* dy_routed, cudaStream_t stream, float* row_weight = nullptr);
-
-// The window's rows of dy_routed (as pull_reverse_combine wrote them with row_weight) weighted in
-// place: the bits of the weighted pull.
-void weight_rows(const MoveArgs& a, void* dy_routed, const float* row_weight, cudaStream_t stream);
 
 // The router-weight gradient of the window's routed rows: partial [rows of the window, parts] f32
 // (FC2 dgrad's router_partial) summed in increasing order per row into slot src_slot of rank

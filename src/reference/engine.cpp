@@ -294,12 +294,13 @@ Gradients Engine::backward(const std::vector<RankInput>& in, const LayerWeights&
           auto span_of = [&](const std::vector<float>& v, int64_t n) {
             return std::vector<float>(v.begin() + r * n, v.begin() + (r + 1) * n);
           };
-          // dW_down's rows: the weighted d_out rows rnd(w * d).
-          std::vector<float> dy(sz(H));
-          for (int64_t h = 0; h < H; ++h) dy[sz(h)] = round_bf16(wv[r] * dv[r * H + h]);
+          // dW_down's operands: the unweighted d_out row and the weighted h row rnd(w * h).
+          std::vector<float> hw = span_of(a.h, I);
+          for (float& v : hw) v = round_bf16(wv[r] * v);
           kept[sz(le)].push_back(Row{int64_t{src} * (int64_t{1} << 40) + slot,
-                                     std::vector<float>(xv + r * H, xv + (r + 1) * H), std::move(dy),
-                                     span_of(a.h, I), span_of(gr.dg, I), span_of(gr.du, I)});
+                                     std::vector<float>(xv + r * H, xv + (r + 1) * H),
+                                     std::vector<float>(dv + r * H, dv + (r + 1) * H), std::move(hw),
+                                     span_of(gr.dg, I), span_of(gr.du, I)});
         }
       });
     }
