@@ -322,8 +322,12 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
                        acc_col(wt);
   const uint16_t* g1 = g0 + 8 * pitch;
   // v[q & 1][4m + 2rr + {0: g, 1: u}]: the bf16 pairs of block m of chunk q, row rr (kept packed:
-  // 32 registers for two chunks next to the 128 accumulators).
-  uint32_t v[2][16];
+  // 32 registers for two chunks next to the 128 accumulators); hv likewise for h (weighted rows).
+  uint32_t v[2][16], hv[2][8];
+  const bool weighted = row_weight != nullptr;  // uniform over the kernel
+  const int32_t my_row = out_row + acc_row(wt);
+  // This thread's h pairs (rows r and r + 8, its first column), read and weighted in place.
+  uint16_t* h0 = weighted ? static_cast<uint16_t*>(h) + int64_t(my_row) * inter + b_n + acc_col(wt) : nullptr;
   const auto load = [&](int q) {
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
@@ -335,19 +339,18 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
       d[1] = valid ? *reinterpret_cast<const uint32_t*>(g0 + col + kUp) : 0u;
       d[2] = valid ? *reinterpret_cast<const uint32_t*>(g1 + col) : 0u;
       d[3] = valid ? *reinterpret_cast<const uint32_t*>(g1 + col + kUp) : 0u;
+      if (weighted) {
+        hv[q & 1][2 * m] = valid ? *reinterpret_cast<const uint32_t*>(h0 + 8 * j) : 0u;
+        hv[q & 1][2 * m + 1] = valid ? *reinterpret_cast<const uint32_t*>(h0 + int64_t(8) * inter + 8 * j) : 0u;
+      }
     }
   };
   load(0);
   const bool leader = wt == 0;
-  const bool weighted = row_weight != nullptr;  // uniform over the kernel
-  const int32_t my_row = out_row + acc_row(wt);
   float w_row[2] = {1.0f, 1.0f}, dot[2] = {0.0f, 0.0f};
-  // This thread's h pairs (rows r and r + 8, its first column), read and weighted in place.
-  uint16_t* h0 = nullptr;
   if (weighted) {
     w_row[0] = row_weight[my_row];
     w_row[1] = row_weight[my_row + 8];
-    h0 = static_cast<uint16_t*>(h) + int64_t(my_row) * inter + b_n + acc_col(wt);
   }
 #pragma unroll
   for (int q = 0; q < kPackedChunks; ++q) {
@@ -366,13 +369,13 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
         float g_lo, u_lo, g_hi, u_hi;
         float a_lo = acc[4 * j + 2 * rr], a_hi = acc[4 * j + 2 * rr + 1];
         if (weighted) {
-          uint32_t* hp = reinterpret_cast<uint32_t*>(h0 + int64_t(8 * rr) * inter + 8 * j);
-          const uint32_t hv = *hp;
+          const uint32_t hp = hv[q & 1][2 * m + rr];
           a_lo = bf16_round(a_lo);
           a_hi = bf16_round(a_hi);
-          dot[rr] = fmaf(a_lo, bf16x2_lo(hv), dot[rr]);
-          dot[rr] = fmaf(a_hi, bf16x2_hi(hv), dot[rr]);
-          *hp = pack_bf16x2(__fmul_rn(w_row[rr], bf16x2_lo(hv)), __fmul_rn(w_row[rr], bf16x2_hi(hv)));
+          dot[rr] = fmaf(a_lo, bf16x2_lo(hp), dot[rr]);
+          dot[rr] = fmaf(a_hi, bf16x2_hi(hp), dot[rr]);
+          *reinterpret_cast<uint32_t*>(h0 + int64_t(8 * rr) * inter + 8 * j) =
+              pack_bf16x2(__fmul_rn(w_row[rr], bf16x2_lo(hp)), __fmul_rn(w_row[rr], bf16x2_hi(hp)));
           a_lo = __fmul_rn(w_row[rr], a_lo);
           a_hi = __fmul_rn(w_row[rr], a_hi);
         }

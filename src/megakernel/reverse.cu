@@ -86,19 +86,24 @@ __global__ void __launch_bounds__(kThreads) reverse_combine_kernel(ScheduleView 
   });
 }
 
-// One warp per routed row, lane 0: the row's partial sums in increasing order into its source
-// slot of the source rank's gradient window.
+// One warp per routed row: the row's partial sums, 32 loads at a time (one per lane), added in
+// increasing order through shuffles (no serial chain of loads), into its source slot of the
+// source rank's gradient window.
 __global__ void __launch_bounds__(kThreads) router_grad_push_kernel(ScheduleView s, int64_t row_begin,
                                                                     int64_t row_end, const float* __restrict__ part,
                                                                     int parts, float* const* d_weight_peers,
                                                                     const uint32_t* abort) {
   for_each_window_row(s, row_begin, row_end, abort, [&](int64_t row, int lane) {
     const int src = s.src_rank[row];
-    if (src < 0 || lane != 0) return;
+    if (src < 0) return;  // uniform over the warp
     const float* p = part + (row - row_begin) * parts;
     float sum = 0.0f;
-    for (int i = 0; i < parts; ++i) sum = __fadd_rn(sum, p[i]);
-    d_weight_peers[src][s.src_slot[row]] = sum;
+    for (int base = 0; base < parts; base += 32) {
+      const float v = base + lane < parts ? p[base + lane] : 0.0f;
+      const int n = parts - base < 32 ? parts - base : 32;
+      for (int i = 0; i < n; ++i) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, v, i));
+    }
+    if (lane == 0) d_weight_peers[src][s.src_slot[row]] = sum;
   });
 }
 
