@@ -89,8 +89,9 @@ struct Config {
   double wait_timeout_s = 5.0;       // bound of every device-side spin-wait
   int cpu_threads = 0;               // CPU reference engine: worker threads, 0 = hardware concurrency
   // GPU layer: the buffers a call uses and leaves nothing in for a later call (the FC2 rows, the
-  // backward's dy rows; with a backward over windows also the rings, gu and the wgrad carries)
-  // are one workspace shared by every layer on the communicator with this setting (calls on a
+  // backward's dy rows, the symmetric windows but the routing's — x, combine slots, d_out, router
+  // weights and their gradient —; with a backward over windows also the rings, gu and the wgrad
+  // carries) are one workspace shared by every layer on the communicator with this setting (calls on a
   // communicator run one at a time; CUDA graphs of two such layers must not be replayed at once),
   // sized when a layer is built: a later layer that needs more gets a new buffer, which the
   // layers after it share while the earlier ones keep theirs (build the largest layer first).

@@ -62,8 +62,10 @@ class Layer {
   // Gradients of the last forward() given d_out [T, H] bf16 (device), enqueued on `stream`
   // (collective: every rank calls it, after the same forward). `in` must be the routing that
   // forward() used: its topk_w weight the reverse combine; its topk_idx is checked against the
-  // forward's (a difference is named by check(); the forward's slots are used throughout); x
-  // is not read (the forward's copy is: leave input_buffer() alone until the backward is done).
+  // forward's (a difference is named by check(); the forward's slots are used throughout); x is
+  // not read (the forward's copy is: leave input_buffer() alone until the backward is done),
+  // except with config.share_workspace, where the x window is the workspace's and the backward
+  // stages `in.x` again (it must then be the caller's tensor, not input_buffer()).
   // Needs the last forward() to have run with save_for_backward = true, once per forward (it
   // overwrites what the forward saved). With a megakernel ring below the worst case it runs over
   // windows of the ring: the routed x rows pulled again, FC1 recomputed for the rows past the
@@ -75,9 +77,11 @@ class Layer {
   // d_out: [T, H] bf16; grads: as DeviceGrads above (checked like every input).
   void backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& grads, cudaStream_t stream);
   // This rank's x buffer [T, H] bf16 (device) inside the layer's symmetric window, which the
-  // peers read during forward() (and backward() reads for the shared expert's weight gradients). forward() copies RoutingRefs::x there unless x already points at
-  // it: write x here (rows [0, T) only, ordered before forward() on its stream) to skip that copy.
-  // Valid for the layer's lifetime; nullptr when T = 0.
+  // peers read during forward() (and backward() reads for the shared expert's weight gradients).
+  // forward() copies RoutingRefs::x there unless x already points at it: write x here (rows
+  // [0, T) only, ordered before forward() on its stream) to skip that copy. Valid for the layer's
+  // lifetime; nullptr when T = 0. With config.share_workspace the window is shared by the layers
+  // on the communicator (each forward and backward overwrites it).
   void* input_buffer() const;
   // Points later calls at other weight tensors (checked as the constructor's: shapes, this rank's
   // device, alignment, sizes). Host-side only (the kernels' tensor maps are re-encoded): calls

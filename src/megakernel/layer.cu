@@ -48,6 +48,16 @@ std::shared_ptr<layer_detail::DeviceBuffer> layer_detail::Workspace::get(const s
   return b;
 }
 
+std::shared_ptr<layer_detail::SharedWindow> layer_detail::Workspace::window(comm::Communicator& comm,
+                                                                          const std::string& name, size_t bytes) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  WindowEntry& e = windows_[name];
+  if (std::shared_ptr<SharedWindow> w = e.window.lock(); w && e.bytes >= bytes) return w;
+  auto w = std::make_shared<SharedWindow>(comm, comm.acquire_window(name, bytes));
+  e = WindowEntry{w, bytes};
+  return w;
+}
+
 std::shared_ptr<layer_detail::Workspace> layer_detail::Workspace::of(const comm::Communicator& comm) {
   // One per communicator while any of its layers shares; keyed by address (a communicator
   // outlives its layers, so an expired entry is never another one's).
@@ -60,6 +70,17 @@ std::shared_ptr<layer_detail::Workspace> layer_detail::Workspace::of(const comm:
   return w;
 }
 
+const comm::Window* Layer::Impl::acquire_window(const std::string& tag, const char* name) {
+  const auto bytes = static_cast<size_t>(mem.bytes(name));
+  for (const BufferBytes& b : mem.buffers) {
+    if (b.name != name || !b.workspace) continue;
+    shared_windows.push_back(workspace->window(comm, std::string("mok.workspace.") + name, bytes));
+    return shared_windows.back()->window;
+  }
+  // "window.x" -> tag + ".x"
+  return leases.acquire(comm, tag + std::string(name).substr(std::string("window").size()), bytes);
+}
+
 layer_detail::DeviceBuffer Layer::Impl::allocate(const char* name, const char* what) {
   const auto bytes = static_cast<size_t>(mem.bytes(name));
   for (const BufferBytes& b : mem.buffers)
@@ -70,7 +91,10 @@ layer_detail::DeviceBuffer Layer::Impl::allocate(const char* name, const char* w
 Layer::Impl::~Impl() {
   int prev = -1;
   const bool restore = cudaGetDevice(&prev) == cudaSuccess;
-  if (cudaSetDevice(comm.device()) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) leases.keep = true;
+  if (cudaSetDevice(comm.device()) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+    leases.keep = true;
+    for (auto& w : shared_windows) w->keep = true;
+  }
   for (cudaEvent_t e : bwd_marks) (void)cudaEventDestroy(e);
   if (restore) (void)cudaSetDevice(prev);
 }
@@ -152,12 +176,13 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   mem = plan_memory(shape, config, rank, sms);  // every size below (include/mok/memory.hpp)
   if (config.share_workspace) workspace = Workspace::of(comm);
   const auto bytes = [&](const char* name) { return static_cast<size_t>(mem.bytes(name)); };
-  win_routing = leases.acquire(comm, tag + ".routing", bytes("window.routing"));
-  win_x = leases.acquire(comm, tag + ".x", bytes("window.x"));
-  win_combine = leases.acquire(comm, tag + ".combine", bytes("window.combine"));
-  win_dout = leases.acquire(comm, tag + ".d_out", bytes("window.d_out"));
-  win_weights = leases.acquire(comm, tag + ".weights", bytes("window.router_weights"));
-  win_dweights = leases.acquire(comm, tag + ".d_weights", bytes("window.d_weights"));
+  win_routing = acquire_window(tag, "window.routing");
+  win_x = acquire_window(tag, "window.x");
+  x_window_shared = !shared_windows.empty() && shared_windows.back()->window == win_x;
+  win_combine = acquire_window(tag, "window.combine");
+  win_dout = acquire_window(tag, "window.d_out");
+  win_weights = acquire_window(tag, "window.router_weights");
+  win_dweights = acquire_window(tag, "window.d_weights");
   push = fused && config.dispatch == DispatchPath::Push;
   if (push) {
     // Other ranks write into our ring and count into our counters: symmetric windows (equal on

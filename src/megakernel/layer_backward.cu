@@ -32,6 +32,9 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   check_device_tensor("grads.d_topk_w", g.d_topk_w, dev, 4);
   check_device_weight_set("grads.d_w", g.d_w_gate, g.d_w_up, g.d_w_down, g.d_ws_gate, g.d_ws_up, g.d_ws_down, Is > 0,
                           dev);
+  MOK_REQUIRE(!x_window_shared || T == 0 || in.x.data != win_x->ptr, "x",
+              "with config.share_workspace, backward() reads x from the caller's tensor: input_buffer() is the "
+              "workspace's, which the forwards of the other layers overwrite");
   MOK_REQUIRE(saved, "forward(save_for_backward)",
               "backward() needs the last forward() to have saved the gate/up pre-activations "
               "(save_for_backward = true), and runs once per forward (it overwrites them with d_gu "
@@ -53,6 +56,11 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   if (T > 0) {
     MOK_CUDA_CHECK(cudaMemcpyAsync(win_dout->ptr, d_out.data, static_cast<size_t>(T * H) * 2,
                                    cudaMemcpyDeviceToDevice, stream));
+    // A shared x window holds the last forward's x of any layer: ours again (the windows' re-pull
+    // and the shared expert read it).
+    if (x_window_shared)
+      MOK_CUDA_CHECK(cudaMemcpyAsync(win_x->ptr, in.x.data, static_cast<size_t>(T * H) * 2,
+                                     cudaMemcpyDeviceToDevice, stream));
     // The router weights the peers read for the reverse combine: the caller's, checked again
     // (and its routing compared with the forward's), 0 for the forward's empty slots.
     gpu::check_backward_routing(in.topk_idx.data, in.topk_idx.dtype == DType::I64,

@@ -90,9 +90,32 @@ struct DeviceBuffer {
 // one, which later layers then share; the older buffer lives on with the layers that hold it
 // (their tensor maps point into it), so nothing is ever reallocated under a layer. Layers on a
 // communicator run one call at a time, so they never use a workspace buffer at once.
+// A symmetric window the layers on a communicator share (Config::share_workspace): given back
+// to the communicator's pool when its last holder goes, unless one of them could not synchronize
+// its device (`keep`: a kernel might still use it).
+struct SharedWindow {
+  comm::Communicator* comm = nullptr;
+  const comm::Window* window = nullptr;
+  bool keep = false;
+  SharedWindow(comm::Communicator& c, const comm::Window& w) : comm(&c), window(&w) {}
+  ~SharedWindow() {
+    if (keep) return;
+    try {
+      comm->release_window(*window);
+    } catch (...) {
+      // never throw from a destructor; a window left out of the pool is only memory
+    }
+  }
+  SharedWindow(const SharedWindow&) = delete;
+  SharedWindow& operator=(const SharedWindow&) = delete;
+};
+
 class Workspace {
  public:
   std::shared_ptr<DeviceBuffer> get(const std::string& name, size_t bytes);
+  // Collective when it takes a new window (Communicator::acquire_window): every rank builds its
+  // layers in the same order, so every rank decides alike whether the window it holds fits.
+  std::shared_ptr<SharedWindow> window(comm::Communicator& comm, const std::string& name, size_t bytes);
   // The workspace of `comm`'s layers (created with the first one that shares).
   static std::shared_ptr<Workspace> of(const comm::Communicator& comm);
 
@@ -101,8 +124,13 @@ class Workspace {
     std::weak_ptr<DeviceBuffer> buffer;
     size_t bytes = 0;
   };
+  struct WindowEntry {
+    std::weak_ptr<SharedWindow> window;
+    size_t bytes = 0;
+  };
   std::mutex mutex_;
   std::map<std::string, Entry> entries_;
+  std::map<std::string, WindowEntry> windows_;
 };
 
 template <typename T>
@@ -157,6 +185,13 @@ struct Layer::Impl {
   const comm::Window* win_dout = nullptr;     // backward: d_out [T_pad, H] bf16, pulled by the peers
   const comm::Window* win_weights = nullptr;  // backward: router weights [T, k] f32, read by the peers
   const comm::Window* win_dweights = nullptr; // backward: their gradient [T, k] f32, written by the peers
+  // Config::share_workspace: the windows above that no later call reads (all but the routing)
+  // are the workspace's, held here.
+  std::vector<std::shared_ptr<layer_detail::SharedWindow>> shared_windows;
+  bool x_window_shared = false;  // win_x is the workspace's: backward() stages RoutingRefs::x again
+  // A window of the plan's buffer `name`: the workspace's when the plan puts it there, else this
+  // layer's own lease.
+  const comm::Window* acquire_window(const std::string& tag, const char* name);
   MemoryPlan mem;  // the bytes of every buffer below (include/mok/memory.hpp)
   std::shared_ptr<Workspace> workspace;  // Config::share_workspace: the communicator's
   // The plan's buffer `name`: this layer's own, or a view of the shared workspace's when the plan

@@ -168,8 +168,12 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
     // The buffers no later call reads from this one's (Config::share_workspace): the FC2 rows
     // (the backward writes its d_x rows there), the backward's dy rows; with a backward over
     // windows also what it fills again (the rings, gu, the carries and the window arrays). A
-    // push-dispatch ring is a symmetric window the peers write: the layer's own.
-    std::vector<std::string> shared = {"y_ring", "y", "y_s", "dy_rows", "row_weights", "router_partials"};
+    // push-dispatch ring is a symmetric window the peers write: the layer's own (its counters too).
+    // The symmetric windows but the published routing too: the backward stages x and d_out again
+    // and reads no row the forward left in the combine slots.
+    std::vector<std::string> shared = {"y_ring", "y", "y_s", "dy_rows", "row_weights", "router_partials",
+                                       "window.x", "window.combine", "window.d_out", "window.router_weights",
+                                       "window.d_weights"};
     if (windowed) {
       for (const char* name : {"h_ring", "gu", "bwd_carry", "bwd_windows"}) shared.emplace_back(name);
       if (!push) shared.emplace_back("x_ring");

@@ -7,6 +7,7 @@
 // which it matches within 1%, are the check.)
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <set>
 #include <string>
 
@@ -49,8 +50,9 @@ TEST(MemoryPlan, MatchesTheMeasuredLayerMemory) {
 }
 
 // Config::share_workspace: what no later call reads goes to the workspace (counted once for the
-// layers on a communicator); with a ring below the worst case (the backward over windows) also
-// the rings, gu and the carries; a push-dispatch ring stays the layer's (a symmetric window).
+// layers on a communicator), the symmetric windows but the routing's among it; with a ring below
+// the worst case (the backward over windows) also the rings, gu and the carries; a push-dispatch
+// ring stays the layer's (a symmetric window the peers write).
 TEST(MemoryPlan, SharedWorkspaceHoldsWhatNoLaterCallReads) {
   const auto shape = mok::LayerShape::uniform(8, 8192, 7168, 2048, 256, 8);
   const auto in_ws = [](const mok::MemoryPlan& p, const char* name) {
@@ -68,12 +70,16 @@ TEST(MemoryPlan, SharedWorkspaceHoldsWhatNoLaterCallReads) {
   const mok::MemoryPlan resident = mok::plan_memory(ep1, cfg, 0, 132);
   EXPECT_EQ(resident.total(), own.total());
   EXPECT_TRUE(in_ws(resident, "y_ring") && in_ws(resident, "dy_rows"));
-  EXPECT_FALSE(in_ws(resident, "x_ring") || in_ws(resident, "gu") || in_ws(resident, "window.combine"));
+  // The symmetric windows but the routing's: the backward stages x and d_out again and reads no
+  // forward row from the combine slots.
+  for (const char* n : {"window.x", "window.combine", "window.d_out", "window.router_weights", "window.d_weights"})
+    EXPECT_TRUE(in_ws(resident, n)) << n;
+  EXPECT_FALSE(in_ws(resident, "x_ring") || in_ws(resident, "gu") || in_ws(resident, "window.routing"));
   cfg.macrobatch_tokens = 32768;  // windows: the rings, gu and carries join
   const mok::MemoryPlan windows = mok::plan_memory(shape, cfg, 0, 132);
   for (const char* n : {"x_ring", "h_ring", "y_ring", "gu", "dy_rows", "bwd_carry", "bwd_windows"})
     EXPECT_TRUE(in_ws(windows, n)) << n;
-  EXPECT_FALSE(in_ws(windows, "window.combine") || in_ws(windows, "window.x") || in_ws(windows, "schedule"));
+  EXPECT_FALSE(in_ws(windows, "window.routing") || in_ws(windows, "schedule") || in_ws(windows, "gu_saved"));
   EXPECT_EQ(windows.per_layer() + windows.workspace(), windows.total());
   EXPECT_NE(windows.table().find("total"), std::string::npos);
   EXPECT_NE(windows.table().find("workspace the layers"), std::string::npos);
@@ -148,4 +154,25 @@ TEST(MemoryPlan, ActivationBudgetSavesWholeTilesOfGateUpRows) {
   const mok::MemoryPlan resident = mok::plan_memory(ep1, mok::Config{}, 0, 132);
   EXPECT_FALSE(resident.has("gu_saved"));
   EXPECT_STREQ(resident.backward_mode(), "resident");
+}
+
+// Issue 19's bars at DeepSeek-V3, EP 8, T = 8192, with the shared workspace and a ring of 8192
+// rows: per layer at most 1.35 GB with the automatic activation budget and 10 MB with full
+// recompute, the workspace at most 2 GB. The plan sizes by the worst case or a budget, so these
+// hold for every routing.
+TEST(MemoryPlan, DeepSeekV3AtEp8MeetsTheTrainingBars) {
+  const auto shape = mok::LayerShape::uniform(8, 8192, 7168, 2048, 256, 8);
+  mok::Config cfg;
+  cfg.share_workspace = true;
+  cfg.macrobatch_tokens = 8192;
+  const mok::MemoryPlan saved = mok::plan_memory(shape, cfg, 0, 132);
+  cfg.activation_budget_bytes = 0;
+  const mok::MemoryPlan recompute = mok::plan_memory(shape, cfg, 0, 132);
+  std::printf("[memory] dsv3 ep8 ring 8192: per layer %.3f GB saved / %.4f GB recompute, workspace %.3f GB\n",
+              double(saved.per_layer()) * 1e-9, double(recompute.per_layer()) * 1e-9, double(saved.workspace()) * 1e-9);
+  EXPECT_STREQ(saved.backward_mode(), "saved");
+  EXPECT_LE(saved.per_layer(), int64_t(1.35e9));
+  EXPECT_LE(recompute.per_layer(), int64_t(10e6));
+  EXPECT_LE(saved.workspace(), int64_t(2e9));
+  EXPECT_EQ(saved.workspace(), recompute.workspace());
 }
