@@ -5,11 +5,13 @@ layer's memory plan, and prints it as a table.
 usage: memory_report.py --out OUT_JSON --device DEVICE --commit COMMIT [--date YYYY-MM-DD]
                         [--plan-json PLAN_JSON | --plan-bin MOK_MEMORY_PLAN] [--sm-count N]
                         [--mok-json MOK_JSON] [--baseline-json BASELINE_JSON] [--layers 58]
+                        [--measured-commit C]
 
 The plan is mok_memory_plan's JSON (bench/memory/memory_plan_cli.cpp: mok::plan_memory for rank 0
 of each model at T = 8192 and EP 1, 2, 8, in the modes resident / saved / recompute); without
 --plan-json the binary (default build/release/bench/mok_memory_plan) is run. OUT_JSON is
-  {device, date, commit, sm_count, cases: [{model, ep, T, routing, mode, workspace_bytes,
+  {device, date, commit, sm_count, workspace_budget_bytes, [measured_commit,]
+   cases: [{model, ep, T, routing, mode, ring_rows, workspace_bytes,
    persistent_bytes_per_layer, saved_bytes_per_forward, baseline_saved_bytes, measured_bytes,
    backward_ok}]}
 one case per plan case (a mode; plan files without modes are "resident") and routing (uniform,
@@ -88,6 +90,7 @@ def build_cases(plan, measured, baseline, pool=None):
             key = (p["model"], int(p["ep"]), int(p["T"]), routing)
             mkey = key + (mode,)
             case = {"model": p["model"], "ep": p["ep"], "T": p["T"], "routing": routing, "mode": mode,
+                    "ring_rows": p.get("ring_rows"),
                     "workspace_bytes": t.get("workspace", 0) if t else None,
                     "persistent_bytes_per_layer": per_layer - saved if t else None,
                     "saved_bytes_per_forward": saved,
@@ -145,6 +148,8 @@ def main(argv=None):
     ap.add_argument("--mok-json", help="mok_bench results (memory.measured_bytes)")
     ap.add_argument("--baseline-json", help="torch_moe_baseline.py results: saved_bytes")
     ap.add_argument("--layers", type=int, default=58, help="layers of the footprint line (default 58)")
+    ap.add_argument("--measured-commit", help="the commit the measurements ran at, when not --commit's "
+                    "(only for plans that commit did not change)")
     a = ap.parse_args(argv)
     plan = load_plan(a)
     mk_only = lambda c: c.get("variant", "megakernel") != "megakernel"  # noqa: E731
@@ -157,7 +162,10 @@ def main(argv=None):
                         with_mode=True)
     baseline = measurements(a.baseline_json, lambda c: c.get("saved_bytes"))
     doc = {"device": a.device, "date": a.date, "commit": a.commit, "sm_count": plan.get("sm_count"),
+           "workspace_budget_bytes": plan.get("workspace_budget_bytes"),
            "cases": build_cases(plan, measured, baseline, pool)}
+    if a.measured_commit:
+        doc["measured_commit"] = a.measured_commit
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")

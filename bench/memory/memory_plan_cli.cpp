@@ -6,9 +6,10 @@
 // is rank 0 on the megakernel path, in three modes:
 //   resident   the default mok::Config: the ring holds the worst case of the routing (capped by
 //              32-bit offsets), every buffer the layer's own;
-//   saved      a ring of --ring routed rows (rounded up to the case's minibatch), the workspace
-//              shared by the layers (Config::share_workspace), the automatic activation budget:
-//              the backward runs over windows of the ring, reading the saved gate/up rows;
+//   saved      the workspace shared by the layers (Config::share_workspace) within a budget
+//              (--workspace-budget, default 2 GB: mok::ring_for_workspace picks the ring), the
+//              automatic activation budget: the backward runs over windows of the ring, reading
+//              the saved gate/up rows;
 //   recompute  the same with activation_budget_bytes = 0 (FC1 recomputed for every row).
 // The planner sizes every buffer by the worst case or by a budget, so the numbers do not depend
 // on the routing. `ring_rows` (rows of the forward's x ring) and `worst_case_rows` are printed.
@@ -64,18 +65,18 @@ std::string plan_json(const mok::MemoryPlan& p, const mok::LayerShape& shape) {
 
 int usage(int rc) {
   std::fprintf(rc ? stderr : stdout,
-               "usage: mok_memory_plan [--sm-count N] [--ring ROWS]\n"
+               "usage: mok_memory_plan [--sm-count N] [--workspace-budget MB]\n"
                "  JSON on stdout: mok::plan_memory for dsv3, qwen3-30b-a3b, qwen3-235b at T = %lld,\n"
                "  EP 1, 2 and 8, rank 0, modes resident (the default mok::Config), saved and recompute\n"
-               "  (a ring of ROWS routed rows, default 24576, the shared workspace, the automatic or no\n"
-               "  activation budget). --sm-count: the GPU's SMs (default 132).\n",
+               "  (the shared workspace within MB megabytes, default 2000, with the ring that fits it;\n"
+               "  the automatic or no activation budget). --sm-count: the GPU's SMs (default 132).\n",
                static_cast<long long>(kTokens));
   return rc;
 }
 
 struct Mode {
   const char* name;
-  bool windows;         // a ring of --ring rows and the shared workspace
+  bool windows;         // the shared workspace within --workspace-budget, and the ring that fits it
   int64_t budget;       // Config::activation_budget_bytes
 };
 constexpr Mode kModes[] = {{"resident", false, -1}, {"saved", true, -1}, {"recompute", true, 0}};
@@ -84,24 +85,24 @@ constexpr Mode kModes[] = {{"resident", false, -1}, {"saved", true, -1}, {"recom
 
 int main(int argc, char** argv) {
   int sm_count = 132;
-  int64_t ring_rows = 24576;
+  int64_t budget_mb = 2000;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return usage(0);
-    const bool sm = !std::strcmp(argv[i], "--sm-count"), ring = !std::strcmp(argv[i], "--ring");
-    if ((sm || ring) && i + 1 < argc) {
+    const bool sm = !std::strcmp(argv[i], "--sm-count"), budget = !std::strcmp(argv[i], "--workspace-budget");
+    if ((sm || budget) && i + 1 < argc) {
       char* end = nullptr;
       const long long v = std::strtoll(argv[++i], &end, 10);
       if (*end != '\0' || v <= 0 || v > (1LL << 30)) return usage(2);
       if (sm) sm_count = static_cast<int>(v);
-      if (ring) ring_rows = v;
+      if (budget) budget_mb = v;
       continue;
     }
     return usage(2);
   }
   const mok::Config defaults;  // the megakernel path
   std::printf("{\"what\": \"mok::plan_memory, rank 0, modes resident / saved / recompute\", \"sm_count\": %d, "
-              "\"ring\": %lld, \"forward_path\": \"%s\", \"dispatch\": \"%s\", \"cases\": [",
-              sm_count, static_cast<long long>(ring_rows), mok::to_string(defaults.forward_path),
+              "\"workspace_budget_bytes\": %lld, \"forward_path\": \"%s\", \"dispatch\": \"%s\", \"cases\": [",
+              sm_count, static_cast<long long>(budget_mb * 1000000), mok::to_string(defaults.forward_path),
               mok::to_string(defaults.dispatch));
   bool first = true;
   for (const Model& m : kModels) {
@@ -112,12 +113,11 @@ int main(int argc, char** argv) {
         // A shape the layer would refuse is reported, not fatal: the other cases still print.
         try {
           mok::Config config;
+          config.activation_budget_bytes = mode.budget;
           if (mode.windows) {
-            const int64_t mb = config.resolved_minibatch(shape, sm_count);
-            config.macrobatch_tokens = (ring_rows + mb - 1) / mb * mb;
+            config.macrobatch_tokens = mok::ring_for_workspace(shape, config, 0, sm_count, budget_mb * 1000000);
             config.share_workspace = true;
           }
-          config.activation_budget_bytes = mode.budget;
           body = "\"macrobatch_tokens\": " + std::to_string(config.macrobatch_tokens) +
                  ", \"activation_budget_bytes\": " + std::to_string(config.activation_budget_bytes) +
                  ", \"share_workspace\": " + (config.share_workspace ? "true" : "false") + ", ";

@@ -69,4 +69,12 @@ struct MemoryPlan {
 // the layer would).
 MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, int sm_count = 0);
 
+// The ring for a workspace budget: the largest Config::macrobatch_tokens below the worst case (a
+// multiple of the minibatch, at least two of them: the backward then runs over windows) whose
+// plan, with `config`'s other settings and share_workspace on, keeps the workspace within
+// `budget_bytes`. 0 (automatic) when the worst case is within two minibatches anyway. Throws
+// mok::Error naming "workspace_budget" when even the smallest ring's workspace exceeds it.
+int64_t ring_for_workspace(const LayerShape& shape, const Config& config, int rank, int sm_count,
+                           int64_t budget_bytes);
+
 }  // namespace mok

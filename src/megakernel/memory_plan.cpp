@@ -184,4 +184,29 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   return p;
 }
 
+int64_t ring_for_workspace(const LayerShape& shape, const Config& config, int rank, int sm_count,
+                           int64_t budget_bytes) {
+  Config cfg = config;
+  cfg.share_workspace = true;
+  cfg.macrobatch_tokens = 0;
+  cfg.validate(shape, sm_count);
+  const int64_t mb = cfg.resolved_minibatch(shape, sm_count), cap = shape.worst_case_rows();
+  // The automatic ring is the worst case capped by 32-bit offsets: never more than that.
+  const int64_t limit = std::min(cfg.resolved_macrobatch(shape, sm_count), cap - 1);
+  if (limit < 2 * mb) return 0;
+  // The workspace grows with the ring (the rings, gu and the dy rows are R rows; the windows and
+  // carries are fixed): the last ring within the budget, walking up one minibatch at a time.
+  int64_t best = 0, smallest = 0;
+  for (int64_t r = 2 * mb; r <= limit; r += mb) {
+    cfg.macrobatch_tokens = r;
+    const int64_t ws = plan_memory(shape, cfg, rank, sm_count).workspace();
+    if (smallest == 0) smallest = ws;
+    if (ws > budget_bytes) break;
+    best = r;
+  }
+  MOK_REQUIRE(best > 0, "workspace_budget", "the smallest ring (2 minibatches of ", mb, " rows) needs a ",
+              smallest, "-byte workspace, more than the budget of ", budget_bytes, " bytes");
+  return best;
+}
+
 }  // namespace mok

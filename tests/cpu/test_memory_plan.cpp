@@ -176,3 +176,30 @@ TEST(MemoryPlan, DeepSeekV3AtEp8MeetsTheTrainingBars) {
   EXPECT_LE(saved.workspace(), int64_t(2e9));
   EXPECT_EQ(saved.workspace(), recompute.workspace());
 }
+
+// mok::ring_for_workspace: the largest ring below the worst case whose shared workspace fits the
+// budget (one more minibatch would not), the smallest one's need named when nothing fits, and 0
+// when the worst case is within two minibatches (nothing to choose).
+TEST(MemoryPlan, RingForWorkspaceIsTheLargestThatFits) {
+  const auto shape = mok::LayerShape::uniform(8, 8192, 7168, 2048, 256, 8);
+  const mok::Config cfg;
+  const int64_t ring = mok::ring_for_workspace(shape, cfg, 0, 132, int64_t(2e9));
+  const int64_t mb = cfg.resolved_minibatch(shape, 132);
+  ASSERT_GT(ring, 0);
+  EXPECT_EQ(ring % mb, 0);
+  mok::Config at = cfg;
+  at.share_workspace = true;
+  at.macrobatch_tokens = ring;
+  EXPECT_LE(mok::plan_memory(shape, at, 0, 132).workspace(), int64_t(2e9));
+  at.macrobatch_tokens = ring + mb;
+  EXPECT_GT(mok::plan_memory(shape, at, 0, 132).workspace(), int64_t(2e9));
+  std::printf("[memory] dsv3 ep8: ring %lld rows for a 2 GB workspace\n", static_cast<long long>(ring));
+  try {
+    (void)mok::ring_for_workspace(shape, cfg, 0, 132, int64_t(1e8));
+    ADD_FAILURE() << "a 100 MB workspace was accepted at DeepSeek-V3";
+  } catch (const mok::Error& e) {
+    EXPECT_EQ(e.argument(), "workspace_budget") << e.what();
+  }
+  const auto tiny = mok::LayerShape::uniform(1, 64, 128, 64, 8, 2);
+  EXPECT_EQ(mok::ring_for_workspace(tiny, cfg, 0, 132, int64_t(1e9)), 0);
+}
