@@ -366,30 +366,65 @@ def memory_figures(res):
     m = res["memory-h200x1.json"]
     cases = m.get("cases")
 
-    def pick(model, ep):
+    def pick(model, ep, mode):
         for c in cases:
-            if (c.get("model"), c.get("ep"), c.get("T"), c.get("routing")) == (model, ep, 8192, "uniform"):
+            if (c.get("model"), c.get("ep"), c.get("T"), c.get("routing"), c.get("mode", "resident")) == \
+                    (model, ep, 8192, "uniform", mode):
                 return c
-        raise FigureError("%s: no case %s EP %d T=8192 uniform" % (m.name, model, ep))
+        raise FigureError("%s: no case %s EP %d T=8192 uniform %s" % (m.name, model, ep, mode))
 
     def layer_gb(c):
         return (m.num("persistent_bytes_per_layer", within=c) + m.num("saved_bytes_per_forward", within=c)) / 1e9
 
-    d1 = pick("dsv3", 1)
-    ep8 = [pick(x, 8) for x in ("dsv3", "qwen3-235b", "qwen3-30b-a3b")]
+    def layers_gb(c, n=58):
+        return (layer_gb(c) * 1e9 * n + m.num("workspace_bytes", within=c)) / 1e9
+
+    d1 = pick("dsv3", 1, "resident")
+    models = ("dsv3", "qwen3-235b", "qwen3-30b-a3b")
+    saved = [pick(x, 8, "saved") for x in models]
+    recompute = [pick(x, 8, "recompute") for x in models]
+    base = m.num("baseline_saved_bytes", within=d1) / 1e9
+    workspace = max(m.num("workspace_bytes", within=c) for c in saved) / 1e9
+    ok = sum(1 for c in saved + recompute if m.get("backward_ok", within=c) is True)
     return [
-        "**Memory per layer** (the planner, `mok::plan_memory`, which the layer allocates by; T = 8192, "
-        "default config): DeepSeek-V3 EP 1 %.1f GB, measured %.1f GB on one GPU (the weights are read "
-        "where they are: no packed copy; the PyTorch baseline keeps %.1f GB for its backward there); at "
-        "EP 8 %s GB for DeepSeek-V3 / Qwen3-235B / Qwen3-30B-A3B, and the megakernel backward runs at EP 8 "
-        "for %s of the 3 models. %s" % (
-            layer_gb(d1), m.num("measured_bytes", within=d1) / 1e9, m.num("baseline_saved_bytes", within=d1) / 1e9,
-            " / ".join("%.1f" % layer_gb(c) for c in ep8),
-            sum(1 for c in ep8 if m.get("backward_ok", within=c) is True), m.source())]
+        "**Memory per layer** (the planner, `mok::plan_memory`, which the layer allocates by; T = 8192): "
+        "DeepSeek-V3 EP 1 with every routed row resident (the default config) %.1f GB, measured %.1f GB on one "
+        "GPU; with the layers sharing one workspace (at most %.2f GB per GPU) and the backward over windows of "
+        "the ring, at EP 8 %s GB per layer for DeepSeek-V3 / Qwen3-235B / Qwen3-30B-A3B with the gate/up rows "
+        "saved, %s MB with full recompute: 58 DeepSeek-V3 layers hold %.1f GB (saved) or %.1f GB (recompute) "
+        "per GPU, where the PyTorch baseline keeps %.1f GB per layer for its backward (at EP 1); the megakernel "
+        "backward runs in %d of the %d EP-8 cases. %s" % (
+            layer_gb(d1), m.num("measured_bytes", within=d1) / 1e9, workspace,
+            " / ".join("%.2f" % layer_gb(c) for c in saved), " / ".join("%.0f" % (layer_gb(c) * 1e3) for c in recompute),
+            layers_gb(saved[0]), layers_gb(recompute[0]), base, ok, len(saved + recompute), m.source())]
+
+
+def torch_figures(res):
+    """The PyTorch op in a training step (bench/torch_step.py)."""
+    t = res["torch-h200x1.json"]
+    cases = t.get("cases")
+    if not cases:
+        raise FigureError("%s: no cases" % t.name)
+    names = {"qwen3-30b-a3b": "Qwen3-30B-A3B", "qwen3-235b": "Qwen3-235B", "dsv3": "DeepSeek-V3"}
+    parts = ["%s %.1f vs %.1f ms (%s)" % (names.get(t.get("model", within=c), t.get("model", within=c)),
+                                           t.num("mok_step_ms", within=c), t.num("eager_step_ms", within=c),
+                                           times(t.num("speedup", within=c))) for c in cases]
+    layers = {t.num("layers", within=c) for c in cases}
+    works = lambda key: all(t.get(key, within=c) is True for c in cases)  # noqa: E731
+    overhead = [t.num("op_overhead_pct", within=c) for c in cases if t.get("op_overhead_pct", within=c) is not None]
+    return [
+        "**Training step** in PyTorch (`mok.MoE`, %s blocks of x + MoE(RMSNorm(x)), forward + backward + SGD, "
+        "T = %d, against the same model with the eager `torch._grouped_mm` layer): %s; torch.compile "
+        "(fullgraph) %s, a CUDA graph of the step %s%s. %s" % (
+            "/".join(str(int(n)) for n in sorted(layers)), int(t.num("T", within=cases[0])), ", ".join(parts),
+            "works" if works("compile_ok") else "FAILS", "works" if works("graph_ok") else "FAILS",
+            "; the op's forward + backward take %s longer than the C++ layer's (mok_bench)" %
+            span(overhead, fmt=lambda v: "%.0f%%" % v) if overhead else "",
+            t.source())]
 
 
 FIGURES = [forward_figures, one_gpu_figures, gemm_figures, comm_figures, schedule_figures, sustained_figures,
-           reliability_figures, memory_figures]
+           reliability_figures, memory_figures, torch_figures]
 
 
 def render(results_dir):

@@ -77,12 +77,24 @@ def synthetic():
             c.update(slice_of_ep=8, mok_bwd_pct_of_peak=60.0)
     forward1 = dict(META2, gpus=1, peak_bf16={"burst_tflops_max": 780.0}, cases=one)
     mem_case = {"T": 8192, "routing": "uniform", "persistent_bytes_per_layer": 4.0e9, "saved_bytes_per_forward": 2.6e9,
-                "baseline_saved_bytes": 2.7e9, "measured_bytes": 6.6e9, "backward_ok": True}
-    memory = dict(META2, gpus=1, cases=[dict(mem_case, model=m, ep=ep, backward_ok=ep == 1 or m == "qwen3-30b-a3b")
-                                        for m in ("dsv3", "qwen3-235b", "qwen3-30b-a3b") for ep in (1, 8)])
+                "baseline_saved_bytes": 2.7e9, "measured_bytes": 6.6e9, "backward_ok": True, "mode": "resident",
+                "workspace_bytes": 0}
+    training = {"saved": (1e3, 0.6e9, 1.9e9), "recompute": (1e3, 4e6, 1.9e9)}  # persistent, saved, workspace
+    memory = dict(META2, gpus=1, cases=[dict(mem_case, model=m, ep=ep) for m in ("dsv3", "qwen3-235b", "qwen3-30b-a3b")
+                                        for ep in (1, 8)] +
+                  [dict(mem_case, model=m, ep=8, mode=mode, persistent_bytes_per_layer=v[0], saved_bytes_per_forward=v[1],
+                        workspace_bytes=v[2], backward_ok=mode == "saved" or m != "qwen3-235b")
+                   for m in ("dsv3", "qwen3-235b", "qwen3-30b-a3b") for mode, v in training.items()])
+    torch_case = {"T": 8192, "layers": 2, "compile_ok": True, "graph_ok": True}
+    torch_step = dict(META2, gpus=1, cases=[
+        dict(torch_case, model="qwen3-30b-a3b", mok_step_ms=14.4, eager_step_ms=30.0, speedup=30.0 / 14.4,
+             op_overhead_pct=17.6),
+        dict(torch_case, model="qwen3-235b", mok_step_ms=49.8, eager_step_ms=78.1, speedup=78.1 / 49.8,
+             op_overhead_pct=18.1)])
     return {"forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
             "comm-h200x2.json": comm, "schedule-h200x2.json": schedule, "sustained-h200x2.json": sustained,
-            "reliability-h200x1.json": reliability, "forward-h200x1.json": forward1, "memory-h200x1.json": memory}
+            "reliability-h200x1.json": reliability, "forward-h200x1.json": forward1, "memory-h200x1.json": memory,
+            "torch-h200x1.json": torch_step}
 
 
 README = """# project
@@ -149,12 +161,22 @@ class Figures(Fixture):
         b = " ".join(self.block().split())
         # forward + backward: (25 + 3) / (10 + 2) .. (9 + 3) / (2 + 2)
         self.assertIn("forward **2.50–4.50× faster** and forward + backward 2.33–3.00× the baseline over 3 cases", b)
-        self.assertIn("the megakernel backward runs at EP 8 for 1 of the 3 models", b)
-        self.assertIn("DeepSeek-V3 EP 1 6.6 GB, measured 6.6 GB", b)
+        self.assertIn("DeepSeek-V3 EP 1 with every routed row resident (the default config) 6.6 GB, measured 6.6 GB", b)
+        # EP 8 training modes: 0.6 GB per layer saved, 4 MB recompute; 58 x 0.6 + 1.9 = 36.7 GB
+        self.assertIn("at most 1.90 GB per GPU", b)
+        self.assertIn("at EP 8 0.60 / 0.60 / 0.60 GB per layer", b)
+        self.assertIn("4 / 4 / 4 MB with full recompute: 58 DeepSeek-V3 layers hold 36.7 GB (saved) or 2.1 GB", b)
+        self.assertIn("the megakernel backward runs in 5 of the 6 EP-8 cases", b)
+
+    def test_training_step_figure(self):
+        b = " ".join(self.block().split())
+        self.assertIn("Qwen3-30B-A3B 14.4 vs 30.0 ms (2.08×), Qwen3-235B 49.8 vs 78.1 ms (1.57×)", b)
+        self.assertIn("torch.compile (fullgraph) works, a CUDA graph of the step works", b)
+        self.assertIn("take 18% longer than the C++ layer's", b)
 
     def test_every_line_names_its_results_file_and_run(self):
         lines = rf.render(self.results)[0].split("\n- ")[1:]
-        self.assertEqual(len(lines), 12)
+        self.assertEqual(len(lines), 13)
         for line in lines:
             self.assertRegex(" ".join(line.split()), r"\*\[`[a-z0-9-]+\.json`\]\(bench/results/[a-z0-9-]+\.json\): "
                                                      r"\d× NVIDIA H200, commit (45ca210|not recorded), 2026-11-30\*")

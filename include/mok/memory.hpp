@@ -11,13 +11,17 @@
 // unfused path's x_routed, h, y, and the backward's dy_rows, row_weights, router_partials
 // (shared_rows, shared_tiles).
 //
-// Today's model (the training memory model of the open issue replaces it): every buffer belongs to
-// one layer and is sized for the worst case of the routing (every route of every rank landing on
-// this rank); the weights are read where the caller keeps them (no copy). A megakernel ring below
-// the worst case makes the backward run over windows of the ring (recomputing FC1, the weight
-// gradients carried across windows: notes/memory.md): gu and the dy rows then hold one window,
-// bwd_carry and bwd_windows are added, and gu_saved (Config::activation_budget_bytes; the
-// backward recomputes FC1 only for the rows past it). Scopes:
+// The model. The weights are read where the caller keeps them (no copy). With the default
+// Config every buffer belongs to one layer and the ring holds the worst case of the routing
+// (every route of every rank landing on this rank): the backward finds every routed row of its
+// forward resident. A megakernel ring below the worst case makes the backward run over windows of
+// the ring (notes/memory.md): x rows pulled again, the gate/up rows of the activation budget read
+// from the forward (gu_saved, Config::activation_budget_bytes), FC1 recomputed past it, the
+// weight gradients carried across windows (bwd_carry, bwd_windows); gu and the dy rows then hold
+// one window. Config::share_workspace puts what no later call reads (the rings and windows' rows,
+// the symmetric windows but the routing's) into one workspace per communicator (`workspace`
+// below; ring_for_workspace sizes the ring for a budget), so a layer keeps only the routing, the
+// schedule and the budget's gate/up rows between its forward and its backward. Scopes:
 //   Layer     allocated when the layer is built, held for its life;
 //   Saved     part of Layer: what a backward reads of the last forward (the published routing,
 //             the schedule, and the routed x rows, gate/up pre-activations and h unless the
