@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """A training step of a stack of MoE blocks with mok.MoE against the same model with an eager
 PyTorch MoE layer (issue 21's torch-<gpu>x<n>.json): forward + backward + an SGD step, median of
---steps after --warmup; the losses of both over the steps (largest relative difference); whether
+--steps after --warmup, also split into forward + backward and the optimizer (which touches every
+weight and is the same for both); the outputs and gradients of one step from the same weights and
+the losses of both over the steps (largest relative differences); whether
 torch.compile(fullgraph=True) and a CUDA graph of the step work with mok; and, given mok_bench's
 results (--mok-json), the op's overhead against mok_bench's C++ time of the same layer.
 
@@ -106,28 +108,54 @@ def build(model, layers, eager, device, seed):
 
 
 def timed_steps(model, x, target, steps, warmup, device):
-    """Per-step times (ms) and losses of forward + backward + SGD step."""
+    """Per-step times (ms) of forward + backward + SGD step, of the forward + backward alone and of
+    the optimizer alone, and the losses. Gradients are set to None between steps (PyTorch's
+    default zero_grad): the backward writes them rather than adding to zeroed ones."""
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    times, losses = [], []
+    times, fwd_bwd, optim, losses = [], [], [], []
     for s in range(warmup + steps):
         t0 = time.perf_counter()
         if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            ev[0].record()
         loss = F.mse_loss(model(x).float(), target)
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad()
         loss.backward()
+        if device == "cuda":
+            ev[1].record()
         opt.step()
         if device == "cuda":
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end)
+            ev[2].record()
+            ev[2].synchronize()
+            ms, fb = ev[0].elapsed_time(ev[2]), ev[0].elapsed_time(ev[1])
         else:
-            ms = (time.perf_counter() - t0) * 1e3
+            ms = fb = (time.perf_counter() - t0) * 1e3
         losses.append(loss.item())
         if s >= warmup:
             times.append(ms)
-    return times, losses
+            fwd_bwd.append(fb)
+            optim.append(ms - fb)
+    return times, fwd_bwd, optim, losses
+
+
+def first_step_diff(mok_model, eager_model, x, target):
+    """Largest relative L2 difference (||a - b|| / ||b||) between the two models' outputs and their
+    parameters' gradients after one forward + backward from the same weights."""
+    worst = {"out": 0.0, "grad": 0.0}
+    outs = []
+    for m in (mok_model, eager_model):
+        m.zero_grad()
+        y = m(x)
+        F.mse_loss(y.float(), target).backward()
+        outs.append(y.detach().float())
+    rel = lambda a, b: float((a - b).norm() / b.norm().clamp_min(1e-30))  # noqa: E731
+    worst["out"] = rel(outs[0], outs[1])
+    for (name, p), q in zip(mok_model.named_parameters(), eager_model.parameters()):
+        if p.grad is not None and q.grad is not None:
+            worst["grad"] = max(worst["grad"], rel(p.grad.float(), q.grad.float()))
+    for m in (mok_model, eager_model):
+        m.zero_grad()
+    return worst
 
 
 def try_compile(model, x, target, device):
@@ -167,13 +195,15 @@ def try_graph(model, x, target):
 
 
 def op_ms(model, x, steps, warmup):
-    """One mok.MoE layer's forward + backward through the op (CUDA events), median."""
+    """One mok.MoE layer's forward + backward through the op (CUDA events), median; its gradients
+    set to None before each (so that autograd writes them: no accumulation pass, as in mok_bench)."""
     layer = model[0].moe
     H, k = x.shape[1], model[0].top_k
     idx, w = mok.route(model[0].router(x), k)
     d_out = torch.randn_like(x)
     times = []
     for s in range(warmup + steps):
+        layer.zero_grad(set_to_none=True)
         xs = x.detach().requires_grad_()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -207,12 +237,17 @@ def run_case(a, model, T):
     mok_model = build(model, a.layers, False, a.device, 0)
     eager_model = build(model, a.layers, True, a.device, 0)
     eager_model.load_state_dict(copy.deepcopy(mok_model.state_dict()))
-    mok_t, mok_loss = timed_steps(mok_model, x, target, a.steps, a.warmup, a.device)
-    eager_t, eager_loss = timed_steps(eager_model, x, target, a.steps, a.warmup, a.device)
-    case = {"model": model, "T": T, "layers": a.layers, "mok_step_ms": statistics.median(mok_t),
-            "eager_step_ms": statistics.median(eager_t),
+    diff = first_step_diff(mok_model, eager_model, x, target)
+    mok_t, mok_fb, mok_opt, mok_loss = timed_steps(mok_model, x, target, a.steps, a.warmup, a.device)
+    eager_t, eager_fb, eager_opt, eager_loss = timed_steps(eager_model, x, target, a.steps, a.warmup, a.device)
+    med = statistics.median
+    case = {"model": model, "T": T, "layers": a.layers, "mok_step_ms": med(mok_t), "eager_step_ms": med(eager_t),
+            "mok_fwd_bwd_ms": med(mok_fb), "eager_fwd_bwd_ms": med(eager_fb),
+            "mok_optimizer_ms": med(mok_opt), "eager_optimizer_ms": med(eager_opt),
+            "out_rel_diff": diff["out"], "grad_max_rel_diff": diff["grad"],
             "loss_max_rel_diff": max(abs(p - q) / max(abs(q), 1e-12) for p, q in zip(mok_loss, eager_loss))}
     case["speedup"] = case["eager_step_ms"] / case["mok_step_ms"]
+    case["fwd_bwd_speedup"] = case["eager_fwd_bwd_ms"] / case["mok_fwd_bwd_ms"]
     case["compile_ok"], case["compile_error"] = try_compile(mok_model, x, target, a.device)
     case["graph_ok"], case["graph_error"] = try_graph(mok_model, x, target) if a.device == "cuda" else (None, None)
     case["op_ms"] = op_ms(mok_model, x, a.steps, a.warmup) if a.device == "cuda" else None
@@ -241,9 +276,13 @@ def main(argv=None):
     cases = []
     for m in a.models.split(","):
         c = run_case(a, m, a.tokens)
-        print(f"[torch_step] {m} T={a.tokens} x{a.layers}: mok {c['mok_step_ms']:.2f} ms, eager "
-              f"{c['eager_step_ms']:.2f} ms ({c['speedup']:.2f}x), loss diff {c['loss_max_rel_diff']:.1e}, "
-              f"compile {c['compile_ok']}, graph {c['graph_ok']}, op overhead {c['op_overhead_pct']}", flush=True)
+        overhead = "-" if c["op_overhead_pct"] is None else f"{c['op_overhead_pct']:.1f}%"
+        print(f"[torch_step] {m} T={a.tokens} x{a.layers}: step mok {c['mok_step_ms']:.2f} ms, eager "
+              f"{c['eager_step_ms']:.2f} ms ({c['speedup']:.2f}x); forward + backward {c['mok_fwd_bwd_ms']:.2f} vs "
+              f"{c['eager_fwd_bwd_ms']:.2f} ms ({c['fwd_bwd_speedup']:.2f}x), optimizer {c['mok_optimizer_ms']:.2f} "
+              f"/ {c['eager_optimizer_ms']:.2f} ms; out diff {c['out_rel_diff']:.1e}, grad diff "
+              f"{c['grad_max_rel_diff']:.1e}, loss diff {c['loss_max_rel_diff']:.1e}; compile {c['compile_ok']}, "
+              f"graph {c['graph_ok']}, op overhead {overhead}", flush=True)
         cases.append(c)
     device = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
     doc = {"device": device, "gpus": torch.cuda.device_count() if a.device == "cuda" else 0,
