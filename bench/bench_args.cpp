@@ -106,6 +106,10 @@ const Option kOptions[] = {
      [](BenchArgs& a, const std::string& o, const std::string& v) {
        a.gpu.budget_mb = parse_number<int64_t>(o, v, -1, int64_t(1) << 30, " MB (-1 = automatic, 0 = full recompute)");
      }},
+    {"--workspace-budget", true, Mode::Gpu,
+     [](BenchArgs& a, const std::string& o, const std::string& v) {
+       a.gpu.workspace_budget_mb = parse_number<int64_t>(o, v, 0, int64_t(1) << 30, " MB (0 = off)");
+     }},
     {"--path", true, Mode::Gpu,
      [](BenchArgs& a, const std::string& o, const std::string& v) {
        require_one_of(o, v, {"megakernel", "unfused"});

@@ -137,6 +137,10 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   // A multiple of this shape's minibatch (which the models' shapes choose differently).
   if (o.macrobatch > 0) main.macrobatch_tokens = sched_round_up(o.macrobatch, main.resolved_minibatch(shape, device_sms()));
   main.activation_budget_bytes = o.budget_mb < 0 ? -1 : o.budget_mb * 1000000;
+  if (o.workspace_budget_mb > 0) {  // the training memory model: one workspace, the ring that fits it
+    main.macrobatch_tokens = ring_for_workspace(shape, main, 0, device_sms(), o.workspace_budget_mb * 1000000);
+    main.share_workspace = true;
+  }
   std::vector<Variant> v{{to_string(o.path), main}};
   if (!o.ablation) return v;
   Config other = main;
@@ -243,7 +247,8 @@ std::vector<float> expected_backward_token(const Model& m, const std::vector<Ran
 std::string memory_json(const LayerShape& shape, const Config& cfg, int64_t built, int64_t first_backward,
                         bool windows_from_pool) {
   const MemoryPlan p = plan_memory(shape, cfg, 0, device_sms());
-  return ", \"memory\": {\"mode\": \"" + std::string(p.backward_mode()) + "\", \"measured_built_bytes\": " +
+  return ", \"memory\": {\"mode\": \"" + std::string(p.backward_mode()) + "\", \"share_workspace\": " +
+         (cfg.share_workspace ? "true" : "false") + ", \"measured_built_bytes\": " +
          std::to_string(built) +
          ", \"windows_from_pool\": " + (windows_from_pool ? "true" : "false") +
          (first_backward >= 0 ? ", \"measured_bytes\": " + std::to_string(built + first_backward) : std::string()) +
