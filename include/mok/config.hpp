@@ -85,6 +85,12 @@ struct Config {
   // Rounded down to whole 128-row tiles and capped at the worst case. Ignored when the ring holds
   // the worst case (every row is then resident).
   int64_t activation_budget_bytes = -1;
+  // Forwards whose saved state a layer holds at once (microbatches, pipeline stages, activation
+  // checkpointing: several forwards before their backwards). Each holds its routing, schedule,
+  // the activation budget's gate/up rows and the shared expert's activations; forward() returns
+  // its number and backward() takes it. More than 1 needs the megakernel with pull dispatch and a
+  // ring below the worst case (a resident backward's saved state is the ring itself).
+  int saved_forwards = 1;
   Precision precision = Precision::BF16;
   double wait_timeout_s = 5.0;       // bound of every device-side spin-wait
   int cpu_threads = 0;               // CPU reference engine: worker threads, 0 = hardware concurrency

@@ -57,8 +57,9 @@ class Layer {
   // pre-activations a backward needs (2I bf16 per routed row: 0.5 GB of writes per forward at
   // DeepSeek-V3 T = 8192, EP 2; the buffer stays allocated); `out` is bitwise the same either
   // way. All ranks need not agree. A captured graph keeps the value it was captured with.
-  // out: [T, H] bf16.
-  void forward(const RoutingRefs& in, const TensorRef& out, cudaStream_t stream, bool save_for_backward = true);
+  // out: [T, H] bf16. Returns this forward's number (0, 1, 2, ... per layer), which backward()
+  // takes: with config.saved_forwards = N the layer holds the saved state of the last N forwards.
+  int64_t forward(const RoutingRefs& in, const TensorRef& out, cudaStream_t stream, bool save_for_backward = true);
   // Gradients of the last forward() given d_out [T, H] bf16 (device), enqueued on `stream`
   // (collective: every rank calls it, after the same forward). `in` must be the routing that
   // forward() used: its topk_w weight the reverse combine; its topk_idx is checked against the
@@ -74,8 +75,12 @@ class Layer {
   // expert's rows in the schedule's order (fixed for a given routing): bitwise reproducible. The
   // first call allocates the backward's buffer (the routed dy rows): make it before capturing a
   // backward in a CUDA graph.
-  // d_out: [T, H] bf16; grads: as DeviceGrads above (checked like every input).
-  void backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& grads, cudaStream_t stream);
+  // d_out: [T, H] bf16; grads: as DeviceGrads above (checked like every input). forward_id: the
+  // forward's number (forward()'s result; -1 = the last forward); with config.saved_forwards = N
+  // any of the last N forwards, in any order (microbatches, pipeline stages, recomputation), each
+  // once — `in` must then be that forward's routing and x.
+  void backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& grads, cudaStream_t stream,
+                int64_t forward_id = -1);
   // This rank's x buffer [T, H] bf16 (device) inside the layer's symmetric window, which the
   // peers read during forward() (and backward() reads for the shared expert's weight gradients).
   // forward() copies RoutingRefs::x there unless x already points at it: write x here (rows

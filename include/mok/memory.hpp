@@ -9,7 +9,9 @@
 // over windows), the shared expert's gu_s, h_s, y_s,
 // the megakernel's x_ring, h_ring, y_ring, counters (push_peer_tables with push dispatch), the
 // unfused path's x_routed, h, y, and the backward's dy_rows, row_weights, router_partials
-// (shared_rows, shared_tiles).
+// (shared_rows, shared_tiles). With Config::saved_forwards = N > 1 the saved state of forward
+// slots 1 .. N-1 is listed under slot_name(): schedule#i, gu_saved#i, gu_s#i, h_s#i, and every
+// slot's copy of its routing, routing#i.
 //
 // The model. The weights are read where the caller keeps them (no copy). With the default
 // Config every buffer belongs to one layer and the ring holds the worst case of the routing
@@ -67,6 +69,10 @@ struct MemoryPlan {
   // gate/up rows kept), "recompute" (over windows, FC1 recomputed for every row).
   const char* backward_mode() const;
 };
+
+// The plan's name of forward slot `slot`'s buffer `base` (Config::saved_forwards > 1): "<base>#<slot>",
+// slot 0 being "<base>" itself unless `always`.
+std::string slot_name(const char* base, int slot, bool always = false);
 
 // One rank's plan for `shape` and `config` on a GPU with `sm_count` SMs (0 = the target parts'
 // 132; the minibatch, and so the ring, depends on it). Throws mok::Error for what cannot run (as

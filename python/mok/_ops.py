@@ -94,10 +94,11 @@ def moe_forward(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_u
         # Kept alive until the call is enqueued (a copied non-contiguous weight is a temporary).
         ws = [c(w) for w in (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)]
         _bind_weights(gl, layer, ws)
-        gl.forward(xc.data_ptr(), ic.data_ptr(), ic.dtype == torch.int64, wc.data_ptr(), out.data_ptr(), stream)
+        fid = gl.forward(xc.data_ptr(), ic.data_ptr(), ic.dtype == torch.int64, wc.data_ptr(), out.data_ptr(),
+                         stream)
         del ws
-        _gpu_generation[layer] += 1
-        return out, torch.tensor(_gpu_generation[layer], dtype=torch.int64)
+        _gpu_generation[layer] = fid
+        return out, torch.tensor(fid, dtype=torch.int64)
     _cpu.forward(c(x), c(topk_idx), c(topk_w), c(w_gate), c(w_up), c(w_down), c(ws_gate), c(ws_up), c(ws_down),
                  out, threads=_cpu_threads())
     return out, torch.tensor(0, dtype=torch.int64)
@@ -121,16 +122,13 @@ def moe_backward(d_out: Tensor, x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_g
     if x.is_cuda:
         gl = _gpu_layer(layer, "the backward")
         gen = int(generation)  # a CPU scalar: no device sync
-        if gen != _gpu_generation[layer]:
-            raise _cpu.Error(
-                "mok: invalid argument 'backward': on the GPU a backward must follow its own forward (this is the "
-                f"backward of forward {gen}, the layer last saved forward {_gpu_generation[layer]}): the "
-                "GPU layer keeps the saved state of its last forward only")
         xc, ic, wc, dc = c(x), c(topk_idx), c(topk_w), c(d_out)
         ws = [c(w) for w in (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)]
         _bind_weights(gl, layer, ws)
+        # The layer holds the saved state of its last saved_forwards forwards and names any other
+        # (mok.Error 'backward.forward_id').
         gl.backward(xc.data_ptr(), ic.data_ptr(), ic.dtype == torch.int64, wc.data_ptr(), dc.data_ptr(),
-                    [g.data_ptr() for g in grads], _stream(x))
+                    [g.data_ptr() for g in grads], _stream(x), gen)
         return grads
     _cpu.backward(c(x), c(topk_idx), c(topk_w), c(w_gate), c(w_up), c(w_down), c(ws_gate), c(ws_up), c(ws_down),
                   c(d_out), grads, threads=_cpu_threads())

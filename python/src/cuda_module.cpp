@@ -55,15 +55,17 @@ class GpuLayer {
     group_.destroy();
   }
 
-  void forward(uintptr_t x, uintptr_t idx, bool idx_int64, uintptr_t w, uintptr_t out, uintptr_t stream, bool save) {
+  // Returns the forward's number (mok::Layer::forward), which backward() takes.
+  int64_t forward(uintptr_t x, uintptr_t idx, bool idx_int64, uintptr_t w, uintptr_t out, uintptr_t stream,
+                  bool save) {
     nb::gil_scoped_release release;
-    layer_->forward(refs(x, idx, idx_int64, w), tensor(out, mok::DType::BF16, {T(), shape_.hidden}),
-                    reinterpret_cast<cudaStream_t>(stream), save);
+    return layer_->forward(refs(x, idx, idx_int64, w), tensor(out, mok::DType::BF16, {T(), shape_.hidden}),
+                           reinterpret_cast<cudaStream_t>(stream), save);
   }
 
   // grads: d_x, d_topk_w, d_w_gate, d_w_up, d_w_down[, d_ws_gate, d_ws_up, d_ws_down].
   void backward(uintptr_t x, uintptr_t idx, bool idx_int64, uintptr_t w, uintptr_t d_out,
-                const std::vector<uintptr_t>& grads, uintptr_t stream) {
+                const std::vector<uintptr_t>& grads, uintptr_t stream, int64_t forward_id) {
     MOK_REQUIRE(grads.size() == (shape_.shared_intermediate > 0 ? 8u : 5u), "grads", "wrong number of addresses (",
                 grads.size(), ")");
     nb::gil_scoped_release release;
@@ -71,7 +73,7 @@ class GpuLayer {
     const mok::DeviceGrads dg = mok::DeviceGrads::of(shape_, 0, g(0), static_cast<float*>(g(1)), g(2), g(3), g(4),
                                                      g(5), g(6), g(7));
     layer_->backward(refs(x, idx, idx_int64, w), tensor(d_out, mok::DType::BF16, {T(), shape_.hidden}), dg,
-                     reinterpret_cast<cudaStream_t>(stream));
+                     reinterpret_cast<cudaStream_t>(stream), forward_id);
   }
 
   // The layer reads the weights where they are (in-place updates need nothing); other tensors
@@ -129,7 +131,7 @@ NB_MODULE(_cuda, m) {
       .def("forward", &GpuLayer::forward, nb::arg("x"), nb::arg("topk_idx"), nb::arg("idx_int64"),
            nb::arg("topk_w"), nb::arg("out"), nb::arg("stream"), nb::arg("save_for_backward") = true)
       .def("backward", &GpuLayer::backward, nb::arg("x"), nb::arg("topk_idx"), nb::arg("idx_int64"),
-           nb::arg("topk_w"), nb::arg("d_out"), nb::arg("grads"), nb::arg("stream"))
+           nb::arg("topk_w"), nb::arg("d_out"), nb::arg("grads"), nb::arg("stream"), nb::arg("forward_id") = -1)
       .def("set_weights", &GpuLayer::set_weights, nb::arg("weights"))
       .def("check", &GpuLayer::check);
 }

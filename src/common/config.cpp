@@ -185,6 +185,11 @@ void Config::validate(const LayerShape& shape, int sm_count) const {
   MOK_REQUIRE(fits_int32(resolved_macrobatch(shape, sm_count), widest), "config.macrobatch_tokens",
               "the ring buffer rows * max(H, 2I) = ", resolved_macrobatch(shape, sm_count), "*", widest,
               " must fit 32-bit indexing (< 2^31)");
+  MOK_REQUIRE(saved_forwards >= 1 && saved_forwards <= 64, "config.saved_forwards", "must be in [1, 64], got ",
+              saved_forwards);
+  MOK_REQUIRE(saved_forwards == 1 || (forward_path == ForwardPath::Megakernel && dispatch == DispatchPath::Pull),
+              "config.saved_forwards", "more than 1 needs forward_path megakernel with dispatch pull, got ",
+              saved_forwards);
   MOK_REQUIRE(activation_budget_bytes >= -1, "config.activation_budget_bytes",
               "must be -1 (automatic), 0 (full recompute) or a positive byte count, got ", activation_budget_bytes);
   MOK_REQUIRE(wait_timeout_s > 0.0 && wait_timeout_s <= 3600.0, "config.wait_timeout_s",

@@ -26,6 +26,9 @@ ForwardSetup plan_forward(const LayerShape& shape, const Config& config, int ran
   s.ring_rows = std::max<int64_t>(sched::kBlockM, std::min(ring, sched::round_up(s.cap_rows, mb)));
   s.windowed = s.ring_rows < s.cap_rows;
   s.saved_rows = s.windowed ? config.resolved_saved_rows(shape) : 0;
+  MOK_REQUIRE(config.saved_forwards == 1 || s.windowed, "config.saved_forwards",
+              "more than 1 needs a ring below the worst case (config.macrobatch_tokens < ", s.cap_rows,
+              " rows: the backward over windows), got ", config.saved_forwards, " with a ring of ", s.ring_rows);
   PlanShape& p = s.plan;
   p.mb_rows = static_cast<int32_t>(mb);
   p.ring_rows = static_cast<int32_t>(s.ring_rows);

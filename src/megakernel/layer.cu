@@ -39,55 +39,6 @@ __global__ void barrier_kernel(__grid_constant__ const comm::dev::DeviceComm dc,
 
 using layer_detail::upload_array;
 
-std::shared_ptr<layer_detail::DeviceBuffer> layer_detail::Workspace::get(const std::string& name, size_t bytes) {
-  const std::lock_guard<std::mutex> lock(mutex_);
-  Entry& e = entries_[name];
-  if (std::shared_ptr<DeviceBuffer> b = e.buffer.lock(); b && e.bytes >= bytes) return b;
-  auto b = std::make_shared<DeviceBuffer>(bytes, name.c_str());  // zeroed, as every buffer
-  e = Entry{b, bytes};
-  return b;
-}
-
-std::shared_ptr<layer_detail::SharedWindow> layer_detail::Workspace::window(comm::Communicator& comm,
-                                                                          const std::string& name, size_t bytes) {
-  const std::lock_guard<std::mutex> lock(mutex_);
-  WindowEntry& e = windows_[name];
-  if (std::shared_ptr<SharedWindow> w = e.window.lock(); w && e.bytes >= bytes) return w;
-  auto w = std::make_shared<SharedWindow>(comm, comm.acquire_window(name, bytes));
-  e = WindowEntry{w, bytes};
-  return w;
-}
-
-std::shared_ptr<layer_detail::Workspace> layer_detail::Workspace::of(const comm::Communicator& comm) {
-  // One per communicator while any of its layers shares; keyed by address (a communicator
-  // outlives its layers, so an expired entry is never another one's).
-  static std::mutex mutex;
-  static std::map<const comm::Communicator*, std::weak_ptr<Workspace>> registry;
-  const std::lock_guard<std::mutex> lock(mutex);
-  std::weak_ptr<Workspace>& slot = registry[&comm];
-  std::shared_ptr<Workspace> w = slot.lock();
-  if (!w) slot = w = std::make_shared<Workspace>();
-  return w;
-}
-
-const comm::Window* Layer::Impl::acquire_window(const std::string& tag, const char* name) {
-  const auto bytes = static_cast<size_t>(mem.bytes(name));
-  for (const BufferBytes& b : mem.buffers) {
-    if (b.name != name || !b.workspace) continue;
-    shared_windows.push_back(workspace->window(comm, std::string("mok.workspace.") + name, bytes));
-    return shared_windows.back()->window;
-  }
-  // "window.x" -> tag + ".x"
-  return leases.acquire(comm, tag + std::string(name).substr(std::string("window").size()), bytes);
-}
-
-layer_detail::DeviceBuffer Layer::Impl::allocate(const char* name, const char* what) {
-  const auto bytes = static_cast<size_t>(mem.bytes(name));
-  for (const BufferBytes& b : mem.buffers)
-    if (b.name == name && b.workspace) return DeviceBuffer::view(workspace->get(name, bytes));
-  return DeviceBuffer(bytes, what);
-}
-
 Layer::Impl::~Impl() {
   int prev = -1;
   const bool restore = cudaGetDevice(&prev) == cudaSuccess;
@@ -226,6 +177,7 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
     setup_megakernel(fs);
   else
     setup_unfused();
+  setup_saved_slots();
   bind_weights();
   MOK_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -495,11 +447,15 @@ void Layer::Impl::check_routing(const RoutingRefs& in) const {
   check_device_tensor("topk_w", in.topk_w, dev, 4);
 }
 
-void Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaStream_t stream, bool save_for_backward) {
+int64_t Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaStream_t stream, bool save_for_backward) {
   const layer_detail::CallScope scope(comm, stream, "forward()");
   check_routing(in);
   check_tensor("out", out, {DType::BF16}, {T, H});
   check_device_tensor("out", out, comm.device());
+  // This forward's number; with several forwards alive, its slot's state becomes the members'.
+  const int64_t id = forwards++;
+  if (slots.size() > 1) activate(static_cast<int>(id % static_cast<int64_t>(slots.size())));
+  active_generation = id;
   if (T > 0 && in.x.data != win_x->ptr)  // x written into input_buffer(): nothing to copy
     MOK_CUDA_CHECK(cudaMemcpyAsync(win_x->ptr, in.x.data, static_cast<size_t>(T * H) * 2,
                                    cudaMemcpyDeviceToDevice, stream));
@@ -516,6 +472,7 @@ void Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaStrea
   saved = save_for_backward;
   if (fused) {
     mk::ForwardParams params = mkp;
+    params.schedule = schedule->view();  // the active slot's (several forwards alive)
     // Windowed: the rows of the activation budget (none with full recompute: FC1 recomputed).
     params.save_gu = save_for_backward && (!windowed || saved_rows > 0) ? 1 : 0;
     params.save_gu_shared = save_for_backward ? 1 : 0;
@@ -542,6 +499,11 @@ void Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaStrea
   m.hidden = H;
   m.out = const_cast<void*>(out.data);
   gpu::merge_forward(m, stream);
+  // The routing window is the next forward's: the backward of this one reads its own copy.
+  if (slots.size() > 1 && T > 0)
+    MOK_CUDA_CHECK(cudaMemcpyAsync(saved_routing.p, win_routing->ptr, static_cast<size_t>(T * k) * 4,
+                                   cudaMemcpyDeviceToDevice, stream));
+  return id;
 }
 
 Layer::Layer(comm::Communicator& comm, const LayerShape& shape, const Config& config,
@@ -550,12 +512,13 @@ Layer::Layer(comm::Communicator& comm, const LayerShape& shape, const Config& co
 
 Layer::~Layer() = default;
 
-void Layer::forward(const RoutingRefs& in, const TensorRef& out, cudaStream_t stream, bool save_for_backward) {
-  impl_->forward(in, out, stream, save_for_backward);
+int64_t Layer::forward(const RoutingRefs& in, const TensorRef& out, cudaStream_t stream, bool save_for_backward) {
+  return impl_->forward(in, out, stream, save_for_backward);
 }
 
-void Layer::backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& grads, cudaStream_t stream) {
-  impl_->backward(in, d_out, grads, stream);
+void Layer::backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& grads, cudaStream_t stream,
+                     int64_t forward_id) {
+  impl_->backward(in, d_out, grads, stream, forward_id);
 }
 
 void Layer::set_weights(const DeviceWeights& weights) { impl_->set_weights(weights); }

@@ -2,6 +2,7 @@
 // stage profile, and the helpers it shares with the shared expert's backward.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -21,8 +22,17 @@ using layer_detail::upload_array;
 // gu_s, h_s and y_s likewise, and the combine window (the reverse-dispatch slots; the forward's
 // y rows there are not read: the router-weight gradient is <d_out . W_down, h>, from FC2's
 // dgrad). Its own: dy_routed, the row weights and the router gradient's partial sums.
-void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& g, cudaStream_t stream) {
+void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& g, cudaStream_t stream,
+                           int64_t forward_id) {
   const layer_detail::CallScope scope(comm, stream, "backward()");
+  // Which forward: the last one, or one whose state a slot still holds (Config::saved_forwards).
+  const int64_t id = forward_id < 0 ? forwards - 1 : forward_id;
+  const int64_t n = static_cast<int64_t>(std::max<size_t>(slots.size(), 1));
+  MOK_REQUIRE(id >= 0 && id < forwards && id >= forwards - n, "backward.forward_id",
+              "the layer holds the saved state of forwards ", std::max<int64_t>(0, forwards - n), " to ", forwards - 1,
+              " (config.saved_forwards = ", n, "), got forward ", id);
+  if (slots.size() > 1) activate(static_cast<int>(id % n));
+  MOK_REQUIRE(active_generation == id, "backward.forward_id", "forward ", id, "'s state was overwritten");
   check_routing(in);
   validate_grad_output_layout(shape, rank, d_out);
   validate_grads_layout(shape, rank, g);
@@ -32,9 +42,9 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   check_device_tensor("grads.d_topk_w", g.d_topk_w, dev, 4);
   check_device_weight_set("grads.d_w", g.d_w_gate, g.d_w_up, g.d_w_down, g.d_ws_gate, g.d_ws_up, g.d_ws_down, Is > 0,
                           dev);
-  MOK_REQUIRE(!x_window_shared || T == 0 || in.x.data != win_x->ptr, "x",
-              "with config.share_workspace, backward() reads x from the caller's tensor: input_buffer() is the "
-              "workspace's, which the forwards of the other layers overwrite");
+  MOK_REQUIRE((!x_window_shared && slots.size() <= 1) || T == 0 || in.x.data != win_x->ptr, "x",
+              "with config.share_workspace or config.saved_forwards > 1, backward() reads x from the caller's "
+              "tensor: input_buffer() holds the last forward's x (of any layer, with a shared workspace)");
   MOK_REQUIRE(saved, "forward(save_for_backward)",
               "backward() needs the last forward() to have saved the gate/up pre-activations "
               "(save_for_backward = true), and runs once per forward (it overwrites them with d_gu "
@@ -56,15 +66,16 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   if (T > 0) {
     MOK_CUDA_CHECK(cudaMemcpyAsync(win_dout->ptr, d_out.data, static_cast<size_t>(T * H) * 2,
                                    cudaMemcpyDeviceToDevice, stream));
-    // A shared x window holds the last forward's x of any layer: ours again (the windows' re-pull
-    // and the shared expert read it).
-    if (x_window_shared)
+    // A shared x window holds the last forward's x of any layer, and with several forwards alive
+    // ours holds the last one's: this forward's again (the windows' re-pull and the shared expert
+    // read it).
+    if (x_window_shared || slots.size() > 1)
       MOK_CUDA_CHECK(cudaMemcpyAsync(win_x->ptr, in.x.data, static_cast<size_t>(T * H) * 2,
                                      cudaMemcpyDeviceToDevice, stream));
     // The router weights the peers read for the reverse combine: the caller's, checked again
     // (and its routing compared with the forward's), 0 for the forward's empty slots.
     gpu::check_backward_routing(in.topk_idx.data, in.topk_idx.dtype == DType::I64,
-                                static_cast<const float*>(in.topk_w.data), T, k, shape.experts, rank, published(),
+                                static_cast<const float*>(in.topk_w.data), T, k, shape.experts, rank, backward_routing(),
                                 static_cast<float*>(win_weights->ptr), errors.device(), stream);
   }
   mark(1, stream);
@@ -80,7 +91,7 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   barrier(stream);  // every d_x row pushed into our slots and every router-weight gradient landed
   mark(9, stream);
   bwd_marked = marking && !bwd_marks.empty();
-  gpu::finish_router_grad(static_cast<const float*>(win_dweights->ptr), published(), T * k, dc.claim, d_topk_w,
+  gpu::finish_router_grad(static_cast<const float*>(win_dweights->ptr), backward_routing(), T * k, dc.claim, d_topk_w,
                           stream);
   if (T == 0) {  // no tokens: the shared expert's gradient over them is zero
     for (const TensorRef* p : {&g.d_ws_gate, &g.d_ws_up, &g.d_ws_down})
@@ -94,7 +105,7 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   gpu::MergeArgs m;
   m.shared = Is > 0 ? y_s.p : nullptr;
   m.slots = win_combine->ptr;
-  m.topk_idx = published();
+  m.topk_idx = backward_routing();
   m.abort = dc.claim;
   m.tokens = T;
   m.top_k = k;

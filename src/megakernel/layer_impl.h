@@ -222,6 +222,29 @@ struct Layer::Impl {
   // instead of recomputing FC1.
   int64_t saved_rows = 0;
   DeviceBuffer gu_saved;
+  // Config::saved_forwards > 1: the saved state of every forward alive. The members above that
+  // hold a forward's state (schedule, gu_saved, gu_s, h_s, saved, the tensor maps into them) and
+  // saved_routing are the active forward's; slots[i] holds forward i's (forward g uses slot
+  // g % saved_forwards) while another is active, slots[active] being empty then.
+  struct SavedSlot {
+    std::unique_ptr<gpu::ScheduleBuilder> schedule;
+    DeviceBuffer gu_saved, gu_s, h_s, routing;
+    CUtensorMap gu_map{}, gus_out{}, hs_out{}, hs_in{};
+    bool saved = false;
+    int64_t generation = -1;
+  };
+  std::vector<SavedSlot> slots;
+  int active = 0;
+  int64_t forwards = 0;            // forward() calls so far: the last one is number forwards - 1
+  int64_t active_generation = -1;  // the forward whose state the members hold
+  DeviceBuffer saved_routing;      // its copy of its published routing (saved_forwards > 1)
+  void setup_saved_slots();
+  void swap_slot(int i);  // the members <-> slots[i]
+  void activate(int i);
+  // The routing the backward reads: the forward's own copy with several forwards alive.
+  const int32_t* backward_routing() const {
+    return slots.size() > 1 ? saved_routing.get<const int32_t>() : published();
+  }
   // MOK_PROFILE=1: events at the backward's stage boundaries (profile_summary reports the last one).
   static constexpr int kBwdStages = 11;
   static constexpr const char* kBwdStageNames[kBwdStages] = {
@@ -276,8 +299,9 @@ struct Layer::Impl {
   // shapes and memory (the call's scope has checked the communicator and ordered the stream).
   void check_routing(const RoutingRefs& in) const;
   void barrier(cudaStream_t stream);
-  void forward(const RoutingRefs& in, const TensorRef& out, cudaStream_t stream, bool save_for_backward);
-  void backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& g, cudaStream_t stream);
+  int64_t forward(const RoutingRefs& in, const TensorRef& out, cudaStream_t stream, bool save_for_backward);
+  void backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& g, cudaStream_t stream,
+                int64_t forward_id);
   void shared_backward(const DeviceGrads& g, cudaStream_t stream);
   void run_dgrads(const void* dy, const void* w_down, void* gu_buf, const void* w_gate, const void* w_up,
                   void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,

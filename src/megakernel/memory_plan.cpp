@@ -80,6 +80,14 @@ std::string MemoryPlan::table() const {
   return out;
 }
 
+// Without std::string concatenation (GCC 12's -Wrestrict false positive on it).
+std::string slot_name(const char* base, int slot, bool always) {
+  if (slot == 0 && !always) return base;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%s#%d", base, slot);
+  return buf;
+}
+
 MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, int sm_count) {
   config.validate(shape, sm_count);
   MOK_REQUIRE(rank >= 0 && rank < shape.world_size(), "rank", "must be in [0, W) (W = ", shape.world_size(),
@@ -116,6 +124,12 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   const sched::BuilderSizes n = sched::builder_sizes(chunks, e_loc, W, cap);
   const int64_t one_schedule = n.total() * 4 + 16 /* totals */ + 16 /* abort snapshot */;
   add("schedule", one_schedule * (push ? W : 1), S::Saved);
+  // Config::saved_forwards > 1: the saved state of each further forward alive ("<name>#<i>"), and
+  // each forward's own copy of its published routing.
+  const int slots = config.saved_forwards;
+  for (int i = 1; i < slots; ++i) add(slot_name("schedule", i), one_schedule, S::Saved);
+  if (slots > 1)
+    for (int i = 0; i < slots; ++i) add(slot_name("routing", i, true), at_least(T * k) * 4, S::Saved);
   // The megakernel with a ring below the worst case runs the backward over windows of the ring's
   // size (notes/memory.md): gu and the dy rows hold one window, plus the wgrad carries and the
   // window arrays; the forward keeps the gate/up rows of the activation budget (gu_saved), the
@@ -124,10 +138,14 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   const bool windowed = fused && fs0.windowed;
   const int64_t bwd_rows = windowed ? fs0.ring_rows : std::max<int64_t>(cap, sched::kBlockM);
   add("gu", bwd_rows * 2 * I * 2, windowed ? S::Layer : S::Saved);
-  if (windowed && fs0.saved_rows > 0) add("gu_saved", fs0.saved_rows * 2 * I * 2, S::Saved);
+  for (int i = 0; i < slots; ++i) {
+    if (windowed && fs0.saved_rows > 0) add(slot_name("gu_saved", i), fs0.saved_rows * 2 * I * 2, S::Saved);
+    if (Is > 0 && T > 0) {
+      add(slot_name("gu_s", i), t_tiles * 128 * 2 * Is * 2, S::Saved);
+      add(slot_name("h_s", i), t_tiles * 128 * Is * 2, S::Saved);
+    }
+  }
   if (Is > 0 && T > 0) {
-    add("gu_s", t_tiles * 128 * 2 * Is * 2, S::Saved);
-    add("h_s", t_tiles * 128 * Is * 2, S::Saved);
     add("y_s", t_tiles * 128 * H * 2, S::Layer);
   }
   if (fused) {

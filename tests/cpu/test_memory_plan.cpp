@@ -203,3 +203,48 @@ TEST(MemoryPlan, RingForWorkspaceIsTheLargestThatFits) {
   const auto tiny = mok::LayerShape::uniform(1, 64, 128, 64, 8, 2);
   EXPECT_EQ(mok::ring_for_workspace(tiny, cfg, 0, 132, int64_t(1e9)), 0);
 }
+
+// Config::saved_forwards = N: the saved state of N forwards (each slot's schedule, gate/up rows of
+// the activation budget, shared-expert activations and routing copy), named by slot_name; more
+// than one needs the backward over windows (a ring below the worst case) and pull dispatch.
+TEST(MemoryPlan, SavedForwardsHoldOneSavedStateEach) {
+  const auto shape = mok::LayerShape::uniform(8, 8192, 7168, 2048, 256, 8, 2048);
+  mok::Config cfg;
+  cfg.share_workspace = true;
+  cfg.macrobatch_tokens = 8192;
+  const mok::MemoryPlan one = mok::plan_memory(shape, cfg, 0, 132);
+  cfg.saved_forwards = 3;
+  const mok::MemoryPlan three = mok::plan_memory(shape, cfg, 0, 132);
+  EXPECT_EQ(mok::slot_name("gu_saved", 0), "gu_saved");
+  EXPECT_EQ(mok::slot_name("gu_saved", 2), "gu_saved#2");
+  EXPECT_EQ(mok::slot_name("routing", 0, true), "routing#0");
+  for (const char* base : {"gu_saved", "gu_s", "h_s", "schedule"})
+    for (int i = 1; i < 3; ++i) EXPECT_EQ(three.bytes(mok::slot_name(base, i)), one.bytes(base)) << base << " " << i;
+  EXPECT_EQ(three.bytes(mok::slot_name("routing", 2, true)), 8192 * 8 * 4);
+  // Every saved buffer thrice but the routing window (the next forward's; each slot keeps a copy).
+  EXPECT_EQ(three.total(mok::MemoryScope::Saved),
+            3 * one.total(mok::MemoryScope::Saved) - 2 * one.bytes("window.routing") + 3 * 8192 * 8 * 4);
+  EXPECT_EQ(three.workspace(), one.workspace());
+  const auto refused = [&](mok::Config c, const char* why) {
+    try {
+      (void)mok::plan_memory(shape, c, 0, 132);
+      ADD_FAILURE() << "saved_forwards accepted " << why;
+    } catch (const mok::Error& e) {
+      EXPECT_EQ(e.argument(), "config.saved_forwards") << why << ": " << e.what();
+    }
+  };
+  mok::Config resident;  // the default ring holds the worst case at EP 1
+  resident.saved_forwards = 2;
+  try {
+    (void)mok::plan_memory(mok::LayerShape::uniform(1, 8192, 7168, 2048, 256, 8), resident, 0, 132);
+    ADD_FAILURE() << "saved_forwards accepted with a resident backward";
+  } catch (const mok::Error& e) {
+    EXPECT_EQ(e.argument(), "config.saved_forwards") << e.what();
+  }
+  mok::Config push = cfg;
+  push.dispatch = mok::DispatchPath::Push;
+  refused(push, "with push dispatch");
+  mok::Config zero = cfg;
+  zero.saved_forwards = 0;
+  refused(zero, "as 0");
+}

@@ -1,7 +1,8 @@
 """mok.MoE on CUDA tensors (the GPU layer, mok._cuda) against the CPU reference engine (mok._cpu)
 on the same weights and inputs: forward and every gradient; weights changed in place by an
-optimizer are read by the next call, and weights moved to new tensors are re-bound; bad routing is named by check(); a backward of an earlier
-forward is refused by name. Skipped without a GPU or without mok._cuda."""
+optimizer are read by the next call, and weights moved to new tensors are re-bound; bad routing is
+named by check(); a backward of an earlier forward is refused by name, unless the layer holds
+several forwards (saved_forwards). Skipped without a GPU or without mok._cuda."""
 
 import pytest
 import torch
@@ -91,8 +92,37 @@ def test_gpu_backward_of_an_earlier_forward_is_refused():
     first = m(x.clone().requires_grad_(), idx, w)
     second = m(x.clone().requires_grad_(), idx, w)
     second.float().sum().backward()  # its own: accepted
-    with pytest.raises(mok.Error, match="backward must follow its own forward"):
+    with pytest.raises(mok.Error, match=r"backward\.forward_id"):  # saved_forwards = 1: the last one only
         first.float().sum().backward()
+
+
+def test_gpu_microbatches_alive_at_once():
+    """saved_forwards = 3 with a ring below the worst case (the backward over windows): three
+    forwards run before their backwards, which run in reverse order, and each microbatch's output
+    and gradients are bitwise those of running it alone; a fourth forward takes the first one's
+    slot, whose backward is then refused by name."""
+    pytest.importorskip("mok._cuda")
+    cfg = dict(minibatch_tokens=128, macrobatch_tokens=256)  # worst case here: 1408 rows
+    torch.manual_seed(3)
+    alone = mok.MoE(H, I, E, K, IS, **cfg).cuda()
+    many = mok.MoE(H, I, E, K, IS, saved_forwards=3, **cfg).cuda()
+    many.load_state_dict(alone.state_dict())
+    batches = [inputs(20 + i, "cuda") for i in range(4)]
+    d_outs = [torch.randn(T, H, device="cuda").bfloat16() for _ in range(3)]
+    want = [[t.clone() for t in step(alone, x, idx, w, d)] for (x, idx, w), d in zip(batches, d_outs)]
+    xs = [b[0].clone().requires_grad_() for b in batches]
+    ws = [b[2].clone().requires_grad_() for b in batches]
+    outs = [many(xs[i], batches[i][1], ws[i]) for i in range(3)]
+    for i in reversed(range(3)):
+        many.zero_grad(set_to_none=True)
+        outs[i].backward(d_outs[i])
+        got = [outs[i], xs[i].grad, ws[i].grad] + [p.grad for p in many.parameters()]
+        for j, (a, b) in enumerate(zip(got, want[i])):
+            assert torch.equal(a, b), (i, j, rel(a, b))
+    outs = [many(xs[i], batches[i][1], ws[i]) for i in range(4)]  # the fourth reuses the first's slot
+    outs[3].float().sum().backward()
+    with pytest.raises(mok.Error, match=r"backward\.forward_id"):
+        outs[0].float().sum().backward()
 
 
 def test_gpu_config_knobs_reach_the_layer():
