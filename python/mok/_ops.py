@@ -7,9 +7,10 @@ flow to x, topk_w (to the router) and every weight; topk_idx gets none.
 CPU tensors run the CPU reference engine, whose backward recomputes what it needs from the saved
 inputs: any number of forwards may be alive before their backwards (microbatches, activation
 checkpointing). CUDA tensors run a GPU layer (mok._cuda) that a ``mok.MoE`` owns and names by the
-``layer`` argument (a handle; 0 = none): its backward uses what the layer saved in its last
-forward, so on the GPU a backward must follow its own forward (an earlier forward's backward is
-refused by name until the training memory model's saved state lands).
+``layer`` argument (a handle; 0 = none): its backward uses what the layer saved in the forward
+whose number the forward op returned. The layer holds the saved state of its last
+``saved_forwards`` forwards (a mok.MoE knob; 1 by default, more with a ring below the worst case):
+the backward of an older forward is refused by name.
 """
 
 from __future__ import annotations
@@ -33,23 +34,20 @@ def _check_device(tensors: dict[str, Optional[Tensor]], device: torch.device) ->
             raise ValueError(f"mok.moe: '{name}' is on {t.device}, x on {device}: all tensors must be on one device")
 
 
-# GPU layers by handle (registered by mok.MoE, which owns them), and how many forwards each one
-# has run: the layer holds the saved state of the last one, whose number a backward must carry.
+# GPU layers by handle (registered by mok.MoE, which owns them). Each numbers its forwards; a
+# backward carries its forward's number (the forward op's second output).
 _gpu_layers: dict[int, object] = {}
-_gpu_generation: dict[int, int] = {}
 _gpu_weights: dict[int, tuple] = {}  # the weight addresses each GPU layer was last pointed at
 
 
 def register_gpu_layer(layer) -> int:
     handle = max(_gpu_layers, default=0) + 1
     _gpu_layers[handle] = layer
-    _gpu_generation[handle] = 0
     return handle
 
 
 def unregister_gpu_layer(handle: int) -> None:
     _gpu_layers.pop(handle, None)
-    _gpu_generation.pop(handle, None)
     _gpu_weights.pop(handle, None)
 
 
@@ -97,7 +95,6 @@ def moe_forward(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_u
         fid = gl.forward(xc.data_ptr(), ic.data_ptr(), ic.dtype == torch.int64, wc.data_ptr(), out.data_ptr(),
                          stream)
         del ws
-        _gpu_generation[layer] = fid
         return out, torch.tensor(fid, dtype=torch.int64)
     _cpu.forward(c(x), c(topk_idx), c(topk_w), c(w_gate), c(w_up), c(w_down), c(ws_gate), c(ws_up), c(ws_down),
                  out, threads=_cpu_threads())

@@ -100,6 +100,10 @@ std::vector<HandshakeField> handshake_fields(const std::optional<LayerShape>& sh
   add("config.combine", static_cast<int64_t>(config.combine));
   add("config.dispatch", static_cast<int64_t>(config.dispatch));
   add("config.fwd_clusters", config.fwd_clusters ? 1 : 0);
+  // Collective decisions follow from these: whether a layer's windows come from the shared
+  // workspace, and which forwards' backwards a rank accepts.
+  add("config.share_workspace", config.share_workspace ? 1 : 0);
+  add("config.saved_forwards", config.saved_forwards);
   add_double("config.wait_timeout_s", config.wait_timeout_s);
   if (shape) {
     add("shape.tokens.size", static_cast<int64_t>(shape->tokens.size()));

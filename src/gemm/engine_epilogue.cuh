@@ -368,7 +368,7 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
         const uint32_t g = d[2 * rr], u = d[2 * rr + 1];
         float g_lo, u_lo, g_hi, u_hi;
         float a_lo = acc[4 * j + 2 * rr], a_hi = acc[4 * j + 2 * rr + 1];
-        if (weighted) {
+        if (weighted && b_n + 8 * j < inter) {  // (whole 32-column chunks today; never past inter)
           const uint32_t hp = hv[q & 1][2 * m + rr];
           a_lo = bf16_round(a_lo);
           a_hi = bf16_round(a_hi);

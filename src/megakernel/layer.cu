@@ -452,10 +452,19 @@ int64_t Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaSt
   check_routing(in);
   check_tensor("out", out, {DType::BF16}, {T, H});
   check_device_tensor("out", out, comm.device());
-  // This forward's number; with several forwards alive, its slot's state becomes the members'.
+  // This forward's number; with several forwards alive, its slot's state becomes the members'
+  // (every forward takes one, saved or not: it builds its schedule there). Host-side bookkeeping
+  // that a replayed CUDA graph would not repeat: refused under capture.
+  if (slots.size() > 1) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    MOK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    MOK_REQUIRE(capturing == cudaStreamCaptureStatusNone, "config.saved_forwards",
+                "more than 1 cannot be captured in a CUDA graph (the slot of each forward is chosen on the host)");
+  }
   const int64_t id = forwards++;
   if (slots.size() > 1) activate(static_cast<int>(id % static_cast<int64_t>(slots.size())));
   active_generation = id;
+  saved = false;  // until this forward has enqueued everything: a throw below leaves nothing to use
   if (T > 0 && in.x.data != win_x->ptr)  // x written into input_buffer(): nothing to copy
     MOK_CUDA_CHECK(cudaMemcpyAsync(win_x->ptr, in.x.data, static_cast<size_t>(T * H) * 2,
                                    cudaMemcpyDeviceToDevice, stream));
@@ -469,7 +478,6 @@ int64_t Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaSt
   schedule->build(stream, dc.claim);
   for (const auto& b : receivers)
     if (b) b->build(stream, dc.claim);
-  saved = save_for_backward;
   if (fused) {
     mk::ForwardParams params = mkp;
     params.schedule = schedule->view();  // the active slot's (several forwards alive)
@@ -503,6 +511,7 @@ int64_t Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaSt
   if (slots.size() > 1 && T > 0)
     MOK_CUDA_CHECK(cudaMemcpyAsync(saved_routing.p, win_routing->ptr, static_cast<size_t>(T * k) * 4,
                                    cudaMemcpyDeviceToDevice, stream));
+  saved = save_for_backward;
   return id;
 }
 

@@ -26,6 +26,8 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
                            int64_t forward_id) {
   const layer_detail::CallScope scope(comm, stream, "backward()");
   // Which forward: the last one, or one whose state a slot still holds (Config::saved_forwards).
+  MOK_REQUIRE(forward_id >= -1, "backward.forward_id", "must be a forward's number or -1 (the last), got ",
+              forward_id);
   const int64_t id = forward_id < 0 ? forwards - 1 : forward_id;
   const int64_t n = static_cast<int64_t>(std::max<size_t>(slots.size(), 1));
   MOK_REQUIRE(id >= 0 && id < forwards && id >= forwards - n, "backward.forward_id",

@@ -110,7 +110,8 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   // What a backward reads of its forward is Saved: the published routing, the schedule; and gu,
   // x and h rows unless it recomputes them. (The combine slots are not: the router-weight
   // gradient is <d_out . W_down, h>, from FC2's dgrad, not <d_out, y> of the forward's rows.)
-  add("window.routing", at_least(t_max * k) * 4, S::Saved, true);
+  // (With several forwards alive each keeps a copy, routing#i, and the window is the next one's.)
+  add("window.routing", at_least(t_max * k) * 4, config.saved_forwards > 1 ? S::Layer : S::Saved, true);
   add("window.x", at_least(t_max_pad * H) * 2, S::Layer, true);
   add("window.combine", at_least(t_max * k * H) * 2, S::Layer, true);
   add("window.d_out", at_least(t_max_pad * H) * 2, S::Layer, true);

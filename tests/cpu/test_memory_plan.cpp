@@ -221,9 +221,10 @@ TEST(MemoryPlan, SavedForwardsHoldOneSavedStateEach) {
   for (const char* base : {"gu_saved", "gu_s", "h_s", "schedule"})
     for (int i = 1; i < 3; ++i) EXPECT_EQ(three.bytes(mok::slot_name(base, i)), one.bytes(base)) << base << " " << i;
   EXPECT_EQ(three.bytes(mok::slot_name("routing", 2, true)), 8192 * 8 * 4);
-  // Every saved buffer thrice but the routing window (the next forward's; each slot keeps a copy).
+  // Every saved buffer thrice but the routing window, which becomes the next forward's (each slot
+  // keeps a copy of its own routing instead).
   EXPECT_EQ(three.total(mok::MemoryScope::Saved),
-            3 * one.total(mok::MemoryScope::Saved) - 2 * one.bytes("window.routing") + 3 * 8192 * 8 * 4);
+            3 * (one.total(mok::MemoryScope::Saved) - one.bytes("window.routing")) + 3 * 8192 * 8 * 4);
   EXPECT_EQ(three.workspace(), one.workspace());
   const auto refused = [&](mok::Config c, const char* why) {
     try {

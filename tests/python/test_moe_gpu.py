@@ -96,13 +96,15 @@ def test_gpu_backward_of_an_earlier_forward_is_refused():
         first.float().sum().backward()
 
 
-def test_gpu_microbatches_alive_at_once():
-    """saved_forwards = 3 with a ring below the worst case (the backward over windows): three
-    forwards run before their backwards, which run in reverse order, and each microbatch's output
-    and gradients are bitwise those of running it alone; a fourth forward takes the first one's
-    slot, whose backward is then refused by name."""
+@pytest.mark.parametrize("budget", [-1, 0])
+def test_gpu_microbatches_alive_at_once(budget):
+    """saved_forwards = 3 with a ring below the worst case (the backward over windows; the gate/up
+    rows saved, or recomputed with a budget of 0): three forwards run before their backwards, which
+    run in reverse order, and each microbatch's output and gradients are bitwise those of running it
+    alone; a fourth forward takes the first one's slot, whose backward is then refused by name."""
     pytest.importorskip("mok._cuda")
-    cfg = dict(minibatch_tokens=128, macrobatch_tokens=256)  # worst case here: 1408 rows
+    # worst case here: 1408 rows
+    cfg = dict(minibatch_tokens=128, macrobatch_tokens=256, activation_budget_bytes=budget)
     torch.manual_seed(3)
     alone = mok.MoE(H, I, E, K, IS, **cfg).cuda()
     many = mok.MoE(H, I, E, K, IS, saved_forwards=3, **cfg).cuda()

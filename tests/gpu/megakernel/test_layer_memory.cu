@@ -244,75 +244,116 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& i) { return std::string(i.param.name); });
 
 // Config::saved_forwards = 3 with a ring below the worst case: three forwards of one layer (the
-// same weights, three microbatches of other tokens and routings) before their backwards, which run
-// in reverse order: each microbatch's gradients are bitwise those of the layer run on it alone
-// (saved_forwards 1). A fourth forward takes the first one's slot: its backward is refused by
-// name. With a shared expert and the shared workspace (its x window staged again per backward).
-TEST(LayerSavedForwards, MicrobatchesAliveAtOnceGiveTheirOwnBits) {
+// same weights, microbatches of other tokens and routings) before their backwards, which run in
+// reverse order: each microbatch's output and gradients are bitwise those of the layer run on it
+// alone (saved_forwards 1). Then four more forwards: the first of them lost its slot to the last
+// (its backward is refused by name) and the other three, in reused slots, again give their own
+// bits. With a shared expert and the shared workspace (x staged again per backward), for the
+// automatic activation budget (every row saved here), 2944 saved rows (a window cut at the
+// budget) and none (FC1 recomputed for every row).
+class LayerSavedForwards : public ::testing::TestWithParam<int64_t> {};
+
+struct AloneRun {
+  std::vector<mok::bf16> out;
+  std::vector<std::vector<float>> grads;
+};
+
+AloneRun run_alone(const mok::LayerShape& shape, const mok::Config& cfg, const mok::Workload& wl) {
+  auto group = ranks_on_gpus(1, shape, cfg);
+  RankData d(shape, wl, 0);
+  RankGrads gr(shape, 0);
+  mok::bf16* d_out = upload(wl.d_out[0].data(), wl.d_out[0].size());
+  mok::Layer layer(group[0], shape, cfg, d.dw);
+  AloneRun r;
+  r.out = d.forward_once(layer, group[0]);
+  gr.poison();
+  layer.backward(d.refs, mok::TensorRef::contiguous(d_out, mok::DType::BF16, {d.T, d.H}), gr.g, group[0].stream());
+  EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(group[0].stream()));
+  layer.check();
+  r.grads = gr.fetch();
+  cudaFree(d_out);
+  return r;
+}
+
+TEST_P(LayerSavedForwards, MicrobatchesAliveAtOnceGiveTheirOwnBits) {
   MOK_REQUIRE_GPUS(1);
   const mok::LayerShape shape{{1024}, 1024, 384, 32, 8, 256};
   mok::Config cfg;
   cfg.minibatch_tokens = 256;
   cfg.macrobatch_tokens = 512;
   cfg.share_workspace = true;
+  cfg.activation_budget_bytes = GetParam();
+  constexpr int kBatches = 4;
   std::vector<mok::Workload> wls;
-  const mok::Routing routings[] = {mok::Routing::Uniform, mok::Routing::Zipf, mok::Routing::OneExpert,
-                                   mok::Routing::Uniform};
-  for (int b = 0; b < 4; ++b) {
+  const mok::Routing routings[kBatches] = {mok::Routing::Uniform, mok::Routing::Zipf, mok::Routing::OneExpert,
+                                           mok::Routing::Uniform};
+  for (int b = 0; b < kBatches; ++b) {
     wls.push_back(mok::make_workload(shape, routings[b], 500 + uint64_t(b)));
     if (b > 0) wls.back().weights = wls.front().weights;  // one layer: the same weights
   }
-  std::vector<std::vector<std::vector<float>>> want;
-  for (int b = 0; b < 3; ++b) want.push_back(grads_of(shape, cfg, wls[size_t(b)], 1));
+  std::vector<AloneRun> want;
+  for (int b = 0; b < kBatches; ++b) want.push_back(run_alone(shape, cfg, wls[size_t(b)]));
   mok::Config many = cfg;
   many.saved_forwards = 3;
   auto group = ranks_on_gpus(1, shape, many);
   mok::comm::Communicator& comm = group[0];
   std::vector<std::unique_ptr<RankData>> data;
   std::vector<mok::bf16*> d_outs;
-  for (int b = 0; b < 4; ++b) {
+  for (int b = 0; b < kBatches; ++b) {
     data.push_back(std::make_unique<RankData>(shape, wls[size_t(b)], 0));
     d_outs.push_back(upload(wls[size_t(b)].d_out[0].data(), wls[size_t(b)].d_out[0].size()));
   }
   mok::Layer layer(comm, shape, many, data[0]->dw);
-  std::vector<int64_t> ids;
-  for (int b = 0; b < 3; ++b) {
-    data[size_t(b)]->poison();
-    ids.push_back(layer.forward(data[size_t(b)]->refs, data[size_t(b)]->out_ref(), comm.stream()));
-  }
-  EXPECT_EQ(ids, (std::vector<int64_t>{0, 1, 2}));
   const char* names[] = {"d_x", "d_topk_w", "dW_gate", "dW_up", "dW_down", "dWs_gate", "dWs_up", "dWs_down"};
-  for (int b = 2; b >= 0; --b) {
+  const auto forward = [&](int b) {
+    data[size_t(b)]->poison();
+    return layer.forward(data[size_t(b)]->refs, data[size_t(b)]->out_ref(), comm.stream());
+  };
+  const auto backward_matches = [&](int b, int64_t id) {
+    SCOPED_TRACE(testing::Message() << "microbatch " << b << ", forward " << id);
     RankGrads gr(shape, 0);
     gr.poison();
-    const auto dref = mok::TensorRef::contiguous(d_outs[size_t(b)], mok::DType::BF16, {data[size_t(b)]->T, shape.hidden});
-    layer.backward(data[size_t(b)]->refs, dref, gr.g, comm.stream(), ids[size_t(b)]);
+    const auto dref =
+        mok::TensorRef::contiguous(d_outs[size_t(b)], mok::DType::BF16, {data[size_t(b)]->T, shape.hidden});
+    layer.backward(data[size_t(b)]->refs, dref, gr.g, comm.stream(), id);
     ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
     layer.check();
     const auto got = gr.fetch();
     for (size_t o = 0; o < got.size(); ++o) {
       int64_t differ = 0;
       for (size_t i = 0; i < got[o].size(); ++i)
-        differ += std::memcmp(&got[o][i], &want[size_t(b)][o][i], sizeof(float)) != 0;
-      EXPECT_EQ(differ, 0) << "microbatch " << b << ": " << names[o] << " differs from the layer run on it alone";
+        differ += std::memcmp(&got[o][i], &want[size_t(b)].grads[o][i], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0) << names[o] << " differs from the layer run on the microbatch alone";
     }
-  }
-  int64_t first = -1;
-  for (int b = 0; b < 4; ++b) {
-    const int64_t id = layer.forward(data[size_t(b)]->refs, data[size_t(b)]->out_ref(), comm.stream());
-    if (b == 0) first = id;
-  }
+  };
+  std::vector<int64_t> ids;
+  for (int b = 0; b < 3; ++b) ids.push_back(forward(b));
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
+  layer.check();
+  EXPECT_EQ(ids, (std::vector<int64_t>{0, 1, 2}));
+  for (int b = 0; b < 3; ++b) EXPECT_EQ(bit_diffs(data[size_t(b)]->result(), want[size_t(b)].out), 0) << "out " << b;
+  for (int b = 2; b >= 0; --b) backward_matches(b, ids[size_t(b)]);
+  // Forwards 3..6 of microbatches 0..3: forward 3's slot is forward 6's by now.
+  ids.clear();
+  for (int b = 0; b < kBatches; ++b) ids.push_back(forward(b));
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
   RankGrads gr(shape, 0);
   const auto dref = mok::TensorRef::contiguous(d_outs[0], mok::DType::BF16, {data[0]->T, shape.hidden});
   try {
-    layer.backward(data[0]->refs, dref, gr.g, comm.stream(), first);
+    layer.backward(data[0]->refs, dref, gr.g, comm.stream(), ids[0]);
     ADD_FAILURE() << "the backward of a forward whose slot was taken was accepted";
   } catch (const mok::Error& e) {
     EXPECT_EQ(e.argument(), "backward.forward_id") << e.what();
   }
-  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
+  for (int b = kBatches - 1; b >= 1; --b) backward_matches(b, ids[size_t(b)]);
   for (mok::bf16* p : d_outs) cudaFree(p);
 }
+
+// 4I = 1536 bytes per gate/up row: the automatic budget (all rows here), 2944 rows, none.
+INSTANTIATE_TEST_SUITE_P(Budgets, LayerSavedForwards, ::testing::Values(int64_t(-1), int64_t(2944 * 1536), int64_t(0)),
+                         [](const auto& i) {
+                           return std::string(i.param < 0 ? "automatic" : i.param == 0 ? "recompute" : "part");
+                         });
 
 // Eight layers alive on one communicator sharing their workspace (Config::share_workspace): all
 // forwards, then the backwards in reverse order. Every layer's gradients are bitwise those of the
