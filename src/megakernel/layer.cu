@@ -93,6 +93,9 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
     resolved = {{"resolved.minibatch_rows", config.resolved_minibatch(shape, sms), false},
                 {"resolved.macrobatch_rows", config.resolved_macrobatch(shape, sms), false},
                 {"resolved.fwd_comm_sms", config.resolved_fwd_comm_sms(shape), false}};
+    if (config.share_workspace)  // whether each shared window is reused or taken (a collective) alike
+      resolved.push_back({"workspace.windows_reused",
+                          Workspace::of(comm)->windows_reused(plan_memory(shape, config, rank, sms)), false});
   } catch (...) {
     refused = std::current_exception();
   }

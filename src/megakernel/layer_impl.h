@@ -116,6 +116,11 @@ class Workspace {
   // Collective when it takes a new window (Communicator::acquire_window): every rank builds its
   // layers in the same order, so every rank decides alike whether the window it holds fits.
   std::shared_ptr<SharedWindow> window(comm::Communicator& comm, const std::string& name, size_t bytes);
+  // Which of `plan`'s shared windows this rank would reuse rather than take anew (bit i: the i-th
+  // symmetric workspace buffer of the plan): compared across ranks before any is taken, so ranks
+  // whose layers came and went in another order are named instead of meeting in different
+  // collectives.
+  int64_t windows_reused(const MemoryPlan& plan);
   // The workspace of `comm`'s layers (created with the first one that shares).
   static std::shared_ptr<Workspace> of(const comm::Communicator& comm);
 

@@ -41,6 +41,20 @@ std::shared_ptr<layer_detail::SharedWindow> layer_detail::Workspace::window(comm
   return w;
 }
 
+int64_t layer_detail::Workspace::windows_reused(const MemoryPlan& plan) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  int64_t mask = 0;
+  int bit = 0;
+  for (const BufferBytes& b : plan.buffers) {
+    if (!b.symmetric || !b.workspace) continue;
+    const auto it = windows_.find(std::string("mok.workspace.") + b.name);
+    if (it != windows_.end() && !it->second.window.expired() && it->second.bytes >= static_cast<size_t>(b.bytes))
+      mask |= int64_t(1) << bit;
+    ++bit;
+  }
+  return mask;
+}
+
 std::shared_ptr<layer_detail::Workspace> layer_detail::Workspace::of(const comm::Communicator& comm) {
   // One per communicator while any of its layers shares; keyed by address (a communicator
   // outlives its layers, so an expired entry is never another one's).
