@@ -79,7 +79,8 @@ class Layer {
   // forward's number (forward()'s result; -1 = the last forward); with config.saved_forwards = N
   // any of the last N forwards, in any order (microbatches, pipeline stages, recomputation), each
   // once — `in` must then be that forward's routing and x. Every rank must pass the same
-  // forward (collective; not yet checked across ranks: a mismatch gives wrong gradients).
+  // forward (collective): the ranks compare their ids on the GPU, and check() names a difference
+  // (backward.forward_id; that call's gradients are wrong).
   void backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& grads, cudaStream_t stream,
                 int64_t forward_id = -1);
   // This rank's x buffer [T, H] bf16 (device) inside the layer's symmetric window, which the

@@ -49,6 +49,12 @@ void DeviceErrorWord::check(int64_t top_k) {
                   "backward() must get the routing forward() used (this entry differs; the backward used "
                   "the forward's)",
                   detail::concat("rank ", rank));
+    case DeviceErrorCode::ForwardIdDiffers:
+      throw Error(ErrorKind::InvalidArgument, "backward.forward_id",
+                  detail::concat("every rank must run the backward of the same forward (collective): rank ", d >> 40,
+                                 " ran the backward of forward ", d & 0xffffffffffull,
+                                 ", another one; the gradients of this call are wrong"),
+                  detail::concat("rank ", rank));
     default:
       throw Error(ErrorKind::Runtime, "device error word",
                   detail::concat("unknown code ", static_cast<unsigned>(device_error_code(w))),

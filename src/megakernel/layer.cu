@@ -137,6 +137,7 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   win_dout = acquire_window(tag, "window.d_out");
   win_weights = acquire_window(tag, "window.router_weights");
   win_dweights = acquire_window(tag, "window.d_weights");
+  win_call = acquire_window(tag, "window.call");
   push = fused && config.dispatch == DispatchPath::Push;
   if (push) {
     // Other ranks write into our ring and count into our counters: symmetric windows (equal on
@@ -147,8 +148,10 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   dc = comm::dev::make_device_comm(comm);
   std::vector<const void*> tab(world), xp(world), dp(world), wp(world);
   std::vector<void*> cp(world), dwp(world);
+  std::vector<const void*> callp(world);
   for (int r = 0; r < world; ++r) {
     dwp[r] = comm::dev::lsa_pointer(comm, *win_dweights, r);
+    callp[r] = comm::dev::lsa_pointer(comm, *win_call, r);
     tab[r] = comm::dev::lsa_pointer(comm, *win_routing, r);
     xp[r] = comm::dev::lsa_pointer(comm, *win_x, r);
     cp[r] = comm::dev::lsa_pointer(comm, *win_combine, r);
@@ -161,6 +164,7 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   dout_peers = upload_array(dp, "d_out peers");
   weight_peers = upload_array(wp, "router weight peers");
   dweight_peers = upload_array(dwp, "router weight gradient peers");
+  call_peers = upload_array(callp, "backward id peers");
   schedule = std::make_unique<gpu::ScheduleBuilder>(shape, config, rank, tables.get<const int32_t* const>(), sms);
 
   cap_rows = shape.worst_case_rows();

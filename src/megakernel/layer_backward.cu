@@ -80,8 +80,10 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
                                 static_cast<const float*>(in.topk_w.data), T, k, shape.experts, rank, backward_routing(),
                                 static_cast<float*>(win_weights->ptr), errors.device(), stream);
   }
+  gpu::publish_call_id(win_call->ptr, id, stream);  // this backward's forward, for the peers to compare
   mark(1, stream);
-  barrier(stream);  // d_out and weights visible; every y_j read
+  barrier(stream);  // d_out, x and weights visible, and every rank's forward id
+  gpu::check_call_ids(call_peers.get<const void* const>(), world, id, rank, errors.device(), dc.claim, stream);
   mark(2, stream);
   if (windowed) {
     backward_windows(dw_gate, dw_up, dw_down, stream);  // one stage in the profile: marks 3-7 follow it

@@ -190,6 +190,7 @@ struct Layer::Impl {
   const comm::Window* win_dout = nullptr;     // backward: d_out [T_pad, H] bf16, pulled by the peers
   const comm::Window* win_weights = nullptr;  // backward: router weights [T, k] f32, read by the peers
   const comm::Window* win_dweights = nullptr; // backward: their gradient [T, k] f32, written by the peers
+  const comm::Window* win_call = nullptr;     // backward: its forward's id (int64), read by the peers
   // Config::share_workspace: the windows above that no later call reads (all but the routing)
   // are the workspace's, held here.
   std::vector<std::shared_ptr<layer_detail::SharedWindow>> shared_windows;
@@ -204,7 +205,7 @@ struct Layer::Impl {
   DeviceBuffer allocate(const char* name, const char* what);
   comm::dev::DeviceComm dc{};
   DeviceErrorWord errors;
-  DeviceBuffer tables, x_peers, combine_peers, dout_peers, weight_peers, dweight_peers;
+  DeviceBuffer tables, x_peers, combine_peers, dout_peers, weight_peers, dweight_peers, call_peers;
   std::unique_ptr<gpu::ScheduleBuilder> schedule;
   DeviceBuffer x_routed, gu, h, y;
   DeviceBuffer shared_tiles, gu_s, h_s, y_s;

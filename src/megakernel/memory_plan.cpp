@@ -117,8 +117,9 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   add("window.d_out", at_least(t_max_pad * H) * 2, S::Layer, true);
   add("window.router_weights", at_least(t_max * k) * 4, S::Layer, true);
   add("window.d_weights", at_least(t_max * k) * 4, S::Layer, true);
-  // The peers' addresses of the six windows (W pointers each).
-  add("peer_tables", 6 * std::max<int64_t>(16, int64_t(W) * 8), S::Layer);
+  add("window.call", 16, S::Layer, true);  // the backward's forward id, compared across ranks
+  // The peers' addresses of the seven windows (W pointers each).
+  add("peer_tables", 7 * std::max<int64_t>(16, int64_t(W) * 8), S::Layer);
   // The schedule (and, with push dispatch, every receiver's, built here too).
   int64_t chunks = 0;
   for (int r = 0; r < W; ++r) chunks += sched::ceil_div(shape.tokens_of(r) * k, sched::kBuilderChunk);
@@ -192,7 +193,7 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
     // and reads no row the forward left in the combine slots.
     std::vector<std::string> shared = {"y_ring", "y", "y_s", "dy_rows", "row_weights", "router_partials",
                                        "window.x", "window.combine", "window.d_out", "window.router_weights",
-                                       "window.d_weights"};
+                                       "window.d_weights", "window.call"};
     if (windowed) {
       for (const char* name : {"h_ring", "gu", "bwd_carry", "bwd_windows"}) shared.emplace_back(name);
       if (!push) shared.emplace_back("x_ring");

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "common/cuda_check.h"
+#include "common/error_word.h"
 #include "gemm/swiglu_math.cuh"
 #include "megakernel/move_row.cuh"
 #include "megakernel/reverse.h"
@@ -116,6 +117,21 @@ __global__ void router_grad_finish_kernel(const float* __restrict__ win, const i
     out[i] = aborted ? __int_as_float(0x7fc00000) : (topk_idx[i] < 0 ? 0.0f : win[i]);
 }
 
+// The backward's forward id: written into this rank's call word before the first barrier, and
+// after it compared with every peer's (a mismatch is reported, not trapped: check() names it).
+__global__ void publish_call_kernel(int64_t* word, int64_t id) { *word = id; }
+
+__global__ void check_calls_kernel(const int64_t* const* peers, int world, int64_t id, int rank,
+                                   unsigned long long* error_word, const uint32_t* abort) {
+  if (abort_seen(abort)) return;  // a peer that failed may never have written its word
+  for (int r = int(threadIdx.x); r < world; r += int(blockDim.x)) {
+    const int64_t theirs = *reinterpret_cast<const volatile int64_t*>(peers[r]);
+    if (theirs != id)
+      report_device_error(error_word, DeviceErrorCode::ForwardIdDiffers, rank,
+                          (uint64_t(r) << 40) | (uint64_t(theirs) & 0xffffffffffull));
+  }
+}
+
 // One thread per 8 h columns of a row (one 16-byte load of gate and one of up: in the packed
 // order a group of 32 intermediate columns is 32 gate then 32 up values), rows of tiles whose
 // expert is -1 skipped.
@@ -192,6 +208,20 @@ void pull_reverse_combine(const MoveArgs& a, const void* const* d_out_peers, con
       a.schedule, static_cast<int>(a.hidden / 8), static_cast<int>(a.top_k), a.row_begin, a.row_end,
       reinterpret_cast<const uint4* const*>(d_out_peers), weight_peers, static_cast<uint4*>(dy_routed), row_weight,
       a.abort);
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+void publish_call_id(void* word, int64_t id, cudaStream_t stream) {
+  MOK_REQUIRE(word, "publish_call_id", "the call word must be non-null");
+  publish_call_kernel<<<1, 1, 0, stream>>>(static_cast<int64_t*>(word), id);
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+void check_call_ids(const void* const* peers, int world, int64_t id, int rank, unsigned long long* error_word,
+                    const uint32_t* abort, cudaStream_t stream) {
+  MOK_REQUIRE(peers && world >= 1, "check_call_ids", "needs the peers' call words");
+  check_calls_kernel<<<1, 32, 0, stream>>>(reinterpret_cast<const int64_t* const*>(peers), world, id, rank,
+                                           error_word, abort);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -24,6 +24,7 @@ using mok::test::bit_diffs;
 using mok::test::RankData;
 using mok::test::RankGrads;
 using mok::test::ranks_on_gpus;
+using mok::test::two_ranks;
 using mok::test::upload;
 
 constexpr auto kMk = mok::ForwardPath::Megakernel;
@@ -354,6 +355,38 @@ INSTANTIATE_TEST_SUITE_P(Budgets, LayerSavedForwards, ::testing::Values(int64_t(
                          [](const auto& i) {
                            return std::string(i.param < 0 ? "automatic" : i.param == 0 ? "recompute" : "part");
                          });
+
+// Every rank must run the backward of the same forward (collective): rank 0 runs the first
+// forward's, rank 1 the second's (2 GPUs, saved_forwards 2). Each compares the others' forward id
+// after the backward's first barrier: check() names backward.forward_id on both ranks.
+TEST(LayerSavedForwards2, RanksOnDifferentForwardsAreNamed) {
+  MOK_REQUIRE_GPUS(2);
+  const mok::LayerShape shape{{512, 512}, 1024, 384, 32, 8, 0};
+  mok::Config cfg;
+  cfg.minibatch_tokens = 256;
+  cfg.macrobatch_tokens = 512;
+  cfg.saved_forwards = 2;
+  const auto wl = mok::make_workload(shape, mok::Routing::Uniform, 77);
+  auto group = two_ranks(shape, cfg);
+  group.run([&](mok::comm::Communicator& comm, size_t r) {
+    RankData d(shape, wl, static_cast<int>(r));
+    RankGrads gr(shape, static_cast<int>(r));
+    mok::bf16* d_out = upload(wl.d_out[r].data(), wl.d_out[r].size());
+    mok::Layer layer(comm, shape, cfg, d.dw);
+    const int64_t first = layer.forward(d.refs, d.out_ref(), comm.stream());
+    const int64_t second = layer.forward(d.refs, d.out_ref(), comm.stream());
+    layer.backward(d.refs, mok::TensorRef::contiguous(d_out, mok::DType::BF16, {d.T, shape.hidden}), gr.g,
+                   comm.stream(), r == 0 ? first : second);
+    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
+    try {
+      layer.check();
+      ADD_FAILURE() << "rank " << r << ": backwards of different forwards across ranks were not named";
+    } catch (const mok::Error& e) {
+      EXPECT_EQ(e.argument(), "backward.forward_id") << e.what();
+    }
+    cudaFree(d_out);
+  });
+}
 
 // Eight layers alive on one communicator sharing their workspace (Config::share_workspace): all
 // forwards, then the backwards in reverse order. Every layer's gradients are bitwise those of the
