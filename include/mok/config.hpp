@@ -101,7 +101,8 @@ struct Config {
   // communicator run one at a time; CUDA graphs of two such layers must not be replayed at once),
   // sized when a layer is built: a later layer that needs more gets a new buffer, which the
   // layers after it share while the earlier ones keep theirs (build the largest layer first).
-  // The planner marks them (workspace). Host-only (each rank's own memory). Off: every layer has
+  // The planner marks them (workspace). The same on every rank (the shared windows are collective;
+  // the layer's handshake compares it). Off: every layer has
   // its own.
   bool share_workspace = false;
 

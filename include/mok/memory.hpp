@@ -4,7 +4,8 @@
 // plan), so the plan is the footprint: mok_bench reports it per case, and a GPU test compares it
 // with the device's free memory before and after a layer.
 //
-// Names: window.{routing, x, combine, d_out, router_weights, d_weights}, peer_tables, schedule, gu (gate/up
+// Names: window.{routing, x, combine, d_out, router_weights (+ the backward's call words), d_weights},
+// peer_tables, schedule, gu (gate/up
 // pre-activations; gu_saved: the rows of the activation budget a forward keeps for a backward
 // over windows), the shared expert's gu_s, h_s, y_s,
 // the megakernel's x_ring, h_ring, y_ring, counters (push_peer_tables with push dispatch), the
@@ -69,6 +70,12 @@ struct MemoryPlan {
   // gate/up rows kept), "recompute" (over windows, FC1 recomputed for every row).
   const char* backward_mode() const;
 };
+
+// Byte offset of the backward's call words (its forward id and the layer's number, two int64)
+// inside window.router_weights: after the [T_max, k] f32 weights, 16-aligned.
+constexpr int64_t router_call_offset(int64_t t_max, int64_t top_k) {
+  return ((t_max * top_k > 0 ? t_max * top_k : 1) * 4 + 15) / 16 * 16;
+}
 
 // The plan's name of forward slot `slot`'s buffer `base` (Config::saved_forwards > 1): "<base>#<slot>",
 // slot 0 being "<base>" itself unless `always`.

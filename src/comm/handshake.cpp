@@ -11,7 +11,9 @@ namespace mok::comm {
 namespace {
 
 constexpr int64_t kHandshakeMagic = 0x6d6f6b2d68733031;  // "mok-hs01"
-constexpr int64_t kProtocolVersion = 2;  // 2: the forward's paths (dispatch, combine, clusters)
+// 2: the forward's paths (dispatch, combine, clusters); 3: share_workspace, saved_forwards, and the
+// backward's call words after the router weights.
+constexpr int64_t kProtocolVersion = 3;
 
 // FNV-1a, so that window names can be compared as one word.
 int64_t hash_name(const std::string& s) {

@@ -51,9 +51,9 @@ void DeviceErrorWord::check(int64_t top_k) {
                   detail::concat("rank ", rank));
     case DeviceErrorCode::ForwardIdDiffers:
       throw Error(ErrorKind::InvalidArgument, "backward.forward_id",
-                  detail::concat("every rank must run the backward of the same forward (collective): rank ", d >> 40,
-                                 " ran the backward of forward ", d & 0xffffffffffull,
-                                 ", another one; the gradients of this call are wrong"),
+                  detail::concat("every rank must run the backward of the same forward of the same layer "
+                                 "(collective): rank ", d >> 40, " ran the backward of forward ", d & 0xffffffffffull,
+                                 " (or of another layer), not this rank's; the gradients of this call are wrong"),
                   detail::concat("rank ", rank));
     default:
       throw Error(ErrorKind::Runtime, "device error word",

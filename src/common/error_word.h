@@ -24,7 +24,8 @@ enum class DeviceErrorCode : uint32_t {
   InvalidExpertId = 1,      // detail: flat index t*k + j of the offending topk_idx entry
   InvalidRouterWeight = 2,  // detail: flat index of a routed slot whose topk_w is NaN, Inf or < 0
   RoutingChanged = 3,       // detail: flat index where backward()'s topk_idx differs from forward()'s
-  ForwardIdDiffers = 4,     // detail: peer rank << 40 | its backward's forward id (low 40 bits)
+  ForwardIdDiffers = 4,     // detail: peer rank << 40 | its backward's forward id (low 40 bits): a peer
+                            // ran another forward's backward, or another layer's
 };
 
 MOK_ERR_HD uint64_t encode_device_error(DeviceErrorCode code, int rank, uint64_t detail) {

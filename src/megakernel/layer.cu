@@ -126,7 +126,8 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   // local allocation (a local failure after this point leaves no rank inside a collective).
   // Names carry the number of windows already registered so several layers can share one
   // communicator.
-  const std::string tag = "mok.layer" + std::to_string(comm.window_count());
+  layer_number = static_cast<int64_t>(comm.window_count());
+  const std::string tag = "mok.layer" + std::to_string(layer_number);
   mem = plan_memory(shape, config, rank, sms);  // every size below (include/mok/memory.hpp)
   if (config.share_workspace) workspace = Workspace::of(comm);
   const auto bytes = [&](const char* name) { return static_cast<size_t>(mem.bytes(name)); };
@@ -137,7 +138,6 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   win_dout = acquire_window(tag, "window.d_out");
   win_weights = acquire_window(tag, "window.router_weights");
   win_dweights = acquire_window(tag, "window.d_weights");
-  win_call = acquire_window(tag, "window.call");
   push = fused && config.dispatch == DispatchPath::Push;
   if (push) {
     // Other ranks write into our ring and count into our counters: symmetric windows (equal on
@@ -151,7 +151,8 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   std::vector<const void*> callp(world);
   for (int r = 0; r < world; ++r) {
     dwp[r] = comm::dev::lsa_pointer(comm, *win_dweights, r);
-    callp[r] = comm::dev::lsa_pointer(comm, *win_call, r);
+    callp[r] = static_cast<const char*>(comm::dev::lsa_pointer(comm, *win_weights, r)) +
+               router_call_offset(shape.max_tokens(), k);
     tab[r] = comm::dev::lsa_pointer(comm, *win_routing, r);
     xp[r] = comm::dev::lsa_pointer(comm, *win_x, r);
     cp[r] = comm::dev::lsa_pointer(comm, *win_combine, r);

@@ -10,6 +10,7 @@
 #include "megakernel/layer_impl.h"
 #include "megakernel/merge.h"
 #include "megakernel/reverse.h"
+#include "mok/memory.hpp"
 #include "schedule/schedule_math.h"
 
 namespace mok {
@@ -33,7 +34,13 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   MOK_REQUIRE(id >= 0 && id < forwards && id >= forwards - n, "backward.forward_id",
               "the layer holds the saved state of forwards ", std::max<int64_t>(0, forwards - n), " to ", forwards - 1,
               " (config.saved_forwards = ", n, "), got forward ", id);
-  if (slots.size() > 1) activate(static_cast<int>(id % n));
+  if (slots.size() > 1) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    MOK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    MOK_REQUIRE(capturing == cudaStreamCaptureStatusNone, "config.saved_forwards",
+                "more than 1 cannot be captured in a CUDA graph (the slot of each backward is chosen on the host)");
+    activate(static_cast<int>(id % n));
+  }
   MOK_REQUIRE(active_generation == id, "backward.forward_id", "forward ", id, "'s state was overwritten");
   check_routing(in);
   validate_grad_output_layout(shape, rank, d_out);
@@ -80,10 +87,13 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
                                 static_cast<const float*>(in.topk_w.data), T, k, shape.experts, rank, backward_routing(),
                                 static_cast<float*>(win_weights->ptr), errors.device(), stream);
   }
-  gpu::publish_call_id(win_call->ptr, id, stream);  // this backward's forward, for the peers to compare
+  // This backward's forward and layer, for the peers to compare (the call words after our weights).
+  void* call_word = static_cast<char*>(win_weights->ptr) + router_call_offset(shape.max_tokens(), k);
+  gpu::publish_call_id(call_word, id, layer_number, stream);
   mark(1, stream);
   barrier(stream);  // d_out, x and weights visible, and every rank's forward id
-  gpu::check_call_ids(call_peers.get<const void* const>(), world, id, rank, errors.device(), dc.claim, stream);
+  gpu::check_call_ids(call_peers.get<const void* const>(), world, id, layer_number, rank, errors.device(), dc.claim,
+                      stream);
   mark(2, stream);
   if (windowed) {
     backward_windows(dw_gate, dw_up, dw_down, stream);  // one stage in the profile: marks 3-7 follow it

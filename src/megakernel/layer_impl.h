@@ -190,7 +190,7 @@ struct Layer::Impl {
   const comm::Window* win_dout = nullptr;     // backward: d_out [T_pad, H] bf16, pulled by the peers
   const comm::Window* win_weights = nullptr;  // backward: router weights [T, k] f32, read by the peers
   const comm::Window* win_dweights = nullptr; // backward: their gradient [T, k] f32, written by the peers
-  const comm::Window* win_call = nullptr;     // backward: its forward's id (int64), read by the peers
+  int64_t layer_number = 0;  // the communicator's window count when the layer was built: the same on every rank
   // Config::share_workspace: the windows above that no later call reads (all but the routing)
   // are the workspace's, held here.
   std::vector<std::shared_ptr<layer_detail::SharedWindow>> shared_windows;

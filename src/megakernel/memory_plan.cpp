@@ -115,10 +115,11 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   add("window.x", at_least(t_max_pad * H) * 2, S::Layer, true);
   add("window.combine", at_least(t_max * k * H) * 2, S::Layer, true);
   add("window.d_out", at_least(t_max_pad * H) * 2, S::Layer, true);
-  add("window.router_weights", at_least(t_max * k) * 4, S::Layer, true);
+  // The router weights, then (at router_call_offset) the backward's call words: its forward id
+  // and the layer's number, which the peers compare (in the same window: no allocation of its own).
+  add("window.router_weights", router_call_offset(t_max, k) + 16, S::Layer, true);
   add("window.d_weights", at_least(t_max * k) * 4, S::Layer, true);
-  add("window.call", 16, S::Layer, true);  // the backward's forward id, compared across ranks
-  // The peers' addresses of the seven windows (W pointers each).
+  // The peers' addresses of the six windows and of the call words (W pointers each).
   add("peer_tables", 7 * std::max<int64_t>(16, int64_t(W) * 8), S::Layer);
   // The schedule (and, with push dispatch, every receiver's, built here too).
   int64_t chunks = 0;
@@ -193,7 +194,7 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
     // and reads no row the forward left in the combine slots.
     std::vector<std::string> shared = {"y_ring", "y", "y_s", "dy_rows", "row_weights", "router_partials",
                                        "window.x", "window.combine", "window.d_out", "window.router_weights",
-                                       "window.d_weights", "window.call"};
+                                       "window.d_weights"};
     if (windowed) {
       for (const char* name : {"h_ring", "gu", "bwd_carry", "bwd_windows"}) shared.emplace_back(name);
       if (!push) shared.emplace_back("x_ring");

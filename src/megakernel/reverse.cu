@@ -119,14 +119,18 @@ __global__ void router_grad_finish_kernel(const float* __restrict__ win, const i
 
 // The backward's forward id: written into this rank's call word before the first barrier, and
 // after it compared with every peer's (a mismatch is reported, not trapped: check() names it).
-__global__ void publish_call_kernel(int64_t* word, int64_t id) { *word = id; }
+__global__ void publish_call_kernel(int64_t* words, int64_t id, int64_t layer) {
+  words[0] = id;
+  words[1] = layer;
+}
 
-__global__ void check_calls_kernel(const int64_t* const* peers, int world, int64_t id, int rank,
+__global__ void check_calls_kernel(const int64_t* const* peers, int world, int64_t id, int64_t layer, int rank,
                                    unsigned long long* error_word, const uint32_t* abort) {
-  if (abort_seen(abort)) return;  // a peer that failed may never have written its word
+  if (abort_seen(abort)) return;  // a peer that failed may never have written its words
   for (int r = int(threadIdx.x); r < world; r += int(blockDim.x)) {
-    const int64_t theirs = *reinterpret_cast<const volatile int64_t*>(peers[r]);
-    if (theirs != id)
+    const volatile int64_t* w = peers[r];
+    const int64_t theirs = w[0], their_layer = w[1];
+    if (theirs != id || their_layer != layer)
       report_device_error(error_word, DeviceErrorCode::ForwardIdDiffers, rank,
                           (uint64_t(r) << 40) | (uint64_t(theirs) & 0xffffffffffull));
   }
@@ -211,16 +215,17 @@ void pull_reverse_combine(const MoveArgs& a, const void* const* d_out_peers, con
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 
-void publish_call_id(void* word, int64_t id, cudaStream_t stream) {
-  MOK_REQUIRE(word, "publish_call_id", "the call word must be non-null");
-  publish_call_kernel<<<1, 1, 0, stream>>>(static_cast<int64_t*>(word), id);
+void publish_call_id(void* words, int64_t id, int64_t layer, cudaStream_t stream) {
+  MOK_REQUIRE(words && reinterpret_cast<uintptr_t>(words) % 16 == 0, "publish_call_id",
+              "the call words must be non-null and 16-byte aligned");
+  publish_call_kernel<<<1, 1, 0, stream>>>(static_cast<int64_t*>(words), id, layer);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 
-void check_call_ids(const void* const* peers, int world, int64_t id, int rank, unsigned long long* error_word,
-                    const uint32_t* abort, cudaStream_t stream) {
+void check_call_ids(const void* const* peers, int world, int64_t id, int64_t layer, int rank,
+                    unsigned long long* error_word, const uint32_t* abort, cudaStream_t stream) {
   MOK_REQUIRE(peers && world >= 1, "check_call_ids", "needs the peers' call words");
-  check_calls_kernel<<<1, 32, 0, stream>>>(reinterpret_cast<const int64_t* const*>(peers), world, id, rank,
+  check_calls_kernel<<<1, 32, 0, stream>>>(reinterpret_cast<const int64_t* const*>(peers), world, id, layer, rank,
                                            error_word, abort);
   MOK_CUDA_CHECK(cudaGetLastError());
 }

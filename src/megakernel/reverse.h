@@ -37,13 +37,14 @@ void push_router_grad(const MoveArgs& a, const float* partial, int64_t parts, fl
 void finish_router_grad(const float* window, const int32_t* topk_idx, int64_t slots, const uint32_t* abort,
                         float* d_topk_w, cudaStream_t stream);
 
-// A collective call's id compared across ranks (the backward's forward number): publish_call_id
-// writes it into this rank's call word (before the call's first barrier), check_call_ids reads
-// every peer's (after it) and reports DeviceErrorCode::ForwardIdDiffers into error_word for a
-// peer that differs (nothing once `abort` is set).
-void publish_call_id(void* word, int64_t id, cudaStream_t stream);
-void check_call_ids(const void* const* peers, int world, int64_t id, int rank, unsigned long long* error_word,
-                    const uint32_t* abort, cudaStream_t stream);
+// A collective call compared across ranks (the backward's forward number and the layer's):
+// publish_call_id writes both into this rank's call words (two int64, before the call's first
+// barrier), check_call_ids reads every peer's (after it) and reports
+// DeviceErrorCode::ForwardIdDiffers into error_word for a peer that differs (nothing once `abort`
+// is set).
+void publish_call_id(void* words, int64_t id, int64_t layer, cudaStream_t stream);
+void check_call_ids(const void* const* peers, int world, int64_t id, int64_t layer, int rank,
+                    unsigned long long* error_word, const uint32_t* abort, cudaStream_t stream);
 
 // The backward over windows of the routed layout (notes/memory.md), for window [lo, hi) (whole
 // 128-row tiles) of `v`'s rows: parts[e] = expert e's first token row in the window, relative to
