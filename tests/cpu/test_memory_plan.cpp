@@ -16,6 +16,26 @@
 
 namespace {
 
+// The training memory model at DeepSeek-V3 EP 8: the shared workspace and a ring of 8192 rows
+// (the one a 2 GB workspace leaves, RingForWorkspaceIsTheLargestThatFits).
+mok::Config training_config() {
+  mok::Config cfg;
+  cfg.share_workspace = true;
+  cfg.macrobatch_tokens = 8192;
+  return cfg;
+}
+
+// `call()` throws mok::Error naming `argument`; `what` says what was wrongly accepted otherwise.
+template <class Fn>
+void expect_refused(Fn&& call, const char* argument, const char* what) {
+  try {
+    (void)call();
+    ADD_FAILURE() << "accepted " << what;
+  } catch (const mok::Error& e) {
+    EXPECT_EQ(e.argument(), argument) << what << ": " << e.what();
+  }
+}
+
 struct Measured {
   const char* name;
   int world;
@@ -143,12 +163,8 @@ TEST(MemoryPlan, ActivationBudgetSavesWholeTilesOfGateUpRows) {
   EXPECT_FALSE(none.has("gu_saved"));
   EXPECT_STREQ(none.backward_mode(), "recompute");
   cfg.activation_budget_bytes = -2;
-  try {
-    (void)mok::plan_memory(shape, cfg, 0, 132);
-    ADD_FAILURE() << "a budget of -2 bytes was accepted";
-  } catch (const mok::Error& e) {
-    EXPECT_EQ(e.argument(), "config.activation_budget_bytes") << e.what();
-  }
+  expect_refused([&] { return mok::plan_memory(shape, cfg, 0, 132); }, "config.activation_budget_bytes",
+                 "a budget of -2 bytes");
   // Resident (EP 1, the default ring holds the worst case): no saved rows beyond gu itself.
   const auto ep1 = mok::LayerShape::uniform(1, 8192, 7168, 2048, 256, 8);
   const mok::MemoryPlan resident = mok::plan_memory(ep1, mok::Config{}, 0, 132);
@@ -162,9 +178,7 @@ TEST(MemoryPlan, ActivationBudgetSavesWholeTilesOfGateUpRows) {
 // hold for every routing.
 TEST(MemoryPlan, DeepSeekV3AtEp8MeetsTheTrainingBars) {
   const auto shape = mok::LayerShape::uniform(8, 8192, 7168, 2048, 256, 8);
-  mok::Config cfg;
-  cfg.share_workspace = true;
-  cfg.macrobatch_tokens = 8192;
+  mok::Config cfg = training_config();
   const mok::MemoryPlan saved = mok::plan_memory(shape, cfg, 0, 132);
   cfg.activation_budget_bytes = 0;
   const mok::MemoryPlan recompute = mok::plan_memory(shape, cfg, 0, 132);
@@ -194,12 +208,8 @@ TEST(MemoryPlan, RingForWorkspaceIsTheLargestThatFits) {
   at.macrobatch_tokens = ring + mb;
   EXPECT_GT(mok::plan_memory(shape, at, 0, 132).workspace(), int64_t(2e9));
   std::printf("[memory] dsv3 ep8: ring %lld rows for a 2 GB workspace\n", static_cast<long long>(ring));
-  try {
-    (void)mok::ring_for_workspace(shape, cfg, 0, 132, int64_t(1e8));
-    ADD_FAILURE() << "a 100 MB workspace was accepted at DeepSeek-V3";
-  } catch (const mok::Error& e) {
-    EXPECT_EQ(e.argument(), "workspace_budget") << e.what();
-  }
+  expect_refused([&] { return mok::ring_for_workspace(shape, cfg, 0, 132, int64_t(1e8)); }, "workspace_budget",
+                 "a 100 MB workspace at DeepSeek-V3");
   const auto tiny = mok::LayerShape::uniform(1, 64, 128, 64, 8, 2);
   EXPECT_EQ(mok::ring_for_workspace(tiny, cfg, 0, 132, int64_t(1e9)), 0);
 }
@@ -209,9 +219,7 @@ TEST(MemoryPlan, RingForWorkspaceIsTheLargestThatFits) {
 // than one needs the backward over windows (a ring below the worst case) and pull dispatch.
 TEST(MemoryPlan, SavedForwardsHoldOneSavedStateEach) {
   const auto shape = mok::LayerShape::uniform(8, 8192, 7168, 2048, 256, 8, 2048);
-  mok::Config cfg;
-  cfg.share_workspace = true;
-  cfg.macrobatch_tokens = 8192;
+  mok::Config cfg = training_config();
   const mok::MemoryPlan one = mok::plan_memory(shape, cfg, 0, 132);
   cfg.saved_forwards = 3;
   const mok::MemoryPlan three = mok::plan_memory(shape, cfg, 0, 132);
@@ -226,26 +234,16 @@ TEST(MemoryPlan, SavedForwardsHoldOneSavedStateEach) {
   EXPECT_EQ(three.total(mok::MemoryScope::Saved),
             3 * (one.total(mok::MemoryScope::Saved) - one.bytes("window.routing")) + 3 * 8192 * 8 * 4);
   EXPECT_EQ(three.workspace(), one.workspace());
-  const auto refused = [&](mok::Config c, const char* why) {
-    try {
-      (void)mok::plan_memory(shape, c, 0, 132);
-      ADD_FAILURE() << "saved_forwards accepted " << why;
-    } catch (const mok::Error& e) {
-      EXPECT_EQ(e.argument(), "config.saved_forwards") << why << ": " << e.what();
-    }
+  const auto refused = [&](const mok::LayerShape& sh, const mok::Config& c, const char* why) {
+    expect_refused([&] { return mok::plan_memory(sh, c, 0, 132); }, "config.saved_forwards", why);
   };
   mok::Config resident;  // the default ring holds the worst case at EP 1
   resident.saved_forwards = 2;
-  try {
-    (void)mok::plan_memory(mok::LayerShape::uniform(1, 8192, 7168, 2048, 256, 8), resident, 0, 132);
-    ADD_FAILURE() << "saved_forwards accepted with a resident backward";
-  } catch (const mok::Error& e) {
-    EXPECT_EQ(e.argument(), "config.saved_forwards") << e.what();
-  }
+  refused(mok::LayerShape::uniform(1, 8192, 7168, 2048, 256, 8), resident, "saved_forwards with a resident backward");
   mok::Config push = cfg;
   push.dispatch = mok::DispatchPath::Push;
-  refused(push, "with push dispatch");
+  refused(shape, push, "saved_forwards with push dispatch");
   mok::Config zero = cfg;
   zero.saved_forwards = 0;
-  refused(zero, "as 0");
+  refused(shape, zero, "saved_forwards = 0");
 }
