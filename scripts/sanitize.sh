@@ -92,7 +92,7 @@ declare -A target_of=([layer]=mok_gpu_layer_tests [gemm]=mok_gpu_gemm_tests
 declare -A path_of=([layer]="$MOK_BUILD/tests/gpu/megakernel/mok_gpu_layer_tests"
                     [gemm]="$MOK_BUILD/tests/gpu/gemm/mok_gpu_gemm_tests"
                     [reliability]="$MOK_BUILD/tests/gpu/megakernel/mok_gpu_reliability_tests")
-gemm_tests='WgradCarry.*:GroupedGemm.Fc1SwiGLUSmallExpertsPartialBlocks:GroupedGemm.Fc2SmallExpertsPartialBlocks:GroupedGemm.SplitNForNearlyEmptyTiles:GroupedGemm.WgradKGroupedMaskedPadding:GroupedGemm.DgradMNMajorWeights:GroupedGemm.ClustersMulticastB:FfnBackward.FormsComposeIntoTheSpecifiedBackward'
+gemm_tests='WgradCarry.*:DgradSwiGLURouter.*:GroupedGemm.Fc1SwiGLUSmallExpertsPartialBlocks:GroupedGemm.Fc2SmallExpertsPartialBlocks:GroupedGemm.SplitNForNearlyEmptyTiles:GroupedGemm.WgradKGroupedMaskedPadding:GroupedGemm.DgradMNMajorWeights:GroupedGemm.ClustersMulticastB:FfnBackward.FormsComposeIntoTheSpecifiedBackward'
 all_tools="memcheck racecheck synccheck initcheck"
 # label | binary key | gtest filter | tools it is run under
 specs=(
@@ -104,8 +104,10 @@ specs=(
   "fwd_unfused|layer|Routings/LayerForward.*/ep1_uniform_shared_unfused|$all_tools"
   "bwd_unfused|layer|Routings/LayerBackward.*/ep1_uniform_shared_unfused|$all_tools"
   "bwd_after_megakernel|layer|Routings/LayerBackward.*/ep1_uniform_shared|$all_tools"
-  # The backward over windows of a small ring (it sets its experiment knob itself).
-  "bwd_windows|layer|Rings/LayerBackwardWindows.*/zipf_mb128_ring384|$all_tools"
+  # The backward over windows of a small ring, a budget cutting a window (saved rows and FC1
+  # recomputed), and several forwards alive (slots swapped, reused, refused).
+  "bwd_windows|layer|Rings/LayerBackwardWindows.*/zipf_ring384_part|$all_tools"
+  "bwd_saved_forwards|layer|Budgets/LayerSavedForwards.*/part|$all_tools"
   "reliability|reliability|Paths/BadRouting.*:BadRoutingBackward.*:Faults/BadPointers.*|$all_tools"
   # The GEMM tests' edge shapes (partial blocks, split-N, masked wgrad padding) under memcheck and
   # racecheck, as before; the layer runs the grouped-GEMM kernels under all four tools anyway.
