@@ -301,7 +301,7 @@ class SanitizeScriptTest(TempDirCase):
         self.assertTrue(doc["dry_run"])
         self.assertEqual(doc["commit"], "c0ffee1")
         runs = [(r["tool"], r["test"]) for r in doc["runs"]]
-        self.assertEqual(len(runs), 10 * 4 + 2)
+        self.assertEqual(len(runs), 11 * 4 + 2)
         self.assertEqual(runs[:5], [("memcheck", "fwd_megakernel_pull"),
                                     ("racecheck", "fwd_megakernel_pull"),
                                     ("synccheck", "fwd_megakernel_pull"),
@@ -319,7 +319,8 @@ class SanitizeScriptTest(TempDirCase):
         self.assertEqual([(r["tool"], r["test"]) for r in self.result()["runs"]], [
             ("initcheck", "bwd_unfused"), ("racecheck", "bwd_unfused"),
             ("initcheck", "bwd_after_megakernel"), ("racecheck", "bwd_after_megakernel"),
-            ("initcheck", "bwd_windows"), ("racecheck", "bwd_windows"), ("racecheck", "gemm")])
+            ("initcheck", "bwd_windows"), ("racecheck", "bwd_windows"),
+            ("initcheck", "bwd_saved_forwards"), ("racecheck", "bwd_saved_forwards"), ("racecheck", "gemm")])
         self.assertEqual(self.sanitize(MOK_SANITIZE_DRY_RUN="1", MOK_SANITIZE_ONLY="nothing")
                          .returncode, 2)
         self.assertEqual(self.sanitize(MOK_SANITIZE_DRY_RUN="1", MOK_SANITIZE_TOOLS="memchek")
