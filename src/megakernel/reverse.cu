@@ -35,9 +35,7 @@ __device__ __forceinline__ uint4 scale_row_vec(uint4 raw, float w) {
   return out.raw;
 }
 
-// One warp per routed row (warps of all CTAs stride over the window's rows), four 16-byte loads in
-// flight per lane: the rows come over NVLink from the source rank.
-// rnd(w * v) for a row of 8-value vectors, in place or from -> to, four loads in flight per lane.
+// rnd(w * v) for a row of 8-value vectors, four loads in flight per lane.
 __device__ __forceinline__ void scale_row(const uint4* from, uint4* to, int hidden_vecs, int lane, float w) {
   int v = lane;
   for (; v + 96 < hidden_vecs; v += 128) {
@@ -75,15 +73,7 @@ __global__ void __launch_bounds__(kThreads) reverse_combine_kernel(ScheduleView 
       return;
     }
     if (lane == 0) row_weight[row - row_begin] = w;
-    int v = lane;
-    for (; v + 96 < hidden_vecs; v += 128) {
-      const uint4 a = from[v], b = from[v + 32], c = from[v + 64], d = from[v + 96];
-      to[v] = a;
-      to[v + 32] = b;
-      to[v + 64] = c;
-      to[v + 96] = d;
-    }
-    for (; v < hidden_vecs; v += 32) to[v] = from[v];
+    copy_row(from, to, hidden_vecs, lane);
   });
 }
 
