@@ -93,9 +93,9 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
     resolved = {{"resolved.minibatch_rows", config.resolved_minibatch(shape, sms), false},
                 {"resolved.macrobatch_rows", config.resolved_macrobatch(shape, sms), false},
                 {"resolved.fwd_comm_sms", config.resolved_fwd_comm_sms(shape), false}};
+    mem = plan_memory(shape, config, rank, sms);  // every size below (include/mok/memory.hpp)
     if (config.share_workspace)  // whether each shared window is reused or taken (a collective) alike
-      resolved.push_back({"workspace.windows_reused",
-                          Workspace::of(comm)->windows_reused(plan_memory(shape, config, rank, sms)), false});
+      resolved.push_back({"workspace.windows_reused", Workspace::of(comm)->windows_reused(mem), false});
   } catch (...) {
     refused = std::current_exception();
   }
@@ -128,7 +128,6 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   // communicator.
   layer_number = static_cast<int64_t>(comm.window_count());
   const std::string tag = "mok.layer" + std::to_string(layer_number);
-  mem = plan_memory(shape, config, rank, sms);  // every size below (include/mok/memory.hpp)
   if (config.share_workspace) workspace = Workspace::of(comm);
   const auto bytes = [&](const char* name) { return static_cast<size_t>(mem.bytes(name)); };
   win_routing = acquire_window(tag, "window.routing");
@@ -463,12 +462,7 @@ int64_t Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaSt
   // This forward's number; with several forwards alive, its slot's state becomes the members'
   // (every forward takes one, saved or not: it builds its schedule there). Host-side bookkeeping
   // that a replayed CUDA graph would not repeat: refused under capture.
-  if (slots.size() > 1) {
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    MOK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-    MOK_REQUIRE(capturing == cudaStreamCaptureStatusNone, "config.saved_forwards",
-                "more than 1 cannot be captured in a CUDA graph (the slot of each forward is chosen on the host)");
-  }
+  refuse_capture_with_slots(stream);
   const int64_t id = forwards++;
   if (slots.size() > 1) activate(static_cast<int>(id % static_cast<int64_t>(slots.size())));
   active_generation = id;

@@ -34,13 +34,8 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   MOK_REQUIRE(id >= 0 && id < forwards && id >= forwards - n, "backward.forward_id",
               "the layer holds the saved state of forwards ", std::max<int64_t>(0, forwards - n), " to ", forwards - 1,
               " (config.saved_forwards = ", n, "), got forward ", id);
-  if (slots.size() > 1) {
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    MOK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-    MOK_REQUIRE(capturing == cudaStreamCaptureStatusNone, "config.saved_forwards",
-                "more than 1 cannot be captured in a CUDA graph (the slot of each backward is chosen on the host)");
-    activate(static_cast<int>(id % n));
-  }
+  refuse_capture_with_slots(stream);
+  if (slots.size() > 1) activate(static_cast<int>(id % n));
   MOK_REQUIRE(active_generation == id, "backward.forward_id", "forward ", id, "'s state was overwritten");
   check_routing(in);
   validate_grad_output_layout(shape, rank, d_out);

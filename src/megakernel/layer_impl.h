@@ -247,6 +247,9 @@ struct Layer::Impl {
   void setup_saved_slots();
   void swap_slot(int i);  // the members <-> slots[i]
   void activate(int i);
+  // Several forwards alive choose their slots on the host, which a replayed CUDA graph would not
+  // repeat: refused (naming config.saved_forwards) while `stream` is capturing.
+  void refuse_capture_with_slots(cudaStream_t stream) const;
   // The routing the backward reads: the forward's own copy with several forwards alive.
   const int32_t* backward_routing() const {
     return slots.size() > 1 ? saved_routing.get<const int32_t>() : published();

@@ -131,6 +131,14 @@ void Layer::Impl::swap_slot(int i) {
   std::swap(active_generation, s.generation);
 }
 
+void Layer::Impl::refuse_capture_with_slots(cudaStream_t stream) const {
+  if (slots.size() <= 1) return;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  MOK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  MOK_REQUIRE(capturing == cudaStreamCaptureStatusNone, "config.saved_forwards",
+              "more than 1 cannot be captured in a CUDA graph (each call's slot is chosen on the host)");
+}
+
 void Layer::Impl::activate(int i) {
   if (i == active) return;
   swap_slot(active);  // the active state back into its slot (which held nothing)
