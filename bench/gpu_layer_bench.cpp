@@ -25,6 +25,7 @@
 #include "mok/memory.hpp"
 #include "mok/schedule.hpp"
 #include "reference/token_spec.h"
+#include "schedule/schedule_math.h"
 #include "util/bench_util.h"
 #include "util/peer_copy.h"
 
@@ -33,8 +34,6 @@ namespace mok::bench {
 namespace {
 
 // SMs of GPU 0 (every rank's GPU is one model): the minibatch and ring the layer resolves with.
-int64_t sched_round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
-
 int device_sms() {
   static const int n = [] {
     int v = 0;
@@ -135,7 +134,7 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   if (o.clusters >= 0) main.fwd_clusters = o.clusters != 0;
   main.dispatch = o.dispatch;
   // A multiple of this shape's minibatch (which the models' shapes choose differently).
-  if (o.macrobatch > 0) main.macrobatch_tokens = sched_round_up(o.macrobatch, main.resolved_minibatch(shape, device_sms()));
+  if (o.macrobatch > 0) main.macrobatch_tokens = sched::round_up(o.macrobatch, main.resolved_minibatch(shape, device_sms()));
   main.activation_budget_bytes = o.budget_mb < 0 ? -1 : o.budget_mb * 1000000;
   if (o.workspace_budget_mb > 0) {  // the training memory model: one workspace, the ring that fits it
     main.macrobatch_tokens = ring_for_workspace(shape, main, 0, device_sms(), o.workspace_budget_mb * 1000000);
