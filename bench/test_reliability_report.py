@@ -319,7 +319,7 @@ class SanitizeScriptTest(TempDirCase):
         self.assertEqual([(r["tool"], r["test"]) for r in self.result()["runs"]], [
             ("initcheck", "bwd_unfused"), ("racecheck", "bwd_unfused"),
             ("initcheck", "bwd_after_megakernel"), ("racecheck", "bwd_after_megakernel"),
-            ("initcheck", "bwd_windows"), ("racecheck", "bwd_windows"),
+            ("initcheck", "bwd_windows"), ("racecheck", "bwd_windows_uniform"),
             ("initcheck", "bwd_saved_forwards"), ("racecheck", "bwd_saved_forwards"), ("racecheck", "gemm")])
         self.assertEqual(self.sanitize(MOK_SANITIZE_DRY_RUN="1", MOK_SANITIZE_ONLY="nothing")
                          .returncode, 2)

@@ -150,6 +150,10 @@ struct WgradArgs {
   float* carry_out = nullptr;
   const int32_t* carry_experts = nullptr;
   const int32_t* expert_rows_total = nullptr;
+  // expert_range (device, {first, count}, optional): only experts [first, first + count) are
+  // scheduled (the others' gradients left alone): a call over a window of the rows runs the tiles
+  // of the experts it touches, not empty tiles of every expert. Clamped to [0, experts).
+  const int32_t* expert_range = nullptr;
 };
 
 // What a Plan holds. Its fields are filled by plan_* and read by run(); they are public because a
@@ -200,6 +204,7 @@ struct KernelParams {
   float* carry_out = nullptr;
   const int32_t* carry_experts = nullptr;
   const int32_t* expert_rows_total = nullptr;
+  const int32_t* expert_range = nullptr;      // Wgrad: {first, count} experts scheduled (optional)
   unsigned int* error = nullptr;              // bounded waits: error word (nullptr: unbounded)
   unsigned long long wait_limit_ns = 0;
 };

@@ -238,6 +238,7 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
   p.params.carry_out = a.carry_out;
   p.params.carry_experts = a.carry_experts;
   p.params.expert_rows_total = a.expert_rows_total;
+  p.params.expert_range = a.expert_range;
   fill_common(p, o, a.experts * p.params.num_m_tiles * p.params.n_tiles,
               a.experts * cdiv(p.params.num_m_tiles, 2) * p.params.n_tiles);
   p.padded_flops = 2.0 * double(a.rows_total) * double(a.m) * double(a.n);

@@ -93,24 +93,39 @@ struct MPairSchedule {
   }
 };
 
+// The experts a K-grouped call schedules: all, or KernelParams::expert_range (device, written by
+// an earlier kernel: read after griddep_wait), clamped to [0, experts).
+struct ExpertRange {
+  int32_t first = 0, count = 0;
+  __device__ explicit ExpertRange(const KernelParams& p) : count(p.experts) {
+    if (p.expert_range == nullptr) return;
+    first = min(max(__ldg(p.expert_range), 0), p.experts);
+    count = min(max(__ldg(p.expert_range + 1), 0), p.experts - first);
+  }
+};
+
 // K-grouped tiles (wgrad): per expert, its M x N output tiles; K runs over the expert's rows.
 template <class C>
 struct KGroupedSchedule {
   int32_t t;
   int32_t total;
+  int32_t first;
   const KernelParams* p;
   __device__ explicit KGroupedSchedule(const KernelParams& params)
-      : t(int32_t(blockIdx.x) - int32_t(gridDim.x)),
-        total(params.experts * params.num_m_tiles * params.n_tiles),
-        p(&params) {}
+      : t(int32_t(blockIdx.x) - int32_t(gridDim.x)), p(&params) {
+    const ExpertRange r(params);
+    first = r.first;
+    total = r.count * params.num_m_tiles * params.n_tiles;
+  }
   __device__ bool next(Tile& out, bool& shared, bool& dummy) {
     shared = dummy = false;
     t += int32_t(gridDim.x);
     if (t >= total) return false;
     const int32_t per_e = p->num_m_tiles * p->n_tiles;
-    const int32_t e = t / per_e;
+    const int32_t local = t / per_e;
+    const int32_t e = first + local;
     int32_t m, n;
-    raster(t - e * per_e, p->num_m_tiles, p->n_tiles, p->group_m, m, n);
+    raster(t - local * per_e, p->num_m_tiles, p->n_tiles, p->group_m, m, n);
     const int32_t rows = __ldg(p->expert_rows + e);
     const int32_t begin = __ldg(p->expert_row_begin + e);
     const int32_t kb = (rows + kBlockK - 1) / kBlockK;
@@ -127,6 +142,7 @@ template <class C>
 struct KPairSchedule {
   int32_t u;
   int32_t total;
+  int32_t first;
   int32_t pairs;
   int32_t nclusters;
   uint32_t rank;
@@ -135,15 +151,18 @@ struct KPairSchedule {
       : pairs((params.num_m_tiles + 1) / 2), nclusters(int32_t(gridDim.x / 2u)), p(&params) {
     rank = cluster_ctarank();
     u = int32_t(blockIdx.x / 2u) - nclusters;
-    total = params.experts * pairs * params.n_tiles;
+    const ExpertRange r(params);
+    first = r.first;
+    total = r.count * pairs * params.n_tiles;
   }
   __device__ bool next(Tile& out, bool& shared, bool& dummy) {
     u += nclusters;
     if (u >= total) return false;
     const int32_t per_e = pairs * p->n_tiles;
-    const int32_t e = u / per_e;
+    const int32_t local = u / per_e;
+    const int32_t e = first + local;
     int32_t mp, n;
-    raster(u - e * per_e, pairs, p->n_tiles, max(1, p->group_m / 2), mp, n);
+    raster(u - local * per_e, pairs, p->n_tiles, max(1, p->group_m / 2), mp, n);
     const int32_t m0 = 2 * mp;
     const bool has1 = m0 + 1 < p->num_m_tiles;
     dummy = rank == 1u && !has1;

@@ -47,6 +47,7 @@ Layer::Impl::~Impl() {
     for (auto& w : shared_windows) w->keep = true;
   }
   for (cudaEvent_t e : bwd_marks) (void)cudaEventDestroy(e);
+  for (cudaEvent_t e : win_marks) (void)cudaEventDestroy(e);
   if (restore) (void)cudaSetDevice(prev);
 }
 

@@ -154,16 +154,35 @@ std::string Layer::Impl::backward_profile() const {
   std::string line = "backward stages (ms):";
   float total = 0;
   for (int i = 0; i < kBwdStages; ++i) {
+    // Over windows, stages 2-7 are one (its parts are summed below): the others' marks follow it.
+    if (windowed && i >= 3 && i <= 7) continue;
     float ms = 0;
-    MOK_CUDA_CHECK(cudaEventElapsedTime(&ms, bwd_marks[static_cast<size_t>(i)], bwd_marks[static_cast<size_t>(i + 1)]));
+    const int end = windowed && i == 2 ? 8 : i + 1;
+    MOK_CUDA_CHECK(cudaEventElapsedTime(&ms, bwd_marks[static_cast<size_t>(i)], bwd_marks[static_cast<size_t>(end)]));
     total += ms;
     char buf[64];
-    std::snprintf(buf, sizeof buf, "%s %s %.3f", i ? "," : "", kBwdStageNames[i], ms);
+    std::snprintf(buf, sizeof buf, "%s %s %.3f", i ? "," : "", windowed && i == 2 ? "windows" : kBwdStageNames[i], ms);
     line += buf;
   }
-  char buf[32];
+  char buf[64];
   std::snprintf(buf, sizeof buf, "; total %.3f", total);
-  return line + buf;
+  line += buf;
+  if (windowed && windows_marked > 0) {
+    std::snprintf(buf, sizeof buf, "; over %lld windows:", static_cast<long long>(windows_marked));
+    line += buf;
+    for (int i = 0; i < kWinStages; ++i) {
+      float sum = 0;
+      for (int64_t w = 0; w < windows_marked; ++w) {
+        const size_t at = static_cast<size_t>(w * (kWinStages + 1) + i);
+        float ms = 0;
+        MOK_CUDA_CHECK(cudaEventElapsedTime(&ms, win_marks[at], win_marks[at + 1]));
+        sum += ms;
+      }
+      std::snprintf(buf, sizeof buf, "%s %s %.3f", i ? "," : "", kWinStageNames[i], sum);
+      line += buf;
+    }
+  }
+  return line;
 }
 
 // The shared expert over this rank's tokens: dy = d_out (weight 1), as one expert of T rows.
@@ -240,7 +259,7 @@ gemm::Options Layer::Impl::options_as(int64_t width_tiles, int64_t n) const {
 void Layer::Impl::run_wgrad(const void* a, const void* b, void* dw, int64_t m, int64_t n, int64_t experts,
                             int64_t rows_total, const int32_t* row_begin, const int32_t* rows, cudaStream_t stream,
                             void* dw_up, const float* carry_in, float* carry_out, const int32_t* carry_experts,
-                            const int32_t* expert_rows_total) const {
+                            const int32_t* expert_rows_total, const int32_t* expert_range) const {
   gemm::WgradArgs w;
   w.a = a;
   w.b = b;
@@ -256,6 +275,7 @@ void Layer::Impl::run_wgrad(const void* a, const void* b, void* dw, int64_t m, i
   w.carry_out = carry_out;
   w.carry_experts = carry_experts;
   w.expert_rows_total = expert_rows_total;
+  w.expert_range = expert_range;
   gemm::run(gemm::plan_wgrad(w, gemm_options()), stream);
 }
 

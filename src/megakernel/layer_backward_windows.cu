@@ -24,7 +24,10 @@ namespace mok {
 // (routed_dgrads), and the weight gradients
 // over each expert's part of the window, the expert cut by the window's end carried to the next in
 // fp32 (WgradArgs::carry_in / carry_out): every gradient the resident backward's bits (windows are
-// whole tiles, so every sum runs in the same K order).
+// whole tiles, so every sum runs in the same K order). The wgrads schedule the window's experts
+// only (WgradArgs::expert_range, sched::window_owns): at DeepSeek-V3 EP 1 a ring of 8192 rows holds
+// ~32 of 256 experts, and the empty tiles of the other 224 (~300k per window) cost more than the
+// window's MMAs.
 void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream) {
   const gpu::ScheduleView v = schedule->view();
   const int64_t R = ring_rows;
@@ -43,6 +46,8 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
   const int32_t* part_begin = parts;
   const int32_t* part_rows = parts + e_loc;
   const int32_t* carried = parts + 2 * e_loc;
+  const int32_t* owned = parts + 2 * e_loc + 2;  // the window's experts: their tiles only
+  windows_marked = 0;
   for (int64_t lo = 0, w = 0; lo < cap_rows; ++w) {
     const int in = int(w & 1), out = in ^ 1;
     int64_t hi = std::min(lo + R, cap_rows);
@@ -52,7 +57,9 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
     const int32_t* tile_expert = v.tile_expert + lo / sched::kBlockM;
     move.row_begin = lo;
     move.row_end = hi;
+    win_mark(w, 0, stream);
     gpu::pull_dispatch(move, x_peers.get<const void* const>(), x_rows, stream);
+    win_mark(w, 1, stream);
     // The window's gate/up rows: the forward's (d_gu is written over them: one backward per
     // forward), or FC1 again.
     void* gu_rows = from_saved ? static_cast<char*>(gu_saved.p) + lo * 4 * I : gu.p;
@@ -61,14 +68,32 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
     else
       gemm::run(gemm::plan_fc1(routed_fc1(x_rows, h.p, gu.p, tile_expert, tiles), options_as(all_tiles, 2 * I)),
                 stream);
+    win_mark(w, 2, stream);
     routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false);
-    gpu::window_parts(v, e_loc, lo, hi, parts, stream);
+    win_mark(w, 3, stream);
+    gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, stream);
     run_wgrad(dy_routed.p, h.p, dw_down, H, I, e_loc, hi - lo, part_begin, part_rows, stream, nullptr,
-              carry_down[in], carry_down[out], carried, v.expert_rows);
+              carry_down[in], carry_down[out], carried, v.expert_rows, owned);
+    win_mark(w, 4, stream);
     run_wgrad(gu_rows, x_rows, dw_gate, 2 * I, H, e_loc, hi - lo, part_begin, part_rows, stream, dw_up,
-              carry_gu[in], carry_gu[out], carried, v.expert_rows);
+              carry_gu[in], carry_gu[out], carried, v.expert_rows, owned);
+    win_mark(w, 5, stream);
     lo = hi;
   }
+}
+
+// MOK_PROFILE=1, outside capture: the events of window w (created on first use; a backward records
+// them in order, so window w's stage i + 1 closes stage i).
+void Layer::Impl::win_mark(int64_t w, int i, cudaStream_t stream) {
+  if (!marking || !profile) return;
+  const size_t at = static_cast<size_t>(w * (kWinStages + 1) + i);
+  while (win_marks.size() <= at) {
+    cudaEvent_t e = nullptr;
+    MOK_CUDA_CHECK(cudaEventCreate(&e));
+    win_marks.push_back(e);
+  }
+  MOK_CUDA_CHECK(cudaEventRecord(win_marks[at], stream));
+  if (i == kWinStages) windows_marked = w + 1;
 }
 
 }  // namespace mok

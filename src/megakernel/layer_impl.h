@@ -267,6 +267,13 @@ struct Layer::Impl {
   void mark(int i, cudaStream_t stream) {
     if (marking && !bwd_marks.empty()) MOK_CUDA_CHECK(cudaEventRecord(bwd_marks[static_cast<size_t>(i)], stream));
   }
+  // The backward over windows (one stage above): kWinStages per window, summed over the windows.
+  static constexpr int kWinStages = 5;
+  static constexpr const char* kWinStageNames[kWinStages] = {"x pull", "h (saved) / FC1 again", "dgrads + pushes",
+                                                             "wgrad down", "wgrad gate/up"};
+  std::vector<cudaEvent_t> win_marks;  // window w's stage boundaries at [w * (kWinStages + 1), ...]
+  int64_t windows_marked = 0;          // windows the last backward recorded
+  void win_mark(int64_t w, int i, cudaStream_t stream);
   gemm::Plan fc1, fc2, fc1_s, fc2_s;
   gemm::Plan fc1_nogu, fc1_s_nogu;  // forward(..., save_for_backward = false)
   // Megakernel: ring buffers, counters, tensor maps and parameters.
@@ -324,7 +331,8 @@ struct Layer::Impl {
   void run_wgrad(const void* a, const void* b, void* dw, int64_t m, int64_t n, int64_t experts, int64_t rows_total,
                  const int32_t* row_begin, const int32_t* rows, cudaStream_t stream, void* dw_up = nullptr,
                  const float* carry_in = nullptr, float* carry_out = nullptr,
-                 const int32_t* carry_experts = nullptr, const int32_t* expert_rows_total = nullptr) const;
+                 const int32_t* carry_experts = nullptr, const int32_t* expert_rows_total = nullptr,
+                 const int32_t* expert_range = nullptr) const;
 
   void backward_resident(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream);
   void backward_windows(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream);

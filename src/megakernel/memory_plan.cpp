@@ -179,7 +179,7 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   if (windowed) {
     // Two of each (a window reads the previous one's and writes its own: WgradArgs::carry_in / out).
     add("bwd_carry", 2 * (gemm::wgrad_carry_floats(H, I) + gemm::wgrad_carry_floats(2 * I, H)) * 4, S::Backward);
-    add("bwd_windows", (2 * e_loc + 2) * 4, S::Backward);
+    add("bwd_windows", (2 * e_loc + 4) * 4, S::Backward);
   }
   if (Is > 0 && T > 0) {
     add("shared_rows", 8, S::Backward);

@@ -150,33 +150,40 @@ __global__ void __launch_bounds__(256) swiglu_rows_kernel(const uint4* __restric
 }
 
 // One block: every expert's part of window [lo, hi), then (thread 0, in expert order) the experts
-// carried across the window's two ends (schedule_math.h: at most one per cut).
+// carried across the window's two ends (schedule_math.h: at most one per cut) and the range of
+// experts the window owns (window_owns: contiguous).
 __global__ void window_parts_kernel(const int32_t* expert_offset, const int32_t* expert_rows, int32_t experts,
-                                    int64_t lo, int64_t hi, int32_t* parts) {
+                                    int64_t lo, int64_t hi, bool last, int32_t* parts) {
   for (int32_t e = int32_t(threadIdx.x); e < experts; e += int32_t(blockDim.x)) {
     const sched::WindowPart p = sched::window_part(expert_offset[e], expert_rows[e], lo, hi);
     parts[e] = p.begin;
     parts[experts + e] = p.rows;
   }
   if (threadIdx.x == 0) {
-    int32_t in = -1, out = -1;
+    int32_t in = -1, out = -1, first = -1, owned = 0;
     for (int32_t e = 0; e < experts; ++e) {
       if (sched::rows_cross(expert_offset[e], expert_rows[e], lo)) in = e;
       if (sched::rows_cross(expert_offset[e], expert_rows[e], hi)) out = e;
+      if (sched::window_owns(expert_offset[e], expert_rows[e], lo, hi, last)) {
+        if (first < 0) first = e;
+        owned = e - first + 1;
+      }
     }
     parts[2 * experts] = in;
     parts[2 * experts + 1] = out;
+    parts[2 * experts + 2] = first < 0 ? 0 : first;
+    parts[2 * experts + 3] = owned;
   }
 }
 
 }  // namespace
 
-void window_parts(const ScheduleView& v, int64_t experts, int64_t lo, int64_t hi, int32_t* parts,
+void window_parts(const ScheduleView& v, int64_t experts, int64_t lo, int64_t hi, bool last, int32_t* parts,
                   cudaStream_t stream) {
   MOK_REQUIRE(experts >= 1 && experts < (int64_t(1) << 24), "window_parts.experts", "in [1, 2^24), got ", experts);
   MOK_REQUIRE(lo >= 0 && hi > lo && lo % sched::kBlockM == 0 && hi % sched::kBlockM == 0, "window_parts.lo/hi",
               "a window of whole ", sched::kBlockM, "-row tiles, got [", lo, ", ", hi, ")");
-  window_parts_kernel<<<1, 256, 0, stream>>>(v.expert_offset, v.expert_rows, int32_t(experts), lo, hi, parts);
+  window_parts_kernel<<<1, 256, 0, stream>>>(v.expert_offset, v.expert_rows, int32_t(experts), lo, hi, last, parts);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -49,9 +49,11 @@ void check_call_ids(const void* const* peers, int world, int64_t id, int64_t lay
 // The backward over windows of the routed layout (notes/memory.md), for window [lo, hi) (whole
 // 128-row tiles) of `v`'s rows: parts[e] = expert e's first token row in the window, relative to
 // lo, parts[experts + e] its token rows there (0: none), parts[2 * experts] / parts[2 * experts + 1]
-// the expert whose token rows cross lo / hi (its weight-gradient sums carry in / out; -1 = none).
-// parts: 2 * experts + 2 int32 (device). schedule_math.h's window_part / rows_cross.
-void window_parts(const ScheduleView& v, int64_t experts, int64_t lo, int64_t hi, int32_t* parts,
+// the expert whose token rows cross lo / hi (its weight-gradient sums carry in / out; -1 = none),
+// parts[2 * experts + 2 .. + 3] = {first, count} of the experts the window owns (its wgrads'
+// WgradArgs::expert_range; `last`: the last window, hi = the layout's end).
+// parts: 2 * experts + 4 int32 (device). schedule_math.h's window_part / rows_cross / window_owns.
+void window_parts(const ScheduleView& v, int64_t experts, int64_t lo, int64_t hi, bool last, int32_t* parts,
                   cudaStream_t stream);
 
 // h = rnd(silu(g) * u) of the saved gate/up rows gu [tiles * 128, 2I] (packed order, mok/gemm.hpp)

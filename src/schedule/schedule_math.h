@@ -101,5 +101,13 @@ MOK_HD WindowPart window_part(int64_t begin, int64_t rows, int64_t lo, int64_t h
 // Whether the expert's token rows go on past row `cut` (it has rows on both sides): its weight
 // gradient's fp32 sums are carried from the window ending at `cut` into the next one.
 MOK_HD bool rows_cross(int64_t begin, int64_t rows, int64_t cut) { return begin < cut && cut < begin + rows; }
+// Whether window [lo, hi) runs the expert's weight-gradient tiles: it has rows there, or it has no
+// rows at all and its (empty) place in the layout is there (the last window also takes those past
+// its end: a full layout has no window at their offset), so that each expert's gradient is
+// written by exactly one window's calls and a window's experts are one contiguous range.
+MOK_HD bool window_owns(int64_t begin, int64_t rows, int64_t lo, int64_t hi, bool last) {
+  if (rows > 0) return window_part(begin, rows, lo, hi).rows > 0;
+  return begin >= lo && (begin < hi || last);
+}
 
 }  // namespace mok::sched

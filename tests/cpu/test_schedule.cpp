@@ -66,6 +66,37 @@ TEST(ScheduleMath, WindowPartsCoverEveryRowOnceAndCarryAcrossCuts) {
   EXPECT_FALSE(mok::sched::rows_cross(384, 700, 384));  // starts at it
 }
 
+// The weight gradient over windows schedules each window's experts only (WgradArgs::expert_range):
+// every expert, with rows or without, is owned by one window at least and written by exactly one
+// (its rows' windows carry into each other: the owner that writes is the last), and a window's
+// owned experts are contiguous.
+TEST(ScheduleMath, EveryExpertIsOwnedByContiguousWindows) {
+  // 0 rows at the start, between, and at the end of a full layout (offset = its end).
+  const std::vector<std::pair<int64_t, int64_t>> experts = {{0, 0}, {0, 300}, {384, 0}, {384, 700},
+                                                            {1152, 129}, {1408, 0}, {1408, 128}, {1536, 0}};
+  const int64_t total = 1536;
+  for (const int64_t window : {int64_t(128), int64_t(256), int64_t(384), int64_t(1024), int64_t(2048)}) {
+    std::vector<int> owners(experts.size(), 0), writers(experts.size(), 0);
+    for (int64_t lo = 0; lo < total; lo += window) {
+      const int64_t hi = std::min(lo + window, total);
+      int64_t first = -1, last = -1;
+      for (size_t e = 0; e < experts.size(); ++e) {
+        const auto [begin, rows] = experts[e];
+        if (!mok::sched::window_owns(begin, rows, lo, hi, hi == total)) continue;
+        EXPECT_TRUE(last < 0 || last == int64_t(e) - 1) << "window " << window << " at " << lo << ": not contiguous";
+        if (first < 0) first = int64_t(e);
+        last = int64_t(e);
+        ++owners[e];
+        writers[e] += !mok::sched::rows_cross(begin, rows, hi);  // else carried out to the next window
+      }
+    }
+    for (size_t e = 0; e < experts.size(); ++e) {
+      EXPECT_GE(owners[e], 1) << "expert " << e << ", window " << window;
+      EXPECT_EQ(writers[e], 1) << "expert " << e << ", window " << window;
+    }
+  }
+}
+
 TEST(ScheduleMath, InterleavedRowsAreRoundRobin) {
   const int32_t counts[3] = {3, 0, 2};
   // Round 0: rank 0, rank 2; round 1: rank 0, rank 2; round 2: rank 0.
