@@ -399,6 +399,31 @@ def memory_figures(res):
             layers_gb(saved[0]), layers_gb(recompute[0]), base, ok, len(saved + recompute), m.source())]
 
 
+def training_figures(res):
+    """The main job in training mode (mok_bench --workspace-budget): shared workspace, backward over windows."""
+    t = res["training-h200x1.json"]
+    cases = [c for c in t.get("cases") if t.get("memory", "share_workspace", within=c) is True]
+    if not cases:
+        raise FigureError("%s: no case with a shared workspace (memory.share_workspace)" % t.name)
+
+    def held_gb(c):  # what the layer holds besides the workspace all layers share
+        return (t.num("memory", "total_bytes", within=c) - t.num("memory", "workspace_bytes", within=c)) / 1e9
+
+    h = t.case(*HEADLINE)
+    workspace = max(t.num("memory", "workspace_bytes", within=c) for c in cases) / 1e9
+    return [
+        "**Training mode** on one GPU (`mok_bench --workspace-budget 2000`: the layers share one workspace of at "
+        "most %.2f GB per GPU, each model's ring the largest that fits it, the backward over windows of the ring "
+        "with the gate/up rows saved): backward %s and forward %s (the baseline's time over mok's, %s); %s: backward %.1f ms vs the "
+        "baseline's %.1f ms with a ring of %d rows, the layer holding %.2f GB besides the "
+        "workspace (58 layers: %.1f GB). %s" % (
+            workspace, span(nums(t, cases, "bwd_speedup")), span(nums(t, cases, "speedup")),
+            count(len(cases), "case"), case_name(*HEADLINE), t.num("mok_bwd_ms", within=h),
+            t.num("baseline_bwd_ms", within=h), int(t.num("macrobatch_tokens", within=h)), held_gb(h),
+            (58 * held_gb(h) * 1e9 + t.num("memory", "workspace_bytes", within=h)) / 1e9,
+            t.source())]
+
+
 def torch_figures(res):
     """The PyTorch op in a training step (bench/torch_step.py)."""
     t = res["torch-h200x1.json"]
@@ -418,13 +443,13 @@ def torch_figures(res):
         "(fullgraph) %s, a CUDA graph of the step %s%s. %s" % (
             "/".join(str(int(n)) for n in sorted(layers)), int(t.num("T", within=cases[0])), ", ".join(parts),
             "works" if works("compile_ok") else "FAILS", "works" if works("graph_ok") else "FAILS",
-            "; the op's forward + backward take %s longer than the C++ layer's (mok_bench)" %
-            span(overhead, fmt=lambda v: "%.0f%%" % v) if overhead else "",
+            "; the op's forward + backward time against the C++ layer's (mok_bench): %s" %
+            span(overhead, fmt=lambda v: "%+.1f%%" % v) if overhead else "",
             t.source())]
 
 
 FIGURES = [forward_figures, one_gpu_figures, gemm_figures, comm_figures, schedule_figures, sustained_figures,
-           reliability_figures, memory_figures, torch_figures]
+           reliability_figures, memory_figures, training_figures, torch_figures]
 
 
 def render(results_dir):

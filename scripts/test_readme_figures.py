@@ -91,7 +91,11 @@ def synthetic():
              op_overhead_pct=17.6),
         dict(torch_case, model="qwen3-235b", mok_step_ms=49.8, eager_step_ms=78.1, speedup=78.1 / 49.8,
              op_overhead_pct=18.1)])
-    return {"forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
+    train_mem = {"share_workspace": True, "total_bytes": 2.8e9, "workspace_bytes": 2.0e9}
+    training = dict(META2, gpus=1, cases=[
+        dict(c, macrobatch_tokens=8192, memory=train_mem, bwd_speedup=c["baseline_bwd_ms"] / c["mok_bwd_ms"])
+        for c in cases])
+    return {"training-h200x1.json": training, "forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
             "comm-h200x2.json": comm, "schedule-h200x2.json": schedule, "sustained-h200x2.json": sustained,
             "reliability-h200x1.json": reliability, "forward-h200x1.json": forward1, "memory-h200x1.json": memory,
             "torch-h200x1.json": torch_step}
@@ -172,11 +176,17 @@ class Figures(Fixture):
         b = " ".join(self.block().split())
         self.assertIn("Qwen3-30B-A3B 14.4 vs 30.0 ms (2.08×), Qwen3-235B 49.8 vs 78.1 ms (1.57×)", b)
         self.assertIn("torch.compile (fullgraph) works, a CUDA graph of the step works", b)
-        self.assertIn("take 18% longer than the C++ layer's", b)
+        self.assertIn("time against the C++ layer's (mok_bench): +17.6%–+18.1%", b)
+
+    def test_training_mode_figure(self):
+        b = " ".join(self.block().split())
+        self.assertIn("backward 1.50× and forward 2.50–4.50× (the baseline's time over mok's, 3 cases)", b)
+        self.assertIn("DeepSeek-V3 T=8192 uniform: backward 2.0 ms vs the baseline's 3.0 ms with a ring of 8192 rows, "
+                      "the layer holding 0.80 GB besides the workspace (58 layers: 48.4 GB)", b)
 
     def test_every_line_names_its_results_file_and_run(self):
         lines = rf.render(self.results)[0].split("\n- ")[1:]
-        self.assertEqual(len(lines), 13)
+        self.assertEqual(len(lines), 14)
         for line in lines:
             self.assertRegex(" ".join(line.split()), r"\*\[`[a-z0-9-]+\.json`\]\(bench/results/[a-z0-9-]+\.json\): "
                                                      r"\d× NVIDIA H200, commit (45ca210|not recorded), 2026-11-30\*")
