@@ -217,7 +217,8 @@ def print_backward(out):
     rows = [c for c in out["cases"] if "mok_bwd_ms" in c or "baseline_bwd_ms" in c]
     if not rows:
         return
-    print("\nBackward (mok: unfused kernels after the forward; FLOPs twice the forward's)")
+    print("\nBackward (mok: the layer's backward kernels after the forward, over windows of the ring when it "
+          "is below the worst case; FLOPs twice the forward's)")
     print("| model | T/rank | routing | mok ms | baseline ms | speedup | mok TFLOP/s/GPU | % of peak "
           "| baseline TFLOP/s/GPU | check |")
     print("|---|---|---|---|---|---|---|---|---|---|")

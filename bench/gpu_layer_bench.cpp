@@ -693,7 +693,8 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
       << ", \"what\": \"mok GPU layer forward (" << to_string(o.path)
       << "), slowest rank per iteration, median of " << o.iters << " after " << o.warmup
       << " warm-up; ablation variants checked bitwise against the main one"
-      << (o.backward ? "; mok_bwd_ms: the main variant's backward (unfused kernels) after an untimed forward, "
+      << (o.backward ? "; mok_bwd_ms: the main variant's backward (kernels in stream order, over windows of the ring "
+                       "when it is below the worst case) after an untimed forward, "
                        "same statistic, FLOPs twice the forward's"
                      : "")
       << (W >= 2 ? "; mok_nvlink_GBps: the busiest rank's NVLink bytes per direction (rows pulled in + rows"

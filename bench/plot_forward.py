@@ -224,7 +224,7 @@ def main(argv):
             plot_cases(fig.add_subplot(grid[r, :]), cases)
         elif row == "backward":
             plot_cases(fig.add_subplot(grid[r, :]), cases, "mok_bwd_ms", "baseline_bwd_ms", "bwd_speedup",
-                       "(a2) backward per case (mok: unfused kernels)")
+                       "(a2) backward per case (mok: the layer's backward kernels)")
         elif row == "ablation":
             plot_ablation(fig.add_subplot(grid[r, :]), ablation_rows)
         else:

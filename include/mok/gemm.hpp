@@ -112,8 +112,9 @@ struct DgradSwiGLUArgs {
   // their router weights; then d_h = rnd(w * rnd(g)) with g = d_out . W_down, router_partial
   // [rows, router_parts(inter)] f32 receives the router-weight gradient <rnd(g), h> of each row
   // in sums of 64 intermediate columns (sum them in increasing order: that is the gradient's
-  // definition, include/mok/reference.hpp), and h [rows, inter] bf16 (the forward's SwiGLU
-  // output, dense) is overwritten with rnd(w * h): dW_down's operand.
+  // definition, include/mok/reference.hpp), with h = rnd(silu(g) * u) computed here from gu (the
+  // bits of FC1's epilogue), and h [rows, inter] bf16 (dense, written only) receives rnd(w * h):
+  // dW_down's operand. So the backward needs the forward's gate/up rows, not its h.
   const float* row_weight = nullptr;
   float* router_partial = nullptr;
   void* h = nullptr;
@@ -184,7 +185,7 @@ struct KernelParams {
   const int32_t* expert_row_begin = nullptr;
   const int32_t* expert_rows = nullptr;
   // FC1: h, dense [rows, n/2] bf16 (split-N tiles at BLOCK_N 128 store to it directly);
-  // DgradSwiGLU with row_weight: h, dense [rows, n] bf16, read and weighted in place.
+  // DgradSwiGLU with row_weight: h, dense [rows, n] bf16, written rnd(w * silu(g) * u).
   void* fc1_h = nullptr;
   const void* gu = nullptr;  // DgradSwiGLU: the forward's packed gate/up pre-activations, dense [rows, 2n] bf16
   // DgradSwiGLU with unweighted rows (DgradSwiGLUArgs::row_weight): [rows] router weights, and

@@ -322,11 +322,13 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
                        acc_col(wt);
   const uint16_t* g1 = g0 + 8 * pitch;
   // v[q & 1][4m + 2rr + {0: g, 1: u}]: the bf16 pairs of block m of chunk q, row rr (kept packed:
-  // 32 registers for two chunks next to the 128 accumulators); hv likewise for h (weighted rows).
-  uint32_t v[2][16], hv[2][8];
+  // 32 registers for two chunks next to the 128 accumulators).
+  uint32_t v[2][16];
   const bool weighted = row_weight != nullptr;  // uniform over the kernel
   const int32_t my_row = out_row + acc_row(wt);
-  // This thread's h pairs (rows r and r + 8, its first column), read and weighted in place.
+  // This thread's h pairs (rows r and r + 8, its first column): written, rnd(w * h) with h =
+  // rnd(silu(g) * u) of the same g, u (FC1's epilogue's bits: swiglu_math.cuh), so no pass over
+  // the rows computes h first and nothing reads it here.
   uint16_t* h0 = weighted ? static_cast<uint16_t*>(h) + int64_t(my_row) * inter + b_n + acc_col(wt) : nullptr;
   const auto load = [&](int q) {
 #pragma unroll
@@ -339,10 +341,6 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
       d[1] = valid ? *reinterpret_cast<const uint32_t*>(g0 + col + kUp) : 0u;
       d[2] = valid ? *reinterpret_cast<const uint32_t*>(g1 + col) : 0u;
       d[3] = valid ? *reinterpret_cast<const uint32_t*>(g1 + col + kUp) : 0u;
-      if (weighted) {
-        hv[q & 1][2 * m] = valid ? *reinterpret_cast<const uint32_t*>(h0 + 8 * j) : 0u;
-        hv[q & 1][2 * m + 1] = valid ? *reinterpret_cast<const uint32_t*>(h0 + int64_t(8) * inter + 8 * j) : 0u;
-      }
     }
   };
   load(0);
@@ -369,13 +367,14 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
         float g_lo, u_lo, g_hi, u_hi;
         float a_lo = acc[4 * j + 2 * rr], a_hi = acc[4 * j + 2 * rr + 1];
         if (weighted && b_n + 8 * j < inter) {  // (whole 32-column chunks today; never past inter)
-          const uint32_t hp = hv[q & 1][2 * m + rr];
+          const float h_lo = bf16_round(swiglu_of_bf16(bf16x2_lo(g), bf16x2_lo(u)));
+          const float h_hi = bf16_round(swiglu_of_bf16(bf16x2_hi(g), bf16x2_hi(u)));
           a_lo = bf16_round(a_lo);
           a_hi = bf16_round(a_hi);
-          dot[rr] = fmaf(a_lo, bf16x2_lo(hp), dot[rr]);
-          dot[rr] = fmaf(a_hi, bf16x2_hi(hp), dot[rr]);
+          dot[rr] = fmaf(a_lo, h_lo, dot[rr]);
+          dot[rr] = fmaf(a_hi, h_hi, dot[rr]);
           *reinterpret_cast<uint32_t*>(h0 + int64_t(8 * rr) * inter + 8 * j) =
-              pack_bf16x2(__fmul_rn(w_row[rr], bf16x2_lo(hp)), __fmul_rn(w_row[rr], bf16x2_hi(hp)));
+              pack_bf16x2(__fmul_rn(w_row[rr], h_lo), __fmul_rn(w_row[rr], h_hi));
           a_lo = __fmul_rn(w_row[rr], a_lo);
           a_hi = __fmul_rn(w_row[rr], a_hi);
         }

@@ -17,10 +17,10 @@ namespace mok {
 // Window by window (R = the ring's rows, a fixed count of windows covering the worst case: those
 // past the routed rows move and compute nothing, their tiles being -1 and their parts empty, so
 // the host never waits for the row count; the activation budget's end, when inside a window, cuts
-// it in two): the x rows pulled again into the ring; for a window inside the budget h from the
-// saved gate/up rows (the bits of FC1's epilogue), past it FC1 run again (gu, h; without split-N,
-// whose row test is not window-relative: the same sums); the d_out rows pulled, FC2's dgrad +
-// SwiGLU' (and the router-weight gradient) and FC1's dgrad, the d_x rows pushed into their slots
+// it in two): the x rows pulled again into the ring; for a window inside the budget the saved
+// gate/up rows, past it FC1 run again (gu; without split-N, whose row test is not window-relative:
+// the same sums); the d_out rows pulled, FC2's dgrad + SwiGLU' (h from the gate/up rows with FC1's
+// bits, the router-weight gradient) and FC1's dgrad, the d_x rows pushed into their slots
 // (routed_dgrads), and the weight gradients
 // over each expert's part of the window, the expert cut by the window's end carried to the next in
 // fp32 (WgradArgs::carry_in / carry_out): every gradient the resident backward's bits (windows are
@@ -61,11 +61,9 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
     gpu::pull_dispatch(move, x_peers.get<const void* const>(), x_rows, stream);
     win_mark(w, 1, stream);
     // The window's gate/up rows: the forward's (d_gu is written over them: one backward per
-    // forward), or FC1 again.
+    // forward), or FC1 again (its h output is overwritten unread: FC2's dgrad computes h from gu).
     void* gu_rows = from_saved ? static_cast<char*>(gu_saved.p) + lo * 4 * I : gu.p;
-    if (from_saved)
-      gpu::swiglu_rows(gu_rows, h.p, I, tile_expert, tiles, stream);
-    else
+    if (!from_saved)
       gemm::run(gemm::plan_fc1(routed_fc1(x_rows, h.p, gu.p, tile_expert, tiles), options_as(all_tiles, 2 * I)),
                 stream);
     win_mark(w, 2, stream);

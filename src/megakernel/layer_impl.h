@@ -269,7 +269,7 @@ struct Layer::Impl {
   }
   // The backward over windows (one stage above): kWinStages per window, summed over the windows.
   static constexpr int kWinStages = 5;
-  static constexpr const char* kWinStageNames[kWinStages] = {"x pull", "h (saved) / FC1 again", "dgrads + pushes",
+  static constexpr const char* kWinStageNames[kWinStages] = {"x pull", "FC1 again (past the budget)", "dgrads + pushes",
                                                              "wgrad down", "wgrad gate/up"};
   std::vector<cudaEvent_t> win_marks;  // window w's stage boundaries at [w * (kWinStages + 1), ...]
   int64_t windows_marked = 0;          // windows the last backward recorded

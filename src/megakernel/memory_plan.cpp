@@ -154,9 +154,10 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   if (fused) {
     const mk::ForwardSetup& fs = fs0;
     const int64_t R = fs.ring_rows;
-    // Saved for a resident backward; a backward over windows fills them again.
+    // Saved for a resident backward; a backward over windows fills it again. h is not saved: FC2's
+    // dgrad computes it from the gate/up rows (and writes the weighted h there).
     add("x_ring", R * H * 2, windowed ? S::Layer : S::Saved, push);
-    add("h_ring", R * I * 2, windowed ? S::Layer : S::Saved);
+    add("h_ring", R * I * 2, S::Layer);
     add("y_ring", R * H * 2, S::Layer);
     if (push) {
       add("counters", int64_t(fs.widest.words()) * 4, S::Layer, true);
@@ -168,7 +169,7 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
     }
   } else {
     add("x_routed", cap * H * 2, S::Saved);
-    add("h", cap * I * 2, S::Saved);
+    add("h", cap * I * 2, S::Layer);
     add("y", cap * H * 2, S::Layer);
     if (Is > 0 && T > 0) add("shared_tiles", t_tiles * 4, S::Layer);
   }
@@ -192,11 +193,11 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
     // push-dispatch ring is a symmetric window the peers write: the layer's own (its counters too).
     // The symmetric windows but the published routing too: the backward stages x and d_out again
     // and reads no row the forward left in the combine slots.
-    std::vector<std::string> shared = {"y_ring", "y", "y_s", "dy_rows", "row_weights", "router_partials",
+    std::vector<std::string> shared = {"y_ring", "y", "y_s", "h_ring", "h", "dy_rows", "row_weights", "router_partials",
                                        "window.x", "window.combine", "window.d_out", "window.router_weights",
                                        "window.d_weights"};
     if (windowed) {
-      for (const char* name : {"h_ring", "gu", "bwd_carry", "bwd_windows"}) shared.emplace_back(name);
+      for (const char* name : {"gu", "bwd_carry", "bwd_windows"}) shared.emplace_back(name);
       if (!push) shared.emplace_back("x_ring");
     }
     for (BufferBytes& b : p.buffers)

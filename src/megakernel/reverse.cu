@@ -5,7 +5,6 @@
 
 #include "common/cuda_check.h"
 #include "common/error_word.h"
-#include "gemm/swiglu_math.cuh"
 #include "megakernel/move_row.cuh"
 #include "megakernel/reverse.h"
 #include "mok/errors.hpp"
@@ -126,29 +125,6 @@ __global__ void check_calls_kernel(const int64_t* const* peers, int world, int64
   }
 }
 
-// One thread per 8 h columns of a row (one 16-byte load of gate and one of up: in the packed
-// order a group of 32 intermediate columns is 32 gate then 32 up values), rows of tiles whose
-// expert is -1 skipped.
-__global__ void __launch_bounds__(256) swiglu_rows_kernel(const uint4* __restrict__ gu, uint4* __restrict__ h,
-                                                          int64_t inter, const int32_t* __restrict__ tile_expert,
-                                                          int64_t rows) {
-  const int64_t vecs = inter / 8, n = rows * vecs;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t row = i / vecs, c = (i % vecs) * 8;
-    if (tile_expert[row / sched::kBlockM] < 0) continue;
-    const int64_t g_col = gemm::packed_gate_row(c), u_col = gemm::packed_up_row(c);
-    Pack8 g, u, out;
-    g.raw = gu[(row * 2 * inter + g_col) / 8];
-    u.raw = gu[(row * 2 * inter + u_col) / 8];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const float2 fg = __bfloat1622float2(g.h2[q]), fu = __bfloat1622float2(u.h2[q]);
-      out.h2[q] = __floats2bfloat162_rn(gemm::swiglu_of_bf16(fg.x, fu.x), gemm::swiglu_of_bf16(fg.y, fu.y));
-    }
-    h[i] = out.raw;
-  }
-}
-
 // One block: every expert's part of window [lo, hi), then (thread 0, in expert order) the experts
 // carried across the window's two ends (schedule_math.h: at most one per cut) and the range of
 // experts the window owns (window_owns: contiguous).
@@ -184,19 +160,6 @@ void window_parts(const ScheduleView& v, int64_t experts, int64_t lo, int64_t hi
   MOK_REQUIRE(lo >= 0 && hi > lo && lo % sched::kBlockM == 0 && hi % sched::kBlockM == 0, "window_parts.lo/hi",
               "a window of whole ", sched::kBlockM, "-row tiles, got [", lo, ", ", hi, ")");
   window_parts_kernel<<<1, 256, 0, stream>>>(v.expert_offset, v.expert_rows, int32_t(experts), lo, hi, last, parts);
-  MOK_CUDA_CHECK(cudaGetLastError());
-}
-
-void swiglu_rows(const void* gu, void* h, int64_t inter, const int32_t* tile_expert, int64_t tiles,
-                 cudaStream_t stream) {
-  MOK_REQUIRE(inter > 0 && inter % 64 == 0, "swiglu_rows.inter", "must be a positive multiple of 64, got ", inter);
-  MOK_REQUIRE(tiles >= 0, "swiglu_rows.tiles", "must be >= 0, got ", tiles);
-  if (tiles == 0) return;
-  MOK_REQUIRE(gu && h && tile_expert, "swiglu_rows", "gu, h and tile_expert must be non-null");
-  const int64_t n = tiles * sched::kBlockM * (inter / 8);
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 8192));
-  swiglu_rows_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint4*>(gu), static_cast<uint4*>(h), inter,
-                                                 tile_expert, tiles * sched::kBlockM);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -56,11 +56,4 @@ void check_call_ids(const void* const* peers, int world, int64_t id, int64_t lay
 void window_parts(const ScheduleView& v, int64_t experts, int64_t lo, int64_t hi, bool last, int32_t* parts,
                   cudaStream_t stream);
 
-// h = rnd(silu(g) * u) of the saved gate/up rows gu [tiles * 128, 2I] (packed order, mok/gemm.hpp)
-// into h [tiles * 128, I], bf16, the rows of tiles whose tile_expert entry (device) is -1 left
-// alone: the bits of FC1's epilogue for the same rows (gemm/swiglu_math.cuh), so a backward that
-// reads saved pre-activations computes the h of one that recomputes FC1.
-void swiglu_rows(const void* gu, void* h, int64_t inter, const int32_t* tile_expert, int64_t tiles,
-                 cudaStream_t stream);
-
 }  // namespace mok::gpu

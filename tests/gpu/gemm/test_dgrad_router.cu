@@ -5,11 +5,14 @@
 //   - with weights (0 among them), every d_gu element is within one bf16 step of the formula on the
 //     host from plan_dgrad's bits of g = rnd(d . W_down): d_h = rnd(w * g) (the SFU's exp and
 //     division are the only difference);
+//   - h = rnd(silu(g) * u) of the gate/up rows, computed in the epilogue with FC1's bits (a kernel
+//     here runs swiglu_math.cuh's definition; it is checked against the host's formula too), and
+//     h is written rnd(w * h), bitwise (dW_down's operand; the buffer's old contents never read);
 //   - each row's partial sums, summed in order, are within 1e-5 of <g, h> on the host (in fp64)
 //     relative to sum |g h|, and they are the same bits at tile widths 128 and 256 and with 2-CTA
 //     clusters (sums of 64 columns, whatever the tile);
-//   - h is overwritten with rnd(w * h), bitwise (dW_down's operand);
 //   - two runs give the same bits; padding rows (NaN in d and gu) write nothing the checks read.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -18,6 +21,7 @@
 #include <cstring>
 #include <vector>
 
+#include "gemm/swiglu_math.cuh"
 #include "gemm_test_util.h"
 #include "gpu_test_util.h"
 #include "mok/errors.hpp"
@@ -28,6 +32,18 @@ namespace {
 using namespace mok::test;
 namespace gemm = mok::gemm;
 
+// h = rnd(silu(g) * u) of every row of the packed gate/up rows gu [rows, 2I], one thread per element:
+// FC1's epilogue's definition (gemm/swiglu_math.cuh), the bits the dgrad epilogue must compute.
+__global__ void swiglu_reference(const uint16_t* gu, uint16_t* h, int64_t rows, int64_t inter) {
+  const int64_t n = rows * inter;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / inter, c = i % inter;
+    const float g = __uint_as_float(uint32_t(gu[r * 2 * inter + gemm::packed_gate_row(c)]) << 16);
+    const float u = __uint_as_float(uint32_t(gu[r * 2 * inter + gemm::packed_up_row(c)]) << 16);
+    h[i] = __bfloat16_as_ushort(__float2bfloat16_rn(gemm::swiglu_of_bf16(g, u)));
+  }
+}
+
 struct Outputs {
   std::vector<uint16_t> d_gu, h;
   std::vector<float> partial;
@@ -36,13 +52,12 @@ struct Outputs {
 struct Case {
   Routed rt;
   int64_t hidden, inter;
-  std::vector<uint16_t> d, w, gu, h;
+  std::vector<uint16_t> d, w, gu, h;  // h: swiglu_reference of gu
   std::vector<float> weight;
   DevBuf dd, dw, dte, dweight;
   Case(const std::vector<int32_t>& counts, int64_t H, int64_t I, uint64_t seed)
       : rt(counts), hidden(H), inter(I), d(routed_input(rt, H, seed)),
         w(random_bf16(size_t(int64_t(counts.size()) * H * I), seed + 1, 0.05)), gu(routed_input(rt, 2 * I, seed + 2)),
-        h(routed_input(rt, I, seed + 4)),
         dd(d.size() * 2), dw(w.size() * 2), dte(rt.tile_expert.size() * 4 + 4), dweight(size_t(rt.rows) * 4) {
     mok::Rng rng(seed + 3);  // the workload generator's
     weight.resize(size_t(rt.rows));
@@ -53,6 +68,11 @@ struct Case {
     upload(dd, d);
     upload(dw, w);
     upload(dte, rt.tile_expert);
+    DevBuf dgu(gu.size() * 2), dh(size_t(rt.rows * I) * 2);
+    upload(dgu, gu);
+    swiglu_reference<<<256, 256>>>(dgu.as<uint16_t>(), dh.as<uint16_t>(), rt.rows, I);
+    EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    h = download<uint16_t>(dh, size_t(rt.rows * I));
   }
   // One run (poisoned outputs) with the given weights (nullptr: the plain form); block_n, clusters.
   Outputs run(const std::vector<float>* weights, int block_n, bool cluster) {
@@ -60,7 +80,7 @@ struct Case {
     DevBuf dgu(gu.size() * 2), dout(size_t(rows * n2) * 2), dpart(size_t(rows * parts) * 4 + 4), err(4),
         dh(h.size() * 2);
     upload(dgu, gu);
-    upload(dh, h);
+    EXPECT_EQ(cudaSuccess, cudaMemset(dh.p, 0xFF, dh.bytes));  // NaN: written, never read
     EXPECT_EQ(cudaSuccess, cudaMemset(dout.p, 0xFF, dout.bytes));
     EXPECT_EQ(cudaSuccess, cudaMemset(dpart.p, 0xFF, dpart.bytes));
     EXPECT_EQ(cudaSuccess, cudaMemset(err.p, 0, 4));
@@ -117,7 +137,7 @@ void check_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, uint64
   const Outputs first = c.run(&c.weight, 256, false), again = c.run(&c.weight, 256, false);
   const Outputs narrow = c.run(&c.weight, 128, false), paired = c.run(&c.weight, 256, true);
   const auto g = c.unweighted_dh();
-  int64_t unit_diff = 0, far = 0, rerun_diff = 0, width_diff = 0, compared = 0, h_diff = 0;
+  int64_t unit_diff = 0, far = 0, rerun_diff = 0, width_diff = 0, compared = 0, h_diff = 0, h_far = 0;
   double rel_max = 0;
   for (int64_t r = 0; r < rows; ++r) {
     if (c.rt.expert_of(r) < 0) continue;
@@ -134,6 +154,7 @@ void check_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, uint64
       compared += 2;
       const size_t hi = size_t(r * I + i);
       const float hf = float_of(c.h[hi]);
+      h_far += bf16_steps(c.h[hi], bits_of(gf / (1.0f + std::exp(-gf)) * uf)) > 1;
       dot += double(gd) * double(hf);
       mag += std::fabs(double(gd) * double(hf));
       h_diff += first.h[hi] != bits_of(wr * hf);
@@ -154,7 +175,8 @@ void check_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, uint64
   EXPECT_EQ(rerun_diff, 0) << "a second run gave other bits";
   EXPECT_EQ(width_diff, 0) << "the partial sums depend on the tile width or clusters";
   EXPECT_LE(rel_max, 1e-5) << "router-weight gradient vs <g, h> on the host (relative to sum |g h|)";
-  EXPECT_EQ(h_diff, 0) << "h not weighted in place to rnd(w * h)";
+  EXPECT_EQ(h_far, 0) << "the reference h is more than a bf16 step from the host's silu(g) * u";
+  EXPECT_EQ(h_diff, 0) << "h not written rnd(w * rnd(silu(g) * u)) with FC1's bits";
   std::printf("[dgrad router] rows=%lld H=%lld I=%lld: d_gu within a step (%lld), <g,h> rel max %.1e\n",
               (long long)rows, (long long)H, (long long)I, (long long)compared, rel_max);
 }
