@@ -241,7 +241,7 @@ using FormDgrad = FormStore2d<C, true>;
 // [E, hidden, inter] (MN-major, as Dgrad); the epilogue turns d_h (registers only) and the
 // forward's packed gate/up pre-activations p.gu into d_gu [rows, 2 * inter] at map_d0 (packed);
 // with p.row_weight, A holds unweighted rows, the router-weight gradient's partial sums go to
-// p.router_partial and h (p.fc1_h) is weighted in place (epilogue_dgrad_swiglu).
+// p.router_partial and h (p.fc1_h) is written rnd(w * rnd(silu(g) u)) (epilogue_dgrad_swiglu).
 template <class C>
 struct FormDgradSwiGLU {
   static constexpr bool kAMN = false, kBMN = true, kMaskK = false, kSplitN = false, kGateUpB = false;

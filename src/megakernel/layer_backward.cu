@@ -125,7 +125,7 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
 }
 
 // Every routed row of the forward resident (the unfused path, or a ring of the worst case): each
-// stage once over all rows, the forward's gu, h and x rows read as they are.
+// stage once over all rows, the forward's gu and x rows read as they are (h: from gu in FC2's dgrad).
 void Layer::Impl::backward_resident(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream) {
   const gpu::ScheduleView v = schedule->view();
   const int64_t tiles = cap_rows / sched::kBlockM;
@@ -195,9 +195,9 @@ void Layer::Impl::shared_backward(const DeviceGrads& g, cudaStream_t stream) {
             begin + 1, stream, const_cast<void*>(g.d_ws_up.data));
 }
 
-// The routed rows of move's window, their x rows, gate/up rows (gu_rows) and h in place: the
+// The routed rows of move's window, their x rows, gate/up rows (gu_rows) and h (written): the
 // unweighted d_out rows pulled with their router weights (reverse combine), FC2's dgrad + SwiGLU'
-// (d_gu over gu_rows, the router-weight gradient's partial sums, h weighted in place: dW_down's
+// (d_gu over gu_rows, the router-weight gradient's partial sums, the weighted h from gu: dW_down's
 // operand), the partial sums pushed to the source ranks, FC1's dgrad into y and the d_x rows
 // pushed into their source slots (reverse dispatch). marks: the resident backward's stage marks.
 void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const int32_t* tile_expert, int64_t tiles,
