@@ -1,6 +1,12 @@
-// mok — the SM90 BF16 tile engine, part 1: configuration, shared-memory layout, the producer and
-// the consumers' mainloop (the epilogues are in engine_epilogue.cuh; engine.cuh includes both).
-// Warp-specialized, TMA-fed, wgmma-based, persistent.
+// mok — the SM90 tile engine, part 1: operand types, configuration, shared-memory layout, the
+// producer and the consumers' mainloop (the epilogues are in engine_epilogue.cuh; engine.cuh
+// includes both). Warp-specialized, TMA-fed, wgmma-based, persistent.
+//
+// Operand type (the policy a Cfg carries): every stage row is 128 bytes of K (one 128B-swizzle
+// row), so the tile bytes, TMA boxes, swizzle and wgmma descriptors are the same for every type;
+// what differs is how many K elements that is (kBlockK: 64 bf16 or 128 FP8), the wgmma per 32-byte
+// K step (k16 bf16 or k32 e4m3) and whether operands may be MN-major (bf16 only: the ISA has no
+// transpose for FP8). The epilogues are the output's business (fp32 accumulators either way).
 //
 // Roles inside one CTA of 384 threads (3 warpgroups):
 //   * warpgroup 0 = producer: drops to kProducerRegs registers; one elected thread of its first
@@ -33,24 +39,56 @@ namespace mok::gemm::engine {
 using namespace mok::gemm::sm90;
 
 inline constexpr int kBlockM = 128;
-inline constexpr int kBlockK = 64;
+inline constexpr int kKBytes = 128;  // K bytes per stage row: one 128B-swizzle row
 inline constexpr int kThreads = 384;
 inline constexpr uint32_t kProducerRegs = 40;
 inline constexpr uint32_t kConsumerRegs = 232;
-inline constexpr uint32_t kATileBytes = kBlockM * kBlockK * 2;  // 16 KB
+inline constexpr uint32_t kATileBytes = kBlockM * kKBytes;  // 16 KB
 inline constexpr uint32_t kChunkBytes = 64 * 64 * 2;  // 8 KB: [64 rows][64 bf16], 128B-swizzled
+
+// The operand types. kBlockK: K elements per stage; kStepK: per wgmma (one 32-byte step of the
+// descriptors); mma: the wgmma of an m64nN tile (N/2 fp32 accumulators per thread).
+struct OperandBf16 {
+  static constexpr int kElemBytes = 2;
+  static constexpr int kBlockK = kKBytes / kElemBytes;  // 64
+  static constexpr int kStepK = 16;
+  static constexpr bool kMNMajor = true;  // either operand may be MN-major (transposed)
+  template <int N, bool kAMN, bool kBMN>
+  __device__ __forceinline__ static void mma(float (&d)[N / 2], uint64_t da, uint64_t db, uint32_t scale_d) {
+    wgmma_bf16<N, kAMN ? 1 : 0, kBMN ? 1 : 0>(d, da, db, scale_d);
+  }
+};
+struct OperandE4m3 {
+  static constexpr int kElemBytes = 1;
+  static constexpr int kBlockK = kKBytes / kElemBytes;  // 128
+  static constexpr int kStepK = 32;
+  static constexpr bool kMNMajor = false;  // K-major A and B only
+  template <int N, bool kAMN, bool kBMN>
+  __device__ __forceinline__ static void mma(float (&d)[N / 2], uint64_t da, uint64_t db, uint32_t scale_d) {
+    static_assert(!kAMN && !kBMN, "FP8 wgmma reads K-major operands only");
+    wgmma_e4m3<N>(d, da, db, scale_d);
+  }
+};
+
+// K elements per stage of the bf16 instance: the K block every bf16 form, schedule and megakernel
+// task counts in.
+inline constexpr int kBlockK = OperandBf16::kBlockK;
 
 // Tile configuration: BLOCK_N = 256 (the default: 128 accumulators per consumer thread, 4 stages
 // of 48 KB) or 128 (problems with too few 256-wide tiles to fill the GPU: 64 accumulators, 6
-// stages of 32 KB).
-template <int kBN>
+// stages of 32 KB); the operand type (bf16 by default).
+template <int kBN, class Op = OperandBf16>
 struct Cfg {
   static_assert(kBN == 256 || kBN == 128, "BLOCK_N is 256 or 128");
+  using Operand = Op;
+  static constexpr int kBlockK = Op::kBlockK;
+  static_assert(kBlockK * Op::kElemBytes == kKBytes && kBlockK / Op::kStepK == 4,
+                "a stage row is 128 bytes of K, four 32-byte wgmma steps");
   static constexpr int kBlockN = kBN;
   static constexpr int kStages = kBN == 256 ? 4 : 6;
   static constexpr int kAccRegs = kBN / 2;  // m64nN fp32 accumulators per thread
   static constexpr int kChunks = kBN / 64;  // 64-column chunks of the output / MN-major B tile
-  static constexpr uint32_t kBTileBytes = uint32_t(kBN) * kBlockK * 2;
+  static constexpr uint32_t kBTileBytes = uint32_t(kBN) * kKBytes;
   static constexpr uint32_t kStageBytes = kATileBytes + kBTileBytes;
   static constexpr uint32_t kEpiOffset = kStages * kStageBytes;
   static constexpr uint32_t kBarOffset = kEpiOffset + 4 * kChunkBytes;
@@ -168,7 +206,7 @@ __device__ __forceinline__ bool produce_tile(const Smem<C>& sm, PipeState<C>& ps
     if (!mbar_wait(sm.empty(ps.stage), ps.phase ^ 1u, wb, kSiteProducerEmpty)) return false;
     uint64_t* full = sm.full(ps.stage);
     mbar_arrive_expect_tx(full, C::kStageBytes);
-    const int32_t k = t.k_begin + kb * kBlockK;
+    const int32_t k = t.k_begin + kb * C::kBlockK;
     uint8_t* a = sm.a(ps.stage);
     uint8_t* b = sm.b(ps.stage);
     if constexpr (!kAMN) {
@@ -264,7 +302,8 @@ __device__ __forceinline__ void release_stage(const Smem<C>& sm, uint32_t s, uin
 // 256 consumer threads (ct = 0..255).
 template <class C>
 __device__ __forceinline__ void mask_k_rows(const Smem<C>& sm, uint32_t s, int valid, uint32_t ct) {
-  const uint32_t rows = uint32_t(kBlockK - valid);
+  static_assert(C::Operand::kMNMajor, "K masking is of MN-major stages (128-byte rows of 64 bf16)");
+  const uint32_t rows = uint32_t(C::kBlockK - valid);
   const uint32_t per_chunk = rows * 8u;  // 16-byte units
   const uint32_t units = per_chunk * uint32_t(2 + C::kChunks);  // 2 A chunks + the B chunks
   for (uint32_t u = ct; u < units; u += 256u) {
@@ -303,6 +342,7 @@ __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, co
                                          uint32_t ct, float (&acc)[C::kAccRegs], const WaitBound& wb,
                                          Skew<C>& skew, uint32_t peer = 0, const Hook& on_first_block = Hook{},
                                          bool accumulate = false) {
+  static_assert(C::Operand::kMNMajor || (!kAMN && !kBMN), "this operand type is K-major only");
   const bool staggered = skew.applies(t);
   uint64_t* skew_bar = sm.skew(skew.tiles & 1u);
   const uint32_t skew_parity = (skew.tiles >> 1) & 1u;
@@ -325,17 +365,17 @@ __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, co
     const uint32_t s = ps.stage;
     mbar_wait(sm.full(s), ps.phase, wb, kSiteConsumerFull);
     if constexpr (kMaskK) {
-      if (kb == t.k_blocks - 1 && t.k_last_valid < kBlockK) mask_k_rows(sm, s, t.k_last_valid, ct);
+      if (kb == t.k_blocks - 1 && t.k_last_valid < C::kBlockK) mask_k_rows(sm, s, t.k_last_valid, ct);
     }
     const uint32_t as = a0 + s * kATileBytes;
     const uint32_t bs = b0 + s * C::kBTileBytes;
     fence_operands(acc);
     wgmma_fence();
 #pragma unroll
-    for (int k16 = 0; k16 < kBlockK / 16; ++k16) {
+    for (int k16 = 0; k16 < C::kBlockK / C::Operand::kStepK; ++k16) {  // 32-byte K steps
       const uint64_t da = kAMN ? desc_mn_major(as, k16, kChunkBytes) : desc_k_major(as, k16);
       const uint64_t db = kBMN ? desc_mn_major(bs, k16, kChunkBytes) : desc_k_major(bs, k16);
-      wgmma_bf16<C::kBlockN, kAMN ? 1 : 0, kBMN ? 1 : 0>(acc, da, db, (accumulate || kb > 0 || k16 > 0) ? 1u : 0u);
+      C::Operand::template mma<C::kBlockN, kAMN, kBMN>(acc, da, db, (accumulate || kb > 0 || k16 > 0) ? 1u : 0u);
     }
     wgmma_commit();
     if (kb == 0) on_first_block();
@@ -392,8 +432,9 @@ __device__ __forceinline__ void mma_tile_split_n(const Smem<C>& sm, PipeState<C>
     fence_operands(h);
     wgmma_fence();
 #pragma unroll
-    for (int k16 = 0; k16 < kBlockK / 16; ++k16)
-      wgmma_bf16<kHalfN, 0, 0>(h, desc_k_major(as, k16), desc_k_major(bs, k16), (kb > 0 || k16 > 0) ? 1u : 0u);
+    for (int k16 = 0; k16 < C::kBlockK / C::Operand::kStepK; ++k16)
+      C::Operand::template mma<kHalfN, false, false>(h, desc_k_major(as, k16), desc_k_major(bs, k16),
+                                                    (kb > 0 || k16 > 0) ? 1u : 0u);
     wgmma_commit();
     if (kb == 0) on_first_block();
     fence_operands(h);

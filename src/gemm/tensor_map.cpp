@@ -30,12 +30,16 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 
 }  // namespace
 
-CUtensorMap make_tensor_map_bf16(const void* base, int rank, const uint64_t* dims,
-                                 const uint64_t* strides_elems, const uint32_t* box) {
+int element_bytes(MapType t) { return t == MapType::E4M3 ? 1 : 2; }
+
+CUtensorMap make_tensor_map(const void* base, int rank, const uint64_t* dims, const uint64_t* strides_elems,
+                            const uint32_t* box, MapType type) {
   MOK_REQUIRE(rank >= 2 && rank <= 3, "tensor map rank", "2 or 3, got ", rank);
   MOK_REQUIRE(reinterpret_cast<uintptr_t>(base) % 16 == 0, "tensor base address",
               "must be 16-byte aligned");
-  MOK_REQUIRE(box[0] == 64, "tensor map box", "inner box must be 64 bf16 (128-byte swizzle)");
+  const int eb = element_bytes(type);
+  MOK_REQUIRE(box[0] * uint32_t(eb) == 128, "tensor map box", "inner box must be 128 bytes (128-byte swizzle): ",
+              128 / eb, " elements, got ", box[0]);
   cuuint64_t gdim[3] = {1, 1, 1};
   cuuint64_t gstride[2] = {0, 0};
   cuuint32_t gbox[3] = {1, 1, 1};
@@ -47,13 +51,14 @@ CUtensorMap make_tensor_map_bf16(const void* base, int rank, const uint64_t* dim
     gbox[i] = box[i];
   }
   for (int i = 0; i + 1 < rank; ++i) {
-    const uint64_t bytes = strides_elems[i] * 2;
-    MOK_REQUIRE(bytes % 16 == 0, "tensor map strides",
-                "row strides must be multiples of 16 bytes (8 bf16), got ", strides_elems[i]);
+    const uint64_t bytes = strides_elems[i] * uint64_t(eb);
+    MOK_REQUIRE(bytes % 16 == 0, "tensor map strides", "row strides must be multiples of 16 bytes (",
+                16 / eb, " elements), got ", strides_elems[i]);
     gstride[i] = bytes;
   }
   CUtensorMap map{};
-  const CUresult r = encode_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank),
+  const CUtensorMapDataType dt = type == MapType::E4M3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUresult r = encode_fn()(&map, dt, static_cast<cuuint32_t>(rank),
                                  const_cast<void*>(base), gdim, gstride, gbox, estride,
                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -66,19 +71,19 @@ CUtensorMap make_tensor_map_bf16(const void* base, int rank, const uint64_t* dim
   return map;
 }
 
-CUtensorMap make_map_2d(const void* base, uint64_t rows, uint64_t cols, uint32_t box_rows) {
+CUtensorMap make_map_2d(const void* base, uint64_t rows, uint64_t cols, uint32_t box_rows, MapType type) {
   const uint64_t dims[2] = {cols, rows};
   const uint64_t strides[1] = {cols};
-  const uint32_t box[2] = {64, box_rows};
-  return make_tensor_map_bf16(base, 2, dims, strides, box);
+  const uint32_t box[2] = {uint32_t(128 / element_bytes(type)), box_rows};
+  return make_tensor_map(base, 2, dims, strides, box, type);
 }
 
-CUtensorMap make_map_3d(const void* base, uint64_t batch, uint64_t rows, uint64_t cols,
-                        uint32_t box_rows) {
+CUtensorMap make_map_3d(const void* base, uint64_t batch, uint64_t rows, uint64_t cols, uint32_t box_rows,
+                        MapType type) {
   const uint64_t dims[3] = {cols, rows, batch};
   const uint64_t strides[2] = {cols, rows * cols};
-  const uint32_t box[3] = {64, box_rows, 1};
-  return make_tensor_map_bf16(base, 3, dims, strides, box);
+  const uint32_t box[3] = {uint32_t(128 / element_bytes(type)), box_rows, 1};
+  return make_tensor_map(base, 3, dims, strides, box, type);
 }
 
 }  // namespace mok::gemm
