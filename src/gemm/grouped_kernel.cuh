@@ -104,6 +104,17 @@ struct ExpertRange {
   }
 };
 
+// Output tile (m, n) of expert e in a K-grouped call: K runs over the expert's rows, the last
+// K block masked to its valid rows.
+template <class C>
+__device__ __forceinline__ Tile k_grouped_tile(const KernelParams& p, int32_t e, int32_t m, int32_t n) {
+  const int32_t rows = __ldg(p.expert_rows + e);
+  const int32_t begin = __ldg(p.expert_row_begin + e);
+  const int32_t kb = (rows + kBlockK - 1) / kBlockK;
+  const int32_t valid = rows - (kb - 1) * kBlockK;
+  return Tile{m * kBlockM, n * C::kBlockN, 0, begin, kb, kb > 0 ? valid : kBlockK, m * kBlockM, e};
+}
+
 // K-grouped tiles (wgrad): per expert, its M x N output tiles; K runs over the expert's rows.
 template <class C>
 struct KGroupedSchedule {
@@ -126,11 +137,7 @@ struct KGroupedSchedule {
     const int32_t e = first + local;
     int32_t m, n;
     raster(t - local * per_e, p->num_m_tiles, p->n_tiles, p->group_m, m, n);
-    const int32_t rows = __ldg(p->expert_rows + e);
-    const int32_t begin = __ldg(p->expert_row_begin + e);
-    const int32_t kb = (rows + kBlockK - 1) / kBlockK;
-    const int32_t valid = rows - (kb - 1) * kBlockK;
-    out = Tile{m * kBlockM, n * C::kBlockN, 0, begin, kb, kb > 0 ? valid : kBlockK, m * kBlockM, e};
+    out = k_grouped_tile<C>(*p, e, m, n);
     return true;
   }
 };
@@ -168,11 +175,7 @@ struct KPairSchedule {
     dummy = rank == 1u && !has1;
     shared = has1;
     const int32_t m = dummy ? m0 : m0 + int32_t(rank);
-    const int32_t rows = __ldg(p->expert_rows + e);
-    const int32_t begin = __ldg(p->expert_row_begin + e);
-    const int32_t kb = (rows + kBlockK - 1) / kBlockK;
-    const int32_t valid = rows - (kb - 1) * kBlockK;
-    out = Tile{m * kBlockM, n * C::kBlockN, 0, begin, kb, kb > 0 ? valid : kBlockK, m * kBlockM, e};
+    out = k_grouped_tile<C>(*p, e, m, n);
     return true;
   }
 };

@@ -1,5 +1,5 @@
-// The GPU layer's backward (unfused kernels; a backward megakernel will mirror the forward), its
-// stage profile, and the helpers it shares with the shared expert's backward.
+// The GPU layer's backward (unfused kernels; a backward megakernel will mirror the forward) and
+// the helpers it shares with the shared expert's backward (its stage profile: layer_profile.cu).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -145,44 +145,6 @@ void Layer::Impl::backward_resident(void* dw_gate, void* dw_up, void* dw_down, c
       MOK_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(e_loc * I * H) * 2, stream));
     mark(7, stream);
   }
-}
-
-// The last backward's stage times (MOK_PROFILE=1), or "".
-std::string Layer::Impl::backward_profile() const {
-  if (!bwd_marked) return "";
-  MOK_CUDA_CHECK(cudaEventSynchronize(bwd_marks.back()));
-  std::string line = "backward stages (ms):";
-  float total = 0;
-  for (int i = 0; i < kBwdStages; ++i) {
-    // Over windows, stages 2-7 are one (its parts are summed below): the others' marks follow it.
-    if (windowed && i >= 3 && i <= 7) continue;
-    float ms = 0;
-    const int end = windowed && i == 2 ? 8 : i + 1;
-    MOK_CUDA_CHECK(cudaEventElapsedTime(&ms, bwd_marks[static_cast<size_t>(i)], bwd_marks[static_cast<size_t>(end)]));
-    total += ms;
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%s %s %.3f", i ? "," : "", windowed && i == 2 ? "windows" : kBwdStageNames[i], ms);
-    line += buf;
-  }
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "; total %.3f", total);
-  line += buf;
-  if (windowed && windows_marked > 0) {
-    std::snprintf(buf, sizeof buf, "; over %lld windows:", static_cast<long long>(windows_marked));
-    line += buf;
-    for (int i = 0; i < kWinStages; ++i) {
-      float sum = 0;
-      for (int64_t w = 0; w < windows_marked; ++w) {
-        const size_t at = static_cast<size_t>(w * (kWinStages + 1) + i);
-        float ms = 0;
-        MOK_CUDA_CHECK(cudaEventElapsedTime(&ms, win_marks[at], win_marks[at + 1]));
-        sum += ms;
-      }
-      std::snprintf(buf, sizeof buf, "%s %s %.3f", i ? "," : "", kWinStageNames[i], sum);
-      line += buf;
-    }
-  }
-  return line;
 }
 
 // The shared expert over this rank's tokens: dy = d_out (weight 1), as one expert of T rows.
