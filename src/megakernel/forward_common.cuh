@@ -61,22 +61,14 @@ struct TaskSlot {
 constexpr int32_t kSlotDummy = 1;
 constexpr int32_t kSlotSharedB = 2;
 
-struct TaskRing {
-  TaskSlot* slot;
-  uint64_t* full;     // [kTaskSlots], 1 arrival (producer)
-  uint64_t* empty;  // [kTaskSlots], 256 arrivals (every consumer thread)
-};
-
+// Full: 1 arrival (the producer); empty: 256 (every consumer thread).
+using TaskRing = rt::TaskRing<TaskSlot, kTaskSlots>;
+using SlotCursor = rt::SlotCursor<kTaskSlots>;
 __device__ __forceinline__ TaskRing task_ring(uint8_t* smem_raw) {
-  uint8_t* p = smem_raw + C::kSmemBytes;  // after the engine's region (8-byte aligned)
-  TaskRing r;
-  r.slot = reinterpret_cast<TaskSlot*>(p);
-  r.full = reinterpret_cast<uint64_t*>(p + kTaskSlots * sizeof(TaskSlot));
-  r.empty = r.full + kTaskSlots;
-  return r;
+  return TaskRing::at(smem_raw + C::kSmemBytes);  // after the engine's region (8-byte aligned)
 }
 // Task ring, its barriers, then (clusters) the pair's abort word at the end.
-constexpr int kExtraSmem = kTaskSlots * int(sizeof(TaskSlot)) + 2 * kTaskSlots * 8 + 16;
+constexpr int kExtraSmem = TaskRing::kBytes + 16;
 __device__ __forceinline__ uint32_t* abort_word(uint8_t* smem_raw) {
   return reinterpret_cast<uint32_t*>(smem_raw + C::kSmemBytes + kExtraSmem - 16);
 }

@@ -128,17 +128,6 @@ __device__ __forceinline__ Task claim_task(const ForwardParams& p, int32_t total
   }
 }
 
-// Position of the producer (or of the consumers) in the task ring.
-struct SlotCursor {
-  uint32_t i = 0, phase = 0;
-  __device__ __forceinline__ void advance() {
-    if (++i == uint32_t(kTaskSlots)) {
-      i = 0;
-      phase ^= 1u;
-    }
-  }
-};
-
 // Operand maps of a task kind. FC2: `b_half` is the weight map with a box of BLOCK_N/2 rows (with
 // clusters each CTA loads and multicasts half of a shared B tile); FC1 (gate_up): b and b_half
 // are the gate and up weights (produce_tile reads B from both).
@@ -438,52 +427,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                        const __grid_constant__ dev::DeviceComm dc) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const TaskRing ring = task_ring(smem_raw);
-  if (blockIdx.x < uint32_t(p.plan.comm_ctas)) {
-    // A wait of an earlier kernel on this GPU expired: the communicator is poisoned, do nothing.
-    if (__syncthreads_or(threadIdx.x == 0 && dev::wait_aborted(dc))) return;
-    comm_cta(p, dc, smem_raw, uint32_t(C::kSmemBytes) + uint32_t(kExtraSmem));
-    return;
-  }
-  // Compute CTAs. Clusters: the pair decides together (rank 0 reads the flag and writes it into
-  // both CTAs, between two cluster barriers) whether to stop at once, so neither CTA leaves while
-  // the other could still write into its shared memory.
-  if (!kCluster && __syncthreads_or(threadIdx.x == 0 && dev::wait_aborted(dc))) return;
   const Smem<C> sm = smem_view<C>(smem_raw);
-  const uint32_t rank = kCluster ? cluster_ctarank() : 0u;
-  if (threadIdx.x == 0) {
-    init_barriers(sm, kCluster ? 2u : 1u);
-    for (int i = 0; i < kTaskSlots; ++i) {
-      mbar_init(ring.full + i, 1);
-      mbar_init(ring.empty + i, kCluster ? 256 + 8 : 256);  // + rank 1's consumer warps
-    }
-    mbar_fence_init();
-  }
-  if constexpr (kCluster) {
-    cluster_sync();  // both CTAs run (DSMEM is valid) and their barriers are initialised
-    if (rank == 0 && threadIdx.x == 0) {
-      const uint32_t aborted = dev::wait_aborted(dc) ? 1u : 0u;
-      *abort_word(smem_raw) = aborted;
-      st_cluster(cluster_addr(abort_word(smem_raw), 1u), aborted);
-    }
-    cluster_sync();
-    if (*abort_word(smem_raw) != 0u) return;  // both CTAs, before any remote operation
-  } else {
-    __syncthreads();
-  }
   const WaitBound wb{dc.claim, dc.timeout_ns};
-  if (threadIdx.x < 128) {
-    setmaxnreg_dec<kMkProducerRegs<kCluster>>();
-    if (threadIdx.x / 32u == 0 && elect_one()) {
-      if (kCluster && rank == 1)
-        follower_producer(maps, sm, ring, wb);
-      else
-        producer<kCluster>(maps, p, dc, sm, ring, wb);
-    }
-  } else {
-    setmaxnreg_inc<kMkConsumerRegs<kCluster>>();
-    consumer<kCluster>(maps, p, sm, ring, wb, rank);
-  }
-  if constexpr (kCluster) cluster_sync_any();
+  rt::run_cta<C, kTaskSlots, kCluster, kMkProducerRegs<kCluster>, kMkConsumerRegs<kCluster>>(
+      p.plan.comm_ctas, dc, sm, ring.full, ring.empty, abort_word(smem_raw),
+      [&] { comm_cta(p, dc, smem_raw, uint32_t(C::kSmemBytes) + uint32_t(kExtraSmem)); },
+      [&] { producer<kCluster>(maps, p, dc, sm, ring, wb); }, [&] { follower_producer(maps, sm, ring, wb); },
+      [&](uint32_t rank) { consumer<kCluster>(maps, p, sm, ring, wb, rank); });
 }
 
 }  // namespace

@@ -1,14 +1,16 @@
 // mok — the megakernel runtime's device pieces, shared by its programs (the forward today; the
 // backward program will use the same): local dependency counters with gpu-scope release/acquire,
 // the bounded counter wait (system scope when other GPUs advance the counter), the per-CTA
-// profile clock, and the bounded producer <-> consumer hand-off wait of the task ring. Every
-// wait is bounded by the communicator's deadline (comm/device.cuh) and gives up once any rank
-// has failed.
+// profile clock, the task ring a compute CTA's producer thread hands tasks to its consumer
+// warpgroups through (a program's slot type in shared memory, with its cursors) and the ring's
+// bounded hand-off wait. Every wait is bounded by the communicator's deadline (comm/device.cuh)
+// and gives up once any rank has failed.
 #pragma once
 
 #include <cstdint>
 
 #include "comm/device.cuh"
+#include "gemm/engine_mainloop.cuh"
 #include "gemm/sm90.cuh"
 
 namespace mok::mk::rt {
@@ -69,6 +71,39 @@ struct StatClock {
   __device__ __forceinline__ uint64_t now() const { return out ? dev::globaltimer_ns() : 0; }
 };
 
+// The task ring: kSlots slots of a program's task type (Slot, a multiple of 16 bytes), each with
+// a full barrier (the producer's one arrival, a release of the slot's contents) and an empty one
+// (the consumers' arrivals), laid out at an 8-byte aligned place of shared memory: the slots, the
+// full barriers, the empty barriers (kBytes in all).
+template <class Slot, int kSlots>
+struct TaskRing {
+  static_assert(sizeof(Slot) % 16 == 0, "slots are copied in 16-byte pieces");
+  static constexpr int kCount = kSlots;
+  static constexpr int kBytes = kSlots * int(sizeof(Slot)) + 2 * kSlots * 8;
+  Slot* slot;
+  uint64_t* full;   // [kSlots]
+  uint64_t* empty;  // [kSlots]
+  __device__ __forceinline__ static TaskRing at(uint8_t* p) {
+    TaskRing r;
+    r.slot = reinterpret_cast<Slot*>(p);
+    r.full = reinterpret_cast<uint64_t*>(p + kSlots * sizeof(Slot));
+    r.empty = r.full + kSlots;
+    return r;
+  }
+};
+
+// Position of the producer (or of the consumers) in a ring of kSlots: slot and barrier phase.
+template <int kSlots>
+struct SlotCursor {
+  uint32_t i = 0, phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++i == uint32_t(kSlots)) {
+      i = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
 // Waits of the producer <-> consumer task hand-off. They do not give up when another wait on the
 // GPU expired (unlike mbar_wait): the producer always fills the slot, with END at worst, within
 // its own bounded waits, and the consumers always release slots within theirs, so these waits
@@ -90,6 +125,67 @@ __device__ __forceinline__ bool handoff_wait(uint64_t* bar, uint32_t parity, con
       return false;
     }
   }
+}
+
+// A megakernel CTA's start and role split (one CTA of 384 threads per SM, all resident), the
+// program's parts given as callables:
+//   * blockIdx.x < comm_ctas: `comm()` (all threads) unless a wait of an earlier kernel on this GPU
+//     expired (the communicator is poisoned: nothing runs);
+//   * otherwise a compute CTA: thread 0 initialises the engine's stage barriers and the task ring's
+//     (full: 1 arrival; empty: 256 consumer threads, + rank 1's 8 consumer warps with clusters), then
+//     warpgroup 0 drops to kProducerRegs registers and one thread of its first warp runs
+//     `producer()` (`follower()` on a cluster's rank 1), and the consumer warpgroups rise to
+//     kConsumerRegs and run `consumer()`. With 2-CTA clusters the pair decides together (rank 0
+//     reads the abort flag and writes it into both CTAs' `abort_word` between two cluster
+//     barriers) whether to stop at once, so neither CTA leaves while the other could still write
+//     into its shared memory, and both wait for each other at the end.
+template <class C, int kSlots, bool kCluster, uint32_t kProducerRegs, uint32_t kConsumerRegs, class Comm, class Producer,
+          class Follower, class Consumer>
+__device__ __forceinline__ void run_cta(int comm_ctas, const dev::DeviceComm& dc, const gemm::engine::Smem<C>& sm,
+                                        uint64_t* ring_full, uint64_t* ring_empty, uint32_t* abort_word,
+                                        const Comm& comm, const Producer& producer, const Follower& follower,
+                                        const Consumer& consumer) {
+  using namespace gemm::sm90;
+  if (blockIdx.x < uint32_t(comm_ctas)) {
+    if (__syncthreads_or(threadIdx.x == 0 && dev::wait_aborted(dc))) return;
+    comm();
+    return;
+  }
+  if (!kCluster && __syncthreads_or(threadIdx.x == 0 && dev::wait_aborted(dc))) return;
+  const uint32_t rank = kCluster ? cluster_ctarank() : 0u;
+  if (threadIdx.x == 0) {
+    gemm::engine::init_barriers(sm, kCluster ? 2u : 1u);
+    for (int i = 0; i < kSlots; ++i) {
+      mbar_init(ring_full + i, 1);
+      mbar_init(ring_empty + i, kCluster ? 256 + 8 : 256);
+    }
+    mbar_fence_init();
+  }
+  if constexpr (kCluster) {
+    cluster_sync();  // both CTAs run (DSMEM is valid) and their barriers are initialised
+    if (rank == 0 && threadIdx.x == 0) {
+      const uint32_t aborted = dev::wait_aborted(dc) ? 1u : 0u;
+      *abort_word = aborted;
+      st_cluster(cluster_addr(abort_word, 1u), aborted);
+    }
+    cluster_sync();
+    if (*abort_word != 0u) return;  // both CTAs, before any remote operation
+  } else {
+    __syncthreads();
+  }
+  if (threadIdx.x < 128) {
+    setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x / 32u == 0 && elect_one()) {
+      if (kCluster && rank == 1)
+        follower();
+      else
+        producer();
+    }
+  } else {
+    setmaxnreg_inc<kConsumerRegs>();
+    consumer(rank);
+  }
+  if constexpr (kCluster) cluster_sync_any();
 }
 
 }  // namespace mok::mk::rt
