@@ -187,6 +187,10 @@ BenchArgs parse_bench_args(const std::vector<std::string>& args) {
   if (a.cpu.ranks == 0) a.cpu.ranks = p.world;
   MOK_REQUIRE(p.E % a.cpu.ranks == 0, "--ranks",
               "must divide the experts of preset ", p.name, " (E = ", p.E, "), got ", a.cpu.ranks);
+  MOK_REQUIRE(a.gpu.workspace_budget_mb == 0 || a.gpu.path == ForwardPath::Megakernel, "--workspace-budget",
+              "sizes the megakernel's ring: not with --path unfused");
+  MOK_REQUIRE(a.gpu.workspace_budget_mb == 0 || a.gpu.macrobatch == 0, "--workspace-budget",
+              "chooses the ring: not with --macrobatch");
   return a;
 }
 

@@ -137,13 +137,15 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   if (o.macrobatch > 0) main.macrobatch_tokens = sched::round_up(o.macrobatch, main.resolved_minibatch(shape, device_sms()));
   main.activation_budget_bytes = o.budget_mb < 0 ? -1 : o.budget_mb * 1000000;
   if (o.workspace_budget_mb > 0) {  // the training memory model: one workspace, the ring that fits it
-    main.macrobatch_tokens = ring_for_workspace(shape, main, 0, device_sms(), o.workspace_budget_mb * 1000000);
+    main.macrobatch_tokens = 0;
     main.share_workspace = true;
+    main.workspace_budget_bytes = o.workspace_budget_mb * 1000000;
   }
   std::vector<Variant> v{{to_string(o.path), main}};
   if (!o.ablation) return v;
   Config other = main;
   other.forward_path = o.path == ForwardPath::Megakernel ? ForwardPath::Unfused : ForwardPath::Megakernel;
+  if (other.forward_path == ForwardPath::Unfused) other.workspace_budget_bytes = 0;  // no ring to size
   v.push_back({to_string(other.forward_path), other});
   Config mk = main;
   mk.forward_path = ForwardPath::Megakernel;
@@ -190,6 +192,7 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
     Config c = mk;
     c.minibatch_tokens = mb;
     c.macrobatch_tokens = 4 * mb;
+    c.workspace_budget_bytes = 0;  // the ring is this variant's knob
     v.push_back({"megakernel-ring4", c});
   }
   // The main variant once more, last: the variants run one after the other while the GPUs heat

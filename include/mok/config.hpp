@@ -105,6 +105,11 @@ struct Config {
   // the layer's handshake compares it). Off: every layer has
   // its own.
   bool share_workspace = false;
+  // Megakernel with share_workspace: the shared workspace's budget in bytes, which then sizes the
+  // ring (macrobatch_tokens left 0: mok::ring_for_workspace picks the largest ring whose workspace
+  // fits, and the backward runs over windows of it) — the training memory model in one setting
+  // (notes/memory.md). 0 = off (the ring is macrobatch_tokens, or the worst case).
+  int64_t workspace_budget_bytes = 0;
 
   // Throws mok::Error for the first violated constraint. `sm_count` (0 = unknown, e.g. on a
   // machine without GPU) bounds the comm SM counts (at least one SM must remain for compute) and

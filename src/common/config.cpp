@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "mok/errors.hpp"
+#include "mok/memory.hpp"
 #include "schedule/schedule_math.h"
 
 namespace mok {
@@ -138,6 +139,12 @@ int64_t Config::resolved_minibatch(const LayerShape& shape, int sm_count) const 
 int64_t Config::resolved_macrobatch(const LayerShape& shape, int sm_count) const {
   const int64_t mb = resolved_minibatch(shape, sm_count);
   if (macrobatch_tokens > 0) return macrobatch_tokens;
+  if (workspace_budget_bytes > 0 && share_workspace && forward_path == ForwardPath::Megakernel) {
+    // (validate() names the other uses.) Rank 0's plan for every rank: the ring is the same on all of them (the handshake compares
+    // the config, not the ring), and ranks differ at most in their share of the shared expert.
+    const int64_t ring = ring_for_workspace(shape, *this, 0, sm_count, workspace_budget_bytes);
+    if (ring > 0) return ring;  // else the worst case is within two minibatches: below
+  }
   const int64_t widest = std::max({shape.hidden, 2 * shape.intermediate});
   const int64_t limit = (kInt32Max / widest) / mb * mb;  // largest ring that keeps 32-bit offsets
   return std::max(mb, std::min(sched::round_up(shape.worst_case_rows(), mb), limit));
@@ -181,6 +188,16 @@ void Config::validate(const LayerShape& shape, int sm_count) const {
   MOK_REQUIRE(macrobatch_tokens >= 0 && macrobatch_tokens % mb == 0, "config.macrobatch_tokens",
               "must be 0 (automatic) or a positive multiple of the minibatch (", mb, "), got ",
               macrobatch_tokens);
+  MOK_REQUIRE(workspace_budget_bytes >= 0, "config.workspace_budget_bytes",
+              "must be 0 (off) or a positive byte count, got ", workspace_budget_bytes);
+  if (workspace_budget_bytes > 0) {
+    MOK_REQUIRE(forward_path == ForwardPath::Megakernel, "config.workspace_budget_bytes",
+                "sizes the megakernel's ring: needs forward_path megakernel");
+    MOK_REQUIRE(share_workspace, "config.workspace_budget_bytes",
+                "is the shared workspace's budget: needs config.share_workspace");
+    MOK_REQUIRE(macrobatch_tokens == 0, "config.workspace_budget_bytes",
+                "chooses the ring: leave config.macrobatch_tokens 0 (got ", macrobatch_tokens, ")");
+  }
   const int64_t widest = std::max({shape.hidden, 2 * shape.intermediate});
   MOK_REQUIRE(fits_int32(resolved_macrobatch(shape, sm_count), widest), "config.macrobatch_tokens",
               "the ring buffer rows * max(H, 2I) = ", resolved_macrobatch(shape, sm_count), "*", widest,

@@ -211,6 +211,7 @@ int64_t ring_for_workspace(const LayerShape& shape, const Config& config, int ra
   Config cfg = config;
   cfg.share_workspace = true;
   cfg.macrobatch_tokens = 0;
+  cfg.workspace_budget_bytes = 0;  // the rings tried below are explicit (Config::resolved_macrobatch calls this)
   cfg.validate(shape, sm_count);
   const int64_t mb = cfg.resolved_minibatch(shape, sm_count), cap = shape.worst_case_rows();
   // The automatic ring is the worst case capped by 32-bit offsets: never more than that.

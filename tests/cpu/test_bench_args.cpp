@@ -81,7 +81,7 @@ TEST(BenchArgs, Defaults) {
 TEST(BenchArgs, ParsesEveryOption) {
   const BenchArgs a = parse_bench_args(
       {"--models", "qwen3-235b,dsv3", "--tokens", "64,4096", "--routings", "zipf,one-rank", "--iters", "25",
-       "--warmup", "0", "--comm-sms", "12", "--macrobatch", "32768", "--budget", "0", "--workspace-budget", "2000", "--path", "unfused", "--clusters", "1", "--dispatch", "push",
+       "--warmup", "0", "--comm-sms", "12", "--macrobatch", "32768", "--budget", "0", "--path", "unfused", "--clusters", "1", "--dispatch", "push",
        "--sustain", "1.5", "--no-ablation", "--no-backward", "--json", "out.json", "--preset", "tiny",
        "--ranks", "8", "--routing", "empty-slots", "--threads", "2", "--reps", "1", "--cpu"});
   EXPECT_EQ(a.gpu.models, (std::vector<std::string>{"qwen3-235b", "dsv3"}));
@@ -92,7 +92,8 @@ TEST(BenchArgs, ParsesEveryOption) {
   EXPECT_EQ(a.gpu.comm_sms, 12);
   EXPECT_EQ(a.gpu.macrobatch, 32768);
   EXPECT_EQ(a.gpu.budget_mb, 0);
-  EXPECT_EQ(a.gpu.workspace_budget_mb, 2000);
+  EXPECT_EQ(a.gpu.workspace_budget_mb, 0);
+  EXPECT_EQ(parse_bench_args({"--workspace-budget", "2000"}).gpu.workspace_budget_mb, 2000);
   EXPECT_EQ(a.gpu.path, mok::ForwardPath::Unfused);
   EXPECT_EQ(a.gpu.clusters, 1);
   EXPECT_EQ(a.gpu.dispatch, mok::DispatchPath::Push);
@@ -123,6 +124,8 @@ TEST(BenchArgs, RejectsBadValuesByName) {
   expect_bad_args({"--macrobatch", "-1"}, "--macrobatch", "got '-1'");
   expect_bad_args({"--budget", "-2"}, "--budget", "got '-2'");
   expect_bad_args({"--workspace-budget", "-1"}, "--workspace-budget", "got '-1'");
+  expect_bad_args({"--workspace-budget", "2000", "--macrobatch", "8192"}, "--workspace-budget", "not with --macrobatch");
+  expect_bad_args({"--path", "unfused", "--workspace-budget", "2000"}, "--workspace-budget", "not with --path unfused");
   expect_bad_args({"--clusters", "2"}, "--clusters", "in [0, 1]");
   expect_bad_args({"--sustain", "-1"}, "--sustain", "in [0, 600] seconds");
   expect_bad_args({"--sustain", "4s"}, "--sustain", "got '4s'");

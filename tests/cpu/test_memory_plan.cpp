@@ -214,6 +214,45 @@ TEST(MemoryPlan, RingForWorkspaceIsTheLargestThatFits) {
   EXPECT_EQ(mok::ring_for_workspace(tiny, cfg, 0, 132, int64_t(1e9)), 0);
 }
 
+// Config::workspace_budget_bytes: the training mode in one setting — the ring resolves to
+// ring_for_workspace's, so the plan is the one of that explicit ring; without a ring to choose the
+// worst case stays; it needs share_workspace and the megakernel, and leaves the ring to itself.
+TEST(MemoryPlan, WorkspaceBudgetResolvesTheRing) {
+  const auto shape = mok::LayerShape::uniform(8, 8192, 7168, 2048, 256, 8);
+  mok::Config budget;
+  budget.share_workspace = true;
+  budget.workspace_budget_bytes = int64_t(2e9);
+  const int64_t ring = mok::ring_for_workspace(shape, mok::Config{}, 0, 132, int64_t(2e9));
+  EXPECT_EQ(budget.resolved_macrobatch(shape, 132), ring);
+  mok::Config explicit_ring;
+  explicit_ring.share_workspace = true;
+  explicit_ring.macrobatch_tokens = ring;
+  const mok::MemoryPlan a = mok::plan_memory(shape, budget, 0, 132), b = mok::plan_memory(shape, explicit_ring, 0, 132);
+  EXPECT_EQ(a.workspace(), b.workspace());
+  EXPECT_EQ(a.total(mok::MemoryScope::Saved), b.total(mok::MemoryScope::Saved));
+  EXPECT_EQ(a.backward_mode(), b.backward_mode());
+  const auto tiny = mok::LayerShape::uniform(1, 64, 128, 64, 8, 2);
+  EXPECT_EQ(budget.resolved_macrobatch(tiny, 132), mok::Config{}.resolved_macrobatch(tiny, 132));
+  mok::Config unshared = budget;
+  unshared.share_workspace = false;
+  expect_refused([&] { return mok::plan_memory(shape, unshared, 0, 132); }, "config.workspace_budget_bytes",
+                 "a budget without share_workspace");
+  mok::Config with_ring = budget;
+  with_ring.macrobatch_tokens = ring;
+  expect_refused([&] { return mok::plan_memory(shape, with_ring, 0, 132); }, "config.workspace_budget_bytes",
+                 "a budget and a ring");
+  mok::Config unfused = budget;
+  unfused.forward_path = mok::ForwardPath::Unfused;
+  expect_refused([&] { return mok::plan_memory(shape, unfused, 0, 132); }, "config.workspace_budget_bytes",
+                 "a budget on the unfused path");
+  mok::Config negative;
+  negative.workspace_budget_bytes = -1;
+  expect_refused([&] { return mok::plan_memory(shape, negative, 0, 132); }, "config.workspace_budget_bytes",
+                 "a negative budget");
+  budget.workspace_budget_bytes = int64_t(1e8);  // the smallest ring's workspace is larger
+  expect_refused([&] { return mok::plan_memory(shape, budget, 0, 132); }, "workspace_budget", "a 100 MB budget");
+}
+
 // Config::saved_forwards = N: the saved state of N forwards (each slot's schedule, gate/up rows of
 // the activation budget, shared-expert activations and routing copy), named by slot_name; more
 // than one needs the backward over windows (a ring below the worst case) and pull dispatch.

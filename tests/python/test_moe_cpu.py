@@ -173,6 +173,10 @@ def test_memory_plan_is_the_planners():
     assert windows["total"] < plan["total"]
     recompute = mok.MoE(2048, 768, 128, 8, macrobatch_tokens=mb, activation_budget_bytes=0).memory_plan(8192)
     assert "gu_saved" not in recompute and recompute["workspace"] == 0
+    # The training mode in one knob: the ring that fits a 2 GB shared workspace.
+    training = mok.MoE(2048, 768, 128, 8, share_workspace=True, workspace_budget_bytes=2 * 10**9).memory_plan(8192)
+    assert 0 < training["workspace"] <= 2 * 10**9 and training["gu_saved"] > 0
+    assert training["total"] - training["workspace"] < plan["total"] / 4
     with pytest.raises(mok.Error, match="no_such_knob"):
         mok._cpu.plan_memory(64, 2048, 768, 128, 8, config={"no_such_knob": "1"})
 
