@@ -1,8 +1,8 @@
 // The engine's FP8 operand type (engine_mainloop.cuh, OperandE4m3) on one output tile: the engine's
 // own producer (TMA loads of 128-byte K rows through UINT8 tensor maps) and consumer mainloop
 // (m64nNk32 e4m3 wgmma, fp32 accumulators) over K = 128 .. 1024 (1 to 8 stages of 128 FP8 K
-// elements, the ring wrapping), BLOCK_N 256 and 128, against an fp64 product of the decoded
-// values. The inputs are finite E4M3 codes of magnitude 2^-3 .. 2^3 and their signs: every
+// elements, the ring wrapping), BLOCK_N 256 and 128, against an fp64 product of the values
+// decoded by the spec (common/fp8_format.h). The inputs are finite E4M3 codes of magnitude 2^-3 .. 2^3 and their signs: every
 // product is exact in fp32, so the error is the tensor cores' accumulation alone, which the test
 // bounds loosely (Hopper's FP8 accumulation keeps fewer bits than fp32: the FP8 issue promotes it)
 // and prints, and any layout or descriptor mistake is an O(1) error. No scales yet (issue 22).
@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "common/fp8_format.h"
 #include "gemm/engine.cuh"
 #include "gemm/tensor_map.h"
 #include "gemm_test_util.h"
@@ -60,13 +61,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 }
 
-// E4M3 (1 sign, 4 exponent bits of bias 7, 3 mantissa bits; 0x7f / 0xff are NaN) to float.
-float e4m3_value(uint8_t b) {
-  const int e = (b >> 3) & 15, m = b & 7;
-  const float mag = e == 0 ? std::ldexp(float(m) / 8.0f, -6) : std::ldexp(1.0f + float(m) / 8.0f, e - 7);
-  return (b & 0x80) ? -mag : mag;
-}
-
 // n finite codes of magnitude 2^-3 .. 2^3 (exponent fields 4 .. 10), random signs and mantissas.
 std::vector<uint8_t> random_e4m3(size_t n, uint64_t seed) {
   mok::Rng rng(seed);
@@ -104,7 +98,8 @@ void run_fp8_tile(int k_blocks) {
     for (int n = 0; n < kBN; ++n) {
       double ref = 0, mag = 0;
       for (int k = 0; k < K; ++k) {
-        const double p = double(e4m3_value(a[size_t(m) * K + k])) * double(e4m3_value(b[size_t(n) * K + k]));
+        const double p = double(mok::fp8::e4m3_decode(a[size_t(m) * K + k])) *
+                         double(mok::fp8::e4m3_decode(b[size_t(n) * K + k]));
         ref += p;
         mag += std::fabs(p);
       }
