@@ -143,6 +143,17 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   }
   std::vector<Variant> v{{to_string(o.path), main}};
   if (!o.ablation) return v;
+  // The variants vary one knob each around the main one's resolved ring: a budget would choose
+  // another ring for another minibatch or dispatch (or none: the smallest ring is two of its
+  // minibatches), so they get the main ring as an explicit one (rounded to their minibatch).
+  const int64_t main_ring = main.workspace_budget_bytes > 0 ? main.resolved_macrobatch(shape, device_sms()) : 0;
+  const auto at_main_ring = [&](Config c) {
+    if (c.workspace_budget_bytes > 0) {
+      c.workspace_budget_bytes = 0;
+      c.macrobatch_tokens = sched::round_up(main_ring, c.resolved_minibatch(shape, device_sms()));
+    }
+    return c;
+  };
   Config other = main;
   other.forward_path = o.path == ForwardPath::Megakernel ? ForwardPath::Unfused : ForwardPath::Megakernel;
   if (other.forward_path == ForwardPath::Unfused) other.workspace_budget_bytes = 0;  // no ring to size
@@ -155,28 +166,29 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
     Config c = mk;
     c.fwd_comm_sms = sms;
     c.minibatch_tokens = mb;  // the sweep varies one knob
-    v.push_back({"megakernel", c});
+    v.push_back({"megakernel", at_main_ring(c)});
   }
   for (int64_t m : {std::max<int64_t>(128, mb / 2 / 128 * 128), 2 * mb}) {
     if (m == mb) continue;
     Config c = mk;
     c.minibatch_tokens = m;
-    v.push_back({"megakernel", c});
+    v.push_back({"megakernel", at_main_ring(c)});
   }
   {
     Config c = mk;
     c.combine = CombinePath::Fc2Epilogue;
-    v.push_back({"megakernel-epilogue-combine", c});
+    v.push_back({"megakernel-epilogue-combine", at_main_ring(c)});
   }
   {
     Config c = mk;
     c.dispatch = main.dispatch == DispatchPath::Pull ? DispatchPath::Push : DispatchPath::Pull;
-    v.push_back({std::string("megakernel-") + to_string(c.dispatch) + "-dispatch", c});
+    v.push_back({std::string("megakernel-") + to_string(c.dispatch) + "-dispatch", at_main_ring(c)});
   }
   {
     Config c = mk;
     c.fwd_clusters = !main.fwd_clusters;
-    if (c.resolved_fwd_comm_sms(shape) % 2 == 0) v.push_back({c.fwd_clusters ? "megakernel-clusters" : "megakernel-no-clusters", c});
+    if (c.resolved_fwd_comm_sms(shape) % 2 == 0)
+      v.push_back({c.fwd_clusters ? "megakernel-clusters" : "megakernel-no-clusters", at_main_ring(c)});
   }
   {
     Variant inf{"megakernel-inference", mk};

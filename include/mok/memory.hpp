@@ -27,8 +27,8 @@
 // schedule and the budget's gate/up rows between its forward and its backward. Scopes:
 //   Layer     allocated when the layer is built, held for its life;
 //   Saved     part of Layer: what a backward reads of the last forward (the published routing,
-//             the schedule, and the routed x rows, gate/up pre-activations and h unless the
-//             backward recomputes them), one forward's worth per layer;
+//             the schedule, and the routed x rows and gate/up pre-activations unless the backward
+//             recomputes them; h it computes from the gate/up rows), one forward's worth per layer;
 //   Backward  allocated by the layer's first backward() and held from then on.
 // Weights, inputs and outputs (the caller's tensors) are not counted.
 #pragma once

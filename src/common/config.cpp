@@ -140,9 +140,9 @@ int64_t Config::resolved_macrobatch(const LayerShape& shape, int sm_count) const
   const int64_t mb = resolved_minibatch(shape, sm_count);
   if (macrobatch_tokens > 0) return macrobatch_tokens;
   if (workspace_budget_bytes > 0 && share_workspace && forward_path == ForwardPath::Megakernel) {
-    // (validate() names the other uses.) Rank 0's plan for every rank: the ring is the same on all of them (the handshake compares
-    // the config, not the ring), and ranks differ at most in their share of the shared expert.
-    const int64_t ring = ring_for_workspace(shape, *this, 0, sm_count, workspace_budget_bytes);
+    // (validate() names the other uses.) The ring whose workspace fits on every rank (the ranks
+    // compare the resolved ring when a layer is built).
+    const int64_t ring = ring_for_workspace(shape, *this, -1, sm_count, workspace_budget_bytes);
     if (ring > 0) return ring;  // else the worst case is within two minibatches: below
   }
   const int64_t widest = std::max({shape.hidden, 2 * shape.intermediate});

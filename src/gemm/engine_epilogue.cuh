@@ -300,12 +300,12 @@ __device__ __forceinline__ void swiglu_backward(float acc_dh, float g, float u, 
 // loads (store wait, proxy fence, release / acquire) as it does for h.
 // With row_weight (routed rows: d_y holds the unweighted d_out rows), the accumulators are
 // g = d_out . W_down: d_h = rnd(w * rnd(g)) with the row's router weight w; the router-weight
-// gradient's terms <rnd(g), h> (h: the forward's SwiGLU output [rows, inter], since
-// <d_out, y> = <d_out . W_down, h>) are summed per row and 64 intermediate columns — each thread
-// over its columns in increasing order, then the quad's four sums in a fixed tree — into
-// router_partial[row * parts + column / 64] (the same bits whatever BLOCK_N); and h is
-// overwritten with rnd(w * h), dW_down's operand (each tile reads and writes only its own h
-// elements, each thread the ones it read).
+// gradient's terms <rnd(g), h> (h = rnd(silu(g_gate) u) computed here from the gate/up values
+// with FC1's bits: the forward's SwiGLU output, since <d_out, y> = <d_out . W_down, h>) are summed
+// per row and 64 intermediate columns — each thread over its columns in increasing order, then
+// the quad's four sums in a fixed tree — into router_partial[row * parts + column / 64] (the same
+// bits whatever BLOCK_N); and h [rows, inter] receives rnd(w * h), dW_down's operand (written
+// only: each thread its own elements).
 template <class C>
 __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
                                                       const float (&acc)[C::kAccRegs], const void* gu,

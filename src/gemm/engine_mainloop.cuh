@@ -164,8 +164,8 @@ struct Tile {
   int32_t b_n;           // first output column (B coordinate along N)
   int32_t b_batch;       // B's outer coordinate (expert of a [E, ., .] weight map)
   int32_t k_begin;       // first K coordinate
-  int32_t k_blocks;      // 64-wide K blocks (0: the tile is zero)
-  int32_t k_last_valid;  // valid K rows of the last block (64 unless the tile is K-masked)
+  int32_t k_blocks;      // K blocks of Cfg::kBlockK (0: the tile is zero)
+  int32_t k_last_valid;  // valid K rows of the last block (kBlockK unless the tile is K-masked)
   int32_t out_row;       // output row of the tile's first row
   int32_t out_batch;     // output outer coordinate (3-D output maps)
 };

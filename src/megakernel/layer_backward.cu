@@ -18,9 +18,10 @@ namespace mok {
 using layer_detail::upload_array;
 
 // ---------------------------------------------------------------------------------------------
-// Backward (unfused). Buffers it reuses from the forward: gu (d_gu is written over it), h (for
-// dW_down), the routed x rows (for dW_gate, dW_up), y (the routed d_x rows), the shared expert's
-// gu_s, h_s and y_s likewise, and the combine window (the reverse-dispatch slots; the forward's
+// Backward (unfused). Buffers it reuses from the forward: gu (d_gu is written over it; FC2's dgrad
+// computes h from it and writes the weighted h, dW_down's operand, into h), the routed x rows (for
+// dW_gate, dW_up), y (the routed d_x rows), the shared expert's gu_s, h_s (read: its dgrad has no
+// row weights) and y_s, and the combine window (the reverse-dispatch slots; the forward's
 // y rows there are not read: the router-weight gradient is <d_out . W_down, h>, from FC2's
 // dgrad). Its own: dy_routed, the row weights and the router gradient's partial sums.
 void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& g, cudaStream_t stream,

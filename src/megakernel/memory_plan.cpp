@@ -220,9 +220,17 @@ int64_t ring_for_workspace(const LayerShape& shape, const Config& config, int ra
   // The workspace grows with the ring (the rings, gu and the dy rows are R rows; the windows and
   // carries are fixed): the last ring within the budget, walking up one minibatch at a time.
   int64_t best = 0, smallest = 0;
+  // The workspace of `rank`, or (rank < 0) the largest over the ranks: the ring must be the same on
+  // all of them, and a rank's shared-expert rows (its tokens) are part of its workspace.
+  const auto workspace = [&]() {
+    int64_t ws = 0;
+    for (int r = rank < 0 ? 0 : rank; r < (rank < 0 ? shape.world_size() : rank + 1); ++r)
+      ws = std::max(ws, plan_memory(shape, cfg, r, sm_count).workspace());
+    return ws;
+  };
   for (int64_t r = 2 * mb; r <= limit; r += mb) {
     cfg.macrobatch_tokens = r;
-    const int64_t ws = plan_memory(shape, cfg, rank, sm_count).workspace();
+    const int64_t ws = workspace();
     if (smallest == 0) smallest = ws;
     if (ws > budget_bytes) break;
     best = r;

@@ -251,6 +251,14 @@ TEST(MemoryPlan, WorkspaceBudgetResolvesTheRing) {
                  "a negative budget");
   budget.workspace_budget_bytes = int64_t(1e8);  // the smallest ring's workspace is larger
   expect_refused([&] { return mok::plan_memory(shape, budget, 0, 132); }, "workspace_budget", "a 100 MB budget");
+  // Ranks with different token counts (a shared expert: its rows are in each rank's workspace):
+  // the ring fits the largest workspace, i.e. it is the smallest of the ranks' own rings.
+  const mok::LayerShape uneven{{1024, 8192}, 7168, 2048, 32, 8, 8192};
+  const mok::Config plain;
+  const int64_t r0 = mok::ring_for_workspace(uneven, plain, 0, 132, int64_t(2e9)),
+                r1 = mok::ring_for_workspace(uneven, plain, 1, 132, int64_t(2e9));
+  EXPECT_GT(r0, r1) << "rank 1's shared-expert rows take room from its ring";
+  EXPECT_EQ(mok::ring_for_workspace(uneven, plain, -1, 132, int64_t(2e9)), std::min(r0, r1));
 }
 
 // Config::saved_forwards = N: the saved state of N forwards (each slot's schedule, gate/up rows of
