@@ -279,6 +279,36 @@ def print_ablation(out):
                   f"| {fmt(a.get('speedup'), '.2f', 'x')} | {fmt(vs_best, '.2f', 'x')} |")
 
 
+def held_gb(memory):
+    """What a layer holds besides the workspace its layers share (mok_bench's `memory` object)."""
+    if not isinstance(memory, dict) or memory.get("total_bytes") is None:
+        return None
+    return (memory["total_bytes"] - (memory.get("workspace_bytes") or 0)) / 1e9
+
+
+def print_memory_modes(out):
+    """The backward of the main variant (every row resident) next to the training memory model's
+    modes timed in the same run (ablation entries with bwd_ms): time and memory per layer."""
+    modes = [a for a in out["ablation"] if a.get("bwd_ms") is not None]
+    if not modes:
+        return
+    mains = {case_key(c): c for c in out["cases"]}
+    print("\nBackward by memory mode, same run (held: per layer, besides a shared workspace)")
+    print("| model | T/rank | routing | mode | ring | bwd ms | vs resident | held GB | workspace GB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for key, entries in ablation_groups(modes).items():
+        c = mains.get(key)
+        rows = ([("resident", c.get("macrobatch_tokens"), c.get("mok_bwd_ms"), c.get("memory"))] if c else []) + \
+            [(a["variant"].replace("megakernel-training-", ""), a.get("macrobatch_tokens"), a["bwd_ms"], a.get("memory"))
+             for a in entries]
+        base = c.get("mok_bwd_ms") if c else None
+        for mode, ring, ms, mem in rows:
+            ws = mem.get("workspace_bytes") if isinstance(mem, dict) else None
+            rel = ms / base if base and ms else None
+            print(f"| {key[0]} | {key[1]} | {key[2]} | {mode} | {fmt(ring, '')} | {fmt(ms, '.3f')} "
+                  f"| {fmt(rel, '.2f', 'x')} | {fmt(held_gb(mem), '.2f')} | {fmt(ws / 1e9 if ws else None, '.2f')} |")
+
+
 def main(argv):
     if len(argv) not in (3, 4):
         print(__doc__.strip(), file=sys.stderr)
@@ -297,6 +327,7 @@ def main(argv):
     print_backward(out)
     print_hardware(out)
     print_ablation(out)
+    print_memory_modes(out)
     print_gpu_samples(out)
     print(f"wrote {out_path}")
     return 0

@@ -63,6 +63,7 @@ struct Variant {
   bool save_for_backward = true;  // false: an inference forward (no gate/up pre-activations kept)
   bool x_in_window = false;       // x written into Layer::input_buffer() once: forward() skips its copy
   bool repeat_of_main = false;    // the main variant measured again, last (shows the thermal drift)
+  bool time_backward = false;     // an ablation variant whose backward is timed too (memory modes)
 };
 
 // Each rank's M tiles (the CPU twin of the schedule on the same routing) as JSON fields: tiles,
@@ -206,6 +207,24 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
     c.macrobatch_tokens = 4 * mb;
     c.workspace_budget_bytes = 0;  // the ring is this variant's knob
     v.push_back({"megakernel-ring4", c});
+  }
+  // The training memory model's two modes beside a main variant that has every row resident, their
+  // backward timed in the same run (notes/memory.md): one 2 GB workspace shared by the layers and
+  // the ring that fits it, with the automatic activation budget (saved) and with none (recompute).
+  if (main.workspace_budget_bytes == 0 && main.macrobatch_tokens == 0 && o.path == ForwardPath::Megakernel &&
+      o.backward) {
+    Config c = mk;
+    c.share_workspace = true;
+    c.workspace_budget_bytes = 2000000000;
+    if (c.resolved_macrobatch(shape, device_sms()) < shape.worst_case_rows()) {
+      Variant saved{"megakernel-training-saved", c};
+      saved.time_backward = true;
+      v.push_back(saved);
+      Variant recompute{"megakernel-training-recompute", c};
+      recompute.cfg.activation_budget_bytes = 0;
+      recompute.time_backward = true;
+      v.push_back(recompute);
+    }
   }
   // The main variant once more, last: the variants run one after the other while the GPUs heat
   // up towards their power cap, so the first one measured has an edge (up to ~10% in a run of
@@ -532,8 +551,9 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           std::vector<std::vector<bf16>> sampled(static_cast<size_t>(W));
           std::vector<std::string> profile(static_cast<size_t>(W));
           const bool keep = o.sustain_s > 0 && &var == &variants.front();  // for the sustained run
-          // The main variant's backward (over windows when its ring is below the worst case).
-          const bool bwd = o.backward && &var == &variants.front();
+          // The main variant's backward (over windows when its ring is below the worst case), and
+          // the memory-mode variants'.
+          const bool bwd = o.backward && (&var == &variants.front() || var.time_backward);
           std::vector<std::vector<double>> bwd_ms(static_cast<size_t>(W));
           std::vector<std::vector<float>> bwd_sampled(static_cast<size_t>(W)), dout_sampled(static_cast<size_t>(W));
           std::vector<std::string> bwd_profile(static_cast<size_t>(W));
@@ -623,8 +643,8 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
                                   ", \"routing\": \"" + to_string(routing) + "\", \"variant\": \"" + var.name + "\"";
           const std::string knobs = ", \"comm_sms\": " + std::to_string(sms) + ", \"minibatch_tokens\": " +
                                     std::to_string(mb) + ", \"macrobatch_tokens\": " + std::to_string(ring);
-          if (!ablation.empty()) ablation += ",\n    ";
-          ablation += key + knobs + ", \"ms\": " + std::to_string(t_ms) + ", \"tflops\": " + std::to_string(tflops) + "}";
+          // This variant's ablation entry, closed after its backward (memory-mode variants).
+          std::string entry = key + knobs + ", \"ms\": " + std::to_string(t_ms) + ", \"tflops\": " + std::to_string(tflops);
           if (&var == &variants.front()) {  // the main variant (checked against the spec)
             main_ms = t_ms;
             main_case = key + ", \"mok_ms\": " + std::to_string(t_ms) + ", \"mok_tflops\": " +
@@ -670,11 +690,19 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
             for (int r = 0; r < W; ++r)
               if (!bwd_profile[r].empty()) std::printf("  profile rank %d: %s\n", r, bwd_profile[r].c_str());
             std::fflush(stdout);
-            main_case += ", \"mok_bwd_ms\": " + std::to_string(b_ms) + ", \"mok_bwd_tflops\": " +
-                         std::to_string(b_tflops) + ", \"bwd_check_rel_err\": " + std::to_string(brel);
+            if (&var == &variants.front()) {
+              main_case += ", \"mok_bwd_ms\": " + std::to_string(b_ms) + ", \"mok_bwd_tflops\": " +
+                           std::to_string(b_tflops) + ", \"bwd_check_rel_err\": " + std::to_string(brel);
+            } else {  // a memory mode: its backward and memory beside the main variant's
+              entry += ", \"bwd_ms\": " + std::to_string(b_ms) + ", \"bwd_tflops\": " + std::to_string(b_tflops) +
+                       ", \"bwd_check_rel_err\": " + std::to_string(brel) +
+                       memory_json(shape, cfg, built[0], bwd_bytes[0], from_pool[0] != 0);
+            }
           } else if (o.backward && &var == &variants.front()) {
             std::printf("  backward: not run (the main variant's ring holds fewer rows than the worst case)\n");
           }
+          if (!ablation.empty()) ablation += ",\n    ";
+          ablation += entry + "}";
           if (var.repeat_of_main && main_ms > 0)
             std::printf("  drift: the main variant again, last: %.3f ms vs %.3f ms first (%+.1f%%)\n", t_ms, main_ms,
                         100.0 * (t_ms / main_ms - 1.0));

@@ -33,6 +33,9 @@ struct GpuBenchOptions {
   // Ablation: besides the main variant, at every shape: the other path, comm SMs {4, 8, 16, 32}, half and
   // double the minibatch, the combine in the FC2 epilogue, the other cluster setting, the other
   // dispatch (pull / push), and a ring of 4 minibatches; each checked bitwise against the main one.
+  // With the backward on and a main variant with every row resident, also the training memory
+  // model's two modes (a 2 GB shared workspace and its ring; the automatic activation budget, and
+  // full recompute), their backward timed and checked against the spec like the main one's.
   bool ablation = true;
   // Sustained rate of the main variant: after all variants of a shape, about `sustain_s` seconds
   // of back-to-back forwards (the count is fixed from the shape's FLOPs, equal on every rank), the

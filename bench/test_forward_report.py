@@ -142,6 +142,23 @@ class ForwardReportTest(TempDirCase):
         out, run = self.report(synthetic_mok(), synthetic_baseline())
         self.assertNotIn("Backward", run.stdout)
 
+    def test_memory_modes(self):
+        mok = synthetic_mok()
+        mok["cases"][0].update({"mok_bwd_ms": 6.0, "mok_bwd_tflops": 333.3, "bwd_check_rel_err": 0.002,
+                                "macrobatch_tokens": 65536, "memory": {"total_bytes": 6.6e9, "workspace_bytes": 0}})
+        for variant, ms, saved in (("megakernel-training-saved", 6.3, 0.8e9), ("megakernel-training-recompute", 8.1, 0.005e9)):
+            e = ablation_entry("dsv3", 2048, "uniform", variant, 16, 1920, 4.0)
+            e.update({"bwd_ms": ms, "memory": {"total_bytes": saved + 2.0e9, "workspace_bytes": 2.0e9}})
+            mok["ablation"].append(e)
+        out, run = self.report(mok, synthetic_baseline())
+        self.assertEqual([a["bwd_ms"] for a in out["ablation"] if "bwd_ms" in a], [6.3, 8.1])  # kept as written
+        self.assertIn("Backward by memory mode", run.stdout)
+        self.assertIn("| dsv3 | 2048 | uniform | resident | 65536 | 6.000 | 1.00x | 6.60 | - |", run.stdout)
+        self.assertIn("| dsv3 | 2048 | uniform | saved | 8192 | 6.300 | 1.05x | 0.80 | 2.00 |", run.stdout)
+        self.assertIn("| dsv3 | 2048 | uniform | recompute | 8192 | 8.100 | 1.35x | 0.01 | 2.00 |", run.stdout)
+        out, run = self.report(synthetic_mok(), synthetic_baseline())  # no mode timed: no table
+        self.assertNotIn("Backward by memory mode", run.stdout)
+
     def test_against_the_hardware(self):
         # no peak and no ceiling: no table, no percentage fields
         out, run = self.report(synthetic_mok(), synthetic_baseline())
