@@ -3,8 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <string>
 
 #include "common/device_check.h"
 #include "megakernel/layer_impl.h"
