@@ -122,6 +122,11 @@ const Option kOptions[] = {
        require_one_of(o, v, {"pull", "push"});
        a.gpu.dispatch = v == "pull" ? DispatchPath::Pull : DispatchPath::Push;
      }},
+    {"--bwd-path", true, Mode::Gpu,
+     [](BenchArgs& a, const std::string& o, const std::string& v) {
+       require_one_of(o, v, {"unfused", "fused"});
+       a.gpu.backward_path = v == "unfused" ? BackwardPath::Unfused : BackwardPath::Fused;
+     }},
     {"--sustain", true, Mode::Gpu,
      [](BenchArgs& a, const std::string& o, const std::string& v) {
        a.gpu.sustain_s = parse_number(o, v, 0.0, kMaxSustainS, " seconds (0 = off)");

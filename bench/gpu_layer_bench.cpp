@@ -64,6 +64,7 @@ struct Variant {
   bool x_in_window = false;       // x written into Layer::input_buffer() once: forward() skips its copy
   bool repeat_of_main = false;    // the main variant measured again, last (shows the thermal drift)
   bool time_backward = false;     // an ablation variant whose backward is timed too (memory modes)
+  bool main_backward_twin = false;  // the main variant with the other backward path (JSON: mok_bwd_<path>_ms)
 };
 
 // Each rank's M tiles (the CPU twin of the schedule on the same routing) as JSON fields: tiles,
@@ -134,6 +135,7 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   main.fwd_comm_sms = o.comm_sms;
   if (o.clusters >= 0) main.fwd_clusters = o.clusters != 0;
   main.dispatch = o.dispatch;
+  main.backward_path = o.backward_path;
   // A multiple of this shape's minibatch (which the models' shapes choose differently).
   if (o.macrobatch > 0) main.macrobatch_tokens = sched::round_up(o.macrobatch, main.resolved_minibatch(shape, device_sms()));
   main.activation_budget_bytes = o.budget_mb < 0 ? -1 : o.budget_mb * 1000000;
@@ -208,6 +210,15 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
     c.workspace_budget_bytes = 0;  // the ring is this variant's knob
     v.push_back({"megakernel-ring4", c});
   }
+  // The main variant with the other backward path, its backward timed: the same-run A/B of the
+  // backward's GEMM program against the unfused GEMMs (the same bits: checked like the others).
+  const BackwardPath other_bwd = main.backward_path == BackwardPath::Unfused ? BackwardPath::Fused : BackwardPath::Unfused;
+  if (o.backward) {
+    Variant twin{v.front().name + "-bwd-" + to_string(other_bwd), main};
+    twin.time_backward = true;
+    twin.main_backward_twin = true;
+    v.push_back(twin);
+  }
   // The training memory model's two modes beside a main variant that has every row resident, their
   // backward timed in the same run (notes/memory.md): one 2 GB workspace shared by the layers and
   // the ring that fits it, with the automatic activation budget (saved) and with none (recompute).
@@ -226,6 +237,10 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
       Variant saved{"megakernel-training-saved", c};
       saved.time_backward = true;
       v.push_back(saved);
+      Variant saved_other = saved;
+      saved_other.cfg.backward_path = other_bwd;
+      saved_other.name += std::string("-bwd-") + to_string(other_bwd);
+      v.push_back(saved_other);
       Variant recompute{"megakernel-training-recompute", c};
       recompute.cfg.activation_budget_bytes = 0;
       recompute.time_backward = true;
@@ -698,11 +713,15 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
             std::fflush(stdout);
             if (&var == &variants.front()) {
               main_case += ", \"mok_bwd_ms\": " + std::to_string(b_ms) + ", \"mok_bwd_tflops\": " +
-                           std::to_string(b_tflops) + ", \"bwd_check_rel_err\": " + std::to_string(brel);
-            } else {  // a memory mode: its backward and memory beside the main variant's
+                           std::to_string(b_tflops) + ", \"backward_path\": \"" + to_string(cfg.backward_path) +
+                           "\", \"bwd_check_rel_err\": " + std::to_string(brel);
+            } else {  // a memory mode or the other backward path: its backward beside the main variant's
               entry += ", \"bwd_ms\": " + std::to_string(b_ms) + ", \"bwd_tflops\": " + std::to_string(b_tflops) +
+                       ", \"backward_path\": \"" + to_string(cfg.backward_path) + "\"" +
                        ", \"bwd_check_rel_err\": " + std::to_string(brel) +
                        memory_json(shape, cfg, built[0], bwd_bytes[0], from_pool[0] != 0);
+              if (var.main_backward_twin)
+                main_case += std::string(", \"mok_bwd_") + to_string(cfg.backward_path) + "_ms\": " + std::to_string(b_ms);
             }
           } else if (o.backward && &var == &variants.front()) {
             std::printf("  backward: not run (the main variant's ring holds fewer rows than the worst case)\n");
@@ -742,9 +761,10 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
       << ", \"what\": \"mok GPU layer forward (" << to_string(o.path)
       << "), slowest rank per iteration, median of " << o.iters << " after " << o.warmup
       << " warm-up; ablation variants checked bitwise against the main one"
-      << (o.backward ? "; mok_bwd_ms: the main variant's backward (kernels in stream order, over windows of the ring "
-                       "when it is below the worst case) after an untimed forward, "
-                       "same statistic, FLOPs twice the forward's"
+      << (o.backward ? "; mok_bwd_ms: the main variant's backward (its backward_path: unfused = four GEMM kernels "
+                       "in stream order, fused = the backward's GEMM program; over windows of the ring when it is "
+                       "below the worst case) after an untimed forward, same statistic, FLOPs twice the forward's; "
+                       "mok_bwd_<path>_ms: the other backward path in the same run (an ablation variant)"
                      : "")
       << (W >= 2 ? "; mok_nvlink_GBps: the busiest rank's NVLink bytes per direction (rows pulled in + rows"
                    " combined in) / the slowest rank's time"

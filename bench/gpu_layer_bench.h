@@ -30,12 +30,14 @@ struct GpuBenchOptions {
   ForwardPath path = ForwardPath::Megakernel;  // the variant reported in `cases`
   int clusters = -1;  // main variant's Config::fwd_clusters: 0 / 1, -1 = the Config default
   DispatchPath dispatch = DispatchPath::Pull;  // main variant's Config::dispatch
+  BackwardPath backward_path = BackwardPath::Unfused;  // main variant's Config::backward_path
   // Ablation: besides the main variant, at every shape: the other path, comm SMs {4, 8, 16, 32}, half and
   // double the minibatch, the combine in the FC2 epilogue, the other cluster setting, the other
   // dispatch (pull / push), and a ring of 4 minibatches; each checked bitwise against the main one.
   // With the backward on and a main variant with every row resident, also the training memory
   // model's two modes (a 2 GB shared workspace and its ring; the automatic activation budget, and
-  // full recompute), their backward timed and checked against the spec like the main one's.
+  // full recompute), their backward timed and checked against the spec like the main one's; and
+  // the other backward path (Config::backward_path) of the main variant and of the saved mode.
   bool ablation = true;
   // Sustained rate of the main variant: after all variants of a shape, about `sustain_s` seconds
   // of back-to-back forwards (the count is fixed from the shape's FLOPs, equal on every rank), the

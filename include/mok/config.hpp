@@ -63,11 +63,19 @@ const char* to_string(CombinePath p);
 // then live in symmetric windows, and every rank also builds the receivers' schedules).
 enum class DispatchPath { Pull, Push };
 const char* to_string(DispatchPath p);
+// How the GPU layer's backward runs its four GEMMs (FC2 dgrad + SwiGLU', FC1 dgrad, the two
+// weight gradients) over a window of rows: four kernels one after the other, or one persistent
+// kernel (the backward's GEMM program, src/megakernel/backward_program.h) whose tiles wait only
+// for the tiles they read, so the weight gradients run beside FC1's dgrad. The same bits either
+// way; the movement (reverse combine, reverse dispatch) runs in its own kernels in both.
+enum class BackwardPath { Unfused, Fused };
+const char* to_string(BackwardPath p);
 
 struct Config {
   ForwardPath forward_path = ForwardPath::Megakernel;  // GPU layer only (the CPU reference ignores it)
   CombinePath combine = CombinePath::CommCtas;         // megakernel only
   DispatchPath dispatch = DispatchPath::Pull;          // megakernel only
+  BackwardPath backward_path = BackwardPath::Unfused;  // GPU layer only
   // Megakernel only: compute SMs work in pairs (2-CTA clusters) on two M tiles of one expert and
   // share each weight tile (TMA multicast), halving weight traffic from L2; fwd_comm_sms must be
   // even. Off: every compute SM loads its own weight tiles.

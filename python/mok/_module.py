@@ -9,7 +9,7 @@ from ._ops import moe, register_gpu_layer, unregister_gpu_layer
 
 # The knobs of mok::Config (include/mok/config.hpp), by the same names. On CPU tensors only
 # cpu_threads matters; the others configure the GPU layer and are kept for it.
-CONFIG_KNOBS = ("forward_path", "combine", "dispatch", "fwd_clusters", "fwd_comm_sms", "bwd_comm_sms",
+CONFIG_KNOBS = ("forward_path", "combine", "dispatch", "backward_path", "fwd_clusters", "fwd_comm_sms", "bwd_comm_sms",
                 "minibatch_tokens", "macrobatch_tokens", "activation_budget_bytes", "share_workspace", "workspace_budget_bytes",
                 "saved_forwards",
                 "precision",

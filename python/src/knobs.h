@@ -39,6 +39,8 @@ inline void apply_knobs(mok::Config& c, const std::map<std::string, std::string>
       c.combine = pick(name, v, mok::CombinePath::CommCtas, mok::CombinePath::Fc2Epilogue);
     } else if (name == "dispatch") {
       c.dispatch = pick(name, v, mok::DispatchPath::Pull, mok::DispatchPath::Push);
+    } else if (name == "backward_path") {
+      c.backward_path = pick(name, v, mok::BackwardPath::Unfused, mok::BackwardPath::Fused);
     } else if (name == "fwd_clusters") {
       c.fwd_clusters = number(name, v) != 0;
     } else if (name == "fwd_comm_sms") {

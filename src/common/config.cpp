@@ -28,6 +28,8 @@ const char* to_string(CombinePath p) {
 
 const char* to_string(DispatchPath p) { return p == DispatchPath::Pull ? "pull" : "push"; }
 
+const char* to_string(BackwardPath p) { return p == BackwardPath::Unfused ? "unfused" : "fused"; }
+
 const char* to_string(Precision p) {
   switch (p) {
     case Precision::BF16: return "bf16";

@@ -9,23 +9,20 @@
 
 #include "gemm/engine.cuh"
 #include "mok/gemm.hpp"
+#include "schedule/schedule_math.h"
 
 static_assert(mok::gemm::engine::kGateUpBox == mok::gemm::kGateUpGroup,
               "the producer's gate/up boxes are the packed order's groups (mok/gemm.hpp)");
 
 namespace mok::gemm::engine {
 
-// Raster inside a grid of num_m x n_tiles tiles: groups of group_m M tiles, N outer and M inner
-// inside a group, so the CTAs that run at the same time share B tiles (same expert) and A tiles.
+// Raster inside a grid of num_m x n_tiles tiles (schedule_math.h's tile_raster, shared with the
+// backward program's order).
 __device__ __forceinline__ void raster(int32_t r, int32_t num_m, int32_t n_tiles, int32_t group_m,
                                        int32_t& m, int32_t& n) {
-  const int32_t per_group = group_m * n_tiles;
-  const int32_t g = r / per_group;
-  const int32_t in = r - g * per_group;
-  const int32_t first = g * group_m;
-  const int32_t size = min(group_m, num_m - first);
-  m = first + in % size;
-  n = in / size;
+  const sched::TileMN t = sched::tile_raster(r, num_m, n_tiles, group_m);
+  m = t.m;
+  n = t.n;
 }
 
 // M-grouped tiles (forward, dgrad): the routed buffer's 128-row tiles x the N tiles; the expert of

@@ -174,4 +174,75 @@ struct BwdCounterLayout : CounterLayout {
   MOK_HD int32_t sd2_done(int32_t m) const { return s1_done(m); }
 };
 
+// ------------------------------------------------------------------------------------------------
+// The backward's GEMM program (backward_program.cu): the four GEMMs of the unfused backward's
+// window (FC2 dgrad + SwiGLU' = D2, FC1 dgrad = D1, dW_down = WD, dW_gate/up = W1) in one
+// persistent kernel, the movement still in its own kernels before and after it. Every tile is the
+// tile of the unfused GEMM it replaces (the same plans, BLOCK_N 256), so the bits are the same.
+// Tickets: all D2 tiles in the dgrad's raster, then the D1 tiles merged in proportion with the
+// weight-gradient tiles (expert by expert, each expert's WD tiles then its W1 tiles, each in the
+// wgrad's raster): ticket t of the merged part is a D1 tile when floor((t + 1) d1 / n) >
+// floor(t d1 / n) (d1 D1 tiles among n), so compute-bound D1 tiles (K = 2I) and the short-K,
+// write-heavy weight-gradient tiles share the GPU throughout. Dependencies: a D1 tile waits for
+// its M tile's D2 tiles (d_gu); an expert's WD and W1 tiles for the D2 tiles of the M tiles its
+// rows cover (h, written by D2's epilogue, and d_gu). All at lower tickets: no deadlock.
+enum BwdGemmKind : int32_t { kGemmD2 = 0, kGemmD1 = 1, kGemmWd = 2, kGemmW1 = 3, kGemmEnd = 4 };
+
+struct BwdGemmShape {
+  int32_t m_tiles = 0;       // routed M tiles (D2, D1)
+  int32_t n_d2 = 0;          // D2 N tiles (I / BLOCK_N)
+  int32_t n_d1 = 0;          // D1 N tiles (H / BLOCK_N)
+  int32_t group_m = 8;       // raster groups (the plans' Options::group_m)
+  int32_t experts = 0;       // experts whose weight gradients the program runs
+  int32_t wd_m = 0, wd_n = 0;  // WD tiles of an expert: ceil(H / 128) x ceil(I / BLOCK_N)
+  int32_t w1_m = 0, w1_n = 0;  // W1 tiles of an expert: ceil(2I / 128) x ceil(H / BLOCK_N)
+  // 1: the D1 tiles merged with the weight-gradient tiles (above); 0: phased, all D1 tiles then
+  // all weight-gradient tiles (the unfused kernels' order in one kernel).
+  int32_t merge = 1;
+};
+
+struct BwdGemmTask {
+  int32_t kind;
+  int32_t m, n;  // D2, D1: routed M tile and N tile; WD, W1: output tile of the expert
+  int32_t e;     // WD, W1: the expert's index among the scheduled ones; -1 otherwise
+};
+
+MOK_HD int64_t bwd_gemm_d1_tickets(const BwdGemmShape& s) { return int64_t(s.m_tiles) * s.n_d1; }
+MOK_HD int64_t bwd_gemm_w_tickets(const BwdGemmShape& s) {
+  return int64_t(s.experts) * (int64_t(s.wd_m) * s.wd_n + int64_t(s.w1_m) * s.w1_n);
+}
+MOK_HD int64_t bwd_gemm_tickets(const BwdGemmShape& s) {
+  return int64_t(s.m_tiles) * s.n_d2 + bwd_gemm_d1_tickets(s) + bwd_gemm_w_tickets(s);
+}
+
+// The task of ticket t (End from bwd_gemm_tickets on).
+MOK_HD BwdGemmTask bwd_gemm_decode(const BwdGemmShape& s, int64_t t) {
+  const int64_t d2 = int64_t(s.m_tiles) * s.n_d2;
+  if (t < d2) {
+    const sched::TileMN r = sched::tile_raster(int32_t(t), s.m_tiles, s.n_d2, s.group_m);
+    return BwdGemmTask{kGemmD2, r.m, r.n, -1};
+  }
+  t -= d2;
+  const int64_t d1 = bwd_gemm_d1_tickets(s), n = d1 + bwd_gemm_w_tickets(s);
+  if (t >= n) return BwdGemmTask{kGemmEnd, -1, -1, -1};
+  const int64_t before = s.merge ? t * d1 / n : (t < d1 ? t : d1);  // D1 tiles among the first t tickets
+  if (s.merge ? (t + 1) * d1 / n > before : t < d1) {
+    const sched::TileMN r = sched::tile_raster(int32_t(before), s.m_tiles, s.n_d1, s.group_m);
+    return BwdGemmTask{kGemmD1, r.m, r.n, -1};
+  }
+  const int32_t w = int32_t(t - before);
+  const int32_t wd = s.wd_m * s.wd_n, per_e = wd + s.w1_m * s.w1_n;
+  const int32_t e = w / per_e, i = w - e * per_e;
+  const sched::TileMN r = i < wd ? sched::tile_raster(i, s.wd_m, s.wd_n, s.group_m)
+                                 : sched::tile_raster(i - wd, s.w1_m, s.w1_n, s.group_m);
+  return BwdGemmTask{i < wd ? kGemmWd : kGemmW1, r.m, r.n, e};
+}
+
+// The M tiles [first, end) that an expert's rows [begin, begin + rows) of the window cover (its
+// weight-gradient tiles wait for their D2 tiles).
+MOK_HD sched::TileMN bwd_gemm_expert_tiles(int32_t begin, int32_t rows) {
+  return rows > 0 ? sched::TileMN{begin / sched::kBlockM, (begin + rows + sched::kBlockM - 1) / sched::kBlockM}
+                  : sched::TileMN{0, 0};
+}
+
 }  // namespace mok::mk

@@ -41,7 +41,7 @@ constexpr uint32_t kMkProducerRegs = kCluster ? 96 : 56;
 template <bool kCluster>
 constexpr uint32_t kMkConsumerRegs = kCluster ? 200 : 224;
 // Wait ids (names registered by the layer).
-constexpr uint32_t kWaitTaskDeps = comm::kWaitUserBase + 40;  // "megakernel.task_dependency"
+using rt::kWaitTaskDeps;  // "megakernel.task_dependency"
 constexpr uint32_t kWaitCommDeps = comm::kWaitUserBase + 41;  // "megakernel.comm_dependency"
 constexpr unsigned int kSiteCommRow = 0x6e11;
 

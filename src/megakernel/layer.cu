@@ -58,6 +58,12 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   fused = config.forward_path == ForwardPath::Megakernel;
   const char* prof = std::getenv("MOK_PROFILE");
   profile = prof != nullptr && std::string(prof) == "1";
+  // The backward program's ticket order (an experiment knob, the same bits either way).
+  if (const char* order = std::getenv("MOK_BWD_ORDER")) {
+    const std::string o = order;
+    MOK_REQUIRE(o == "merged" || o == "phased", "MOK_BWD_ORDER", "must be 'merged' or 'phased', got '", o, "'");
+    bwd_merge = o == "merged" ? 1 : 0;
+  }
   rank = comm.rank();
   world = comm.world_size();
   // This rank's own checks first. Their verdict is one field of the cross-rank agreement below:

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/device_check.h"
+#include "megakernel/backward_program.h"
 #include "megakernel/layer_impl.h"
 #include "megakernel/merge.h"
 #include "megakernel/reverse.h"
@@ -133,12 +134,18 @@ void Layer::Impl::backward_resident(void* dw_gate, void* dw_up, void* dw_down, c
   // 31 ms backward (MOK_PROFILE, 2 H200s, T = 8192): ~160 and ~290 GB/s for 0.94 GB each.
   gpu::MoveArgs move = move_args();
   move.sms = sms;
-  routed_dgrads(move, gu.p, v.tile_expert, tiles, 0, stream, true);
-  // Weight gradients while the pushes land: rows in the schedule's order, padding rows masked.
-  if (cap_rows > 0) {
-    run_wgrad(dy_routed.p, h.p, dw_down, H, I, e_loc, cap_rows, v.expert_offset, v.expert_rows, stream);
+  // Weight gradients: rows in the schedule's order, padding rows masked.
+  const gemm::WgradArgs wd = wgrad_args(dy_routed.p, h.p, dw_down, H, I, e_loc, cap_rows, v.expert_offset, v.expert_rows);
+  const gemm::WgradArgs w1 =
+      wgrad_args(gu.p, x_rows, dw_gate, 2 * I, H, e_loc, cap_rows, v.expert_offset, v.expert_rows, dw_up);
+  const bool program = config.backward_path == BackwardPath::Fused && cap_rows > 0;
+  routed_dgrads(move, gu.p, v.tile_expert, tiles, 0, stream, true, program ? &wd : nullptr, program ? &w1 : nullptr);
+  if (program) {
+    mark(7, stream);  // the weight gradients ran in the program (the stage "FC2 dgrad" holds it all)
+  } else if (cap_rows > 0) {
+    gemm::run(gemm::plan_wgrad(wd, gemm_options()), stream);
     mark(7, stream);
-    run_wgrad(gu.p, x_rows, dw_gate, 2 * I, H, e_loc, cap_rows, v.expert_offset, v.expert_rows, stream, dw_up);
+    gemm::run(gemm::plan_wgrad(w1, gemm_options()), stream);
   } else {  // no rank has tokens: no rows, zero gradients
     for (void* p : {dw_gate, dw_up, dw_down})
       MOK_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(e_loc * I * H) * 2, stream));
@@ -161,15 +168,27 @@ void Layer::Impl::shared_backward(const DeviceGrads& g, cudaStream_t stream) {
 // (d_gu over gu_rows, the router-weight gradient's partial sums, the weighted h from gu: dW_down's
 // operand), the partial sums pushed to the source ranks, FC1's dgrad into y and the d_x rows
 // pushed into their source slots (reverse dispatch). marks: the resident backward's stage marks.
+// wd, w1 (Config::backward_path fused): the window's weight gradients, which then run with the
+// dgrads in one kernel (the backward's GEMM program) before the pushes.
 void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const int32_t* tile_expert, int64_t tiles,
-                                int64_t width_tiles, cudaStream_t stream, bool marks) {
+                                int64_t width_tiles, cudaStream_t stream, bool marks, const gemm::WgradArgs* wd,
+                                const gemm::WgradArgs* w1) {
   float* row_w = row_weights.get<float>();
   float* partial = router_partials.get<float>();
   gpu::pull_reverse_combine(move, dout_peers.get<const void* const>(), weight_peers.get<const float* const>(),
                             dy_routed.p, stream, row_w);
   if (marks) mark(3, stream);
-  run_dgrads(dy_routed.p, weights.w_down.data, gu_rows, weights.w_gate.data, weights.w_up.data, y.p, I, e_loc,
-             tile_expert, tiles, stream, marks ? 4 : -1, width_tiles, row_w, partial, h.p);
+  if (wd != nullptr && w1 != nullptr) {
+    gemm::DgradSwiGLUArgs ds;
+    gemm::DgradArgs dx;
+    dgrad_args(dy_routed.p, weights.w_down.data, gu_rows, weights.w_gate.data, weights.w_up.data, y.p, I, e_loc,
+               tile_expert, tiles, row_w, partial, h.p, ds, dx);
+    run_backward_program(ds, dx, *wd, *w1, stream);
+    if (marks) mark(4, stream);
+  } else {
+    run_dgrads(dy_routed.p, weights.w_down.data, gu_rows, weights.w_gate.data, weights.w_up.data, y.p, I, e_loc,
+               tile_expert, tiles, stream, marks ? 4 : -1, width_tiles, row_w, partial, h.p);
+  }
   gpu::push_router_grad(move, partial, gemm::router_parts(I), dweight_peers.get<float* const>(), stream);
   if (marks) mark(5, stream);
   gpu::push_combine(move, y.p, combine_peers.get<void* const>(), stream);
@@ -183,6 +202,18 @@ void Layer::Impl::run_dgrads(const void* dy, const void* w_down, void* gu_buf, c
                              cudaStream_t stream, int mark_between, int64_t width_tiles, const float* row_weight,
                              float* router_partial, void* h_rows) {
   gemm::DgradSwiGLUArgs ds;
+  gemm::DgradArgs dx;
+  dgrad_args(dy, w_down, gu_buf, w_gate, w_up, dx_rows, inter, experts, tile_expert, tiles, row_weight, router_partial,
+             h_rows, ds, dx);
+  gemm::run(gemm::plan_dgrad_swiglu(ds, options_as(width_tiles, inter)), stream);
+  if (mark_between >= 0) mark(mark_between, stream);
+  gemm::run(gemm::plan_dgrad(dx, options_as(width_tiles, H)), stream);
+}
+
+void Layer::Impl::dgrad_args(const void* dy, const void* w_down, void* gu_buf, const void* w_gate, const void* w_up,
+                             void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
+                             const float* row_weight, float* router_partial, void* h_rows, gemm::DgradSwiGLUArgs& ds,
+                             gemm::DgradArgs& dx) const {
   ds.row_weight = row_weight;
   ds.router_partial = router_partial;
   ds.h = h_rows;
@@ -195,9 +226,6 @@ void Layer::Impl::run_dgrads(const void* dy, const void* w_down, void* gu_buf, c
   ds.experts = experts;
   ds.tile_expert = tile_expert;
   ds.num_m_tiles = tiles;
-  gemm::run(gemm::plan_dgrad_swiglu(ds, options_as(width_tiles, inter)), stream);
-  if (mark_between >= 0) mark(mark_between, stream);
-  gemm::DgradArgs dx;
   dx.dy = gu_buf;
   dx.w = w_gate;
   dx.w_up = w_up;
@@ -207,7 +235,27 @@ void Layer::Impl::run_dgrads(const void* dy, const void* w_down, void* gu_buf, c
   dx.experts = experts;
   dx.tile_expert = tile_expert;
   dx.num_m_tiles = tiles;
-  gemm::run(gemm::plan_dgrad(dx, options_as(width_tiles, H)), stream);
+}
+
+// The window's four GEMMs as one kernel (mk::launch_backward_program): their plans at the
+// program's tile shape (256 wide, no clusters), the ticket and dependency counters zeroed first.
+void Layer::Impl::run_backward_program(const gemm::DgradSwiGLUArgs& ds, const gemm::DgradArgs& dx,
+                                       const gemm::WgradArgs& wd, const gemm::WgradArgs& w1, cudaStream_t stream) {
+  gemm::Options o = gemm_options();
+  o.block_n = 256;
+  o.cluster = false;
+  mk::BwdProgramParams p;
+  p.d2 = mk::bwd_gemm_of(gemm::plan_dgrad_swiglu(ds, o), "backward program (FC2 dgrad)");
+  p.d1 = mk::bwd_gemm_of(gemm::plan_dgrad(dx, o), "backward program (FC1 dgrad)");
+  p.wd = mk::bwd_gemm_of(gemm::plan_wgrad(wd, o), "backward program (wgrad down)");
+  p.w1 = mk::bwd_gemm_of(gemm::plan_wgrad(w1, o), "backward program (wgrad gate/up)");
+  p.counters = bwd_counters.get<uint32_t>();
+  p.merge = bwd_merge;
+  const int64_t words = mk::bwd_program_counter_words(ds.num_m_tiles);
+  MOK_REQUIRE(words * 4 <= mem.bytes("bwd_counters"), "backward program", "its counters fit the planned buffer (",
+              mem.bytes("bwd_counters"), " bytes), need ", words * 4);
+  MOK_CUDA_CHECK(cudaMemsetAsync(p.counters, 0, static_cast<size_t>(words) * 4, stream));
+  mk::launch_backward_program(p, dc, sms, stream);
 }
 
 gemm::Options Layer::Impl::options_as(int64_t width_tiles, int64_t n) const {
@@ -216,11 +264,18 @@ gemm::Options Layer::Impl::options_as(int64_t width_tiles, int64_t n) const {
   return o;
 }
 
-// dw_up: a is packed gate/up (d_gu), dw gets the gate rows and dw_up the up rows.
 void Layer::Impl::run_wgrad(const void* a, const void* b, void* dw, int64_t m, int64_t n, int64_t experts,
                             int64_t rows_total, const int32_t* row_begin, const int32_t* rows, cudaStream_t stream,
-                            void* dw_up, const float* carry_in, float* carry_out, const int32_t* carry_experts,
-                            const int32_t* expert_rows_total, const int32_t* expert_range) const {
+                            void* dw_up) const {
+  gemm::run(gemm::plan_wgrad(wgrad_args(a, b, dw, m, n, experts, rows_total, row_begin, rows, dw_up), gemm_options()),
+            stream);
+}
+
+// dw_up: a is packed gate/up (d_gu), dw gets the gate rows and dw_up the up rows.
+gemm::WgradArgs Layer::Impl::wgrad_args(const void* a, const void* b, void* dw, int64_t m, int64_t n, int64_t experts,
+                                        int64_t rows_total, const int32_t* row_begin, const int32_t* rows, void* dw_up,
+                                        const float* carry_in, float* carry_out, const int32_t* carry_experts,
+                                        const int32_t* expert_rows_total, const int32_t* expert_range) const {
   gemm::WgradArgs w;
   w.a = a;
   w.b = b;
@@ -237,7 +292,7 @@ void Layer::Impl::run_wgrad(const void* a, const void* b, void* dw, int64_t m, i
   w.carry_experts = carry_experts;
   w.expert_rows_total = expert_rows_total;
   w.expert_range = expert_range;
-  gemm::run(gemm::plan_wgrad(w, gemm_options()), stream);
+  return w;
 }
 
 void Layer::Impl::allocate_backward() {
@@ -252,6 +307,8 @@ void Layer::Impl::allocate_backward() {
   dy_routed = allocate("dy_rows", "backward dy rows");
   row_weights = allocate("row_weights", "backward row weights");
   router_partials = allocate("router_partials", "backward router gradient partial sums");
+  if (config.backward_path == BackwardPath::Fused)
+    bwd_counters = allocate("bwd_counters", "backward program counters");
   if (windowed) {
     bwd_carry = allocate("bwd_carry", "backward wgrad carries");
     bwd_windows = allocate("bwd_windows", "backward window parts");

@@ -27,7 +27,8 @@ namespace mok {
 // whole tiles, so every sum runs in the same K order). The wgrads schedule the window's experts
 // only (WgradArgs::expert_range, sched::window_owns): at DeepSeek-V3 EP 1 a ring of 8192 rows holds
 // ~32 of 256 experts, and the empty tiles of the other 224 (~300k per window) cost more than the
-// window's MMAs.
+// window's MMAs. With Config::backward_path fused a window's dgrads and weight gradients are one
+// kernel (the backward's GEMM program), the same bits.
 void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream) {
   const gpu::ScheduleView v = schedule->view();
   const int64_t R = ring_rows;
@@ -48,6 +49,7 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
   const int32_t* carried = parts + 2 * e_loc;
   const int32_t* owned = parts + 2 * e_loc + 2;  // the window's experts: their tiles only
   windows_marked = 0;
+  const bool program = config.backward_path == BackwardPath::Fused;
   for (int64_t lo = 0, w = 0; lo < cap_rows; ++w) {
     const int in = int(w & 1), out = in ^ 1;
     int64_t hi = std::min(lo + R, cap_rows);
@@ -67,15 +69,23 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
       gemm::run(gemm::plan_fc1(routed_fc1(x_rows, h.p, gu.p, tile_expert, tiles), options_as(all_tiles, 2 * I)),
                 stream);
     win_mark(w, 2, stream);
-    routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false);
-    win_mark(w, 3, stream);
-    gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, stream);
-    run_wgrad(dy_routed.p, h.p, dw_down, H, I, e_loc, hi - lo, part_begin, part_rows, stream, nullptr,
-              carry_down[in], carry_down[out], carried, v.expert_rows, owned);
-    win_mark(w, 4, stream);
-    run_wgrad(gu_rows, x_rows, dw_gate, 2 * I, H, e_loc, hi - lo, part_begin, part_rows, stream, dw_up,
-              carry_gu[in], carry_gu[out], carried, v.expert_rows, owned);
-    win_mark(w, 5, stream);
+    const gemm::WgradArgs wd = wgrad_args(dy_routed.p, h.p, dw_down, H, I, e_loc, hi - lo, part_begin, part_rows,
+                                          nullptr, carry_down[in], carry_down[out], carried, v.expert_rows, owned);
+    const gemm::WgradArgs w1 = wgrad_args(gu_rows, x_rows, dw_gate, 2 * I, H, e_loc, hi - lo, part_begin, part_rows,
+                                          dw_up, carry_gu[in], carry_gu[out], carried, v.expert_rows, owned);
+    if (program) {  // the weight gradients in the dgrads' kernel (the window's parts first)
+      gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, stream);
+      routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false, &wd, &w1);
+      for (int i = 3; i <= 5; ++i) win_mark(w, i, stream);
+    } else {
+      routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false);
+      win_mark(w, 3, stream);
+      gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, stream);
+      gemm::run(gemm::plan_wgrad(wd, gemm_options()), stream);
+      win_mark(w, 4, stream);
+      gemm::run(gemm::plan_wgrad(w1, gemm_options()), stream);
+      win_mark(w, 5, stream);
+    }
     lo = hi;
   }
 }

@@ -223,6 +223,8 @@ struct Layer::Impl {
   // bwd_windows).
   bool windowed = false;
   DeviceBuffer bwd_carry, bwd_windows;
+  DeviceBuffer bwd_counters;  // Config::backward_path fused: the program's ticket and D2 counters
+  int32_t bwd_merge = 1;      // its ticket order (mk::BwdGemmShape::merge; MOK_BWD_ORDER)
   // Windowed: the forward's gate/up rows [saved_rows, 2I] of the schedule's first saved_rows rows
   // (the activation budget; FC1's TMA stores clip the rows past it), which the backward reads
   // instead of recomputing FC1.
@@ -323,16 +325,25 @@ struct Layer::Impl {
                   void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
                   cudaStream_t stream, int mark_between = -1, int64_t width_tiles = 0,
                   const float* row_weight = nullptr, float* router_partial = nullptr, void* h_rows = nullptr);
+  void dgrad_args(const void* dy, const void* w_down, void* gu_buf, const void* w_gate, const void* w_up,
+                  void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
+                  const float* row_weight, float* router_partial, void* h_rows, gemm::DgradSwiGLUArgs& ds,
+                  gemm::DgradArgs& dx) const;
   void routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const int32_t* tile_expert, int64_t tiles,
-                     int64_t width_tiles, cudaStream_t stream, bool marks);
+                     int64_t width_tiles, cudaStream_t stream, bool marks, const gemm::WgradArgs* wd = nullptr,
+                     const gemm::WgradArgs* w1 = nullptr);
+  void run_backward_program(const gemm::DgradSwiGLUArgs& ds, const gemm::DgradArgs& dx, const gemm::WgradArgs& wd,
+                            const gemm::WgradArgs& w1, cudaStream_t stream);
   // gemm_options() with the tile width a plan over `width_tiles` M tiles and n columns picks
   // (0: the plan's own choice): a window's GEMMs then tile like the whole layout's.
   gemm::Options options_as(int64_t width_tiles, int64_t n) const;
   void run_wgrad(const void* a, const void* b, void* dw, int64_t m, int64_t n, int64_t experts, int64_t rows_total,
-                 const int32_t* row_begin, const int32_t* rows, cudaStream_t stream, void* dw_up = nullptr,
-                 const float* carry_in = nullptr, float* carry_out = nullptr,
-                 const int32_t* carry_experts = nullptr, const int32_t* expert_rows_total = nullptr,
-                 const int32_t* expert_range = nullptr) const;
+                 const int32_t* row_begin, const int32_t* rows, cudaStream_t stream, void* dw_up = nullptr) const;
+  gemm::WgradArgs wgrad_args(const void* a, const void* b, void* dw, int64_t m, int64_t n, int64_t experts,
+                             int64_t rows_total, const int32_t* row_begin, const int32_t* rows, void* dw_up = nullptr,
+                             const float* carry_in = nullptr, float* carry_out = nullptr,
+                             const int32_t* carry_experts = nullptr, const int32_t* expert_rows_total = nullptr,
+                             const int32_t* expert_range = nullptr) const;
 
   void backward_resident(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream);
   void backward_windows(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream);

@@ -177,6 +177,9 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   add("dy_rows", dy_rows * H * 2, S::Backward);
   add("row_weights", dy_rows * 4, S::Backward);
   add("router_partials", dy_rows * gemm::router_parts(I) * 4, S::Backward);
+  // The backward's GEMM program: its ticket, then per M tile of a window its D2 reports.
+  if (config.backward_path == BackwardPath::Fused)
+    add("bwd_counters", (1 + dy_rows / sched::kBlockM) * 4, S::Backward);
   if (windowed) {
     // Two of each (a window reads the previous one's and writes its own: WgradArgs::carry_in / out).
     add("bwd_carry", 2 * (gemm::wgrad_carry_floats(H, I) + gemm::wgrad_carry_floats(2 * I, H)) * 4, S::Backward);
@@ -193,7 +196,7 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
     // push-dispatch ring is a symmetric window the peers write: the layer's own (its counters too).
     // The symmetric windows but the published routing too: the backward stages x and d_out again
     // and reads no row the forward left in the combine slots.
-    std::vector<std::string> shared = {"y_ring", "y", "y_s", "h_ring", "h", "dy_rows", "row_weights", "router_partials",
+    std::vector<std::string> shared = {"y_ring", "y", "y_s", "h_ring", "h", "dy_rows", "row_weights", "router_partials", "bwd_counters",
                                        "window.x", "window.combine", "window.d_out", "window.router_weights",
                                        "window.d_weights"};
     if (windowed) {

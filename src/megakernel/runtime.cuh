@@ -23,6 +23,9 @@ using gemm::sm90::mbar_try_wait_cluster;
 
 // Recorded in the abort word when a task hand-off wait outlives its own bound.
 inline constexpr unsigned int kSiteTaskSlot = 0x6e10;
+// Wait id of a compute CTA's dependency waits, every program's (the layer names it
+// "megakernel.task_dependency").
+inline constexpr uint32_t kWaitTaskDeps = comm::kWaitUserBase + 40;
 
 // Local (same GPU) counters: gpu-scope release/acquire.
 __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {

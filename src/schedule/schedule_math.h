@@ -98,6 +98,20 @@ MOK_HD WindowPart window_part(int64_t begin, int64_t rows, int64_t lo, int64_t h
   const int64_t s = begin > lo ? begin : lo, e = begin + rows < hi ? begin + rows : hi;
   return e > s ? WindowPart{int32_t(s - lo), int32_t(e - s)} : WindowPart{0, 0};
 }
+// Raster of a grid of num_m x n_tiles output tiles (the grouped GEMMs' and the backward program's
+// tile order): groups of group_m M tiles, N outer and M inner inside a group, so the CTAs that run
+// at the same time share B tiles (same expert) and A tiles. 32-bit arithmetic.
+struct TileMN {
+  int32_t m, n;
+};
+MOK_HD TileMN tile_raster(int32_t r, int32_t num_m, int32_t n_tiles, int32_t group_m) {
+  const int32_t per_group = group_m * n_tiles;
+  const int32_t g = r / per_group;
+  const int32_t in = r - g * per_group;
+  const int32_t first = g * group_m;
+  const int32_t size = num_m - first < group_m ? num_m - first : group_m;
+  return TileMN{first + in % size, in / size};
+}
 // Whether the expert's token rows go on past row `cut` (it has rows on both sides): its weight
 // gradient's fp32 sums are carried from the window ending at `cut` into the next one.
 MOK_HD bool rows_cross(int64_t begin, int64_t rows, int64_t cut) { return begin < cut && cut < begin + rows; }

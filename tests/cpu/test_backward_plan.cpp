@@ -246,3 +246,97 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<BwdCase>& i) { return "case" + std::to_string(i.index); });
 
 }  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// The backward's GEMM program (backward_program.cu): every tile of the four GEMMs exactly once, a
+// D1 tile after its M tile's D2 tiles, an expert's weight-gradient tiles after the D2 tiles of the
+// M tiles its rows cover (so every dependency lies at a lower ticket), and the D1 tiles spread
+// evenly over the merged part (no run of one kind longer than its share).
+namespace {
+
+struct GemmCase {
+  std::vector<int32_t> expert_rows;  // per expert (segments padded to 128 rows, as the schedule lays them)
+  int32_t n_d2, n_d1, wd_m, wd_n, w1_m, w1_n, group_m;
+};
+
+void check_gemm_program(const GemmCase& c, int32_t merge) {
+  std::vector<int32_t> begin;
+  int32_t rows = 0;
+  for (const int32_t r : c.expert_rows) {
+    begin.push_back(rows);
+    rows += (r + 127) / 128 * 128;
+  }
+  mk::BwdGemmShape s;
+  s.m_tiles = rows / 128;
+  s.n_d2 = c.n_d2;
+  s.n_d1 = c.n_d1;
+  s.group_m = c.group_m;
+  s.experts = static_cast<int32_t>(c.expert_rows.size());
+  s.wd_m = c.wd_m;
+  s.wd_n = c.wd_n;
+  s.w1_m = c.w1_m;
+  s.w1_n = c.w1_n;
+  s.merge = merge;
+  const int64_t n = mk::bwd_gemm_tickets(s);
+  std::map<std::tuple<int32_t, int32_t, int32_t, int32_t>, int64_t> at;  // (kind, e, m, n) -> ticket
+  std::vector<int64_t> d2_last(static_cast<size_t>(s.m_tiles), -1);
+  int64_t t = 0;
+  for (;; ++t) {
+    ASSERT_LE(t, n) << "no End at bwd_gemm_tickets";
+    const mk::BwdGemmTask k = mk::bwd_gemm_decode(s, t);
+    if (k.kind == mk::kGemmEnd) break;
+    ASSERT_TRUE(at.emplace(std::make_tuple(k.kind, k.e, k.m, k.n), t).second) << "tile issued twice at ticket " << t;
+    if (k.kind == mk::kGemmD2) {
+      ASSERT_TRUE(k.m >= 0 && k.m < s.m_tiles && k.n >= 0 && k.n < s.n_d2);
+      d2_last[static_cast<size_t>(k.m)] = t;
+    } else if (k.kind == mk::kGemmD1) {
+      ASSERT_TRUE(k.m >= 0 && k.m < s.m_tiles && k.n >= 0 && k.n < s.n_d1);
+    } else {
+      const bool wd = k.kind == mk::kGemmWd;
+      ASSERT_TRUE(k.e >= 0 && k.e < s.experts);
+      ASSERT_TRUE(k.m >= 0 && k.m < (wd ? s.wd_m : s.w1_m) && k.n >= 0 && k.n < (wd ? s.wd_n : s.w1_n));
+    }
+  }
+  ASSERT_EQ(t, n);
+  ASSERT_EQ(static_cast<int64_t>(at.size()), n);
+  // Dependencies: all D2 tiles come first, so a D1 or weight-gradient ticket lies above every D2
+  // ticket it waits for; the waits the kernel makes (bwd_gemm_expert_tiles) name real M tiles.
+  for (const auto& [key, ticket] : at) {
+    const auto [kind, e, m, nn] = key;
+    if (kind == mk::kGemmD1) {
+      EXPECT_GT(ticket, d2_last[static_cast<size_t>(m)]);
+    }
+    if (kind == mk::kGemmWd || kind == mk::kGemmW1) {
+      const mok::sched::TileMN r = mk::bwd_gemm_expert_tiles(begin[static_cast<size_t>(e)],
+                                                             c.expert_rows[static_cast<size_t>(e)]);
+      for (int32_t mm = r.m; mm < r.n; ++mm) {
+        ASSERT_LT(mm, s.m_tiles);
+        EXPECT_GT(ticket, d2_last[static_cast<size_t>(mm)]);
+      }
+    }
+  }
+  // Spread: in the merged part, between two D1 tiles at most ceil(w / d1) weight-gradient tiles.
+  const int64_t d1 = mk::bwd_gemm_d1_tickets(s), w = mk::bwd_gemm_w_tickets(s);
+  if (merge && d1 > 0 && w > 0) {
+    int64_t run = 0, longest = 0;
+    for (int64_t u = int64_t(s.m_tiles) * s.n_d2; u < n; ++u) {
+      run = mk::bwd_gemm_decode(s, u).kind == mk::kGemmD1 ? 0 : run + 1;
+      longest = std::max(longest, run);
+    }
+    EXPECT_LE(longest, (w + d1 - 1) / d1);
+  }
+}
+
+TEST(BackwardGemmProgram, EveryTileOnceAfterItsDependencies) {
+  // expert rows, n_d2, n_d1, WD tiles (m x n), W1 tiles (m x n), group_m; merged and phased orders
+  for (const int32_t merge : {1, 0}) {
+    SCOPED_TRACE(merge ? "merged" : "phased");
+    check_gemm_program(GemmCase{{256, 256, 256, 256}, 8, 28, 56, 8, 32, 28, 8}, merge);  // DeepSeek-V3 at EP 1, 4 experts
+    check_gemm_program(GemmCase{{700, 1, 0, 383, 129}, 3, 5, 2, 4, 2, 1, 8}, merge);    // partial and empty experts
+    check_gemm_program(GemmCase{{0, 0}, 2, 3, 1, 1, 1, 1, 8}, merge);                   // no rows: zero gradients only
+    check_gemm_program(GemmCase{{5000}, 1, 1, 1, 1, 1, 1, 3}, merge);                   // one expert, many tiles
+    check_gemm_program(GemmCase{{128, 0, 64, 2048, 1}, 6, 16, 32, 6, 24, 16, 4}, merge);  // Qwen3-like widths
+  }
+}
+
+}  // namespace

@@ -81,7 +81,7 @@ TEST(BenchArgs, Defaults) {
 TEST(BenchArgs, ParsesEveryOption) {
   const BenchArgs a = parse_bench_args(
       {"--models", "qwen3-235b,dsv3", "--tokens", "64,4096", "--routings", "zipf,one-rank", "--iters", "25",
-       "--warmup", "0", "--comm-sms", "12", "--macrobatch", "32768", "--budget", "0", "--path", "unfused", "--clusters", "1", "--dispatch", "push",
+       "--warmup", "0", "--comm-sms", "12", "--macrobatch", "32768", "--budget", "0", "--path", "unfused", "--clusters", "1", "--dispatch", "push", "--bwd-path", "fused",
        "--sustain", "1.5", "--no-ablation", "--no-backward", "--json", "out.json", "--preset", "tiny",
        "--ranks", "8", "--routing", "empty-slots", "--threads", "2", "--reps", "1", "--cpu"});
   EXPECT_EQ(a.gpu.models, (std::vector<std::string>{"qwen3-235b", "dsv3"}));
@@ -97,6 +97,7 @@ TEST(BenchArgs, ParsesEveryOption) {
   EXPECT_EQ(a.gpu.path, mok::ForwardPath::Unfused);
   EXPECT_EQ(a.gpu.clusters, 1);
   EXPECT_EQ(a.gpu.dispatch, mok::DispatchPath::Push);
+  EXPECT_EQ(a.gpu.backward_path, mok::BackwardPath::Fused);
   EXPECT_EQ(a.gpu.sustain_s, 1.5);
   EXPECT_FALSE(a.gpu.ablation);
   EXPECT_FALSE(a.gpu.backward);
@@ -137,6 +138,7 @@ TEST(BenchArgs, RejectsUnknownNames) {
   expect_bad_args({"--preset", "huge"}, "--preset", "must be one of tiny, small, medium");
   expect_bad_args({"--path", "fused"}, "--path", "must be one of megakernel, unfused");
   expect_bad_args({"--dispatch", "pul"}, "--dispatch", "must be one of pull, push");
+  expect_bad_args({"--bwd-path", "megakernel"}, "--bwd-path", "must be one of unfused, fused");
   expect_bad_args({"--routing", "zipff"}, "--routing", "must be one of uniform, zipf");
   expect_bad_args({"--routings", "uniform,x"}, "--routings", "got 'x'");
   expect_bad_args({"--frobnicate"}, "--frobnicate", "unknown option");

@@ -176,4 +176,30 @@ std::vector<float> as_float(const V& v, int64_t begin, int64_t n) {
   return f;
 }
 
+// The gradients of `reps` forward + backward runs of one layer on one GPU (every run after the
+// first checked bitwise against the first), as RankGrads::fetch returns them.
+inline std::vector<std::vector<float>> grads_of(const mok::LayerShape& shape, const mok::Config& cfg, const mok::Workload& wl,
+                                                 int reps) {
+  auto group = ranks_on_gpus(1, shape, cfg);
+  RankData d(shape, wl, 0);
+  RankGrads gr(shape, 0);
+  mok::bf16* d_out = upload(wl.d_out[0].data(), wl.d_out[0].size());
+  const auto dref = mok::TensorRef::contiguous(d_out, mok::DType::BF16, {d.T, d.H});
+  mok::Layer layer(group[0], shape, cfg, d.dw);
+  std::vector<std::vector<float>> first;
+  for (int rep = 0; rep < reps; ++rep) {
+    d.forward_once(layer, group[0]);
+    gr.poison();
+    layer.backward(d.refs, dref, gr.g, group[0].stream());
+    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(group[0].stream()));
+    layer.check();
+    auto got = gr.fetch();
+    if (rep == 0) first = got;
+    for (size_t o = 0; rep > 0 && o < got.size(); ++o)
+      EXPECT_TRUE(got[o] == first[o]) << "gradient " << o << " differs on backward " << rep + 1;
+  }
+  cudaFree(d_out);
+  return first;
+}
+
 }  // namespace mok::test

@@ -21,6 +21,7 @@
 namespace {
 
 using mok::test::bit_diffs;
+using mok::test::grads_of;
 using mok::test::RankData;
 using mok::test::RankGrads;
 using mok::test::ranks_on_gpus;
@@ -180,30 +181,6 @@ struct WindowCase {
   int64_t budget_bytes;  // Config::activation_budget_bytes
 };
 class LayerBackwardWindows : public ::testing::TestWithParam<WindowCase> {};
-
-std::vector<std::vector<float>> grads_of(const mok::LayerShape& shape, const mok::Config& cfg, const mok::Workload& wl,
-                                         int reps) {
-  auto group = ranks_on_gpus(1, shape, cfg);
-  RankData d(shape, wl, 0);
-  RankGrads gr(shape, 0);
-  mok::bf16* d_out = upload(wl.d_out[0].data(), wl.d_out[0].size());
-  const auto dref = mok::TensorRef::contiguous(d_out, mok::DType::BF16, {d.T, d.H});
-  mok::Layer layer(group[0], shape, cfg, d.dw);
-  std::vector<std::vector<float>> first;
-  for (int rep = 0; rep < reps; ++rep) {
-    d.forward_once(layer, group[0]);
-    gr.poison();
-    layer.backward(d.refs, dref, gr.g, group[0].stream());
-    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(group[0].stream()));
-    layer.check();
-    auto got = gr.fetch();
-    if (rep == 0) first = got;
-    for (size_t o = 0; rep > 0 && o < got.size(); ++o)
-      EXPECT_TRUE(got[o] == first[o]) << "gradient " << o << " differs on backward " << rep + 1;
-  }
-  cudaFree(d_out);
-  return first;
-}
 
 TEST_P(LayerBackwardWindows, BitwiseTheUnfusedBackward) {
   MOK_REQUIRE_GPUS(1);

@@ -1,0 +1,126 @@
+// The backward's GEMM program (Config::backward_path fused, src/megakernel/backward_program.h):
+// its gradients are bitwise the unfused backward's (the same tiles in the same K order; only the
+// order in which tiles run differs), on the resident backward and over windows of a small ring
+// (saved gate/up rows, part of them, FC1 recomputed), for uniform, Zipf and one-expert routing with
+// a shared expert; repeated runs are bitwise identical; forward + backward are captured in one
+// CUDA graph and replayed with the same bits. One GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "layer_test_util.h"
+#include "mok/comm.hpp"
+#include "mok/layer.hpp"
+#include "mok/workload.hpp"
+
+namespace {
+
+using mok::test::grads_of;
+using mok::test::RankData;
+using mok::test::RankGrads;
+using mok::test::ranks_on_gpus;
+using mok::test::upload;
+
+const char* const kGradNames[] = {"d_x", "d_topk_w", "dW_gate", "dW_up", "dW_down", "dWs_gate", "dWs_up", "dWs_down"};
+
+void expect_same_bits(const std::vector<std::vector<float>>& want, const std::vector<std::vector<float>>& got,
+                      const char* what) {
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t o = 0; o < want.size(); ++o) {
+    ASSERT_EQ(want[o].size(), got[o].size());
+    int64_t differ = 0;
+    for (size_t i = 0; i < want[o].size(); ++i) differ += std::memcmp(&want[o][i], &got[o][i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0) << what << ": " << kGradNames[o] << ": " << differ << " of " << want[o].size() << " differ";
+  }
+}
+
+struct ProgramCase {
+  const char* name;
+  mok::Routing routing;
+  int64_t ring;          // Config::macrobatch_tokens (0: the worst case, a resident backward)
+  int64_t budget_bytes;  // Config::activation_budget_bytes (windows only)
+};
+class LayerBackwardProgram : public ::testing::TestWithParam<ProgramCase> {};
+
+TEST_P(LayerBackwardProgram, BitwiseTheUnfusedBackward) {
+  MOK_REQUIRE_GPUS(1);
+  const ProgramCase& c = GetParam();
+  // 16 experts of I = 256 over 1536 tokens, top 4: ~384 rows per expert (three M tiles, the last
+  // partial), H = 1024: 4 D1 and 1 D2 N tiles, 8 x 1 WD and 4 x 4 W1 tiles per expert.
+  const mok::LayerShape shape{{1536}, 1024, 256, 16, 4, 256};
+  const auto wl = mok::make_workload(shape, c.routing, 91);
+  mok::Config unfused;
+  unfused.minibatch_tokens = 128;
+  unfused.macrobatch_tokens = c.ring;
+  unfused.activation_budget_bytes = c.budget_bytes;
+  mok::Config fused = unfused;
+  fused.backward_path = mok::BackwardPath::Fused;
+  const auto want = grads_of(shape, unfused, wl, 1);
+  const auto got = grads_of(shape, fused, wl, 3);  // three backwards: bitwise equal to each other
+  expect_same_bits(want, got, c.name);
+  std::printf("[backward program] %s: ring %lld of %lld worst-case rows\n", c.name,
+              (long long)(c.ring ? c.ring : shape.worst_case_rows()), (long long)shape.worst_case_rows());
+}
+
+// 4I = 1024 bytes per gate/up row: 2944 rows cut a window of 256 and one of 384 rows.
+constexpr int64_t kAll = int64_t(1) << 40, kPart = 2944 * 1024;
+INSTANTIATE_TEST_SUITE_P(
+    Backwards, LayerBackwardProgram,
+    ::testing::Values(ProgramCase{"resident_uniform", mok::Routing::Uniform, 0, -1},
+                      ProgramCase{"resident_zipf", mok::Routing::Zipf, 0, -1},
+                      ProgramCase{"resident_one_expert", mok::Routing::OneExpert, 0, -1},
+                      ProgramCase{"windows_uniform_saved", mok::Routing::Uniform, 256, kAll},
+                      ProgramCase{"windows_zipf_part", mok::Routing::Zipf, 384, kPart},
+                      ProgramCase{"windows_one_expert_recompute", mok::Routing::OneExpert, 512, 0}),
+    [](const auto& i) { return std::string(i.param.name); });
+
+// Forward + backward (fused) in one CUDA graph: each replay gives the eager run's bits.
+TEST(LayerBackwardProgramGraph, ForwardAndBackwardCaptureAndReplay) {
+  MOK_REQUIRE_GPUS(1);
+  const mok::LayerShape shape{{1536}, 1024, 256, 16, 4, 256};
+  const auto wl = mok::make_workload(shape, mok::Routing::Zipf, 92);
+  mok::Config cfg;
+  cfg.backward_path = mok::BackwardPath::Fused;
+  auto group = ranks_on_gpus(1, shape, cfg);
+  mok::comm::Communicator& comm = group[0];
+  cudaStream_t s = comm.stream();
+  RankData d(shape, wl, 0);
+  RankGrads gr(shape, 0);
+  mok::bf16* d_out = upload(wl.d_out[0].data(), wl.d_out[0].size());
+  const auto dref = mok::TensorRef::contiguous(d_out, mok::DType::BF16, {d.T, d.H});
+  mok::Layer layer(comm, shape, cfg, d.dw);
+  // Eager first: the first backward allocates its buffers (not allowed under capture).
+  d.forward_once(layer, comm);
+  gr.poison();
+  layer.backward(d.refs, dref, gr.g, s);
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+  layer.check();
+  const auto out = d.result();
+  const auto want = gr.fetch();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  layer.forward(d.refs, d.out_ref(), s);
+  layer.backward(d.refs, dref, gr.g, s);
+  ASSERT_EQ(cudaSuccess, cudaStreamEndCapture(s, &graph));
+  ASSERT_EQ(cudaSuccess, cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 3; ++rep) {
+    d.poison();
+    gr.poison();
+    ASSERT_EQ(cudaSuccess, cudaGraphLaunch(exec, s));
+    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+    layer.check();
+    EXPECT_EQ(mok::test::bit_diffs(d.result(), out), 0) << "replay " << rep << ": forward output";
+    expect_same_bits(want, gr.fetch(), "graph replay");
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaFree(d_out);
+}
+
+}  // namespace
