@@ -112,12 +112,14 @@ struct Config {
   // The planner marks them (workspace). The same on every rank (the shared windows are collective;
   // the layer's handshake compares it). Off: every layer has
   // its own.
-  bool share_workspace = false;
+  bool share_workspace = true;
   // Megakernel with share_workspace: the shared workspace's budget in bytes, which then sizes the
   // ring (macrobatch_tokens left 0: mok::ring_for_workspace picks the largest ring whose workspace
   // fits, and the backward runs over windows of it) — the training memory model in one setting
-  // (notes/memory.md). 0 = off (the ring is macrobatch_tokens, or the worst case).
-  int64_t workspace_budget_bytes = 0;
+  // (notes/memory.md). -1 = automatic: 2 GB where it applies (share_workspace, the megakernel,
+  // macrobatch_tokens 0), nothing elsewhere; 0 = off (the ring is macrobatch_tokens, or the worst
+  // case: every routed row resident).
+  int64_t workspace_budget_bytes = -1;
 
   // Throws mok::Error for the first violated constraint. `sm_count` (0 = unknown, e.g. on a
   // machine without GPU) bounds the comm SM counts (at least one SM must remain for compute) and

@@ -138,13 +138,28 @@ int64_t Config::resolved_minibatch(const LayerShape& shape, int sm_count) const 
   return std::max<int64_t>(unit, std::min(sched::round_up(mb, unit), sched::round_up(shape.worst_case_rows(), unit)));
 }
 
+namespace {
+constexpr int64_t kDefaultWorkspaceBudget = 2000000000;  // Config::workspace_budget_bytes = -1
+}  // namespace
+
 int64_t Config::resolved_macrobatch(const LayerShape& shape, int sm_count) const {
   const int64_t mb = resolved_minibatch(shape, sm_count);
   if (macrobatch_tokens > 0) return macrobatch_tokens;
-  if (workspace_budget_bytes > 0 && share_workspace && forward_path == ForwardPath::Megakernel) {
+  const int64_t budget = workspace_budget_bytes < 0 ? kDefaultWorkspaceBudget : workspace_budget_bytes;
+  if (budget > 0 && share_workspace && forward_path == ForwardPath::Megakernel) {
     // (validate() names the other uses.) The ring whose workspace fits on every rank (the ranks
     // compare the resolved ring when a layer is built).
-    const int64_t ring = ring_for_workspace(shape, *this, -1, sm_count, workspace_budget_bytes);
+    int64_t ring = 0;
+    if (workspace_budget_bytes < 0) {
+      // Automatic: where even two minibatches exceed the budget, the smallest ring.
+      try {
+        ring = ring_for_workspace(shape, *this, -1, sm_count, budget);
+      } catch (const Error&) {
+        ring = 2 * mb;
+      }
+    } else {
+      ring = ring_for_workspace(shape, *this, -1, sm_count, budget);
+    }
     if (ring > 0) return ring;  // else the worst case is within two minibatches: below
   }
   const int64_t widest = std::max({shape.hidden, 2 * shape.intermediate});
@@ -190,8 +205,8 @@ void Config::validate(const LayerShape& shape, int sm_count) const {
   MOK_REQUIRE(macrobatch_tokens >= 0 && macrobatch_tokens % mb == 0, "config.macrobatch_tokens",
               "must be 0 (automatic) or a positive multiple of the minibatch (", mb, "), got ",
               macrobatch_tokens);
-  MOK_REQUIRE(workspace_budget_bytes >= 0, "config.workspace_budget_bytes",
-              "must be 0 (off) or a positive byte count, got ", workspace_budget_bytes);
+  MOK_REQUIRE(workspace_budget_bytes >= -1, "config.workspace_budget_bytes",
+              "must be -1 (automatic), 0 (off) or a positive byte count, got ", workspace_budget_bytes);
   if (workspace_budget_bytes > 0) {
     MOK_REQUIRE(forward_path == ForwardPath::Megakernel, "config.workspace_budget_bytes",
                 "sizes the megakernel's ring: needs forward_path megakernel");

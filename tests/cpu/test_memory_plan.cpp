@@ -18,8 +18,17 @@ namespace {
 
 // The training memory model at DeepSeek-V3 EP 8: the shared workspace and a ring of 8192 rows
 // (the one a 2 GB workspace leaves, RingForWorkspaceIsTheLargestThatFits).
-mok::Config training_config() {
+// The resident mode (every routed row kept, each layer its own buffers): what these tests measure
+// against unless they say otherwise.
+mok::Config resident_config() {
   mok::Config cfg;
+  cfg.share_workspace = false;
+  cfg.workspace_budget_bytes = 0;
+  return cfg;
+}
+
+mok::Config training_config() {
+  mok::Config cfg = resident_config();
   cfg.share_workspace = true;
   cfg.macrobatch_tokens = 8192;
   return cfg;
@@ -56,7 +65,7 @@ TEST(MemoryPlan, MatchesTheMeasuredLayerMemory) {
     const auto shape = mok::LayerShape::uniform(c.world, c.T, c.H, c.I, c.E, c.k);
     // The figures predate the activation budget: at EP 8 the default ring is below the worst case
     // (the backward runs over windows), and the saved gate/up rows are left out here.
-    mok::Config cfg;
+    mok::Config cfg = resident_config();
     cfg.activation_budget_bytes = 0;
     const mok::MemoryPlan p = mok::plan_memory(shape, cfg, 0, 132);
     // The layer measured then also held a packed copy of its gate/up weights (E_loc * 2I * H bf16),
@@ -81,7 +90,7 @@ TEST(MemoryPlan, SharedWorkspaceHoldsWhatNoLaterCallReads) {
     ADD_FAILURE() << "no buffer " << name;
     return false;
   };
-  mok::Config cfg;
+  mok::Config cfg = resident_config();
   // EP 1: the default ring holds the worst case (a resident backward); at EP 8 it is capped below.
   const auto ep1 = mok::LayerShape::uniform(1, 8192, 7168, 2048, 256, 8);
   const mok::MemoryPlan own = mok::plan_memory(ep1, cfg, 0, 132);
@@ -113,7 +122,7 @@ TEST(MemoryPlan, NamesEveryBufferOnceWithItsScope) {
   const auto shape = mok::LayerShape::uniform(2, 700, 1024, 512, 16, 4, 512);
   for (const auto dispatch : {mok::DispatchPath::Pull, mok::DispatchPath::Push}) {
     for (const auto path : {mok::ForwardPath::Megakernel, mok::ForwardPath::Unfused}) {
-      mok::Config cfg;
+      mok::Config cfg = resident_config();
       cfg.forward_path = path;
       cfg.dispatch = dispatch;
       const mok::MemoryPlan p = mok::plan_memory(shape, cfg, 1, 132);
@@ -134,8 +143,8 @@ TEST(MemoryPlan, NamesEveryBufferOnceWithItsScope) {
       EXPECT_NE(p.table().find("total"), std::string::npos);
     }
   }
-  EXPECT_THROW((void)mok::plan_memory(shape, mok::Config{}, 0, 132).bytes("no such buffer"), mok::Error);
-  EXPECT_THROW((void)mok::plan_memory(shape, mok::Config{}, 2, 132), mok::Error);  // rank out of range
+  EXPECT_THROW((void)mok::plan_memory(shape, resident_config(), 0, 132).bytes("no such buffer"), mok::Error);
+  EXPECT_THROW((void)mok::plan_memory(shape, resident_config(), 2, 132), mok::Error);  // rank out of range
 }
 
 }  // namespace
@@ -146,7 +155,7 @@ TEST(MemoryPlan, NamesEveryBufferOnceWithItsScope) {
 // recompute). A ring that holds the worst case keeps every row anyway (no gu_saved).
 TEST(MemoryPlan, ActivationBudgetSavesWholeTilesOfGateUpRows) {
   const auto shape = mok::LayerShape::uniform(8, 8192, 7168, 2048, 256, 8);  // DeepSeek-V3, EP 8
-  mok::Config cfg;
+  mok::Config cfg = resident_config();
   cfg.macrobatch_tokens = 32768;
   const int64_t row = 4 * 2048;
   const int64_t uniform = 8192 * 8, automatic = (uniform + uniform / 8 + 32 * 127 + 127) / 128 * 128;
@@ -167,7 +176,7 @@ TEST(MemoryPlan, ActivationBudgetSavesWholeTilesOfGateUpRows) {
                  "a budget of -2 bytes");
   // Resident (EP 1, the default ring holds the worst case): no saved rows beyond gu itself.
   const auto ep1 = mok::LayerShape::uniform(1, 8192, 7168, 2048, 256, 8);
-  const mok::MemoryPlan resident = mok::plan_memory(ep1, mok::Config{}, 0, 132);
+  const mok::MemoryPlan resident = mok::plan_memory(ep1, resident_config(), 0, 132);
   EXPECT_FALSE(resident.has("gu_saved"));
   EXPECT_STREQ(resident.backward_mode(), "resident");
 }
@@ -196,7 +205,7 @@ TEST(MemoryPlan, DeepSeekV3AtEp8MeetsTheTrainingBars) {
 // when the worst case is within two minibatches (nothing to choose).
 TEST(MemoryPlan, RingForWorkspaceIsTheLargestThatFits) {
   const auto shape = mok::LayerShape::uniform(8, 8192, 7168, 2048, 256, 8);
-  const mok::Config cfg;
+  const mok::Config cfg = resident_config();
   const int64_t ring = mok::ring_for_workspace(shape, cfg, 0, 132, int64_t(2e9));
   const int64_t mb = cfg.resolved_minibatch(shape, 132);
   ASSERT_GT(ring, 0);
@@ -219,12 +228,12 @@ TEST(MemoryPlan, RingForWorkspaceIsTheLargestThatFits) {
 // worst case stays; it needs share_workspace and the megakernel, and leaves the ring to itself.
 TEST(MemoryPlan, WorkspaceBudgetResolvesTheRing) {
   const auto shape = mok::LayerShape::uniform(8, 8192, 7168, 2048, 256, 8);
-  mok::Config budget;
+  mok::Config budget = resident_config();
   budget.share_workspace = true;
   budget.workspace_budget_bytes = int64_t(2e9);
-  const int64_t ring = mok::ring_for_workspace(shape, mok::Config{}, 0, 132, int64_t(2e9));
+  const int64_t ring = mok::ring_for_workspace(shape, resident_config(), 0, 132, int64_t(2e9));
   EXPECT_EQ(budget.resolved_macrobatch(shape, 132), ring);
-  mok::Config explicit_ring;
+  mok::Config explicit_ring = resident_config();
   explicit_ring.share_workspace = true;
   explicit_ring.macrobatch_tokens = ring;
   const mok::MemoryPlan a = mok::plan_memory(shape, budget, 0, 132), b = mok::plan_memory(shape, explicit_ring, 0, 132);
@@ -232,7 +241,7 @@ TEST(MemoryPlan, WorkspaceBudgetResolvesTheRing) {
   EXPECT_EQ(a.total(mok::MemoryScope::Saved), b.total(mok::MemoryScope::Saved));
   EXPECT_EQ(a.backward_mode(), b.backward_mode());
   const auto tiny = mok::LayerShape::uniform(1, 64, 128, 64, 8, 2);
-  EXPECT_EQ(budget.resolved_macrobatch(tiny, 132), mok::Config{}.resolved_macrobatch(tiny, 132));
+  EXPECT_EQ(budget.resolved_macrobatch(tiny, 132), resident_config().resolved_macrobatch(tiny, 132));
   mok::Config unshared = budget;
   unshared.share_workspace = false;
   expect_refused([&] { return mok::plan_memory(shape, unshared, 0, 132); }, "config.workspace_budget_bytes",
@@ -246,7 +255,7 @@ TEST(MemoryPlan, WorkspaceBudgetResolvesTheRing) {
   expect_refused([&] { return mok::plan_memory(shape, unfused, 0, 132); }, "config.workspace_budget_bytes",
                  "a budget on the unfused path");
   mok::Config negative;
-  negative.workspace_budget_bytes = -1;
+  negative.workspace_budget_bytes = -2;
   expect_refused([&] { return mok::plan_memory(shape, negative, 0, 132); }, "config.workspace_budget_bytes",
                  "a negative budget");
   budget.workspace_budget_bytes = int64_t(1e8);  // the smallest ring's workspace is larger
@@ -254,7 +263,7 @@ TEST(MemoryPlan, WorkspaceBudgetResolvesTheRing) {
   // Ranks with different token counts (a shared expert: its rows are in each rank's workspace):
   // the ring fits the largest workspace, i.e. it is the smallest of the ranks' own rings.
   const mok::LayerShape uneven{{1024, 8192}, 7168, 2048, 32, 8, 8192};
-  const mok::Config plain;
+  const mok::Config plain = resident_config();
   const int64_t r0 = mok::ring_for_workspace(uneven, plain, 0, 132, int64_t(2e9)),
                 r1 = mok::ring_for_workspace(uneven, plain, 1, 132, int64_t(2e9));
   EXPECT_GT(r0, r1) << "rank 1's shared-expert rows take room from its ring";
@@ -284,7 +293,7 @@ TEST(MemoryPlan, SavedForwardsHoldOneSavedStateEach) {
   const auto refused = [&](const mok::LayerShape& sh, const mok::Config& c, const char* why) {
     expect_refused([&] { return mok::plan_memory(sh, c, 0, 132); }, "config.saved_forwards", why);
   };
-  mok::Config resident;  // the default ring holds the worst case at EP 1
+  mok::Config resident = resident_config();  // the default ring holds the worst case at EP 1
   resident.saved_forwards = 2;
   refused(mok::LayerShape::uniform(1, 8192, 7168, 2048, 256, 8), resident, "saved_forwards with a resident backward");
   mok::Config push = cfg;
