@@ -108,7 +108,8 @@ const Option kOptions[] = {
      }},
     {"--workspace-budget", true, Mode::Gpu,
      [](BenchArgs& a, const std::string& o, const std::string& v) {
-       a.gpu.workspace_budget_mb = parse_number<int64_t>(o, v, 0, int64_t(1) << 30, " MB (0 = off)");
+       a.gpu.workspace_budget_mb = parse_number<int64_t>(o, v, -1, int64_t(1) << 30,
+                                                          " MB (-1 = the library's default, 0 = off)");
      }},
     {"--path", true, Mode::Gpu,
      [](BenchArgs& a, const std::string& o, const std::string& v) {
@@ -192,9 +193,9 @@ BenchArgs parse_bench_args(const std::vector<std::string>& args) {
   if (a.cpu.ranks == 0) a.cpu.ranks = p.world;
   MOK_REQUIRE(p.E % a.cpu.ranks == 0, "--ranks",
               "must divide the experts of preset ", p.name, " (E = ", p.E, "), got ", a.cpu.ranks);
-  MOK_REQUIRE(a.gpu.workspace_budget_mb == 0 || a.gpu.path == ForwardPath::Megakernel, "--workspace-budget",
+  MOK_REQUIRE(a.gpu.workspace_budget_mb <= 0 || a.gpu.path == ForwardPath::Megakernel, "--workspace-budget",
               "sizes the megakernel's ring: not with --path unfused");
-  MOK_REQUIRE(a.gpu.workspace_budget_mb == 0 || a.gpu.macrobatch == 0, "--workspace-budget",
+  MOK_REQUIRE(a.gpu.workspace_budget_mb <= 0 || a.gpu.macrobatch == 0, "--workspace-budget",
               "chooses the ring: not with --macrobatch");
   return a;
 }

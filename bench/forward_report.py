@@ -287,20 +287,25 @@ def held_gb(memory):
 
 
 def print_memory_modes(out):
-    """The backward of the main variant (every row resident) next to the training memory model's
-    modes timed in the same run (ablation entries with bwd_ms): time and memory per layer."""
+    """The backward of the main variant (its memory mode) next to the other memory modes and backward
+    paths timed in the same run (ablation entries with bwd_ms): time and memory per layer."""
     modes = [a for a in out["ablation"] if a.get("bwd_ms") is not None]
     if not modes:
         return
     mains = {case_key(c): c for c in out["cases"]}
     print("\nBackward by memory mode, same run (held: per layer, besides a shared workspace)")
-    print("| model | T/rank | routing | mode | ring | bwd ms | vs resident | held GB | workspace GB |")
+    print("| model | T/rank | routing | mode | ring | bwd ms | vs main | held GB | workspace GB |")
     print("|---|---|---|---|---|---|---|---|---|")
     for key, entries in ablation_groups(modes).items():
         c = mains.get(key)
-        rows = ([("resident", c.get("macrobatch_tokens"), c.get("mok_bwd_ms"), c.get("memory"))] if c else []) + \
-            [(a["variant"].replace("megakernel-training-", ""), a.get("macrobatch_tokens"), a["bwd_ms"], a.get("memory"))
-             for a in entries]
+        # The main variant's mode (results files before the training default: always resident),
+        # and its backward path when it is the GEMM program.
+        main_mode = ((c.get("memory") or {}).get("mode") or "resident") if c else ""
+        if c and c.get("backward_path") == "fused":
+            main_mode += " (fused backward)"
+        rows = ([(main_mode, c.get("macrobatch_tokens"), c.get("mok_bwd_ms"), c.get("memory"))] if c else []) + \
+            [(a["variant"].replace("megakernel-training-", "").replace("megakernel-", ""), a.get("macrobatch_tokens"),
+              a["bwd_ms"], a.get("memory")) for a in entries]
         base = c.get("mok_bwd_ms") if c else None
         for mode, ring, ms, mem in rows:
             ws = mem.get("workspace_bytes") if isinstance(mem, dict) else None

@@ -139,6 +139,10 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   // A multiple of this shape's minibatch (which the models' shapes choose differently).
   if (o.macrobatch > 0) main.macrobatch_tokens = sched::round_up(o.macrobatch, main.resolved_minibatch(shape, device_sms()));
   main.activation_budget_bytes = o.budget_mb < 0 ? -1 : o.budget_mb * 1000000;
+  if (o.workspace_budget_mb == 0) {  // off: the layer's own buffers (every row resident)
+    main.share_workspace = false;
+    main.workspace_budget_bytes = 0;
+  }
   if (o.workspace_budget_mb > 0) {  // the training memory model: one workspace, the ring that fits it
     main.macrobatch_tokens = 0;
     main.share_workspace = true;
@@ -149,9 +153,13 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   // The variants vary one knob each around the main one's resolved ring: a budget would choose
   // another ring for another minibatch or dispatch (or none: the smallest ring is two of its
   // minibatches), so they get the main ring as an explicit one (rounded to their minibatch).
-  const int64_t main_ring = main.workspace_budget_bytes > 0 ? main.resolved_macrobatch(shape, device_sms()) : 0;
+  // (A budget: workspace_budget_bytes > 0, or -1, the automatic one, with a shared workspace.)
+  const auto budgeted = [](const Config& c) { return c.workspace_budget_bytes != 0 && c.share_workspace; };
+  const int64_t main_ring = budgeted(main) && main.forward_path == ForwardPath::Megakernel && main.macrobatch_tokens == 0
+                                ? main.resolved_macrobatch(shape, device_sms())
+                                : 0;
   const auto at_main_ring = [&](Config c) {
-    if (c.workspace_budget_bytes > 0) {
+    if (main_ring > 0 && budgeted(c)) {
       c.workspace_budget_bytes = 0;
       c.macrobatch_tokens = sched::round_up(main_ring, c.resolved_minibatch(shape, device_sms()));
     }
@@ -215,6 +223,7 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   const BackwardPath other_bwd = main.backward_path == BackwardPath::Unfused ? BackwardPath::Fused : BackwardPath::Unfused;
   if (o.backward) {
     Variant twin{v.front().name + "-bwd-" + to_string(other_bwd), main};
+    twin.cfg.backward_path = other_bwd;
     twin.time_backward = true;
     twin.main_backward_twin = true;
     v.push_back(twin);
@@ -222,8 +231,25 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   // The training memory model's two modes beside a main variant that has every row resident, their
   // backward timed in the same run (notes/memory.md): one 2 GB workspace shared by the layers and
   // the ring that fits it, with the automatic activation budget (saved) and with none (recompute).
-  if (main.workspace_budget_bytes == 0 && main.macrobatch_tokens == 0 && o.path == ForwardPath::Megakernel &&
-      o.backward) {
+  // Beside a main variant in the training mode (the library's default), the resident one and full
+  // recompute instead.
+  const bool main_resident = main.macrobatch_tokens == 0 && (main.workspace_budget_bytes == 0 || !main.share_workspace);
+  if (!main_resident && o.path == ForwardPath::Megakernel && o.backward && main.macrobatch_tokens == 0 &&
+      main.resolved_macrobatch(shape, device_sms()) < shape.worst_case_rows()) {
+    Config c = mk;
+    c.share_workspace = false;
+    c.workspace_budget_bytes = 0;
+    Variant resident{"megakernel-resident", c};
+    resident.time_backward = true;
+    v.push_back(resident);
+    if (main.activation_budget_bytes != 0) {
+      Variant recompute{"megakernel-training-recompute", at_main_ring(mk)};
+      recompute.cfg.activation_budget_bytes = 0;
+      recompute.time_backward = true;
+      v.push_back(recompute);
+    }
+  }
+  if (main_resident && o.path == ForwardPath::Megakernel && o.backward) {
     Config c = mk;
     c.share_workspace = true;
     c.workspace_budget_bytes = 2000000000;

@@ -25,8 +25,10 @@ struct GpuBenchOptions {
   int64_t macrobatch = 0;
   int64_t budget_mb = -1;  // the main variant's Config::activation_budget_bytes in MB (-1 = automatic)
   // > 0: the main variant shares its workspace (Config::share_workspace) and runs the ring that
-  // fits this many MB of it (mok::ring_for_workspace), in place of `macrobatch`.
-  int64_t workspace_budget_mb = 0;
+  // fits this many MB of it (mok::ring_for_workspace), in place of `macrobatch`; 0: off (its own
+  // buffers, every routed row resident unless `macrobatch`); -1: the library's default (a shared
+  // 2 GB workspace where it applies: Config::workspace_budget_bytes = -1).
+  int64_t workspace_budget_mb = -1;
   ForwardPath path = ForwardPath::Megakernel;  // the variant reported in `cases`
   int clusters = -1;  // main variant's Config::fwd_clusters: 0 / 1, -1 = the Config default
   DispatchPath dispatch = DispatchPath::Pull;  // main variant's Config::dispatch

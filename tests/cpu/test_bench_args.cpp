@@ -92,7 +92,7 @@ TEST(BenchArgs, ParsesEveryOption) {
   EXPECT_EQ(a.gpu.comm_sms, 12);
   EXPECT_EQ(a.gpu.macrobatch, 32768);
   EXPECT_EQ(a.gpu.budget_mb, 0);
-  EXPECT_EQ(a.gpu.workspace_budget_mb, 0);
+  EXPECT_EQ(a.gpu.workspace_budget_mb, -1);
   EXPECT_EQ(parse_bench_args({"--workspace-budget", "2000"}).gpu.workspace_budget_mb, 2000);
   EXPECT_EQ(a.gpu.path, mok::ForwardPath::Unfused);
   EXPECT_EQ(a.gpu.clusters, 1);
@@ -124,7 +124,7 @@ TEST(BenchArgs, RejectsBadValuesByName) {
   expect_bad_args({"--comm-sms", "8.0"}, "--comm-sms", "got '8.0'");
   expect_bad_args({"--macrobatch", "-1"}, "--macrobatch", "got '-1'");
   expect_bad_args({"--budget", "-2"}, "--budget", "got '-2'");
-  expect_bad_args({"--workspace-budget", "-1"}, "--workspace-budget", "got '-1'");
+  expect_bad_args({"--workspace-budget", "-2"}, "--workspace-budget", "got '-2'");
   expect_bad_args({"--workspace-budget", "2000", "--macrobatch", "8192"}, "--workspace-budget", "not with --macrobatch");
   expect_bad_args({"--path", "unfused", "--workspace-budget", "2000"}, "--workspace-budget", "not with --path unfused");
   expect_bad_args({"--clusters", "2"}, "--clusters", "in [0, 1]");
