@@ -104,12 +104,14 @@ struct ExpertRange {
 // Output tile (m, n) of expert e in a K-grouped call: K runs over the expert's rows, the last
 // K block masked to its valid rows.
 template <class C>
-__device__ __forceinline__ Tile k_grouped_tile(const KernelParams& p, int32_t e, int32_t m, int32_t n) {
-  const int32_t rows = __ldg(p.expert_rows + e);
-  const int32_t begin = __ldg(p.expert_row_begin + e);
+__device__ __forceinline__ Tile k_grouped_tile(int32_t rows, int32_t begin, int32_t e, int32_t m, int32_t n) {
   const int32_t kb = (rows + kBlockK - 1) / kBlockK;
   const int32_t valid = rows - (kb - 1) * kBlockK;
   return Tile{m * kBlockM, n * C::kBlockN, 0, begin, kb, kb > 0 ? valid : kBlockK, m * kBlockM, e};
+}
+template <class C>
+__device__ __forceinline__ Tile k_grouped_tile(const KernelParams& p, int32_t e, int32_t m, int32_t n) {
+  return k_grouped_tile<C>(__ldg(p.expert_rows + e), __ldg(p.expert_row_begin + e), e, m, n);
 }
 
 // K-grouped tiles (wgrad): per expert, its M x N output tiles; K runs over the expert's rows.

@@ -63,9 +63,18 @@ __device__ __forceinline__ BwdGemmShape shape_of(const BwdProgramParams& P, int3
   return s;
 }
 
-// The engine tile of task tk; false for a routed tile of no expert (padding past the rows).
+// What the producer thread remembers between tickets, to keep global loads off its path (a
+// weight-gradient tile is only a few microseconds of MMAs): the M tiles [0, ready) whose D2 tiles
+// it has seen complete (a counter only grows), and the rows of the last expert it looked up.
+struct ProducerMemo {
+  int32_t ready = 0;
+  int32_t e = -1, rows = 0, begin = 0;
+};
+
+// The engine tile of task tk; false for a routed tile of no expert (padding past the rows). WD and
+// W1 read the same expert rows (the host checks it).
 __device__ __forceinline__ bool make_tile(const BwdProgramParams& P, int32_t first_expert, const BwdGemmTask& tk,
-                                          Tile& t) {
+                                          Tile& t, ProducerMemo& memo) {
   if (tk.kind == kGemmD2 || tk.kind == kGemmD1) {
     const bool d2 = tk.kind == kGemmD2;
     const int32_t e = __ldg((d2 ? P.d2.p.tile_expert : P.d1.p.tile_expert) + tk.m);
@@ -73,31 +82,43 @@ __device__ __forceinline__ bool make_tile(const BwdProgramParams& P, int32_t fir
     t = Tile{tk.m * kBlockM, tk.n * C::kBlockN, e, 0, d2 ? P.d2.p.k_blocks : P.d1.p.k_blocks, kBlockK, tk.m * kBlockM, 0};
     return true;
   }
-  t = k_grouped_tile<C>(tk.kind == kGemmWd ? P.wd.p : P.w1.p, first_expert + tk.e, tk.m, tk.n);
+  const int32_t e = first_expert + tk.e;
+  if (e != memo.e) {
+    memo.e = e;
+    memo.rows = __ldg(P.wd.p.expert_rows + e);
+    memo.begin = __ldg(P.wd.p.expert_row_begin + e);
+  }
+  t = k_grouped_tile<C>(memo.rows, memo.begin, e, tk.m, tk.n);
   return true;
 }
 
 // Producer thread: the D2 tiles task tk reads (see backward_plan.h). False when a wait expired.
 __device__ bool wait_deps(const BwdProgramParams& P, const dev::DeviceComm& dc, const BwdGemmTask& tk,
-                          const Tile& t) {
+                          const Tile& t, ProducerMemo& memo) {
   const uint32_t target = 2u * uint32_t(P.d2.p.n_tiles);
   const uint32_t* done = P.counters + 1;
+  const auto wait_m = [&](int32_t m) {
+    if (m < memo.ready) return true;
+    if (!rt::wait_counter(dc, done + m, target, rt::kWaitTaskDeps)) return false;
+    if (m == memo.ready) ++memo.ready;
+    return true;
+  };
   if (tk.kind == kGemmD2) return true;
-  if (tk.kind == kGemmD1) return rt::wait_counter(dc, done + tk.m, target, rt::kWaitTaskDeps);
+  if (tk.kind == kGemmD1) return wait_m(tk.m);
   // A weight-gradient tile: K runs over the expert's rows [k_begin, k_begin + rows).
   const int32_t rows = t.k_blocks == 0 ? 0 : (t.k_blocks - 1) * kBlockK + t.k_last_valid;
   const sched::TileMN range = bwd_gemm_expert_tiles(t.k_begin, rows);
   for (int32_t m = range.m; m < range.n; ++m)
-    if (!rt::wait_counter(dc, done + m, target, rt::kWaitTaskDeps)) return false;
+    if (!wait_m(m)) return false;
   return true;
 }
 
 __device__ void producer(const BwdProgramParams& P, const dev::DeviceComm& dc, const Smem<C>& sm, const Ring& ring,
                          const WaitBound& wb) {
   const ExpertRange experts(P.wd.p);  // WD and W1 schedule the same experts
-  const BwdGemmShape shape = shape_of(P, experts.count);
   PipeState<C> ps;
   Cursor cur;
+  ProducerMemo memo;
   bool issuing = true;  // false once a wait for a free stage expired: hand out End next
 #pragma unroll 1
   for (;;) {
@@ -105,10 +126,12 @@ __device__ void producer(const BwdProgramParams& P, const dev::DeviceComm& dc, c
     Tile t{};
 #pragma unroll 1
     while (issuing) {
-      tk = bwd_gemm_decode(shape, int64_t(atomicAdd(P.counters, 1u)));
-      if (tk.kind == kGemmEnd || make_tile(P, experts.first, tk, t)) break;
+      // (The shape from the parameters each time: constant-bank operands, not registers held
+      // across the loop, which the producer's 56 do not have room for.)
+      tk = bwd_gemm_decode(shape_of(P, experts.count), int64_t(atomicAdd(P.counters, 1u)));
+      if (tk.kind == kGemmEnd || make_tile(P, experts.first, tk, t, memo)) break;
     }
-    if (tk.kind != kGemmEnd && !wait_deps(P, dc, tk, t)) tk.kind = kGemmEnd;
+    if (tk.kind != kGemmEnd && !wait_deps(P, dc, tk, t, memo)) tk.kind = kGemmEnd;
     // The slot (the consumers release it after the tile's epilogue); never expected to time out.
     if (!rt::handoff_wait<false>(ring.empty + cur.i, cur.phase ^ 1u, wb)) break;
     Slot& slot = ring.slot[cur.i];

@@ -241,6 +241,9 @@ void Layer::Impl::dgrad_args(const void* dy, const void* w_down, void* gu_buf, c
 // program's tile shape (256 wide, no clusters), the ticket and dependency counters zeroed first.
 void Layer::Impl::run_backward_program(const gemm::DgradSwiGLUArgs& ds, const gemm::DgradArgs& dx,
                                        const gemm::WgradArgs& wd, const gemm::WgradArgs& w1, cudaStream_t stream) {
+  MOK_REQUIRE(wd.expert_row_begin == w1.expert_row_begin && wd.expert_rows == w1.expert_rows &&
+                  wd.expert_range == w1.expert_range,
+              "backward program", "both weight gradients run over the same experts' rows");
   gemm::Options o = gemm_options();
   o.block_n = 256;
   o.cluster = false;
