@@ -388,8 +388,8 @@ def memory_figures(res):
     ok = sum(1 for c in saved + recompute if m.get("backward_ok", within=c) is True)
     return [
         "**Memory per layer** (the planner, `mok::plan_memory`, which the layer allocates by; T = 8192): "
-        "DeepSeek-V3 EP 1 with every routed row resident (the default config) %.1f GB, measured %.1f GB on one "
-        "GPU; with the layers sharing one workspace (at most %.2f GB per GPU) and the backward over windows of "
+        "DeepSeek-V3 EP 1 with every routed row resident (`workspace_budget_bytes = 0`) %.1f GB, measured %.1f GB "
+        "on one GPU; with the layers sharing one workspace (at most %.2f GB per GPU) and the backward over windows of "
         "the ring, at EP 8 %s GB per layer for DeepSeek-V3 / Qwen3-235B / Qwen3-30B-A3B with the gate/up rows "
         "saved, %s MB with full recompute: 58 DeepSeek-V3 layers hold %.1f GB (saved) or %.1f GB (recompute) "
         "per GPU, where the PyTorch baseline keeps %.1f GB per layer for its backward (at EP 1); the megakernel "
@@ -412,7 +412,8 @@ def training_figures(res):
     h = t.case(*HEADLINE)
     workspace = max(t.num("memory", "workspace_bytes", within=c) for c in cases) / 1e9
     return [
-        "**Training mode** on one GPU (`mok_bench --workspace-budget 2000`: the layers share one workspace of at "
+        "**Training mode** (the default config since a3b79a5) on one GPU (`mok_bench --workspace-budget 2000`: "
+        "the layers share one workspace of at "
         "most %.2f GB per GPU, each model's ring the largest that fits it, the backward over windows of the ring "
         "with the gate/up rows saved): backward %s and forward %s (the baseline's time over mok's, %s); %s: backward %.1f ms vs the "
         "baseline's %.1f ms with a ring of %d rows, the layer holding %.2f GB besides the "
@@ -448,8 +449,23 @@ def torch_figures(res):
             t.source())]
 
 
+def backward_program_figures(res):
+    """The backward's GEMM program (Config::backward_path fused) against the unfused kernels, same run."""
+    b = res["backward-program-h200x1.json"]
+    variants = b.get("variants")
+    cases = b.get("cases")
+    ref = variants[0]
+    parts = ["%s %s" % (v, span([b.num(v, "over_" + ref, within=c) for c in cases])) for v in variants[1:]]
+    return [
+        "**Backward GEMM program** (`Config::backward_path` fused: the backward's four GEMMs in one persistent "
+        "kernel, bitwise the unfused backward; EP 1, every row resident, T = %d, %s): its time over the %s "
+        "kernels' %s — slower so far, the unfused kernels stay the default (`notes/backward.md`). %s" % (
+            int(b.num("T", within=cases[0])), " / ".join(str(b.get("model", within=c)) for c in cases), ref,
+            "; ".join(parts), b.source())]
+
+
 FIGURES = [forward_figures, one_gpu_figures, gemm_figures, comm_figures, schedule_figures, sustained_figures,
-           reliability_figures, memory_figures, training_figures, torch_figures]
+           reliability_figures, memory_figures, training_figures, backward_program_figures, torch_figures]
 
 
 def render(results_dir):

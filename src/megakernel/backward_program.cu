@@ -156,10 +156,8 @@ __device__ void producer(const BwdProgramParams& P, const dev::DeviceComm& dc, c
 }
 
 __device__ void consumer(const BwdProgramParams& P, const Smem<C>& sm, const Ring& ring, const WaitBound& wb) {
-  const int cwg = int(threadIdx.x / 128u) - 1;
-  const uint32_t wt = threadIdx.x % 128u;
-  const uint32_t ct = threadIdx.x - 128u;
-  const bool leader = wt == 0;
+  const rt::ConsumerThread th;
+  const int cwg = th.cwg;
   PipeState<C> ps;
   EpiState es;
   Skew<C> skew;
@@ -179,14 +177,14 @@ __device__ void consumer(const BwdProgramParams& P, const Smem<C>& sm, const Rin
     const auto dgrad = [&](const BwdGemm& g, auto form) {
       using Form = decltype(form);
       skew.stages = g.p.skew_stages;  // the unfused kernel's choice (the same in both warpgroups)
-      mma_tile<C, false, true, false>(sm, ps, t, cwg, ct, acc, wb, skew);
-      Form::epilogue(sm, es, t, cwg, wt, acc, &g.d0, &g.d1, g.p);
+      mma_tile<C, false, true, false>(sm, ps, t, cwg, th.ct, acc, wb, skew);
+      Form::epilogue(sm, es, t, cwg, th.wt, acc, &g.d0, &g.d1, g.p);
     };
     const auto wgrad = [&](const BwdGemm& g) {
       skew.stages = g.p.skew_stages;
-      const bool accumulate = FormWgrad<C>::load_carry(t, ct, acc, g.p);
-      mma_tile<C, true, true, true>(sm, ps, t, cwg, ct, acc, wb, skew, 0u, NoHook{}, accumulate);
-      FormWgrad<C>::epilogue(sm, es, t, cwg, wt, acc, &g.d0, &g.d1, g.p);
+      const bool accumulate = FormWgrad<C>::load_carry(t, th.ct, acc, g.p);
+      mma_tile<C, true, true, true>(sm, ps, t, cwg, th.ct, acc, wb, skew, 0u, NoHook{}, accumulate);
+      FormWgrad<C>::epilogue(sm, es, t, cwg, th.wt, acc, &g.d0, &g.d1, g.p);
     };
     switch (kind) {
       case kGemmD2: dgrad(P.d2, FormDgradSwiGLU<C>{}); break;
@@ -199,7 +197,7 @@ __device__ void consumer(const BwdProgramParams& P, const Smem<C>& sm, const Rin
       // that D1 and weight-gradient tiles acquire before reading them with TMA.
       dev::fence_proxy_async();
       named_bar_sync(kBarEpilogue + uint32_t(cwg), 128);
-      if (leader) {
+      if (th.leader) {
         tma_store_wait_all<0>();
         dev::fence_proxy_async();
         rt::red_release(P.counters + 1 + slot.counter, 1u);
@@ -208,7 +206,7 @@ __device__ void consumer(const BwdProgramParams& P, const Smem<C>& sm, const Rin
     mbar_arrive(ring.empty + cur.i);
     cur.advance();
   }
-  epi_finish(leader);
+  epi_finish(th.leader);
 }
 
 __global__ void __launch_bounds__(kThreads, 1)

@@ -74,6 +74,16 @@ struct StatClock {
   __device__ __forceinline__ uint64_t now() const { return out ? dev::globaltimer_ns() : 0; }
 };
 
+// A consumer thread's place in a compute CTA: its warpgroup (0 or 1: rows 0..63 or 64..127 of a
+// tile), its thread in the warpgroup, its thread among both, and whether it leads its warpgroup.
+struct ConsumerThread {
+  int cwg;
+  uint32_t wt, ct;
+  bool leader;
+  __device__ __forceinline__ ConsumerThread()
+      : cwg(int(threadIdx.x / 128u) - 1), wt(threadIdx.x % 128u), ct(threadIdx.x - 128u), leader(threadIdx.x % 128u == 0) {}
+};
+
 // The task ring: kSlots slots of a program's task type (Slot, a multiple of 16 bytes), each with
 // a full barrier (the producer's one arrival, a release of the slot's contents) and an empty one
 // (the consumers' arrivals), laid out at an 8-byte aligned place of shared memory: the slots, the
