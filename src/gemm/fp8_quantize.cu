@@ -1,0 +1,134 @@
+// mok — FP8 quantization kernels (see fp8_quantize.h). Row blocks (1 x 128, MXFP8's 1 x 32): one
+// warp per block, each lane holding consecutive elements; 128 x 128 blocks: one CTA of 256 threads
+// per block. The block maximum is amax_update's (an unsigned maximum of the magnitudes' bits: the
+// same value in any order, NaN winning), then every element is encoded by the spec's functions.
+#include "gemm/fp8_quantize.h"
+
+#include <algorithm>
+
+#include "common/cuda_check.h"
+#include "mok/errors.hpp"
+
+namespace mok::gemm {
+namespace {
+
+__device__ __forceinline__ float bf16_at(const uint16_t* p) { return __uint_as_float(uint32_t(*p) << 16); }
+
+__device__ __forceinline__ float warp_amax(float a) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) a = fp8::amax_update(a, __shfl_xor_sync(0xffffffffu, a, o));
+  return a;
+}
+
+// kCols-wide row blocks, kCols / 32 elements per lane. MX: E8M0 scale codes; else fp32 scales by `rule`.
+template <int kCols, bool kMx>
+__global__ void __launch_bounds__(256) quantize_rows_kernel(const uint16_t* in, int64_t rows, int64_t cols,
+                                                            fp8::ScaleRule rule, uint8_t* q, void* scales) {
+  constexpr int kPer = kCols / 32;
+  const int64_t grid_cols = (cols + kCols - 1) / kCols;
+  const int64_t blocks = rows * grid_cols;
+  const uint32_t lane = threadIdx.x % 32u;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32u);
+  for (int64_t b = int64_t(blockIdx.x) * (blockDim.x / 32u) + threadIdx.x / 32u; b < blocks; b += warps) {
+    const int64_t r = b / grid_cols;
+    const int64_t c0 = (b - r * grid_cols) * kCols + int64_t(lane) * kPer;
+    const uint16_t* row = in + r * cols;
+    float v[kPer];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      v[i] = c0 + i < cols ? bf16_at(row + c0 + i) : 0.0f;  // past the edge: zeros
+      amax = fp8::amax_update(amax, v[i]);
+    }
+    amax = warp_amax(amax);
+    uint8_t* out = q + r * cols;
+    if constexpr (kMx) {
+      const uint8_t s = fp8::mxfp8_scale_code(amax);
+      if (lane == 0) static_cast<uint8_t*>(scales)[b] = s;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i)
+        if (c0 + i < cols) out[c0 + i] = fp8::mxfp8_encode(v[i], s);
+    } else {
+      const float s = fp8::block_scale(amax, rule);
+      if (lane == 0) static_cast<float*>(scales)[b] = s;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i)
+        if (c0 + i < cols) out[c0 + i] = fp8::block_encode(v[i], s);
+    }
+  }
+}
+
+// 128 x 128 blocks, one CTA each: thread t takes column t % 128 of rows t / 128, t / 128 + 2, ...
+constexpr int kTileThreads = 256;
+__global__ void __launch_bounds__(kTileThreads) quantize_tiles_kernel(const uint16_t* in, int64_t rows, int64_t cols,
+                                                                      fp8::ScaleRule rule, uint8_t* q, float* scales) {
+  constexpr int kB = fp8::kBlock, kRowsPer = kB * kB / kTileThreads;  // 64 elements per thread
+  __shared__ float warp_max[kTileThreads / 32];
+  const int64_t grid_cols = (cols + kB - 1) / kB;
+  const int64_t br = blockIdx.x / grid_cols, bc = blockIdx.x - br * grid_cols;
+  const int64_t c = bc * kB + threadIdx.x % kB;
+  const int64_t r0 = br * kB + threadIdx.x / kB;
+  float amax = 0.0f;
+  for (int i = 0; i < kRowsPer; ++i) {
+    const int64_t r = r0 + 2 * i;
+    if (r < rows && c < cols) amax = fp8::amax_update(amax, bf16_at(in + r * cols + c));
+  }
+  amax = warp_amax(amax);
+  if (threadIdx.x % 32u == 0) warp_max[threadIdx.x / 32u] = amax;
+  __syncthreads();
+  amax = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kTileThreads / 32; ++w) amax = fp8::amax_update(amax, warp_max[w]);
+  const float s = fp8::block_scale(amax, rule);
+  if (threadIdx.x == 0) scales[blockIdx.x] = s;
+  for (int i = 0; i < kRowsPer; ++i) {
+    const int64_t r = r0 + 2 * i;
+    if (r < rows && c < cols) q[r * cols + c] = fp8::block_encode(bf16_at(in + r * cols + c), s);
+  }
+}
+
+void check_args(const void* in, int64_t rows, int64_t cols, const void* q, const void* scales) {
+  MOK_REQUIRE(rows >= 0, "rows", "rows >= 0 (rows = ", rows, ")");
+  MOK_REQUIRE(cols >= 0, "cols", "cols >= 0 (cols = ", cols, ")");
+  const bool any = rows > 0 && cols > 0;
+  MOK_REQUIRE(!any || in != nullptr, "in", "not null when rows * cols > 0");
+  MOK_REQUIRE(!any || q != nullptr, "q", "not null when rows * cols > 0");
+  MOK_REQUIRE(!any || scales != nullptr, "scales", "not null when rows * cols > 0");
+}
+
+int row_grid(int64_t blocks) {  // 8 warps (blocks) per CTA, at most 4096 CTAs (grid-stride)
+  return static_cast<int>(std::min<int64_t>((blocks + 7) / 8, 4096));
+}
+
+}  // namespace
+
+void quantize_fp8_blocked(const void* in_bf16, int64_t rows, int64_t cols, int block_rows, fp8::ScaleRule rule,
+                          void* q, float* scales, cudaStream_t stream) {
+  check_args(in_bf16, rows, cols, q, scales);
+  MOK_REQUIRE(block_rows == 1 || block_rows == fp8::kBlock, "block_rows", "1 (1 x 128 blocks) or 128 (128 x 128), got ",
+              block_rows);
+  if (rows == 0 || cols == 0) return;
+  const auto* in = static_cast<const uint16_t*>(in_bf16);
+  auto* out = static_cast<uint8_t*>(q);
+  const int64_t grid_cols = (cols + fp8::kBlock - 1) / fp8::kBlock;
+  if (block_rows == 1) {
+    quantize_rows_kernel<fp8::kBlock, false><<<row_grid(rows * grid_cols), 256, 0, stream>>>(in, rows, cols, rule, out,
+                                                                                              scales);
+  } else {
+    const int64_t tiles = (rows + fp8::kBlock - 1) / fp8::kBlock * grid_cols;
+    MOK_REQUIRE(tiles < (int64_t(1) << 31), "rows, cols", "fewer than 2^31 blocks of 128 x 128, got ", tiles);
+    quantize_tiles_kernel<<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(in, rows, cols, rule, out, scales);
+  }
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+void quantize_mxfp8(const void* in_bf16, int64_t rows, int64_t cols, void* q, uint8_t* scales, cudaStream_t stream) {
+  check_args(in_bf16, rows, cols, q, scales);
+  if (rows == 0 || cols == 0) return;
+  const int64_t grid_cols = (cols + fp8::kMxBlock - 1) / fp8::kMxBlock;
+  quantize_rows_kernel<fp8::kMxBlock, true><<<row_grid(rows * grid_cols), 256, 0, stream>>>(
+      static_cast<const uint16_t*>(in_bf16), rows, cols, fp8::ScaleRule::Fp32, static_cast<uint8_t*>(q), scales);
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace mok::gemm

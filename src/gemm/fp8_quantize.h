@@ -1,0 +1,33 @@
+// mok — FP8 quantization on the GPU: the device twins of the CPU spec in src/reference/fp8_quant.h,
+// built on the same element rules (src/common/fp8_format.h), so the codes and scales are the same
+// bits (tests/gpu/gemm/test_fp8_quantize.cu checks every one). bf16 matrices in, row-major and
+// dense; E4M3 codes out in the same layout, and one scale per block, row-major over the grid of
+// blocks, as the spec lays them (scales[(r / block rows) * scale columns + c / block columns]); a
+// block cut by the matrix's edge is quantized as if the missing elements were zeros.
+//
+// These are the standalone forms of the FP8 recipes (issue 22): the layer will quantize where the
+// data is made (x at its source before the pull, h in FC1's epilogue, d_out before the reverse
+// combine), with these same per-block steps; standalone they quantize weights (128 x 128) and are
+// the GPU side of the format tests.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/fp8_format.h"
+
+namespace mok::gemm {
+
+// Block-scaled E4M3 with fp32 scales: blocks of block_rows x 128 (1: activations per token and
+// 128 channels; 128: weights in 128 x 128 tiles). q: rows x cols bytes; scales:
+// ceil(rows / block_rows) x ceil(cols / 128) floats. Throws mok::Error naming the argument for a
+// negative size, a block_rows other than 1 or 128, or a null pointer where elements exist.
+void quantize_fp8_blocked(const void* in_bf16, int64_t rows, int64_t cols, int block_rows, fp8::ScaleRule rule,
+                          void* q, float* scales, cudaStream_t stream);
+
+// MXFP8 (E4M3 elements, an E8M0 scale per 32 along each row): q rows x cols bytes, scales
+// rows x ceil(cols / 32) E8M0 codes. Same checks.
+void quantize_mxfp8(const void* in_bf16, int64_t rows, int64_t cols, void* q, uint8_t* scales, cudaStream_t stream);
+
+}  // namespace mok::gemm

@@ -1,0 +1,143 @@
+// The GPU's FP8 quantization (src/gemm/fp8_quantize.h) against the CPU spec (src/reference/
+// fp8_quant.h): every E4M3 code and every scale the same bits, for 1 x 128 and 128 x 128 blocks with
+// both scale rules and for MXFP8, on matrices whose edges cut blocks, over > 10^6 values with the
+// edge cases planted in chosen blocks (all zeros, a NaN, an Inf, fp32-subnormal magnitudes, the top
+// of the range, exact multiples of 448, negative zeros).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gemm/fp8_quantize.h"
+#include "gemm_test_util.h"
+#include "gpu_test_util.h"
+#include "mok/bf16.hpp"
+#include "mok/errors.hpp"
+#include "reference/fp8_quant.h"
+
+namespace {
+
+using mok::test::bits_of;
+using mok::test::DevBuf;
+using mok::test::download;
+using mok::test::random_bf16;
+using mok::test::upload;
+namespace fp8 = mok::fp8;
+
+struct Shape {
+  int64_t rows, cols;
+};
+
+// Random values with the edge cases planted: block (0, 0) of every block shape all zeros, a NaN
+// in row 1, an Inf in row 2, fp32-subnormal bf16 magnitudes in row 3, the largest bf16 values in
+// row 4, exact multiples of 448 in row 5 and negative zeros in row 6 (where the matrix has them).
+std::vector<uint16_t> matrix(const Shape& s, uint64_t seed) {
+  std::vector<uint16_t> v = random_bf16(size_t(s.rows * s.cols), seed, 3.0);
+  const auto at = [&](int64_t r, int64_t c) -> uint16_t& { return v[size_t(r * s.cols + c)]; };
+  for (int64_t r = 0; r < std::min<int64_t>(s.rows, 128); ++r)
+    for (int64_t c = 0; c < std::min<int64_t>(s.cols, 128); ++c) at(r, c) = 0;
+  const int64_t c0 = s.cols > 128 ? 128 : 0;  // past the zero block when the row has room
+  const auto plant = [&](int64_t r, int64_t c, uint16_t b) {
+    if (r < s.rows && c < s.cols) at(r, c) = b;
+  };
+  plant(1, c0 + 5, 0x7fc0);                                   // NaN
+  plant(2, c0 + 70, 0xff80);                                  // -Inf
+  for (int64_t c = 0; c < 40; ++c) plant(3, c0 + c, uint16_t(0x0001 + c));  // subnormal magnitudes
+  plant(4, c0 + 1, 0x7f7f);                                   // the largest finite bf16 (~3.39e38)
+  plant(4, c0 + 2, 0xff7f);
+  for (int64_t c = 0; c < 32; ++c) plant(5, c0 + c, bits_of(448.0f * float(c - 16)));
+  for (int64_t c = 0; c < 64; ++c) plant(6, c0 + c, 0x8000);  // -0
+  return v;
+}
+
+int64_t count_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  int64_t d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d += a[i] != b[i];
+  return d;
+}
+int64_t count_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  int64_t d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return d;
+}
+
+const Shape kShapes[] = {{1024, 1100}, {257, 1000}, {128, 128}, {3, 4133}, {300, 129}, {1, 1}};
+
+TEST(Fp8Quantize, BlockScaledMatchesTheSpecBitForBit) {
+  MOK_REQUIRE_GPUS(1);
+  int64_t values = 0;
+  for (const Shape& s : kShapes)
+    for (const int block_rows : {1, 128})
+      for (const fp8::ScaleRule rule : {fp8::ScaleRule::Fp32, fp8::ScaleRule::Pow2}) {
+        SCOPED_TRACE(testing::Message() << s.rows << " x " << s.cols << ", blocks of " << block_rows
+                                        << " x 128, rule " << (rule == fp8::ScaleRule::Fp32 ? "fp32" : "pow2"));
+        const std::vector<uint16_t> x = matrix(s, 7 + uint64_t(s.cols));
+        const fp8::BlockShape block{block_rows, fp8::kBlock};
+        const size_t n = x.size(), ns = size_t(fp8::scale_count(s.rows, s.cols, block));
+        std::vector<uint8_t> want_q(n);
+        std::vector<float> want_s(ns);
+        fp8::quantize_blocked(reinterpret_cast<const mok::bf16*>(x.data()), s.rows, s.cols, block, rule,
+                              want_q.data(), want_s.data());
+        DevBuf dx(n * 2), dq(n), ds(ns * 4);
+        upload(dx, x);
+        mok::gemm::quantize_fp8_blocked(dx.p, s.rows, s.cols, block_rows, rule, dq.p, ds.as<float>(), nullptr);
+        ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+        EXPECT_EQ(count_diff(download<uint8_t>(dq, n), want_q), 0) << "codes differ";
+        EXPECT_EQ(count_diff(download<float>(ds, ns), want_s), 0) << "scales differ";
+        values += int64_t(n);
+      }
+  std::printf("[fp8 quantize] block-scaled: %lld values compared with the spec\n", (long long)values);
+  EXPECT_GE(values, 1000000);
+}
+
+TEST(Fp8Quantize, MxMatchesTheSpecBitForBit) {
+  MOK_REQUIRE_GPUS(1);
+  int64_t values = 0;
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(testing::Message() << s.rows << " x " << s.cols);
+    const std::vector<uint16_t> x = matrix(s, 11 + uint64_t(s.rows));
+    const size_t n = x.size(), ns = size_t(fp8::scale_count(s.rows, s.cols, fp8::kMxBlockShape));
+    std::vector<uint8_t> want_q(n), want_s(ns);
+    fp8::quantize_mxfp8(reinterpret_cast<const mok::bf16*>(x.data()), s.rows, s.cols, want_q.data(), want_s.data());
+    DevBuf dx(n * 2), dq(n), ds(ns);
+    upload(dx, x);
+    mok::gemm::quantize_mxfp8(dx.p, s.rows, s.cols, dq.p, ds.as<uint8_t>(), nullptr);
+    ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    EXPECT_EQ(count_diff(download<uint8_t>(dq, n), want_q), 0) << "codes differ";
+    EXPECT_EQ(count_diff(download<uint8_t>(ds, ns), want_s), 0) << "scales differ";
+    values += int64_t(n);
+  }
+  std::printf("[fp8 quantize] MXFP8: %lld values compared with the spec\n", (long long)values);
+  EXPECT_GE(values, 1000000);
+}
+
+TEST(Fp8Quantize, RefusesBadArgumentsByName) {
+  const auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const mok::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  uint8_t q = 0;
+  float s = 0;
+  uint16_t x = 0;
+  EXPECT_NE(message([&] { mok::gemm::quantize_fp8_blocked(&x, -1, 4, 1, fp8::ScaleRule::Fp32, &q, &s, nullptr); })
+                .find("rows"),
+            std::string::npos);
+  EXPECT_NE(message([&] { mok::gemm::quantize_fp8_blocked(&x, 4, 4, 64, fp8::ScaleRule::Fp32, &q, &s, nullptr); })
+                .find("block_rows"),
+            std::string::npos);
+  EXPECT_NE(message([&] { mok::gemm::quantize_mxfp8(nullptr, 4, 4, &q, nullptr, nullptr); }).find("in"),
+            std::string::npos);
+  // Nothing to do: no launch, no error (and no device needed).
+  EXPECT_EQ(message([&] { mok::gemm::quantize_mxfp8(nullptr, 0, 4, nullptr, nullptr, nullptr); }), "no error");
+}
+
+}  // namespace
