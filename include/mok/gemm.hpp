@@ -167,6 +167,7 @@ enum class Form : int {
   Dgrad = 2,      // out = a . W[e], W [E, K, N] (MN-major B)
   Wgrad = 3,      // dw[e] = a_e^T . b_e over expert e's rows (K-grouped, both operands MN-major)
   DgradSwiGLU = 4,  // FC2's dgrad fused with the SwiGLU backward: d_gu from dy . W_down[e] and gu
+  Fp8Plain = 5,     // out = a . W[e]^T with block-scaled E4M3 operands (Fp8GroupedArgs)
 };
 
 struct KernelParams {
@@ -208,6 +209,26 @@ struct KernelParams {
   const int32_t* expert_range = nullptr;      // Wgrad: {first, count} experts scheduled (optional)
   unsigned int* error = nullptr;              // bounded waits: error word (nullptr: unbounded)
   unsigned long long wait_limit_ns = 0;
+  // Fp8Plain: fp32 scales of A [rows, k_blocks] and of the weights [experts, n / 128, k_blocks]
+  // (k_blocks: 128 K elements each).
+  const float* scale_a = nullptr;
+  const float* scale_b = nullptr;
+};
+
+// Block-scaled FP8 (issue 22, recipe 1): y[r] = a[r] . W[e]^T for the routed rows r of expert e,
+// with a and W given as E4M3 codes and fp32 scales — a's per row and 128 K elements (1 x 128
+// blocks), W's per 128 x 128 block of each expert's [n, k] (src/gemm/fp8_quantize.h makes both) —,
+// the tensor cores' products over each 128 of K promoted into fp32 with both scales, y bf16.
+// k and n multiples of 128; 128-wide tiles, no clusters.
+struct Fp8GroupedArgs {
+  const void* a = nullptr;          // [num_m_tiles*128, k] E4M3 codes
+  const float* a_scales = nullptr;  // [num_m_tiles*128, k / 128]
+  const void* w = nullptr;          // [experts, n, k] E4M3 codes
+  const float* w_scales = nullptr;  // [experts, n / 128, k / 128]
+  void* y = nullptr;                // [num_m_tiles*128, n] bf16
+  int64_t k = 0, n = 0, experts = 0;
+  const int32_t* tile_expert = nullptr;
+  int64_t num_m_tiles = 0;
 };
 
 struct Plan {
@@ -229,6 +250,7 @@ Plan plan_fc2(const Fc2Args& a, const Options& o = {});
 Plan plan_dgrad(const DgradArgs& a, const Options& o = {});
 Plan plan_dgrad_swiglu(const DgradSwiGLUArgs& a, const Options& o = {});
 Plan plan_wgrad(const WgradArgs& a, const Options& o = {});
+Plan plan_fp8_grouped(const Fp8GroupedArgs& a, const Options& o = {});
 // Launches the plan's kernel on `stream` (asynchronous; nothing when grid == 0).
 void run(const Plan& plan, cudaStream_t stream);
 

@@ -12,4 +12,5 @@ void launch_plain(const Plan& plan, cudaStream_t stream);
 void launch_dgrad(const Plan& plan, cudaStream_t stream);
 void launch_dgrad_swiglu(const Plan& plan, cudaStream_t stream);
 void launch_wgrad(const Plan& plan, cudaStream_t stream);
+void launch_fp8_grouped(const Plan& plan, cudaStream_t stream);
 }  // namespace mok::gemm::detail
