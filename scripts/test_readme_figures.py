@@ -95,7 +95,11 @@ def synthetic():
     training = dict(META2, gpus=1, cases=[
         dict(c, macrobatch_tokens=8192, memory=train_mem, bwd_speedup=c["baseline_bwd_ms"] / c["mok_bwd_ms"])
         for c in cases])
-    return {"training-h200x1.json": training, "forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
+    program = dict(META2, gpus=1, field="mok_bwd_ms", variants=["unfused", "fused-merged"], cases=[
+        {"model": m, "T": 8192, "routing": "uniform", "unfused": {"runs": [10.0], "median": 10.0},
+         "fused-merged": {"runs": [r * 10.0], "median": r * 10.0, "over_unfused": r}}
+        for m, r in (("dsv3", 1.04), ("qwen3-235b", 1.02))])
+    return {"backward-program-h200x1.json": program, "training-h200x1.json": training, "forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
             "comm-h200x2.json": comm, "schedule-h200x2.json": schedule, "sustained-h200x2.json": sustained,
             "reliability-h200x1.json": reliability, "forward-h200x1.json": forward1, "memory-h200x1.json": memory,
             "torch-h200x1.json": torch_step}
@@ -165,7 +169,7 @@ class Figures(Fixture):
         b = " ".join(self.block().split())
         # forward + backward: (25 + 3) / (10 + 2) .. (9 + 3) / (2 + 2)
         self.assertIn("forward **2.50–4.50× faster** and forward + backward 2.33–3.00× the baseline over 3 cases", b)
-        self.assertIn("DeepSeek-V3 EP 1 with every routed row resident (the default config) 6.6 GB, measured 6.6 GB", b)
+        self.assertIn("DeepSeek-V3 EP 1 with every routed row resident (`workspace_budget_bytes = 0`) 6.6 GB, measured 6.6 GB", b)
         # EP 8 training modes: 0.6 GB per layer saved, 4 MB recompute; 58 x 0.6 + 1.9 = 36.7 GB
         self.assertIn("at most 1.90 GB per GPU", b)
         self.assertIn("at EP 8 0.60 / 0.60 / 0.60 GB per layer", b)
@@ -184,9 +188,13 @@ class Figures(Fixture):
         self.assertIn("DeepSeek-V3 T=8192 uniform: backward 2.0 ms vs the baseline's 3.0 ms with a ring of 8192 rows, "
                       "the layer holding 0.80 GB besides the workspace (58 layers: 48.4 GB)", b)
 
+    def test_backward_program_figure(self):
+        b = " ".join(self.block().split())
+        self.assertIn("T = 8192, dsv3 / qwen3-235b): its time over the unfused kernels' fused-merged 1.02–1.04×", b)
+
     def test_every_line_names_its_results_file_and_run(self):
         lines = rf.render(self.results)[0].split("\n- ")[1:]
-        self.assertEqual(len(lines), 14)
+        self.assertEqual(len(lines), 15)
         for line in lines:
             self.assertRegex(" ".join(line.split()), r"\*\[`[a-z0-9-]+\.json`\]\(bench/results/[a-z0-9-]+\.json\): "
                                                      r"\d× NVIDIA H200, commit (45ca210|not recorded), 2026-11-30\*")
