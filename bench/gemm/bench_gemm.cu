@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/cuda_check.h"
+#include "common/fp8_format.h"
 #include "mok/bf16.hpp"
 #include "mok/gemm.hpp"
 #include "mok/workload.hpp"
@@ -62,6 +63,22 @@ __global__ void fill_kernel(uint16_t* p, int64_t n, uint64_t seed, float scale) 
     uint32_t b = __float_as_uint(v);
     b += 0x7fffu + ((b >> 16) & 1u);
     p[i] = uint16_t(b >> 16);
+  }
+}
+
+// FP8 operands (fc2_fp8): finite E4M3 codes of magnitude 2^-3 .. 2^3 with random signs and
+// mantissas, and power-of-two fp32 scales in [2^-4, 1].
+__global__ void fill_e4m3_kernel(uint8_t* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t z = (uint64_t(i) + seed * 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
+    const auto r = uint32_t(z >> 32);
+    p[i] = uint8_t(((r & 1u) << 7) | ((4u + ((r >> 1) & 0xffu) % 7u) << 3) | ((r >> 12) & 7u));
+  }
+}
+__global__ void fill_scales_kernel(float* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t z = (uint64_t(i) + seed * 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
+    p[i] = ldexpf(1.0f, -int((z >> 40) % 5u));
   }
 }
 
@@ -158,7 +175,7 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
   const int64_t H = md.hidden, I = md.inter;
   if (c.form == "fc1") {
     a_cols = H; w_elems = E * 2 * I * H; out_elems = rows * I; out2_elems = rows * 2 * I;
-  } else if (c.form == "fc2") {
+  } else if (c.form == "fc2" || c.form == "fc2_fp8") {  // fp8: one byte per element (the bf16 buffers half used)
     a_cols = I; w_elems = E * H * I; out_elems = rows * H;
   } else if (c.form == "dgrad" || c.form == "dgrad_fc1") {  // dgrad_fc1: W = w_gate then w_up
     a_cols = c.k; w_elems = E * c.k * c.n; out_elems = rows * c.n;
@@ -169,14 +186,28 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
   }
   const int64_t set_bytes = (rows * a_cols + w_elems + rows * b_cols) * 2;
   const int sets = int(std::clamp<int64_t>((256ll << 20) / std::max<int64_t>(set_bytes, 1) + 1, 1, 4));
-  std::vector<std::unique_ptr<Buf>> A, W, B;
+  const bool fp8 = c.form == "fc2_fp8";
+  std::vector<std::unique_ptr<Buf>> A, W, B, SA, SW;  // SA, SW: the FP8 operands' scales
   for (int s = 0; s < sets; ++s) {
     A.emplace_back(new Buf(size_t(rows * a_cols) * 2));
-    fill(A.back()->p, rows * a_cols, 1000 + s, 1.0f);
+    if (fp8) {
+      fill_e4m3_kernel<<<1024, 256>>>(static_cast<uint8_t*>(A.back()->p), rows * a_cols, 1000 + s);
+      SA.emplace_back(new Buf(size_t(rows * (a_cols / 128)) * 4));
+      fill_scales_kernel<<<256, 256>>>(static_cast<float*>(SA.back()->p), rows * (a_cols / 128), 4000 + s);
+    } else {
+      fill(A.back()->p, rows * a_cols, 1000 + s, 1.0f);
+    }
     if (w_elems) {
       W.emplace_back(new Buf(size_t(w_elems) * 2));
-      fill(W.back()->p, w_elems, 2000 + s, 0.03f);
+      if (fp8) {
+        fill_e4m3_kernel<<<1024, 256>>>(static_cast<uint8_t*>(W.back()->p), w_elems, 2000 + s);
+        SW.emplace_back(new Buf(size_t(w_elems / (128 * 128)) * 4));
+        fill_scales_kernel<<<256, 256>>>(static_cast<float*>(SW.back()->p), w_elems / (128 * 128), 5000 + s);
+      } else {
+        fill(W.back()->p, w_elems, 2000 + s, 0.03f);
+      }
     }
+    MOK_CUDA_CHECK(cudaGetLastError());
     if (b_cols) {
       B.emplace_back(new Buf(size_t(rows * b_cols) * 2));
       fill(B.back()->p, rows * b_cols, 3000 + s, 1.0f);
@@ -212,6 +243,16 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
       a.tile_expert = static_cast<int32_t*>(d_te.p); a.num_m_tiles = tiles;
       a.expert_row_begin = static_cast<int32_t*>(d_beg.p); a.expert_rows = static_cast<int32_t*>(d_cnt.p);
       plans.push_back(gemm::plan_fc2(a, o));
+    } else if (fp8) {
+      gemm::Fp8GroupedArgs a;
+      a.a = A[s]->p; a.a_scales = static_cast<const float*>(SA[s]->p);
+      a.w = W[s]->p; a.w_scales = static_cast<const float*>(SW[s]->p);
+      a.y = out.p; a.k = I; a.n = H; a.experts = E;
+      a.tile_expert = static_cast<int32_t*>(d_te.p); a.num_m_tiles = tiles;
+      gemm::Options o8 = o;
+      o8.block_n = 0;  // FP8: 128-wide tiles
+      o8.cluster = false;
+      plans.push_back(gemm::plan_fp8_grouped(a, o8));
     } else if (c.form == "dgrad" || c.form == "dgrad_fc1") {
       gemm::DgradArgs a;
       a.dy = A[s]->p; a.w = W[s]->p; a.dx = out.p; a.k = c.k; a.n = c.n; a.experts = E;
@@ -259,6 +300,21 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
     } else if (c.form == "fc2") {
       const int64_t j = rng.below(H);
       ref = dot_rows(fetch(A[0]->p, r * I, I), fetch(W[0]->p, (e * H + j) * I, I));
+      got = host_bf16(fetch(out.p, r * H + j, 1)[0]);
+    } else if (fp8) {  // the decoded codes times their scales, in fp64
+      const int64_t j = rng.below(H), kb = I / 128;
+      std::vector<uint8_t> qa(static_cast<size_t>(I)), qw(static_cast<size_t>(I));
+      std::vector<float> sa(static_cast<size_t>(kb)), sw(static_cast<size_t>(kb));
+      MOK_CUDA_CHECK(cudaMemcpy(qa.data(), static_cast<const uint8_t*>(A[0]->p) + r * I, size_t(I), cudaMemcpyDeviceToHost));
+      MOK_CUDA_CHECK(cudaMemcpy(qw.data(), static_cast<const uint8_t*>(W[0]->p) + (e * H + j) * I, size_t(I),
+                                cudaMemcpyDeviceToHost));
+      MOK_CUDA_CHECK(cudaMemcpy(sa.data(), static_cast<const float*>(SA[0]->p) + r * kb, size_t(kb) * 4,
+                                cudaMemcpyDeviceToHost));
+      MOK_CUDA_CHECK(cudaMemcpy(sw.data(), static_cast<const float*>(SW[0]->p) + (e * (H / 128) + j / 128) * kb,
+                                size_t(kb) * 4, cudaMemcpyDeviceToHost));
+      for (int64_t i = 0; i < I; ++i)
+        ref += double(mok::fp8::e4m3_decode(qa[size_t(i)])) * sa[size_t(i / 128)] *
+               double(mok::fp8::e4m3_decode(qw[size_t(i)])) * sw[size_t(i / 128)];
       got = host_bf16(fetch(out.p, r * H + j, 1)[0]);
     } else if (c.form == "dgrad") {
       const int64_t j = rng.below(c.n);
@@ -336,7 +392,7 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
   res.launches = batches * per_batch;
   // Useful FLOPs: real rows only (padding rows are mok's overhead).
   if (c.form == "fc1") res.flops = 2.0 * double(real_rows) * double(2 * I) * double(H);
-  else if (c.form == "fc2") res.flops = 2.0 * double(real_rows) * double(H) * double(I);
+  else if (c.form == "fc2" || fp8) res.flops = 2.0 * double(real_rows) * double(H) * double(I);
   else if (c.form == "dgrad" || c.form == "dgrad_fc1" || c.form == "dgrad_swiglu")
     res.flops = 2.0 * double(real_rows) * double(c.n) * double(c.k);
   else res.flops = 2.0 * double(real_rows) * double(c.m_or_rows) * double(c.n);
@@ -383,13 +439,14 @@ int main(int argc, char** argv) {
   for (const Model& m : kModels) {
     for (const char* routing : {"uniform", "skewed"})
       for (int64_t r : row_set)
-        for (const char* form : {"fc1", "fc2"}) {
+        for (const char* form : {"fc1", "fc2", "fc2_fp8"}) {
           Case c;
           c.model = &m;
           c.form = form;
           c.routing = routing;
           c.rows_per_expert = r;
           c.name = std::string(m.name) + "-" + form;
+          if (c.form == "fc2_fp8" && std::string(routing) != "uniform") continue;
           if (c.form == "fc1") { c.n = 2 * m.inter; c.k = m.hidden; }
           else { c.n = m.hidden; c.k = m.inter; }
           cases.push_back(c);
