@@ -219,7 +219,7 @@ struct KernelParams {
 // with a and W given as E4M3 codes and fp32 scales — a's per row and 128 K elements (1 x 128
 // blocks), W's per 128 x 128 block of each expert's [n, k] (src/gemm/fp8_quantize.h makes both) —,
 // the tensor cores' products over each 128 of K promoted into fp32 with both scales, y bf16.
-// k and n multiples of 128; 128-wide tiles, no clusters.
+// k and n multiples of 128; tiles 128 or 256 wide (Options::block_n, 0 = by tile count), no clusters.
 struct Fp8GroupedArgs {
   const void* a = nullptr;          // [num_m_tiles*128, k] E4M3 codes
   const float* a_scales = nullptr;  // [num_m_tiles*128, k / 128]

@@ -6,9 +6,8 @@
 // and promotes: acc += part * (a_scale[row] * b_scale), one fp32 fma per accumulator, with the
 // scales of its two rows (1 x 128 activation blocks) and of the tile's 128 weight columns (128 x
 // 128 weight blocks). The tensor cores' FP8 accumulation (fewer bits than fp32) thus spans 128
-// products only, and the sum over K is in fp32. Two accumulator sets need 2 x 64 registers:
-// BLOCK_N 128 only. The two consumer warpgroups run the same tile, so one's promotion overlaps
-// the other's MMAs.
+// products only, and the sum over K is in fp32. The two consumer warpgroups run the same tile, so
+// one's promotion overlaps the other's MMAs.
 #pragma once
 
 #include <type_traits>
@@ -18,19 +17,28 @@
 namespace mok::gemm::engine {
 
 // The fp32 scales one output tile reads: A's per row at the tile's first row (`a`, rows `a_stride`
-// floats apart, consecutive along K blocks) and B's for the tile's 128 columns (`b`, consecutive
-// along K blocks).
+// floats apart, consecutive along K blocks) and B's for the tile's first 128 columns (`b`,
+// consecutive along K blocks; the next 128 columns' at `b + b_stride`), `b_blocks` of them inside
+// the matrix (a 256-wide tile at its right edge may have one: its other half reads no scale and
+// is promoted with 0; its columns are not stored).
 struct TileScales {
   const float* a;
   int64_t a_stride;
   const float* b;
+  int64_t b_stride;
+  int32_t b_blocks;
 };
 
+// BLOCK_N 128: one block accumulator of 64 registers. BLOCK_N 256: the stage's MMAs run as two
+// m64n128 halves (the B tile's rows 0-127, then 128-255: +16 KB, a whole number of swizzle
+// atoms), each waited for and promoted with its own weight block's scale, so the block
+// accumulator stays 64 registers beside the 128 of the tile (a warpgroup's MMAs pause during its
+// promotions; the other warpgroup's fill the tensor cores meanwhile).
 template <class C>
 __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg, uint32_t wt,
                                                 float (&acc)[C::kAccRegs], const WaitBound& wb, const TileScales& sc) {
-  static_assert(std::is_same_v<typename C::Operand, OperandE4m3> && C::kBlockN == 128,
-                "block-scaled FP8: E4M3 operands, BLOCK_N 128 (two accumulator sets)");
+  static_assert(std::is_same_v<typename C::Operand, OperandE4m3>, "block-scaled FP8: E4M3 operands");
+  constexpr int kHalves = C::kBlockN / 128, kPart = 64;  // m64n128: 64 accumulators
 #pragma unroll
   for (int i = 0; i < C::kAccRegs; ++i) acc[i] = 0.0f;
   if (t.k_blocks == 0) return;
@@ -39,32 +47,39 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
   const float* a1 = a0 + 8 * sc.a_stride;
   const uint32_t a_base = smem_addr(sm.a(0)) + uint32_t(cwg) * kChunkBytes;
   const uint32_t b_base = smem_addr(sm.b(0));
-  float part[C::kAccRegs];
+  float part[kPart];
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     const uint32_t s = ps.stage;
     // The block's scales, loaded while the stage arrives and its MMAs run.
-    const float sa0 = __ldg(a0 + kb), sa1 = __ldg(a1 + kb), sb = __ldg(sc.b + kb);
+    const float sa0 = __ldg(a0 + kb), sa1 = __ldg(a1 + kb);
+    float sb[kHalves];
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) sb[h] = h < sc.b_blocks ? __ldg(sc.b + h * sc.b_stride + kb) : 0.0f;
     mbar_wait(sm.full(s), ps.phase, wb, kSiteConsumerFull);
     const uint32_t as = a_base + s * kATileBytes;
-    const uint32_t bs = b_base + s * C::kBTileBytes;
-    fence_operands(part);
-    wgmma_fence();
 #pragma unroll
-    for (int k32 = 0; k32 < C::kBlockK / C::Operand::kStepK; ++k32)
-      C::Operand::template mma<C::kBlockN, false, false>(part, desc_k_major(as, k32), desc_k_major(bs, k32),
-                                                         k32 > 0 ? 1u : 0u);
-    wgmma_commit();
-    fence_operands(part);
-    wgmma_wait<0>();
-    fence_operands(part);
-    release_stage<C>(sm, s);
-    const float s0 = sa0 * sb, s1 = sa1 * sb;
+    for (int h = 0; h < kHalves; ++h) {
+      const uint32_t bs = b_base + s * C::kBTileBytes + uint32_t(h) * 128u * uint32_t(kKBytes);
+      fence_operands(part);
+      wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < C::kAccRegs / 4; ++j) {
-      acc[4 * j] = fmaf(part[4 * j], s0, acc[4 * j]);
-      acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
-      acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
-      acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
+      for (int k32 = 0; k32 < C::kBlockK / C::Operand::kStepK; ++k32)
+        C::Operand::template mma<128, false, false>(part, desc_k_major(as, k32), desc_k_major(bs, k32),
+                                                    k32 > 0 ? 1u : 0u);
+      wgmma_commit();
+      fence_operands(part);
+      wgmma_wait<0>();
+      fence_operands(part);
+      if (h == kHalves - 1) release_stage<C>(sm, s);  // both halves' MMAs have read the stage
+      const float s0 = sa0 * sb[h], s1 = sa1 * sb[h];
+#pragma unroll
+      for (int j = 0; j < kPart / 4; ++j) {
+        float* d = acc + kPart * h + 4 * j;
+        d[0] = fmaf(part[4 * j], s0, d[0]);
+        d[1] = fmaf(part[4 * j + 1], s0, d[1]);
+        d[2] = fmaf(part[4 * j + 2], s1, d[2]);
+        d[3] = fmaf(part[4 * j + 3], s1, d[3]);
+      }
     }
     ps.advance();
   }

@@ -1,5 +1,5 @@
 // mok — grouped GEMM with block-scaled FP8 operands (Form::Fp8Plain; gemm::plan_fp8_grouped): the
-// persistent kernel of grouped_kernel.cuh's M-grouped schedule over Cfg<128, OperandE4m3>, whose
+// persistent kernel of grouped_kernel.cuh's M-grouped schedule over Cfg<128 | 256, OperandE4m3>, whose
 // consumers run the scaled mainloop (engine_fp8.cuh) and store the bf16 tile (engine_epilogue.cuh).
 // One translation unit, like every form.
 #include <atomic>
@@ -13,8 +13,7 @@ namespace mok::gemm {
 namespace engine {
 namespace {
 
-using CF = Cfg<128, OperandE4m3>;
-
+template <class CF>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_grouped_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                        const __grid_constant__ CUtensorMap map_d0, const KernelParams p) {
@@ -50,7 +49,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   while (sched.next(t, shared, dummy)) {
     // The tile's rows' scales and its expert's scales for columns [b_n, b_n + 128).
     const TileScales sc{p.scale_a + int64_t(t.a_m) * kb, kb,
-                        p.scale_b + (int64_t(t.b_batch) * n_blocks + t.b_n / 128) * kb};
+                        p.scale_b + (int64_t(t.b_batch) * n_blocks + t.b_n / 128) * kb, kb,
+                        int32_t(n_blocks - t.b_n / 128)};
     mma_tile_scaled<CF>(sm, ps, t, cwg, wt, acc, wb, sc);
     epilogue_store<CF>(sm, es, cwg, wt, acc, &map_d0, t.out_row, t.b_n, p.n);
   }
@@ -60,20 +60,31 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 }  // namespace engine
 
-void detail::launch_fp8_grouped(const Plan& plan, cudaStream_t stream) {
-  if (plan.grid == 0) return;
+namespace {
+template <int kBN>
+void launch_fp8_cfg(const Plan& plan, cudaStream_t stream) {
+  using CF = engine::Cfg<kBN, engine::OperandE4m3>;
+  auto* kernel = &engine::fp8_grouped_kernel<CF>;
   static std::atomic<unsigned long long> configured{0};  // per device: the attribute is set
   int dev = 0;
   MOK_CUDA_CHECK(cudaGetDevice(&dev));
   const unsigned long long bit = 1ull << (dev & 63);
   if ((configured.load() & bit) == 0) {
-    MOK_CUDA_CHECK(cudaFuncSetAttribute(engine::fp8_grouped_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(engine::CF::kSmemBytes)));
+    MOK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(CF::kSmemBytes)));
     configured.fetch_or(bit);
   }
-  engine::fp8_grouped_kernel<<<unsigned(plan.grid), engine::kThreads, engine::CF::kSmemBytes, stream>>>(
-      plan.map_a, plan.map_b, plan.map_d0, plan.params);
+  kernel<<<unsigned(plan.grid), engine::kThreads, CF::kSmemBytes, stream>>>(plan.map_a, plan.map_b, plan.map_d0,
+                                                                           plan.params);
   MOK_CUDA_CHECK(cudaGetLastError());
+}
+}  // namespace
+
+void detail::launch_fp8_grouped(const Plan& plan, cudaStream_t stream) {
+  if (plan.grid == 0) return;
+  if (plan.block_n == 256)
+    launch_fp8_cfg<256>(plan, stream);
+  else
+    launch_fp8_cfg<128>(plan, stream);
 }
 
 }  // namespace mok::gemm

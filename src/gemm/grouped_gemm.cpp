@@ -266,18 +266,14 @@ Plan plan_fp8_grouped(const Fp8GroupedArgs& a, const Options& o) {
   MOK_REQUIRE(a.n > 0 && a.n % 128 == 0, "fp8_grouped.n", "a positive multiple of 128 (the weights' 128 x 128 scale blocks), got ",
               a.n);
   MOK_REQUIRE(!o.cluster, "options.cluster", "not with FP8 (2-CTA clusters are BF16 only so far)");
-  MOK_REQUIRE(o.block_n == 0 || o.block_n == 128, "options.block_n",
-              "0 or 128 with FP8 (the promotion keeps two accumulator sets), got ", o.block_n);
-  Options o128 = o;
-  o128.block_n = 128;
-  Plan p = m_grouped_plan(Form::Fp8Plain, a.k, a.n, a.experts, a.tile_expert, a.num_m_tiles, o128, "fp8_grouped");
+  Plan p = m_grouped_plan(Form::Fp8Plain, a.k, a.n, a.experts, a.tile_expert, a.num_m_tiles, o, "fp8_grouped");
   p.params.k_blocks = static_cast<int32_t>(a.k / 128);  // FP8 stages hold 128 K elements
   p.params.scale_a = a.a_scales;
   p.params.scale_b = a.w_scales;
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(a.num_m_tiles * kBlockM);
   p.map_a = make_map_2d(a.a, u, uint64_t(a.k), 128, MapType::E4M3);
-  p.map_b = make_map_3d(a.w, uint64_t(a.experts), uint64_t(a.n), uint64_t(a.k), 128, MapType::E4M3);
+  p.map_b = make_map_3d(a.w, uint64_t(a.experts), uint64_t(a.n), uint64_t(a.k), uint32_t(p.block_n), MapType::E4M3);
   p.map_b_half = p.map_b;
   p.map_d0 = make_map_2d(a.y, u, uint64_t(a.n), 64);
   p.map_d1 = p.map_d0;

@@ -1,7 +1,7 @@
 // The block-scaled FP8 grouped GEMM (gemm::plan_fp8_grouped, Form::Fp8Plain) against the
 // quantization-emulating reference: activations and weights quantized by the CPU spec
 // (src/reference/fp8_quant.h: 1 x 128 and 128 x 128 blocks, fp32 scales), the product of the
-// decoded values in fp64. The error allowed is the tensor cores' FP8 accumulation over each 128
+// decoded values in fp64, with 128- and 256-wide tiles. The error allowed is the tensor cores' FP8 accumulation over each 128
 // of K plus the bf16 output's rounding, relative to sum |a w| of the output (what an error of the
 // layout, of a descriptor or of a scale's place would exceed by orders of magnitude). Rows of
 // different magnitudes (2^-6 .. 2^6) and weight blocks of different magnitudes make every scale
@@ -32,8 +32,8 @@ using mok::test::Routed;
 using mok::test::upload;
 namespace fp8 = mok::fp8;
 
-void run_case(const std::vector<int32_t>& counts, int64_t k, int64_t n) {
-  SCOPED_TRACE(testing::Message() << "k " << k << ", n " << n);
+void run_case(const std::vector<int32_t>& counts, int64_t k, int64_t n, int block_n) {
+  SCOPED_TRACE(testing::Message() << "k " << k << ", n " << n << ", BLOCK_N " << block_n);
   const Routed rt(counts);
   const int64_t E = int64_t(counts.size()), rows = rt.rows, kb = k / 128;
   // Activations: row r scaled by 2^((r % 13) - 6); padding rows NaN.
@@ -80,8 +80,9 @@ void run_case(const std::vector<int32_t>& counts, int64_t k, int64_t n) {
   MOK_ASSERT_CUDA(cudaMemset(err.p, 0, 4));
   mok::gemm::Options o;
   o.error = err.as<unsigned>();
+  o.block_n = block_n;
   const mok::gemm::Plan plan = mok::gemm::plan_fp8_grouped(a, o);
-  EXPECT_EQ(plan.block_n, 128);
+  EXPECT_EQ(plan.block_n, block_n);
   mok::gemm::run(plan, nullptr);
   MOK_ASSERT_CUDA(cudaDeviceSynchronize());
   ASSERT_EQ(download<unsigned>(err, 1)[0], 0u) << "a bounded wait expired";
@@ -112,16 +113,18 @@ void run_case(const std::vector<int32_t>& counts, int64_t k, int64_t n) {
   }
   EXPECT_EQ(nonfinite, 0) << "unwritten or NaN outputs in token rows";
   EXPECT_LT(worst, 4e-3) << "vs the quantization-emulating reference, relative to sum |a w|";
-  std::printf("[fp8 grouped] k %lld n %lld: max |err| / sum |a w| = %.2e vs the quantized operands, %.2e vs the "
+  std::printf("[fp8 grouped] BLOCK_N %d k %lld n %lld: max |err| / sum |a w| = %.2e vs the quantized operands, %.2e vs the "
               "bf16 operands\n",
-              (long long)k, (long long)n, worst, worst_bf16);
+              block_n, (long long)k, (long long)n, worst, worst_bf16);
 }
 
 TEST(Fp8Grouped, BlockScaledMatchesTheQuantizedReference) {
   MOK_REQUIRE_GPUS(1);
-  run_case({200, 128, 0, 77}, 512, 384);
-  run_case({300, 5}, 2048, 256);
-  run_case({129}, 128, 128);
+  for (const int bn : {128, 256}) {
+    run_case({200, 128, 0, 77}, 512, 384, bn);  // 384 columns: a 256-wide tile past the edge (TMA clips)
+    run_case({300, 5}, 2048, 256, bn);
+    run_case({129}, 128, 128, bn);
+  }
 }
 
 TEST(Fp8Grouped, RefusesShapesItCannotScale) {
