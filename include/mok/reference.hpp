@@ -29,6 +29,12 @@
 //     dWu[e] = rnd(sum_rows du^T v); fp32 sums over the expert's rows in increasing
 //     (source rank, slot) order, i.e. global token order, so they do not depend on W.
 //     Shared-expert gradients are per rank, over that rank's tokens in increasing t.
+// Config::precision FP8 (recipe 1; forward only): x rows quantized per 1 x 128 at their source,
+//   every weight matrix ([I, H] gate and up, [H, I] down, per expert and the shared expert's) per
+//   128 x 128, and h per 1 x 128 after its rounding, all with fp32 scales amax / 448
+//   (src/reference/fp8_quant.h); each value then stands for what its E4M3 code and scale decode
+//   to, and the GEMMs and rounding points are the bf16 ones above. The GPU's FP8 forms compute
+//   with the same codes and scales (they differ by accumulation order only).
 // Every dot product is an fp32 sum in increasing index order without fused multiply-add, and
 // parallel work is split by output rows only, so results are bitwise independent of the thread
 // count and of W (except the per-rank shared-expert gradients, which are partial sums).

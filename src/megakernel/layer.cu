@@ -76,6 +76,11 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   std::vector<comm::HandshakeField> resolved;
   try {
     config.validate(shape, sms);
+    if (config.precision != Precision::BF16)
+      throw Error(ErrorKind::Unsupported, "config.precision",
+                  detail::concat("the GPU layer runs bf16 so far (fp8: the CPU reference's forward, and the FP8 GEMM "
+                                 "forms in mok::gemm), got ",
+                                 to_string(config.precision)));
     MOK_REQUIRE(world == shape.world_size(), "shape.tokens",
                 "one entry per rank of the communicator is required (communicator has ", world,
                 " ranks, shape has ", shape.world_size(), ")");

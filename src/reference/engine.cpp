@@ -8,6 +8,7 @@
 #include "mok/reference.hpp"
 #include "mok/validate.hpp"
 #include "reference/cpu_math.h"
+#include "reference/fp8_quant.h"
 #include "reference/merge_ref.h"
 #include "schedule/schedule_math.h"
 
@@ -21,6 +22,22 @@ using sched::num_chunks;
 
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
 
+// Config::precision FP8 (recipe 1, include/mok/reference.hpp): values replaced by what their
+// block-scaled E4M3 codes decode to — rows per 1 x 128 (activations), matrices per 128 x 128
+// (weights) — with fp32 scales (amax / 448).
+void fp8_round_rows(float* v, int64_t rows, int64_t cols) {
+  std::vector<uint8_t> q(sz(rows * cols));
+  std::vector<float> s(sz(fp8::scale_count(rows, cols, fp8::kActivationBlock)));
+  fp8::quantize_1x128(v, rows, cols, q.data(), s.data());
+  fp8::dequantize_blocked(q.data(), s.data(), rows, cols, fp8::kActivationBlock, v);
+}
+void fp8_round_matrix(std::vector<float>& v, int64_t rows, int64_t cols) {
+  std::vector<uint8_t> q(v.size());
+  std::vector<float> s(sz(fp8::scale_count(rows, cols, fp8::kWeightBlock)));
+  fp8::quantize_128x128(v.data(), rows, cols, q.data(), s.data());
+  fp8::dequantize_blocked(q.data(), s.data(), rows, cols, fp8::kWeightBlock, v.data());
+}
+
 // One expert's FFN weights in fp32, in the [K, N] layouts the GEMMs stream.
 struct ExpertF {
   int64_t H = 0, I = 0;
@@ -29,9 +46,16 @@ struct ExpertF {
   std::vector<float> down;          // [H, I]  FC2 dgrad
   std::vector<float> gate_up;       // [2I, H] FC1 dgrad: gate rows, then up rows
 
-  ExpertF(const bf16* wg, const bf16* wu, const bf16* wd, int64_t H_, int64_t I_) : H(H_), I(I_) {
+  bool fp8 = false;                 // Config::precision FP8: weights and activations as their FP8 codes decode
+  ExpertF(const bf16* wg, const bf16* wu, const bf16* wd, int64_t H_, int64_t I_, bool fp8_ = false)
+      : H(H_), I(I_), fp8(fp8_) {
     auto g = to_float(wg, I * H), u = to_float(wu, I * H);
     down = to_float(wd, H * I);
+    if (fp8) {  // each weight matrix in 128 x 128 blocks, in the layout the caller holds it
+      fp8_round_matrix(g, I, H);
+      fp8_round_matrix(u, I, H);
+      fp8_round_matrix(down, H, I);
+    }
     gate_t = transpose(g.data(), I, H);
     up_t = transpose(u.data(), I, H);
     down_t = transpose(down.data(), H, I);
@@ -57,6 +81,7 @@ FfnActs ffn_forward(const ExpertF& e, const float* v, int64_t M, int threads) {
   round_in_place(a.g.data(), M * I);
   round_in_place(a.u.data(), M * I);
   for (int64_t i = 0; i < M * I; ++i) a.h[sz(i)] = round_bf16(silu(a.g[sz(i)]) * a.u[sz(i)]);
+  if (e.fp8) fp8_round_rows(a.h.data(), M, I);  // FC2 reads h quantized per 1 x 128
   matmul(a.h.data(), e.down_t.data(), a.y.data(), M, I, H, threads);
   round_in_place(a.y.data(), M * H);
   return a;
@@ -111,13 +136,13 @@ void weight_grad(const std::vector<float>& A, const std::vector<float>& B, int64
 // expert segments that fall inside the ring window [b, e) (padding rows would give zeros).
 template <typename Fn>
 void for_each_segment(const ScheduleTable& s, int d, int64_t b, int64_t e, const LayerWeights& w,
-                      int64_t H, int64_t I, Fn&& fn) {
+                      int64_t H, int64_t I, Fn&& fn, bool fp8 = false) {
   for (int64_t le = 0; le < s.local_experts; ++le) {
     const int64_t seg_b = std::max(b, int64_t{s.expert_offset[sz(le)]});
     const int64_t seg_e = std::min(e, int64_t{s.expert_offset[sz(le)]} + s.expert_rows[sz(le)]);
     if (seg_b >= seg_e) continue;
     const int64_t ge = d * s.local_experts + le;
-    const ExpertF ex(&w.w_gate[sz(ge * I * H)], &w.w_up[sz(ge * I * H)], &w.w_down[sz(ge * H * I)], H, I);
+    const ExpertF ex(&w.w_gate[sz(ge * I * H)], &w.w_up[sz(ge * I * H)], &w.w_down[sz(ge * H * I)], H, I, fp8);
     fn(le, seg_b, seg_e - seg_b, ex);
   }
 }
@@ -168,6 +193,7 @@ ForwardResult Engine::forward(const std::vector<RankInput>& in, const LayerWeigh
                 Is = shape_.shared_intermediate;
   const int64_t ring_rows = config_.resolved_macrobatch(shape_);
   const auto spans = routing_spans(in);
+  const bool fp8 = config_.precision == Precision::FP8;
 
   // Combine buffers: one [T*k, H] per source rank, written only by pushes.
   std::vector<std::vector<float>> combine(sz(W));
@@ -191,6 +217,7 @@ ForwardResult Engine::forward(const std::vector<RankInput>& in, const LayerWeigh
         }
         const bf16* x = &in[sz(src)].x[sz(s.src_slot[sz(row)] / k * H)];
         for (int64_t h = 0; h < H; ++h) dst[h] = static_cast<float>(x[h]);
+        if (fp8) fp8_round_rows(dst, 1, H);  // x quantized once at its source: the row as its codes decode
       }
       // Experts on their segments.
       for_each_segment(s, d, b, e, w, H, I, [&](int64_t, int64_t seg_b, int64_t M, const ExpertF& ex) {
@@ -201,7 +228,7 @@ ForwardResult Engine::forward(const std::vector<RankInput>& in, const LayerWeigh
           std::copy_n(&a.y[sz(r * H)], H,
                       &combine[sz(s.src_rank[sz(row)])][sz(int64_t{s.src_slot[sz(row)]} * H)]);
         }
-      });
+      }, fp8);
     }
     res.macrobatches.push_back(n_macro);
     res.schedules.push_back(std::move(s));
@@ -209,13 +236,14 @@ ForwardResult Engine::forward(const std::vector<RankInput>& in, const LayerWeigh
 
   // Merge at the source: out = rnd(y_s + sum_j fma(w_j, y_j)), fixed j order.
   std::unique_ptr<ExpertF> shared;
-  if (Is > 0) shared = std::make_unique<ExpertF>(w.ws_gate.data(), w.ws_up.data(), w.ws_down.data(), H, Is);
+  if (Is > 0) shared = std::make_unique<ExpertF>(w.ws_gate.data(), w.ws_up.data(), w.ws_down.data(), H, Is, fp8);
   res.out.resize(sz(W));
   for (int r = 0; r < W; ++r) {
     const int64_t T = shape_.tokens_of(r);
     std::vector<float> ys;
     if (shared) {
       auto xf = to_float(in[sz(r)].x.data(), T * H);
+      if (fp8) fp8_round_rows(xf.data(), T, H);
       ys = ffn_forward(*shared, xf.data(), T, threads).y;
     }
     res.out[sz(r)] = merge_rows(shared ? ys.data() : nullptr, combine[sz(r)].data(),
@@ -231,6 +259,8 @@ Gradients Engine::backward(const std::vector<RankInput>& in, const LayerWeights&
   const int W = shape_.world_size(), threads = config_.cpu_threads;
   const int64_t H = shape_.hidden, I = shape_.intermediate, k = shape_.top_k,
                 e_loc = shape_.local_experts(), Is = shape_.shared_intermediate, E = shape_.experts;
+  MOK_REQUIRE(config_.precision == Precision::BF16, "config.precision",
+              "the backward is specified in bf16 only so far (FP8: forward only), got ", to_string(config_.precision));
   MOK_REQUIRE(static_cast<int>(d_out.size()) == W, "d_out", "one gradient per rank is required (W = ", W, "), got ", d_out.size());
   for (int r = 0; r < W; ++r)
     MOK_REQUIRE(static_cast<int64_t>(d_out[sz(r)].size()) == shape_.tokens_of(r) * H, "d_out",
