@@ -168,6 +168,7 @@ enum class Form : int {
   Wgrad = 3,      // dw[e] = a_e^T . b_e over expert e's rows (K-grouped, both operands MN-major)
   DgradSwiGLU = 4,  // FC2's dgrad fused with the SwiGLU backward: d_gu from dy . W_down[e] and gu
   Fp8Plain = 5,     // out = a . W[e]^T with block-scaled E4M3 operands (Fp8GroupedArgs)
+  Fp8Fc1 = 6,       // FC1 + SwiGLU with block-scaled E4M3 operands, h out as E4M3 1x128 (Fp8Fc1Args)
 };
 
 struct KernelParams {
@@ -213,6 +214,8 @@ struct KernelParams {
   // (k_blocks: 128 K elements each).
   const float* scale_a = nullptr;
   const float* scale_b = nullptr;
+  const float* scale_b_up = nullptr;  // Fp8Fc1: W_up's [experts, inter / 128, k_blocks]
+  float* scale_h = nullptr;           // Fp8Fc1: h's [rows, inter / 128] (fc1_h: its E4M3 codes)
 };
 
 // Block-scaled FP8 (issue 22, recipe 1): y[r] = a[r] . W[e]^T for the routed rows r of expert e,
@@ -227,6 +230,26 @@ struct Fp8GroupedArgs {
   const float* w_scales = nullptr;  // [experts, n / 128, k / 128]
   void* y = nullptr;                // [num_m_tiles*128, n] bf16
   int64_t k = 0, n = 0, experts = 0;
+  const int32_t* tile_expert = nullptr;
+  int64_t num_m_tiles = 0;
+};
+
+// FC1 in FP8 (issue 22, recipe 1): g, u = x[r] . W_gate[e]^T, x[r] . W_up[e]^T from block-scaled
+// E4M3 operands (x per 1 x 128, each weight per 128 x 128, fp32 scales), h = rnd(silu(rnd(g)) *
+// rnd(u)) (FC1's SwiGLU bits), written as FC2's operand: E4M3 codes with one fp32 scale per row
+// and 128 intermediate columns (amax / 448). The gate/up pre-activations are not stored (the FP8
+// backward is not specified yet). hidden and inter multiples of 128; 256-wide packed tiles (128
+// intermediate columns: one h block per row), no clusters.
+struct Fp8Fc1Args {
+  const void* x = nullptr;               // [num_m_tiles*128, hidden] E4M3 codes
+  const float* x_scales = nullptr;       // [num_m_tiles*128, hidden / 128]
+  const void* w_gate = nullptr;          // [experts, inter, hidden] E4M3 codes
+  const float* w_gate_scales = nullptr;  // [experts, inter / 128, hidden / 128]
+  const void* w_up = nullptr;            // [experts, inter, hidden] E4M3 codes
+  const float* w_up_scales = nullptr;    // [experts, inter / 128, hidden / 128]
+  void* h = nullptr;                     // [num_m_tiles*128, inter] E4M3 codes
+  float* h_scales = nullptr;             // [num_m_tiles*128, inter / 128]
+  int64_t hidden = 0, inter = 0, experts = 0;
   const int32_t* tile_expert = nullptr;
   int64_t num_m_tiles = 0;
 };
@@ -251,6 +274,7 @@ Plan plan_dgrad(const DgradArgs& a, const Options& o = {});
 Plan plan_dgrad_swiglu(const DgradSwiGLUArgs& a, const Options& o = {});
 Plan plan_wgrad(const WgradArgs& a, const Options& o = {});
 Plan plan_fp8_grouped(const Fp8GroupedArgs& a, const Options& o = {});
+Plan plan_fp8_fc1(const Fp8Fc1Args& a, const Options& o = {});
 // Launches the plan's kernel on `stream` (asynchronous; nothing when grid == 0).
 void run(const Plan& plan, cudaStream_t stream);
 

@@ -21,12 +21,16 @@ namespace mok::gemm::engine {
 // consecutive along K blocks; the next 128 columns' at `b + b_stride`), `b_blocks` of them inside
 // the matrix (a 256-wide tile at its right edge may have one: its other half reads no scale and
 // is promoted with 0; its columns are not stored).
+// Gate/up B (FC1, kGateUp): the tile's 128 intermediate columns are one 128 x 128 block of W_gate
+// (`b`) and one of W_up (`b_up`) along N, whatever the half; in the packed order accumulator n8
+// block j is a gate column when j % 8 < 4 (32 gate then 32 up columns per 64).
 struct TileScales {
   const float* a;
   int64_t a_stride;
   const float* b;
   int64_t b_stride;
   int32_t b_blocks;
+  const float* b_up = nullptr;
 };
 
 // BLOCK_N 128: one block accumulator of 64 registers. BLOCK_N 256: the stage's MMAs run as two
@@ -34,7 +38,7 @@ struct TileScales {
 // atoms), each waited for and promoted with its own weight block's scale, so the block
 // accumulator stays 64 registers beside the 128 of the tile (a warpgroup's MMAs pause during its
 // promotions; the other warpgroup's fill the tensor cores meanwhile).
-template <class C>
+template <class C, bool kGateUp = false>
 __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg, uint32_t wt,
                                                 float (&acc)[C::kAccRegs], const WaitBound& wb, const TileScales& sc) {
   static_assert(std::is_same_v<typename C::Operand, OperandE4m3>, "block-scaled FP8: E4M3 operands");
@@ -52,9 +56,15 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
     const uint32_t s = ps.stage;
     // The block's scales, loaded while the stage arrives and its MMAs run.
     const float sa0 = __ldg(a0 + kb), sa1 = __ldg(a1 + kb);
-    float sb[kHalves];
+    float sb[kHalves], sb_up = 0.0f;
+    if constexpr (kGateUp) {
+      sb_up = __ldg(sc.b_up + kb);
 #pragma unroll
-    for (int h = 0; h < kHalves; ++h) sb[h] = h < sc.b_blocks ? __ldg(sc.b + h * sc.b_stride + kb) : 0.0f;
+      for (int h = 0; h < kHalves; ++h) sb[h] = __ldg(sc.b + kb);  // one gate block for the whole tile
+    } else {
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) sb[h] = h < sc.b_blocks ? __ldg(sc.b + h * sc.b_stride + kb) : 0.0f;
+    }
     mbar_wait(sm.full(s), ps.phase, wb, kSiteConsumerFull);
     const uint32_t as = a_base + s * kATileBytes;
 #pragma unroll
@@ -72,13 +82,15 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
       fence_operands(part);
       if (h == kHalves - 1) release_stage<C>(sm, s);  // both halves' MMAs have read the stage
       const float s0 = sa0 * sb[h], s1 = sa1 * sb[h];
+      const float u0 = sa0 * sb_up, u1 = sa1 * sb_up;
 #pragma unroll
       for (int j = 0; j < kPart / 4; ++j) {
+        const bool up = kGateUp && (j % 8) >= 4;  // (a half is 128 columns: j % 8 is the packed position)
         float* d = acc + kPart * h + 4 * j;
-        d[0] = fmaf(part[4 * j], s0, d[0]);
-        d[1] = fmaf(part[4 * j + 1], s0, d[1]);
-        d[2] = fmaf(part[4 * j + 2], s1, d[2]);
-        d[3] = fmaf(part[4 * j + 3], s1, d[3]);
+        d[0] = fmaf(part[4 * j], up ? u0 : s0, d[0]);
+        d[1] = fmaf(part[4 * j + 1], up ? u0 : s0, d[1]);
+        d[2] = fmaf(part[4 * j + 2], up ? u1 : s1, d[2]);
+        d[3] = fmaf(part[4 * j + 3], up ? u1 : s1, d[3]);
       }
     }
     ps.advance();

@@ -1,22 +1,69 @@
-// mok — grouped GEMM with block-scaled FP8 operands (Form::Fp8Plain; gemm::plan_fp8_grouped): the
-// persistent kernel of grouped_kernel.cuh's M-grouped schedule over Cfg<128 | 256, OperandE4m3>, whose
-// consumers run the scaled mainloop (engine_fp8.cuh) and store the bf16 tile (engine_epilogue.cuh).
-// One translation unit, like every form.
+// mok — grouped GEMMs with block-scaled FP8 operands: Form::Fp8Plain (gemm::plan_fp8_grouped; the
+// bf16 tile stored by engine_epilogue.cuh) and Form::Fp8Fc1 (gemm::plan_fp8_fc1; B = the gate and
+// up weights in the packed order, SwiGLU and h quantized per 1 x 128 in the epilogue below): the
+// persistent kernel of grouped_kernel.cuh's M-grouped schedule over Cfg<128 | 256, OperandE4m3>,
+// whose consumers run the scaled mainloop (engine_fp8.cuh). One translation unit for both.
 #include <atomic>
 
 #include "common/cuda_check.h"
+#include "common/fp8_format.h"
 #include "gemm/engine_fp8.cuh"
 #include "gemm/grouped_kernel.cuh"
 #include "gemm/launchers.h"
+#include "gemm/swiglu_math.cuh"
 
 namespace mok::gemm {
 namespace engine {
 namespace {
 
-template <class CF>
+namespace fp8 = mok::fp8;
+
+// FC1's epilogue in FP8: the 256-wide packed tile holds 128 intermediate columns, so each row's
+// h values of the tile are one 1 x 128 block. Per thread (rows r and r + 8, acc_row): the gate
+// value of n8 block j (j % 8 < 4) pairs with the up value of block j + 4 (32 packed columns on,
+// the same registers' places), h = rnd(silu(rnd(g)) * rnd(u)) (FC1's bits), the row's maximum over
+// the four threads of a quad (which hold all of a row's columns), its scale amax / 448, and the
+// E4M3 codes, two adjacent columns per 2-byte store; the quad's first thread stores the scale.
+__device__ __forceinline__ void epilogue_fc1_fp8(const float (&acc)[128], int cwg, uint32_t wt, const Tile& t,
+                                                 const KernelParams& p) {
+  const int64_t inter = p.n / 2, blocks = inter / 128;
+  const int64_t row0 = t.out_row + 64 * cwg + acc_row(wt);
+  const int64_t i0 = t.b_n / 2 + acc_col(wt);  // this thread's first intermediate column
+  uint8_t* hq = static_cast<uint8_t*>(p.fc1_h);
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float h[32];
+    float amax = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < 16; ++jj) {
+      const int j = 8 * (jj / 4) + jj % 4;  // a gate block; its up block is j + 4
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float g = bf16_round(acc[4 * j + 2 * rr + c]), u = bf16_round(acc[4 * (j + 4) + 2 * rr + c]);
+        h[2 * jj + c] = bf16_round(swiglu_of_bf16(g, u));
+        amax = fp8::amax_update(amax, h[2 * jj + c]);
+      }
+    }
+    amax = fp8::amax_update(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fp8::amax_update(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float s = fp8::block_scale(amax, fp8::ScaleRule::Fp32);
+    const int64_t row = row0 + 8 * rr;
+    if ((wt & 3u) == 0) p.scale_h[row * blocks + t.b_n / 256] = s;
+#pragma unroll
+    for (int jj = 0; jj < 16; ++jj) {
+      const int64_t i = i0 + 32 * (jj / 4) + 8 * (jj % 4);
+      const uint32_t codes = uint32_t(fp8::block_encode(h[2 * jj], s)) | (uint32_t(fp8::block_encode(h[2 * jj + 1], s)) << 8);
+      *reinterpret_cast<uint16_t*>(hq + row * inter + i) = uint16_t(codes);
+    }
+  }
+}
+
+template <class CF, bool kFc1>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_grouped_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                       const __grid_constant__ CUtensorMap map_d0, const KernelParams p) {
+                       const __grid_constant__ CUtensorMap map_b_half, const __grid_constant__ CUtensorMap map_d0,
+                       const KernelParams p) {
+  static_assert(!kFc1 || CF::kBlockN == 256, "FC1 in FP8: 256-wide packed tiles (one h block per row)");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const Smem<CF> sm = smem_view<CF>(smem_raw);
   if (threadIdx.x == 0) init_barriers(sm);
@@ -29,10 +76,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x / 32u == 0 && elect_one()) {
       prefetch_tensor_map(&map_a);
       prefetch_tensor_map(&map_b);
+      if (kFc1) prefetch_tensor_map(&map_b_half);
       PipeState<CF> ps;
       MGroupedSchedule<CF> sched(p);
-      while (sched.next(t, shared, dummy))
-        if (!produce_tile<CF, false, false>(sm, ps, t, &map_a, &map_b, wb)) break;  // a wait expired
+      while (sched.next(t, shared, dummy))  // FC1: B from the gate and up maps (32-row boxes)
+        if (!produce_tile<CF, false, false>(sm, ps, t, &map_a, &map_b, wb, &map_b_half, false, 0u, kFc1))
+          break;  // a wait expired
       drain_stages(sm, ps, wb);
     }
     return;
@@ -40,19 +89,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   setmaxnreg_inc<kConsumerRegs>();
   const int cwg = int(threadIdx.x / 128u) - 1;
   const uint32_t wt = threadIdx.x % 128u;
-  if (wt == 0 && cwg == 0) prefetch_tensor_map(&map_d0);
+  if (!kFc1 && wt == 0 && cwg == 0) prefetch_tensor_map(&map_d0);
   PipeState<CF> ps;
   EpiState es;
   float acc[CF::kAccRegs];
   MGroupedSchedule<CF> sched(p);
   const int64_t kb = p.k_blocks, n_blocks = p.n / 128;
   while (sched.next(t, shared, dummy)) {
-    // The tile's rows' scales and its expert's scales for columns [b_n, b_n + 128).
-    const TileScales sc{p.scale_a + int64_t(t.a_m) * kb, kb,
-                        p.scale_b + (int64_t(t.b_batch) * n_blocks + t.b_n / 128) * kb, kb,
-                        int32_t(n_blocks - t.b_n / 128)};
-    mma_tile_scaled<CF>(sm, ps, t, cwg, wt, acc, wb, sc);
-    epilogue_store<CF>(sm, es, cwg, wt, acc, &map_d0, t.out_row, t.b_n, p.n);
+    if constexpr (kFc1) {
+      // The tile's 128 intermediate columns: one 128 x 128 block of W_gate and one of W_up along N.
+      const int64_t wblock = (int64_t(t.b_batch) * (p.n / 256) + t.b_n / 256) * kb;
+      TileScales sc{p.scale_a + int64_t(t.a_m) * kb, kb, p.scale_b + wblock, 0, 1};
+      sc.b_up = p.scale_b_up + wblock;
+      mma_tile_scaled<CF, true>(sm, ps, t, cwg, wt, acc, wb, sc);
+      epilogue_fc1_fp8(acc, cwg, wt, t, p);
+    } else {
+      // The tile's rows' scales and its expert's scales for columns [b_n, b_n + 128).
+      const TileScales sc{p.scale_a + int64_t(t.a_m) * kb, kb,
+                          p.scale_b + (int64_t(t.b_batch) * n_blocks + t.b_n / 128) * kb, kb,
+                          int32_t(n_blocks - t.b_n / 128)};
+      mma_tile_scaled<CF>(sm, ps, t, cwg, wt, acc, wb, sc);
+      epilogue_store<CF>(sm, es, cwg, wt, acc, &map_d0, t.out_row, t.b_n, p.n);
+    }
   }
   epi_finish(wt == 0);
 }
@@ -61,10 +119,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace engine
 
 namespace {
-template <int kBN>
+template <int kBN, bool kFc1>
 void launch_fp8_cfg(const Plan& plan, cudaStream_t stream) {
   using CF = engine::Cfg<kBN, engine::OperandE4m3>;
-  auto* kernel = &engine::fp8_grouped_kernel<CF>;
+  auto* kernel = &engine::fp8_grouped_kernel<CF, kFc1>;
   static std::atomic<unsigned long long> configured{0};  // per device: the attribute is set
   int dev = 0;
   MOK_CUDA_CHECK(cudaGetDevice(&dev));
@@ -73,18 +131,20 @@ void launch_fp8_cfg(const Plan& plan, cudaStream_t stream) {
     MOK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(CF::kSmemBytes)));
     configured.fetch_or(bit);
   }
-  kernel<<<unsigned(plan.grid), engine::kThreads, CF::kSmemBytes, stream>>>(plan.map_a, plan.map_b, plan.map_d0,
-                                                                           plan.params);
+  kernel<<<unsigned(plan.grid), engine::kThreads, CF::kSmemBytes, stream>>>(plan.map_a, plan.map_b, plan.map_b_half,
+                                                                           plan.map_d0, plan.params);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 }  // namespace
 
 void detail::launch_fp8_grouped(const Plan& plan, cudaStream_t stream) {
   if (plan.grid == 0) return;
-  if (plan.block_n == 256)
-    launch_fp8_cfg<256>(plan, stream);
+  if (plan.form == Form::Fp8Fc1)
+    launch_fp8_cfg<256, true>(plan, stream);
+  else if (plan.block_n == 256)
+    launch_fp8_cfg<256, false>(plan, stream);
   else
-    launch_fp8_cfg<128>(plan, stream);
+    launch_fp8_cfg<128, false>(plan, stream);
 }
 
 }  // namespace mok::gemm

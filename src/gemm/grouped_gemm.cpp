@@ -280,6 +280,38 @@ Plan plan_fp8_grouped(const Fp8GroupedArgs& a, const Options& o) {
   return p;
 }
 
+Plan plan_fp8_fc1(const Fp8Fc1Args& a, const Options& o) {
+  MOK_REQUIRE(a.x && a.x_scales && a.w_gate && a.w_gate_scales && a.w_up && a.w_up_scales && a.h && a.h_scales,
+              "fp8_fc1", "x, w_gate, w_up, h and their scales must be given");
+  MOK_REQUIRE(a.hidden > 0 && a.hidden % 128 == 0, "fp8_fc1.hidden", "a positive multiple of 128, got ", a.hidden);
+  MOK_REQUIRE(a.inter > 0 && a.inter % 128 == 0, "fp8_fc1.inter",
+              "a positive multiple of 128 (h's 1 x 128 blocks are whole tiles), got ", a.inter);
+  MOK_REQUIRE(!o.cluster, "options.cluster", "not with FP8 (2-CTA clusters are BF16 only so far)");
+  MOK_REQUIRE(o.block_n == 0 || o.block_n == 256, "options.block_n",
+              "0 or 256 for FP8's FC1 (a tile holds one 1 x 128 block of h per row), got ", o.block_n);
+  Options o256 = o;
+  o256.block_n = 256;
+  Plan p = m_grouped_plan(Form::Fp8Fc1, a.hidden, 2 * a.inter, a.experts, a.tile_expert, a.num_m_tiles, o256,
+                          "fp8_fc1");
+  p.params.k_blocks = static_cast<int32_t>(a.hidden / 128);
+  p.params.scale_a = a.x_scales;
+  p.params.scale_b = a.w_gate_scales;
+  p.params.scale_b_up = a.w_up_scales;
+  p.params.scale_h = a.h_scales;
+  p.params.fc1_h = a.h;
+  p.params.b_gate_up = 1;
+  p.params.store_gu = 0;
+  if (p.grid == 0) return p;
+  const auto u = static_cast<uint64_t>(a.num_m_tiles * kBlockM);
+  const auto box = static_cast<uint32_t>(kGateUpGroup);  // 32-row boxes, alternately gate and up
+  p.map_a = make_map_2d(a.x, u, uint64_t(a.hidden), 128, MapType::E4M3);
+  p.map_b = make_map_3d(a.w_gate, uint64_t(a.experts), uint64_t(a.inter), uint64_t(a.hidden), box, MapType::E4M3);
+  p.map_b_half = make_map_3d(a.w_up, uint64_t(a.experts), uint64_t(a.inter), uint64_t(a.hidden), box, MapType::E4M3);
+  p.map_d0 = p.map_a;  // (no map output: h is stored directly)
+  p.map_d1 = p.map_a;
+  return p;
+}
+
 void run(const Plan& plan, cudaStream_t stream) {
   switch (plan.form) {
     case Form::Fc1SwiGLU: detail::launch_fc1(plan, stream); break;
@@ -287,7 +319,8 @@ void run(const Plan& plan, cudaStream_t stream) {
     case Form::Dgrad: detail::launch_dgrad(plan, stream); break;
     case Form::DgradSwiGLU: detail::launch_dgrad_swiglu(plan, stream); break;
     case Form::Wgrad: detail::launch_wgrad(plan, stream); break;
-    case Form::Fp8Plain: detail::launch_fp8_grouped(plan, stream); break;
+    case Form::Fp8Plain:
+    case Form::Fp8Fc1: detail::launch_fp8_grouped(plan, stream); break;
   }
 }
 
