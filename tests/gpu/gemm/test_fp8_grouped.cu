@@ -222,8 +222,10 @@ void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I) {
     std::vector<uint8_t> qh(static_cast<size_t>(I));
     std::vector<float> sh(static_cast<size_t>(ib));
     fp8::quantize_1x128(h.data(), 1, I, qh.data(), sh.data());
-    for (int64_t b = 0; b < ib; ++b)
-      worst_scale = std::max(worst_scale, std::fabs(double(gs[size_t(r * ib + b)]) / sh[size_t(b)] - 1.0));
+    for (int64_t b = 0; b < ib; ++b) {
+      const double ratio = double(gs[size_t(r * ib + b)]) / sh[size_t(b)];
+      worst_scale = std::isfinite(ratio) ? std::max(worst_scale, std::fabs(ratio - 1.0)) : INFINITY;  // unwritten: NaN
+    }
     for (int64_t i = 0; i < I; ++i) {
       const double want = fp8::block_decode(qh[size_t(i)], sh[size_t(i / 128)]);
       const double got = fp8::block_decode(gh[size_t(r * I + i)], gs[size_t(r * ib + i / 128)]);

@@ -1,8 +1,8 @@
 // The GPU's FP8 quantization (src/gemm/fp8_quantize.h) against the CPU spec (src/reference/
 // fp8_quant.h): every E4M3 code and every scale the same bits, for 1 x 128 and 128 x 128 blocks with
 // both scale rules and for MXFP8, on matrices whose edges cut blocks, over > 10^6 values with the
-// edge cases planted in chosen blocks (all zeros, a NaN, an Inf, fp32-subnormal magnitudes, the top
-// of the range, exact multiples of 448, negative zeros).
+// edge cases planted each in its own block (all zeros, a NaN, an Inf, a block of nothing but
+// fp32-subnormal magnitudes, the top of the range, exact multiples of 448, negative zeros).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -33,25 +33,28 @@ struct Shape {
   int64_t rows, cols;
 };
 
-// Random values with the edge cases planted: block (0, 0) of every block shape all zeros, a NaN
-// in row 1, an Inf in row 2, fp32-subnormal bf16 magnitudes in row 3, the largest bf16 values in
-// row 4, exact multiples of 448 in row 5 and negative zeros in row 6 (where the matrix has them).
+// Random values with the edge cases planted, each in its own column block of 128 (so each lands
+// in its own 1 x 128, 128 x 128 and MX block): block 0 all zeros (rows 0-127), block 1 a NaN (row
+// 1), block 2 a -Inf (row 2), block 3 nothing but fp32-subnormal bf16 magnitudes (rows 0-127: a
+// whole subnormal block of either shape, so the scale floors are reached), block 4 the largest
+// finite bf16 values (row 4), block 5 exact multiples of 448 (row 5), block 6 negative zeros (row
+// 6) — where the matrix has those rows and columns (the 1024 x 1100 and 257 x 1000 cases have all).
 std::vector<uint16_t> matrix(const Shape& s, uint64_t seed) {
   std::vector<uint16_t> v = random_bf16(size_t(s.rows * s.cols), seed, 3.0);
-  const auto at = [&](int64_t r, int64_t c) -> uint16_t& { return v[size_t(r * s.cols + c)]; };
-  for (int64_t r = 0; r < std::min<int64_t>(s.rows, 128); ++r)
-    for (int64_t c = 0; c < std::min<int64_t>(s.cols, 128); ++c) at(r, c) = 0;
-  const int64_t c0 = s.cols > 128 ? 128 : 0;  // past the zero block when the row has room
   const auto plant = [&](int64_t r, int64_t c, uint16_t b) {
-    if (r < s.rows && c < s.cols) at(r, c) = b;
+    if (r < s.rows && c < s.cols) v[size_t(r * s.cols + c)] = b;
   };
-  plant(1, c0 + 5, 0x7fc0);                                   // NaN
-  plant(2, c0 + 70, 0xff80);                                  // -Inf
-  for (int64_t c = 0; c < 40; ++c) plant(3, c0 + c, uint16_t(0x0001 + c));  // subnormal magnitudes
-  plant(4, c0 + 1, 0x7f7f);                                   // the largest finite bf16 (~3.39e38)
-  plant(4, c0 + 2, 0xff7f);
-  for (int64_t c = 0; c < 32; ++c) plant(5, c0 + c, bits_of(448.0f * float(c - 16)));
-  for (int64_t c = 0; c < 64; ++c) plant(6, c0 + c, 0x8000);  // -0
+  for (int64_t r = 0; r < 128; ++r)
+    for (int64_t c = 0; c < 128; ++c) {
+      plant(r, c, 0);                                       // block 0: zeros
+      plant(r, 3 * 128 + c, uint16_t(0x0001 + (r * 128 + c) % 127));  // block 3: subnormal magnitudes
+    }
+  plant(1, 128 + 5, 0x7fc0);  // block 1: NaN
+  plant(2, 256 + 70, 0xff80);  // block 2: -Inf
+  plant(4, 512 + 1, 0x7f7f);   // block 4: the largest finite bf16 (~3.39e38), both signs
+  plant(4, 512 + 2, 0xff7f);
+  for (int64_t c = 0; c < 32; ++c) plant(5, 640 + c, bits_of(448.0f * float(c - 16)));  // block 5
+  for (int64_t c = 0; c < 64; ++c) plant(6, 768 + c, 0x8000);                           // block 6: -0
   return v;
 }
 
@@ -128,13 +131,14 @@ TEST(Fp8Quantize, RefusesBadArgumentsByName) {
   uint8_t q = 0;
   float s = 0;
   uint16_t x = 0;
+  // (mok::Error's text names the argument in quotes: "invalid argument 'rows'".)
   EXPECT_NE(message([&] { mok::gemm::quantize_fp8_blocked(&x, -1, 4, 1, fp8::ScaleRule::Fp32, &q, &s, nullptr); })
-                .find("rows"),
+                .find("'rows'"),
             std::string::npos);
   EXPECT_NE(message([&] { mok::gemm::quantize_fp8_blocked(&x, 4, 4, 64, fp8::ScaleRule::Fp32, &q, &s, nullptr); })
-                .find("block_rows"),
+                .find("'block_rows'"),
             std::string::npos);
-  EXPECT_NE(message([&] { mok::gemm::quantize_mxfp8(nullptr, 4, 4, &q, nullptr, nullptr); }).find("in"),
+  EXPECT_NE(message([&] { mok::gemm::quantize_mxfp8(nullptr, 4, 4, &q, nullptr, nullptr); }).find("'in'"),
             std::string::npos);
   // Nothing to do: no launch, no error (and no device needed).
   EXPECT_EQ(message([&] { mok::gemm::quantize_mxfp8(nullptr, 0, 4, nullptr, nullptr, nullptr); }), "no error");
