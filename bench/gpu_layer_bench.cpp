@@ -5,6 +5,8 @@
 // sampled outputs must equal the main variant's bit for bit (the layer is deterministic and its
 // results do not depend on how the work is split).
 #include "gpu_layer_bench.h"
+#include "gpu_layer_json.h"
+#include "gpu_layer_variants.h"
 
 #include <cuda_runtime.h>
 
@@ -33,16 +35,6 @@ namespace mok::bench {
 
 namespace {
 
-// SMs of GPU 0 (every rank's GPU is one model): the minibatch and ring the layer resolves with.
-int device_sms() {
-  static const int n = [] {
-    int v = 0;
-    MOK_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0));
-    return v;
-  }();
-  return n;
-}
-
 struct Model {
   const char* name;
   int64_t H, I, E, k;
@@ -56,231 +48,6 @@ struct RankWeights {
   void* up = nullptr;
   void* down = nullptr;
 };
-
-struct Variant {
-  std::string name;
-  Config cfg;
-  bool save_for_backward = true;  // false: an inference forward (no gate/up pre-activations kept)
-  bool x_in_window = false;       // x written into Layer::input_buffer() once: forward() skips its copy
-  bool repeat_of_main = false;    // the main variant measured again, last (shows the thermal drift)
-  bool time_backward = false;     // an ablation variant whose backward is timed too (memory modes)
-  bool main_backward_twin = false;  // the main variant with the other backward path (JSON: mok_bwd_<path>_ms)
-};
-
-// Each rank's M tiles (the CPU twin of the schedule on the same routing) as JSON fields: tiles,
-// those with 1..32 and 33..64 token rows, and the MMA work over the token rows' (split-N on).
-std::string tile_stats_json(const LayerShape& shape, const Workload& wl) {
-  std::vector<std::span<const int32_t>> idx;
-  for (const auto& in : wl.inputs) idx.emplace_back(in.topk_idx);
-  std::string tiles, le32, le64, over;
-  for (int r = 0; r < shape.world_size(); ++r) {
-    const TileStats t = tile_stats(build_schedule_cpu(shape, r, idx));
-    const char* sep = r ? ", " : "";
-    tiles += sep + std::to_string(t.tiles);
-    le32 += sep + std::to_string(t.tiles_le32);
-    le64 += sep + std::to_string(t.tiles_le64);
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "%s%.4f", sep, t.mma_over_useful(false));
-    over += buf;
-  }
-  return ", \"tiles\": [" + tiles + "], \"tiles_1_32_rows\": [" + le32 + "], \"tiles_33_64_rows\": [" + le64 +
-         "], \"tile_mma_over_token_rows\": [" + over + "]";
-}
-
-// Rows each rank receives over NVLink in one forward: its peers' token rows routed to its experts
-// (pulled into its ring) and its own tokens' rows computed by peers (combined into its slots).
-// Every such row also leaves one rank, so each rank sends as many rows as it receives. Empty
-// slots (-1) move nothing.
-std::vector<int64_t> nvlink_rows_per_rank(const LayerShape& shape, const Workload& wl) {
-  const int W = shape.world_size();
-  const int64_t e_loc = shape.local_experts();
-  std::vector<int64_t> rows(static_cast<size_t>(W), 0);
-  for (int s = 0; s < W; ++s) {
-    for (const int32_t e : wl.inputs[static_cast<size_t>(s)].topk_idx) {
-      if (e < 0) continue;
-      const int owner = static_cast<int>(e / e_loc);
-      if (owner == s) continue;
-      ++rows[static_cast<size_t>(owner)];  // pulled by the owner
-      ++rows[static_cast<size_t>(s)];      // combined back into s
-    }
-  }
-  return rows;
-}
-
-// A case's NVLink traffic per direction: the busiest rank's bytes and their rate over the forward
-// (the slowest rank's time). Printed after the main variant and written as JSON fields, with the
-// bytes of every rank and the share of the copy ceiling.
-struct LinkRate {
-  int64_t most_bytes = 0;
-  double gbps = 0;
-};
-LinkRate link_rate(const std::vector<int64_t>& rows, int64_t H, double ms) {
-  LinkRate l;
-  for (const int64_t r : rows) l.most_bytes = std::max(l.most_bytes, r * H * 2);
-  l.gbps = ms > 0 ? static_cast<double>(l.most_bytes) / (ms * 1e-3) / 1e9 : 0.0;
-  return l;
-}
-std::string nvlink_json(const std::vector<int64_t>& rows, int64_t H, const LinkRate& l, double ceiling) {
-  std::string list;
-  for (const int64_t r : rows) list += std::string(list.empty() ? "" : ", ") + std::to_string(r * H * 2);
-  std::string out = ", \"nvlink_bytes_per_rank\": [" + list + "], \"mok_nvlink_GBps\": " + std::to_string(l.gbps);
-  if (ceiling > 0) out += ", \"nvlink_fraction_of_ceiling\": " + std::to_string(l.gbps / ceiling);
-  return out;
-}
-
-// The variants measured at one shape: the main one first.
-std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& shape) {
-  Config main;
-  main.forward_path = o.path;
-  main.fwd_comm_sms = o.comm_sms;
-  if (o.clusters >= 0) main.fwd_clusters = o.clusters != 0;
-  main.dispatch = o.dispatch;
-  main.backward_path = o.backward_path;
-  // A multiple of this shape's minibatch (which the models' shapes choose differently).
-  if (o.macrobatch > 0) main.macrobatch_tokens = sched::round_up(o.macrobatch, main.resolved_minibatch(shape, device_sms()));
-  main.activation_budget_bytes = o.budget_mb < 0 ? -1 : o.budget_mb * 1000000;
-  if (o.workspace_budget_mb == 0) {  // off: the layer's own buffers (every row resident)
-    main.share_workspace = false;
-    main.workspace_budget_bytes = 0;
-  }
-  if (o.workspace_budget_mb > 0) {  // the training memory model: one workspace, the ring that fits it
-    main.macrobatch_tokens = 0;
-    main.share_workspace = true;
-    main.workspace_budget_bytes = o.workspace_budget_mb * 1000000;
-  }
-  std::vector<Variant> v{{to_string(o.path), main}};
-  if (!o.ablation) return v;
-  // The variants vary one knob each around the main one's resolved ring: a budget would choose
-  // another ring for another minibatch or dispatch (or none: the smallest ring is two of its
-  // minibatches), so they get the main ring as an explicit one (rounded to their minibatch).
-  // (A budget: workspace_budget_bytes > 0, or -1, the automatic one, with a shared workspace.)
-  const auto budgeted = [](const Config& c) { return c.workspace_budget_bytes != 0 && c.share_workspace; };
-  const int64_t main_ring = budgeted(main) && main.forward_path == ForwardPath::Megakernel && main.macrobatch_tokens == 0
-                                ? main.resolved_macrobatch(shape, device_sms())
-                                : 0;
-  const auto at_main_ring = [&](Config c) {
-    if (main_ring > 0 && budgeted(c)) {
-      c.workspace_budget_bytes = 0;
-      c.macrobatch_tokens = sched::round_up(main_ring, c.resolved_minibatch(shape, device_sms()));
-    }
-    return c;
-  };
-  Config other = main;
-  other.forward_path = o.path == ForwardPath::Megakernel ? ForwardPath::Unfused : ForwardPath::Megakernel;
-  if (other.forward_path == ForwardPath::Unfused) other.workspace_budget_bytes = 0;  // no ring to size
-  v.push_back({to_string(other.forward_path), other});
-  Config mk = main;
-  mk.forward_path = ForwardPath::Megakernel;
-  const int64_t mb = mk.resolved_minibatch(shape, device_sms());
-  for (int sms : {4, 8, 16, 32}) {
-    if (sms == main.resolved_fwd_comm_sms(shape)) continue;
-    Config c = mk;
-    c.fwd_comm_sms = sms;
-    c.minibatch_tokens = mb;  // the sweep varies one knob
-    v.push_back({"megakernel", at_main_ring(c)});
-  }
-  for (int64_t m : {std::max<int64_t>(128, mb / 2 / 128 * 128), 2 * mb}) {
-    if (m == mb) continue;
-    Config c = mk;
-    c.minibatch_tokens = m;
-    v.push_back({"megakernel", at_main_ring(c)});
-  }
-  {
-    Config c = mk;
-    c.combine = CombinePath::Fc2Epilogue;
-    v.push_back({"megakernel-epilogue-combine", at_main_ring(c)});
-  }
-  {
-    Config c = mk;
-    c.dispatch = main.dispatch == DispatchPath::Pull ? DispatchPath::Push : DispatchPath::Pull;
-    v.push_back({std::string("megakernel-") + to_string(c.dispatch) + "-dispatch", at_main_ring(c)});
-  }
-  {
-    Config c = mk;
-    c.fwd_clusters = !main.fwd_clusters;
-    if (c.resolved_fwd_comm_sms(shape) % 2 == 0)
-      v.push_back({c.fwd_clusters ? "megakernel-clusters" : "megakernel-no-clusters", at_main_ring(c)});
-  }
-  {
-    Variant inf{"megakernel-inference", mk};
-    inf.save_for_backward = false;
-    v.push_back(inf);
-  }
-  {
-    Variant zc{"megakernel-x-in-window", mk};
-    zc.x_in_window = true;
-    v.push_back(zc);
-  }
-  if (4 * mb < shape.worst_case_rows()) {
-    Config c = mk;
-    c.minibatch_tokens = mb;
-    c.macrobatch_tokens = 4 * mb;
-    c.workspace_budget_bytes = 0;  // the ring is this variant's knob
-    v.push_back({"megakernel-ring4", c});
-  }
-  // The main variant with the other backward path, its backward timed: the same-run A/B of the
-  // backward's GEMM program against the unfused GEMMs (the same bits: checked like the others).
-  const BackwardPath other_bwd = main.backward_path == BackwardPath::Unfused ? BackwardPath::Fused : BackwardPath::Unfused;
-  if (o.backward) {
-    Variant twin{v.front().name + "-bwd-" + to_string(other_bwd), main};
-    twin.cfg.backward_path = other_bwd;
-    twin.time_backward = true;
-    twin.main_backward_twin = true;
-    v.push_back(twin);
-  }
-  // The training memory model's two modes beside a main variant that has every row resident, their
-  // backward timed in the same run (notes/memory.md): one 2 GB workspace shared by the layers and
-  // the ring that fits it, with the automatic activation budget (saved) and with none (recompute).
-  // Beside a main variant in the training mode (the library's default), the resident one and full
-  // recompute instead.
-  const bool main_resident = main.macrobatch_tokens == 0 && (main.workspace_budget_bytes == 0 || !main.share_workspace);
-  if (!main_resident && o.path == ForwardPath::Megakernel && o.backward && main.macrobatch_tokens == 0 &&
-      main.resolved_macrobatch(shape, device_sms()) < shape.worst_case_rows()) {
-    Config c = mk;
-    c.share_workspace = false;
-    c.workspace_budget_bytes = 0;
-    Variant resident{"megakernel-resident", c};
-    resident.time_backward = true;
-    v.push_back(resident);
-    if (main.activation_budget_bytes != 0) {
-      Variant recompute{"megakernel-training-recompute", at_main_ring(mk)};
-      recompute.cfg.activation_budget_bytes = 0;
-      recompute.time_backward = true;
-      v.push_back(recompute);
-    }
-  }
-  if (main_resident && o.path == ForwardPath::Megakernel && o.backward) {
-    Config c = mk;
-    c.share_workspace = true;
-    c.workspace_budget_bytes = 2000000000;
-    int64_t ring = 0;
-    try {
-      ring = c.resolved_macrobatch(shape, device_sms());
-    } catch (const Error& e) {  // even the smallest ring's workspace exceeds the budget at this shape
-      std::printf("  (memory-mode variants left out: %s)\n", e.what());
-    }
-    if (ring > 0 && ring < shape.worst_case_rows()) {
-      Variant saved{"megakernel-training-saved", c};
-      saved.time_backward = true;
-      v.push_back(saved);
-      Variant saved_other = saved;
-      saved_other.cfg.backward_path = other_bwd;
-      saved_other.name += std::string("-bwd-") + to_string(other_bwd);
-      v.push_back(saved_other);
-      Variant recompute{"megakernel-training-recompute", c};
-      recompute.cfg.activation_budget_bytes = 0;
-      recompute.time_backward = true;
-      v.push_back(recompute);
-    }
-  }
-  // The main variant once more, last: the variants run one after the other while the GPUs heat
-  // up towards their power cap, so the first one measured has an edge (up to ~10% in a run of
-  // 5db573b). This row shows that drift; compare the variants with it as well as with the first.
-  Variant again{v.front().name + "-again", main};
-  again.repeat_of_main = true;
-  v.push_back(again);
-  return v;
-}
 
 // Expert e's weights as floats, [gate I x H | up I x H | down H x I], fetched once.
 const std::vector<float>& expert_weights(const Model& m, const std::vector<RankWeights>& w, int64_t e_loc, int64_t e,
@@ -317,29 +84,6 @@ std::vector<float> expected_backward_token(const Model& m, const std::vector<Ran
                              [&](int32_t e) { return expert_weights(m, w, e_loc, e, cache).data(); });
 }
 
-// The layer's planned device memory on rank 0 (include/mok/memory.hpp; the layer allocates these
-// sizes), next to the times: "memory": {total, layer, saved, backward, symmetric} in bytes, and
-// what rank 0's device lost to the layer: at construction ("measured_built_bytes") and, when the
-// backward ran, with its first backward ("measured_bytes" = both; omitted when it did not run).
-// "windows_from_pool": the layer's symmetric windows were ones an earlier case's layer gave back
-// to the communicator's pool, so the measurement does not hold them (compare with the plan's
-// total less symmetric_bytes then).
-std::string memory_json(const LayerShape& shape, const Config& cfg, int64_t built, int64_t first_backward,
-                        bool windows_from_pool) {
-  const MemoryPlan p = plan_memory(shape, cfg, 0, device_sms());
-  return ", \"memory\": {\"mode\": \"" + std::string(p.backward_mode()) + "\", \"share_workspace\": " +
-         (cfg.share_workspace ? "true" : "false") + ", \"measured_built_bytes\": " +
-         std::to_string(built) +
-         ", \"windows_from_pool\": " + (windows_from_pool ? "true" : "false") +
-         (first_backward >= 0 ? ", \"measured_bytes\": " + std::to_string(built + first_backward) : std::string()) +
-         ", \"total_bytes\": " + std::to_string(p.total()) +
-         ", \"layer_bytes\": " + std::to_string(p.total(MemoryScope::Layer) + p.total(MemoryScope::Saved)) +
-         ", \"saved_bytes\": " + std::to_string(p.total(MemoryScope::Saved)) +
-         ", \"backward_bytes\": " + std::to_string(p.total(MemoryScope::Backward)) +
-         ", \"symmetric_bytes\": " + std::to_string(p.symmetric()) +
-         ", \"workspace_bytes\": " + std::to_string(p.workspace()) + "}";
-}
-
 // Relative L2 error of the GPU's values for the sampled tokens (samples[q] of every rank):
 // want(r, q, t, x_row) gives the spec's `width` values for token t of rank r, got(r, q, c) the GPU's
 // value c. A NaN from the GPU makes it infinite.
@@ -364,11 +108,6 @@ double sampled_rel_err(const Workload& wl, int W, int64_t H, const int64_t (&sam
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-std::string seconds_text(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", s);
-  return buf;
-}
 
 // The current device's free memory (after the device is idle). mok_bench has the GPUs to itself,
 // so differences around a layer's construction and first backward are its memory.
