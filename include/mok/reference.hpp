@@ -35,6 +35,8 @@
 //   (src/reference/fp8_quant.h); each value then stands for what its E4M3 code and scale decode
 //   to, and the GEMMs and rounding points are the bf16 ones above. The GPU's FP8 forms compute
 //   with the same codes and scales (they differ by accumulation order only).
+// Config::precision MXFP8 (recipe 2; forward only): the same points, each quantized as MXFP8 (E4M3
+//   with an E8M0 scale per 32 consecutive values along K: x and h rows, weight rows).
 // Every dot product is an fp32 sum in increasing index order without fused multiply-add, and
 // parallel work is split by output rows only, so results are bitwise independent of the thread
 // count and of W (except the per-rank shared-expert gradients, which are partial sums).

@@ -230,12 +230,9 @@ void Config::validate(const LayerShape& shape, int sm_count) const {
               "must be in (0, 3600] seconds, got ", wait_timeout_s);
   MOK_REQUIRE(cpu_threads >= 0, "config.cpu_threads", "must be >= 0 (0 = all cores), got ",
               cpu_threads);
-  // FP8 (recipe 1) exists in the CPU reference's forward (the spec the GPU kernels are to match);
-  // the GPU layer refuses it by name until its kernels run it (Layer's constructor).
-  if (precision == Precision::MXFP8) {
-    throw Error(ErrorKind::Unsupported, "config.precision",
-                detail::concat("bf16 or fp8 (the CPU reference's forward), got ", to_string(precision)));
-  }
+  // FP8 (recipe 1) and MXFP8 (recipe 2) exist in the CPU reference's forward (the spec the GPU
+  // kernels are to match); the GPU layer refuses them by name until its kernels run them (Layer's
+  // constructor), and the backward is bf16 only.
 }
 
 }  // namespace mok

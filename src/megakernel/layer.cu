@@ -78,7 +78,7 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
     config.validate(shape, sms);
     if (config.precision != Precision::BF16)
       throw Error(ErrorKind::Unsupported, "config.precision",
-                  detail::concat("the GPU layer runs bf16 so far (fp8: the CPU reference's forward, and the FP8 GEMM "
+                  detail::concat("the GPU layer runs bf16 so far (fp8 / mxfp8: the CPU reference's forward; FP8 GEMM "
                                  "forms in mok::gemm), got ",
                                  to_string(config.precision)));
     MOK_REQUIRE(world == shape.world_size(), "shape.tokens",

@@ -24,14 +24,24 @@ size_t sz(int64_t v) { return static_cast<size_t>(v); }
 
 // Config::precision FP8 (recipe 1, include/mok/reference.hpp): values replaced by what their
 // block-scaled E4M3 codes decode to — rows per 1 x 128 (activations), matrices per 128 x 128
-// (weights) — with fp32 scales (amax / 448).
-void fp8_round_rows(float* v, int64_t rows, int64_t cols) {
+// (weights) — with fp32 scales (amax / 448). MXFP8 (recipe 2): E4M3 with an E8M0 scale per 32
+// consecutive values along K, for activation rows and weight rows alike.
+void mx_round_rows(float* v, int64_t rows, int64_t cols) {
+  std::vector<uint8_t> q(sz(rows * cols)), s(sz(fp8::scale_count(rows, cols, fp8::kMxBlockShape)));
+  fp8::quantize_mxfp8(v, rows, cols, q.data(), s.data());
+  fp8::dequantize_mxfp8(q.data(), s.data(), rows, cols, v);
+}
+void fp8_round_rows(float* v, int64_t rows, int64_t cols, Precision p) {
+  if (p == Precision::MXFP8) return mx_round_rows(v, rows, cols);
   std::vector<uint8_t> q(sz(rows * cols));
   std::vector<float> s(sz(fp8::scale_count(rows, cols, fp8::kActivationBlock)));
   fp8::quantize_1x128(v, rows, cols, q.data(), s.data());
   fp8::dequantize_blocked(q.data(), s.data(), rows, cols, fp8::kActivationBlock, v);
 }
-void fp8_round_matrix(std::vector<float>& v, int64_t rows, int64_t cols) {
+// A weight matrix [rows, cols] with K = cols (every weight the FFN holds is stored K-contiguous:
+// gate and up [I, H], down [H, I]).
+void fp8_round_matrix(std::vector<float>& v, int64_t rows, int64_t cols, Precision p) {
+  if (p == Precision::MXFP8) return mx_round_rows(v.data(), rows, cols);
   std::vector<uint8_t> q(v.size());
   std::vector<float> s(sz(fp8::scale_count(rows, cols, fp8::kWeightBlock)));
   fp8::quantize_128x128(v.data(), rows, cols, q.data(), s.data());
@@ -46,15 +56,16 @@ struct ExpertF {
   std::vector<float> down;          // [H, I]  FC2 dgrad
   std::vector<float> gate_up;       // [2I, H] FC1 dgrad: gate rows, then up rows
 
-  bool fp8 = false;                 // Config::precision FP8: weights and activations as their FP8 codes decode
-  ExpertF(const bf16* wg, const bf16* wu, const bf16* wd, int64_t H_, int64_t I_, bool fp8_ = false)
-      : H(H_), I(I_), fp8(fp8_) {
+  // Config::precision FP8 / MXFP8: weights and activations as their codes decode (BF16: as given).
+  Precision precision = Precision::BF16;
+  ExpertF(const bf16* wg, const bf16* wu, const bf16* wd, int64_t H_, int64_t I_, Precision p = Precision::BF16)
+      : H(H_), I(I_), precision(p) {
     auto g = to_float(wg, I * H), u = to_float(wu, I * H);
     down = to_float(wd, H * I);
-    if (fp8) {  // each weight matrix in 128 x 128 blocks, in the layout the caller holds it
-      fp8_round_matrix(g, I, H);
-      fp8_round_matrix(u, I, H);
-      fp8_round_matrix(down, H, I);
+    if (p != Precision::BF16) {  // each weight matrix in the layout the caller holds it (K contiguous)
+      fp8_round_matrix(g, I, H, p);
+      fp8_round_matrix(u, I, H, p);
+      fp8_round_matrix(down, H, I, p);
     }
     gate_t = transpose(g.data(), I, H);
     up_t = transpose(u.data(), I, H);
@@ -81,7 +92,7 @@ FfnActs ffn_forward(const ExpertF& e, const float* v, int64_t M, int threads) {
   round_in_place(a.g.data(), M * I);
   round_in_place(a.u.data(), M * I);
   for (int64_t i = 0; i < M * I; ++i) a.h[sz(i)] = round_bf16(silu(a.g[sz(i)]) * a.u[sz(i)]);
-  if (e.fp8) fp8_round_rows(a.h.data(), M, I);  // FC2 reads h quantized per 1 x 128
+  if (e.precision != Precision::BF16) fp8_round_rows(a.h.data(), M, I, e.precision);  // FC2 reads h quantized
   matmul(a.h.data(), e.down_t.data(), a.y.data(), M, I, H, threads);
   round_in_place(a.y.data(), M * H);
   return a;
@@ -136,13 +147,13 @@ void weight_grad(const std::vector<float>& A, const std::vector<float>& B, int64
 // expert segments that fall inside the ring window [b, e) (padding rows would give zeros).
 template <typename Fn>
 void for_each_segment(const ScheduleTable& s, int d, int64_t b, int64_t e, const LayerWeights& w,
-                      int64_t H, int64_t I, Fn&& fn, bool fp8 = false) {
+                      int64_t H, int64_t I, Fn&& fn, Precision precision = Precision::BF16) {
   for (int64_t le = 0; le < s.local_experts; ++le) {
     const int64_t seg_b = std::max(b, int64_t{s.expert_offset[sz(le)]});
     const int64_t seg_e = std::min(e, int64_t{s.expert_offset[sz(le)]} + s.expert_rows[sz(le)]);
     if (seg_b >= seg_e) continue;
     const int64_t ge = d * s.local_experts + le;
-    const ExpertF ex(&w.w_gate[sz(ge * I * H)], &w.w_up[sz(ge * I * H)], &w.w_down[sz(ge * H * I)], H, I, fp8);
+    const ExpertF ex(&w.w_gate[sz(ge * I * H)], &w.w_up[sz(ge * I * H)], &w.w_down[sz(ge * H * I)], H, I, precision);
     fn(le, seg_b, seg_e - seg_b, ex);
   }
 }
@@ -193,7 +204,8 @@ ForwardResult Engine::forward(const std::vector<RankInput>& in, const LayerWeigh
                 Is = shape_.shared_intermediate;
   const int64_t ring_rows = config_.resolved_macrobatch(shape_);
   const auto spans = routing_spans(in);
-  const bool fp8 = config_.precision == Precision::FP8;
+  const Precision precision = config_.precision;
+  const bool fp8 = precision != Precision::BF16;
 
   // Combine buffers: one [T*k, H] per source rank, written only by pushes.
   std::vector<std::vector<float>> combine(sz(W));
@@ -217,7 +229,7 @@ ForwardResult Engine::forward(const std::vector<RankInput>& in, const LayerWeigh
         }
         const bf16* x = &in[sz(src)].x[sz(s.src_slot[sz(row)] / k * H)];
         for (int64_t h = 0; h < H; ++h) dst[h] = static_cast<float>(x[h]);
-        if (fp8) fp8_round_rows(dst, 1, H);  // x quantized once at its source: the row as its codes decode
+        if (fp8) fp8_round_rows(dst, 1, H, precision);  // x quantized once at its source: the row as its codes decode
       }
       // Experts on their segments.
       for_each_segment(s, d, b, e, w, H, I, [&](int64_t, int64_t seg_b, int64_t M, const ExpertF& ex) {
@@ -228,7 +240,7 @@ ForwardResult Engine::forward(const std::vector<RankInput>& in, const LayerWeigh
           std::copy_n(&a.y[sz(r * H)], H,
                       &combine[sz(s.src_rank[sz(row)])][sz(int64_t{s.src_slot[sz(row)]} * H)]);
         }
-      }, fp8);
+      }, precision);
     }
     res.macrobatches.push_back(n_macro);
     res.schedules.push_back(std::move(s));
@@ -236,14 +248,14 @@ ForwardResult Engine::forward(const std::vector<RankInput>& in, const LayerWeigh
 
   // Merge at the source: out = rnd(y_s + sum_j fma(w_j, y_j)), fixed j order.
   std::unique_ptr<ExpertF> shared;
-  if (Is > 0) shared = std::make_unique<ExpertF>(w.ws_gate.data(), w.ws_up.data(), w.ws_down.data(), H, Is, fp8);
+  if (Is > 0) shared = std::make_unique<ExpertF>(w.ws_gate.data(), w.ws_up.data(), w.ws_down.data(), H, Is, precision);
   res.out.resize(sz(W));
   for (int r = 0; r < W; ++r) {
     const int64_t T = shape_.tokens_of(r);
     std::vector<float> ys;
     if (shared) {
       auto xf = to_float(in[sz(r)].x.data(), T * H);
-      if (fp8) fp8_round_rows(xf.data(), T, H);
+      if (fp8) fp8_round_rows(xf.data(), T, H, precision);
       ys = ffn_forward(*shared, xf.data(), T, threads).y;
     }
     res.out[sz(r)] = merge_rows(shared ? ys.data() : nullptr, combine[sz(r)].data(),
