@@ -144,6 +144,23 @@ int run_cpu_bench(const CpuBenchOptions& o, int threads) {
   for (const auto& e : c.backward) std::printf(", %s %s", e.name, sci(e.rel_err).c_str());
   std::printf(" (bound %s)\n", sci(ref::kF64BackwardTol).c_str());
   const bool pass = c.within_tolerances();
+  // The FP8 recipes' forward on the same workload (the spec the GPU's FP8 forms are to match),
+  // reported beside bf16's, no verdict: E4M3's 3 mantissa bits put them near 6-8% of the fp64
+  // model on this data (notes/fp8.md).
+  std::string precisions;
+  for (const Precision q : {Precision::FP8, Precision::MXFP8}) {
+    Config qc = cfg;
+    qc.precision = q;
+    const auto t1 = std::chrono::steady_clock::now();
+    const ref::ForwardResult qf = ref::Engine(shape, qc).forward(wl.inputs, wl.weights);
+    const double qs = seconds_since(t1);
+    const double qerr = ref::compare_to_f64(wl, qf, nullptr).forward_rel_err;
+    std::printf("  %s forward (x, weights and h quantized as the GPU's FP8 forms read them): out %s vs the fp64 model "
+                "(bf16: %s), %.3f s\n",
+                to_string(q), sci(qerr).c_str(), sci(c.forward_rel_err).c_str(), qs);
+    precisions += (precisions.empty() ? "" : ", ") + str(to_string(q)) + ": {\"forward_rel_err\": " + num(qerr) +
+                  ", \"fwd_s\": " + num(qs) + "}";
+  }
   const std::string verdict = verdict_line(c, p, world, o.routing);
   std::printf("%s\n", verdict.c_str());
 
@@ -168,6 +185,7 @@ int run_cpu_bench(const CpuBenchOptions& o, int threads) {
         << " \"fp64_check\": {\"forward_rel_err\": " << num(c.forward_rel_err) << ", \"forward_tol\": "
         << num(ref::kF64ForwardTol) << ", \"backward_rel_err\": {" << grads << "}, \"backward_tol\": "
         << num(ref::kF64BackwardTol) << ", \"seconds\": " << num(check_s) << "},\n"
+        << " \"fp8_forward\": {" << precisions << "},\n"
         << " \"verdict\": " << str(pass ? "PASS" : "FAIL") << ", \"verdict_line\": " << str(verdict) << "}\n";
     out.close();
     if (!out) throw Error(ErrorKind::Runtime, "--json", "the results file must be writable", "path '" + o.json + "'");
