@@ -175,6 +175,8 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
   const int64_t H = md.hidden, I = md.inter;
   if (c.form == "fc1") {
     a_cols = H; w_elems = E * 2 * I * H; out_elems = rows * I; out2_elems = rows * 2 * I;
+  } else if (c.form == "fc1_fp8") {  // E4M3 codes (one byte each: the buffers half used); out = h codes, out2 = h scales
+    a_cols = H; w_elems = E * 2 * I * H; out_elems = rows * I; out2_elems = rows * (I / 128) * 2;
   } else if (c.form == "fc2" || c.form == "fc2_fp8") {  // fp8: one byte per element (the bf16 buffers half used)
     a_cols = I; w_elems = E * H * I; out_elems = rows * H;
   } else if (c.form == "dgrad" || c.form == "dgrad_fc1") {  // dgrad_fc1: W = w_gate then w_up
@@ -186,7 +188,7 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
   }
   const int64_t set_bytes = (rows * a_cols + w_elems + rows * b_cols) * 2;
   const int sets = int(std::clamp<int64_t>((256ll << 20) / std::max<int64_t>(set_bytes, 1) + 1, 1, 4));
-  const bool fp8 = c.form == "fc2_fp8";
+  const bool fp8 = c.form == "fc2_fp8" || c.form == "fc1_fp8";
   std::vector<std::unique_ptr<Buf>> A, W, B, SA, SW;  // SA, SW: the FP8 operands' scales
   for (int s = 0; s < sets; ++s) {
     A.emplace_back(new Buf(size_t(rows * a_cols) * 2));
@@ -243,6 +245,20 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
       a.tile_expert = static_cast<int32_t*>(d_te.p); a.num_m_tiles = tiles;
       a.expert_row_begin = static_cast<int32_t*>(d_beg.p); a.expert_rows = static_cast<int32_t*>(d_cnt.p);
       plans.push_back(gemm::plan_fc2(a, o));
+    } else if (c.form == "fc1_fp8") {
+      // W holds w_gate [E, I, H] then w_up; SW their 128 x 128 scales likewise.
+      gemm::Fp8Fc1Args a;
+      a.x = A[s]->p; a.x_scales = static_cast<const float*>(SA[s]->p);
+      a.w_gate = W[s]->p; a.w_up = static_cast<const uint8_t*>(W[s]->p) + E * I * H;
+      a.w_gate_scales = static_cast<const float*>(SW[s]->p);
+      a.w_up_scales = static_cast<const float*>(SW[s]->p) + E * I * H / (128 * 128);
+      a.h = out.p; a.h_scales = static_cast<float*>(out2.p);
+      a.hidden = H; a.inter = I; a.experts = E;
+      a.tile_expert = static_cast<int32_t*>(d_te.p); a.num_m_tiles = tiles;
+      gemm::Options o8 = o;
+      o8.block_n = 0;  // FP8's FC1: 256-wide packed tiles
+      o8.cluster = false;
+      plans.push_back(gemm::plan_fp8_fc1(a, o8));
     } else if (fp8) {
       gemm::Fp8GroupedArgs a;
       a.a = A[s]->p; a.a_scales = static_cast<const float*>(SA[s]->p);
@@ -250,7 +266,8 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
       a.y = out.p; a.k = I; a.n = H; a.experts = E;
       a.tile_expert = static_cast<int32_t*>(d_te.p); a.num_m_tiles = tiles;
       gemm::Options o8 = o;
-      o8.block_n = 0;  // FP8: 128-wide tiles
+      o8.block_n = 0;  // FP8: 128- or 256-wide tiles by tile count (or the --block-n knob)
+      if (kn.block_n == 128 || kn.block_n == 256) o8.block_n = kn.block_n;
       o8.cluster = false;
       plans.push_back(gemm::plan_fp8_grouped(a, o8));
     } else if (c.form == "dgrad" || c.form == "dgrad_fc1") {
@@ -301,6 +318,34 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
       const int64_t j = rng.below(H);
       ref = dot_rows(fetch(A[0]->p, r * I, I), fetch(W[0]->p, (e * H + j) * I, I));
       got = host_bf16(fetch(out.p, r * H + j, 1)[0]);
+    } else if (c.form == "fc1_fp8") {  // h from the decoded operands in fp64 vs the decoded h code
+      const int64_t i = rng.below(I), kb = H / 128;
+      std::vector<uint8_t> qa(static_cast<size_t>(H)), qg(static_cast<size_t>(H)), qu(static_cast<size_t>(H));
+      std::vector<float> sa(static_cast<size_t>(kb)), sg(static_cast<size_t>(kb)), su(static_cast<size_t>(kb));
+      const auto* a8 = static_cast<const uint8_t*>(A[0]->p);
+      const auto* w8 = static_cast<const uint8_t*>(W[0]->p);
+      const auto* sw = static_cast<const float*>(SW[0]->p);
+      MOK_CUDA_CHECK(cudaMemcpy(qa.data(), a8 + r * H, size_t(H), cudaMemcpyDeviceToHost));
+      MOK_CUDA_CHECK(cudaMemcpy(qg.data(), w8 + (e * I + i) * H, size_t(H), cudaMemcpyDeviceToHost));
+      MOK_CUDA_CHECK(cudaMemcpy(qu.data(), w8 + E * I * H + (e * I + i) * H, size_t(H), cudaMemcpyDeviceToHost));
+      MOK_CUDA_CHECK(cudaMemcpy(sa.data(), static_cast<const float*>(SA[0]->p) + r * kb, size_t(kb) * 4,
+                                cudaMemcpyDeviceToHost));
+      const int64_t wb = (e * (I / 128) + i / 128) * kb;
+      MOK_CUDA_CHECK(cudaMemcpy(sg.data(), sw + wb, size_t(kb) * 4, cudaMemcpyDeviceToHost));
+      MOK_CUDA_CHECK(cudaMemcpy(su.data(), sw + E * I * H / (128 * 128) + wb, size_t(kb) * 4, cudaMemcpyDeviceToHost));
+      double g = 0, u = 0;
+      for (int64_t j = 0; j < H; ++j) {
+        const double x = double(mok::fp8::e4m3_decode(qa[size_t(j)])) * sa[size_t(j / 128)];
+        g += x * double(mok::fp8::e4m3_decode(qg[size_t(j)])) * sg[size_t(j / 128)];
+        u += x * double(mok::fp8::e4m3_decode(qu[size_t(j)])) * su[size_t(j / 128)];
+      }
+      ref = g / (1.0 + std::exp(-g)) * u;
+      uint8_t code = 0;
+      float hs = 0;
+      MOK_CUDA_CHECK(cudaMemcpy(&code, static_cast<const uint8_t*>(out.p) + r * I + i, 1, cudaMemcpyDeviceToHost));
+      MOK_CUDA_CHECK(cudaMemcpy(&hs, static_cast<const float*>(out2.p) + r * (I / 128) + i / 128, 4,
+                                cudaMemcpyDeviceToHost));
+      got = double(mok::fp8::e4m3_decode(code)) * hs;
     } else if (fp8) {  // the decoded codes times their scales, in fp64
       const int64_t j = rng.below(H), kb = I / 128;
       std::vector<uint8_t> qa(static_cast<size_t>(I)), qw(static_cast<size_t>(I));
@@ -391,7 +436,7 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
   res.ms = ms[ms.size() / 2];
   res.launches = batches * per_batch;
   // Useful FLOPs: real rows only (padding rows are mok's overhead).
-  if (c.form == "fc1") res.flops = 2.0 * double(real_rows) * double(2 * I) * double(H);
+  if (c.form == "fc1" || c.form == "fc1_fp8") res.flops = 2.0 * double(real_rows) * double(2 * I) * double(H);
   else if (c.form == "fc2" || fp8) res.flops = 2.0 * double(real_rows) * double(H) * double(I);
   else if (c.form == "dgrad" || c.form == "dgrad_fc1" || c.form == "dgrad_swiglu")
     res.flops = 2.0 * double(real_rows) * double(c.n) * double(c.k);
@@ -439,15 +484,15 @@ int main(int argc, char** argv) {
   for (const Model& m : kModels) {
     for (const char* routing : {"uniform", "skewed"})
       for (int64_t r : row_set)
-        for (const char* form : {"fc1", "fc2", "fc2_fp8"}) {
+        for (const char* form : {"fc1", "fc2", "fc1_fp8", "fc2_fp8"}) {
           Case c;
           c.model = &m;
           c.form = form;
           c.routing = routing;
           c.rows_per_expert = r;
           c.name = std::string(m.name) + "-" + form;
-          if (c.form == "fc2_fp8" && std::string(routing) != "uniform") continue;
-          if (c.form == "fc1") { c.n = 2 * m.inter; c.k = m.hidden; }
+          if ((c.form == "fc1_fp8" || c.form == "fc2_fp8") && std::string(routing) != "uniform") continue;
+          if (c.form == "fc1" || c.form == "fc1_fp8") { c.n = 2 * m.inter; c.k = m.hidden; }
           else { c.n = m.hidden; c.k = m.inter; }
           cases.push_back(c);
         }

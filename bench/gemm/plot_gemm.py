@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import plot_common  # noqa: E402
 from roofline import DEFAULT_COPY_TBPS, roofline_tflops  # noqa: E402
 
-FORM_ORDER = {"fc1": 0, "fc2": 1, "fc2_fp8": 1, "dgrad": 2, "dgrad_fc1": 2, "dgrad_swiglu": 3, "wgrad": 4}
+FORM_ORDER = {"fc1": 0, "fc1_fp8": 0, "fc2": 1, "fc2_fp8": 1, "dgrad": 2, "dgrad_fc1": 2, "dgrad_swiglu": 3, "wgrad": 4}
 
 
 def bar_factor(rows_per_expert):

@@ -79,15 +79,17 @@ def build(case):
         def make():
             return rnd(M, I), rnd(E, H, I, scale=0.03)
         return make, lambda s: torch._grouped_mm(s[0], s[1].transpose(-2, -1), offs=offs), M
-    if form == "fc2_fp8":
-        # [M, I] x [E, H, I]^T with E4M3 operands: torch's FP8 grouped GEMM takes row-wise scales
-        # (per row of a, per output column of w), not mok's 1x128 / 128x128 blocks: the same FLOPs
-        # and operand bytes, another scaling recipe (scales of 1 here).
+    if form in ("fc1_fp8", "fc2_fp8"):
+        # [M, k] x [E, n, k]^T with E4M3 operands (fc1: k = H, n = 2I, the gate and up products, no
+        # SwiGLU; fc2: k = I, n = H): torch's FP8 grouped GEMM takes row-wise scales (per row of a,
+        # per output column of w), not mok's 1x128 / 128x128 blocks: the same FLOPs and operand
+        # bytes, another scaling recipe (scales of 1 here).
+        k, n = (H, 2 * I) if form == "fc1_fp8" else (I, H)
         def make():
-            a = rnd(M, I).to(torch.float8_e4m3fn)
-            w = rnd(E, H, I, scale=0.03).to(torch.float8_e4m3fn)
+            a = rnd(M, k).to(torch.float8_e4m3fn)
+            w = rnd(E, n, k, scale=0.03).to(torch.float8_e4m3fn)
             return (a, w, torch.ones(M, device="cuda", dtype=torch.float32),
-                    torch.ones(E, H, device="cuda", dtype=torch.float32))
+                    torch.ones(E, n, device="cuda", dtype=torch.float32))
         return make, lambda s: torch._scaled_grouped_mm(s[0], s[1].transpose(-2, -1), s[2], s[3], offs=offs,
                                                         out_dtype=torch.bfloat16), M
     if form in ("dgrad", "dgrad_fc1"):  # [M, k] x [E, k, n] (dgrad_fc1: mok reads the K blocks from w_gate and w_up)
