@@ -197,8 +197,11 @@ struct BwdGemmShape {
   int32_t wd_m = 0, wd_n = 0;  // WD tiles of an expert: ceil(H / 128) x ceil(I / BLOCK_N)
   int32_t w1_m = 0, w1_n = 0;  // W1 tiles of an expert: ceil(2I / 128) x ceil(H / BLOCK_N)
   // 1: the D1 tiles merged with the weight-gradient tiles (above); 0: phased, all D1 tiles then
-  // all weight-gradient tiles (the unfused kernels' order in one kernel).
-  int32_t merge = 1;
+  // all weight-gradient tiles (the unfused kernels' order in one kernel); 2: phased, with only the
+  // D2 and D1 tickets claimed from the counter and the weight-gradient tiles dealt out statically
+  // (CTA c of G takes weight-gradient tiles c, c + G, ... once the counter's tickets are gone: no
+  // atomic per short tile, as the standalone wgrad kernel's schedule).
+  int32_t merge = 0;
 };
 
 struct BwdGemmTask {
@@ -225,8 +228,9 @@ MOK_HD BwdGemmTask bwd_gemm_decode(const BwdGemmShape& s, int64_t t) {
   t -= d2;
   const int64_t d1 = bwd_gemm_d1_tickets(s), n = d1 + bwd_gemm_w_tickets(s);
   if (t >= n) return BwdGemmTask{kGemmEnd, -1, -1, -1};
-  const int64_t before = s.merge ? t * d1 / n : (t < d1 ? t : d1);  // D1 tiles among the first t tickets
-  if (s.merge ? (t + 1) * d1 / n > before : t < d1) {
+  const bool merged = s.merge == 1;
+  const int64_t before = merged ? t * d1 / n : (t < d1 ? t : d1);  // D1 tiles among the first t tickets
+  if (merged ? (t + 1) * d1 / n > before : t < d1) {
     const sched::TileMN r = sched::tile_raster(int32_t(before), s.m_tiles, s.n_d1, s.group_m);
     return BwdGemmTask{kGemmD1, r.m, r.n, -1};
   }
@@ -236,6 +240,12 @@ MOK_HD BwdGemmTask bwd_gemm_decode(const BwdGemmShape& s, int64_t t) {
   const sched::TileMN r = i < wd ? sched::tile_raster(i, s.wd_m, s.wd_n, s.group_m)
                                  : sched::tile_raster(i - wd, s.w1_m, s.w1_n, s.group_m);
   return BwdGemmTask{i < wd ? kGemmWd : kGemmW1, r.m, r.n, e};
+}
+
+// The tickets claimed from the counter: all of them, or with static weight gradients (merge 2)
+// the D2 and D1 ones; weight-gradient tile w (0-based) is then ticket dynamic + w.
+MOK_HD int64_t bwd_gemm_dynamic_tickets(const BwdGemmShape& s) {
+  return s.merge == 2 ? int64_t(s.m_tiles) * s.n_d2 + bwd_gemm_d1_tickets(s) : bwd_gemm_tickets(s);
 }
 
 // The M tiles [first, end) that an expert's rows [begin, begin + rows) of the window cover (its

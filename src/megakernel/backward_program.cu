@@ -120,6 +120,8 @@ __device__ void producer(const BwdProgramParams& P, const dev::DeviceComm& dc, c
   Cursor cur;
   ProducerMemo memo;
   bool issuing = true;  // false once a wait for a free stage expired: hand out End next
+  // Static weight gradients (merge 2): once the counter's tickets are gone, this CTA's own tiles.
+  int64_t own = -1;  // the next of them (index among the weight-gradient tiles), -1: still dynamic
 #pragma unroll 1
   for (;;) {
     BwdGemmTask tk{kGemmEnd, -1, -1, -1};
@@ -128,7 +130,16 @@ __device__ void producer(const BwdProgramParams& P, const dev::DeviceComm& dc, c
     while (issuing) {
       // (The shape from the parameters each time: constant-bank operands, not registers held
       // across the loop, which the producer's 56 do not have room for.)
-      tk = bwd_gemm_decode(shape_of(P, experts.count), int64_t(atomicAdd(P.counters, 1u)));
+      int64_t ticket;
+      if (own < 0) {
+        ticket = int64_t(atomicAdd(P.counters, 1u));
+        if (P.merge == 2 && ticket >= bwd_gemm_dynamic_tickets(shape_of(P, experts.count))) own = blockIdx.x;
+      }
+      if (own >= 0) {
+        ticket = bwd_gemm_dynamic_tickets(shape_of(P, experts.count)) + own;
+        own += gridDim.x;
+      }
+      tk = bwd_gemm_decode(shape_of(P, experts.count), ticket);
       if (tk.kind == kGemmEnd || make_tile(P, experts.first, tk, t, memo)) break;
     }
     if (tk.kind != kGemmEnd && !wait_deps(P, dc, tk, t, memo)) tk.kind = kGemmEnd;

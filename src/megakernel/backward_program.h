@@ -31,7 +31,7 @@ struct BwdProgramParams {
   // bwd_program_counter_words(d2.p.num_m_tiles) words, zero at launch: the ticket, then per
   // routed M tile the reports of its D2 tiles (two per tile: one per consumer warpgroup).
   uint32_t* counters = nullptr;
-  int32_t merge = 1;  // BwdGemmShape::merge (the layer's MOK_BWD_ORDER: merged, or phased)
+  int32_t merge = 0;  // BwdGemmShape::merge (the layer's MOK_BWD_ORDER: phased, merged or static)
 };
 
 inline int64_t bwd_program_counter_words(int64_t m_tiles) { return 1 + m_tiles; }

@@ -61,8 +61,9 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   // The backward program's ticket order (an experiment knob, the same bits either way).
   if (const char* order = std::getenv("MOK_BWD_ORDER")) {
     const std::string o = order;
-    MOK_REQUIRE(o == "merged" || o == "phased", "MOK_BWD_ORDER", "must be 'merged' or 'phased', got '", o, "'");
-    bwd_merge = o == "merged" ? 1 : 0;
+    MOK_REQUIRE(o == "phased" || o == "merged" || o == "static", "MOK_BWD_ORDER",
+                "must be 'phased', 'merged' or 'static', got '", o, "'");
+    bwd_merge = o == "merged" ? 1 : o == "static" ? 2 : 0;
   }
   rank = comm.rank();
   world = comm.world_size();

@@ -224,7 +224,9 @@ struct Layer::Impl {
   bool windowed = false;
   DeviceBuffer bwd_carry, bwd_windows;
   DeviceBuffer bwd_counters;  // Config::backward_path fused: the program's ticket and D2 counters
-  int32_t bwd_merge = 1;      // its ticket order (mk::BwdGemmShape::merge; MOK_BWD_ORDER)
+  // Its ticket order (mk::BwdGemmShape::merge; MOK_BWD_ORDER): phased by default, which measured
+  // faster than merged (notes/backward.md).
+  int32_t bwd_merge = 0;
   // Windowed: the forward's gate/up rows [saved_rows, 2I] of the schedule's first saved_rows rows
   // (the activation budget; FC1's TMA stores clip the rows past it), which the backward reads
   // instead of recomputing FC1.

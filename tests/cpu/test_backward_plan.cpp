@@ -299,6 +299,24 @@ void check_gemm_program(const GemmCase& c, int32_t merge) {
   }
   ASSERT_EQ(t, n);
   ASSERT_EQ(static_cast<int64_t>(at.size()), n);
+  // Static weight gradients: the counter's tickets are the D2 and D1 tiles, and CTA c of G takes
+  // weight-gradient tiles c, c + G, ...: together every one exactly once, whatever G.
+  const int64_t dyn = mk::bwd_gemm_dynamic_tickets(s);
+  if (merge == 2) {
+    ASSERT_EQ(dyn, int64_t(s.m_tiles) * (s.n_d2 + s.n_d1));
+    for (const int64_t G : {1, 3, 132}) {
+      std::vector<int> seen(static_cast<size_t>(n - dyn), 0);
+      for (int64_t cta = 0; cta < G; ++cta)
+        for (int64_t w_i = cta; dyn + w_i < n; w_i += G) {
+          const mk::BwdGemmTask k = mk::bwd_gemm_decode(s, dyn + w_i);
+          ASSERT_TRUE(k.kind == mk::kGemmWd || k.kind == mk::kGemmW1);
+          ++seen[static_cast<size_t>(w_i)];
+        }
+      for (const int v : seen) ASSERT_EQ(v, 1);
+    }
+  } else {
+    ASSERT_EQ(dyn, n);
+  }
   // Dependencies: all D2 tiles come first, so a D1 or weight-gradient ticket lies above every D2
   // ticket it waits for; the waits the kernel makes (bwd_gemm_expert_tiles) name real M tiles.
   for (const auto& [key, ticket] : at) {
@@ -317,7 +335,7 @@ void check_gemm_program(const GemmCase& c, int32_t merge) {
   }
   // Spread: in the merged part, between two D1 tiles at most ceil(w / d1) weight-gradient tiles.
   const int64_t d1 = mk::bwd_gemm_d1_tickets(s), w = mk::bwd_gemm_w_tickets(s);
-  if (merge && d1 > 0 && w > 0) {
+  if (merge == 1 && d1 > 0 && w > 0) {
     int64_t run = 0, longest = 0;
     for (int64_t u = int64_t(s.m_tiles) * s.n_d2; u < n; ++u) {
       run = mk::bwd_gemm_decode(s, u).kind == mk::kGemmD1 ? 0 : run + 1;
@@ -328,9 +346,10 @@ void check_gemm_program(const GemmCase& c, int32_t merge) {
 }
 
 TEST(BackwardGemmProgram, EveryTileOnceAfterItsDependencies) {
-  // expert rows, n_d2, n_d1, WD tiles (m x n), W1 tiles (m x n), group_m; merged and phased orders
-  for (const int32_t merge : {1, 0}) {
-    SCOPED_TRACE(merge ? "merged" : "phased");
+  // expert rows, n_d2, n_d1, WD tiles (m x n), W1 tiles (m x n), group_m; merged, phased and
+  // static orders (static decodes as phased; its counter covers D2 and D1 only)
+  for (const int32_t merge : {1, 0, 2}) {
+    SCOPED_TRACE(merge == 1 ? "merged" : merge == 0 ? "phased" : "static");
     check_gemm_program(GemmCase{{256, 256, 256, 256}, 8, 28, 56, 8, 32, 28, 8}, merge);  // DeepSeek-V3 at EP 1, 4 experts
     check_gemm_program(GemmCase{{700, 1, 0, 383, 129}, 3, 5, 2, 4, 2, 1, 8}, merge);    // partial and empty experts
     check_gemm_program(GemmCase{{0, 0}, 2, 3, 1, 1, 1, 1, 8}, merge);                   // no rows: zero gradients only

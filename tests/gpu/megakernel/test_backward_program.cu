@@ -1,6 +1,6 @@
 // The backward's GEMM program (Config::backward_path fused, src/megakernel/backward_program.h):
 // its gradients are bitwise the unfused backward's (the same tiles in the same K order; only the
-// order in which tiles run differs), on the resident backward and over windows of a small ring
+// order in which tiles run differs: every ticket order is run), on the resident backward and over windows of a small ring
 // (saved gate/up rows, part of them, FC1 recomputed), for uniform, Zipf and one-expert routing with
 // a shared expert; repeated runs are bitwise identical; forward + backward are captured in one
 // CUDA graph and replayed with the same bits. One GPU.
@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -61,8 +62,14 @@ TEST_P(LayerBackwardProgram, BitwiseTheUnfusedBackward) {
   mok::Config fused = unfused;
   fused.backward_path = mok::BackwardPath::Fused;
   const auto want = grads_of(shape, unfused, wl, 1);
-  const auto got = grads_of(shape, fused, wl, 3);  // three backwards: bitwise equal to each other
-  expect_same_bits(want, got, c.name);
+  // Every ticket order (MOK_BWD_ORDER, read when a layer is built), three backwards each: bitwise
+  // equal to each other and to the unfused backward.
+  for (const char* order : {"phased", "merged", "static"}) {
+    setenv("MOK_BWD_ORDER", order, 1);
+    const auto got = grads_of(shape, fused, wl, 3);
+    expect_same_bits(want, got, (std::string(c.name) + " " + order).c_str());
+  }
+  unsetenv("MOK_BWD_ORDER");
   std::printf("[backward program] %s: ring %lld of %lld worst-case rows\n", c.name,
               (long long)(c.ring ? c.ring : shape.worst_case_rows()), (long long)shape.worst_case_rows());
 }
