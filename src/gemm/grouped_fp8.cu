@@ -123,14 +123,8 @@ template <int kBN, bool kFc1>
 void launch_fp8_cfg(const Plan& plan, cudaStream_t stream) {
   using CF = engine::Cfg<kBN, engine::OperandE4m3>;
   auto* kernel = &engine::fp8_grouped_kernel<CF, kFc1>;
-  static std::atomic<unsigned long long> configured{0};  // per device: the attribute is set
-  int dev = 0;
-  MOK_CUDA_CHECK(cudaGetDevice(&dev));
-  const unsigned long long bit = 1ull << (dev & 63);
-  if ((configured.load() & bit) == 0) {
-    MOK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(CF::kSmemBytes)));
-    configured.fetch_or(bit);
-  }
+  static std::atomic<unsigned long long> configured{0};
+  mok::detail::set_smem_once(kernel, int(CF::kSmemBytes), configured);
   kernel<<<unsigned(plan.grid), engine::kThreads, CF::kSmemBytes, stream>>>(plan.map_a, plan.map_b, plan.map_b_half,
                                                                            plan.map_d0, plan.params);
   MOK_CUDA_CHECK(cudaGetLastError());

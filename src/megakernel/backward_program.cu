@@ -244,14 +244,8 @@ BwdGemm bwd_gemm_of(const gemm::Plan& plan, const char* what) {
 void launch_backward_program(const BwdProgramParams& params, const comm::dev::DeviceComm& dc, int grid,
                              cudaStream_t stream) {
   const int smem = int(C::kSmemBytes) + kExtraSmem;
-  static std::atomic<unsigned long long> configured{0};  // per device: the attribute is set
-  int dev = 0;
-  MOK_CUDA_CHECK(cudaGetDevice(&dev));
-  const unsigned long long bit = 1ull << (dev & 63);
-  if ((configured.load() & bit) == 0) {
-    MOK_CUDA_CHECK(cudaFuncSetAttribute(backward_program, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    configured.fetch_or(bit);
-  }
+  static std::atomic<unsigned long long> configured{0};
+  detail::set_smem_once(backward_program, smem, configured);
   MOK_REQUIRE(grid >= 1, "backward program", "grid >= 1, got ", grid);
   backward_program<<<unsigned(grid), kThreads, size_t(smem), stream>>>(params, dc);
   MOK_CUDA_CHECK(cudaGetLastError());

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -200,6 +201,21 @@ inline std::vector<std::vector<float>> grads_of(const mok::LayerShape& shape, co
   }
   cudaFree(d_out);
   return first;
+}
+
+// The names of RankGrads::fetch's gradients, in its order.
+inline const char* const kGradNames[] = {"d_x", "d_topk_w", "dW_gate", "dW_up", "dW_down", "dWs_gate", "dWs_up", "dWs_down"};
+
+// Every value of every gradient the same bits (grads_of's results of two configurations).
+inline void expect_same_bits(const std::vector<std::vector<float>>& want, const std::vector<std::vector<float>>& got,
+                             const std::string& what) {
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t o = 0; o < want.size(); ++o) {
+    ASSERT_EQ(want[o].size(), got[o].size());
+    int64_t differ = 0;
+    for (size_t i = 0; i < want[o].size(); ++i) differ += std::memcmp(&want[o][i], &got[o][i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0) << what << ": " << kGradNames[o] << ": " << differ << " of " << want[o].size() << " differ";
+  }
 }
 
 }  // namespace mok::test

@@ -21,24 +21,12 @@
 
 namespace {
 
+using mok::test::expect_same_bits;
 using mok::test::grads_of;
 using mok::test::RankData;
 using mok::test::RankGrads;
 using mok::test::ranks_on_gpus;
 using mok::test::upload;
-
-const char* const kGradNames[] = {"d_x", "d_topk_w", "dW_gate", "dW_up", "dW_down", "dWs_gate", "dWs_up", "dWs_down"};
-
-void expect_same_bits(const std::vector<std::vector<float>>& want, const std::vector<std::vector<float>>& got,
-                      const char* what) {
-  ASSERT_EQ(want.size(), got.size());
-  for (size_t o = 0; o < want.size(); ++o) {
-    ASSERT_EQ(want[o].size(), got[o].size());
-    int64_t differ = 0;
-    for (size_t i = 0; i < want[o].size(); ++i) differ += std::memcmp(&want[o][i], &got[o][i], sizeof(float)) != 0;
-    EXPECT_EQ(differ, 0) << what << ": " << kGradNames[o] << ": " << differ << " of " << want[o].size() << " differ";
-  }
-}
 
 struct ProgramCase {
   const char* name;
@@ -67,7 +55,7 @@ TEST_P(LayerBackwardProgram, BitwiseTheUnfusedBackward) {
   for (const char* order : {"phased", "merged", "static"}) {
     setenv("MOK_BWD_ORDER", order, 1);
     const auto got = grads_of(shape, fused, wl, 3);
-    expect_same_bits(want, got, (std::string(c.name) + " " + order).c_str());
+    expect_same_bits(want, got, std::string(c.name) + " " + order);
   }
   unsetenv("MOK_BWD_ORDER");
   std::printf("[backward program] %s: ring %lld of %lld worst-case rows\n", c.name,

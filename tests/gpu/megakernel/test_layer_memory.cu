@@ -21,6 +21,7 @@
 namespace {
 
 using mok::test::bit_diffs;
+using mok::test::expect_same_bits;
 using mok::test::grads_of;
 using mok::test::RankData;
 using mok::test::RankGrads;
@@ -196,12 +197,7 @@ TEST_P(LayerBackwardWindows, BitwiseTheUnfusedBackward) {
   ASSERT_LT(c.ring, shape.worst_case_rows()) << "the case must run over windows";
   const auto want = grads_of(shape, unfused, wl, 1);
   const auto got = grads_of(shape, windows, wl, 2);
-  const char* names[] = {"d_x", "d_topk_w", "dW_gate", "dW_up", "dW_down", "dWs_gate", "dWs_up", "dWs_down"};
-  for (size_t o = 0; o < want.size(); ++o) {
-    int64_t differ = 0;
-    for (size_t i = 0; i < want[o].size(); ++i) differ += std::memcmp(&want[o][i], &got[o][i], sizeof(float)) != 0;
-    EXPECT_EQ(differ, 0) << names[o] << ": " << differ << " of " << want[o].size() << " differ";
-  }
+  expect_same_bits(want, got, c.name);
   std::printf("[backward windows] %s: ring %lld of %lld worst-case rows, %lld rows saved\n", c.name,
               (long long)c.ring, (long long)shape.worst_case_rows(), (long long)windows.resolved_saved_rows(shape));
 }
@@ -282,7 +278,7 @@ TEST_P(LayerSavedForwards, MicrobatchesAliveAtOnceGiveTheirOwnBits) {
     d_outs.push_back(upload(wls[size_t(b)].d_out[0].data(), wls[size_t(b)].d_out[0].size()));
   }
   mok::Layer layer(comm, shape, many, data[0]->dw);
-  const char* names[] = {"d_x", "d_topk_w", "dW_gate", "dW_up", "dW_down", "dWs_gate", "dWs_up", "dWs_down"};
+  const auto& names = mok::test::kGradNames;
   const auto forward = [&](int b) {
     data[size_t(b)]->poison();
     return layer.forward(data[size_t(b)]->refs, data[size_t(b)]->out_ref(), comm.stream());
