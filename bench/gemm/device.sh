@@ -34,8 +34,8 @@ log "ptxas_check rc=$?"
 # SASS: per kernel, HGMMA / local-memory instruction counts; the FC1 kernel's listing.
 if command -v cuobjdump >/dev/null; then
   cuobjdump -sass "$B/bench/gemm/mok_gemm_bench" >"$OUT/sass_all.txt" 2>&1
-  awk '/Function :/{f=$3} /HGMMA/{h[f]++} /LDL|STL/{l[f]++} /WARPGROUP.ARRIVE|WARPGROUP.DEPBAR/{w[f]++}
-       END{for (k in h) printf "SASS %-80s HGMMA %d  LDL/STL %d  warpgroup sync %d\n", substr(k,1,80), h[k], l[k]+0, w[k]+0}' \
+  awk '/Function :/{f=$3} /[HQ]GMMA/{h[f]++} /LDL|STL/{l[f]++} /WARPGROUP.ARRIVE|WARPGROUP.DEPBAR/{w[f]++}
+       END{for (k in h) printf "SASS %-80s GMMA %d  LDL/STL %d  warpgroup sync %d\n", substr(k,1,80), h[k], l[k]+0, w[k]+0}' \
     "$OUT/sass_all.txt" | tee -a "$LOG"
   [ "${GEMM_SASS:-0}" = 1 ] && awk '/Function :/{p=($3 ~ /FormFc1/)} p' "$OUT/sass_all.txt" >"$OUT/sass_fc1.txt"
   rm -f "$OUT/sass_all.txt"
@@ -130,7 +130,7 @@ if [ "${GEMM_NCU:-0}" = 1 ]; then
 fi
 nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv >>"$LOG" 2>&1
 python3 bench/gemm/make_json.py --mok /tmp/gemm_mok1.json /tmp/gemm_mok2.json \
-  --torch /tmp/gemm_torch1.json /tmp/gemm_torch2.json --out "$OUT/gemm-h200x1.json" \
+  --torch /tmp/gemm_torch1.json /tmp/gemm_torch2.json --out "$OUT/gemm-h200x1.json" --fp8-out "$OUT/gemm-fp8-h200x1.json" \
   --commit "${MOK_COMMIT:-unknown}" --read "$OUT/read.json" 2>&1 | tee -a "$LOG"
 python3 bench/gemm/roofline.py "$OUT/gemm-h200x1.json" 2>&1 | tee -a "$LOG"
 python3 bench/gemm/plot_gemm.py "$OUT/gemm-h200x1.json" "$OUT/gemm-h200x1.png" 2>&1 | tee -a "$LOG"

@@ -4,10 +4,15 @@ bench/results/gemm-h200x1.json and prints the table. With several passes (mok, t
 torch, ... alternating in one call), each side's time is the mean over its passes.
 
   python3 bench/gemm/make_json.py --mok mok1.json [mok2.json] --torch torch1.json [torch2.json] \
-      --out gemm-h200x1.json [--commit SHA] [--date YYYY-MM-DD] [--read read.json]
+      --out gemm-h200x1.json [--fp8-out gemm-fp8-h200x1.json] [--commit SHA] [--date YYYY-MM-DD] \
+      [--read read.json]
 
 --read: mok_read_ceiling's JSON from the same call; adds `read_tbps` and each case's
 `read_bound_tflops` (the time to read its weights and inputs once at that rate).
+Every case gets a `precision` (bf16, or fp8 for the *_fp8 forms, whose roofline uses cuBLAS's FP8
+8192^3 rate, `peak_fp8_tflops`, and one-byte operands); an FP8 case also gets `bf16_mok_tflops`
+and `x_bf16`, mok's BF16 form of the same case in the same run. --fp8-out writes the FP8 cases
+alone (same keys) as well.
 """
 import argparse
 import datetime
@@ -17,7 +22,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from roofline import DEFAULT_COPY_TBPS, read_bound_tflops, roofline_tflops  # noqa: E402
+from roofline import DEFAULT_COPY_TBPS, FP8_FORMS, read_bound_tflops, roofline_tflops  # noqa: E402
 
 
 def main():
@@ -28,6 +33,7 @@ def main():
     ap.add_argument("--commit")
     ap.add_argument("--date")
     ap.add_argument("--read", help="mok_read_ceiling JSON (same call)")
+    ap.add_argument("--fp8-out", help="also write the FP8 cases alone to this file")
     a = ap.parse_args()
     read = None
     if a.read:
@@ -61,6 +67,7 @@ def main():
     mok_passes = [{key(c): c for c in m["cases"]} for m in moks]
     tor_passes = [{key(c): c for c in t["cases"]} for t in tors]
     peak = mean([t["peak_bf16_tflops"] for t in tors if t.get("peak_bf16_tflops")])
+    peak8 = mean([t.get("peak_fp8_tflops") for t in tors if t.get("peak_fp8_tflops")])
     copy = mean([t.get("copy_tbps") for t in tors if t.get("copy_tbps")])
     cases = []
     for c in mok["cases"]:
@@ -74,9 +81,10 @@ def main():
         tt = c["flops"] / (tm * 1e-3) / 1e12 if tm else None
         st = c["flops"] / (sm * 1e-3) / 1e12 if sm else None
         terr = next((p[k]["torch_error"] for p in tor_passes if k in p and "torch_error" in p[k]), None)
+        fp8 = c["form"] in FP8_FORMS
         cases.append({
-            "name": c["name"], "form": c["form"], "rows_per_expert": c["rows_per_expert"],
-            "routing": c["routing"], "mok_tflops": round(mt, 1),
+            "name": c["name"], "form": c["form"], "precision": "fp8" if fp8 else "bf16",
+            "rows_per_expert": c["rows_per_expert"], "routing": c["routing"], "mok_tflops": round(mt, 1),
             "torch_grouped_mm_tflops": None if tt is None else round(tt, 1),
             "speedup": None if not tt else round(mt / tt, 3),
             **({"torch_fc1_swiglu_tflops": round(st, 1)} if st else {}),
@@ -89,15 +97,25 @@ def main():
             "cluster": c.get("cluster"), "split_n": c.get("split_n"),
             "check_rel_err": c["check_rel_err"], "flops": c["flops"],
             "roofline_tflops": (lambda r: None if r is None else round(r, 1))(
-                roofline_tflops(c, c["flops"], peak, copy or DEFAULT_COPY_TBPS)),
+                roofline_tflops(c, c["flops"], peak8 if fp8 else peak, copy or DEFAULT_COPY_TBPS)),
             **({"read_bound_tflops": round(rb, 1)} if (rb := read_bound_tflops(c, c["flops"], read_tbps)) else {}),
             **({"torch_error": terr} if terr else {}),
         })
+    # Each FP8 case beside mok's BF16 form of the same model, rows and routing (fc1_fp8 <-> fc1).
+    by_key = {(c["name"], c["rows_per_expert"], c["routing"]): c for c in cases}
+    for c in cases:
+        if c["precision"] != "fp8":
+            continue
+        twin = by_key.get((c["name"].replace("_fp8", ""), c["rows_per_expert"], c["routing"]))
+        if twin and twin["mok_tflops"] > 0:
+            c["bf16_mok_tflops"] = twin["mok_tflops"]
+            c["x_bf16"] = round(c["mok_tflops"] / twin["mok_tflops"], 3)
     res = {
         "device": mok["device"], "gpus": 1,
         "date": a.date or datetime.date.today().isoformat(),
         "commit": commit, "torch": tor.get("torch"),
         "peak_bf16_tflops": round(peak, 1) if peak else None,
+        "peak_fp8_tflops": round(peak8, 1) if peak8 else None,
         "copy_tbps": round(copy, 3) if copy else DEFAULT_COPY_TBPS,
         "copy_tbps_source": "measured in this run (torch_baseline.py)" if copy else "default (KINDS.md), not measured",
         "roofline": "roofline_tflops = min(peak_bf16_tflops, flops / minimum bytes * copy_tbps); minimum "
@@ -116,6 +134,8 @@ def main():
         "cases": cases,
     }
     json.dump(res, open(a.out, "w"), indent=1)
+    if a.fp8_out:
+        json.dump({**res, "cases": [c for c in cases if c["precision"] == "fp8"]}, open(a.fp8_out, "w"), indent=1)
     print(f"{res['device']}  peak (cuBLAS 8192^3) {res['peak_bf16_tflops']} TFLOP/s")
     # t+swiglu: torch's GEMM with the SwiGLU (fc1) or the SwiGLU backward (dgrad_swiglu) in torch
     # ops, the same work as mok's fused form; x+: mok against it.

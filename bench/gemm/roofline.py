@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Roofline of the grouped-GEMM benchmark's forward and dgrad cases: min(measured dense bf16
-peak, FLOPs / (minimum bytes / memory bandwidth)).
+"""Roofline of the grouped-GEMM benchmark's forward and dgrad cases: min(measured dense peak of
+the case's precision (bf16, or FP8 for the *_fp8 forms), FLOPs / (minimum bytes / memory
+bandwidth)).
 
 Minimum bytes = every weight of the grouped experts once + the activations once + the output
 once (bf16): E*N*K*2 + rows*K*2 + rows*N*2 (dgrad_swiglu, N = inter: its output is d_gu, 2N
@@ -29,7 +30,8 @@ import json
 import sys
 
 DEFAULT_COPY_TBPS = 4.3
-FORMS_WITH_BYTES = ("fc1", "fc2", "dgrad", "dgrad_fc1", "dgrad_swiglu")
+FP8_FORMS = ("fc1_fp8", "fc2_fp8")  # E4M3 operands (1 byte); fc1_fp8 stores h in E4M3, fc2_fp8 a bf16 y
+FORMS_WITH_BYTES = ("fc1", "fc2", "dgrad", "dgrad_fc1", "dgrad_swiglu") + FP8_FORMS
 HBM_PEAK_TBPS = 4.8  # H200 datasheet
 
 
@@ -37,6 +39,10 @@ def min_bytes(case, rows):
     if case["form"] not in FORMS_WITH_BYTES:
         return None
     e, n, k = case["experts"], case["n"], case["k"]
+    if case["form"] == "fc1_fp8":  # h: n / 2 columns of one byte (its 1x128 scales: 1/32 more)
+        return e * n * k + rows * k + rows * n / 2
+    if case["form"] == "fc2_fp8":
+        return e * n * k + rows * k + 2.0 * rows * n
     if case["form"] == "dgrad_swiglu":  # also reads gu and writes d_gu: 2n columns each, no d_h
         return 2.0 * (e * n * k + rows * k + 4 * rows * n)
     return 2.0 * (e * n * k + rows * k + rows * n)
@@ -48,6 +54,8 @@ def read_bytes(case, rows):
     if case["form"] not in FORMS_WITH_BYTES:
         return None
     e, n, k = case["experts"], case["n"], case["k"]
+    if case["form"] in FP8_FORMS:
+        return float(e * n * k + rows * k)
     gu = 2 * rows * n if case["form"] == "dgrad_swiglu" else 0
     return 2.0 * (e * n * k + rows * k + gu)
 
@@ -73,6 +81,14 @@ def roofline_tflops(case, flops, peak_tflops, mem_tbps):
     return min(peak_tflops, mem_tflops)
 
 
+def case_peak(case, results):
+    """The dense peak of the case's precision: cuBLAS FP8 8192^3 (peak_fp8_tflops) for the FP8
+    forms where the file has it, else the bf16 peak."""
+    if case.get("form") in FP8_FORMS:
+        return results.get("peak_fp8_tflops")
+    return results.get("peak_bf16_tflops")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("json")
@@ -93,10 +109,11 @@ def main():
     nan = float("nan")
     for c in d["cases"]:
         flops = c.get("flops") or (c["mok_tflops"] * c["mok_ms"] * 1e9 if c.get("mok_ms") else None)
-        r = roofline_tflops(c, flops, peak, copy)
+        cpeak = case_peak(c, d)
+        r = roofline_tflops(c, flops, cpeak, copy)
         if r is None:
             continue
-        hard = roofline_tflops(c, flops, peak, HBM_PEAK_TBPS)
+        hard = roofline_tflops(c, flops, cpeak, HBM_PEAK_TBPS)
         rb = read_bound_tflops(c, flops, read)
         t = c.get("torch_grouped_mm_tflops")
         bar = (1.25 if c["rows_per_expert"] == 128 else 1.05) * t if t else None

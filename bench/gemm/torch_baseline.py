@@ -4,7 +4,8 @@
 Reads the cases mok_gemm_bench wrote (with their exact per-expert row counts), times
 torch._grouped_mm on the same problems (same M/N/K, same groups, random bf16 data, buffer sets
 rotated when one set would fit in L2; median of CUDA-event-timed launches after warm-up), and
-torch.matmul 8192^3 in bf16 as the cuBLAS dense peak. Writes a JSON with one entry per case.
+torch.matmul 8192^3 in bf16 and torch._scaled_mm 8192^3 in FP8 as the cuBLAS dense peaks. Writes
+a JSON with one entry per case.
 
   python3 bench/gemm/torch_baseline.py --cases mok.json --out torch.json
 """
@@ -43,6 +44,21 @@ def peak_tflops():
     a = [torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
     b = [torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
     ms = time_ms(lambda i: torch.matmul(a[i % 2], b[i % 2]), reps=30, warm=5)
+    return 2.0 * n**3 / (ms * 1e-3) / 1e12, ms
+
+
+def peak_fp8_tflops():
+    """torch._scaled_mm 8192^3 on E4M3 operands (tensor-wise scales, bf16 out): cuBLAS's dense FP8
+    rate in this run, the peak the FP8 forms are measured against. (0, 0) where it fails."""
+    n = 8192
+    try:
+        a = [torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn) for _ in range(2)]
+        b = [torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).t() for _ in range(2)]  # column-major
+        one = torch.ones((), device="cuda", dtype=torch.float32)
+        ms = time_ms(lambda i: torch._scaled_mm(a[i % 2], b[i % 2], one, one, out_dtype=torch.bfloat16), reps=30, warm=5)
+    except Exception as ex:  # noqa: BLE001 - reported, the rest still runs
+        print(f"cuBLAS fp8 8192^3 failed: {ex}", flush=True)
+        return 0.0, 0.0
     return 2.0 * n**3 / (ms * 1e-3) / 1e12, ms
 
 
@@ -146,10 +162,12 @@ def main():
     torch.manual_seed(0)
     peak, peak_ms = (0.0, 0.0) if a.no_peak else peak_tflops()
     print(f"cuBLAS bf16 8192^3: {peak:.1f} TFLOP/s ({peak_ms:.3f} ms)", flush=True)
+    peak8, peak8_ms = (0.0, 0.0) if a.no_peak else peak_fp8_tflops()
+    print(f"cuBLAS fp8 8192^3: {peak8:.1f} TFLOP/s ({peak8_ms:.3f} ms)", flush=True)
     copy = 0.0 if a.no_peak else copy_tbps()
     print(f"device copy: {copy:.2f} TB/s (read + write)", flush=True)
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-           "peak_bf16_tflops": peak, "copy_tbps": copy, "cases": []}
+           "peak_bf16_tflops": peak, "peak_fp8_tflops": peak8, "copy_tbps": copy, "cases": []}
     for case in mok["cases"]:
         entry = {k: case[k] for k in ("name", "form", "rows_per_expert", "routing")}
         try:

@@ -8,7 +8,7 @@
 //     Conversion from fp32 is the one cvt.rn.satfinite.e4m3x2.f32 performs: round to nearest,
 //     ties to even; a finite value beyond ±448 and ±Inf saturate to ±448; NaN becomes 0x7F;
 //     the sign of zero (and of anything that rounds to zero) is kept. (Equal to CUDA 13's host
-//     model of that instruction on all 2^32 inputs; against the instruction itself: not yet.)
+//     model of that instruction, and to the instruction itself on an H200, on all 2^32 inputs.)
 //   * E8M0, the OCP MX scale: an unsigned biased exponent, value 2^(code - 127), 0xFF = NaN.
 //   * MXFP8 (OCP Microscaling Formats v1.0, E4M3 elements, blocks of 32): the shared scale of a
 //     block and the element conversion.
@@ -21,7 +21,8 @@
 // result is the same with any host compiler and in device code. Device code using it must keep
 // IEEE division and fp32 subnormals (no --use_fast_math, -ftz=true or -prec-div=false): MX
 // scales reach 2^-127 and their products are subnormal. A GPU kernel may use the hardware
-// conversion instead of e4m3_encode (it is faster); it must then agree with it bit for bit.
+// conversion instead of e4m3_encode (gemm/fp8_cvt.cuh: it is faster); the GPU test
+// Fp8Cvt.HardwareConversionIsTheSpec checks that the two agree on all 2^32 fp32 inputs.
 #pragma once
 
 #include <cstdint>
@@ -224,10 +225,13 @@ MOK_FP8_HD constexpr float mxfp8_decode(uint8_t q, uint8_t scale_code) {
 
 // ---- Block-scaled FP8, DeepSeek-V3 recipe ------------------------------------------------------
 //
-// One fp32 scale s per block (1x128 of activations, 128x128 of weights); q = e4m3(v / s) with an
-// IEEE fp32 division (a kernel built with --use_fast_math or -prec-div=false would differ in the
-// last bit now and then, and so at E4M3 ties), dequantized v' = decode(q) * s (one fp32 product,
-// which is what a kernel promoting its accumulator applies). Two rules for s:
+// One fp32 scale s per block (1x128 of activations, 128x128 of weights); q = e4m3(v * r) with
+// r = 1 / s, one IEEE fp32 division per block (block_inverse; a kernel built with --use_fast_math
+// or -prec-div=false would differ in r's last bit now and then, and so at E4M3 ties) and one fp32
+// product per element: a division per element made FC1's FP8 epilogue several times longer than
+// its conversion (measured, notes/fp8.md). For Pow2 scales r is exact, so q = e4m3(v / s);
+// for Fp32 scales v * r is within an fp32 ulp of v / s. Dequantized v' = decode(q) * s (one fp32
+// product, which is what a kernel promoting its accumulator applies). Two rules for s:
 //   * Fp32: s = amax / 448 (fp32 division), so the block maximum maps to ±448 (to within the
 //     rounding of s, which the saturation absorbs) and no element saturates by more than that;
 //   * Pow2: s = the smallest power of two with amax <= 448 s, i.e. 2^ceil(log2(amax / 448))
@@ -267,10 +271,16 @@ MOK_FP8_HD constexpr float block_scale(float amax, ScaleRule rule) {
   return detail::pow2(e);
 }
 
-MOK_FP8_HD constexpr uint8_t block_encode(float v, float scale) {
-  if (!is_finite(scale)) return kE4m3NaN;
-  return e4m3_encode(v / scale);
+// r = 1 / s, once per block. A NaN scale gives a NaN r, and v * NaN encodes as NaN: the codes of a
+// non-finite block come out right without a test per element.
+MOK_FP8_HD constexpr float block_inverse(float scale) {
+  return is_finite(scale) ? 1.0f / scale : detail::from_bits(detail::kQuietNaNBits);
 }
+
+// The code of v in a block whose inverse scale is `inverse` (block_inverse).
+MOK_FP8_HD constexpr uint8_t block_encode_inv(float v, float inverse) { return e4m3_encode(v * inverse); }
+
+MOK_FP8_HD constexpr uint8_t block_encode(float v, float scale) { return block_encode_inv(v, block_inverse(scale)); }
 
 MOK_FP8_HD constexpr float block_decode(uint8_t q, float scale) { return e4m3_decode(q) * scale; }
 

@@ -1,12 +1,14 @@
 // mok — FP8 quantization kernels (see fp8_quantize.h). Row blocks (1 x 128, MXFP8's 1 x 32): one
 // warp per block, each lane holding consecutive elements; 128 x 128 blocks: one CTA of 256 threads
 // per block. The block maximum is amax_update's (an unsigned maximum of the magnitudes' bits: the
-// same value in any order, NaN winning), then every element is encoded by the spec's functions.
+// same value in any order, NaN winning), then every element is encoded as the spec does (its
+// scale and inverse functions, the hardware conversion, which is the spec's encode bit for bit).
 #include "gemm/fp8_quantize.h"
 
 #include <algorithm>
 
 #include "common/cuda_check.h"
+#include "gemm/fp8_cvt.cuh"
 #include "mok/errors.hpp"
 
 namespace mok::gemm {
@@ -49,11 +51,11 @@ __global__ void __launch_bounds__(256) quantize_rows_kernel(const uint16_t* in, 
       for (int i = 0; i < kPer; ++i)
         if (c0 + i < cols) out[c0 + i] = fp8::mxfp8_encode(v[i], s);
     } else {
-      const float s = fp8::block_scale(amax, rule);
+      const float s = fp8::block_scale(amax, rule), inv = fp8::block_inverse(s);
       if (lane == 0) static_cast<float*>(scales)[b] = s;
 #pragma unroll
       for (int i = 0; i < kPer; ++i)
-        if (c0 + i < cols) out[c0 + i] = fp8::block_encode(v[i], s);
+        if (c0 + i < cols) out[c0 + i] = e4m3(v[i] * inv);
     }
   }
 }
@@ -79,11 +81,11 @@ __global__ void __launch_bounds__(kTileThreads) quantize_tiles_kernel(const uint
   amax = 0.0f;
 #pragma unroll
   for (int w = 0; w < kTileThreads / 32; ++w) amax = fp8::amax_update(amax, warp_max[w]);
-  const float s = fp8::block_scale(amax, rule);
+  const float s = fp8::block_scale(amax, rule), inv = fp8::block_inverse(s);
   if (threadIdx.x == 0) scales[blockIdx.x] = s;
   for (int i = 0; i < kRowsPer; ++i) {
     const int64_t r = r0 + 2 * i;
-    if (r < rows && c < cols) q[r * cols + c] = fp8::block_encode(bf16_at(in + r * cols + c), s);
+    if (r < rows && c < cols) q[r * cols + c] = e4m3(bf16_at(in + r * cols + c) * inv);
   }
 }
 

@@ -8,6 +8,7 @@
 #include "common/cuda_check.h"
 #include "common/fp8_format.h"
 #include "gemm/engine_fp8.cuh"
+#include "gemm/fp8_cvt.cuh"
 #include "gemm/grouped_kernel.cuh"
 #include "gemm/launchers.h"
 #include "gemm/swiglu_math.cuh"
@@ -23,7 +24,9 @@ namespace fp8 = mok::fp8;
 // value of n8 block j (j % 8 < 4) pairs with the up value of block j + 4 (32 packed columns on,
 // the same registers' places), h = rnd(silu(rnd(g)) * rnd(u)) (FC1's bits), the row's maximum over
 // the four threads of a quad (which hold all of a row's columns), its scale amax / 448, and the
-// E4M3 codes, two adjacent columns per 2-byte store; the quad's first thread stores the scale.
+// E4M3 codes by the hardware conversion (fp8_cvt.cuh), two adjacent columns per 2-byte store; the
+// quad's first thread stores the scale. Both consumer warpgroups run this while the tensor cores
+// wait, so it is kept to a few instructions per value.
 __device__ __forceinline__ void epilogue_fc1_fp8(const float (&acc)[128], int cwg, uint32_t wt, const Tile& t,
                                                  const KernelParams& p) {
   const int64_t inter = p.n / 2, blocks = inter / 128;
@@ -46,14 +49,13 @@ __device__ __forceinline__ void epilogue_fc1_fp8(const float (&acc)[128], int cw
     }
     amax = fp8::amax_update(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     amax = fp8::amax_update(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    const float s = fp8::block_scale(amax, fp8::ScaleRule::Fp32);
+    const float s = fp8::block_scale(amax, fp8::ScaleRule::Fp32), inv = fp8::block_inverse(s);
     const int64_t row = row0 + 8 * rr;
     if ((wt & 3u) == 0) p.scale_h[row * blocks + t.b_n / 256] = s;
 #pragma unroll
     for (int jj = 0; jj < 16; ++jj) {
       const int64_t i = i0 + 32 * (jj / 4) + 8 * (jj % 4);
-      const uint32_t codes = uint32_t(fp8::block_encode(h[2 * jj], s)) | (uint32_t(fp8::block_encode(h[2 * jj + 1], s)) << 8);
-      *reinterpret_cast<uint16_t*>(hq + row * inter + i) = uint16_t(codes);
+      *reinterpret_cast<uint16_t*>(hq + row * inter + i) = block_encode_inv2(h[2 * jj], h[2 * jj + 1], inv);
     }
   }
 }

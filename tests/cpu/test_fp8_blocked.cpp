@@ -50,7 +50,7 @@ BlockedResult quantize_blocked(const std::vector<float>& in, int64_t rows, int64
 }
 
 // Scales, codes and dequantized values against the definition; error bounds per element (half
-// an E4M3 step of v / s, 2^-4 relative, or 2^-10 s among the subnormals) and per block (2^-4 of
+// an E4M3 step of v * (1 / s), 2^-4 relative, or 2^-10 s among the subnormals) and per block (2^-4 of
 // the block maximum); zeros exact with their sign; for Fp32 the block maximum at ±448.
 void expect_blocked_matches_spec(const std::vector<float>& in, int64_t rows, int64_t cols,
                                  fp8::BlockShape block, fp8::ScaleRule rule,
@@ -93,7 +93,7 @@ void expect_blocked_matches_spec(const std::vector<float>& in, int64_t rows, int
           fail(r, c, "element of a non-finite block");
         continue;
       }
-      if (res.q[i] != e4m3_reference(v / s)) fail(r, c, "element code");
+      if (res.q[i] != e4m3_reference(v * (1.0f / s))) fail(r, c, "element code");  // r = 1 / s per block
       const double deq = e4m3_value(res.q[i]) * static_cast<double>(s);  // exact in double
       if (bits_of(res.out[i]) != bits_of(static_cast<float>(deq))) fail(r, c, "dequantized value");
       const double err = std::fabs(static_cast<double>(res.out[i]) - static_cast<double>(v));

@@ -145,8 +145,9 @@ TEST(Fp8Grouped, RefusesShapesItCannotScale) {
 // g, u in fp64 from the decoded operands, rounded to bf16, h = rnd(silu(g) u), quantized per 1 x 128
 // by the spec. The GPU differs by accumulation order (and the SFU's exp in silu), so an h code may
 // land one E4M3 step off where the reference sits near a rounding boundary: the test demands
-// every scale within 1% (a row maximum that moved by a bf16 step or two), the decoded h within
-// 2% in norm, and reports how many codes are exactly the reference's.
+// every scale within 2^-6 (a row maximum that moved by up to two bf16 steps, a step being up to
+// 2^-7 relative: measured 1.05e-2 on an H200), the decoded h within 2% in norm, and reports how
+// many codes are exactly the reference's.
 void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I) {
   SCOPED_TRACE(testing::Message() << "H " << H << ", I " << I);
   const Routed rt(counts);
@@ -236,7 +237,7 @@ void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I) {
     }
   }
   const double rel = std::sqrt(d2 / std::max(r2, 1e-300));
-  EXPECT_LT(worst_scale, 1e-2) << "h scales vs the reference";
+  EXPECT_LE(worst_scale, 0x1p-6) << "h scales vs the reference (two bf16 steps)";
   EXPECT_LT(rel, 2e-2) << "decoded h vs the reference, in norm";
   EXPECT_GT(double(same), 0.9 * double(compared)) << "most codes must be the reference's exactly";
   std::printf("[fp8 fc1] H %lld I %lld: h scales within %.1e, decoded h %.2e in norm, %.2f%% of the codes exact\n",
