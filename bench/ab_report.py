@@ -7,7 +7,10 @@ of every run of every variant, their median, and each variant's median over the 
       --field mok_bwd_ms --variant unfused='ab_unfused_*.json' --variant fused='ab_fused_*.json' \\
       [--what 'text']
 
-Prints the table (markdown) as well. The device, GPU count and date come from the first file."""
+Prints the table (markdown) as well. The device, GPU count and date come from the first file.
+With --base-commit (two variants: the base build, then this one) every case also gets base_ms and
+new_ms (the two medians), new_over_base, and where the runs recorded the forward's output hash
+(mok_bench's out_hash) whether every run of both builds gave the same bits (runtime-ab-<gpu>.json)."""
 import argparse
 import glob
 import json
@@ -23,8 +26,11 @@ def main(argv=None):
     ap.add_argument("--variant", action="append", required=True, metavar="NAME=GLOB",
                     help="a variant and its results files (repeat; the first is the reference)")
     ap.add_argument("--what", default="", help="what the variants are (recorded in the file)")
+    ap.add_argument("--base-commit", help="the first variant is a build of this commit (base_ms / new_ms per case)")
     a = ap.parse_args(argv)
     variants = []
+    if a.base_commit and len(a.variant) != 2:
+        ap.error("--base-commit takes exactly two variants: the base build, then the new one")
     for v in a.variant:
         name, sep, pattern = v.partition("=")
         files = sorted(glob.glob(pattern))
@@ -32,14 +38,17 @@ def main(argv=None):
             ap.error(f"--variant {v!r}: expected NAME=GLOB matching at least one file")
         variants.append((name, [json.load(open(f)) for f in files]))
     meta = variants[0][1][0]
-    cases = {}
+    cases, hashes = {}, {}
     for name, runs in variants:
         for run in runs:
             for c in run["cases"]:
                 if a.field not in c:
                     sys.exit(f"ab_report: case {c['model']} T={c['T']} of variant {name} has no '{a.field}'")
-                key = (c["model"], c["T"], c["routing"])
+                model = c["model"] + (f"/ep{c['slice_of_ep']}" if c.get("slice_of_ep") else "")
+                key = (model, c["T"], c["routing"])
                 cases.setdefault(key, {}).setdefault(name, []).append(c[a.field])
+                if "out_hash" in c:
+                    hashes.setdefault(key, {}).setdefault(name, set()).add(tuple(c["out_hash"]))
     out_cases = []
     ref = variants[0][0]
     print(f"| model | T | routing | " + " | ".join(f"{n} {a.field}" for n, _ in variants) + " |")
@@ -56,9 +65,19 @@ def main(argv=None):
                 cells.append(f"{med:.3f} ({entry[name]['over_' + ref]:.3f}x)")
             else:
                 cells.append(f"{med:.3f}" if med is not None else "-")
+        if a.base_commit:
+            base, new = entry[variants[0][0]]["median"], entry[variants[1][0]]["median"]
+            entry.update({"base_ms": base, "new_ms": new,
+                          "new_over_base": new / base if base and new is not None else None})
+            h = hashes.get((model, T, routing), {})
+            if h:
+                seen = set().union(*h.values())
+                entry["out_hashes"] = sorted(list(x) for x in seen)
+                entry["bitwise_same"] = len(seen) == 1 and len(h) == 2
         out_cases.append(entry)
         print(f"| {model} | {T} | {routing} | " + " | ".join(cells) + " |")
     doc = {"device": meta.get("device"), "gpus": meta.get("gpus"), "date": meta.get("date"), "commit": a.commit,
+           **({"base_commit": a.base_commit} if a.base_commit else {}),
            "field": a.field, "what": a.what,
            "method": "mok_bench runs of the variants alternated in one device call; per run the slowest rank's "
                      "median of its iterations; here every run and their median per variant",

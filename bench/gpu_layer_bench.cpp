@@ -335,6 +335,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           const Config& cfg = var.cfg;
           std::vector<std::vector<double>> ms(static_cast<size_t>(W));
           std::vector<std::vector<bf16>> sampled(static_cast<size_t>(W));
+          std::vector<uint64_t> out_hash(static_cast<size_t>(W), 0);  // FNV-1a of out, per rank
           std::vector<std::string> profile(static_cast<size_t>(W));
           const bool keep = o.sustain_s > 0 && &var == &variants.front();  // for the sustained run
           // The main variant's backward (over windows when its ring is below the worst case), and
@@ -368,6 +369,13 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
             layer.forward(refs, run.out_ref(), s, var.save_for_backward);
             MOK_CUDA_CHECK(cudaStreamSynchronize(s));
             layer.check();
+            {  // the whole output's bits, for bitwise comparisons across builds (runtime-ab)
+              std::vector<uint8_t> bytes(static_cast<size_t>(T * H) * 2);
+              MOK_CUDA_CHECK(cudaMemcpy(bytes.data(), out, bytes.size(), cudaMemcpyDeviceToHost));
+              uint64_t h = 1469598103934665603ull;
+              for (uint8_t v : bytes) h = (h ^ v) * 1099511628211ull;
+              out_hash[r] = h;
+            }
             for (int64_t t : samples) {
               const size_t at = sampled[r].size();
               sampled[r].resize(at + static_cast<size_t>(H));
@@ -433,7 +441,13 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           std::string entry = key + knobs + ", \"ms\": " + std::to_string(t_ms) + ", \"tflops\": " + std::to_string(tflops);
           if (&var == &variants.front()) {  // the main variant (checked against the spec)
             main_ms = t_ms;
-            main_case = key + ", \"mok_ms\": " + std::to_string(t_ms) + ", \"mok_tflops\": " +
+            std::string hashes;
+            for (uint64_t h : out_hash) {
+              char hb[24];
+              std::snprintf(hb, sizeof hb, "%s\"%016llx\"", hashes.empty() ? "" : ", ", (unsigned long long)h);
+              hashes += hb;
+            }
+            main_case = key + ", \"out_hash\": [" + hashes + "]" + ", \"mok_ms\": " + std::to_string(t_ms) + ", \"mok_tflops\": " +
                         std::to_string(tflops) + knobs + ", \"check_rel_err\": " + std::to_string(rel) + tiles_json +
                         memory_json(shape, cfg, built[0], bwd ? bwd_bytes[0] : -1, from_pool[0] != 0);
             {
