@@ -88,9 +88,10 @@ done
 # Binaries by key: target name and path. The reliability binary may not be defined yet in a
 # checkout; its runs then fail as "binary not found" instead of stopping the others.
 declare -A target_of=([layer]=mok_gpu_layer_tests [gemm]=mok_gpu_gemm_tests
-                      [reliability]=mok_gpu_reliability_tests)
+                      [primitives]=mok_gpu_gemm_primitive_tests [reliability]=mok_gpu_reliability_tests)
 declare -A path_of=([layer]="$MOK_BUILD/tests/gpu/megakernel/mok_gpu_layer_tests"
                     [gemm]="$MOK_BUILD/tests/gpu/gemm/mok_gpu_gemm_tests"
+                    [primitives]="$MOK_BUILD/tests/gpu/gemm/mok_gpu_gemm_primitive_tests"
                     [reliability]="$MOK_BUILD/tests/gpu/megakernel/mok_gpu_reliability_tests")
 gemm_tests='WgradCarry.*:DgradSwiGLURouter.*:GroupedGemm.Fc1SwiGLUSmallExpertsPartialBlocks:GroupedGemm.Fc2SmallExpertsPartialBlocks:GroupedGemm.SplitNForNearlyEmptyTiles:GroupedGemm.WgradKGroupedMaskedPadding:GroupedGemm.DgradMNMajorWeights:GroupedGemm.ClustersMulticastB:FfnBackward.FormsComposeIntoTheSpecifiedBackward'
 all_tools="memcheck racecheck synccheck initcheck"
@@ -112,10 +113,16 @@ specs=(
   "bwd_windows|layer|Rings/LayerBackwardWindows.*/zipf_ring384_part|memcheck synccheck initcheck"
   "bwd_windows_uniform|layer|Rings/LayerBackwardWindows.*/uniform_ring256_part|racecheck"
   "bwd_saved_forwards|layer|Budgets/LayerSavedForwards.*/part|$all_tools"
+  # The backward's GEMM program (Config::backward_path fused) over windows, every ticket order.
+  "bwd_program|layer|Backwards/LayerBackwardProgram.*/windows_uniform_saved|$all_tools"
   "reliability|reliability|Paths/BadRouting.*:BadRoutingBackward.*:Faults/BadPointers.*|$all_tools"
   # The GEMM tests' edge shapes (partial blocks, split-N, masked wgrad padding) under memcheck and
   # racecheck, as before; the layer runs the grouped-GEMM kernels under all four tools anyway.
   "gemm|gemm|$gemm_tests|memcheck racecheck"
+  # FP8: the block-scaled grouped forms and the quantization kernels (not the 2^32-input
+  # conversion check, which is a plain loop and would take hours under a tool).
+  "fp8_gemm|gemm|Fp8Grouped.*|memcheck racecheck"
+  "fp8_quantize|primitives|Fp8Quantize.*|memcheck racecheck initcheck"
 )
 # The runs, test-major with the tools in MOK_SANITIZE_TOOLS order: the results' order is this
 # order whatever order the runs finish in, and neighbours (which run at the same time) are mostly
