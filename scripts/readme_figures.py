@@ -464,8 +464,42 @@ def backward_program_figures(res):
             "; ".join(parts), b.source())]
 
 
-FIGURES = [forward_figures, one_gpu_figures, gemm_figures, comm_figures, schedule_figures, sustained_figures,
-           reliability_figures, memory_figures, training_figures, backward_program_figures, torch_figures]
+def gemm_fp8_figures(res):
+    """The block-scaled FP8 grouped forms against cuBLAS's FP8 rate and mok's BF16 form, same run."""
+    g = res["gemm-fp8-h200x1.json"]
+    cases = g.get("cases")
+    fc1 = [c for c in cases if (c.get("name"), c.get("rows_per_expert")) == ("dsv3-fc1_fp8", 2048)]
+    if not fc1:
+        raise FigureError("%s: no case dsv3-fc1_fp8 at 2048 rows per expert" % g.name)
+    c = fc1[0]
+    return [
+        "**FP8 grouped GEMM** (block-scaled E4M3: 1x128 activation and 128x128 weight scales, fp32 promotion "
+        "every 128 of K) on one GPU: DeepSeek-V3 FC1 with SwiGLU and h written in FP8, 2048 rows per expert, "
+        "%.0f TF/s (%.0f%% of cuBLAS's FP8 8192^3 %.0f TF/s in that run; %.2fx mok's BF16 FC1). Over all %s "
+        "(forms %s; %s rows per expert) %s mok's BF16 form of the same case (`notes/fp8.md`). %s" % (
+            g.num("mok_tflops", within=c), 100.0 * g.num("mok_tflops", within=c) / g.num("peak_fp8_tflops"),
+            g.num("peak_fp8_tflops"), g.num("x_bf16", within=c), count(len(cases), "case"),
+            ", ".join(ordered(g.get("form", within=x) for x in cases)),
+            span(nums(g, cases, "rows_per_expert"), lambda v: "%d" % v), span(nums(g, cases, "x_bf16")),
+            g.source())]
+
+
+def runtime_ab_figures(res):
+    """The forward built from this tree against a base commit's build, same call (issue 18)."""
+    r = res["runtime-ab-h200x1.json"]
+    cases = r.get("cases")
+    same = sum(1 for c in cases if r.get("bitwise_same", within=c) is True)
+    return [
+        "**Runtime A/B** (the main job's forward, every row resident, built from %s and from this tree, "
+        "alternating): outputs bitwise identical in %d of %s; time %s the base's (`runtime-ab` history: "
+        "the Qwen3-30B cost is the no-packed-copy FC1 and the racecheck-clean movers). %s" % (
+            r.get("base_commit"), same, count(len(cases), "case"), span(nums(r, cases, "new_over_base")),
+            r.source())]
+
+
+FIGURES = [forward_figures, one_gpu_figures, gemm_figures, gemm_fp8_figures, comm_figures, schedule_figures,
+           sustained_figures, reliability_figures, memory_figures, training_figures, backward_program_figures,
+           runtime_ab_figures, torch_figures]
 
 
 def render(results_dir):

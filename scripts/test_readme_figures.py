@@ -99,7 +99,13 @@ def synthetic():
         {"model": m, "T": 8192, "routing": "uniform", "unfused": {"runs": [10.0], "median": 10.0},
          "fused-merged": {"runs": [r * 10.0], "median": r * 10.0, "over_unfused": r}}
         for m, r in (("dsv3", 1.04), ("qwen3-235b", 1.02))])
-    return {"backward-program-h200x1.json": program, "training-h200x1.json": training, "forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
+    fp8 = dict(META2, gpus=1, peak_fp8_tflops=1400.0, cases=[
+        {"name": "dsv3-fc1_fp8", "form": "fc1_fp8", "precision": "fp8", "rows_per_expert": r, "routing": "uniform",
+         "mok_tflops": 900.0 + r / 100, "x_bf16": 1.3 + r / 10000} for r in (128, 2048)])
+    runtime = dict(META2, gpus=1, base_commit="c5c4276", cases=[
+        {"model": m, "T": 8192, "routing": "uniform", "base_ms": 1.0, "new_ms": x, "new_over_base": x,
+         "bitwise_same": True} for m, x in (("dsv3", 1.0), ("qwen3-30b-a3b", 1.028))])
+    return {"gemm-fp8-h200x1.json": fp8, "runtime-ab-h200x1.json": runtime, "backward-program-h200x1.json": program, "training-h200x1.json": training, "forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
             "comm-h200x2.json": comm, "schedule-h200x2.json": schedule, "sustained-h200x2.json": sustained,
             "reliability-h200x1.json": reliability, "forward-h200x1.json": forward1, "memory-h200x1.json": memory,
             "torch-h200x1.json": torch_step}
@@ -192,9 +198,15 @@ class Figures(Fixture):
         b = " ".join(self.block().split())
         self.assertIn("T = 8192, dsv3 / qwen3-235b): its time over the unfused kernels' fused-merged 1.02–1.04×", b)
 
+    def test_fp8_and_runtime_figures(self):
+        b = " ".join(self.block().split())
+        self.assertIn("2048 rows per expert, 920 TF/s (66% of cuBLAS's FP8 8192^3 1400 TF/s in that run; 1.50x", b)
+        self.assertIn("Over all 2 cases (forms fc1_fp8; 128–2048 rows per expert) 1.31–1.50× mok's BF16 form", b)
+        self.assertIn("outputs bitwise identical in 2 of 2 cases; time 1.00–1.03× the base's", b)
+
     def test_every_line_names_its_results_file_and_run(self):
         lines = rf.render(self.results)[0].split("\n- ")[1:]
-        self.assertEqual(len(lines), 15)
+        self.assertEqual(len(lines), 17)
         for line in lines:
             self.assertRegex(" ".join(line.split()), r"\*\[`[a-z0-9-]+\.json`\]\(bench/results/[a-z0-9-]+\.json\): "
                                                      r"\d× NVIDIA H200, commit (45ca210|not recorded), 2026-11-30\*")
