@@ -128,6 +128,11 @@ const Option kOptions[] = {
        require_one_of(o, v, {"unfused", "fused"});
        a.gpu.backward_path = v == "unfused" ? BackwardPath::Unfused : BackwardPath::Fused;
      }},
+    {"--precision", true, Mode::Gpu,
+     [](BenchArgs& a, const std::string& o, const std::string& v) {
+       require_one_of(o, v, {"bf16", "fp8"});
+       a.gpu.precision = v == "bf16" ? Precision::BF16 : Precision::FP8;
+     }},
     {"--sustain", true, Mode::Gpu,
      [](BenchArgs& a, const std::string& o, const std::string& v) {
        a.gpu.sustain_s = parse_number(o, v, 0.0, kMaxSustainS, " seconds (0 = off)");
@@ -197,6 +202,8 @@ BenchArgs parse_bench_args(const std::vector<std::string>& args) {
               "sizes the megakernel's ring: not with --path unfused");
   MOK_REQUIRE(a.gpu.workspace_budget_mb <= 0 || a.gpu.macrobatch == 0, "--workspace-budget",
               "chooses the ring: not with --macrobatch");
+  MOK_REQUIRE(a.gpu.precision == Precision::BF16 || a.gpu.path == ForwardPath::Unfused, "--precision",
+              "fp8 runs the unfused forward so far: give --path unfused too");
   return a;
 }
 

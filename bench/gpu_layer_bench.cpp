@@ -50,8 +50,9 @@ struct RankWeights {
 };
 
 // Expert e's weights as floats, [gate I x H | up I x H | down H x I], fetched once.
+// fp8: as their 128 x 128 block-scaled codes decode (the spec's FP8 forward holds them so).
 const std::vector<float>& expert_weights(const Model& m, const std::vector<RankWeights>& w, int64_t e_loc, int64_t e,
-                                         std::map<int64_t, std::vector<float>>& cache) {
+                                         std::map<int64_t, std::vector<float>>& cache, bool fp8) {
   auto it = cache.find(e);
   if (it != cache.end()) return it->second;
   const int64_t H = m.H, I = m.I;
@@ -63,6 +64,7 @@ const std::vector<float>& expert_weights(const Model& m, const std::vector<RankW
   MOK_CUDA_CHECK(cudaMemcpy(raw.data() + 2 * I * H, static_cast<bf16*>(rw.down) + off, I * H * 2, cudaMemcpyDeviceToHost));
   std::vector<float> f(raw.size());
   for (size_t i = 0; i < raw.size(); ++i) f[i] = float(raw[i]);
+  if (fp8) ref::fp8_round_weights(H, I, f.data());
   return cache.emplace(e, std::move(f)).first->second;
 }
 
@@ -70,9 +72,10 @@ const std::vector<float>& expert_weights(const Model& m, const std::vector<RankW
 // the GPU once each.
 std::vector<float> expected_token(const Model& m, const std::vector<RankWeights>& w, int64_t e_loc,
                                   const std::vector<float>& x, const int32_t* idx, const float* wt,
-                                  std::map<int64_t, std::vector<float>>& cache) {
-  return ref::token_forward(m.H, m.I, m.k, x.data(), idx, wt,
-                            [&](int32_t e) { return expert_weights(m, w, e_loc, e, cache).data(); });
+                                  std::map<int64_t, std::vector<float>>& cache, bool fp8 = false) {
+  return ref::token_forward(
+      m.H, m.I, m.k, x.data(), idx, wt, [&](int32_t e) { return expert_weights(m, w, e_loc, e, cache, fp8).data(); },
+      fp8);
 }
 
 // The spec's backward for one token (no shared expert): d_x (H values) followed by d_topk_w (k).
@@ -81,7 +84,7 @@ std::vector<float> expected_backward_token(const Model& m, const std::vector<Ran
                                            const int32_t* idx, const float* wt,
                                            std::map<int64_t, std::vector<float>>& cache) {
   return ref::token_backward(m.H, m.I, m.k, x.data(), d_out.data(), idx, wt,
-                             [&](int32_t e) { return expert_weights(m, w, e_loc, e, cache).data(); });
+                             [&](int32_t e) { return expert_weights(m, w, e_loc, e, cache, false).data(); });
 }
 
 // Relative L2 error of the GPU's values for the sampled tokens (samples[q] of every rank):
@@ -178,7 +181,7 @@ double sustained_ms(comm::LocalGroup& group, std::vector<std::unique_ptr<RankRun
     MOK_CUDA_CHECK(cudaEventCreate(&end));
     for (int it = 0; it < n; ++it) {
       if (it == n / 2) MOK_CUDA_CHECK(cudaEventRecord(mid, s));
-      run.layer->forward(run.refs, run.out_ref(), s);
+      run.layer->forward(run.refs, run.out_ref(), s, o.precision == Precision::BF16);  // FP8: forward only
     }
     MOK_CUDA_CHECK(cudaEventRecord(end, s));
     MOK_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -340,7 +343,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           const bool keep = o.sustain_s > 0 && &var == &variants.front();  // for the sustained run
           // The main variant's backward (over windows when its ring is below the worst case), and
           // the memory-mode variants'.
-          const bool bwd = o.backward && (&var == &variants.front() || var.time_backward);
+          const bool bwd = o.backward && cfg.precision == Precision::BF16 && (&var == &variants.front() || var.time_backward);
           std::vector<std::vector<double>> bwd_ms(static_cast<size_t>(W));
           std::vector<std::vector<float>> bwd_sampled(static_cast<size_t>(W)), dout_sampled(static_cast<size_t>(W));
           std::vector<std::string> bwd_profile(static_cast<size_t>(W));
@@ -399,7 +402,8 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
                 wl, W, H, samples, H,
                 [&](int r, int, int64_t t, const std::vector<float>& xv) {
                   const auto& in = wl.inputs[static_cast<size_t>(r)];
-                  return expected_token(*m, weights, e_loc, xv, &in.topk_idx[t * k], &in.topk_w[t * k], cache);
+                  return expected_token(*m, weights, e_loc, xv, &in.topk_idx[t * k], &in.topk_w[t * k], cache,
+                                        cfg.precision == Precision::FP8);
                 },
                 [&](int r, int q, int64_t c) { return double(float(sampled[r][q * H + c])); });
             MOK_REQUIRE(rel < 1e-2, "GPU layer check", "sampled outputs must match the spec within 1e-2 (",
@@ -434,7 +438,8 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
                                   (slice ? ", \"slice_of_ep\": " + std::to_string(slice) + ", \"experts\": " +
                                                std::to_string(E)
                                          : std::string()) +
-                                  ", \"routing\": \"" + to_string(routing) + "\", \"variant\": \"" + var.name + "\"";
+                                  ", \"routing\": \"" + to_string(routing) + "\", \"variant\": \"" + var.name +
+                                  "\", \"precision\": \"" + to_string(cfg.precision) + "\"";
           const std::string knobs = ", \"comm_sms\": " + std::to_string(sms) + ", \"minibatch_tokens\": " +
                                     std::to_string(mb) + ", \"macrobatch_tokens\": " + std::to_string(ring);
           // This variant's ablation entry, closed after its backward (memory-mode variants).
@@ -502,6 +507,8 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
               if (var.main_backward_twin)
                 main_case += std::string(", \"mok_bwd_") + to_string(cfg.backward_path) + "_ms\": " + std::to_string(b_ms);
             }
+          } else if (o.backward && &var == &variants.front() && cfg.precision != Precision::BF16) {
+            std::printf("  backward: not run (%s: forward only so far)\n", to_string(cfg.precision));
           } else if (o.backward && &var == &variants.front()) {
             std::printf("  backward: not run (the main variant's ring holds fewer rows than the worst case)\n");
           }

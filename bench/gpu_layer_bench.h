@@ -33,6 +33,9 @@ struct GpuBenchOptions {
   int clusters = -1;  // main variant's Config::fwd_clusters: 0 / 1, -1 = the Config default
   DispatchPath dispatch = DispatchPath::Pull;  // main variant's Config::dispatch
   BackwardPath backward_path = BackwardPath::Unfused;  // main variant's Config::backward_path
+  // The main variant's Config::precision. FP8 (recipe 1) runs the unfused forward only: no
+  // ablation, no backward, no saved state; its sampled check is against the spec's FP8 forward.
+  Precision precision = Precision::BF16;
   // Ablation: besides the main variant, at every shape: the other path, comm SMs {4, 8, 16, 32}, half and
   // double the minibatch, the combine in the FC2 epilogue, the other cluster setting, the other
   // dispatch (pull / push), and a ring of 4 minibatches; each checked bitwise against the main one.

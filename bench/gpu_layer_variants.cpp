@@ -29,6 +29,7 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   if (o.clusters >= 0) main.fwd_clusters = o.clusters != 0;
   main.dispatch = o.dispatch;
   main.backward_path = o.backward_path;
+  main.precision = o.precision;
   // A multiple of this shape's minibatch (which the models' shapes choose differently).
   if (o.macrobatch > 0) main.macrobatch_tokens = sched::round_up(o.macrobatch, main.resolved_minibatch(shape, device_sms()));
   main.activation_budget_bytes = o.budget_mb < 0 ? -1 : o.budget_mb * 1000000;
@@ -42,6 +43,11 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
     main.workspace_budget_bytes = o.workspace_budget_mb * 1000000;
   }
   std::vector<Variant> v{{to_string(o.path), main}};
+  if (main.precision != Precision::BF16) {  // forward only: nothing saved, no variants to compare bitwise
+    v[0].name = std::string(to_string(o.path)) + "-" + to_string(main.precision);
+    v[0].save_for_backward = false;
+    return v;
+  }
   if (!o.ablation) return v;
   // The variants vary one knob each around the main one's resolved ring: a budget would choose
   // another ring for another minibatch or dispatch (or none: the smallest ring is two of its

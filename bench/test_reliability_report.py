@@ -301,13 +301,15 @@ class SanitizeScriptTest(TempDirCase):
         self.assertTrue(doc["dry_run"])
         self.assertEqual(doc["commit"], "c0ffee1")
         runs = [(r["tool"], r["test"]) for r in doc["runs"]]
-        self.assertEqual(len(runs), 11 * 4 + 2)
+        self.assertEqual(len(runs), 12 * 4 + 2 + 2 + 3)  # 4-tool cases, gemm, fp8_gemm, fp8_quantize
         self.assertEqual(runs[:5], [("memcheck", "fwd_megakernel_pull"),
                                     ("racecheck", "fwd_megakernel_pull"),
                                     ("synccheck", "fwd_megakernel_pull"),
                                     ("initcheck", "fwd_megakernel_pull"),
                                     ("memcheck", "fwd_megakernel_ring")])
-        self.assertEqual(runs[-2:], [("memcheck", "gemm"), ("racecheck", "gemm")])
+        self.assertEqual(runs[-7:], [("memcheck", "gemm"), ("racecheck", "gemm"), ("memcheck", "fp8_gemm"),
+                                     ("racecheck", "fp8_gemm"), ("memcheck", "fp8_quantize"),
+                                     ("racecheck", "fp8_quantize"), ("initcheck", "fp8_quantize")])
         self.assertTrue(all(r["errors"] is None and not r["clean"] for r in doc["runs"]))
         self.assertIn("--gtest_filter=Paths/BadRouting.\\*:BadRoutingBackward.\\*:Faults/BadPointers.\\*", p.stdout)
         self.assertIn("mok_gpu_reliability_tests", p.stderr)  # would build it
@@ -320,7 +322,8 @@ class SanitizeScriptTest(TempDirCase):
             ("initcheck", "bwd_unfused"), ("racecheck", "bwd_unfused"),
             ("initcheck", "bwd_after_megakernel"), ("racecheck", "bwd_after_megakernel"),
             ("initcheck", "bwd_windows"), ("racecheck", "bwd_windows_uniform"),
-            ("initcheck", "bwd_saved_forwards"), ("racecheck", "bwd_saved_forwards"), ("racecheck", "gemm")])
+            ("initcheck", "bwd_saved_forwards"), ("racecheck", "bwd_saved_forwards"),
+            ("initcheck", "bwd_program"), ("racecheck", "bwd_program"), ("racecheck", "gemm")])
         self.assertEqual(self.sanitize(MOK_SANITIZE_DRY_RUN="1", MOK_SANITIZE_ONLY="nothing")
                          .returncode, 2)
         self.assertEqual(self.sanitize(MOK_SANITIZE_DRY_RUN="1", MOK_SANITIZE_TOOLS="memchek")

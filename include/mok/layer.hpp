@@ -45,6 +45,10 @@ class Layer {
   // every buffer for the worst case and registers the symmetric windows. The weights are read
   // where they are, by every call (no copy): updating them in place (an optimizer step) between
   // calls needs nothing more; set_weights() points the layer at other tensors.
+  // config.precision FP8 is the exception: the layer holds the weights' E4M3 codes and scales,
+  // made here and by every set_weights() — after an in-place update call set_weights() again
+  // (the same pointers will do); it waits for the device, and calls enqueued or captured before
+  // it read the new codes when they run.
   Layer(comm::Communicator& comm, const LayerShape& shape, const Config& config,
         const DeviceWeights& weights);
   ~Layer();
@@ -92,7 +96,8 @@ class Layer {
   void* input_buffer() const;
   // Points later calls at other weight tensors (checked as the constructor's: shapes, this rank's
   // device, alignment, sizes). Host-side only (the kernels' tensor maps are re-encoded): calls
-  // already enqueued, or captured in a CUDA graph, keep the weights they were given.
+  // already enqueued, or captured in a CUDA graph, keep the weights they were given (FP8: see
+  // the constructor).
   void set_weights(const DeviceWeights& weights);
   // Raises pending device-side errors (invalid routing: InvalidArgument naming topk_idx[t,j] or
   // topk_w[t,j]; a backward given other routing than its forward: InvalidArgument; expired waits,

@@ -231,8 +231,8 @@ void Config::validate(const LayerShape& shape, int sm_count) const {
   MOK_REQUIRE(cpu_threads >= 0, "config.cpu_threads", "must be >= 0 (0 = all cores), got ",
               cpu_threads);
   // FP8 (recipe 1) and MXFP8 (recipe 2) exist in the CPU reference's forward (the spec the GPU
-  // kernels are to match); the GPU layer refuses them by name until its kernels run them (Layer's
-  // constructor), and the backward is bf16 only.
+  // kernels match); the GPU layer runs FP8 on its unfused forward and refuses the rest by name
+  // (Layer's constructor, layer_fp8.cu), and the backward is bf16 only.
 }
 
 }  // namespace mok

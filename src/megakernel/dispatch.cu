@@ -36,6 +36,28 @@ __global__ void __launch_bounds__(kThreads) move_rows_kernel(ScheduleView s, int
   });
 }
 
+// FP8 pull: a row's H code bytes (H / 16 vectors) and its H / 128 scales.
+__global__ void __launch_bounds__(kThreads) pull_fp8_kernel(ScheduleView s, int code_vecs, int scales, int top_k,
+                                                            int64_t row_begin, int64_t row_end,
+                                                            const uint8_t* const* src_peers, int64_t scale_offset,
+                                                            uint4* codes, float* scale_out, const uint32_t* abort) {
+  for_each_window_row(s, row_begin, row_end, abort, [&](int64_t row, int lane) {
+    const int src = s.src_rank[row];
+    const int64_t local = row - row_begin;
+    float* to_scales = scale_out + local * scales;
+    if (src >= 0) {
+      const int64_t token = s.src_slot[row] / top_k;
+      const uint8_t* peer = src_peers[src];
+      copy_row(reinterpret_cast<const uint4*>(peer) + token * code_vecs, codes + local * code_vecs, code_vecs, lane);
+      const float* from_scales = reinterpret_cast<const float*>(peer + scale_offset) + token * scales;
+      for (int i = lane; i < scales; i += 32) to_scales[i] = from_scales[i];
+    } else {
+      zero_row(codes + local * code_vecs, code_vecs, lane);
+      for (int i = lane; i < scales; i += 32) to_scales[i] = 0.0f;
+    }
+  });
+}
+
 }  // namespace
 
 void check_move_args(const MoveArgs& a) {
@@ -51,6 +73,20 @@ void pull_dispatch(const MoveArgs& a, const void* const* x_peers, void* x_routed
   move_rows_kernel<true><<<a.sms, kThreads, 0, stream>>>(
       a.schedule, static_cast<int>(a.hidden / 8), static_cast<int>(a.top_k), a.row_begin, a.row_end,
       reinterpret_cast<const uint4* const*>(x_peers), nullptr, static_cast<uint4*>(x_routed), nullptr, a.abort);
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+void pull_dispatch_fp8(const MoveArgs& a, const void* const* x_peers, int64_t scale_offset, void* codes_routed,
+                       float* scales_routed, cudaStream_t stream) {
+  check_move_args(a);
+  MOK_REQUIRE(a.hidden % 128 == 0, "hidden", "must be a multiple of 128 with FP8 rows (1 x 128 scales), got ",
+              a.hidden);
+  MOK_REQUIRE(scale_offset >= 0 && scale_offset % 16 == 0, "scale_offset", "must be a non-negative multiple of 16, got ",
+              scale_offset);
+  pull_fp8_kernel<<<a.sms, kThreads, 0, stream>>>(
+      a.schedule, static_cast<int>(a.hidden / 16), static_cast<int>(a.hidden / 128), static_cast<int>(a.top_k),
+      a.row_begin, a.row_end, reinterpret_cast<const uint8_t* const*>(x_peers), scale_offset,
+      static_cast<uint4*>(codes_routed), scales_routed, a.abort);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -29,6 +29,12 @@ struct MoveArgs {
 void check_move_args(const MoveArgs& a);
 // x_peers[r]: rank r's x [T_r, H] bf16. x_routed: [rows of the window, H] bf16 (window-relative).
 void pull_dispatch(const MoveArgs& a, const void* const* x_peers, void* x_routed, cudaStream_t stream);
+// Config::precision FP8: x_peers[r] holds rank r's x as E4M3 codes [T_r, H] and, `scale_offset`
+// bytes on (the same in every rank's window), its 1 x 128 scales [T_r, H / 128] fp32; the routed
+// rows go to codes_routed [rows, H] and scales_routed [rows, H / 128] (padding rows: zero codes,
+// scale 0). H must be a multiple of 128.
+void pull_dispatch_fp8(const MoveArgs& a, const void* const* x_peers, int64_t scale_offset, void* codes_routed,
+                       float* scales_routed, cudaStream_t stream);
 // y_routed: [rows of the window, H] bf16 (window-relative). combine_peers[r]: [T_r * k, H] bf16.
 void push_combine(const MoveArgs& a, const void* y_routed, void* const* combine_peers, cudaStream_t stream);
 

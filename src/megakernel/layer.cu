@@ -77,11 +77,6 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   std::vector<comm::HandshakeField> resolved;
   try {
     config.validate(shape, sms);
-    if (config.precision != Precision::BF16)
-      throw Error(ErrorKind::Unsupported, "config.precision",
-                  detail::concat("the GPU layer runs bf16 so far (fp8 / mxfp8: the CPU reference's forward; FP8 GEMM "
-                                 "forms in mok::gemm), got ",
-                                 to_string(config.precision)));
     MOK_REQUIRE(world == shape.world_size(), "shape.tokens",
                 "one entry per rank of the communicator is required (communicator has ", world,
                 " ranks, shape has ", shape.world_size(), ")");
@@ -91,6 +86,8 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
     e_loc = shape.local_experts();
     Is = shape.shared_intermediate;
     T = shape.tokens_of(rank);
+    check_precision();
+    fp8 = config.precision == Precision::FP8;
     validate_weights_layout(shape, w);
     check_device_weight_set("weights.w", w.w_gate, w.w_up, w.w_down, w.ws_gate, w.ws_up, w.ws_down, Is > 0,
                             comm.device());
@@ -392,7 +389,10 @@ void Layer::Impl::setup_push_dispatch() {
 // update is read by the next call). Host-side only (tensor-map encodes): set_weights calls it too.
 void Layer::Impl::bind_weights() {
   if (!fused) {
-    plan_unfused();
+    if (fp8)
+      bind_weights_fp8();
+    else
+      plan_unfused();
     return;
   }
   using gemm::make_map_3d;
@@ -471,6 +471,10 @@ int64_t Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaSt
   check_routing(in);
   check_tensor("out", out, {DType::BF16}, {T, H});
   check_device_tensor("out", out, comm.device());
+  MOK_REQUIRE(!fp8 || !save_for_backward, "save_for_backward",
+              "must be false with config.precision fp8 (the FP8 backward is not built yet)");
+  MOK_REQUIRE(!fp8 || T == 0 || in.x.data != win_x->ptr, "x",
+              "must not be input_buffer() with config.precision fp8 (the window holds x's E4M3 codes, made from x)");
   // This forward's number; with several forwards alive, its slot's state becomes the members'
   // (every forward takes one, saved or not: it builds its schedule there). Host-side bookkeeping
   // that a replayed CUDA graph would not repeat: refused under capture.
@@ -479,9 +483,12 @@ int64_t Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaSt
   if (slots.size() > 1) activate(static_cast<int>(id % static_cast<int64_t>(slots.size())));
   active_generation = id;
   saved = false;  // until this forward has enqueued everything: a throw below leaves nothing to use
-  if (T > 0 && in.x.data != win_x->ptr)  // x written into input_buffer(): nothing to copy
+  if (fp8) {
+    quantize_x_fp8(in.x.data, stream);  // x's codes and scales where the peers pull them
+  } else if (T > 0 && in.x.data != win_x->ptr) {  // x written into input_buffer(): nothing to copy
     MOK_CUDA_CHECK(cudaMemcpyAsync(win_x->ptr, in.x.data, static_cast<size_t>(T * H) * 2,
                                    cudaMemcpyDeviceToDevice, stream));
+  }
   // The megakernel's counters are zeroed before the barrier: with push dispatch the other ranks
   // count rows into them (and read them) as soon as they are past it. Nobody else touches them
   // between the previous call's final barrier and this one.
@@ -499,6 +506,8 @@ int64_t Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaSt
     params.save_gu = save_for_backward && (!windowed || saved_rows > 0) ? 1 : 0;
     params.save_gu_shared = save_for_backward ? 1 : 0;
     mk::launch_forward(maps, params, dc, grid, stream);
+  } else if (fp8) {
+    routed_forward_fp8(stream);
   } else {
     gpu::pull_dispatch(move_args(), x_peers.get<const void* const>(), x_routed.p, stream);
     gemm::run(save_for_backward ? fc1 : fc1_nogu, stream);

@@ -26,6 +26,7 @@ using layer_detail::upload_array;
 void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& g, cudaStream_t stream,
                            int64_t forward_id) {
   const layer_detail::CallScope scope(comm, stream, "backward()");
+  MOK_REQUIRE(!fp8, "config.precision", "the backward runs bf16 only so far (fp8: the forward only)");
   // Which forward: the last one, or one whose state a slot still holds (Config::saved_forwards).
   MOK_REQUIRE(forward_id >= -1, "backward.forward_id", "must be a forward's number or -1 (the last), got ",
               forward_id);

@@ -280,6 +280,11 @@ struct Layer::Impl {
   void win_mark(int64_t w, int i, cudaStream_t stream);
   gemm::Plan fc1, fc2, fc1_s, fc2_s;
   gemm::Plan fc1_nogu, fc1_s_nogu;  // forward(..., save_for_backward = false)
+  // Config::precision FP8 (layer_fp8.cu; unfused forward only): the weights' codes and 128 x 128
+  // scales, made by bind_weights, and the FP8 GEMM plans.
+  bool fp8 = false;
+  DeviceBuffer fp8_weights;
+  gemm::Plan fc1_fp8, fc2_fp8;
   // Megakernel: ring buffers, counters, tensor maps and parameters.
   bool fused = true;
   int sms = 0;
@@ -303,6 +308,11 @@ struct Layer::Impl {
   ~Impl();
   void setup_unfused();
   void plan_unfused();
+  void check_precision() const;  // what the FP8 layer supports so far, each refusal named
+  int64_t x_scale_offset() const;
+  void bind_weights_fp8();
+  void quantize_x_fp8(const void* x, cudaStream_t stream);
+  void routed_forward_fp8(cudaStream_t stream);
   // FC1 of the routed experts over `tiles` 128-row tiles of x rows, with the bound weights.
   gemm::Fc1Args routed_fc1(const void* x, void* h_rows, void* gu_rows, const int32_t* tile_expert,
                            int64_t tiles) const;

@@ -168,6 +168,14 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
       add("counters", int64_t(fs.layout.words()) * 4, S::Layer);
     }
   } else {
+    // FP8 (forward only): the weights' E4M3 codes and their 128 x 128 fp32 scales; x, h and the
+    // window hold codes and scales in the bf16 buffers' bytes (layer_fp8.cu).
+    if (config.precision == Precision::FP8) {
+      MOK_REQUIRE(H % 128 == 0, "shape.hidden", "must be a multiple of 128 with config.precision fp8, got ", H);
+      MOK_REQUIRE(I % 128 == 0, "shape.intermediate", "must be a multiple of 128 with config.precision fp8, got ", I);
+    }
+    if (config.precision == Precision::FP8)
+      add("fp8_weights", 3 * e_loc * I * H + 3 * e_loc * (I / 128) * (H / 128) * 4, S::Layer);
     add("x_routed", cap * H * 2, S::Saved);
     add("h", cap * I * 2, S::Layer);
     add("y", cap * H * 2, S::Layer);

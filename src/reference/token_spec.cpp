@@ -4,10 +4,27 @@
 
 #include "mok/bf16.hpp"
 #include "reference/cpu_math.h"
+#include "reference/fp8_quant.h"
 
 namespace mok::ref {
 
-TokenExpert token_through_expert(int64_t H, int64_t I, const float* w, const float* x) {
+namespace {
+// Values replaced by what their block-scaled E4M3 codes decode to (fp32 scales amax / 448).
+void fp8_round(float* v, int64_t rows, int64_t cols, fp8::BlockShape block) {
+  std::vector<uint8_t> q(static_cast<size_t>(rows * cols));
+  std::vector<float> s(static_cast<size_t>(fp8::scale_count(rows, cols, block)));
+  fp8::quantize_blocked(v, rows, cols, block, fp8::ScaleRule::Fp32, q.data(), s.data());
+  fp8::dequantize_blocked(q.data(), s.data(), rows, cols, block, v);
+}
+}  // namespace
+
+void fp8_round_weights(int64_t H, int64_t I, float* w) {
+  fp8_round(w, I, H, fp8::kWeightBlock);              // gate [I, H]
+  fp8_round(w + I * H, I, H, fp8::kWeightBlock);      // up [I, H]
+  fp8_round(w + 2 * I * H, H, I, fp8::kWeightBlock);  // down [H, I]
+}
+
+TokenExpert token_through_expert(int64_t H, int64_t I, const float* w, const float* x, bool fp8_h) {
   const float* wg = w;
   const float* wu = wg + I * H;
   const float* wd = wu + I * H;
@@ -22,6 +39,7 @@ TokenExpert token_through_expert(int64_t H, int64_t I, const float* w, const flo
     t.u[i] = round_bf16(u);
     t.h[i] = round_bf16(silu(t.g[i]) * t.u[i]);
   }
+  if (fp8_h) fp8_round(t.h.data(), 1, I, fp8::kActivationBlock);  // FC2 reads h quantized
   for (int64_t c = 0; c < H; ++c) {
     float y = 0;
     for (int64_t i = 0; i < I; ++i) y += t.h[i] * wd[c * I + i];
@@ -31,11 +49,17 @@ TokenExpert token_through_expert(int64_t H, int64_t I, const float* w, const flo
 }
 
 std::vector<float> token_forward(int64_t H, int64_t I, int64_t k, const float* x, const int32_t* topk_idx,
-                                 const float* topk_w, const ExpertWeights& expert) {
+                                 const float* topk_w, const ExpertWeights& expert, bool fp8) {
   std::vector<float> acc(static_cast<size_t>(H), 0.0f);
+  std::vector<float> xq;
+  if (fp8) {  // x quantized once at its source
+    xq.assign(x, x + H);
+    fp8_round(xq.data(), 1, H, fp8::kActivationBlock);
+    x = xq.data();
+  }
   for (int64_t j = 0; j < k; ++j) {
     if (topk_idx[j] < 0) continue;
-    const TokenExpert t = token_through_expert(H, I, expert(topk_idx[j]), x);
+    const TokenExpert t = token_through_expert(H, I, expert(topk_idx[j]), x, fp8);
     for (int64_t c = 0; c < H; ++c) acc[c] = std::fma(topk_w[j], t.y[c], acc[c]);
   }
   for (auto& v : acc) v = round_bf16(v);

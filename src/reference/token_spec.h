@@ -17,14 +17,20 @@ struct TokenExpert {
 };
 // `w`: the expert's weights as fp32 (of bf16 values), gate [I, H], up [I, H], down [H, I], one
 // after the other. x: the token's H values.
-TokenExpert token_through_expert(int64_t H, int64_t I, const float* w, const float* x);
+TokenExpert token_through_expert(int64_t H, int64_t I, const float* w, const float* x, bool fp8_h = false);
 
 // The expert weights (layout above) of global expert e.
 using ExpertWeights = std::function<const float*(int32_t e)>;
 
 // out[t] for one token (H values): sum over its k slots of fma(w_j, y_j), rounded once.
+// fp8 (Config::precision FP8, recipe 1): x is quantized per 1 x 128 first and each expert's h per
+// 1 x 128 before FC2 (the values then are what the codes decode to); `expert` must give the
+// weights as their 128 x 128 block-scaled codes decode (fp8_round_weights).
 std::vector<float> token_forward(int64_t H, int64_t I, int64_t k, const float* x, const int32_t* topk_idx,
-                                 const float* topk_w, const ExpertWeights& expert);
+                                 const float* topk_w, const ExpertWeights& expert, bool fp8 = false);
+// One expert's weights (the layout above) replaced by what their codes decode to, each matrix
+// per 128 x 128 (recipe 1), as the engine's FP8 forward holds them.
+void fp8_round_weights(int64_t H, int64_t I, float* w);
 // The backward for one token: d_x (H values) followed by d_topk_w (k values).
 std::vector<float> token_backward(int64_t H, int64_t I, int64_t k, const float* x, const float* d_out,
                                   const int32_t* topk_idx, const float* topk_w, const ExpertWeights& expert);

@@ -303,3 +303,25 @@ TEST(MemoryPlan, SavedForwardsHoldOneSavedStateEach) {
   zero.saved_forwards = 0;
   refused(shape, zero, "saved_forwards = 0");
 }
+
+namespace {
+
+// FP8 (unfused forward): the weights' codes and 128 x 128 scales are the one buffer FP8 adds
+// (x, h and the window hold codes and scales in the bf16 buffers' bytes); half the bf16 weights.
+TEST(MemoryPlan, Fp8AddsTheWeightCodesAndScalesOnly) {
+  const mok::LayerShape shape = mok::LayerShape::uniform(1, 8192, 7168, 2048, 32, 8, 0);
+  mok::Config bf16 = resident_config();
+  bf16.forward_path = mok::ForwardPath::Unfused;
+  mok::Config fp8 = bf16;
+  fp8.precision = mok::Precision::FP8;
+  const mok::MemoryPlan a = mok::plan_memory(shape, bf16, 0, 132), b = mok::plan_memory(shape, fp8, 0, 132);
+  EXPECT_FALSE(a.has("fp8_weights"));
+  ASSERT_TRUE(b.has("fp8_weights"));
+  const int64_t codes = 3 * 32 * 2048 * 7168, scales = 3 * 32 * (2048 / 128) * (7168 / 128) * 4;
+  EXPECT_EQ(b.bytes("fp8_weights"), codes + scales);
+  EXPECT_EQ(b.total() - a.total(), codes + scales);
+  std::printf("[memory fp8] DeepSeek-V3 EP-8 slice: fp8 weights %.2f GB per layer (bf16 weights %.2f GB)\n",
+              double(codes + scales) / 1e9, 2.0 * double(codes) / 1e9);
+}
+
+}  // namespace

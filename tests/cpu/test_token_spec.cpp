@@ -1,5 +1,6 @@
 // The spec for one token (src/reference/token_spec.h) is the reference engine's arithmetic for
-// that token: out, d_x and d_topk_w bit for bit, on uniform and empty-slot routing, EP 1 and 2.
+// that token: out, d_x and d_topk_w bit for bit, on uniform and empty-slot routing, EP 1 and 2;
+// and the FP8 forward (Config::precision FP8, recipe 1) likewise.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -50,6 +51,38 @@ TEST(TokenSpec, EqualsTheEngineBitForBit) {
             ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << "d_topk_w, rank " << r << " token " << t;
           }
         }
+      }
+    }
+  }
+}
+
+TEST(TokenSpec, Fp8ForwardEqualsTheEngineBitForBit) {
+  for (const mok::Routing routing : {mok::Routing::Uniform, mok::Routing::EmptySlots}) {
+    // Two 128-wide blocks along H and I, and an I block cut short (h per 1 x 128: 320 = 2.5 blocks).
+    const mok::LayerShape shape = mok::LayerShape::uniform(2, 24, 256, 320, 8, 3);
+    const auto wl = mok::make_workload(shape, routing, 13);
+    mok::Config cfg;
+    cfg.precision = mok::Precision::FP8;
+    const auto fwd = mok::ref::Engine(shape, cfg).forward(wl.inputs, wl.weights);
+    const int64_t H = shape.hidden, I = shape.intermediate, k = shape.top_k;
+    std::vector<std::vector<float>> experts(static_cast<size_t>(shape.experts));
+    for (int64_t e = 0; e < shape.experts; ++e) {
+      auto& w = experts[static_cast<size_t>(e)];
+      for (const auto* src : {&wl.weights.w_gate, &wl.weights.w_up, &wl.weights.w_down})
+        for (int64_t i = 0; i < I * H; ++i) w.push_back(float((*src)[static_cast<size_t>(e * I * H + i)]));
+      mok::ref::fp8_round_weights(H, I, w.data());
+    }
+    const mok::ref::ExpertWeights expert = [&](int32_t e) { return experts[static_cast<size_t>(e)].data(); };
+    for (int r = 0; r < shape.world_size(); ++r) {
+      const auto& in = wl.inputs[static_cast<size_t>(r)];
+      for (int64_t t = 0; t < shape.tokens_of(r); ++t) {
+        std::vector<float> x(static_cast<size_t>(H));
+        for (int64_t c = 0; c < H; ++c) x[static_cast<size_t>(c)] = float(in.x[static_cast<size_t>(t * H + c)]);
+        const auto out =
+            mok::ref::token_forward(H, I, k, x.data(), &in.topk_idx[t * k], &in.topk_w[t * k], expert, true);
+        for (int64_t c = 0; c < H; ++c)
+          ASSERT_EQ(out[static_cast<size_t>(c)], float(fwd.out[static_cast<size_t>(r)][static_cast<size_t>(t * H + c)]))
+              << "fp8 out, rank " << r << " token " << t << " column " << c;
       }
     }
   }

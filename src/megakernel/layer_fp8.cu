@@ -1,0 +1,130 @@
+// mok — the GPU layer's forward in FP8 (Config::precision FP8, recipe 1: block-scaled E4M3,
+// notes/fp8.md), on the unfused path:
+//   x (bf16, the caller's) -> E4M3 codes + 1 x 128 scales written straight into the x window (the
+//   quantization replaces the bf16 copy: one pass over x, at its source); pull dispatch moves the
+//   codes and the scales of every routed row (about half the bf16 bytes); FC1 + SwiGLU in FP8
+//   writes h as E4M3 + 1 x 128 scales; FC2 in FP8 writes bf16 rows; combine and merge as in bf16.
+// The weights' codes and 128 x 128 scales are made by bind_weights (construction and every
+// set_weights: call set_weights again, with the same pointers, after the weights change). The
+// CPU reference computes the same recipe (include/mok/reference.hpp): the two differ by
+// accumulation order and the SFU's exp in SwiGLU.
+// Buffers: the bf16-sized ones of the unfused path hold codes then scales (x window: T_max_pad x H
+// codes, then the scales; x_routed: cap x H codes, then cap x H / 128 scales; h likewise with I),
+// so FP8 needs no other activation memory; "fp8_weights" holds the weight codes and scales.
+#include <cuda_runtime.h>
+
+#include "gemm/fp8_quantize.h"
+#include "megakernel/layer_impl.h"
+#include "schedule/schedule_math.h"
+
+namespace mok {
+
+namespace {
+
+// The weight codes [E, I, H] gate, up, [E, H, I] down, then their scales, in the fp8_weights buffer.
+struct Fp8WeightLayout {
+  int64_t gate, up, down, s_gate, s_up, s_down;
+};
+Fp8WeightLayout fp8_weight_layout(int64_t e, int64_t H, int64_t I) {
+  const int64_t codes = e * I * H, scales = e * (I / 128) * (H / 128) * 4;
+  return {0, codes, 2 * codes, 3 * codes, 3 * codes + scales, 3 * codes + 2 * scales};
+}
+
+}  // namespace
+
+// The constructor's check of what the FP8 layer supports so far (each refusal names its knob).
+void Layer::Impl::check_precision() const {
+  if (config.precision == Precision::BF16) return;
+  MOK_REQUIRE(config.precision == Precision::FP8, "config.precision",
+              "the GPU layer runs bf16 and fp8 (recipe 1); mxfp8 is the CPU reference's so far, got ",
+              to_string(config.precision));
+  MOK_REQUIRE(config.forward_path == ForwardPath::Unfused, "config.forward_path",
+              "must be unfused with config.precision fp8 (the megakernel runs bf16 so far)");
+  MOK_REQUIRE(Is == 0, "shape.shared_intermediate", "must be 0 with config.precision fp8 (the shared expert "
+              "runs bf16 only so far), got ", Is);
+  MOK_REQUIRE(H % 128 == 0, "shape.hidden", "must be a multiple of 128 with config.precision fp8 (whole 1 x 128 "
+              "and 128 x 128 scale blocks), got ", H);
+  MOK_REQUIRE(I % 128 == 0, "shape.intermediate", "must be a multiple of 128 with config.precision fp8 (whole "
+              "1 x 128 and 128 x 128 scale blocks), got ", I);
+}
+
+// Byte offset of the 1 x 128 scales in every rank's x window (after T_max_pad x H codes).
+int64_t Layer::Impl::x_scale_offset() const { return sched::pad_rows(shape.max_tokens()) * H; }
+
+// The weights' E4M3 codes and 128 x 128 scales (the expert matrices are stacked: I and H are
+// multiples of 128, so no block straddles two experts), then the FP8 GEMM plans. Synchronous:
+// the caller may change the bf16 weights as soon as this returns.
+void Layer::Impl::bind_weights_fp8() {
+  // The codes are rewritten in place: every call still running (on any stream) must be done, and
+  // the caller's weight updates (its stream) and the new buffer's zeroing (the legacy stream)
+  // complete, before the quantization (on the communicator's non-blocking stream) starts.
+  MOK_CUDA_CHECK(cudaDeviceSynchronize());
+  if (!fp8_weights.p) {
+    fp8_weights = allocate("fp8_weights", "fp8 weight codes and scales");
+    MOK_CUDA_CHECK(cudaDeviceSynchronize());  // its zeroing (legacy stream) before our writes
+  }
+  const Fp8WeightLayout L = fp8_weight_layout(e_loc, H, I);
+  auto* base = static_cast<char*>(fp8_weights.p);
+  const auto scales = [&](int64_t off) { return reinterpret_cast<float*>(base + off); };
+  const cudaStream_t s = comm.stream();
+  if (e_loc > 0) {
+    gemm::quantize_fp8_blocked(weights.w_gate.data, e_loc * I, H, 128, fp8::ScaleRule::Fp32, base + L.gate,
+                               scales(L.s_gate), s);
+    gemm::quantize_fp8_blocked(weights.w_up.data, e_loc * I, H, 128, fp8::ScaleRule::Fp32, base + L.up,
+                               scales(L.s_up), s);
+    gemm::quantize_fp8_blocked(weights.w_down.data, e_loc * H, I, 128, fp8::ScaleRule::Fp32, base + L.down,
+                               scales(L.s_down), s);
+  }
+  MOK_CUDA_CHECK(cudaStreamSynchronize(s));
+  const gpu::ScheduleView v = schedule->view();
+  const int64_t tiles = cap_rows / sched::kBlockM;
+  auto* xr = static_cast<char*>(x_routed.p);
+  auto* hr = static_cast<char*>(h.p);
+  gemm::Fp8Fc1Args a1;
+  a1.x = xr;
+  a1.x_scales = reinterpret_cast<const float*>(xr + cap_rows * H);
+  a1.w_gate = base + L.gate;
+  a1.w_gate_scales = scales(L.s_gate);
+  a1.w_up = base + L.up;
+  a1.w_up_scales = scales(L.s_up);
+  a1.h = hr;
+  a1.h_scales = reinterpret_cast<float*>(hr + cap_rows * I);
+  a1.hidden = H;
+  a1.inter = I;
+  a1.experts = e_loc;
+  a1.tile_expert = v.tile_expert;
+  a1.num_m_tiles = tiles;
+  fc1_fp8 = gemm::plan_fp8_fc1(a1, gemm_options());
+  gemm::Fp8GroupedArgs a2;
+  a2.a = hr;
+  a2.a_scales = a1.h_scales;
+  a2.w = base + L.down;
+  a2.w_scales = scales(L.s_down);
+  a2.y = y.p;
+  a2.k = I;
+  a2.n = H;
+  a2.experts = e_loc;
+  a2.tile_expert = v.tile_expert;
+  a2.num_m_tiles = tiles;
+  fc2_fp8 = gemm::plan_fp8_grouped(a2, gemm_options());
+}
+
+// x quantized into this rank's x window (codes, then the scales at x_scale_offset()).
+void Layer::Impl::quantize_x_fp8(const void* x, cudaStream_t stream) {
+  if (T == 0) return;
+  auto* win = static_cast<char*>(win_x->ptr);
+  gemm::quantize_fp8_blocked(x, T, H, 1, fp8::ScaleRule::Fp32, win, reinterpret_cast<float*>(win + x_scale_offset()),
+                             stream);
+}
+
+// The routed part of the FP8 forward: pull codes and scales, FC1 (h in FP8), FC2 (bf16), push.
+void Layer::Impl::routed_forward_fp8(cudaStream_t stream) {
+  auto* xr = static_cast<char*>(x_routed.p);
+  gpu::pull_dispatch_fp8(move_args(), x_peers.get<const void* const>(), x_scale_offset(), xr,
+                         reinterpret_cast<float*>(xr + cap_rows * H), stream);
+  gemm::run(fc1_fp8, stream);
+  gemm::run(fc2_fp8, stream);
+  gpu::push_combine(move_args(), y.p, combine_peers.get<void* const>(), stream);
+}
+
+}  // namespace mok
