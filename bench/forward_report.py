@@ -2,7 +2,7 @@
 """Joins mok_bench's GPU forward results with the PyTorch+NCCL baseline of the same run into one
 results file (bench/results/forward-<gpu>x<n>.json) and prints the comparison tables.
 
-usage: forward_report.py MOK_JSON BASELINE_JSON OUT_JSON [GPU_SAMPLES_CSV]
+usage: forward_report.py [--fp8 MOK_FP8_JSON] MOK_JSON BASELINE_JSON OUT_JSON [GPU_SAMPLES_CSV]
 
 MOK_JSON holds `cases` (one per model, T, routing, at mok's default settings) and optionally
 `ablation` (the same cases under other variants / comm SMs / minibatch / macrobatch sizes). Both
@@ -13,6 +13,11 @@ empty or unreadable, OUT_JSON still gets written with mok's numbers only (no bas
 Cases that mok_bench measured with --sustain also carry `mok_sustained_ms` / `mok_sustained_tflops`
 (the slowest rank's mean time per forward over seconds of back-to-back forwards, at the power cap); when the
 baseline ran with --sustain too, `baseline_sustained_ms` and `sustained_speedup` join them.
+
+--fp8: mok_bench's run of the same cases in FP8 (--precision fp8, the unfused forward): its cases
+join OUT_JSON's `cases` with `precision` "fp8" (mok's own cases get "bf16" where they carry none),
+the same baseline fields, and `bf16_mok_ms` / `x_bf16` (mok's bf16 time of the same case over the
+FP8 one). Readers that want one entry per (model, T, routing) take the bf16 ones.
 
 Backward: cases with `mok_bwd_ms` (mok_bench's backward of the main variant) get, when the
 baseline timed its backward too (`baseline_bwd_ms`), `baseline_bwd_tflops`, `bwd_speedup` and
@@ -44,6 +49,10 @@ def case_key(entry):
     return (entry["model"], entry["T"], entry["routing"])
 
 
+def precision_of(entry):
+    return entry.get("precision", "bf16")
+
+
 def load_baseline(path):
     """The baseline JSON, or None (with the reason on stderr) when it cannot be used."""
     if not os.path.isfile(path):
@@ -73,14 +82,20 @@ def pct(row, key, value, reference):
         row[key] = 100.0 * value / reference
 
 
-def join(mok, base):
-    """The output document: mok's cases and ablation, each joined with the baseline when known."""
+def join(mok, base, fp8=None):
+    """The output document: mok's cases and ablation, each joined with the baseline when known;
+    `fp8` (mok_bench's FP8 run of the same cases) adds its cases, beside the bf16 ones."""
     by_key = {case_key(c): c for c in base["cases"]} if base else {}
     peak = (base or {}).get("peak_bf16") or {}
     burst_peak, sustained_peak = peak.get("burst_tflops_max"), peak.get("sustained_tflops_max")
     cases = []
-    for c in mok["cases"]:
+    bf16_ms = {case_key(c): c.get("mok_ms") for c in mok["cases"] if precision_of(c) == "bf16"}
+    for c in list(mok["cases"]) + list((fp8 or {}).get("cases") or []):
         row = dict(c)
+        row["precision"] = precision_of(c)
+        if row["precision"] != "bf16" and bf16_ms.get(case_key(c)) and c.get("mok_ms"):
+            row["bf16_mok_ms"] = bf16_ms[case_key(c)]
+            row["x_bf16"] = bf16_ms[case_key(c)] / c["mok_ms"]
         b = by_key.get(case_key(c))
         if b:
             row["baseline_ms"] = b["baseline_ms"]
@@ -204,7 +219,7 @@ def print_cases(out):
     print("| model | T/rank | routing | mok ms | baseline ms | speedup | mok TFLOP/s/GPU | baseline TFLOP/s/GPU |"
           + extra_head)
     print("|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if sustained else ""))
-    for c in out["cases"]:
+    for c in (c for c in out["cases"] if precision_of(c) == "bf16"):  # FP8: print_fp8
         extra = (f" {fmt(c.get('mok_sustained_ms'), '.3f')} | {fmt(c.get('mok_sustained_tflops'), '.0f')} "
                  f"| {fmt(c.get('baseline_sustained_ms'), '.3f')} | {fmt(c.get('sustained_speedup'), '.2f', 'x')} |"
                  if sustained else "")
@@ -314,14 +329,34 @@ def print_memory_modes(out):
                   f"| {fmt(rel, '.2f', 'x')} | {fmt(held_gb(mem), '.2f')} | {fmt(ws / 1e9 if ws else None, '.2f')} |")
 
 
+def print_fp8(out):
+    rows = [c for c in out["cases"] if precision_of(c) != "bf16"]
+    if not rows:
+        return
+    print("\n| model | T | routing | precision | mok ms | bf16 mok ms | x bf16 | baseline ms | speedup |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for c in rows:
+        print(f"| {c['model']} | {c['T']} | {c['routing']} | {c['precision']} | {fmt(c.get('mok_ms'), '.3f')} | "
+              f"{fmt(c.get('bf16_mok_ms'), '.3f')} | {fmt(c.get('x_bf16'), '.2f', 'x')} | "
+              f"{fmt(c.get('baseline_ms'), '.3f')} | {fmt(c.get('speedup'), '.2f', 'x')} |")
+
+
 def main(argv):
+    fp8 = None
+    if len(argv) >= 2 and argv[0] == "--fp8":
+        try:
+            with open(argv[1]) as f:
+                fp8 = json.load(f)
+        except (OSError, ValueError) as e:  # reported; the bf16 report still gets written
+            print(f"forward_report: no FP8 results from {argv[1]}: {e}", file=sys.stderr)
+        argv = argv[2:]
     if len(argv) not in (3, 4):
         print(__doc__.strip(), file=sys.stderr)
         return 2
     mok_path, base_path, out_path = argv[:3]
     with open(mok_path) as f:
         mok = json.load(f)
-    out = join(mok, load_baseline(base_path))
+    out = join(mok, load_baseline(base_path), fp8)
     if len(argv) == 4:
         samples = gpu_samples(argv[3])
         if samples:
@@ -329,6 +364,7 @@ def main(argv):
     with open(out_path, "w") as f:
         json.dump(out, f, indent=1)
     print_cases(out)
+    print_fp8(out)
     print_backward(out)
     print_hardware(out)
     print_ablation(out)

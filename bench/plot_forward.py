@@ -38,6 +38,11 @@ def groups_in_order(entries):
     return groups
 
 
+def bf16_cases(doc):
+    """The bf16 cases (a forward file also holds mok_bench --precision fp8's, with "precision")."""
+    return [c for c in doc.get("cases") or [] if c.get("precision", "bf16") == "bf16"]
+
+
 def fastest(entries):
     return min(entries, key=lambda e: e["ms"])
 
@@ -48,7 +53,7 @@ def default_points(doc):
     A variant's bar is its entry at the case's default (comm_sms, minibatch_tokens) — the fastest
     of those when several match, e.g. differing macrobatch sizes — else its fastest entry overall
     (at_default False)."""
-    cases = {case_key(c): c for c in doc.get("cases", [])}
+    cases = {case_key(c): c for c in bf16_cases(doc)}
     rows = []
     for key, entries in groups_in_order(doc.get("ablation", [])).items():
         case = cases.get(key, {})
@@ -74,7 +79,7 @@ def sweeps(doc, swept, held):
     `held` is fixed at the case's default value when that gives at least two points, else at the
     value that gives the most points. Several entries at one x (e.g. other macrobatch sizes) count
     as their fastest. Cases with fewer than two points are left out."""
-    cases = {case_key(c): c for c in doc.get("cases", [])}
+    cases = {case_key(c): c for c in bf16_cases(doc)}
     lines = {}
     for key, entries in groups_in_order(doc.get("ablation", [])).items():
         es = [e for e in entries if e.get("variant") == SWEEP_VARIANT
@@ -197,7 +202,7 @@ def main(argv):
     plt, doc, out_path = started
     in_path = argv[0]
 
-    cases = doc.get("cases") or []
+    cases = bf16_cases(doc)
     ablation_rows = default_points(doc)
     comm_lines = sweeps(doc, "comm_sms", "minibatch_tokens")
     mini_lines = sweeps(doc, "minibatch_tokens", "comm_sms")

@@ -104,6 +104,28 @@ class ForwardReportTest(TempDirCase):
         self.assertIn("| dsv3 | 2048 | uniform | unfused | 16 | 1920 | 8192 | 6.000 | 167 | 1.33x | 1.50x |",
                       run.stdout)
 
+    def test_fp8_cases_join_beside_the_bf16_ones(self):
+        mok = synthetic_mok(with_ablation=False)
+        fp8 = {"cases": [dict(mok_case("dsv3", 2048, "uniform", 2.5), variant="unfused-fp8", precision="fp8")]}
+        mok_path, base_path = self.write("mok.json", mok), self.write("baseline.json", synthetic_baseline())
+        fp8_path, out_path = self.write("fp8.json", fp8), os.path.join(self.tmp, "forward.json")
+        run = subprocess.run([sys.executable, REPORT, "--fp8", fp8_path, mok_path, base_path, out_path],
+                             capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        with open(out_path) as f:
+            out = json.load(f)
+        self.assertEqual([c["precision"] for c in out["cases"]], ["bf16", "bf16", "fp8"])
+        c = out["cases"][2]
+        self.assertAlmostEqual(c["speedup"], 8.0 / 2.5)   # against the same baseline
+        self.assertAlmostEqual(c["bf16_mok_ms"], 4.0)
+        self.assertAlmostEqual(c["x_bf16"], 4.0 / 2.5)
+        self.assertIn("| dsv3 | 2048 | uniform | fp8 | 2.500 | 4.000 | 1.60x | 8.000 | 3.20x |", run.stdout)
+        # an unreadable FP8 file: reported, the bf16 report still written
+        run = subprocess.run([sys.executable, REPORT, "--fp8", os.path.join(self.tmp, "none.json"), mok_path,
+                              base_path, out_path], capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertIn("no FP8 results", run.stderr)
+
     def test_sustained_columns(self):
         mok = synthetic_mok()
         mok["cases"][0].update({"mok_sustained_ms": 4.4, "mok_sustained_tflops": 227.3,

@@ -74,8 +74,9 @@ class Doc:
         return v
 
     def case(self, model, T, routing, key="cases"):
-        for c in self.get(key):
-            if (c.get("model"), c.get("T"), c.get("routing")) == (model, T, routing):
+        for c in self.get(key):  # the bf16 entry (a forward file also holds FP8 cases: "precision")
+            if (c.get("model"), c.get("T"), c.get("routing")) == (model, T, routing) and \
+                    c.get("precision", "bf16") == "bf16":
                 return c
         raise FigureError("%s: no entry %s T=%d %s in '%s'" % (self.name, model, T, routing, key))
 
@@ -164,9 +165,14 @@ def nums(doc, entries, key):
     return [doc.num(key, within=e) for e in entries]
 
 
+def bf16_cases(f):
+    """A forward file's bf16 cases (FP8 ones, from mok_bench --precision fp8, carry "precision")."""
+    return [c for c in f.get("cases") if c.get("precision", "bf16") == "bf16"]
+
+
 def forward_figures(res):
     f = res["forward-h200x2.json"]
-    cases = f.get("cases")
+    cases = bf16_cases(f)
     h = f.case(*HEADLINE)
     peak = f.num("peak_bf16", "burst_tflops_max")
     models = ", ".join(model_name(m) for m in ordered(c.get("model") for c in cases))
@@ -335,7 +341,7 @@ def reliability_figures(res):
 def one_gpu_figures(res):
     """The main job on one GPU: the full models (EP 1) and the per-rank slices of EP 8."""
     f = res["forward-h200x1.json"]
-    cases = f.get("cases")
+    cases = bf16_cases(f)
     full = [c for c in cases if "slice_of_ep" not in c]
     slices = [c for c in cases if "slice_of_ep" in c]
     if not full or not slices:

@@ -12,7 +12,9 @@ for a in "$@"; do
     echo "usage: scripts/run.sh [mok_bench options]"
     echo "Builds mok_bench in \$MOK_BUILD (default build/release) and runs it with these options; on GPUs"
     echo "it also runs the PyTorch+NCCL baseline. Results as JSON under \$MOK_OUT (default build/results):"
-    echo "forward-<gpu>x<n>.json on GPUs, mok-cpu.json (with the verdict) on the CPU."
+    echo "forward-<gpu>x<n>.json on GPUs, mok-cpu.json (with the verdict) on the CPU. On GPUs the same cases"
+    echo "run again in FP8 (--precision fp8 --path unfused, forward only; MOK_FP8=0 skips it, and so does"
+    echo "giving --precision or --path)."
     echo
     cat "$MOK_ROOT/bench/mok_bench_usage.txt"
     exit 0 ;;
@@ -60,6 +62,23 @@ for a in "$@"; do
 done
 status=0
 "$bench" --json "$mok_json" "$@" || status=$?
+# The same cases in FP8 (block-scaled recipe 1, the unfused forward so far), unless the options
+# already chose a precision or MOK_FP8=0: forward only, no ablation; joined below as cases with
+# precision "fp8" beside the bf16 ones.
+fp8_json=""
+case " $* " in *" --precision "*|*" --path "*) MOK_FP8="${MOK_FP8:-0}" ;; esac
+if [ "$status" -eq 0 ] && [ "${MOK_FP8:-1}" = 1 ]; then
+  fp8_args=()
+  prev=""
+  for a in "$@"; do
+    case "$prev" in --models|--tokens|--routings|--iters|--warmup|--sustain|--comm-sms) fp8_args+=("$prev" "$a") ;; esac
+    prev="$a"
+  done
+  fp8_json="$out/mok-forward-fp8-$tag.json"
+  mok_log "the same cases in FP8 (mok_bench --precision fp8 --path unfused)"
+  "$bench" --json "$fp8_json" --precision fp8 --path unfused --no-ablation --no-backward "${fp8_args[@]}" ||
+    { mok_log "the FP8 pass failed: the report has the bf16 cases only"; fp8_json=""; }
+fi
 [ -n "$sampler" ] && kill "$sampler" 2>/dev/null
 [ "$status" -eq 0 ] || exit "$status"
 # The baseline runs the shapes mok_bench ran and follows its --sustain (default 4 s), so both
@@ -76,7 +95,7 @@ if python3 -c "import torch" 2>/dev/null; then
     "$MOK_ROOT/bench/baseline/torch_moe_baseline.py" "${base_args[@]}" --out "$out/baseline-$tag.json" 2>&1 |
     grep -E "^\[baseline\]|Error" || true
   if [ -f "$out/baseline-$tag.json" ]; then
-    python3 "$MOK_ROOT/bench/forward_report.py" "$mok_json" "$out/baseline-$tag.json" \
+    python3 "$MOK_ROOT/bench/forward_report.py" ${fp8_json:+--fp8 "$fp8_json"} "$mok_json" "$out/baseline-$tag.json" \
       "$out/forward-$tag.json" "$samples"
   fi
 else
