@@ -12,6 +12,18 @@
 
 namespace {
 
+// Every expert's weights as floats in the spec's layout: gate [I, H], up [I, H], down [H, I].
+std::vector<std::vector<float>> experts_as_float(const mok::LayerShape& shape, const mok::Workload& wl) {
+  const int64_t H = shape.hidden, I = shape.intermediate;
+  std::vector<std::vector<float>> experts(static_cast<size_t>(shape.experts));
+  for (int64_t e = 0; e < shape.experts; ++e) {
+    auto& w = experts[static_cast<size_t>(e)];
+    for (const auto* src : {&wl.weights.w_gate, &wl.weights.w_up, &wl.weights.w_down})
+      for (int64_t i = 0; i < I * H; ++i) w.push_back(float((*src)[static_cast<size_t>(e * I * H + i)]));
+  }
+  return experts;
+}
+
 TEST(TokenSpec, EqualsTheEngineBitForBit) {
   for (const int world : {1, 2}) {
     for (const mok::Routing routing : {mok::Routing::Uniform, mok::Routing::EmptySlots}) {
@@ -21,12 +33,7 @@ TEST(TokenSpec, EqualsTheEngineBitForBit) {
       const auto fwd = engine.forward(wl.inputs, wl.weights);
       const auto bwd = engine.backward(wl.inputs, wl.weights, wl.d_out);
       const int64_t H = shape.hidden, I = shape.intermediate, k = shape.top_k;
-      std::vector<std::vector<float>> experts(static_cast<size_t>(shape.experts));
-      for (int64_t e = 0; e < shape.experts; ++e) {
-        auto& w = experts[static_cast<size_t>(e)];
-        for (const auto* src : {&wl.weights.w_gate, &wl.weights.w_up, &wl.weights.w_down})
-          for (int64_t i = 0; i < I * H; ++i) w.push_back(float((*src)[static_cast<size_t>(e * I * H + i)]));
-      }
+      const std::vector<std::vector<float>> experts = experts_as_float(shape, wl);
       const mok::ref::ExpertWeights expert = [&](int32_t e) { return experts[static_cast<size_t>(e)].data(); };
       for (int r = 0; r < world; ++r) {
         const auto& in = wl.inputs[static_cast<size_t>(r)];
@@ -65,13 +72,8 @@ TEST(TokenSpec, Fp8ForwardEqualsTheEngineBitForBit) {
     cfg.precision = mok::Precision::FP8;
     const auto fwd = mok::ref::Engine(shape, cfg).forward(wl.inputs, wl.weights);
     const int64_t H = shape.hidden, I = shape.intermediate, k = shape.top_k;
-    std::vector<std::vector<float>> experts(static_cast<size_t>(shape.experts));
-    for (int64_t e = 0; e < shape.experts; ++e) {
-      auto& w = experts[static_cast<size_t>(e)];
-      for (const auto* src : {&wl.weights.w_gate, &wl.weights.w_up, &wl.weights.w_down})
-        for (int64_t i = 0; i < I * H; ++i) w.push_back(float((*src)[static_cast<size_t>(e * I * H + i)]));
-      mok::ref::fp8_round_weights(H, I, w.data());
-    }
+    std::vector<std::vector<float>> experts = experts_as_float(shape, wl);
+    for (auto& w : experts) mok::ref::fp8_round_weights(H, I, w.data());
     const mok::ref::ExpertWeights expert = [&](int32_t e) { return experts[static_cast<size_t>(e)].data(); };
     for (int r = 0; r < shape.world_size(); ++r) {
       const auto& in = wl.inputs[static_cast<size_t>(r)];
