@@ -212,6 +212,10 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
       const uint8_t* staged = cs.zero;
       if (slot_dead) return;  // a load into the slot may still be in flight
       if (from != nullptr) {
+        // The slot's previous row has been read out by its bulk store (issued by this thread in
+        // an earlier round): waited for here, where the slot is refilled, rather than right after
+        // the store, so the store's read overlaps the round barrier and the next round's start.
+        tma_store_wait_read<0>();
         mbar_arrive_expect_tx(my_bar, row_bytes);
         bulk_load(my_row, from, row_bytes, my_bar);
         // After an expired wait (here or elsewhere) let the load land before the slot, and at the
@@ -223,8 +227,7 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
         staged = my_row;
       }
       bulk_store(to, staged, row_bytes);
-      tma_store_commit();
-      tma_store_wait_read<0>();  // the slot is free again
+      tma_store_commit();  // its read of the slot is waited for before the slot's next load
     };
     // Thread 0's acquire (ordered before us by the barrier) covers generic-proxy accesses; our
     // bulk copies are async proxy: ring rows written by TMA stores (push) or read by TMA loads
