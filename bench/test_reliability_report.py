@@ -301,7 +301,7 @@ class SanitizeScriptTest(TempDirCase):
         self.assertTrue(doc["dry_run"])
         self.assertEqual(doc["commit"], "c0ffee1")
         runs = [(r["tool"], r["test"]) for r in doc["runs"]]
-        self.assertEqual(len(runs), 12 * 4 + 2 + 2 + 3)  # 4-tool cases, gemm, fp8_gemm, fp8_quantize
+        self.assertEqual(len(runs), 13 * 4 + 2 + 2 + 3)  # 4-tool cases, gemm, fp8_gemm, fp8_quantize
         self.assertEqual(runs[:5], [("memcheck", "fwd_megakernel_pull"),
                                     ("racecheck", "fwd_megakernel_pull"),
                                     ("synccheck", "fwd_megakernel_pull"),

@@ -103,6 +103,7 @@ specs=(
   "fwd_megakernel_push|layer|PushDispatch/LayerForward.*/ep1_uniform_shared|$all_tools"
   "fwd_megakernel_epilogue_combine|layer|EpilogueCombine/LayerForward.*/ep1_uniform_shared|$all_tools"
   "fwd_unfused|layer|Routings/LayerForward.*/ep1_uniform_shared_unfused|$all_tools"
+  "fwd_fp8|layer|Routings/LayerFp8.*/zipf|$all_tools"
   "bwd_unfused|layer|Routings/LayerBackward.*/ep1_uniform_shared_unfused|$all_tools"
   "bwd_after_megakernel|layer|Routings/LayerBackward.*/ep1_uniform_shared|$all_tools"
   # The backward over windows of a small ring, a budget cutting a window (saved rows and FC1

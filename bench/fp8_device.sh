@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One call on a GPU machine for the FP8 layer (notes/fp8.md): build, the FP8 GPU tests (GEMM
+# primitives and forms, the layer's FP8 forward against the CPU reference and its refusals), the
+# sanitizers over the FP8 layer case, then mok_bench's FP8 forward beside the bf16 megakernel and
+# the bf16 unfused path on the same shapes, alternating (two rounds), with one line per case.
+# Everything lands in $OUT (default /tmp/fp8-out): log.txt, the tests' logs, the mok_bench JSONs.
+#   [FP8_MODELS=dsv3,qwen3-235b] [FP8_TOKENS=8192] bench/fp8_device.sh
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-/tmp/fp8-out}"
+mkdir -p "$OUT"
+B="${MOK_BUILD:-$ROOT/build/fp8-device}"
+LOG="$OUT/log.txt"
+log() { echo "$@" | tee -a "$LOG"; }
+gtest_args=()
+[ -f "$ROOT/.deps/googletest/CMakeLists.txt" ] && gtest_args=(-DMOK_GTEST_SOURCE="$ROOT/.deps/googletest")
+t0=$(date +%s)
+cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release "${gtest_args[@]}" >"$OUT/build.log" 2>&1 || log "CONFIGURE FAILED"
+cmake --build "$B" -j "$(nproc)" --target mok_gpu_gemm_primitive_tests mok_gpu_gemm_tests mok_gpu_layer_tests mok_bench \
+  -- -k 0 >>"$OUT/build.log" 2>&1 || { log "BUILD FAILED"; grep -E "error" "$OUT/build.log" | head -20 | tee -a "$LOG"; exit 1; }
+log "build: $(( $(date +%s) - t0 )) s"
+run_test() {  # binary filter name
+  local t1 rc
+  t1=$(date +%s)
+  timeout 300 "$B/tests/gpu/$1" --gtest_filter="$2" >"$OUT/$3.log" 2>&1
+  rc=$?
+  log "$3: rc $rc ($(( $(date +%s) - t1 )) s) $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/$3.log" | tr '\n' ' ')"
+  grep -E "^\[(fp8|layer fp8)|FAILED  \]|Failure|Expected|Which is|actual" "$OUT/$3.log" | head -30 | tee -a "$LOG"
+}
+run_test gemm/mok_gpu_gemm_primitive_tests 'Fp8*' primitives
+run_test gemm/mok_gpu_gemm_tests 'Fp8*' gemm
+run_test megakernel/mok_gpu_layer_tests '*LayerFp8*' layer
+t1=$(date +%s)
+MOK_BUILD="$B" MOK_SANITIZE_NO_BUILD=1 MOK_SANITIZE_ONLY='^fwd_fp8$' OUT="$OUT/sanitize" \
+  bash scripts/sanitize.sh >"$OUT/sanitize.log" 2>&1
+log "sanitizers over the FP8 layer case: rc $? ($(( $(date +%s) - t1 )) s)"
+grep -E "^(memcheck|racecheck|synccheck|initcheck) " "$OUT/sanitize.log" | tee -a "$LOG"
+models="${FP8_MODELS:-dsv3,qwen3-30b-a3b,qwen3-235b,dsv3/ep8}"
+tokens="${FP8_TOKENS:-8192}"
+common=(--models "$models" --tokens "$tokens" --routings uniform --no-ablation --no-backward --sustain 0)
+for round in 1 2; do
+  for v in megakernel unfused fp8; do
+    case "$v" in
+      megakernel) extra=(--workspace-budget 0) ;;
+      unfused) extra=(--path unfused) ;;
+      fp8) extra=(--path unfused --precision fp8) ;;
+    esac
+    t1=$(date +%s)
+    timeout 300 "$B/bench/mok_bench" "${common[@]}" "${extra[@]}" --json "$OUT/fwd_${v}_$round.json" \
+      >"$OUT/fwd_${v}_$round.log" 2>&1
+    log "mok_bench $v round $round: rc $? ($(( $(date +%s) - t1 )) s)"
+    grep -E "^\| (dsv3|qwen3)" "$OUT/fwd_${v}_$round.log" | tee -a "$LOG"
+  done
+done
+python3 bench/ab_report.py --out "$OUT/fp8-forward-ab.json" --commit "${MOK_COMMIT:-unknown}" --field mok_ms \
+  --variant bf16-megakernel="$OUT/fwd_megakernel_*.json" --variant bf16-unfused="$OUT/fwd_unfused_*.json" \
+  --variant fp8-unfused="$OUT/fwd_fp8_*.json" \
+  --what "the layer's forward at EP 1 (T = $tokens, uniform): the bf16 megakernel (every row resident), the bf16 unfused path and the FP8 unfused path (Config::precision FP8)" \
+  2>&1 | tee -a "$LOG"
