@@ -44,8 +44,7 @@ def main(argv=None):
             for c in run["cases"]:
                 if a.field not in c:
                     sys.exit(f"ab_report: case {c['model']} T={c['T']} of variant {name} has no '{a.field}'")
-                model = c["model"] + (f"/ep{c['slice_of_ep']}" if c.get("slice_of_ep") else "")
-                key = (model, c["T"], c["routing"])
+                key = (c["model"], c["T"], c["routing"])  # a slice's model is e.g. "dsv3/ep8"
                 cases.setdefault(key, {}).setdefault(name, []).append(c[a.field])
                 if "out_hash" in c:
                     hashes.setdefault(key, {}).setdefault(name, set()).add(tuple(c["out_hash"]))
