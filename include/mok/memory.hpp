@@ -8,8 +8,9 @@
 // peer_tables, schedule, gu (gate/up
 // pre-activations; gu_saved: the rows of the activation budget a forward keeps for a backward
 // over windows), the shared expert's gu_s, h_s, y_s,
-// the megakernel's x_ring, h_ring, y_ring, counters (push_peer_tables with push dispatch), the
-// unfused path's x_routed, h, y, and the backward's dy_rows, row_weights, router_partials
+// the megakernel's x_ring, h_ring, y_ring, counters (push_peer_tables with push dispatch;
+// cluster_slots with 2-CTA clusters), the unfused path's x_routed, h, y (fp8_weights with
+// Config::precision FP8), and the backward's dy_rows, row_weights, router_partials
 // (shared_rows, shared_tiles). With Config::saved_forwards = N > 1 the saved state of forward
 // slots 1 .. N-1 is listed under slot_name(): schedule#i, gu_saved#i, gu_s#i, h_s#i, and every
 // slot's copy of its routing, routing#i.

@@ -276,9 +276,11 @@ __device__ __forceinline__ void mbar_arrive_remote(uint64_t* local_bar, uint32_t
       : "memory");
 }
 
-// Hand-off of data written into another CTA's shared memory (a megakernel's task slots): the
-// writer stores with st_cluster, then arrives with .release.cluster; readers in the target CTA
-// wait with .acquire.cluster. Used once per tile, off the MMA path.
+// Another CTA of the cluster: its shared-memory addresses (mapa), stores into them (st_cluster:
+// the run_cta abort flag), and arrivals on its barriers with .release.cluster, which readers there
+// pair with .acquire.cluster waits (the forward's cluster task hand-off: the data itself goes
+// through global memory, which racecheck sees ordered; written straight into the partner's
+// shared memory it was reported as racing with the reads).
 __device__ __forceinline__ uint32_t cluster_addr(const void* local, uint32_t cta) {
   uint32_t ra;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(smem_addr(local)), "r"(cta));
@@ -286,11 +288,6 @@ __device__ __forceinline__ uint32_t cluster_addr(const void* local, uint32_t cta
 }
 __device__ __forceinline__ void st_cluster(uint32_t cluster_address, uint32_t v) {
   asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(cluster_address), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_cluster_v4(uint32_t cluster_address, uint4 v) {
-  asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(cluster_address), "r"(v.x), "r"(v.y),
-               "r"(v.z), "r"(v.w)
-               : "memory");
 }
 __device__ __forceinline__ void mbar_arrive_remote_release(uint64_t* local_bar, uint32_t cta) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr(local_bar, cta))

@@ -23,7 +23,7 @@ namespace dev = mok::comm::dev;
 // Three slots: the producer can publish task i+2 while the consumers finish task i's epilogue
 // (measured equal to two slots without clusters; a prefetching producer that claimed task i+1
 // during task i's loads measured 2% slower: its ticket atomic stalled the TMA thread mid-tile).
-constexpr int kTaskSlots = 3;
+constexpr int kTaskSlots = kForwardTaskSlots;
 constexpr int kStatWords = kForwardStatWords;
 using StatClock = rt::StatClock<kStatWords>;
 using rt::handoff_wait;
@@ -67,12 +67,27 @@ using SlotCursor = rt::SlotCursor<kTaskSlots>;
 __device__ __forceinline__ TaskRing task_ring(uint8_t* smem_raw) {
   return TaskRing::at(smem_raw + C::kSmemBytes);  // after the engine's region (8-byte aligned)
 }
-// Task ring, its barriers, then (clusters) the pair's abort word at the end.
-constexpr int kExtraSmem = TaskRing::kBytes + 16;
+// Clusters: rank 0 writes rank 1's task into a global slot of its cluster (ForwardParams::
+// cluster_slots) and arrives on rank 1's `full` link (release.cluster); rank 1's follower producer
+// (acquire.cluster) copies it into its own task ring, which its consumers read, and arrives on
+// rank 0's `empty` link. compute-sanitizer's racecheck sees every shared-memory slot written and
+// read inside one CTA, ordered by that CTA's own barriers (a slot written remotely with
+// st.shared::cluster, as before, it reported as racing with the reads).
+struct ClusterLinks {
+  uint64_t* full;   // [kTaskSlots], rank 1's: the global slot holds its next task
+  uint64_t* empty;  // [kTaskSlots], rank 0's: rank 1 has copied the global slot out
+};
+__device__ __forceinline__ ClusterLinks cluster_links(uint8_t* smem_raw) {
+  auto* b = reinterpret_cast<uint64_t*>(smem_raw + C::kSmemBytes + TaskRing::kBytes);
+  return {b, b + kTaskSlots};
+}
+// Task ring, its barriers, the cluster links, then (clusters) the pair's abort word at the end.
+constexpr int kExtraSmem = TaskRing::kBytes + 2 * kTaskSlots * 8 + 16;
 __device__ __forceinline__ uint32_t* abort_word(uint8_t* smem_raw) {
   return reinterpret_cast<uint32_t*>(smem_raw + C::kSmemBytes + kExtraSmem - 16);
 }
-static_assert(C::kSmemBytes % 16 == 0 && sizeof(TaskSlot) == 64, "task ring alignment");
+static_assert(C::kSmemBytes % 16 == 0 && sizeof(TaskSlot) == kForwardTaskSlotBytes && TaskRing::kBytes % 8 == 0,
+              "task ring alignment");
 
 }  // namespace
 

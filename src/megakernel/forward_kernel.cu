@@ -12,8 +12,9 @@
 //     waits for the task's dependencies (acquire, then a proxy fence before its TMA loads) and
 //     hands the tile to both consumer warpgroups through a 3-slot task ring in shared memory.
 //     With 2-CTA clusters (ForwardParams::cluster) a ticket is a pair of M tiles: rank 0's
-//     producer claims and waits for both, hands rank 1 its tile through distributed shared
-//     memory, and the two CTAs share (multicast) the weight tile when both rows use one expert.
+//     producer claims and waits for both, hands rank 1 its tile through a global slot of the
+//     cluster (rank 1's follower copies it into its own task ring), and the two CTAs share
+//     (multicast) the weight tile when both rows use one expert.
 //     Each consumer warpgroup runs the tile's MMAs and epilogue, then reports the tile on its
 //     counter. The report is lazy: the warpgroup leader waits for its TMA stores and releases
 //     the counter once the next tile's first MMAs are in flight, or earlier when it would
@@ -25,6 +26,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstddef>
 
 #include "common/cuda_check.h"
 #include "megakernel/forward_comm.cuh"
@@ -150,18 +152,24 @@ __device__ __forceinline__ TaskMaps task_maps(const ForwardMaps& maps, int32_t k
   }
 }
 
+// The cluster's global task slot `i` (ForwardParams::cluster_slots, 4 x 16 bytes).
+__device__ __forceinline__ uint4* cluster_slot(const ForwardParams& p, uint32_t i) {
+  return static_cast<uint4*>(p.cluster_slots) + (size_t(blockIdx.x / 2u) * kTaskSlots + i) * (sizeof(TaskSlot) / 16);
+}
+
 // Hands task tk to the consumers in the producer's next slot. Clusters (rank 0 only): the pair's
-// second tile (or, for a one-tile unit, a dummy copy of the first) goes into the same slot of the
-// rank-1 CTA through distributed shared memory, released at cluster scope; rank 0's slot empties
-// once both CTAs' consumers are done with it. Returns rank 0's slot, or null when the slot never
+// second tile (or, for a one-tile unit, a dummy copy of the first) goes to the rank-1 CTA through
+// the cluster's global slot of the same index (ClusterLinks: once rank 1 has copied the slot's
+// previous task out, released at cluster scope). Returns rank 0's slot, or null when a slot never
 // became free (never expected: a broken invariant): the slot is then left untouched, since the
 // consumers may still be reading it, and the producer stops; the consumers end through their own
 // bounded hand-off waits.
 template <bool kCluster>
-__device__ __forceinline__ TaskSlot* publish(const TaskRing& ring, SlotCursor& c, const ForwardParams& p,
-                                             int32_t total, Task tk, const WaitBound& wb) {
-  // Clusters: acquire.cluster pairs with rank 1's releases of its copy of this slot.
-  if (!handoff_wait<kCluster>(ring.empty + c.i, c.phase ^ 1u, wb)) return nullptr;
+__device__ __forceinline__ TaskSlot* publish(const TaskRing& ring, const ClusterLinks& links, SlotCursor& c,
+                                             const ForwardParams& p, int32_t total, Task tk, const WaitBound& wb) {
+  if (!handoff_wait<false>(ring.empty + c.i, c.phase ^ 1u, wb)) return nullptr;
+  // Clusters: acquire.cluster pairs with rank 1's release after it copied the global slot out.
+  if (kCluster && !handoff_wait<true>(links.empty + c.i, c.phase ^ 1u, wb)) return nullptr;
   TaskSlot* slot = ring.slot + c.i;  // stays valid until the consumers release it after the tile
   int32_t shared = 0;
   if constexpr (kCluster) {
@@ -173,13 +181,14 @@ __device__ __forceinline__ TaskSlot* publish(const TaskRing& ring, SlotCursor& c
                    ? kSlotSharedB
                    : 0;
     }
-    // Rank 1's tile, staged in our slot and copied as 4 x 16 bytes.
+    // Rank 1's tile, staged in our slot and copied to the global slot as 4 x 16 bytes; the
+    // release.cluster arrival on rank 1's link orders the stores before it.
     fill_slot(*slot, p, total, tk, tk.tiles == 2 ? tk.m + 1 : tk.m, shared | (tk.tiles == 2 ? 0 : kSlotDummy));
     const uint4* v = reinterpret_cast<const uint4*>(slot);
-    const uint32_t remote = cluster_addr(slot, 1u);
+    uint4* g = cluster_slot(p, c.i);
 #pragma unroll
-    for (uint32_t w = 0; w < sizeof(TaskSlot) / 16; ++w) st_cluster_v4(remote + 16u * w, v[w]);
-    mbar_arrive_remote_release(ring.full + c.i, 1u);
+    for (uint32_t w = 0; w < sizeof(TaskSlot) / 16; ++w) g[w] = v[w];
+    mbar_arrive_remote_release(links.full + c.i, 1u);
   }
   fill_slot(*slot, p, total, tk, tk.m, shared);
   mbar_arrive(ring.full + c.i);  // release (CTA scope): the slot's contents before the arrival
@@ -191,7 +200,7 @@ __device__ __forceinline__ TaskSlot* publish(const TaskRing& ring, SlotCursor& c
 // waits for its dependencies, hands the task over, then issues the tile's loads.
 template <bool kCluster>
 __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const dev::DeviceComm& dc,
-                         const Smem<C>& sm, const TaskRing& ring, const WaitBound& wb) {
+                         const Smem<C>& sm, const TaskRing& ring, const ClusterLinks& links, const WaitBound& wb) {
   const int32_t total = p.schedule.totals->total_rows;
   PipeState<C> ps;
   SlotCursor cur;
@@ -204,7 +213,7 @@ __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const 
     const uint64_t d0 = clock.now();
     if (tk.kind != kTaskEnd && !wait_deps(p, dc, total, tk)) tk.kind = kTaskEnd;
     dep_ns += clock.now() - d0;
-    const TaskSlot* slot = publish<kCluster>(ring, cur, p, total, tk, wb);
+    const TaskSlot* slot = publish<kCluster>(ring, links, cur, p, total, tk, wb);
     if (slot == nullptr || tk.kind == kTaskEnd) break;
     dev::fence_proxy_async();  // the acquired rows are read by TMA next
     const TaskMaps tm = task_maps(maps, tk.kind);
@@ -216,25 +225,54 @@ __device__ void producer(const ForwardMaps& maps, const ForwardParams& p, const 
   if constexpr (kCluster) producer_tail(sm, ps, wb);
 }
 
-// Producer thread of a cluster's rank-1 CTA: takes its tiles from its own task slots (written by
-// rank 0, which did the dependency waits; its cluster-scope release orders them before our
-// acquire) and issues its loads: its A tile, and its half of a shared B tile or its own B.
-__device__ void follower_producer(const ForwardMaps& maps, const Smem<C>& sm, const TaskRing& ring,
-                                  const WaitBound& wb) {
+// Producer thread of a cluster's rank-1 CTA: takes its tiles from the cluster's global slots
+// (written by rank 0, which did the dependency waits; its cluster-scope release orders them before
+// our acquire), copies each into its own task ring for its consumers, frees the global slot, and
+// issues its loads: its A tile, and its half of a shared B tile or its own B. Once a load wait
+// gives up (some wait on the GPU expired) it hands its consumers an End and, issuing nothing more,
+// keeps freeing rank 0's slots until rank 0's End, so that neither CTA waits for the other; when
+// a hand-off wait itself expires (never expected) its consumers get an End too.
+__device__ void follower_producer(const ForwardMaps& maps, const ForwardParams& p, const Smem<C>& sm,
+                                  const TaskRing& ring, const ClusterLinks& links, const WaitBound& wb) {
   PipeState<C> ps;
   SlotCursor cur;
+  bool issuing = true, consumers_ended = false;
 #pragma unroll 1
   for (;;) {
-    if (!handoff_wait<true>(ring.full + cur.i, cur.phase, wb)) break;  // never expected
-    const TaskSlot& slot = ring.slot[cur.i];
-    const int32_t kind = slot.kind;
-    const Tile t = slot.tile;
-    const bool shared = (slot.flags & kSlotSharedB) != 0;
+    const bool got = handoff_wait<true>(links.full + cur.i, cur.phase, wb);  // false: never expected
+    const uint4* g = cluster_slot(p, cur.i);
+    const int32_t kind = got ? __ldcg(reinterpret_cast<const int32_t*>(g) + offsetof(TaskSlot, kind) / 4) : kTaskEnd;
+    bool handed = false;  // a task of rank 0's went to our consumers: load its operands
+    Tile t{};
+    bool shared = false;
+    if (!consumers_ended) {
+      if (handoff_wait<false>(ring.empty + cur.i, cur.phase ^ 1u, wb)) {  // our consumers' slot
+        TaskSlot& slot = ring.slot[cur.i];
+        if (got && issuing) {
+          uint4* v = reinterpret_cast<uint4*>(&slot);
+#pragma unroll
+          for (uint32_t w = 0; w < sizeof(TaskSlot) / 16; ++w) v[w] = __ldcg(g + w);  // L2: not a stale L1 line
+        } else {
+          slot.kind = kTaskEnd;
+        }
+        mbar_arrive(ring.full + cur.i);  // release (CTA scope): the slot's contents to our consumers
+        handed = slot.kind != kTaskEnd;
+        consumers_ended = !handed;
+        t = slot.tile;
+        shared = (slot.flags & kSlotSharedB) != 0;
+      } else {
+        consumers_ended = true;  // (never expected) they end through their own bounded waits
+        issuing = false;
+      }
+    }
+    if (got) mbar_arrive_remote_release(links.empty + cur.i, 0u);  // rank 0 may write the slot again
     cur.advance();
-    if (kind == kTaskEnd) break;
+    if (!got || kind == kTaskEnd) break;  // rank 0's End (or it stopped handing over)
+    if (!handed || !issuing) continue;    // draining rank 0's slots: no loads
     dev::fence_proxy_async();  // rows acquired (through rank 0) are read by TMA next
     const TaskMaps tm = task_maps(maps, kind);
-    if (!produce_tile<C, false, false, true>(sm, ps, t, tm.a, tm.b, wb, tm.b_half, shared, 1u, tm.gate_up)) break;
+    if (!produce_tile<C, false, false, true>(sm, ps, t, tm.a, tm.b, wb, tm.b_half, shared, 1u, tm.gate_up))
+      issuing = false;  // a wait expired: End to our consumers next, then drain
   }
   drain_stages(sm, ps, wb);
   producer_tail(sm, ps, wb);
@@ -297,8 +335,8 @@ __device__ __forceinline__ void report(const ForwardParams& p, int32_t& pending,
 }
 
 // Consumer warpgroups. Clusters: every stage is released to both CTAs (the partner may have
-// multicast into it); a dummy tile is computed but neither stored nor reported; rank 1 releases
-// its task slot to rank 0, whose producer fills both.
+// multicast into it); a dummy tile is computed but neither stored nor reported; each CTA's task
+// slots are its own (rank 1's filled by its follower producer from rank 0's global slots).
 template <bool kCluster>
 __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const Smem<C>& sm, const TaskRing& ring,
                          const WaitBound& wb, uint32_t rank) {
@@ -325,10 +363,8 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
     if (leader && pending >= 0 && !mbar_test(ring.full + cur.i, cur.phase)) report(p, pending, sys_reports);
     // Every thread waits, then a barrier-and makes the warpgroup agree: an expiry seen by some
     // threads only would split the warpgroup at its next wgmma or barrier (an unbounded hang).
-    // Rank 1's slots are written by rank 0 (cluster scope).
-    const bool got = named_bar_and(kBarEpilogue + uint32_t(cwg), 128,
-                                   kCluster && rank == 1 ? handoff_wait<true>(ring.full + cur.i, cur.phase, wb)
-                                                         : handoff_wait<false>(ring.full + cur.i, cur.phase, wb));
+    const bool got =
+        named_bar_and(kBarEpilogue + uint32_t(cwg), 128, handoff_wait<false>(ring.full + cur.i, cur.phase, wb));
     const uint64_t w1 = clock.now();
     wait_ns += w1 - w0;
     // The slot is read in place (fewer live registers next to the accumulators) and released
@@ -397,12 +433,7 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
     }
     ++tiles;
     mc_tiles += (slot.flags & kSlotSharedB) != 0 ? 1u : 0u;
-    if (kCluster && rank == 1) {
-      __syncwarp();  // the warp's reads of the slot are done
-      if (lane_id() == 0) mbar_arrive_remote_release(ring.empty + cur.i, 0u);
-    } else {
-      mbar_arrive(ring.empty + cur.i);
-    }
+    mbar_arrive(ring.empty + cur.i);  // both ranks: the slot is this CTA's own
     cur.advance();
   }
   if (leader) report(p, pending, sys_reports);
@@ -427,13 +458,16 @@ __global__ void __launch_bounds__(kThreads, 1)
                        const __grid_constant__ dev::DeviceComm dc) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const TaskRing ring = task_ring(smem_raw);
+  const ClusterLinks links = cluster_links(smem_raw);
   const Smem<C> sm = smem_view<C>(smem_raw);
   const WaitBound wb{dc.claim, dc.timeout_ns};
   rt::run_cta<C, kTaskSlots, kCluster, kMkProducerRegs<kCluster>, kMkConsumerRegs<kCluster>>(
       p.plan.comm_ctas, dc, sm, ring.full, ring.empty, abort_word(smem_raw),
       [&] { comm_cta(p, dc, smem_raw, uint32_t(C::kSmemBytes) + uint32_t(kExtraSmem)); },
-      [&] { producer<kCluster>(maps, p, dc, sm, ring, wb); }, [&] { follower_producer(maps, sm, ring, wb); },
-      [&](uint32_t rank) { consumer<kCluster>(maps, p, sm, ring, wb, rank); });
+      [&] { producer<kCluster>(maps, p, dc, sm, ring, links, wb); },
+      [&] { follower_producer(maps, p, sm, ring, links, wb); },
+      [&](uint32_t rank) { consumer<kCluster>(maps, p, sm, ring, wb, rank); }, links.full,
+      kCluster ? 2 * kTaskSlots : 0);
 }
 
 }  // namespace
@@ -503,6 +537,8 @@ void launch_forward(const ForwardMaps& maps, const ForwardParams& params, const 
                     int grid, cudaStream_t stream) {
   MOK_REQUIRE(params.plan.pair == params.cluster, "megakernel parameters",
               "plan.pair and cluster must agree (a ticket's tiles go to the CTAs of one cluster)");
+  MOK_REQUIRE(!params.cluster || params.cluster_slots != nullptr, "megakernel parameters",
+              "cluster_slots must be given with clusters (forward_cluster_slot_bytes(grid) bytes)");
   cudaLaunchAttribute attr[2];
   const cudaLaunchConfig_t cfg = launch_config(grid, params.cluster != 0, stream, attr);
   if (params.cluster)

@@ -13,6 +13,7 @@
 
 #include "comm/device.cuh"
 #include "megakernel/forward_plan.h"
+#include "megakernel/forward_setup.h"
 #include "schedule/schedule_gpu.h"
 
 namespace mok::mk {
@@ -63,6 +64,9 @@ struct ForwardParams {
   int32_t skew_stages = 0;  // stagger of the consumer warpgroups in K blocks (engine's Skew; 0 = off)
   int32_t split_n = 1;      // tiles with <= 64 token rows: both warpgroups on those rows (0: warpgroup 0 alone)
   int32_t cluster = 0;      // 1: 2-CTA clusters, tickets are pairs of M tiles (plan.pair), B multicast
+  // Clusters: rank 0 hands rank 1 its tasks through global memory, kForwardTaskSlots slots of
+  // kForwardTaskSlotBytes per cluster (cluster c = blockIdx.x / 2), kForwardClusterSlotBytes(grid).
+  void* cluster_slots = nullptr;
   // Push dispatch (1): instead of pulling, this rank's comm CTAs write its own tokens into every
   // receiver's ring, position by position, and count each position on the receiver's pulled[g]
   // (so FC1 there waits for W x C arrivals, system-scope acquire). A sender writes position g of

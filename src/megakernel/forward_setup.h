@@ -13,6 +13,13 @@ namespace mok::mk {
 
 // BLOCK_N of the forward's tiles (the engine's Cfg<256>; forward_kernel.cu checks they agree).
 inline constexpr int64_t kForwardBlockN = 256;
+// The task ring of a compute CTA, and (2-CTA clusters) the global task slots through which rank 0
+// hands rank 1 its tasks: kForwardTaskSlots of kForwardTaskSlotBytes per cluster (blockIdx.x / 2).
+inline constexpr int kForwardTaskSlots = 3;
+inline constexpr int kForwardTaskSlotBytes = 64;
+inline constexpr int64_t forward_cluster_slot_bytes(int grid) {
+  return int64_t((grid + 1) / 2) * kForwardTaskSlots * kForwardTaskSlotBytes;
+}
 
 struct ForwardSetup {
   PlanShape plan;          // minibatch, ring, N tiles, comm CTAs, raster groups, pairs

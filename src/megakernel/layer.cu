@@ -312,6 +312,12 @@ void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
     mkp.counters = counters.get<uint32_t>();
   }
   grid = mk::prepare_forward(ps.comm_ctas, sms, mkp.cluster != 0);
+  if (mkp.cluster) {
+    MOK_REQUIRE(mem.bytes("cluster_slots") >= mk::forward_cluster_slot_bytes(grid), "memory plan",
+                "cluster_slots must hold the grid's clusters' task slots");
+    cluster_slots = allocate("cluster_slots", "cluster task slots");
+    mkp.cluster_slots = cluster_slots.p;
+  }
   // Experiment knob (not API): MOK_MK_SKEW=1..4 staggers the consumer warpgroups so one's
   // epilogue overlaps the other's MMAs (see the engine's Skew).
   if (const char* sk = std::getenv("MOK_MK_SKEW")) mkp.skew_stages = std::clamp(std::atoi(sk), 0, 4);

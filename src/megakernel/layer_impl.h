@@ -290,6 +290,7 @@ struct Layer::Impl {
   int sms = 0;
   int grid = 0;  // megakernel CTAs (sms, or the SMs that pair up into 2-CTA clusters)
   DeviceBuffer counters;
+  DeviceBuffer cluster_slots;  // 2-CTA clusters: rank 0's tasks for rank 1 (forward_kernel.h)
   // Push dispatch: the ring and the counter block are symmetric windows, and this rank builds
   // every receiver's schedule (receivers[d], null for itself: `schedule`).
   bool push = false;

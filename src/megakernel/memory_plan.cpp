@@ -167,6 +167,9 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
     } else {
       add("counters", int64_t(fs.layout.words()) * 4, S::Layer);
     }
+    // 2-CTA clusters: rank 0 hands rank 1 its tasks through global slots (the grid is at most
+    // the SM count).
+    if (fs.cluster) add("cluster_slots", mk::forward_cluster_slot_bytes(sm_count), S::Layer);
   } else {
     // FP8 (forward only): the weights' E4M3 codes and their 128 x 128 fp32 scales; x, h and the
     // window hold codes and scales in the bf16 buffers' bytes (layer_fp8.cu).

@@ -144,8 +144,9 @@ __device__ __forceinline__ bool handoff_wait(uint64_t* bar, uint32_t parity, con
 // program's parts given as callables:
 //   * blockIdx.x < comm_ctas: `comm()` (all threads) unless a wait of an earlier kernel on this GPU
 //     expired (the communicator is poisoned: nothing runs);
-//   * otherwise a compute CTA: thread 0 initialises the engine's stage barriers and the task ring's
-//     (full: 1 arrival; empty: 256 consumer threads, + rank 1's 8 consumer warps with clusters), then
+//   * otherwise a compute CTA: thread 0 initialises the engine's stage barriers, the task ring's
+//     (full: 1 arrival; empty: 256 consumer threads) and `links` more barriers of 1 arrival each
+//     (the forward's cluster hand-off through global slots), then
 //     warpgroup 0 drops to kProducerRegs registers and one thread of its first warp runs
 //     `producer()` (`follower()` on a cluster's rank 1), and the consumer warpgroups rise to
 //     kConsumerRegs and run `consumer()`. With 2-CTA clusters the pair decides together (rank 0
@@ -157,7 +158,7 @@ template <class C, int kSlots, bool kCluster, uint32_t kProducerRegs, uint32_t k
 __device__ __forceinline__ void run_cta(int comm_ctas, const dev::DeviceComm& dc, const gemm::engine::Smem<C>& sm,
                                         uint64_t* ring_full, uint64_t* ring_empty, uint32_t* abort_word,
                                         const Comm& comm, const Producer& producer, const Follower& follower,
-                                        const Consumer& consumer) {
+                                        const Consumer& consumer, uint64_t* link_bars = nullptr, int links = 0) {
   using namespace gemm::sm90;
   if (blockIdx.x < uint32_t(comm_ctas)) {
     if (__syncthreads_or(threadIdx.x == 0 && dev::wait_aborted(dc))) return;
@@ -170,8 +171,9 @@ __device__ __forceinline__ void run_cta(int comm_ctas, const dev::DeviceComm& dc
     gemm::engine::init_barriers(sm, kCluster ? 2u : 1u);
     for (int i = 0; i < kSlots; ++i) {
       mbar_init(ring_full + i, 1);
-      mbar_init(ring_empty + i, kCluster ? 256 + 8 : 256);
+      mbar_init(ring_empty + i, 256);
     }
+    for (int i = 0; i < links; ++i) mbar_init(link_bars + i, 1);
     mbar_fence_init();
   }
   if constexpr (kCluster) {
