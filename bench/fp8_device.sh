@@ -18,7 +18,7 @@ gtest_args=()
 [ -f "$ROOT/.deps/googletest/CMakeLists.txt" ] && gtest_args=(-DMOK_GTEST_SOURCE="$ROOT/.deps/googletest")
 t0=$(date +%s)
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release "${gtest_args[@]}" >"$OUT/build.log" 2>&1 || log "CONFIGURE FAILED"
-cmake --build "$B" -j "$(nproc)" --target mok_gpu_gemm_primitive_tests mok_gpu_gemm_tests mok_gpu_layer_tests mok_bench \
+cmake --build "$B" -j "$(nproc)" --target mok_gpu_gemm_primitive_tests mok_gpu_gemm_tests mok_gpu_layer_tests mok_bench mok_gemm_bench \
   -- -k 0 >>"$OUT/build.log" 2>&1 || { log "BUILD FAILED"; grep -E "error" "$OUT/build.log" | head -20 | tee -a "$LOG"; exit 1; }
 log "build: $(( $(date +%s) - t0 )) s"
 run_test() {  # binary filter name
@@ -37,6 +37,12 @@ MOK_BUILD="$B" MOK_SANITIZE_NO_BUILD=1 MOK_SANITIZE_ONLY='^fwd_fp8$' OUT="$OUT/s
   bash scripts/sanitize.sh >"$OUT/sanitize.log" 2>&1
 log "sanitizers over the FP8 layer case: rc $? ($(( $(date +%s) - t1 )) s)"
 grep -E "^(memcheck|racecheck|synccheck|initcheck) " "$OUT/sanitize.log" | tee -a "$LOG"
+# The FP8 forms with the warpgroup stagger (Options::skew_stages; 0 = the default), 512 rows/expert.
+for sk in 0 1 2 3 0; do
+  timeout 120 "$B/bench/gemm/mok_gemm_bench" --quick --filter fp8 --skew "$sk" --reps 20 --out "$OUT/gemm_skew$sk.json" \
+    >"$OUT/gemm_skew$sk.log" 2>&1
+  log "mok_gemm_bench fp8 --skew $sk: rc $? $(grep -E 'fp8 ' "$OUT/gemm_skew$sk.log" | awk '{printf "%s=%s ", $1, $6}')"
+done
 models="${FP8_MODELS:-dsv3,qwen3-30b-a3b,qwen3-235b,dsv3/ep8}"
 tokens="${FP8_TOKENS:-8192}"
 common=(--models "$models" --tokens "$tokens" --routings uniform --no-ablation --no-backward --sustain 0)

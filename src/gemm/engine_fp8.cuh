@@ -38,11 +38,22 @@ struct TileScales {
 // atoms), each waited for and promoted with its own weight block's scale, so the block
 // accumulator stays 64 registers beside the 128 of the tile (a warpgroup's MMAs pause during its
 // promotions; the other warpgroup's fill the tensor cores meanwhile).
+// `skew` (optional, the engine's Skew: Options::skew_stages): warpgroup 1 starts a tile once
+// warpgroup 0 has promoted `stages` K blocks of it, so one's epilogue overlaps the other's MMAs
+// (FC1's FP8 epilogue runs while the tensor cores would otherwise wait: notes/fp8.md).
 template <class C, bool kGateUp = false>
 __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg, uint32_t wt,
-                                                float (&acc)[C::kAccRegs], const WaitBound& wb, const TileScales& sc) {
+                                                float (&acc)[C::kAccRegs], const WaitBound& wb, const TileScales& sc,
+                                                Skew<C>* skew = nullptr) {
   static_assert(std::is_same_v<typename C::Operand, OperandE4m3>, "block-scaled FP8: E4M3 operands");
   constexpr int kHalves = C::kBlockN / 128, kPart = 64;  // m64n128: 64 accumulators
+  const bool staggered = skew != nullptr && skew->applies(t);
+  uint64_t* skew_bar = sm.skew(skew != nullptr ? skew->tiles & 1u : 0u);
+  const uint32_t skew_parity = skew != nullptr ? (skew->tiles >> 1) & 1u : 0u;
+  if (staggered) {
+    ++skew->tiles;
+    if (cwg == 1) mbar_wait(skew_bar, skew_parity, wb, kSiteSkew);
+  }
 #pragma unroll
   for (int i = 0; i < C::kAccRegs; ++i) acc[i] = 0.0f;
   if (t.k_blocks == 0) return;
@@ -93,6 +104,7 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
         d[3] = fmaf(part[4 * j + 3], up ? u1 : s1, d[3]);
       }
     }
+    if (staggered && cwg == 0 && kb == skew->stages - 1 && wt == 0) mbar_arrive(skew_bar);
     ps.advance();
   }
 }

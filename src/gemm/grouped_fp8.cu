@@ -94,6 +94,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (!kFc1 && wt == 0 && cwg == 0) prefetch_tensor_map(&map_d0);
   PipeState<CF> ps;
   EpiState es;
+  Skew<CF> skew;  // Options::skew_stages (0: off)
+  skew.stages = p.skew_stages;
   float acc[CF::kAccRegs];
   MGroupedSchedule<CF> sched(p);
   const int64_t kb = p.k_blocks, n_blocks = p.n / 128;
@@ -103,14 +105,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int64_t wblock = (int64_t(t.b_batch) * (p.n / 256) + t.b_n / 256) * kb;
       TileScales sc{p.scale_a + int64_t(t.a_m) * kb, kb, p.scale_b + wblock, 0, 1};
       sc.b_up = p.scale_b_up + wblock;
-      mma_tile_scaled<CF, true>(sm, ps, t, cwg, wt, acc, wb, sc);
+      mma_tile_scaled<CF, true>(sm, ps, t, cwg, wt, acc, wb, sc, &skew);
       epilogue_fc1_fp8(acc, cwg, wt, t, p);
     } else {
       // The tile's rows' scales and its expert's scales for columns [b_n, b_n + 128).
       const TileScales sc{p.scale_a + int64_t(t.a_m) * kb, kb,
                           p.scale_b + (int64_t(t.b_batch) * n_blocks + t.b_n / 128) * kb, kb,
                           int32_t(n_blocks - t.b_n / 128)};
-      mma_tile_scaled<CF>(sm, ps, t, cwg, wt, acc, wb, sc);
+      mma_tile_scaled<CF>(sm, ps, t, cwg, wt, acc, wb, sc, &skew);
       epilogue_store<CF>(sm, es, cwg, wt, acc, &map_d0, t.out_row, t.b_n, p.n);
     }
   }
