@@ -7,12 +7,16 @@
 // scales of its two rows (1 x 128 activation blocks) and of the tile's 128 weight columns (128 x
 // 128 weight blocks). The tensor cores' FP8 accumulation (fewer bits than fp32) thus spans 128
 // products only, and the sum over K is in fp32. The two consumer warpgroups run the same tile, so
-// one's promotion overlaps the other's MMAs.
+// one's promotion overlaps the other's MMAs. Below: FC1's FP8 epilogue (h as E4M3 + 1x128 scales),
+// shared by the grouped form (grouped_fp8.cu) and, next, the megakernel's FC1 tasks.
 #pragma once
 
 #include <type_traits>
 
+#include "common/fp8_format.h"
 #include "gemm/engine.cuh"
+#include "gemm/fp8_cvt.cuh"
+#include "gemm/swiglu_math.cuh"
 
 namespace mok::gemm::engine {
 
@@ -106,6 +110,49 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
     }
     if (staggered && cwg == 0 && kb == skew->stages - 1 && wt == 0) mbar_arrive(skew_bar);
     ps.advance();
+  }
+}
+
+// FC1's epilogue in FP8: the 256-wide packed tile holds 128 intermediate columns, so each row's
+// h values of the tile are one 1 x 128 block. Per thread (rows r and r + 8, acc_row): the gate
+// value of n8 block j (j % 8 < 4) pairs with the up value of block j + 4 (32 packed columns on,
+// the same registers' places), h = rnd(silu(rnd(g)) * rnd(u)) (FC1's bits), the row's maximum over
+// the four threads of a quad (which hold all of a row's columns), its scale amax / 448, and the
+// E4M3 codes by the hardware conversion (fp8_cvt.cuh), two adjacent columns per 2-byte store; the
+// quad's first thread stores the scale. Both consumer warpgroups run this while the tensor cores
+// wait, so it is kept to a few instructions per value.
+// The destinations are arguments (h's codes [rows, inter] and scales [rows, inter / 128] from the
+// tile's first row `out_row`; `b_n`: the tile's first packed column), so the grouped form and a
+// megakernel's task share it.
+__device__ __forceinline__ void epilogue_fc1_fp8(const float (&acc)[128], int cwg, uint32_t wt, int64_t out_row,
+                                                 int64_t b_n, uint8_t* hq, float* h_scales, int64_t inter) {
+  const int64_t blocks = inter / 128;
+  const int64_t row0 = out_row + 64 * cwg + acc_row(wt);
+  const int64_t i0 = b_n / 2 + acc_col(wt);  // this thread's first intermediate column
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float h[32];
+    float amax = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < 16; ++jj) {
+      const int j = 8 * (jj / 4) + jj % 4;  // a gate block; its up block is j + 4
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float g = bf16_round(acc[4 * j + 2 * rr + c]), u = bf16_round(acc[4 * (j + 4) + 2 * rr + c]);
+        h[2 * jj + c] = bf16_round(swiglu_of_bf16(g, u));
+        amax = mok::fp8::amax_update(amax, h[2 * jj + c]);
+      }
+    }
+    amax = mok::fp8::amax_update(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = mok::fp8::amax_update(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float s = mok::fp8::block_scale(amax, mok::fp8::ScaleRule::Fp32), inv = mok::fp8::block_inverse(s);
+    const int64_t row = row0 + 8 * rr;
+    if ((wt & 3u) == 0) h_scales[row * blocks + b_n / 256] = s;
+#pragma unroll
+    for (int jj = 0; jj < 16; ++jj) {
+      const int64_t i = i0 + 32 * (jj / 4) + 8 * (jj % 4);
+      *reinterpret_cast<uint16_t*>(hq + row * inter + i) = block_encode_inv2(h[2 * jj], h[2 * jj + 1], inv);
+    }
   }
 }
 

@@ -1,64 +1,20 @@
 // mok — grouped GEMMs with block-scaled FP8 operands: Form::Fp8Plain (gemm::plan_fp8_grouped; the
 // bf16 tile stored by engine_epilogue.cuh) and Form::Fp8Fc1 (gemm::plan_fp8_fc1; B = the gate and
-// up weights in the packed order, SwiGLU and h quantized per 1 x 128 in the epilogue below): the
-// persistent kernel of grouped_kernel.cuh's M-grouped schedule over Cfg<128 | 256, OperandE4m3>,
-// whose consumers run the scaled mainloop (engine_fp8.cuh). One translation unit for both.
+// up weights in the packed order, SwiGLU and h quantized per 1 x 128 by engine_fp8.cuh's FC1
+// epilogue): the persistent kernel of grouped_kernel.cuh's M-grouped schedule over
+// Cfg<128 | 256, OperandE4m3>, whose consumers run the scaled mainloop (engine_fp8.cuh). One
+// translation unit for both.
 #include <atomic>
 
 #include "common/cuda_check.h"
 #include "common/fp8_format.h"
 #include "gemm/engine_fp8.cuh"
-#include "gemm/fp8_cvt.cuh"
 #include "gemm/grouped_kernel.cuh"
 #include "gemm/launchers.h"
-#include "gemm/swiglu_math.cuh"
 
 namespace mok::gemm {
 namespace engine {
 namespace {
-
-namespace fp8 = mok::fp8;
-
-// FC1's epilogue in FP8: the 256-wide packed tile holds 128 intermediate columns, so each row's
-// h values of the tile are one 1 x 128 block. Per thread (rows r and r + 8, acc_row): the gate
-// value of n8 block j (j % 8 < 4) pairs with the up value of block j + 4 (32 packed columns on,
-// the same registers' places), h = rnd(silu(rnd(g)) * rnd(u)) (FC1's bits), the row's maximum over
-// the four threads of a quad (which hold all of a row's columns), its scale amax / 448, and the
-// E4M3 codes by the hardware conversion (fp8_cvt.cuh), two adjacent columns per 2-byte store; the
-// quad's first thread stores the scale. Both consumer warpgroups run this while the tensor cores
-// wait, so it is kept to a few instructions per value.
-__device__ __forceinline__ void epilogue_fc1_fp8(const float (&acc)[128], int cwg, uint32_t wt, const Tile& t,
-                                                 const KernelParams& p) {
-  const int64_t inter = p.n / 2, blocks = inter / 128;
-  const int64_t row0 = t.out_row + 64 * cwg + acc_row(wt);
-  const int64_t i0 = t.b_n / 2 + acc_col(wt);  // this thread's first intermediate column
-  uint8_t* hq = static_cast<uint8_t*>(p.fc1_h);
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float h[32];
-    float amax = 0.0f;
-#pragma unroll
-    for (int jj = 0; jj < 16; ++jj) {
-      const int j = 8 * (jj / 4) + jj % 4;  // a gate block; its up block is j + 4
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float g = bf16_round(acc[4 * j + 2 * rr + c]), u = bf16_round(acc[4 * (j + 4) + 2 * rr + c]);
-        h[2 * jj + c] = bf16_round(swiglu_of_bf16(g, u));
-        amax = fp8::amax_update(amax, h[2 * jj + c]);
-      }
-    }
-    amax = fp8::amax_update(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fp8::amax_update(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    const float s = fp8::block_scale(amax, fp8::ScaleRule::Fp32), inv = fp8::block_inverse(s);
-    const int64_t row = row0 + 8 * rr;
-    if ((wt & 3u) == 0) p.scale_h[row * blocks + t.b_n / 256] = s;
-#pragma unroll
-    for (int jj = 0; jj < 16; ++jj) {
-      const int64_t i = i0 + 32 * (jj / 4) + 8 * (jj % 4);
-      *reinterpret_cast<uint16_t*>(hq + row * inter + i) = block_encode_inv2(h[2 * jj], h[2 * jj + 1], inv);
-    }
-  }
-}
 
 template <class CF, bool kFc1>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -106,7 +62,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       TileScales sc{p.scale_a + int64_t(t.a_m) * kb, kb, p.scale_b + wblock, 0, 1};
       sc.b_up = p.scale_b_up + wblock;
       mma_tile_scaled<CF, true>(sm, ps, t, cwg, wt, acc, wb, sc, &skew);
-      epilogue_fc1_fp8(acc, cwg, wt, t, p);
+      epilogue_fc1_fp8(acc, cwg, wt, t.out_row, t.b_n, static_cast<uint8_t*>(p.fc1_h), p.scale_h, p.n / 2);
     } else {
       // The tile's rows' scales and its expert's scales for columns [b_n, b_n + 128).
       const TileScales sc{p.scale_a + int64_t(t.a_m) * kb, kb,
