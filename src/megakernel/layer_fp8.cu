@@ -78,6 +78,11 @@ void Layer::Impl::bind_weights_fp8() {
   MOK_CUDA_CHECK(cudaStreamSynchronize(s));
   const gpu::ScheduleView v = schedule->view();
   const int64_t tiles = cap_rows / sched::kBlockM;
+  const auto routed = [&](auto& a) {  // both forms run over the routed rows' tiles of every local expert
+    a.experts = e_loc;
+    a.tile_expert = v.tile_expert;
+    a.num_m_tiles = tiles;
+  };
   auto* xr = static_cast<char*>(x_routed.p);
   auto* hr = static_cast<char*>(h.p);
   gemm::Fp8Fc1Args a1;
@@ -91,9 +96,7 @@ void Layer::Impl::bind_weights_fp8() {
   a1.h_scales = reinterpret_cast<float*>(hr + cap_rows * I);
   a1.hidden = H;
   a1.inter = I;
-  a1.experts = e_loc;
-  a1.tile_expert = v.tile_expert;
-  a1.num_m_tiles = tiles;
+  routed(a1);
   fc1_fp8 = gemm::plan_fp8_fc1(a1, gemm_options());
   gemm::Fp8GroupedArgs a2;
   a2.a = hr;
@@ -103,9 +106,7 @@ void Layer::Impl::bind_weights_fp8() {
   a2.y = y.p;
   a2.k = I;
   a2.n = H;
-  a2.experts = e_loc;
-  a2.tile_expert = v.tile_expert;
-  a2.num_m_tiles = tiles;
+  routed(a2);
   fc2_fp8 = gemm::plan_fp8_grouped(a2, gemm_options());
 }
 
