@@ -219,10 +219,13 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
         mbar_arrive_expect_tx(my_bar, row_bytes);
         bulk_load(my_row, from, row_bytes, my_bar);
         // After an expired wait (here or elsewhere) let the load land before the slot, and at the
-        // end the CTA, goes away; if it does not land in time, load nothing more into the slot.
+        // end the CTA, goes away; if it does not land in time, load nothing more into the slot
+        // and store nothing from it (the load may still be writing it; the call fails anyway).
         if (!mbar_wait(my_bar, parity, WaitBound{dc.claim, dc.timeout_ns}, kSiteCommRow) &&
-            !mbar_drain(my_bar, parity, dev::globaltimer_ns() + dc.timeout_ns))
+            !mbar_drain(my_bar, parity, dev::globaltimer_ns() + dc.timeout_ns)) {
           slot_dead = true;
+          return;
+        }
         parity ^= 1u;
         staged = my_row;
       }

@@ -32,7 +32,7 @@ using mok::test::Routed;
 using mok::test::upload;
 namespace fp8 = mok::fp8;
 
-void run_case(const std::vector<int32_t>& counts, int64_t k, int64_t n, int block_n, int skew = 0) {
+void run_case(const std::vector<int32_t>& counts, int64_t k, int64_t n, int block_n, int skew = 0, int max_ctas = 0) {
   SCOPED_TRACE(testing::Message() << "k " << k << ", n " << n << ", BLOCK_N " << block_n);
   const Routed rt(counts);
   const int64_t E = int64_t(counts.size()), rows = rt.rows, kb = k / 128;
@@ -82,6 +82,7 @@ void run_case(const std::vector<int32_t>& counts, int64_t k, int64_t n, int bloc
   o.error = err.as<unsigned>();
   o.block_n = block_n;
   o.skew_stages = skew;
+  o.max_ctas = max_ctas;  // few CTAs: each runs several staggered tiles (both skew barriers, both phases)
   const mok::gemm::Plan plan = mok::gemm::plan_fp8_grouped(a, o);
   EXPECT_EQ(plan.block_n, block_n);
   mok::gemm::run(plan, nullptr);
@@ -124,7 +125,8 @@ TEST(Fp8Grouped, BlockScaledMatchesTheQuantizedReference) {
   for (const int bn : {128, 256}) {
     run_case({200, 128, 0, 77}, 512, 384, bn);  // 384 columns: a 256-wide tile past the edge (TMA clips)
     run_case({300, 5}, 2048, 256, bn);
-    run_case({300, 5}, 2048, 256, bn, 2);  // the warpgroup stagger: the same results
+    run_case({300, 5}, 2048, 256, bn, 2, 1);  // the warpgroup stagger, 4+ tiles per CTA: the same results
+    run_case({300, 5}, 2048, 256, bn, 3, 2);
     run_case({129}, 128, 128, bn);
   }
 }
@@ -150,7 +152,7 @@ TEST(Fp8Grouped, RefusesShapesItCannotScale) {
 // every scale within 2^-6 (a row maximum that moved by up to two bf16 steps, a step being up to
 // 2^-7 relative: measured 1.05e-2 on an H200), the decoded h within 2% in norm, and reports how
 // many codes are exactly the reference's.
-void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int skew = 0) {
+void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int skew = 0, int max_ctas = 0) {
   SCOPED_TRACE(testing::Message() << "H " << H << ", I " << I << ", skew " << skew);
   const Routed rt(counts);
   const int64_t E = int64_t(counts.size()), rows = rt.rows, kb = H / 128, ib = I / 128;
@@ -199,6 +201,7 @@ void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int 
   mok::gemm::Options o;
   o.error = err.as<unsigned>();
   o.skew_stages = skew;  // the warpgroup stagger (applies to tiles of more than 4 + skew K blocks)
+  o.max_ctas = max_ctas;
   mok::gemm::run(mok::gemm::plan_fp8_fc1(a, o), nullptr);
   MOK_ASSERT_CUDA(cudaDeviceSynchronize());
   ASSERT_EQ(download<unsigned>(err, 1)[0], 0u) << "a bounded wait expired";
@@ -251,7 +254,7 @@ TEST(Fp8Grouped, Fc1WithQuantizedHMatchesTheReference) {
   MOK_REQUIRE_GPUS(1);
   run_fc1_case({200, 0, 77}, 512, 256);
   run_fc1_case({130}, 256, 384);
-  run_fc1_case({130, 60}, 1024, 256, 2);  // 8 K blocks: warpgroup 1 two behind
+  run_fc1_case({130, 60}, 1024, 256, 2, 1);  // 8 K blocks: warpgroup 1 two behind, 6 tiles in one CTA
 }
 
 }  // namespace
