@@ -182,7 +182,7 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   // by forward(..., save_for_backward = false): a backward must know whether the last forward
   // saved them (track it when the backward lands; a captured graph fixes the flag).
   // (at least one tile of rows, so tensor maps stay valid when no rank has tokens)
-  gu = allocate("gu", "gu");
+  if (!fp8) gu = allocate("gu", "gu");  // FP8: forward only, nothing saved
   const bool has_shared = Is > 0 && T > 0;
   if (has_shared) {
     gu_s = DeviceBuffer(bytes("gu_s"), "gu_s");

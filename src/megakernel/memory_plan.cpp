@@ -140,7 +140,9 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   const mk::ForwardSetup fs0 = fused ? mk::plan_forward(shape, config, rank, sm_count) : mk::ForwardSetup{};
   const bool windowed = fused && fs0.windowed;
   const int64_t bwd_rows = windowed ? fs0.ring_rows : std::max<int64_t>(cap, sched::kBlockM);
-  add("gu", bwd_rows * 2 * I * 2, windowed ? S::Layer : S::Saved);
+  // (FP8 is forward only so far: no gate/up rows are kept, none planned.)
+  const bool fp8 = config.precision == Precision::FP8;
+  if (!fp8) add("gu", bwd_rows * 2 * I * 2, windowed ? S::Layer : S::Saved);
   for (int i = 0; i < slots; ++i) {
     if (windowed && fs0.saved_rows > 0) add(slot_name("gu_saved", i), fs0.saved_rows * 2 * I * 2, S::Saved);
     if (Is > 0 && T > 0) {
