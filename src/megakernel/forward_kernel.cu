@@ -351,7 +351,9 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
   float acc[C::kAccRegs];
   int32_t pending = -1;  // leader only: counter of the last stored tile, not yet reported
   SlotCursor cur;
-  const StatClock clock(leader && cwg == 0 ? p.stats : nullptr);
+  // (FP8: no profile words from the consumers — their 16 registers of counters are what the scaled
+  // mainloop's block accumulator needs; a constant null clock compiles them out.)
+  const StatClock clock(!kFp8 && leader && cwg == 0 ? p.stats : nullptr);
   uint64_t busy_ns = 0, wait_ns = 0, tiles = 0, start_ns = 0, epi_ns = 0, fc2_ns = 0, fc2_tiles = 0, mc_tiles = 0;
   const uint64_t c0 = clock.out ? clock64() : 0;
   // Other GPUs read our counters only to reuse ring rows under push dispatch (see report()).
