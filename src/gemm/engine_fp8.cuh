@@ -45,12 +45,16 @@ struct TileScales {
 // `skew` (optional, the engine's Skew: Options::skew_stages): warpgroup 1 starts a tile once
 // warpgroup 0 has promoted `stages` K blocks of it, so one's epilogue overlaps the other's MMAs
 // (FC1's FP8 epilogue runs while the tensor cores would otherwise wait: notes/fp8.md).
-template <class C, bool kGateUp = false>
+// kPieceN: the MMAs' width, 128 (two halves of a 256-wide tile, a 64-register block accumulator)
+// or 64 (quarters, 32 registers: for a program with fewer registers, the megakernel).
+template <class C, bool kGateUp = false, int kPieceN = 128>
 __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg, uint32_t wt,
                                                 float (&acc)[C::kAccRegs], const WaitBound& wb, const TileScales& sc,
                                                 Skew<C>* skew = nullptr) {
   static_assert(std::is_same_v<typename C::Operand, OperandE4m3>, "block-scaled FP8: E4M3 operands");
-  constexpr int kHalves = C::kBlockN / 128, kPart = 64;  // m64n128: 64 accumulators
+  static_assert(kPieceN == 128 || kPieceN == 64, "m64n128 or m64n64 pieces");
+  constexpr int kHalves = C::kBlockN / 128;  // weight blocks (scales) of the tile
+  constexpr int kPieces = C::kBlockN / kPieceN, kPart = kPieceN / 2;  // m64nN: N/2 accumulators
   const bool staggered = skew != nullptr && skew->applies(t);
   uint64_t* skew_bar = sm.skew(skew != nullptr ? skew->tiles & 1u : 0u);
   const uint32_t skew_parity = skew != nullptr ? (skew->tiles >> 1) & 1u : 0u;
@@ -83,24 +87,25 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
     mbar_wait(sm.full(s), ps.phase, wb, kSiteConsumerFull);
     const uint32_t as = a_base + s * kATileBytes;
 #pragma unroll
-    for (int h = 0; h < kHalves; ++h) {
-      const uint32_t bs = b_base + s * C::kBTileBytes + uint32_t(h) * 128u * uint32_t(kKBytes);
+    for (int h = 0; h < kPieces; ++h) {
+      const uint32_t bs = b_base + s * C::kBTileBytes + uint32_t(h) * uint32_t(kPieceN) * uint32_t(kKBytes);
       fence_operands(part);
       wgmma_fence();
 #pragma unroll
       for (int k32 = 0; k32 < C::kBlockK / C::Operand::kStepK; ++k32)
-        C::Operand::template mma<128, false, false>(part, desc_k_major(as, k32), desc_k_major(bs, k32),
+        C::Operand::template mma<kPieceN, false, false>(part, desc_k_major(as, k32), desc_k_major(bs, k32),
                                                     k32 > 0 ? 1u : 0u);
       wgmma_commit();
       fence_operands(part);
       wgmma_wait<0>();
       fence_operands(part);
-      if (h == kHalves - 1) release_stage<C>(sm, s);  // both halves' MMAs have read the stage
-      const float s0 = sa0 * sb[h], s1 = sa1 * sb[h];
+      if (h == kPieces - 1) release_stage<C>(sm, s);  // every piece's MMAs have read the stage
+      const int wblk = h * kPieceN / 128;  // the piece's weight block
+      const float s0 = sa0 * sb[wblk], s1 = sa1 * sb[wblk];
       const float u0 = sa0 * sb_up, u1 = sa1 * sb_up;
 #pragma unroll
       for (int j = 0; j < kPart / 4; ++j) {
-        const bool up = kGateUp && (j % 8) >= 4;  // (a half is 128 columns: j % 8 is the packed position)
+        const bool up = kGateUp && (j % 8) >= 4;  // (a piece is 64 or 128 columns: j % 8 is the packed position)
         float* d = acc + kPart * h + 4 * j;
         d[0] = fmaf(part[4 * j], up ? u0 : s0, d[0]);
         d[1] = fmaf(part[4 * j + 1], up ? u0 : s0, d[1]);

@@ -141,7 +141,9 @@ __device__ __forceinline__ CommSmem comm_smem(uint8_t* smem_raw, uint32_t row_by
 __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint8_t* smem_raw, uint32_t smem_bytes) {
   const int32_t total = p.schedule.totals->total_rows;
   const int32_t npos = num_positions(p.plan, total);
-  const uint32_t row_bytes = uint32_t(p.hidden) * 2u;
+  const uint32_t row_bytes = uint32_t(p.hidden) * 2u;  // a bf16 row: every slot holds one
+  // FP8: a row's 1 x 128 scales (H / 128 floats; H a multiple of 512 keeps them whole 16 bytes).
+  const uint32_t scale_bytes = kFp8 ? uint32_t(p.hidden) / 32u : 0u;
   const CommSmem cs = comm_smem(smem_raw, row_bytes, smem_bytes, p.push_dispatch != 0);
   const int32_t t = int32_t(threadIdx.x);
   for (uint32_t b = threadIdx.x * 16u; b < row_bytes; b += blockDim.x * 16u)
@@ -195,15 +197,29 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
     MbRows r = mb_rows(p.plan, st.total, g);
     if (st.empty) r.end = r.begin;
     // One row through this thread's slot: global -> shared -> global (zeros for padding rows).
+    // FP8 pulls: the row's H code bytes and, behind them in the slot, its H / 32 scale bytes (two
+    // loads on one barrier, two stores: the x ring's codes and its scales); pushes stay bf16.
     const auto move_row = [&](int32_t row) {
       const int32_t src = sv.src_rank[row];
       const int32_t slot = sv.src_slot[row];
       const int64_t ring_row = int64_t(r.ring + (row - r.begin));
       const char* from;
       char* to;
+      const char* from_scales = nullptr;
+      char* to_scales = nullptr;
+      uint32_t bytes = row_bytes;
       if (act == kActPull) {
-        from = src >= 0 ? x_peers[src] + int64_t(slot / p.top_k) * rb : nullptr;
-        to = ring + ring_row * rb;
+        const int64_t token = int64_t(slot / p.top_k);
+        if constexpr (kFp8) {
+          bytes = uint32_t(p.hidden);
+          from = src >= 0 ? x_peers[src] + token * bytes : nullptr;
+          from_scales = src >= 0 ? x_peers[src] + p.x_scale_offset + token * scale_bytes : nullptr;
+          to = ring + ring_row * bytes;
+          to_scales = reinterpret_cast<char*>(p.x_scales_ring) + ring_row * scale_bytes;
+        } else {
+          from = src >= 0 ? x_peers[src] + token * rb : nullptr;
+          to = ring + ring_row * rb;
+        }
       } else {
         if (src < 0) return;  // padding rows are not pushed
         from = y_ring + ring_row * rb;
@@ -216,8 +232,9 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
         // an earlier round): waited for here, where the slot is refilled, rather than right after
         // the store, so the store's read overlaps the round barrier and the next round's start.
         tma_store_wait_read<0>();
-        mbar_arrive_expect_tx(my_bar, row_bytes);
-        bulk_load(my_row, from, row_bytes, my_bar);
+        mbar_arrive_expect_tx(my_bar, bytes + (from_scales != nullptr ? scale_bytes : 0u));
+        bulk_load(my_row, from, bytes, my_bar);
+        if (from_scales != nullptr) bulk_load(my_row + bytes, from_scales, scale_bytes, my_bar);
         // After an expired wait (here or elsewhere) let the load land before the slot, and at the
         // end the CTA, goes away; if it does not land in time, load nothing more into the slot
         // and store nothing from it (the load may still be writing it; the call fails anyway).
@@ -229,7 +246,8 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
         parity ^= 1u;
         staged = my_row;
       }
-      bulk_store(to, staged, row_bytes);
+      bulk_store(to, staged, bytes);
+      if (to_scales != nullptr) bulk_store(to_scales, staged + bytes, scale_bytes);  // (zeros: padding rows)
       tma_store_commit();  // its read of the slot is waited for before the slot's next load
     };
     // Thread 0's acquire (ordered before us by the barrier) covers generic-proxy accesses; our

@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "comm/device.cuh"
 #include "gemm/engine.cuh"
+#include "gemm/engine_fp8.cuh"
 #include "megakernel/forward_kernel.h"
 #include "megakernel/forward_setup.h"
 #include "megakernel/runtime.cuh"
@@ -16,7 +18,14 @@ namespace mok::mk {
 namespace {
 
 using namespace mok::gemm::engine;
+// The program's operands: bf16 (forward_kernel.cu) or block-scaled E4M3 (forward_kernel_fp8.cu,
+// which defines MOK_FORWARD_FP8 and compiles the same program: one translation unit per variant).
+#if defined(MOK_FORWARD_FP8)
+using C = Cfg<256, OperandE4m3>;
+#else
 using C = Cfg<256>;
+#endif
+constexpr bool kFp8 = std::is_same_v<C::Operand, OperandE4m3>;
 static_assert(C::kBlockN == kForwardBlockN, "the host plan (forward_setup.h) and the kernel's tiles disagree");
 namespace dev = mok::comm::dev;
 
@@ -36,6 +45,8 @@ using rt::wait_counter;
 // the producer also stages and copies the partner's task slot (spills below 96); the consumers
 // then fit in 200 without spills. The sum must stay within the CTA's allocation at launch
 // (168 x 384 = 64512): 128 x 56 + 256 x 224 = 64512; 128 x 96 + 256 x 200 = 63488.
+// FP8: 56 / 224 spills 248 bytes in the consumers (the scaled mainloop's block accumulator, 64
+// more registers beside the tile's 128); 40 / 232 spills more in the producer. To settle.
 template <bool kCluster>
 constexpr uint32_t kMkProducerRegs = kCluster ? 96 : 56;
 template <bool kCluster>

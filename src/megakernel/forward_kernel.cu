@@ -86,7 +86,7 @@ __device__ __forceinline__ void fill_slot(TaskSlot& s, const ForwardParams& p, i
   s.flags = flags;
   if (tk.kind == kTaskEnd) return;
   const int32_t b_n = tk.n * C::kBlockN;
-  const int32_t kb1 = p.hidden / kBlockK;
+  const int32_t kb1 = p.hidden / C::kBlockK;  // K blocks of the operand type (64 bf16, 128 FP8)
   if (tk.kind == kTaskFc1 || tk.kind == kTaskFc2) {
     const MbRows r = mb_rows(p.plan, total, tk.g);
     const int32_t ring_row = r.ring + m * sched::kBlockM - r.begin;
@@ -95,12 +95,12 @@ __device__ __forceinline__ void fill_slot(TaskSlot& s, const ForwardParams& p, i
     s.rows = min(int32_t(sched::kBlockM),
                  p.schedule.expert_offset[expert] + p.schedule.expert_rows[expert] - m * sched::kBlockM);
     if (tk.kind == kTaskFc1) {
-      s.tile = Tile{ring_row, b_n, expert, 0, kb1, kBlockK, ring_row, 0};
+      s.tile = Tile{ring_row, b_n, expert, 0, kb1, C::kBlockK, ring_row, 0};
       s.gu_row = m * sched::kBlockM;
       s.counter = flags & kSlotDummy ? -1 : p.layout.fc1_done(m);
       s.n_cols = 2 * p.inter;
     } else {
-      s.tile = Tile{ring_row, b_n, expert, 0, p.inter / kBlockK, kBlockK, ring_row, 0};
+      s.tile = Tile{ring_row, b_n, expert, 0, p.inter / C::kBlockK, C::kBlockK, ring_row, 0};
       s.gu_row = m * sched::kBlockM;  // the routed row (schedule index) of the tile's first row
       s.counter = flags & kSlotDummy ? -1 : p.layout.fc2_done(tk.g);
       s.n_cols = p.hidden;
@@ -109,12 +109,12 @@ __device__ __forceinline__ void fill_slot(TaskSlot& s, const ForwardParams& p, i
     const int32_t row = m * sched::kBlockM;
     s.rows = min(int32_t(sched::kBlockM), p.tokens - row);
     if (tk.kind == kTaskShared1) {
-      s.tile = Tile{row, b_n, 0, 0, kb1, kBlockK, row, 0};
+      s.tile = Tile{row, b_n, 0, 0, kb1, C::kBlockK, row, 0};
       s.gu_row = row;
       s.counter = flags & kSlotDummy ? -1 : p.layout.s1_done(m);
       s.n_cols = 2 * p.shared_inter;
     } else {
-      s.tile = Tile{row, b_n, 0, 0, p.shared_inter / kBlockK, kBlockK, row, 0};
+      s.tile = Tile{row, b_n, 0, 0, p.shared_inter / C::kBlockK, C::kBlockK, row, 0};
       s.n_cols = p.hidden;
     }
   }
@@ -351,7 +351,9 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
   float acc[C::kAccRegs];
   int32_t pending = -1;  // leader only: counter of the last stored tile, not yet reported
   SlotCursor cur;
-  const StatClock clock(leader && cwg == 0 ? p.stats : nullptr);
+  // (FP8: no profile words from the consumers — their 16 registers of counters are what the scaled
+  // mainloop's block accumulator needs; a constant null clock compiles them out.)
+  const StatClock clock(!kFp8 && leader && cwg == 0 ? p.stats : nullptr);
   uint64_t busy_ns = 0, wait_ns = 0, tiles = 0, start_ns = 0, epi_ns = 0, fc2_ns = 0, fc2_tiles = 0, mc_tiles = 0;
   const uint64_t c0 = clock.out ? clock64() : 0;
   // Other GPUs read our counters only to reuse ring rows under push dispatch (see report()).
@@ -381,7 +383,37 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
     const bool half = slot.rows <= 64;
     const bool combine = kind == kTaskFc2 && p.combine_in_epilogue;
     const bool dummy = (slot.flags & kSlotDummy) != 0;
-    if (half && p.split_n && !combine) {
+    if constexpr (kFp8) {
+      // Block-scaled FP8 (routed tasks only: the FP8 layer has no shared expert): whole tiles with
+      // the scaled mainloop, then FC1's FP8 epilogue (h codes and scales into the h ring) or
+      // FC2's bf16 one. The scaled mainloop has no first-block hook: report before it.
+      if (leader) report(p, pending, sys_reports);
+      const Tile& t = slot.tile;
+      skew.stages = p.skew_stages;
+      if (kind == kTaskFc1) {
+        const int64_t kb = t.k_blocks;  // H / 128
+        const int64_t wblock = (int64_t(t.b_batch) * (p.inter / 128) + t.b_n / 256) * kb;
+        TileScales sc{p.x_scales_ring + int64_t(t.a_m) * kb, kb, p.w_gate_scales + wblock, 0, 1};
+        sc.b_up = p.w_up_scales + wblock;
+        mma_tile_scaled<C, true, 64>(sm, ps, t, cwg, wt, acc, wb, sc, &skew);  // quarters: registers
+        e0 = clock.now();
+        if (!dummy)
+          epilogue_fc1_fp8(acc, cwg, wt, t.out_row, t.b_n, static_cast<uint8_t*>(p.h_ring), p.h_scales_ring, p.inter);
+      } else {
+        const int64_t kb = t.k_blocks, n_blocks = p.hidden / 128;  // I / 128; H / 128
+        const TileScales sc{p.h_scales_ring + int64_t(t.a_m) * kb, kb,
+                            p.w_down_scales + (int64_t(t.b_batch) * n_blocks + t.b_n / 128) * kb, kb,
+                            int32_t(n_blocks - t.b_n / 128)};
+        mma_tile_scaled<C, false, 64>(sm, ps, t, cwg, wt, acc, wb, sc, &skew);
+        e0 = clock.now();
+        if (dummy) {
+        } else if (combine) {
+          epilogue_combine(p, sm, es, cwg, wt, acc, slot.gu_row, t.b_n);
+        } else {
+          epilogue_store<C>(sm, es, cwg, wt, acc, &maps.y_out, t.out_row, t.b_n, slot.n_cols);
+        }
+      }
+    } else if (half && p.split_n && !combine) {
       // Tokens only in rows 0..63: both warpgroups on those rows, each on half of the columns.
       mma_tile_split_n<C, kCluster>(sm, ps, slot.tile, cwg, acc, wb, peer, report_previous);
       e0 = clock.now();
@@ -474,6 +506,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 static_assert(C::kSmemBytes + kExtraSmem <= 232448, "the megakernel's shared memory exceeds 227 KB");
 
+// The exported functions: mk:: for the bf16 program, mk::fp8:: for its FP8 translation unit.
+#if defined(MOK_FORWARD_FP8)
+namespace fp8 {
+#endif
+
 int forward_smem_bytes() { return int(C::kSmemBytes) + kExtraSmem; }
 
 int forward_max_hidden() {
@@ -504,20 +541,29 @@ cudaLaunchConfig_t launch_config(int grid, bool cluster, cudaStream_t stream, cu
 int prepare_forward(int comm_ctas, int grid, bool cluster) {
   const int smem = forward_smem_bytes();
   int per_sm = 0;
-  if (cluster) {
-    // Pairs of CTAs: the grid and the comm CTAs come in whole clusters.
-    grid -= grid % 2;
-    MOK_REQUIRE(comm_ctas % 2 == 0, "config.fwd_comm_sms", "must be even with 2-CTA clusters, got ", comm_ctas);
-    MOK_CUDA_CHECK(cudaFuncSetAttribute(forward_megakernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    cudaLaunchAttribute attr[2];
-    cudaLaunchConfig_t cfg = launch_config(grid, true, nullptr, attr);
-    cfg.attrs = attr + 1;  // the occupancy query takes the cluster shape alone
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    MOK_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, forward_megakernel<true>, &cfg));
-    grid = std::min(grid, 2 * clusters);  // some SMs may not pair up
-    per_sm = 1;
-  } else {
+  MOK_REQUIRE(!kFp8 || !cluster, "config.fwd_clusters", "must be off with config.precision fp8 (2-CTA clusters are "
+              "bf16 only so far)");
+  bool paired = false;
+#if !defined(MOK_FORWARD_FP8)  // (the FP8 program has no cluster variant: not even compiled)
+  {
+    if (cluster) {
+      // Pairs of CTAs: the grid and the comm CTAs come in whole clusters.
+      grid -= grid % 2;
+      MOK_REQUIRE(comm_ctas % 2 == 0, "config.fwd_comm_sms", "must be even with 2-CTA clusters, got ", comm_ctas);
+      MOK_CUDA_CHECK(cudaFuncSetAttribute(forward_megakernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      cudaLaunchAttribute attr[2];
+      cudaLaunchConfig_t cfg = launch_config(grid, true, nullptr, attr);
+      cfg.attrs = attr + 1;  // the occupancy query takes the cluster shape alone
+      cfg.numAttrs = 1;
+      int clusters = 0;
+      MOK_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, forward_megakernel<true>, &cfg));
+      grid = std::min(grid, 2 * clusters);  // some SMs may not pair up
+      per_sm = 1;
+      paired = true;
+    }
+  }
+#endif
+  if (!paired) {
     MOK_CUDA_CHECK(cudaFuncSetAttribute(forward_megakernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     MOK_CUDA_CHECK(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, forward_megakernel<false>, kThreads, smem));
@@ -541,10 +587,19 @@ void launch_forward(const ForwardMaps& maps, const ForwardParams& params, const 
               "cluster_slots must be given with clusters (forward_cluster_slot_bytes(grid) bytes)");
   cudaLaunchAttribute attr[2];
   const cudaLaunchConfig_t cfg = launch_config(grid, params.cluster != 0, stream, attr);
+#if defined(MOK_FORWARD_FP8)
+  MOK_REQUIRE(!params.cluster, "megakernel parameters", "no 2-CTA clusters with FP8 operands");
+  MOK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, forward_megakernel<false>, maps, params, dc));
+#else
   if (params.cluster)
     MOK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, forward_megakernel<true>, maps, params, dc));
   else
     MOK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, forward_megakernel<false>, maps, params, dc));
+#endif
 }
+
+#if defined(MOK_FORWARD_FP8)
+}  // namespace fp8
+#endif
 
 }  // namespace mok::mk

@@ -77,6 +77,15 @@ struct ForwardParams {
   void* const* ring_peers = nullptr;                  // [W] each receiver's x ring [R, H]
   uint32_t* const* counter_peers = nullptr;           // [W] each receiver's counter block
   unsigned long long* stats = nullptr;  // optional profile: kForwardStatWords per CTA (see the kernel)
+  // FP8 (forward_kernel_fp8.cu; Config::precision FP8): the rings hold E4M3 codes, with their
+  // 1 x 128 scales beside them; the weights' 128 x 128 scales ([E, N / 128, K / 128]).
+  float* x_scales_ring = nullptr;  // [R, H / 128] (written by the comm CTAs)
+  void* h_ring = nullptr;          // [R, I] E4M3 codes (FC1's epilogue)
+  float* h_scales_ring = nullptr;  // [R, I / 128]
+  const float* w_gate_scales = nullptr;
+  const float* w_up_scales = nullptr;
+  const float* w_down_scales = nullptr;
+  int64_t x_scale_offset = 0;  // bytes from a rank's x window (codes) to its scales
 };
 
 inline constexpr int kForwardStatWords = 12;
@@ -120,5 +129,15 @@ int prepare_forward(int comm_ctas, int grid, bool cluster);
 // Launches the megakernel on `grid` CTAs (cooperative: all resident or the launch fails).
 void launch_forward(const ForwardMaps& maps, const ForwardParams& params, const comm::dev::DeviceComm& dc,
                     int grid, cudaStream_t stream);
+
+// The same program on block-scaled FP8 operands (forward_kernel_fp8.cu; Config::precision FP8):
+// the maps are E4M3 ones (x ring, h ring, weights), ForwardParams carries the scales; no clusters.
+namespace fp8 {
+int forward_smem_bytes();
+int forward_max_hidden();
+int prepare_forward(int comm_ctas, int grid, bool cluster);
+void launch_forward(const ForwardMaps& maps, const ForwardParams& params, const comm::dev::DeviceComm& dc,
+                    int grid, cudaStream_t stream);
+}  // namespace fp8
 
 }  // namespace mok::mk

@@ -292,7 +292,7 @@ void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
   x_rows = x_ring;
   ring_rows = R;
   windowed = fs.windowed;  // the backward runs over windows of the ring (layer_backward_windows.cu)
-  saved_rows = fs.saved_rows;
+  saved_rows = fp8 ? 0 : fs.saved_rows;  // FP8: forward only, no gate/up rows kept
   if (saved_rows > 0) gu_saved = allocate("gu_saved", "saved gate/up rows");
   h = allocate("h_ring", "h ring");
   y = allocate("y_ring", "y ring");
@@ -311,7 +311,8 @@ void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
     counters = DeviceBuffer(static_cast<size_t>(mem.bytes("counters")), "megakernel counters");
     mkp.counters = counters.get<uint32_t>();
   }
-  grid = mk::prepare_forward(ps.comm_ctas, sms, mkp.cluster != 0);
+  grid = fp8 ? mk::fp8::prepare_forward(ps.comm_ctas, sms, false)
+             : mk::prepare_forward(ps.comm_ctas, sms, mkp.cluster != 0);
   if (mkp.cluster) {
     MOK_REQUIRE(mem.bytes("cluster_slots") >= mk::forward_cluster_slot_bytes(grid), "memory plan",
                 "cluster_slots must hold the grid's clusters' task slots");
@@ -347,7 +348,9 @@ void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
   maps.x_ring = make_map_2d(x_ring, u(R), u(H), 128);
   // Every routed row's, or with a backward over windows the activation budget's first rows (the
   // stores of rows past them clipped; unused with full recompute).
-  if (windowed && saved_rows > 0)
+  if (fp8)
+    maps.gu = maps.x_ring;  // (never stored: FP8 keeps no gate/up rows; a valid encoding)
+  else if (windowed && saved_rows > 0)
     maps.gu = make_map_2d(gu_saved.p, u(saved_rows), u(2 * I), 64);
   else
     maps.gu = make_map_2d(gu.p, u(mem.bytes("gu") / (4 * I)), u(2 * I), 64);
@@ -365,6 +368,7 @@ void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
     // Never used (no shared tasks); every map must still be a valid encoding.
     maps.xs_in = maps.gus_out = maps.hs_out = maps.hs_in = maps.ys_out = maps.x_ring;
   }
+  if (fp8) setup_megakernel_fp8();
 }
 
 // receiver's own), and the peers' rings and counter blocks.
@@ -394,11 +398,12 @@ void Layer::Impl::setup_push_dispatch() {
 // maps (FC1's B from w_gate and w_up as they are: no packed copy, so an optimizer's in-place
 // update is read by the next call). Host-side only (tensor-map encodes): set_weights calls it too.
 void Layer::Impl::bind_weights() {
+  if (fp8) {  // the weights' codes, then the plans (unfused) or the maps (megakernel)
+    bind_weights_fp8();
+    return;
+  }
   if (!fused) {
-    if (fp8)
-      bind_weights_fp8();
-    else
-      plan_unfused();
+    plan_unfused();
     return;
   }
   using gemm::make_map_3d;
@@ -511,7 +516,10 @@ int64_t Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaSt
     // Windowed: the rows of the activation budget (none with full recompute: FC1 recomputed).
     params.save_gu = save_for_backward && (!windowed || saved_rows > 0) ? 1 : 0;
     params.save_gu_shared = save_for_backward ? 1 : 0;
-    mk::launch_forward(maps, params, dc, grid, stream);
+    if (fp8)
+      mk::fp8::launch_forward(maps, params, dc, grid, stream);
+    else
+      mk::launch_forward(maps, params, dc, grid, stream);
   } else if (fp8) {
     routed_forward_fp8(stream);
   } else {

@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include "gemm/fp8_quantize.h"
+#include "gemm/tensor_map.h"
 #include "megakernel/layer_impl.h"
 #include "schedule/schedule_math.h"
 
@@ -38,8 +39,12 @@ void Layer::Impl::check_precision() const {
   MOK_REQUIRE(config.precision == Precision::FP8, "config.precision",
               "the GPU layer runs bf16 and fp8 (recipe 1); mxfp8 is the CPU reference's so far, got ",
               to_string(config.precision));
-  MOK_REQUIRE(config.forward_path == ForwardPath::Unfused, "config.forward_path",
-              "must be unfused with config.precision fp8 (the megakernel runs bf16 so far)");
+  if (config.forward_path == ForwardPath::Megakernel) {  // (forward_kernel_fp8.cu)
+    MOK_REQUIRE(!config.fwd_clusters, "config.fwd_clusters", "must be off with config.precision fp8");
+    MOK_REQUIRE(config.dispatch == DispatchPath::Pull, "config.dispatch", "must be pull with config.precision fp8");
+    MOK_REQUIRE(H % 512 == 0, "shape.hidden", "must be a multiple of 512 with config.precision fp8 on the "
+                "megakernel (a row's 1 x 128 scales move as whole 16-byte pieces), got ", H);
+  }
   MOK_REQUIRE(Is == 0, "shape.shared_intermediate", "must be 0 with config.precision fp8 (the shared expert "
               "runs bf16 only so far), got ", Is);
   MOK_REQUIRE(H % 128 == 0, "shape.hidden", "must be a multiple of 128 with config.precision fp8 (whole 1 x 128 "
@@ -76,6 +81,22 @@ void Layer::Impl::bind_weights_fp8() {
                                scales(L.s_down), s);
   }
   MOK_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (fused) {  // the megakernel's weight maps (E4M3) and scales
+    using gemm::make_map_3d;
+    const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
+    constexpr int64_t kBN = mk::kForwardBlockN;
+    constexpr auto kBox = static_cast<uint32_t>(gemm::kGateUpGroup);
+    constexpr auto e4m3 = gemm::MapType::E4M3;
+    maps.w_gate = make_map_3d(base + L.gate, u(e_loc), u(I), u(H), kBox, e4m3);
+    maps.w_up = make_map_3d(base + L.up, u(e_loc), u(I), u(H), kBox, e4m3);
+    maps.w_down = make_map_3d(base + L.down, u(e_loc), u(H), u(I), kBN, e4m3);
+    maps.w_down_half = make_map_3d(base + L.down, u(e_loc), u(H), u(I), kBN / 2, e4m3);
+    maps.ws_gate = maps.ws_up = maps.ws_down = maps.ws_down_half = maps.w_gate;  // (no shared expert)
+    mkp.w_gate_scales = scales(L.s_gate);
+    mkp.w_up_scales = scales(L.s_up);
+    mkp.w_down_scales = scales(L.s_down);
+    return;
+  }
   const gpu::ScheduleView v = schedule->view();
   const int64_t tiles = cap_rows / sched::kBlockM;
   const auto routed = [&](auto& a) {  // both forms run over the routed rows' tiles of every local expert
@@ -108,6 +129,22 @@ void Layer::Impl::bind_weights_fp8() {
   a2.n = H;
   routed(a2);
   fc2_fp8 = gemm::plan_fp8_grouped(a2, gemm_options());
+}
+
+// The megakernel's rings in FP8: codes, then their 1 x 128 scales, in the bf16 rings' bytes; the
+// FC1 / FC2 A maps are E4M3 ones.
+void Layer::Impl::setup_megakernel_fp8() {
+  const int64_t R = ring_rows;
+  auto* xr = static_cast<char*>(x_rows);
+  auto* hr = static_cast<char*>(h.p);
+  mkp.x_scales_ring = reinterpret_cast<float*>(xr + R * H);
+  mkp.h_ring = hr;
+  mkp.h_scales_ring = reinterpret_cast<float*>(hr + R * I);
+  mkp.x_scale_offset = x_scale_offset();
+  const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
+  maps.x_ring = gemm::make_map_2d(xr, u(R), u(H), 128, gemm::MapType::E4M3);
+  maps.h_in = gemm::make_map_2d(hr, u(R), u(I), 128, gemm::MapType::E4M3);
+  maps.xs_in = maps.gus_out = maps.hs_out = maps.hs_in = maps.ys_out = maps.x_ring;  // (no shared expert)
 }
 
 // x quantized into this rank's x window (codes, then the scales at x_scale_offset()).

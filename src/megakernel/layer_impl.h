@@ -312,6 +312,7 @@ struct Layer::Impl {
   void check_precision() const;  // what the FP8 layer supports so far, each refusal named
   int64_t x_scale_offset() const;
   void bind_weights_fp8();
+  void setup_megakernel_fp8();
   void quantize_x_fp8(const void* x, cudaStream_t stream);
   void routed_forward_fp8(cudaStream_t stream);
   // FC1 of the routed experts over `tiles` 128-row tiles of x rows, with the bound weights.

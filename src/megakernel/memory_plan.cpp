@@ -144,7 +144,8 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   const bool fp8 = config.precision == Precision::FP8;
   if (!fp8) add("gu", bwd_rows * 2 * I * 2, windowed ? S::Layer : S::Saved);
   for (int i = 0; i < slots; ++i) {
-    if (windowed && fs0.saved_rows > 0) add(slot_name("gu_saved", i), fs0.saved_rows * 2 * I * 2, S::Saved);
+    if (!fp8 && windowed && fs0.saved_rows > 0)
+      add(slot_name("gu_saved", i), fs0.saved_rows * 2 * I * 2, S::Saved);
     if (Is > 0 && T > 0) {
       add(slot_name("gu_s", i), t_tiles * 128 * 2 * Is * 2, S::Saved);
       add(slot_name("h_s", i), t_tiles * 128 * Is * 2, S::Saved);
@@ -153,6 +154,14 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   if (Is > 0 && T > 0) {
     add("y_s", t_tiles * 128 * H * 2, S::Layer);
   }
+  // FP8 (forward only): the weights' E4M3 codes and their 128 x 128 fp32 scales; x, h and the
+  // window hold codes and scales in the bf16 buffers' bytes (layer_fp8.cu).
+  if (config.precision == Precision::FP8) {
+    MOK_REQUIRE(H % 128 == 0, "shape.hidden", "must be a multiple of 128 with config.precision fp8, got ", H);
+    MOK_REQUIRE(I % 128 == 0, "shape.intermediate", "must be a multiple of 128 with config.precision fp8, got ", I);
+  }
+  if (config.precision == Precision::FP8)
+    add("fp8_weights", 3 * e_loc * I * H + 3 * e_loc * (I / 128) * (H / 128) * 4, S::Layer);
   if (fused) {
     const mk::ForwardSetup& fs = fs0;
     const int64_t R = fs.ring_rows;
@@ -173,14 +182,6 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
     // the SM count).
     if (fs.cluster) add("cluster_slots", mk::forward_cluster_slot_bytes(sm_count), S::Layer);
   } else {
-    // FP8 (forward only): the weights' E4M3 codes and their 128 x 128 fp32 scales; x, h and the
-    // window hold codes and scales in the bf16 buffers' bytes (layer_fp8.cu).
-    if (config.precision == Precision::FP8) {
-      MOK_REQUIRE(H % 128 == 0, "shape.hidden", "must be a multiple of 128 with config.precision fp8, got ", H);
-      MOK_REQUIRE(I % 128 == 0, "shape.intermediate", "must be a multiple of 128 with config.precision fp8, got ", I);
-    }
-    if (config.precision == Precision::FP8)
-      add("fp8_weights", 3 * e_loc * I * H + 3 * e_loc * (I / 128) * (H / 128) * 4, S::Layer);
     add("x_routed", cap * H * 2, S::Saved);
     add("h", cap * I * 2, S::Layer);
     add("y", cap * H * 2, S::Layer);

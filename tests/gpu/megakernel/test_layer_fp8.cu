@@ -34,10 +34,10 @@ double rel_to(const std::vector<mok::bf16>& got, const std::vector<mok::bf16>& w
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
-mok::Config fp8_config() {
+mok::Config fp8_config(mok::ForwardPath path = mok::ForwardPath::Unfused) {
   mok::Config cfg;
   cfg.precision = mok::Precision::FP8;
-  cfg.forward_path = mok::ForwardPath::Unfused;
+  cfg.forward_path = path;
   if (const char* t = std::getenv("MOK_TEST_WAIT_TIMEOUT_S")) cfg.wait_timeout_s = std::atof(t);
   return cfg;
 }
@@ -46,6 +46,8 @@ struct Fp8Case {
   const char* name;
   mok::Routing routing;
   int64_t tokens, H, I, E, k;
+  mok::ForwardPath path = mok::ForwardPath::Unfused;
+  int64_t minibatch = 0, ring = 0;  // megakernel: Config::minibatch_tokens / macrobatch_tokens (0: default)
 };
 
 class LayerFp8 : public ::testing::TestWithParam<Fp8Case> {};
@@ -54,7 +56,9 @@ TEST_P(LayerFp8, MatchesTheFp8ReferenceAndIsBitwiseReproducible) {
   MOK_REQUIRE_GPUS(1);
   const Fp8Case& c = GetParam();
   const mok::LayerShape shape{{c.tokens}, c.H, c.I, c.E, c.k, 0};
-  const mok::Config cfg = fp8_config();
+  mok::Config cfg = fp8_config(c.path);
+  cfg.minibatch_tokens = c.minibatch;
+  cfg.macrobatch_tokens = c.ring;
   const auto wl = mok::make_workload(shape, c.routing, 4242);
   const auto want = mok::ref::Engine(shape, cfg).forward(wl.inputs, wl.weights);
   mok::Config bf16_cfg = cfg;
@@ -82,11 +86,20 @@ TEST_P(LayerFp8, MatchesTheFp8ReferenceAndIsBitwiseReproducible) {
   EXPECT_LT(rel_bf16, 0.15) << "FP8 against bf16: the recipe's own error (~6% on these Gaussian weights)";
 }
 
+constexpr auto kMega = mok::ForwardPath::Megakernel;
 INSTANTIATE_TEST_SUITE_P(Routings, LayerFp8,
                          ::testing::Values(Fp8Case{"uniform", mok::Routing::Uniform, 700, 512, 256, 16, 4},
                                            Fp8Case{"zipf", mok::Routing::Zipf, 700, 512, 256, 16, 4},
                                            Fp8Case{"one_expert_wide", mok::Routing::OneExpert, 300, 1024, 384, 8, 2},
-                                           Fp8Case{"empty_slots", mok::Routing::EmptySlots, 513, 256, 128, 8, 3}),
+                                           Fp8Case{"empty_slots", mok::Routing::EmptySlots, 513, 256, 128, 8, 3},
+                                           // The FP8 megakernel (forward_kernel_fp8.cu): the worst-case
+                                           // ring, and a small one whose rows are reused.
+                                           Fp8Case{"megakernel_uniform", mok::Routing::Uniform, 700, 512, 256, 16,
+                                                   4, kMega},
+                                           Fp8Case{"megakernel_zipf_ring", mok::Routing::Zipf, 700, 512, 256, 16, 4,
+                                                   kMega, 128, 512},
+                                           Fp8Case{"megakernel_one_expert_wide", mok::Routing::OneExpert, 300, 1024,
+                                                   384, 8, 2, kMega}),
                          [](const auto& i) { return std::string(i.param.name); });
 
 // What the FP8 layer does not do yet is refused by name, before anything is enqueued.
@@ -106,9 +119,11 @@ TEST(LayerFp8Refusals, EachNamesItsKnob) {
     }
     return "(accepted)";
   };
-  mok::Config mega = fp8_config();
-  mega.forward_path = mok::ForwardPath::Megakernel;
-  EXPECT_EQ(refused(shape, mega), "config.forward_path");
+  mok::Config clusters = fp8_config(mok::ForwardPath::Megakernel);
+  clusters.fwd_clusters = true;
+  EXPECT_EQ(refused(mok::LayerShape{{256}, 512, 128, 8, 2, 0}, clusters), "config.fwd_clusters");
+  // The megakernel moves a row's scales as 16-byte pieces: H a multiple of 512.
+  EXPECT_EQ(refused(shape, fp8_config(mok::ForwardPath::Megakernel)), "shape.hidden");
   mok::Config mx = fp8_config();
   mx.precision = mok::Precision::MXFP8;
   EXPECT_EQ(refused(shape, mx), "config.precision");
