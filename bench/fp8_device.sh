@@ -47,11 +47,12 @@ models="${FP8_MODELS:-dsv3,qwen3-30b-a3b,qwen3-235b,dsv3/ep8}"
 tokens="${FP8_TOKENS:-8192}"
 common=(--models "$models" --tokens "$tokens" --routings uniform --no-ablation --no-backward --sustain 0)
 for round in 1 2; do
-  for v in megakernel unfused fp8; do
+  for v in megakernel unfused fp8 fp8mk; do
     case "$v" in
       megakernel) extra=(--workspace-budget 0) ;;
       unfused) extra=(--path unfused) ;;
       fp8) extra=(--path unfused --precision fp8) ;;
+      fp8mk) extra=(--precision fp8 --workspace-budget 0) ;;
     esac
     t1=$(date +%s)
     timeout 300 "$B/bench/mok_bench" "${common[@]}" "${extra[@]}" --json "$OUT/fwd_${v}_$round.json" \
@@ -62,6 +63,6 @@ for round in 1 2; do
 done
 python3 bench/ab_report.py --out "$OUT/fp8-forward-ab.json" --commit "${MOK_COMMIT:-unknown}" --field mok_ms \
   --variant bf16-megakernel="$OUT/fwd_megakernel_*.json" --variant bf16-unfused="$OUT/fwd_unfused_*.json" \
-  --variant fp8-unfused="$OUT/fwd_fp8_*.json" \
-  --what "the layer's forward at EP 1 (T = $tokens, uniform): the bf16 megakernel (every row resident), the bf16 unfused path and the FP8 unfused path (Config::precision FP8)" \
+  --variant fp8-unfused="$OUT/fwd_fp8_[0-9].json" --variant fp8-megakernel="$OUT/fwd_fp8mk_*.json" \
+  --what "the layer's forward at EP 1 (T = $tokens, uniform): the bf16 megakernel (every row resident), the bf16 unfused path, the FP8 unfused path and the FP8 megakernel (Config::precision FP8)" \
   2>&1 | tee -a "$LOG"

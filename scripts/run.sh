@@ -13,7 +13,7 @@ for a in "$@"; do
     echo "Builds mok_bench in \$MOK_BUILD (default build/release) and runs it with these options; on GPUs"
     echo "it also runs the PyTorch+NCCL baseline. Results as JSON under \$MOK_OUT (default build/results):"
     echo "forward-<gpu>x<n>.json on GPUs, mok-cpu.json (with the verdict) on the CPU. On GPUs the same cases"
-    echo "run again in FP8 (--precision fp8 --path unfused, forward only; MOK_FP8=0 skips it, and so does"
+    echo "run again in FP8 (--precision fp8: the FP8 megakernel, forward only; MOK_FP8=0 skips it, and so does"
     echo "giving --precision or --path)."
     echo
     cat "$MOK_ROOT/bench/mok_bench_usage.txt"
@@ -62,7 +62,7 @@ for a in "$@"; do
 done
 status=0
 "$bench" --json "$mok_json" "$@" || status=$?
-# The same cases in FP8 (block-scaled recipe 1, the unfused forward so far), unless the options
+# The same cases in FP8 (block-scaled recipe 1, the FP8 megakernel), unless the options
 # already chose a precision or MOK_FP8=0: forward only, no ablation; joined below as cases with
 # precision "fp8" beside the bf16 ones.
 fp8_json=""
@@ -75,8 +75,8 @@ if [ "$status" -eq 0 ] && [ "${MOK_FP8:-1}" = 1 ]; then
     prev="$a"
   done
   fp8_json="$out/mok-forward-fp8-$tag.json"
-  mok_log "the same cases in FP8 (mok_bench --precision fp8 --path unfused)"
-  "$bench" --json "$fp8_json" --precision fp8 --path unfused --no-ablation --no-backward "${fp8_args[@]}" ||
+  mok_log "the same cases in FP8 (mok_bench --precision fp8)"
+  "$bench" --json "$fp8_json" --precision fp8 --no-ablation --no-backward "${fp8_args[@]}" ||
     { mok_log "the FP8 pass failed: the report has the bf16 cases only"; fp8_json=""; }
 fi
 [ -n "$sampler" ] && kill "$sampler" 2>/dev/null
