@@ -17,7 +17,10 @@ baseline ran with --sustain too, `baseline_sustained_ms` and `sustained_speedup`
 --fp8: mok_bench's run of the same cases in FP8 (--precision fp8, the unfused forward): its cases
 join OUT_JSON's `cases` with `precision` "fp8" (mok's own cases get "bf16" where they carry none),
 the same baseline fields, and `bf16_mok_ms` / `x_bf16` (mok's bf16 time of the same case over the
-FP8 one). Readers that want one entry per (model, T, routing) take the bf16 ones.
+FP8 one). Readers that want one entry per (model, T, routing) take the bf16 ones. An FP8 case's
+`mok_pct_of_peak` and `mok_sustained_pct_of_sustained_peak` are against the baseline's `peak_fp8`
+(cuBLAS FP8 8192^3, same run; absent when not measured), never against the bf16 peak; FP8 cases
+get no backward fields (the FP8 layer is forward only so far).
 
 Backward: cases with `mok_bwd_ms` (mok_bench's backward of the main variant) get, when the
 baseline timed its backward too (`baseline_bwd_ms`), `baseline_bwd_tflops`, `bwd_speedup` and
@@ -87,12 +90,16 @@ def join(mok, base, fp8=None):
     `fp8` (mok_bench's FP8 run of the same cases) adds its cases, beside the bf16 ones."""
     by_key = {case_key(c): c for c in base["cases"]} if base else {}
     peak = (base or {}).get("peak_bf16") or {}
-    burst_peak, sustained_peak = peak.get("burst_tflops_max"), peak.get("sustained_tflops_max")
+    peak_fp8 = (base or {}).get("peak_fp8") or {}
     cases = []
     bf16_ms = {case_key(c): c.get("mok_ms") for c in mok["cases"] if precision_of(c) == "bf16"}
     for c in list(mok["cases"]) + list((fp8 or {}).get("cases") or []):
         row = dict(c)
         row["precision"] = precision_of(c)
+        bf16 = row["precision"] == "bf16"
+        # Each precision against its own dense peak of the same run (FP8: cuBLAS FP8, when measured).
+        p = peak if bf16 else peak_fp8
+        burst_peak, sustained_peak = p.get("burst_tflops_max"), p.get("sustained_tflops_max")
         if row["precision"] != "bf16" and bf16_ms.get(case_key(c)) and c.get("mok_ms"):
             row["bf16_mok_ms"] = bf16_ms[case_key(c)]
             row["x_bf16"] = bf16_ms[case_key(c)] / c["mok_ms"]
@@ -103,7 +110,7 @@ def join(mok, base, fp8=None):
             s = speedup(b["baseline_ms"], c["mok_ms"])
             if s is not None:
                 row["speedup"] = s
-            if "baseline_bwd_ms" in b:  # the baseline's backward
+            if "baseline_bwd_ms" in b and bf16:  # the baseline's backward (FP8: forward only so far)
                 row["baseline_bwd_ms"] = b["baseline_bwd_ms"]
                 row["baseline_bwd_tflops"] = b.get("baseline_bwd_tflops")
                 s = speedup(b["baseline_bwd_ms"], c.get("mok_bwd_ms"))
@@ -116,7 +123,8 @@ def join(mok, base, fp8=None):
                 if s is not None:
                     row["sustained_speedup"] = s
         pct(row, "mok_pct_of_peak", row.get("mok_tflops"), burst_peak)
-        pct(row, "baseline_pct_of_peak", row.get("baseline_tflops"), burst_peak)
+        if bf16:
+            pct(row, "baseline_pct_of_peak", row.get("baseline_tflops"), burst_peak)
         pct(row, "mok_sustained_pct_of_sustained_peak", row.get("mok_sustained_tflops"), sustained_peak)
         pct(row, "mok_bwd_pct_of_peak", row.get("mok_bwd_tflops"), burst_peak)
         cases.append(row)
@@ -137,6 +145,8 @@ def join(mok, base, fp8=None):
             out[k] = mok[k]
     if peak:
         out["peak_bf16"] = peak
+    if peak_fp8:
+        out["peak_fp8"] = peak_fp8
     if base:
         out["what"] = mok.get("what", "") + "; baseline: " + base.get("what", "")
         out["baseline_torch"] = base.get("torch")
@@ -229,7 +239,7 @@ def print_cases(out):
 
 
 def print_backward(out):
-    rows = [c for c in out["cases"] if "mok_bwd_ms" in c or "baseline_bwd_ms" in c]
+    rows = [c for c in out["cases"] if precision_of(c) == "bf16" and ("mok_bwd_ms" in c or "baseline_bwd_ms" in c)]
     if not rows:
         return
     print("\nBackward (mok: the layer's backward kernels after the forward, over windows of the ring when it "
@@ -258,7 +268,7 @@ def print_hardware(out):
     print("| model | T/rank | routing | mok TFLOP/s/GPU | % of peak | sustained TFLOP/s | % of sustained peak "
           "| baseline % of peak | NVLink GB/s per direction | % of ceiling |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for c in out["cases"]:
+    for c in (c for c in out["cases"] if precision_of(c) == "bf16"):  # FP8: print_fp8
         frac = c.get("nvlink_fraction_of_ceiling")
         print(f"| {c['model']} | {c['T']} | {c['routing']} | {fmt(c.get('mok_tflops'), '.0f')} "
               f"| {fmt(c.get('mok_pct_of_peak'), '.1f', '%')} | {fmt(c.get('mok_sustained_tflops'), '.0f')} "
@@ -307,7 +317,7 @@ def print_memory_modes(out):
     modes = [a for a in out["ablation"] if a.get("bwd_ms") is not None]
     if not modes:
         return
-    mains = {case_key(c): c for c in out["cases"]}
+    mains = {case_key(c): c for c in out["cases"] if precision_of(c) == "bf16"}
     print("\nBackward by memory mode, same run (held: per layer, besides a shared workspace)")
     print("| model | T/rank | routing | mode | ring | bwd ms | vs main | held GB | workspace GB |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -333,12 +343,21 @@ def print_fp8(out):
     rows = [c for c in out["cases"] if precision_of(c) != "bf16"]
     if not rows:
         return
-    print("\n| model | T | routing | precision | mok ms | bf16 mok ms | x bf16 | baseline ms | speedup |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    peak = out.get("peak_fp8") or {}
+    burst = ", ".join(f"{v:.0f}" for v in peak.get("burst_tflops", []))
+    sus = ", ".join(f"{v:.0f}" for v in peak.get("sustained_tflops", []))
+    print(f"\nForward in FP8 (x bf16: the bf16 forward's time over this one; % of the FP8 peak, same run: "
+          f"cuBLAS FP8 8192^3 burst {burst or '-'}, sustained {sus or '-'} TFLOP/s per GPU)")
+    print("| model | T | routing | precision | mok ms | bf16 mok ms | x bf16 | baseline ms | speedup "
+          "| TFLOP/s/GPU | % of FP8 peak | sustained TFLOP/s | % of sustained FP8 peak |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for c in rows:
         print(f"| {c['model']} | {c['T']} | {c['routing']} | {c['precision']} | {fmt(c.get('mok_ms'), '.3f')} | "
               f"{fmt(c.get('bf16_mok_ms'), '.3f')} | {fmt(c.get('x_bf16'), '.2f', 'x')} | "
-              f"{fmt(c.get('baseline_ms'), '.3f')} | {fmt(c.get('speedup'), '.2f', 'x')} |")
+              f"{fmt(c.get('baseline_ms'), '.3f')} | {fmt(c.get('speedup'), '.2f', 'x')} "
+              f"| {fmt(c.get('mok_tflops'), '.0f')} | {fmt(c.get('mok_pct_of_peak'), '.1f', '%')} "
+              f"| {fmt(c.get('mok_sustained_tflops'), '.0f')} "
+              f"| {fmt(c.get('mok_sustained_pct_of_sustained_peak'), '.1f', '%')} |")
 
 
 def main(argv):

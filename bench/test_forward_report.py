@@ -107,7 +107,12 @@ class ForwardReportTest(TempDirCase):
     def test_fp8_cases_join_beside_the_bf16_ones(self):
         mok = synthetic_mok(with_ablation=False)
         fp8 = {"cases": [dict(mok_case("dsv3", 2048, "uniform", 2.5), variant="unfused-fp8", precision="fp8")]}
-        mok_path, base_path = self.write("mok.json", mok), self.write("baseline.json", synthetic_baseline())
+        mok["cases"][0]["mok_bwd_ms"] = 10.0
+        base = synthetic_baseline()
+        base["cases"][0]["baseline_bwd_ms"] = 20.0
+        base["peak_bf16"] = {"burst_tflops": [800.0], "burst_tflops_max": 800.0}
+        base["peak_fp8"] = {"burst_tflops": [1600.0], "burst_tflops_max": 1600.0}
+        mok_path, base_path = self.write("mok.json", mok), self.write("baseline.json", base)
         fp8_path, out_path = self.write("fp8.json", fp8), os.path.join(self.tmp, "forward.json")
         run = subprocess.run([sys.executable, REPORT, "--fp8", fp8_path, mok_path, base_path, out_path],
                              capture_output=True, text=True)
@@ -119,7 +124,19 @@ class ForwardReportTest(TempDirCase):
         self.assertAlmostEqual(c["speedup"], 8.0 / 2.5)   # against the same baseline
         self.assertAlmostEqual(c["bf16_mok_ms"], 4.0)
         self.assertAlmostEqual(c["x_bf16"], 4.0 / 2.5)
-        self.assertIn("| dsv3 | 2048 | uniform | fp8 | 2.500 | 4.000 | 1.60x | 8.000 | 3.20x |", run.stdout)
+        self.assertIn("| dsv3 | 2048 | uniform | fp8 | 2.500 | 4.000 | 1.60x | 8.000 | 3.20x | 400 | 25.0% |",
+                      run.stdout)
+        # each precision against its own peak; the FP8 case gets no backward fields and stays out of
+        # the backward and bf16-peak tables (one dsv3 row in each: the bf16 case)
+        self.assertAlmostEqual(out["cases"][0]["mok_pct_of_peak"], 100.0 * 250.0 / 800.0)
+        self.assertAlmostEqual(c["mok_pct_of_peak"], 100.0 * 400.0 / 1600.0)
+        self.assertEqual(out["peak_fp8"]["burst_tflops_max"], 1600.0)
+        for k in ("baseline_bwd_ms", "bwd_speedup", "baseline_pct_of_peak"):
+            self.assertNotIn(k, c)
+        self.assertEqual(out["cases"][0]["bwd_speedup"], 2.0)
+        self.assertEqual(run.stdout.count("| dsv3 | 2048 | uniform | 10.000 | 20.000 | 2.00x |"), 1)
+        self.assertEqual(run.stdout.count("| dsv3 | 2048 | uniform | 250 | 31.2% |"), 1)
+        self.assertNotIn("| dsv3 | 2048 | uniform | 400 |", run.stdout)
         # an unreadable FP8 file: reported, the bf16 report still written
         run = subprocess.run([sys.executable, REPORT, "--fp8", os.path.join(self.tmp, "none.json"), mok_path,
                               base_path, out_path], capture_output=True, text=True)

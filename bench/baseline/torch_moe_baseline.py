@@ -27,7 +27,9 @@ The measured bf16 peak (the "% of peak" the report quotes): before the MoE cases
 times cuBLAS dense bf16 8192^3 (torch.matmul) at the same time: `burst` = the median of 20
 launches after 5 warm-up, and with --sustain S `sustained` = the mean over the second half of ~S
 seconds of back-to-back launches (at the power cap). JSON `peak_bf16`: per-GPU figures and the
-largest of each (the harder bar for mok's percentage).
+largest of each (the harder bar for mok's percentage). `peak_fp8` the same for cuBLAS FP8 8192^3
+(E4M3 x E4M3, per-tensor scales, torch._scaled_mm), where the GPU has FP8 (sm_89+): the bar for
+mok's FP8 forward.
 """
 import argparse
 import json
@@ -287,23 +289,31 @@ def sustained_ms(model, x, idx, w, ms, a, device):
     return t.item()
 
 
-def bf16_peak(device, sustain_s, n=8192, warmup=5, iters=20):
-    """This GPU's cuBLAS dense bf16 n^3 rate in TFLOP/s: (burst, sustained or None). Collective:
-    every rank calls it, so the sustained launches (a count fixed from the slowest rank's burst
-    time) run on all GPUs over the same seconds."""
+def dense_peak(device, sustain_s, fp8=False, n=8192, warmup=5, iters=20):
+    """This GPU's cuBLAS dense n^3 rate in TFLOP/s, bf16 (torch.matmul) or, with `fp8`, E4M3 x
+    E4M3 with per-tensor fp32 scales and bf16 out (torch._scaled_mm: the ceiling FP8 forms are
+    quoted against): (burst, sustained or None). Collective: every rank calls it, so the sustained
+    launches (a count fixed from the slowest rank's burst time) run on all GPUs over the same seconds."""
     gen = torch.Generator(device=device).manual_seed(7)
     a = torch.randn(n, n, generator=gen, device=device).bfloat16()
     b = torch.randn(n, n, generator=gen, device=device).bfloat16()
     c = torch.empty(n, n, device=device, dtype=torch.bfloat16)
+    if fp8:
+        a8 = a.to(torch.float8_e4m3fn)
+        b8 = b.t().contiguous().to(torch.float8_e4m3fn).t()  # column-major, as cuBLASLt's FP8 wants
+        one = torch.ones((), device=device, dtype=torch.float32)
+        launch = lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16, out=c)
+    else:
+        launch = lambda: torch.matmul(a, b, out=c)
     flop = 2.0 * n ** 3
     for _ in range(warmup):
-        torch.matmul(a, b, out=c)
+        launch()
     torch.cuda.synchronize()
     times = []
     for _ in range(iters):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record()
-        torch.matmul(a, b, out=c)
+        launch()
         e1.record()
         e1.synchronize()
         times.append(e0.elapsed_time(e1))
@@ -320,31 +330,45 @@ def bf16_peak(device, sustain_s, n=8192, warmup=5, iters=20):
         for i in range(count):
             if i == count // 2:
                 mid.record()
-            torch.matmul(a, b, out=c)
+            launch()
         end.record()
         end.synchronize()
         sustained = flop / (mid.elapsed_time(end) / (count - count // 2) * 1e-3) / 1e12
-    del a, b, c
+    del a, b, c, launch
     torch.cuda.empty_cache()
     return burst, sustained
 
 
-def peak_entry(world, device, sustain_s):
-    """Every rank's bf16 peak, gathered: {burst_tflops: [...], sustained_tflops: [...] or None, ...}."""
+def fp8_supported(device):
+    """cuBLAS FP8 needs sm_89+ and a torch with _scaled_mm."""
+    return hasattr(torch, "_scaled_mm") and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def peak_entry(world, device, sustain_s, fp8=False):
+    """Every rank's dense peak (bf16, or FP8 with `fp8`), gathered: {burst_tflops: [...],
+    sustained_tflops: [...] or None, ...}."""
     dist.barrier()
-    burst, sustained = bf16_peak(device, sustain_s)
+    burst, sustained = dense_peak(device, sustain_s, fp8)
     t = torch.tensor([burst, sustained if sustained is not None else -1.0], device=device, dtype=torch.float64)
     got = [torch.zeros_like(t) for _ in range(world)]
     dist.all_gather(got, t)
     bursts = [g[0].item() for g in got]
     sustains = [g[1].item() for g in got]
-    entry = {"method": "cuBLAS dense bf16 8192^3 (torch.matmul) on every GPU at once; burst: median of 20 "
+    what = ("E4M3 x E4M3, fp32 per-tensor scales, bf16 out (torch._scaled_mm)" if fp8 else "bf16 (torch.matmul)")
+    entry = {"method": f"cuBLAS dense {what} 8192^3 on every GPU at once; burst: median of 20 "
                        "after 5 warm-up; sustained: mean over the second half of the --sustain seconds",
              "burst_tflops": bursts, "burst_tflops_max": max(bursts)}
     if all(v > 0 for v in sustains):
         entry["sustained_tflops"] = sustains
         entry["sustained_tflops_max"] = max(sustains)
     return entry
+
+
+def print_peak(name, peak):
+    extra = (f", sustained {', '.join(f'{v:.0f}' for v in peak['sustained_tflops'])}"
+             if "sustained_tflops" in peak else "")
+    print(f"[baseline] {name} peak (cuBLAS 8192^3) TFLOP/s per GPU: burst "
+          f"{', '.join(f'{v:.0f}' for v in peak['burst_tflops'])}{extra}", flush=True)
 
 
 def main():
@@ -376,11 +400,13 @@ def main():
     if not (rel < 1e-2 and bwd_rel < 1e-2):
         raise SystemExit(f"baseline self-check failed: relative error {rel} forward, {bwd_rel} backward")
     peak = peak_entry(world, device, a.sustain)
+    peak_fp8 = peak_entry(world, device, a.sustain, fp8=True) if fp8_supported(device) else None
     if rank == 0:
-        extra = (f", sustained {', '.join(f'{v:.0f}' for v in peak['sustained_tflops'])}"
-                 if "sustained_tflops" in peak else "")
-        print(f"[baseline] bf16 peak (cuBLAS 8192^3) TFLOP/s per GPU: burst "
-              f"{', '.join(f'{v:.0f}' for v in peak['burst_tflops'])}{extra}", flush=True)
+        print_peak("bf16", peak)
+        if peak_fp8:
+            print_peak("FP8", peak_fp8)
+        else:
+            print("[baseline] FP8 peak: not measured (needs sm_89+ and torch._scaled_mm)", flush=True)
     cases = []
     for name in a.models.split(","):
         H, I, E, k, slice_of = model_shape(name, world)
@@ -427,7 +453,7 @@ def main():
                         " (all_to_all_single + grouped dgrads and wgrads + SwiGLU backward), timed after an"
                         " untimed forward, same statistic, FLOPs twice the forward's",
                 "self_check_rel_err": rel, "self_check_bwd_rel_err": bwd_rel, "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-                "peak_bf16": peak, "cases": cases}
+                "peak_bf16": peak, **({"peak_fp8": peak_fp8} if peak_fp8 else {}), "cases": cases}
         with open(a.out, "w") as f:
             json.dump(meta, f, indent=1)
         print(f"wrote {a.out}")
