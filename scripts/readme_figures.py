@@ -490,6 +490,39 @@ def gemm_fp8_figures(res):
             g.source())]
 
 
+def fp8_forward_figures(res):
+    """The main job's FP8 pass (the FP8 megakernel) beside its bf16 cases, and the FP8 paths' A/B."""
+    f = res["forward-h200x1.json"]
+    cases = [c for c in f.get("cases") if c.get("precision") == "fp8"]
+    if not cases:
+        raise FigureError("%s: no FP8 cases (the main job's FP8 pass)" % f.name)
+
+    def fp8_case(model):
+        for c in cases:
+            if (c.get("model"), c.get("T"), c.get("routing")) == (model, HEADLINE[1], HEADLINE[2]):
+                return c
+        raise FigureError("%s: no FP8 case %s" % (f.name, case_name(model, HEADLINE[1], HEADLINE[2])))
+
+    h, hs = fp8_case(HEADLINE[0]), fp8_case(HEADLINE[0] + "/ep8")
+    p = res["peak-fp8-h200x1.json"]
+    peak = p.num("peak_fp8", "burst_tflops_max")
+    ab = res["fp8-forward-h200x1.json"]
+    unfused = [ab.num("fp8-unfused", "median", within=c) / ab.num("fp8-megakernel", "median", within=c)
+               for c in ab.get("cases")]
+    return [
+        "**FP8 forward** (the FP8 megakernel: E4M3 operands with 1x128 activation and 128x128 weight "
+        "scales, x quantized on the GPU before the pull; forward only) in the main job's run: "
+        "**%s** the bf16 megakernel's rate over %s and against the baseline %s; %s: %.2f ms = %.0f TF/s, its EP-8 "
+        "slice %.2f ms = %.0f TF/s (%.0f%% of cuBLAS's FP8 8192^3 %.0f TF/s, measured in another call). "
+        "Sampled outputs match the FP8 spec within %.1e. %s; the FP8 unfused path takes %s the FP8 "
+        "megakernel's time over %s. %s; %s" % (
+            span(nums(f, cases, "x_bf16")), count(len(cases), "case"), versus(nums(f, cases, "speedup")),
+            case_name(*HEADLINE), f.num("mok_ms", within=h), f.num("mok_tflops", within=h),
+            f.num("mok_ms", within=hs), f.num("mok_tflops", within=hs),
+            100.0 * f.num("mok_tflops", within=hs) / peak, peak, max(nums(f, cases, "check_rel_err")),
+            f.source(), span(unfused), count(len(unfused), "case"), ab.source(), p.source())]
+
+
 def runtime_ab_figures(res):
     """The forward built from this tree against a base commit's build, same call (issue 18)."""
     r = res["runtime-ab-h200x1.json"]
@@ -503,7 +536,7 @@ def runtime_ab_figures(res):
             r.source())]
 
 
-FIGURES = [forward_figures, one_gpu_figures, gemm_figures, gemm_fp8_figures, comm_figures, schedule_figures,
+FIGURES = [forward_figures, one_gpu_figures, fp8_forward_figures, gemm_figures, gemm_fp8_figures, comm_figures, schedule_figures,
            sustained_figures, reliability_figures, memory_figures, training_figures, backward_program_figures,
            runtime_ab_figures, torch_figures]
 

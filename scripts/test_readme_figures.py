@@ -75,7 +75,14 @@ def synthetic():
     for c in one:
         if c["model"].endswith("/ep8"):
             c.update(slice_of_ep=8, mok_bwd_pct_of_peak=60.0)
-    forward1 = dict(META2, gpus=1, peak_bf16={"burst_tflops_max": 780.0}, cases=one)
+    fp8_one = [dict(model=c["model"], T=c["T"], routing=c["routing"], precision="fp8", mok_ms=c["mok_ms"] / 1.25,
+                    mok_tflops=500.0 + 200.0 * ("slice_of_ep" in c), check_rel_err=5e-3, x_bf16=1.25,
+                    speedup=c["speedup"] * 1.25) for c in one]
+    forward1 = dict(META2, gpus=1, peak_bf16={"burst_tflops_max": 780.0}, cases=one + fp8_one)
+    fp8_ab = dict(META2, gpus=1, cases=[
+        {"model": m, "T": 8192, "routing": "uniform", "fp8-megakernel": {"median": 1.0},
+         "fp8-unfused": {"median": x}} for m, x in (("dsv3", 1.3), ("qwen3-235b", 1.2))])
+    peak_fp8 = dict(META2, gpus=1, peak_fp8={"burst_tflops_max": 1250.0})
     mem_case = {"T": 8192, "routing": "uniform", "persistent_bytes_per_layer": 4.0e9, "saved_bytes_per_forward": 2.6e9,
                 "baseline_saved_bytes": 2.7e9, "measured_bytes": 6.6e9, "backward_ok": True, "mode": "resident",
                 "workspace_bytes": 0}
@@ -105,7 +112,7 @@ def synthetic():
     runtime = dict(META2, gpus=1, base_commit="c5c4276", cases=[
         {"model": m, "T": 8192, "routing": "uniform", "base_ms": 1.0, "new_ms": x, "new_over_base": x,
          "bitwise_same": True} for m, x in (("dsv3", 1.0), ("qwen3-30b-a3b", 1.028))])
-    return {"gemm-fp8-h200x1.json": fp8, "runtime-ab-h200x1.json": runtime, "backward-program-h200x1.json": program, "training-h200x1.json": training, "forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
+    return {"fp8-forward-h200x1.json": fp8_ab, "peak-fp8-h200x1.json": peak_fp8, "gemm-fp8-h200x1.json": fp8, "runtime-ab-h200x1.json": runtime, "backward-program-h200x1.json": program, "training-h200x1.json": training, "forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
             "comm-h200x2.json": comm, "schedule-h200x2.json": schedule, "sustained-h200x2.json": sustained,
             "reliability-h200x1.json": reliability, "forward-h200x1.json": forward1, "memory-h200x1.json": memory,
             "torch-h200x1.json": torch_step}
@@ -203,10 +210,14 @@ class Figures(Fixture):
         self.assertIn("2048 rows per expert, 920 TF/s (66% of cuBLAS's FP8 8192^3 1400 TF/s in that run; 1.50x", b)
         self.assertIn("Over all 2 cases (forms fc1_fp8; 128–2048 rows per expert) 1.31–1.50× mok's BF16 form", b)
         self.assertIn("outputs bitwise identical in 2 of 2 cases; time 1.00–1.03× the base's", b)
+        # the FP8 forward: the FP8 cases of the one-GPU file only (its bf16 ones feed the figure above)
+        self.assertIn("**1.25×** the bf16 megakernel's rate over 6 cases and against the baseline 3.12–5.62× faster", b)
+        self.assertIn("its EP-8 slice 8.00 ms = 700 TF/s (56% of cuBLAS's FP8 8192^3 1250 TF/s", b)
+        self.assertIn("the FP8 unfused path takes 1.20–1.30× the FP8 megakernel's time over 2 cases", b)
 
     def test_every_line_names_its_results_file_and_run(self):
         lines = rf.render(self.results)[0].split("\n- ")[1:]
-        self.assertEqual(len(lines), 17)
+        self.assertEqual(len(lines), 18)
         for line in lines:
             self.assertRegex(" ".join(line.split()), r"\*\[`[a-z0-9-]+\.json`\]\(bench/results/[a-z0-9-]+\.json\): "
                                                      r"\d× NVIDIA H200, commit (45ca210|not recorded), 2026-11-30\*")
