@@ -179,6 +179,8 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
     a_cols = H; w_elems = E * 2 * I * H; out_elems = rows * I; out2_elems = rows * (I / 128) * 2;
   } else if (c.form == "fc2" || c.form == "fc2_fp8") {  // fp8: one byte per element (the bf16 buffers half used)
     a_cols = I; w_elems = E * H * I; out_elems = rows * H;
+  } else if (c.form == "dgrad_fp8") {  // the plain FP8 form on a dgrad's shape: W = the weights' codes transposed
+    a_cols = c.k; w_elems = E * c.n * c.k; out_elems = rows * c.n;
   } else if (c.form == "dgrad" || c.form == "dgrad_fc1") {  // dgrad_fc1: W = w_gate then w_up
     a_cols = c.k; w_elems = E * c.k * c.n; out_elems = rows * c.n;
   } else if (c.form == "dgrad_swiglu") {  // d_y [rows, H], W_down [E, H, I], gu and d_gu [rows, 2I]
@@ -188,7 +190,7 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
   }
   const int64_t set_bytes = (rows * a_cols + w_elems + rows * b_cols) * 2;
   const int sets = int(std::clamp<int64_t>((256ll << 20) / std::max<int64_t>(set_bytes, 1) + 1, 1, 4));
-  const bool fp8 = c.form == "fc2_fp8" || c.form == "fc1_fp8";
+  const bool fp8 = c.form == "fc2_fp8" || c.form == "fc1_fp8" || c.form == "dgrad_fp8";
   std::vector<std::unique_ptr<Buf>> A, W, B, SA, SW;  // SA, SW: the FP8 operands' scales
   for (int s = 0; s < sets; ++s) {
     A.emplace_back(new Buf(size_t(rows * a_cols) * 2));
@@ -263,7 +265,7 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
       gemm::Fp8GroupedArgs a;
       a.a = A[s]->p; a.a_scales = static_cast<const float*>(SA[s]->p);
       a.w = W[s]->p; a.w_scales = static_cast<const float*>(SW[s]->p);
-      a.y = out.p; a.k = I; a.n = H; a.experts = E;
+      a.y = out.p; a.k = c.k; a.n = c.n; a.experts = E;  // fc2_fp8: k = I, n = H
       a.tile_expert = static_cast<int32_t*>(d_te.p); a.num_m_tiles = tiles;
       gemm::Options o8 = o;
       o8.block_n = 0;  // FP8: 128- or 256-wide tiles by tile count (or the --block-n knob)
@@ -351,21 +353,21 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
       // Against h quantized by the spec in the GPU's block scale (Fp8Grouped.Fc1WithQuantizedH
       // checks the scales against the reference's): what is left is accumulation order, not E4M3.
       ref = mok::fp8::block_decode(mok::fp8::block_encode(float(ref), hs), hs);
-    } else if (fp8) {  // the decoded codes times their scales, in fp64
-      const int64_t j = rng.below(H), kb = I / 128;
-      std::vector<uint8_t> qa(static_cast<size_t>(I)), qw(static_cast<size_t>(I));
+    } else if (fp8) {  // the plain form (fc2_fp8, dgrad_fp8): the decoded codes times their scales, in fp64
+      const int64_t K = c.k, N = c.n, j = rng.below(N), kb = K / 128;
+      std::vector<uint8_t> qa(static_cast<size_t>(K)), qw(static_cast<size_t>(K));
       std::vector<float> sa(static_cast<size_t>(kb)), sw(static_cast<size_t>(kb));
-      MOK_CUDA_CHECK(cudaMemcpy(qa.data(), static_cast<const uint8_t*>(A[0]->p) + r * I, size_t(I), cudaMemcpyDeviceToHost));
-      MOK_CUDA_CHECK(cudaMemcpy(qw.data(), static_cast<const uint8_t*>(W[0]->p) + (e * H + j) * I, size_t(I),
+      MOK_CUDA_CHECK(cudaMemcpy(qa.data(), static_cast<const uint8_t*>(A[0]->p) + r * K, size_t(K), cudaMemcpyDeviceToHost));
+      MOK_CUDA_CHECK(cudaMemcpy(qw.data(), static_cast<const uint8_t*>(W[0]->p) + (e * N + j) * K, size_t(K),
                                 cudaMemcpyDeviceToHost));
       MOK_CUDA_CHECK(cudaMemcpy(sa.data(), static_cast<const float*>(SA[0]->p) + r * kb, size_t(kb) * 4,
                                 cudaMemcpyDeviceToHost));
-      MOK_CUDA_CHECK(cudaMemcpy(sw.data(), static_cast<const float*>(SW[0]->p) + (e * (H / 128) + j / 128) * kb,
+      MOK_CUDA_CHECK(cudaMemcpy(sw.data(), static_cast<const float*>(SW[0]->p) + (e * (N / 128) + j / 128) * kb,
                                 size_t(kb) * 4, cudaMemcpyDeviceToHost));
-      for (int64_t i = 0; i < I; ++i)
+      for (int64_t i = 0; i < K; ++i)
         ref += double(mok::fp8::e4m3_decode(qa[size_t(i)])) * sa[size_t(i / 128)] *
                double(mok::fp8::e4m3_decode(qw[size_t(i)])) * sw[size_t(i / 128)];
-      got = host_bf16(fetch(out.p, r * H + j, 1)[0]);
+      got = host_bf16(fetch(out.p, r * N + j, 1)[0]);
     } else if (c.form == "dgrad") {
       const int64_t j = rng.below(c.n);
       ref = dot_rows(fetch(A[0]->p, r * c.k, c.k), fetch_strided(W[0]->p, e * c.k * c.n + j, c.n, c.k));
@@ -442,7 +444,8 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
   res.launches = batches * per_batch;
   // Useful FLOPs: real rows only (padding rows are mok's overhead).
   if (c.form == "fc1" || c.form == "fc1_fp8") res.flops = 2.0 * double(real_rows) * double(2 * I) * double(H);
-  else if (c.form == "fc2" || fp8) res.flops = 2.0 * double(real_rows) * double(H) * double(I);
+  else if (c.form == "fc2") res.flops = 2.0 * double(real_rows) * double(H) * double(I);
+  else if (fp8) res.flops = 2.0 * double(real_rows) * double(c.n) * double(c.k);  // fc2_fp8: n = H, k = I
   else if (c.form == "dgrad" || c.form == "dgrad_fc1" || c.form == "dgrad_swiglu")
     res.flops = 2.0 * double(real_rows) * double(c.n) * double(c.k);
   else res.flops = 2.0 * double(real_rows) * double(c.m_or_rows) * double(c.n);
@@ -517,6 +520,14 @@ int main(int argc, char** argv) {
       cases.push_back(c);
       c.form = "dgrad_fc1";  // d_x = d_gu . [W_gate; W_up][e]: K blocks from both weights
       c.name = std::string(m.name) + "-dgrad-fc1"; c.k = 2 * m.inter; c.n = m.hidden;
+      cases.push_back(c);
+      // The FP8 dgrads a backward in FP8 would run (notes/fp8.md): the plain FP8 form with d_y (or
+      // d_gu) per 1x128 and the weights' 128x128-block codes transposed (K-major), bf16 out; their
+      // BF16 twins are the two cases above.
+      c.form = "dgrad_fp8";
+      c.name = std::string(m.name) + "-dgrad-fc2_fp8"; c.k = m.hidden; c.n = m.inter;
+      cases.push_back(c);
+      c.name = std::string(m.name) + "-dgrad-fc1_fp8"; c.k = 2 * m.inter; c.n = m.hidden;
       cases.push_back(c);
       c.form = "wgrad";  // dW_down[e] = d_y^T h   (M = hidden, N = inter)
       c.name = std::string(m.name) + "-wgrad-fc2"; c.m_or_rows = m.hidden; c.n = m.inter;

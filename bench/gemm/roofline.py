@@ -30,7 +30,9 @@ import json
 import sys
 
 DEFAULT_COPY_TBPS = 4.3
-FP8_FORMS = ("fc1_fp8", "fc2_fp8")  # E4M3 operands (1 byte); fc1_fp8 stores h in E4M3, fc2_fp8 a bf16 y
+# E4M3 operands (1 byte); fc1_fp8 stores h in E4M3, fc2_fp8 and dgrad_fp8 (the plain form on a
+# dgrad's shape) a bf16 output.
+FP8_FORMS = ("fc1_fp8", "fc2_fp8", "dgrad_fp8")
 FORMS_WITH_BYTES = ("fc1", "fc2", "dgrad", "dgrad_fc1", "dgrad_swiglu") + FP8_FORMS
 HBM_PEAK_TBPS = 4.8  # H200 datasheet
 
@@ -41,7 +43,7 @@ def min_bytes(case, rows):
     e, n, k = case["experts"], case["n"], case["k"]
     if case["form"] == "fc1_fp8":  # h: n / 2 columns of one byte (its 1x128 scales: 1/32 more)
         return e * n * k + rows * k + rows * n / 2
-    if case["form"] == "fc2_fp8":
+    if case["form"] in ("fc2_fp8", "dgrad_fp8"):
         return e * n * k + rows * k + 2.0 * rows * n
     if case["form"] == "dgrad_swiglu":  # also reads gu and writes d_gu: 2n columns each, no d_h
         return 2.0 * (e * n * k + rows * k + 4 * rows * n)

@@ -25,7 +25,9 @@ class MoE(torch.nn.Module):
     ``shared_intermediate > 0``, ``ws_gate``, ``ws_up`` [Is, H], ``ws_down`` [H, Is], in ``dtype``
     (bf16, the layer's precision). ``group``: the EP process group (None = one rank); this build
     runs one rank on CPU tensors (the CPU reference engine). Config knobs are keyword arguments
-    with the names of mok::Config (``CONFIG_KNOBS``).
+    with the names of mok::Config (``CONFIG_KNOBS``). ``precision="fp8"`` (or "mxfp8" on CPU
+    tensors): the FP8 recipe's forward from these bf16 weights, for inference (no backward yet;
+    the GPU layer keeps the weights' codes and remakes them when a weight changes).
     """
 
     def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, shared_intermediate: int = 0, *,
@@ -43,6 +45,8 @@ class MoE(torch.nn.Module):
             raise ValueError(f"mok.MoE: 'top_k' must be <= experts ({experts}), got {top_k}")
         if not isinstance(shared_intermediate, int) or shared_intermediate < 0:
             raise ValueError(f"mok.MoE: 'shared_intermediate' must be an int >= 0, got {shared_intermediate!r}")
+        if config.get("precision", "bf16") not in ("bf16", "fp8", "mxfp8"):
+            raise ValueError(f"mok.MoE: 'precision' must be 'bf16', 'fp8' or 'mxfp8', got {config['precision']!r}")
         if dtype != torch.bfloat16:
             raise ValueError(f"mok.MoE: 'dtype' must be torch.bfloat16 (the layer's precision), got {dtype}")
         self.ep_size = 1 if group is None else group.size()
@@ -78,7 +82,7 @@ class MoE(torch.nn.Module):
             torch.set_num_threads(int(self.config["cpu_threads"]))
         layer = self._gpu_layer(x, topk_idx) if x.is_cuda else 0
         return moe(x, topk_idx, topk_w, self.w_gate, self.w_up, self.w_down, self.ws_gate, self.ws_up, self.ws_down,
-                   layer)
+                   layer, str(self.config.get("precision", "bf16")))
 
     def _weights(self):
         return [self.w_gate, self.w_up, self.w_down] + (

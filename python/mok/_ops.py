@@ -11,6 +11,12 @@ checkpointing). CUDA tensors run a GPU layer (mok._cuda) that a ``mok.MoE`` owns
 whose number the forward op returned. The layer holds the saved state of its last
 ``saved_forwards`` forwards (a mok.MoE knob; 1 by default, more with a ring below the worst case):
 the backward of an older forward is refused by name.
+
+``precision`` "fp8" / "mxfp8" (a mok.MoE knob): the FP8 recipes' forward (include/mok/reference.hpp;
+the GPU layer runs fp8), forward only so far: a call whose output would need a gradient raises
+(run it under torch.no_grad() / torch.inference_mode()), and the GPU layer saves nothing for a
+backward. The GPU layer keeps the weights' FP8 codes (made from the bf16 weights): it makes them
+again whenever a weight tensor changed, in place (its version counter) or for another tensor.
 """
 
 from __future__ import annotations
@@ -59,15 +65,17 @@ def _gpu_layer(handle: int, what: str):
     return _gpu_layers[handle]
 
 
-def _bind_weights(gl, handle: int, weights) -> None:
+def _bind_weights(gl, handle: int, weights, cached: bool = False) -> None:
     """Points the GPU layer at these weight tensors (contiguous, on its device) when they are not
-    the ones it reads already: the layer keeps no copy, so in-place updates need nothing, and other
-    tensors (after .to(), load_state_dict(assign=True), a non-contiguous view copied here) are
-    re-bound (host-side only)."""
-    ptrs = tuple(0 if w is None else w.data_ptr() for w in weights)
-    if _gpu_weights.get(handle) != ptrs:
-        gl.set_weights(list(ptrs))
-        _gpu_weights[handle] = ptrs
+    the ones it reads already: in bf16 the layer keeps no copy, so in-place updates need nothing,
+    and other tensors (after .to(), load_state_dict(assign=True), a non-contiguous view copied here)
+    are re-bound (host-side only). `cached` (FP8: the layer holds the weights' codes): an in-place
+    update too (an optimizer step, load_state_dict, a .copy_() — the tensors' version counters)
+    makes the codes again (one pass over the weights on the GPU, then a device sync)."""
+    key = tuple(0 if w is None else (w.data_ptr(), w._version if cached else 0) for w in weights)
+    if _gpu_weights.get(handle) != key:
+        gl.set_weights([0 if w is None else w.data_ptr() for w in weights])
+        _gpu_weights[handle] = key
 
 
 def _stream(t: Tensor) -> int:
@@ -77,7 +85,7 @@ def _stream(t: Tensor) -> int:
 @torch.library.custom_op("mok::moe_forward", mutates_args=())
 def moe_forward(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
                 ws_gate: Optional[Tensor], ws_up: Optional[Tensor], ws_down: Optional[Tensor],
-                layer: int = 0) -> tuple[Tensor, Tensor]:
+                layer: int = 0, precision: str = "bf16") -> tuple[Tensor, Tensor]:
     """(out, generation): generation, a CPU int64 scalar, numbers this forward among the GPU layer's
     (0 on CPU tensors); the backward gets it as a tensor, so that a compiled graph checks the
     runtime value, not the one it was traced with."""
@@ -91,18 +99,20 @@ def moe_forward(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_u
         stream = _stream(x)
         # Kept alive until the call is enqueued (a copied non-contiguous weight is a temporary).
         ws = [c(w) for w in (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)]
-        _bind_weights(gl, layer, ws)
+        bf16 = precision == "bf16"
+        _bind_weights(gl, layer, ws, cached=not bf16)
+        # FP8 is forward only: nothing saved for a backward (the layer refuses to save in FP8).
         fid = gl.forward(xc.data_ptr(), ic.data_ptr(), ic.dtype == torch.int64, wc.data_ptr(), out.data_ptr(),
-                         stream)
+                         stream, bf16)
         del ws
         return out, torch.tensor(fid, dtype=torch.int64)
     _cpu.forward(c(x), c(topk_idx), c(topk_w), c(w_gate), c(w_up), c(w_down), c(ws_gate), c(ws_up), c(ws_down),
-                 out, threads=_cpu_threads())
+                 out, threads=_cpu_threads(), precision=precision)
     return out, torch.tensor(0, dtype=torch.int64)
 
 
 @moe_forward.register_fake
-def _(x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, layer=0):
+def _(x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, layer=0, precision="bf16"):
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
             torch.empty((), dtype=torch.int64, device="cpu"))
 
@@ -143,6 +153,12 @@ def _(d_out, x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
 
 
 def _setup_context(ctx, inputs, output):
+    # (Called only when the output needs a gradient.)
+    precision = inputs[10] if len(inputs) > 10 else "bf16"
+    if precision != "bf16":
+        raise NotImplementedError(
+            f"mok.moe: precision '{precision}' is forward only so far (the backward is bf16): call it under "
+            "torch.no_grad() or torch.inference_mode(), or on tensors that need no gradient")
     ctx.save_for_backward(*[t for t in inputs[:9] if t is not None], output[1])
     ctx.shared = inputs[6] is not None
     ctx.layer = inputs[9] if len(inputs) > 9 else 0
@@ -155,7 +171,7 @@ def _backward(ctx, d_out, _d_generation):
     ws = saved[6:9] if ctx.shared else [None, None, None]
     g = moe_backward(d_out, x, topk_idx, topk_w, w_gate, w_up, w_down, *ws, generation, ctx.layer)
     shared = g[5:8] if ctx.shared else [None, None, None]
-    return g[0], None, g[1], g[2], g[3], g[4], *shared, None
+    return g[0], None, g[1], g[2], g[3], g[4], *shared, None, None
 
 
 torch.library.register_autograd("mok::moe_forward", _backward, setup_context=_setup_context)
@@ -163,7 +179,7 @@ torch.library.register_autograd("mok::moe_forward", _backward, setup_context=_se
 
 def moe(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
         ws_gate: Optional[Tensor] = None, ws_up: Optional[Tensor] = None,
-        ws_down: Optional[Tensor] = None, layer: int = 0) -> Tensor:
+        ws_down: Optional[Tensor] = None, layer: int = 0, precision: str = "bf16") -> Tensor:
     """The MoE layer on one rank: ``out[t] = shared(x[t]) + sum_j topk_w[t,j] FFN_{topk_idx[t,j]}(x[t])``.
 
     x [T, H] bf16; topk_idx [T, k] int32/int64 (global expert ids, -1 = empty slot); topk_w [T, k]
@@ -171,6 +187,9 @@ def moe(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_up: Tenso
     ws_gate, ws_up [Is, H], ws_down [H, Is] bf16, or None. Returns out [T, H] bf16. Bad arguments
     raise mok.Error (a ValueError) naming the argument and the constraint, e.g. "topk_idx[3,1]".
     The rounding points are the C++ layer's (include/mok/reference.hpp). ``layer``: the GPU layer
-    of a mok.MoE for CUDA tensors (mok.MoE passes it; 0 on CPU).
+    of a mok.MoE for CUDA tensors (mok.MoE passes it; 0 on CPU). ``precision``: "bf16", or the FP8
+    recipes "fp8" / "mxfp8" (forward only; on CUDA tensors the layer's own, which mok.MoE passes).
     """
-    return moe_forward(x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, layer)[0]
+    if precision not in ("bf16", "fp8", "mxfp8"):
+        raise ValueError(f"mok.moe: 'precision' must be 'bf16', 'fp8' or 'mxfp8', got {precision!r}")
+    return moe_forward(x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, layer, precision)[0]

@@ -122,8 +122,9 @@ Problem problem(const Array& x, const Array& topk_idx, const Array& topk_w, cons
 
 void forward(const Array& x, const Array& topk_idx, const Array& topk_w, const Array& w_gate, const Array& w_up,
              const Array& w_down, const std::optional<Array>& ws_gate, const std::optional<Array>& ws_up,
-             const std::optional<Array>& ws_down, const Array& out, int threads) {
+             const std::optional<Array>& ws_down, const Array& out, int threads, const std::string& precision) {
   Problem p = problem(x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, threads);
+  p.config.precision = mok::python::precision_named(precision);  // the engine's FP8 recipes: forward only
   mok::ref::ForwardResult res;
   {
     nb::gil_scoped_release release;  // the engine runs its own threads
@@ -183,8 +184,9 @@ NB_MODULE(_cpu, m) {
   static nb::exception<mok::Error> error(m, "Error", PyExc_ValueError);
   m.def("forward", &forward, nb::arg("x"), nb::arg("topk_idx"), nb::arg("topk_w"), nb::arg("w_gate"),
         nb::arg("w_up"), nb::arg("w_down"), nb::arg("ws_gate").none(), nb::arg("ws_up").none(),
-        nb::arg("ws_down").none(), nb::arg("out"), nb::arg("threads") = 0,
-        "out = the layer applied to one rank's tokens (all experts on this rank).");
+        nb::arg("ws_down").none(), nb::arg("out"), nb::arg("threads") = 0, nb::arg("precision") = "bf16",
+        "out = the layer applied to one rank's tokens (all experts on this rank); precision: bf16, or the "
+        "FP8 recipes fp8 / mxfp8 (x, the weights and h as their codes decode).");
   m.def("backward", &backward, nb::arg("x"), nb::arg("topk_idx"), nb::arg("topk_w"), nb::arg("w_gate"),
         nb::arg("w_up"), nb::arg("w_down"), nb::arg("ws_gate").none(), nb::arg("ws_up").none(),
         nb::arg("ws_down").none(), nb::arg("d_out"), nb::arg("grads"), nb::arg("threads") = 0,

@@ -12,6 +12,15 @@
 
 namespace mok::python {
 
+// Config::precision by its name (bf16, fp8, mxfp8). The layer and the engine refuse what they do
+// not run by name (the backward: bf16 only; the GPU layer: no mxfp8).
+inline mok::Precision precision_named(const std::string& v) {
+  for (const mok::Precision p : {mok::Precision::BF16, mok::Precision::FP8, mok::Precision::MXFP8})
+    if (v == mok::to_string(p)) return p;
+  MOK_REQUIRE(false, "config.precision", "must be 'bf16', 'fp8' or 'mxfp8', got '", v, "'");
+  return mok::Precision::BF16;
+}
+
 // mok.MoE's config knobs (their names are mok::Config's, their values given as text) into `c`;
 // an unknown name or value is a mok.Error naming it. cpu_threads is the CPU engine's.
 inline void apply_knobs(mok::Config& c, const std::map<std::string, std::string>& knobs) {
@@ -60,7 +69,7 @@ inline void apply_knobs(mok::Config& c, const std::map<std::string, std::string>
     } else if (name == "saved_forwards") {
       c.saved_forwards = static_cast<int>(number(name, v));
     } else if (name == "precision") {
-      MOK_REQUIRE(v == "bf16", "config.precision", "the op runs bf16 (fp8 exists in the C++ CPU reference's forward only so far), got '", v, "'");
+      c.precision = precision_named(v);
     } else if (name == "wait_timeout_s") {
       try {
         c.wait_timeout_s = std::stod(v);

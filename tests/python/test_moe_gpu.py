@@ -142,3 +142,36 @@ def test_gpu_config_knobs_reach_the_layer():
     with pytest.raises(mok.Error, match=r"config\.forward_path"):
         with torch.no_grad():
             bad(x, idx, w)
+
+
+def test_fp8_forward_matches_the_cpu_fp8_recipe_and_follows_weight_updates():
+    pytest.importorskip("mok._cuda")
+    H8, I8 = 512, 256  # the FP8 megakernel pulls x in 512-channel units (H % 512), I % 128
+    torch.manual_seed(5)
+    cpu = mok.MoE(H8, I8, E, K, init_std=0.05, precision="fp8")
+    gpu = mok.MoE(H8, I8, E, K, precision="fp8").cuda()
+    gpu.load_state_dict(cpu.state_dict())  # copies in place: the layer's FP8 codes must follow
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(T, H8, generator=g).to(torch.bfloat16)
+    w, idx = torch.topk(torch.softmax(torch.randn(T, E, generator=g), -1), K, -1)
+    idx, w = idx.to(torch.int32), w.float()
+    idx[::7, 1] = -1
+    outs = []
+    for scale in (None, 1.5):
+        if scale is not None:  # an in-place update (the tensors' versions change, not their storage)
+            with torch.no_grad():
+                for m in (cpu, gpu):
+                    for p in m.parameters():
+                        p.mul_(scale)
+        with torch.no_grad():
+            want = cpu(x, idx, w)
+            got = gpu(x.cuda(), idx.cuda(), w.cuda())
+            again = gpu(x.cuda(), idx.cuda(), w.cuda())
+        torch.cuda.synchronize()
+        gpu.check()
+        assert torch.equal(got, again)
+        assert rel(got, want) < 1e-2, rel(got, want)  # the GPU's FP8 forward vs the CPU's recipe
+        outs.append(got)
+    assert rel(outs[1], outs[0]) > 0.1  # the update reached the GPU layer's codes
+    with pytest.raises(NotImplementedError, match="forward only"):
+        gpu(x.cuda(), idx.cuda(), w.cuda())  # the Parameters need gradients
