@@ -138,7 +138,7 @@ std::vector<uint16_t> fetch_strided(const void* base, int64_t offset, int64_t st
 struct Result {
   double ms = 0, tflops = 0, err = 0;
   double flops = 0;
-  int sets = 1, launches = 0, block_n = 0;
+  int sets = 1, launches = 0, block_n = 0, skew = 0;
 };
 
 struct Knobs {
@@ -409,6 +409,7 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
   }
   Result res;
   res.block_n = plans[0].block_n;
+  res.skew = plans[0].params.skew_stages;  // the stagger it ran (-1 resolved to the form's default)
   res.err = nonfinite ? INFINITY : std::sqrt(d2 / std::max(r2, 1e-300));
   res.sets = sets;
   if (e_word != 0) {  // a broken pipeline: do not spend seconds per launch timing it
@@ -568,7 +569,7 @@ int main(int argc, char** argv) {
                  first ? "" : ",\n", c.name.c_str(), c.form.c_str(), (long long)c.rows_per_expert,
                  c.routing.c_str(), (long long)c.model->experts, (long long)c.model->hidden,
                  (long long)c.model->inter, (long long)c.m_or_rows, (long long)c.n, (long long)c.k, r.flops,
-                 r.ms, r.tflops, std::isfinite(r.err) ? r.err : -1.0, r.sets, r.launches, r.block_n, kn.skew, kn.group_m, int(kn.cluster),
+                 r.ms, r.tflops, std::isfinite(r.err) ? r.err : -1.0, r.sets, r.launches, r.block_n, r.skew, kn.group_m, int(kn.cluster),
                  int(kn.split_n), int(kn.pdl));
     for (size_t i = 0; i < counts.size(); ++i) std::fprintf(f, "%s%d", i ? ", " : "", counts[i]);
     std::fprintf(f, "]}");

@@ -25,7 +25,10 @@ struct Options {
   int group_m = 8;                 // tile raster: M tiles per group
   unsigned int* error = nullptr;   // device word: nonzero after a bounded wait expired
   double wait_limit_s = 2.0;       // bound of every in-kernel wait when `error` is set
-  int skew_stages = 0;             // stagger of the two consumer warpgroups (K blocks, 0..4)
+  // Stagger of the two consumer warpgroups in K blocks (0..4), or -1 = the form's default: 0 for
+  // the BF16 forms, 1 for the FP8 ones (their epilogue is the longer; a stagger of 1 measured at or
+  // above 0 in every FP8 case, bench/results/gemm-fp8-skew-h200x1.json).
+  int skew_stages = -1;
   int block_n = 0;                 // output tile width: 256, 128, or 0 = choose by tile count
   bool cluster = false;            // 2-CTA clusters sharing (multicasting) the B operand
   // FC1/FC2 with expert rows given: tiles whose tokens fit in their first 64 rows run in split-N
@@ -44,6 +47,8 @@ struct Options {
 // so there is no packed copy of the weights; the order only shows in gu / d_gu (and in a
 // packed-row wgrad without dw_up). inter must be a multiple of 32.
 constexpr int64_t kGateUpGroup = 32;
+// Options::skew_stages = -1 on the FP8 forms (above).
+constexpr int kFp8DefaultSkew = 1;
 constexpr int64_t packed_gate_row(int64_t i) { return (i / kGateUpGroup) * 2 * kGateUpGroup + i % kGateUpGroup; }
 constexpr int64_t packed_up_row(int64_t i) { return packed_gate_row(i) + kGateUpGroup; }
 

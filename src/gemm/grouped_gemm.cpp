@@ -36,10 +36,12 @@ void fill_common(Plan& p, const Options& o, int64_t tiles, int64_t pair_units) {
   MOK_REQUIRE(o.group_m >= 1, "options.group_m", ">= 1, got ", o.group_m);
   MOK_REQUIRE(o.max_ctas >= 0, "options.max_ctas", ">= 0, got ", o.max_ctas);
   MOK_REQUIRE(tiles < (int64_t(1) << 31), "problem size", "fewer than 2^31 output tiles");
-  MOK_REQUIRE(o.skew_stages >= 0 && o.skew_stages <= 4, "options.skew_stages", "0..4, got ", o.skew_stages);
+  MOK_REQUIRE(o.skew_stages >= -1 && o.skew_stages <= 4, "options.skew_stages", "0..4 or -1 (the form's), got ",
+              o.skew_stages);
   MOK_REQUIRE(p.params.n_tiles > 0, "plan", "n_tiles must be set before fill_common");
   p.params.group_m = o.group_m;
-  p.params.skew_stages = o.skew_stages;
+  const bool fp8 = p.form == Form::Fp8Plain || p.form == Form::Fp8Fc1;
+  p.params.skew_stages = o.skew_stages >= 0 ? o.skew_stages : (fp8 ? kFp8DefaultSkew : 0);
   p.params.error = o.error;
   p.params.wait_limit_ns = static_cast<unsigned long long>(o.wait_limit_s * 1e9);
   const int64_t ctas = o.max_ctas > 0 ? o.max_ctas : sm_count();
