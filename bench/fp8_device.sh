@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One call on a GPU machine for the FP8 layer (notes/fp8.md): build, the FP8 GPU tests (GEMM
 # primitives and forms, the layer's FP8 forward against the CPU reference and its refusals), the
-# sanitizers over the FP8 layer case, then mok_bench's FP8 forward beside the bf16 megakernel and
-# the bf16 unfused path on the same shapes, alternating (two rounds), with one line per case.
+# sanitizers over the FP8 layer case, the FP8 GEMM forms (the dgrad shapes too) under a stagger
+# sweep, then mok_bench's FP8 forward beside the bf16 megakernel and the bf16 unfused path on the
+# same shapes, alternating (two rounds), with one line per case, and a comm-SM sweep of the FP8
+# megakernel.
 # Everything lands in $OUT (default /tmp/fp8-out): log.txt, the tests' logs, the mok_bench JSONs.
 #   [FP8_MODELS=dsv3,qwen3-235b] [FP8_TOKENS=8192] bench/fp8_device.sh
 set -uo pipefail
@@ -60,6 +62,13 @@ for round in 1 2; do
     log "mok_bench $v round $round: rc $? ($(( $(date +%s) - t1 )) s)"
     grep -E "^\| (dsv3|qwen3)" "$OUT/fwd_${v}_$round.log" | tee -a "$LOG"
   done
+done
+# The FP8 megakernel's comm-SM share (FP8 moves ~half the bytes per row, so the bf16 choice may
+# leave compute SMs idle-waiting on fewer bytes): one run per setting, 0 = the shape's choice.
+for cs in 4 8 12 16 24; do
+  timeout 300 "$B/bench/mok_bench" "${common[@]}" --precision fp8 --workspace-budget 0 --comm-sms "$cs" \
+    --json "$OUT/fwd_fp8mk_cs$cs.json" >"$OUT/fwd_fp8mk_cs$cs.log" 2>&1
+  log "mok_bench fp8mk --comm-sms $cs: rc $? $(grep -E '^\| (dsv3|qwen3)' "$OUT/fwd_fp8mk_cs$cs.log" | awk -F'|' '{printf "%s=%s ", $2, $10}')"
 done
 python3 bench/ab_report.py --out "$OUT/fp8-forward-ab.json" --commit "${MOK_COMMIT:-unknown}" --field mok_ms \
   --variant bf16-megakernel="$OUT/fwd_megakernel_*.json" --variant bf16-unfused="$OUT/fwd_unfused_*.json" \
