@@ -221,6 +221,9 @@ void Config::validate(const LayerShape& shape, int sm_count) const {
               " must fit 32-bit indexing (< 2^31)");
   MOK_REQUIRE(saved_forwards >= 1 && saved_forwards <= 64, "config.saved_forwards", "must be in [1, 64], got ",
               saved_forwards);
+  MOK_REQUIRE(saved_forwards == 1 || precision == Precision::BF16, "config.saved_forwards",
+              "must be 1 with config.precision ", to_string(precision), " (forward only: nothing is saved), got ",
+              saved_forwards);
   MOK_REQUIRE(saved_forwards == 1 || (forward_path == ForwardPath::Megakernel && dispatch == DispatchPath::Pull),
               "config.saved_forwards", "more than 1 needs forward_path megakernel with dispatch pull, got ",
               saved_forwards);

@@ -54,6 +54,7 @@ int64_t MemoryPlan::symmetric() const {
 }
 
 const char* MemoryPlan::backward_mode() const {
+  if (has("fp8_weights")) return "none";
   if (!has("bwd_carry")) return "resident";
   return has("gu_saved") ? "saved" : "recompute";
 }
@@ -101,7 +102,12 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   const int64_t cap = shape.worst_case_rows(), t_tiles = sched::ceil_div(T, sched::kBlockM);
   const auto at_least = [](int64_t v) { return std::max<int64_t>(v, 1); };
   MemoryPlan p;
+  // FP8 is forward only so far: nothing is saved for a backward (what a bf16 forward saves is its
+  // own working memory there, scope Layer) and the backward's own buffers are not planned.
+  const bool fp8 = config.precision == Precision::FP8;
   const auto add = [&](std::string name, int64_t bytes, MemoryScope scope, bool symmetric = false) {
+    if (fp8 && scope == MemoryScope::Backward) return;
+    if (fp8 && scope == MemoryScope::Saved) scope = MemoryScope::Layer;
     // cudaMalloc'd buffers take at least 16 bytes (layer.cu's DeviceBuffer).
     p.buffers.push_back({std::move(name), symmetric ? bytes : std::max<int64_t>(bytes, 16), scope, symmetric});
   };
@@ -140,8 +146,7 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   const mk::ForwardSetup fs0 = fused ? mk::plan_forward(shape, config, rank, sm_count) : mk::ForwardSetup{};
   const bool windowed = fused && fs0.windowed;
   const int64_t bwd_rows = windowed ? fs0.ring_rows : std::max<int64_t>(cap, sched::kBlockM);
-  // (FP8 is forward only so far: no gate/up rows are kept, none planned.)
-  const bool fp8 = config.precision == Precision::FP8;
+  // (FP8: no gate/up rows are kept, none planned.)
   if (!fp8) add("gu", bwd_rows * 2 * I * 2, windowed ? S::Layer : S::Saved);
   for (int i = 0; i < slots; ++i) {
     if (!fp8 && windowed && fs0.saved_rows > 0)

@@ -322,7 +322,27 @@ TEST(MemoryPlan, Fp8AddsTheWeightCodesAndScalesOnly) {
   EXPECT_EQ(b.bytes("fp8_weights"), codes + scales);
   ASSERT_TRUE(a.has("gu"));
   EXPECT_FALSE(b.has("gu"));
-  EXPECT_EQ(b.total() - a.total(), codes + scales - a.bytes("gu"));
+  // Forward only: the backward's own buffers are not planned and nothing counts as saved.
+  EXPECT_GT(a.total(mok::MemoryScope::Backward), 0);
+  EXPECT_GT(a.total(mok::MemoryScope::Saved), 0);
+  EXPECT_EQ(b.total(mok::MemoryScope::Backward), 0);
+  EXPECT_EQ(b.total(mok::MemoryScope::Saved), 0);
+  EXPECT_FALSE(b.has("dy_rows"));
+  EXPECT_STREQ(b.backward_mode(), "none");
+  mok::Config fp8_slots = fp8;
+  fp8_slots.forward_path = mok::ForwardPath::Megakernel;
+  fp8_slots.saved_forwards = 2;  // nothing to save: refused by name
+  EXPECT_THROW(
+      {
+        try {
+          fp8_slots.validate(shape, 132);
+        } catch (const mok::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("config.saved_forwards"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      mok::Error);
+  EXPECT_EQ(b.total() - a.total(), codes + scales - a.bytes("gu") - a.total(mok::MemoryScope::Backward));
   std::printf("[memory fp8] DeepSeek-V3 EP-8 slice: fp8 weights %.2f GB per layer (bf16 weights %.2f GB), no gate/up "
               "rows (bf16: %.2f GB); the layer %.2f GB (bf16 %.2f GB)\n",
               double(codes + scales) / 1e9, 2.0 * double(codes) / 1e9, double(a.bytes("gu")) / 1e9,
