@@ -72,10 +72,20 @@ def _bind_weights(gl, handle: int, weights, cached: bool = False) -> None:
     are re-bound (host-side only). `cached` (FP8: the layer holds the weights' codes): an in-place
     update too (an optimizer step, load_state_dict, a .copy_() — the tensors' version counters)
     makes the codes again (one pass over the weights on the GPU, then a device sync)."""
-    key = tuple(0 if w is None else (w.data_ptr(), w._version if cached else 0) for w in weights)
+    key = tuple(0 if w is None else (w.data_ptr(), _version_of(w) if cached else 0) for w in weights)
     if _gpu_weights.get(handle) != key:
         gl.set_weights([0 if w is None else w.data_ptr() for w in weights])
         _gpu_weights[handle] = key
+
+
+def _version_of(w: Tensor):
+    """w's version counter (bumped by every in-place write). A tensor made under
+    torch.inference_mode() keeps none: then a new object, so the codes are made again every call
+    (correct, at one quantization pass per call)."""
+    try:
+        return w._version
+    except RuntimeError:
+        return object()
 
 
 def _stream(t: Tensor) -> int:

@@ -253,3 +253,41 @@ def test_fp8_forward_on_cpu_tensors_is_the_fp8_recipe_and_forward_only():
         mok.moe(x, idx, w, m8.w_gate, m8.w_up, m8.w_down, precision="e5m2")
     # the planner's FP8 layer: the weights' codes and scales on top (its memory_plan)
     assert m8.memory_plan(T8)["fp8_weights"] == 3 * E8 * I8 * H8 + 3 * E8 * (I8 // 128) * (H8 // 128) * 4
+
+
+def test_fp8_weight_codes_are_remade_when_a_weight_changes():
+    """The GPU layer's FP8 codes are derived from the weights: the op's binding (mok._ops._bind_weights,
+    host-side, so testable here with a stand-in layer) makes them again after an in-place update
+    (the version counter), for new storage, and every call for tensors that track no version
+    (made under inference_mode); bf16 re-binds for new storage only."""
+    from mok import _ops
+
+    class Layer:
+        def __init__(self):
+            self.calls = 0
+
+        def set_weights(self, ptrs):
+            self.calls += 1
+
+    w = [torch.randn(4, 4), torch.randn(4, 4), torch.randn(4, 4), None, None, None]
+    for cached, want in ((True, [1, 1, 2, 3]), (False, [1, 1, 1, 2])):
+        gl, handle = Layer(), 1000 + int(cached)
+        seen = []
+        _ops._bind_weights(gl, handle, w, cached)  # first call: bound
+        seen.append(gl.calls)
+        _ops._bind_weights(gl, handle, w, cached)  # nothing changed
+        seen.append(gl.calls)
+        w[1].mul_(2)  # in place: a new version, the same storage
+        _ops._bind_weights(gl, handle, w, cached)
+        seen.append(gl.calls)
+        _ops._bind_weights(gl, handle, [w[0].clone()] + w[1:], cached)  # new storage
+        seen.append(gl.calls)
+        _ops.unregister_gpu_layer(handle)
+        assert seen == want, (cached, seen)
+    with torch.inference_mode():
+        wi = [torch.randn(4, 4) for _ in range(3)] + [None] * 3
+    gl = Layer()
+    for _ in range(3):
+        _ops._bind_weights(gl, 1002, wi, True)
+    _ops.unregister_gpu_layer(1002)
+    assert gl.calls == 3  # no version to compare: remade every call
