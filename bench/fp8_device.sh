@@ -70,6 +70,21 @@ for cs in 4 8 12 16 24; do
     --json "$OUT/fwd_fp8mk_cs$cs.json" >"$OUT/fwd_fp8mk_cs$cs.log" 2>&1
   log "mok_bench fp8mk --comm-sms $cs: rc $? $(grep -E '^\| (dsv3|qwen3)' "$OUT/fwd_fp8mk_cs$cs.log" | awk -F'|' '{printf "%s=%s ", $2, $10}')"
 done
+# Where the FP8 megakernel's time goes, beside the bf16 one (FP8_NCU=0 skips): Nsight Compute on the
+# 4th forward of the DeepSeek-V3 EP-8 slice, tensor-pipe use, issue slots and warp stalls.
+NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
+if [ "${FP8_NCU:-1}" = 1 ] && [ -n "$NCU" ]; then
+  for v in bf16 fp8; do
+    t1=$(date +%s)
+    timeout 240 "$NCU" --clock-control none --kernel-name regex:forward_megakernel --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerStats --section WarpStateStats \
+      "$B/bench/mok_bench" --models dsv3/ep8 --tokens 8192 --routings uniform --no-ablation --no-backward --sustain 0 \
+      --workspace-budget 0 --precision "$v" >"$OUT/ncu_$v.txt" 2>&1
+    log "ncu $v megakernel: rc $? ($(( $(date +%s) - t1 )) s)"
+    grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|Issue Slots Busy|Issued Ipc Active|Tensor|No Eligible|Warp Cycles Per Issued" \
+      "$OUT/ncu_$v.txt" | head -20 | tee -a "$LOG"
+  done
+fi
 python3 bench/ab_report.py --out "$OUT/fp8-forward-ab.json" --commit "${MOK_COMMIT:-unknown}" --field mok_ms \
   --variant bf16-megakernel="$OUT/fwd_megakernel_*.json" --variant bf16-unfused="$OUT/fwd_unfused_*.json" \
   --variant fp8-unfused="$OUT/fwd_fp8_[0-9].json" --variant fp8-megakernel="$OUT/fwd_fp8mk_*.json" \
