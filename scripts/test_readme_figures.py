@@ -214,6 +214,19 @@ class Figures(Fixture):
         self.assertIn("**1.25×** the bf16 megakernel's rate over 6 cases and against the baseline 3.12–5.62× faster", b)
         self.assertIn("its EP-8 slice 8.00 ms = 700 TF/s (56% of cuBLAS's FP8 8192^3 1250 TF/s", b)
         self.assertIn("the FP8 unfused path takes 1.20–1.30× the FP8 megakernel's time over 2 cases", b)
+        self.assertIn("1250 TF/s, measured in another call", b)
+        self.assertIn("peak-fp8-h200x1.json", b)
+
+    def test_fp8_forward_figure_takes_the_same_runs_peak_when_it_has_one(self):
+        docs = synthetic()
+        docs["forward-h200x1.json"]["peak_fp8"] = {"burst_tflops_max": 1400.0}
+        del docs["peak-fp8-h200x1.json"]
+        self.write_results(docs)
+        os.remove(os.path.join(self.results, "peak-fp8-h200x1.json"))
+        line = [l for l in rf.render(self.results)[0].split("\n- ") if l.startswith("**FP8 forward**")][0]
+        line = " ".join(line.split())
+        self.assertIn("(50% of cuBLAS's FP8 8192^3 1400 TF/s, measured in that run)", line)
+        self.assertNotIn("peak-fp8-h200x1.json", line)
 
     def test_every_line_names_its_results_file_and_run(self):
         lines = rf.render(self.results)[0].split("\n- ")[1:]
