@@ -56,6 +56,11 @@ def precision_of(entry):
     return entry.get("precision", "bf16")
 
 
+def bf16_rows(cases):
+    """The bf16 cases (the FP8 ones have their own table, print_fp8)."""
+    return [c for c in cases if precision_of(c) == "bf16"]
+
+
 def load_baseline(path):
     """The baseline JSON, or None (with the reason on stderr) when it cannot be used."""
     if not os.path.isfile(path):
@@ -229,7 +234,7 @@ def print_cases(out):
     print("| model | T/rank | routing | mok ms | baseline ms | speedup | mok TFLOP/s/GPU | baseline TFLOP/s/GPU |"
           + extra_head)
     print("|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if sustained else ""))
-    for c in (c for c in out["cases"] if precision_of(c) == "bf16"):  # FP8: print_fp8
+    for c in bf16_rows(out["cases"]):
         extra = (f" {fmt(c.get('mok_sustained_ms'), '.3f')} | {fmt(c.get('mok_sustained_tflops'), '.0f')} "
                  f"| {fmt(c.get('baseline_sustained_ms'), '.3f')} | {fmt(c.get('sustained_speedup'), '.2f', 'x')} |"
                  if sustained else "")
@@ -239,7 +244,7 @@ def print_cases(out):
 
 
 def print_backward(out):
-    rows = [c for c in out["cases"] if precision_of(c) == "bf16" and ("mok_bwd_ms" in c or "baseline_bwd_ms" in c)]
+    rows = [c for c in bf16_rows(out["cases"]) if "mok_bwd_ms" in c or "baseline_bwd_ms" in c]
     if not rows:
         return
     print("\nBackward (mok: the layer's backward kernels after the forward, over windows of the ring when it "
@@ -268,7 +273,7 @@ def print_hardware(out):
     print("| model | T/rank | routing | mok TFLOP/s/GPU | % of peak | sustained TFLOP/s | % of sustained peak "
           "| baseline % of peak | NVLink GB/s per direction | % of ceiling |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for c in (c for c in out["cases"] if precision_of(c) == "bf16"):  # FP8: print_fp8
+    for c in bf16_rows(out["cases"]):
         frac = c.get("nvlink_fraction_of_ceiling")
         print(f"| {c['model']} | {c['T']} | {c['routing']} | {fmt(c.get('mok_tflops'), '.0f')} "
               f"| {fmt(c.get('mok_pct_of_peak'), '.1f', '%')} | {fmt(c.get('mok_sustained_tflops'), '.0f')} "
@@ -317,7 +322,7 @@ def print_memory_modes(out):
     modes = [a for a in out["ablation"] if a.get("bwd_ms") is not None]
     if not modes:
         return
-    mains = {case_key(c): c for c in out["cases"] if precision_of(c) == "bf16"}
+    mains = {case_key(c): c for c in bf16_rows(out["cases"])}
     print("\nBackward by memory mode, same run (held: per layer, besides a shared workspace)")
     print("| model | T/rank | routing | mode | ring | bwd ms | vs main | held GB | workspace GB |")
     print("|---|---|---|---|---|---|---|---|---|")

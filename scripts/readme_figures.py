@@ -73,12 +73,13 @@ class Doc:
             raise FigureError("%s: %s is %r, not a number" % (self.name, ".".join(map(str, path)), v))
         return v
 
-    def case(self, model, T, routing, key="cases"):
-        for c in self.get(key):  # the bf16 entry (a forward file also holds FP8 cases: "precision")
+    def case(self, model, T, routing, key="cases", precision="bf16"):
+        for c in self.get(key):  # a forward file also holds FP8 cases ("precision")
             if (c.get("model"), c.get("T"), c.get("routing")) == (model, T, routing) and \
-                    c.get("precision", "bf16") == "bf16":
+                    c.get("precision", "bf16") == precision:
                 return c
-        raise FigureError("%s: no entry %s T=%d %s in '%s'" % (self.name, model, T, routing, key))
+        kind = "" if precision == "bf16" else precision + " "
+        raise FigureError("%s: no %sentry %s T=%d %s in '%s'" % (self.name, kind, model, T, routing, key))
 
     def source(self):
         """Where a figure came from: the file and the run it records."""
@@ -497,13 +498,8 @@ def fp8_forward_figures(res):
     if not cases:
         raise FigureError("%s: no FP8 cases (the main job's FP8 pass)" % f.name)
 
-    def fp8_case(model):
-        for c in cases:
-            if (c.get("model"), c.get("T"), c.get("routing")) == (model, HEADLINE[1], HEADLINE[2]):
-                return c
-        raise FigureError("%s: no FP8 case %s" % (f.name, case_name(model, HEADLINE[1], HEADLINE[2])))
-
-    h, hs = fp8_case(HEADLINE[0]), fp8_case(HEADLINE[0] + "/ep8")
+    h = f.case(*HEADLINE, precision="fp8")
+    hs = f.case(HEADLINE[0] + "/ep8", HEADLINE[1], HEADLINE[2], precision="fp8")
     # The FP8 peak of the same run (the baseline measures it since ed31186), else the one measured
     # in a call of its own.
     same_run = isinstance(f.data.get("peak_fp8"), dict)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ._ops import moe, register_gpu_layer, unregister_gpu_layer
+from ._ops import PRECISIONS, moe, register_gpu_layer, unregister_gpu_layer
 
 # The knobs of mok::Config (include/mok/config.hpp), by the same names. On CPU tensors only
 # cpu_threads matters; the others configure the GPU layer and are kept for it.
@@ -45,8 +45,8 @@ class MoE(torch.nn.Module):
             raise ValueError(f"mok.MoE: 'top_k' must be <= experts ({experts}), got {top_k}")
         if not isinstance(shared_intermediate, int) or shared_intermediate < 0:
             raise ValueError(f"mok.MoE: 'shared_intermediate' must be an int >= 0, got {shared_intermediate!r}")
-        if config.get("precision", "bf16") not in ("bf16", "fp8", "mxfp8"):
-            raise ValueError(f"mok.MoE: 'precision' must be 'bf16', 'fp8' or 'mxfp8', got {config['precision']!r}")
+        if config.get("precision", "bf16") not in PRECISIONS:
+            raise ValueError(f"mok.MoE: 'precision' must be one of {PRECISIONS}, got {config['precision']!r}")
         if dtype != torch.bfloat16:
             raise ValueError(f"mok.MoE: 'dtype' must be torch.bfloat16 (the layer's precision), got {dtype}")
         self.ep_size = 1 if group is None else group.size()

@@ -28,6 +28,7 @@ import torch
 from . import _cpu
 
 Tensor = torch.Tensor
+PRECISIONS = ("bf16", "fp8", "mxfp8")  # Config::precision's names (mok.MoE's precision knob)
 
 
 def _cpu_threads() -> int:
@@ -200,6 +201,6 @@ def moe(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_up: Tenso
     of a mok.MoE for CUDA tensors (mok.MoE passes it; 0 on CPU). ``precision``: "bf16", or the FP8
     recipes "fp8" / "mxfp8" (forward only; on CUDA tensors the layer's own, which mok.MoE passes).
     """
-    if precision not in ("bf16", "fp8", "mxfp8"):
-        raise ValueError(f"mok.moe: 'precision' must be 'bf16', 'fp8' or 'mxfp8', got {precision!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"mok.moe: 'precision' must be one of {PRECISIONS}, got {precision!r}")
     return moe_forward(x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, layer, precision)[0]
