@@ -6,7 +6,8 @@
 # same shapes, alternating (two rounds), with one line per case, and a comm-SM sweep of the FP8
 # megakernel.
 # Everything lands in $OUT (default /tmp/fp8-out): log.txt, the tests' logs, the mok_bench JSONs.
-#   [FP8_MODELS=dsv3,qwen3-235b] [FP8_TOKENS=8192] bench/fp8_device.sh
+#   [FP8_MODELS=dsv3,qwen3-235b] [FP8_TOKENS=8192] [FP8_SKEWS="0 1"] [FP8_SANITIZE=0] [FP8_NCU=0]
+#   bench/fp8_device.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,13 +35,16 @@ run_test() {  # binary filter name
 run_test gemm/mok_gpu_gemm_primitive_tests 'Fp8*' primitives
 run_test gemm/mok_gpu_gemm_tests 'Fp8*' gemm
 run_test megakernel/mok_gpu_layer_tests '*LayerFp8*' layer
+if [ "${FP8_SANITIZE:-1}" = 1 ]; then
 t1=$(date +%s)
 MOK_BUILD="$B" MOK_SANITIZE_NO_BUILD=1 MOK_SANITIZE_ONLY='^fwd_fp8$' OUT="$OUT/sanitize" \
   bash scripts/sanitize.sh >"$OUT/sanitize.log" 2>&1
 log "sanitizers over the FP8 layer case: rc $? ($(( $(date +%s) - t1 )) s)"
 grep -E "^(memcheck|racecheck|synccheck|initcheck) " "$OUT/sanitize.log" | tee -a "$LOG"
-# The FP8 forms with the warpgroup stagger (Options::skew_stages; 0 = the default), 512 rows/expert.
-for sk in 0 1 2 3 0; do
+fi
+# The FP8 forms with the warpgroup stagger (Options::skew_stages; 1 = the FP8 forms' default), 512
+# rows/expert; FP8_SKEWS picks the settings.
+for sk in ${FP8_SKEWS:-0 1 2 3 0}; do
   timeout 120 "$B/bench/gemm/mok_gemm_bench" --quick --filter fp8 --skew "$sk" --reps 20 --out "$OUT/gemm_skew$sk.json" \
     >"$OUT/gemm_skew$sk.log" 2>&1
   log "mok_gemm_bench fp8 --skew $sk: rc $? $(grep -E 'fp8 ' "$OUT/gemm_skew$sk.log" | awk '{printf "%s=%s ", $1, $6}')"
@@ -87,6 +91,6 @@ if [ "${FP8_NCU:-1}" = 1 ] && [ -n "$NCU" ]; then
 fi
 python3 bench/ab_report.py --out "$OUT/fp8-forward-ab.json" --commit "${MOK_COMMIT:-unknown}" --field mok_ms \
   --variant bf16-megakernel="$OUT/fwd_megakernel_*.json" --variant bf16-unfused="$OUT/fwd_unfused_*.json" \
-  --variant fp8-unfused="$OUT/fwd_fp8_[0-9].json" --variant fp8-megakernel="$OUT/fwd_fp8mk_*.json" \
+  --variant fp8-unfused="$OUT/fwd_fp8_[0-9].json" --variant fp8-megakernel="$OUT/fwd_fp8mk_[0-9].json" \
   --what "the layer's forward at EP 1 (T = $tokens, uniform): the bf16 megakernel (every row resident), the bf16 unfused path, the FP8 unfused path and the FP8 megakernel (Config::precision FP8)" \
   2>&1 | tee -a "$LOG"

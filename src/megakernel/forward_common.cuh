@@ -45,9 +45,10 @@ using rt::wait_counter;
 // the producer also stages and copies the partner's task slot (spills below 96); the consumers
 // then fit in 200 without spills. The sum must stay within the CTA's allocation at launch
 // (168 x 384 = 64512): 128 x 56 + 256 x 224 = 64512; 128 x 96 + 256 x 200 = 63488.
-// FP8 fits the same split because its consumers promote in m64n64 quarters (a 32-register block
-// accumulator beside the tile's 128) and keep no profile counters (with m64n128 halves: 248 bytes
-// of spills; 40 / 232 spilled more in the producer).
+// FP8 fits the same split with m64n128 halves (a 64-register block accumulator beside the tile's
+// 128) because its consumers keep no profile counters, no warpgroup stagger and no dummy flag
+// across the mainloop (each cost spills; 40 / 232 spills instead in the comm CTAs' code, which
+// ptxas allocates within the producer's budget).
 template <bool kCluster>
 constexpr uint32_t kMkProducerRegs = kCluster ? 96 : 56;
 template <bool kCluster>

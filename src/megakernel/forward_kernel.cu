@@ -382,20 +382,25 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
     uint64_t e0 = 0;  // profile: start of the epilogue
     const bool half = slot.rows <= 64;
     const bool combine = kind == kTaskFc2 && p.combine_in_epilogue;
-    const bool dummy = (slot.flags & kSlotDummy) != 0;
+    // (Only clusters hand out dummy tiles: without them the flag is known false, and is not kept
+    // in a register across the mainloop.)
+    const bool dummy = kCluster && (slot.flags & kSlotDummy) != 0;
     if constexpr (kFp8) {
       // Block-scaled FP8 (routed tasks only: the FP8 layer has no shared expert): whole tiles with
       // the scaled mainloop, then FC1's FP8 epilogue (h codes and scales into the h ring) or
-      // FC2's bf16 one. The scaled mainloop has no first-block hook: report before it.
+      // FC2's bf16 one. The scaled mainloop has no first-block hook: report before it. Its MMAs
+      // are m64n128 halves (a 64-register block accumulator beside the tile's 128): m64n64
+      // quarters read A from shared memory once per 64 columns, which at FP8's rate is as much
+      // shared-memory traffic as the tensor cores can take. No warpgroup stagger here (its
+      // barrier state did not fit beside the halves, and it measured no gain with quarters).
       if (leader) report(p, pending, sys_reports);
       const Tile& t = slot.tile;
-      skew.stages = p.skew_stages;
       if (kind == kTaskFc1) {
         const int64_t kb = t.k_blocks;  // H / 128
         const int64_t wblock = (int64_t(t.b_batch) * (p.inter / 128) + t.b_n / 256) * kb;
         TileScales sc{p.x_scales_ring + int64_t(t.a_m) * kb, kb, p.w_gate_scales + wblock, 0, 1};
         sc.b_up = p.w_up_scales + wblock;
-        mma_tile_scaled<C, true, 64>(sm, ps, t, cwg, wt, acc, wb, sc, &skew);  // quarters: registers
+        mma_tile_scaled<C, true, 128>(sm, ps, t, cwg, wt, acc, wb, sc);
         e0 = clock.now();
         if (!dummy)
           epilogue_fc1_fp8(acc, cwg, wt, t.out_row, t.b_n, static_cast<uint8_t*>(p.h_ring), p.h_scales_ring, p.inter);
@@ -404,7 +409,7 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
         const TileScales sc{p.h_scales_ring + int64_t(t.a_m) * kb, kb,
                             p.w_down_scales + (int64_t(t.b_batch) * n_blocks + t.b_n / 128) * kb, kb,
                             int32_t(n_blocks - t.b_n / 128)};
-        mma_tile_scaled<C, false, 64>(sm, ps, t, cwg, wt, acc, wb, sc, &skew);
+        mma_tile_scaled<C, false, 128>(sm, ps, t, cwg, wt, acc, wb, sc);
         e0 = clock.now();
         if (dummy) {
         } else if (combine) {

@@ -320,7 +320,7 @@ void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
     mkp.cluster_slots = cluster_slots.p;
   }
   // Experiment knob (not API): MOK_MK_SKEW=1..4 staggers the consumer warpgroups so one's
-  // epilogue overlaps the other's MMAs (see the engine's Skew).
+  // epilogue overlaps the other's MMAs (see the engine's Skew); bf16 only (the FP8 program has none).
   if (const char* sk = std::getenv("MOK_MK_SKEW")) mkp.skew_stages = std::clamp(std::atoi(sk), 0, 4);
   // MOK_MK_SPLIT_N=0: tiles with <= 64 token rows on warpgroup 0 alone (A/B of the split-N form).
   if (const char* sn = std::getenv("MOK_MK_SPLIT_N")) mkp.split_n = std::atoi(sn) != 0 ? 1 : 0;
