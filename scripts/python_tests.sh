@@ -12,6 +12,14 @@ if [ ! -x "$venv/bin/python" ]; then
     mok_log "python3 -m venv failed: install the venv module (e.g. apt-get install python3-venv)"
     exit 1
   }
+  # When python3 is itself a virtual environment (the GPU machines' PyTorch lives in one), its
+  # packages are not the new environment's "system" ones: a .pth file in the new one adds them.
+  if python3 -c 'import sys; sys.exit(0 if sys.prefix != sys.base_prefix else 1)'; then
+    parent="$(python3 -c 'import site; print("\n".join(site.getsitepackages()))')"
+    child="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    printf '%s\n' "$parent" >"$child/mok-parent-environment.pth"
+    mok_log "python3 is the virtual environment $(python3 -c 'import sys; print(sys.prefix)'): its packages are visible in $venv"
+  fi
 fi
 py="$venv/bin/python"
 missing=()
