@@ -46,7 +46,8 @@ struct TileScales {
 // warpgroup 0 has promoted `stages` K blocks of it, so one's epilogue overlaps the other's MMAs
 // (FC1's FP8 epilogue runs while the tensor cores would otherwise wait: notes/fp8.md).
 // kPieceN: the MMAs' width, 128 (two halves of a 256-wide tile, a 64-register block accumulator)
-// or 64 (quarters, 32 registers: for a program with fewer registers, the megakernel).
+// or 64 (quarters, 32 registers: for a program with fewer registers; at FP8's rate their A re-reads
+// fill the shared-memory bandwidth, so the megakernel too runs halves: notes/fp8.md).
 template <class C, bool kGateUp = false, int kPieceN = 128>
 __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg, uint32_t wt,
                                                 float (&acc)[C::kAccRegs], const WaitBound& wb, const TileScales& sc,
