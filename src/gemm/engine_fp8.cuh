@@ -46,14 +46,20 @@ struct TileScales {
 // warpgroup 0 has promoted `stages` K blocks of it, so one's epilogue overlaps the other's MMAs
 // (FC1's FP8 epilogue runs while the tensor cores would otherwise wait: notes/fp8.md).
 // kPieceN: the MMAs' width, 128 (two halves of a 256-wide tile, a 64-register block accumulator)
-// or 64 (quarters, 32 registers: for a program with fewer registers; at FP8's rate their A re-reads
-// fill the shared-memory bandwidth, so the megakernel too runs halves: notes/fp8.md).
-template <class C, bool kGateUp = false, int kPieceN = 128>
+// or 64 (quarters, 32 registers). kDepth: pieces in flight. 1: each piece's MMAs are waited for
+// and promoted before the next piece's are issued (the warpgroup's tensor work pauses for the
+// drain and the promotion; only the other warpgroup's MMAs fill it). 2 (quarters only: two
+// 32-register block accumulators, the registers of one half): piece h + 1's MMAs are issued before
+// piece h is waited for and promoted, so one warpgroup keeps the tensor cores fed through its own
+// promotions, at the price of A re-read from shared memory per 64 columns (at FP8's rate quarters
+// need all of the shared-memory bandwidth: notes/fp8.md).
+template <class C, bool kGateUp = false, int kPieceN = 128, int kDepth = 1>
 __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg, uint32_t wt,
                                                 float (&acc)[C::kAccRegs], const WaitBound& wb, const TileScales& sc,
                                                 Skew<C>* skew = nullptr) {
   static_assert(std::is_same_v<typename C::Operand, OperandE4m3>, "block-scaled FP8: E4M3 operands");
   static_assert(kPieceN == 128 || kPieceN == 64, "m64n128 or m64n64 pieces");
+  static_assert(kDepth == 1 || (kDepth == 2 && kPieceN == 64), "two pieces in flight: quarters only (registers)");
   constexpr int kHalves = C::kBlockN / 128;  // weight blocks (scales) of the tile
   constexpr int kPieces = C::kBlockN / kPieceN, kPart = kPieceN / 2;  // m64nN: N/2 accumulators
   const bool staggered = skew != nullptr && skew->applies(t);
@@ -71,7 +77,7 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
   const float* a1 = a0 + 8 * sc.a_stride;
   const uint32_t a_base = smem_addr(sm.a(0)) + uint32_t(cwg) * kChunkBytes;
   const uint32_t b_base = smem_addr(sm.b(0));
-  float part[kPart];
+  float part[kDepth][kPart];
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     const uint32_t s = ps.stage;
     // The block's scales, loaded while the stage arrives and its MMAs run.
@@ -87,19 +93,29 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
     }
     mbar_wait(sm.full(s), ps.phase, wb, kSiteConsumerFull);
     const uint32_t as = a_base + s * kATileBytes;
-#pragma unroll
-    for (int h = 0; h < kPieces; ++h) {
+    // Piece h's MMAs (the stage's 128 K elements against B rows [h N, (h + 1) N)) into `pp`.
+    const auto issue = [&](int h, float (&pp)[kPart]) {
       const uint32_t bs = b_base + s * C::kBTileBytes + uint32_t(h) * uint32_t(kPieceN) * uint32_t(kKBytes);
-      fence_operands(part);
+      fence_operands(pp);
       wgmma_fence();
 #pragma unroll
       for (int k32 = 0; k32 < C::kBlockK / C::Operand::kStepK; ++k32)
-        C::Operand::template mma<kPieceN, false, false>(part, desc_k_major(as, k32), desc_k_major(bs, k32),
+        C::Operand::template mma<kPieceN, false, false>(pp, desc_k_major(as, k32), desc_k_major(bs, k32),
                                                     k32 > 0 ? 1u : 0u);
       wgmma_commit();
-      fence_operands(part);
-      wgmma_wait<0>();
-      fence_operands(part);
+      fence_operands(pp);
+    };
+#pragma unroll
+    for (int h = 0; h < kPieces; ++h) {
+      if (kDepth == 1 || h == 0) issue(h, part[h % kDepth]);
+      const bool ahead = kDepth == 2 && h + 1 < kPieces;  // the next piece goes in before this one's wait
+      if (ahead) issue(h + 1, part[(h + 1) % kDepth]);
+      float(&pp)[kPart] = part[h % kDepth];
+      if (ahead)
+        wgmma_wait<1>();  // piece h's group done; h + 1's may still run
+      else
+        wgmma_wait<0>();
+      fence_operands(pp);
       if (h == kPieces - 1) release_stage<C>(sm, s);  // every piece's MMAs have read the stage
       const int wblk = h * kPieceN / 128;  // the piece's weight block
       const float s0 = sa0 * sb[wblk], s1 = sa1 * sb[wblk];
@@ -108,10 +124,10 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
       for (int j = 0; j < kPart / 4; ++j) {
         const bool up = kGateUp && (j % 8) >= 4;  // (a piece is 64 or 128 columns: j % 8 is the packed position)
         float* d = acc + kPart * h + 4 * j;
-        d[0] = fmaf(part[4 * j], up ? u0 : s0, d[0]);
-        d[1] = fmaf(part[4 * j + 1], up ? u0 : s0, d[1]);
-        d[2] = fmaf(part[4 * j + 2], up ? u1 : s1, d[2]);
-        d[3] = fmaf(part[4 * j + 3], up ? u1 : s1, d[3]);
+        d[0] = fmaf(pp[4 * j], up ? u0 : s0, d[0]);
+        d[1] = fmaf(pp[4 * j + 1], up ? u0 : s0, d[1]);
+        d[2] = fmaf(pp[4 * j + 2], up ? u1 : s1, d[2]);
+        d[3] = fmaf(pp[4 * j + 3], up ? u1 : s1, d[3]);
       }
     }
     if (staggered && cwg == 0 && kb == skew->stages - 1 && wt == 0) mbar_arrive(skew_bar);
