@@ -53,7 +53,13 @@ struct TileScales {
 // piece h is waited for and promoted, so one warpgroup keeps the tensor cores fed through its own
 // promotions, at the price of A re-read from shared memory per 64 columns (at FP8's rate quarters
 // need all of the shared-memory bandwidth: notes/fp8.md).
-template <class C, bool kGateUp = false, int kPieceN = 128, int kDepth = 1>
+// kOrdered: the two warpgroups take turns issuing pieces (named barriers kBarOrder + warpgroup:
+// warpgroup 0 issues a piece, then warpgroup 1, then warpgroup 0 its next, ...), so that one's MMAs
+// run while the other drains and promotes instead of both warpgroups' MMAs interleaving and both
+// promoting at once. Both run the same tile, so their turns match; warpgroup 1's first turn is
+// granted at the tile's start and warpgroup 0 takes the last grant at its end, which leaves both
+// barriers as they were.
+template <class C, bool kGateUp = false, int kPieceN = 128, int kDepth = 1, bool kOrdered = false>
 __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg, uint32_t wt,
                                                 float (&acc)[C::kAccRegs], const WaitBound& wb, const TileScales& sc,
                                                 Skew<C>* skew = nullptr) {
@@ -62,7 +68,7 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
   static_assert(kDepth == 1 || (kDepth == 2 && kPieceN == 64), "two pieces in flight: quarters only (registers)");
   constexpr int kHalves = C::kBlockN / 128;  // weight blocks (scales) of the tile
   constexpr int kPieces = C::kBlockN / kPieceN, kPart = kPieceN / 2;  // m64nN: N/2 accumulators
-  const bool staggered = skew != nullptr && skew->applies(t);
+  const bool staggered = !kOrdered && skew != nullptr && skew->applies(t);  // (turns and a stagger would deadlock)
   uint64_t* skew_bar = sm.skew(skew != nullptr ? skew->tiles & 1u : 0u);
   const uint32_t skew_parity = skew != nullptr ? (skew->tiles >> 1) & 1u : 0u;
   if (staggered) {
@@ -72,6 +78,7 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
 #pragma unroll
   for (int i = 0; i < C::kAccRegs; ++i) acc[i] = 0.0f;
   if (t.k_blocks == 0) return;
+  if (kOrdered && cwg == 1) named_bar_arrive(kBarOrder + 0u, 256);  // warpgroup 0 goes first
   // This thread's rows: r and r + 8 of its warpgroup's 64 (the accumulator layout, acc_row).
   const float* a0 = sc.a + int64_t(64 * cwg + acc_row(wt)) * sc.a_stride;
   const float* a1 = a0 + 8 * sc.a_stride;
@@ -96,6 +103,7 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
     // Piece h's MMAs (the stage's 128 K elements against B rows [h N, (h + 1) N)) into `pp`.
     const auto issue = [&](int h, float (&pp)[kPart]) {
       const uint32_t bs = b_base + s * C::kBTileBytes + uint32_t(h) * uint32_t(kPieceN) * uint32_t(kKBytes);
+      if (kOrdered) named_bar_sync(kBarOrder + uint32_t(cwg), 256);  // our turn
       fence_operands(pp);
       wgmma_fence();
 #pragma unroll
@@ -103,6 +111,7 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
         C::Operand::template mma<kPieceN, false, false>(pp, desc_k_major(as, k32), desc_k_major(bs, k32),
                                                     k32 > 0 ? 1u : 0u);
       wgmma_commit();
+      if (kOrdered) named_bar_arrive(kBarOrder + uint32_t(cwg ^ 1), 256);  // the other's turn
       fence_operands(pp);
     };
 #pragma unroll
@@ -133,6 +142,7 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
     if (staggered && cwg == 0 && kb == skew->stages - 1 && wt == 0) mbar_arrive(skew_bar);
     ps.advance();
   }
+  if (kOrdered && cwg == 0) named_bar_sync(kBarOrder + 0u, 256);  // warpgroup 1's last grant
 }
 
 // FC1's epilogue in FP8: the 256-wide packed tile holds 128 intermediate columns, so each row's

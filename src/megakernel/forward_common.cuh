@@ -56,6 +56,12 @@ constexpr int kFp8PieceN = 64, kFp8Depth = 2;
 #else
 constexpr int kFp8PieceN = 128, kFp8Depth = 1;
 #endif
+// Built with MOK_FP8_ORDERED_WARPGROUPS (a CMake option, an experiment): the warpgroups take turns.
+#if defined(MOK_FP8_ORDERED_WARPGROUPS)
+constexpr bool kFp8Ordered = true;
+#else
+constexpr bool kFp8Ordered = false;
+#endif
 template <bool kCluster>
 constexpr uint32_t kMkProducerRegs = kCluster ? 96 : 56;
 template <bool kCluster>
