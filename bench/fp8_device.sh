@@ -82,11 +82,14 @@ if [ "${FP8_NCU:-1}" = 1 ] && [ -n "$NCU" ]; then
     t1=$(date +%s)
     timeout 240 "$NCU" --clock-control none --kernel-name regex:forward_megakernel --launch-skip 3 --launch-count 1 \
       --section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerStats --section WarpStateStats \
+      --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
       "$B/bench/mok_bench" --models dsv3/ep8 --tokens 8192 --routings uniform --no-ablation --no-backward --sustain 0 \
       --workspace-budget 0 --precision "$v" >"$OUT/ncu_$v.txt" 2>&1
     log "ncu $v megakernel: rc $? ($(( $(date +%s) - t1 )) s)"
     grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|Issue Slots Busy|Issued Ipc Active|Tensor|No Eligible|Warp Cycles Per Issued" \
       "$OUT/ncu_$v.txt" | head -20 | tee -a "$LOG"
+    # The warps' stall reasons (cycles per issued instruction), largest first.
+    grep -E "smsp__average_warps_issue_stalled_" "$OUT/ncu_$v.txt" | awk '{print $NF, $1}' | sort -gr | head -8 | tee -a "$LOG"
   done
 fi
 python3 bench/ab_report.py --out "$OUT/fp8-forward-ab.json" --commit "${MOK_COMMIT:-unknown}" --field mok_ms \
