@@ -8,7 +8,9 @@
 # product sum does not depend on the wgmma's N or on the issue order); runs the grouped FP8 forms
 # of each (mok_gemm_bench --quick --filter fp8: the mainloop alone, every variant spill-free) and
 # alternates the FP8 megakernel forward of each (EP 1, T 8192, uniform, resident; FP8_ROUNDS,
-# default 2; the ordered megakernel variants spill 16-20 bytes of per-CTA state).
+# default 2; the megakernel variants spill: quarters2 8 bytes, the ordered ones 156-208 bytes, so
+# the grouped forms are the clean signal; ordered drops the forms' default
+# stagger, which turns would deadlock).
 # Everything lands in $OUT (default /tmp/fp8-pieces): log.txt, the JSONs, fp8-pieces-ab.json,
 # fp8-pieces-gemm.json.
 set -uo pipefail

@@ -49,16 +49,29 @@ struct TileScales {
 // or 64 (quarters, 32 registers). kDepth: pieces in flight. 1: each piece's MMAs are waited for
 // and promoted before the next piece's are issued (the warpgroup's tensor work pauses for the
 // drain and the promotion; only the other warpgroup's MMAs fill it). 2 (quarters only: two
-// 32-register block accumulators, the registers of one half): piece h + 1's MMAs are issued before
-// piece h is waited for and promoted, so one warpgroup keeps the tensor cores fed through its own
-// promotions, at the price of A re-read from shared memory per 64 columns (at FP8's rate quarters
-// need all of the shared-memory bandwidth: notes/fp8.md).
+// 32-register block accumulators, the registers of one half): piece h + 1's MMAs are issued
+// before piece h is waited for and promoted, so one warpgroup keeps the tensor cores fed through
+// three of a stage's four promotions, at the price of A re-read from shared memory per 64 columns
+// (at FP8's rate quarters need all of the shared-memory bandwidth: notes/fp8.md). Not across K
+// blocks: waiting for the next stage (a bounded wait: divergent code) while a wgmma group is in
+// flight makes ptxas serialize every wgmma (C7518, measured in the SASS).
 // kOrdered: the two warpgroups take turns issuing pieces (named barriers kBarOrder + warpgroup:
 // warpgroup 0 issues a piece, then warpgroup 1, then warpgroup 0 its next, ...), so that one's MMAs
 // run while the other drains and promotes instead of both warpgroups' MMAs interleaving and both
-// promoting at once. Both run the same tile, so their turns match; warpgroup 1's first turn is
-// granted at the tile's start and warpgroup 0 takes the last grant at its end, which leaves both
-// barriers as they were.
+// promoting at once. The consumers call scaled_turns_begin before their first tile and
+// scaled_turns_end after their last (warpgroup 1's first turn is granted once and warpgroup 0
+// takes the last grant once: granting per tile could let warpgroup 1's next grant reach barrier 0
+// before warpgroup 0 took the previous one, one phase of arrivals from warpgroup 1 alone). Both
+// warpgroups run the same tiles, so their turns match. An experiment (MOK_FP8_ORDERED_WARPGROUPS):
+// bar.sync has no time bound, so a warpgroup that leaves its tile loop early (an expired wait)
+// would leave the other waiting; before it could be a default the turns belong on mbarriers with
+// bounded waits. A stagger is off with turns (the two would deadlock).
+__device__ __forceinline__ void scaled_turns_begin(int cwg) {
+  if (cwg == 1) named_bar_arrive(kBarOrder + 0u, 256);  // warpgroup 0 goes first
+}
+__device__ __forceinline__ void scaled_turns_end(int cwg) {
+  if (cwg == 0) named_bar_sync(kBarOrder + 0u, 256);  // warpgroup 1's last grant
+}
 template <class C, bool kGateUp = false, int kPieceN = 128, int kDepth = 1, bool kOrdered = false>
 __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg, uint32_t wt,
                                                 float (&acc)[C::kAccRegs], const WaitBound& wb, const TileScales& sc,
@@ -78,13 +91,27 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
 #pragma unroll
   for (int i = 0; i < C::kAccRegs; ++i) acc[i] = 0.0f;
   if (t.k_blocks == 0) return;
-  if (kOrdered && cwg == 1) named_bar_arrive(kBarOrder + 0u, 256);  // warpgroup 0 goes first
   // This thread's rows: r and r + 8 of its warpgroup's 64 (the accumulator layout, acc_row).
   const float* a0 = sc.a + int64_t(64 * cwg + acc_row(wt)) * sc.a_stride;
   const float* a1 = a0 + 8 * sc.a_stride;
   const uint32_t a_base = smem_addr(sm.a(0)) + uint32_t(cwg) * kChunkBytes;
   const uint32_t b_base = smem_addr(sm.b(0));
   float part[kDepth][kPart];
+  // Piece h's MMAs of stage s (its 128 K elements against B rows [h N, (h + 1) N)) into `pp`.
+  const auto issue = [&](uint32_t s, int h, float (&pp)[kPart]) {
+    const uint32_t as = a_base + s * kATileBytes;
+    const uint32_t bs = b_base + s * C::kBTileBytes + uint32_t(h) * uint32_t(kPieceN) * uint32_t(kKBytes);
+    if (kOrdered) named_bar_sync(kBarOrder + uint32_t(cwg), 256);  // our turn
+    fence_operands(pp);
+    wgmma_fence();
+#pragma unroll
+    for (int k32 = 0; k32 < C::kBlockK / C::Operand::kStepK; ++k32)
+      C::Operand::template mma<kPieceN, false, false>(pp, desc_k_major(as, k32), desc_k_major(bs, k32),
+                                                  k32 > 0 ? 1u : 0u);
+    wgmma_commit();
+    if (kOrdered) named_bar_arrive(kBarOrder + uint32_t(cwg ^ 1), 256);  // the other's turn
+    fence_operands(pp);
+  };
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     const uint32_t s = ps.stage;
     // The block's scales, loaded while the stage arrives and its MMAs run.
@@ -99,33 +126,18 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
       for (int h = 0; h < kHalves; ++h) sb[h] = h < sc.b_blocks ? __ldg(sc.b + h * sc.b_stride + kb) : 0.0f;
     }
     mbar_wait(sm.full(s), ps.phase, wb, kSiteConsumerFull);
-    const uint32_t as = a_base + s * kATileBytes;
-    // Piece h's MMAs (the stage's 128 K elements against B rows [h N, (h + 1) N)) into `pp`.
-    const auto issue = [&](int h, float (&pp)[kPart]) {
-      const uint32_t bs = b_base + s * C::kBTileBytes + uint32_t(h) * uint32_t(kPieceN) * uint32_t(kKBytes);
-      if (kOrdered) named_bar_sync(kBarOrder + uint32_t(cwg), 256);  // our turn
-      fence_operands(pp);
-      wgmma_fence();
-#pragma unroll
-      for (int k32 = 0; k32 < C::kBlockK / C::Operand::kStepK; ++k32)
-        C::Operand::template mma<kPieceN, false, false>(pp, desc_k_major(as, k32), desc_k_major(bs, k32),
-                                                    k32 > 0 ? 1u : 0u);
-      wgmma_commit();
-      if (kOrdered) named_bar_arrive(kBarOrder + uint32_t(cwg ^ 1), 256);  // the other's turn
-      fence_operands(pp);
-    };
 #pragma unroll
     for (int h = 0; h < kPieces; ++h) {
-      if (kDepth == 1 || h == 0) issue(h, part[h % kDepth]);
-      const bool ahead = kDepth == 2 && h + 1 < kPieces;  // the next piece goes in before this one's wait
-      if (ahead) issue(h + 1, part[(h + 1) % kDepth]);
       float(&pp)[kPart] = part[h % kDepth];
+      if (kDepth == 1 || h == 0) issue(s, h, pp);
+      const bool ahead = kDepth == 2 && h + 1 < kPieces;  // the next piece goes in before this one's wait
+      if (ahead) issue(s, h + 1, part[(h + 1) % kDepth]);
       if (ahead)
-        wgmma_wait<1>();  // piece h's group done; h + 1's may still run
+        wgmma_wait<1>();  // this piece's group done; the next one's may still run
       else
         wgmma_wait<0>();
       fence_operands(pp);
-      if (h == kPieces - 1) release_stage<C>(sm, s);  // every piece's MMAs have read the stage
+      if (h == kPieces - 1) release_stage<C>(sm, s);  // every piece's MMAs of this stage have completed
       const int wblk = h * kPieceN / 128;  // the piece's weight block
       const float s0 = sa0 * sb[wblk], s1 = sa1 * sb[wblk];
       const float u0 = sa0 * sb_up, u1 = sa1 * sb_up;
@@ -142,7 +154,6 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
     if (staggered && cwg == 0 && kb == skew->stages - 1 && wt == 0) mbar_arrive(skew_bar);
     ps.advance();
   }
-  if (kOrdered && cwg == 0) named_bar_sync(kBarOrder + 0u, 256);  // warpgroup 1's last grant
 }
 
 // FC1's epilogue in FP8: the 256-wide packed tile holds 128 intermediate columns, so each row's

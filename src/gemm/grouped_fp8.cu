@@ -69,6 +69,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float acc[CF::kAccRegs];
   MGroupedSchedule<CF> sched(p);
   const int64_t kb = p.k_blocks, n_blocks = p.n / 128;
+  if (kFp8Ordered) scaled_turns_begin(cwg);
   while (sched.next(t, shared, dummy)) {
     if constexpr (kFc1) {
       // The tile's 128 intermediate columns: one 128 x 128 block of W_gate and one of W_up along N.
@@ -86,6 +87,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       epilogue_store<CF>(sm, es, cwg, wt, acc, &map_d0, t.out_row, t.b_n, p.n);
     }
   }
+  if (kFp8Ordered) scaled_turns_end(cwg);
   epi_finish(wt == 0);
 }
 

@@ -359,6 +359,7 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
   // Other GPUs read our counters only to reuse ring rows under push dispatch (see report()).
   const bool sys_reports =
       p.push_dispatch && num_positions(p.plan, p.schedule.totals->total_rows) > ring_slots(p.plan);
+  if constexpr (kFp8 && kFp8Ordered) scaled_turns_begin(cwg);
 #pragma unroll 1
   for (;;) {
     const uint64_t w0 = clock.now();
@@ -473,6 +474,7 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
     mbar_arrive(ring.empty + cur.i);  // both ranks: the slot is this CTA's own
     cur.advance();
   }
+  if constexpr (kFp8 && kFp8Ordered) scaled_turns_end(cwg);
   if (leader) report(p, pending, sys_reports);
   epi_finish(leader);
   if (clock.out) {
