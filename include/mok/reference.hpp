@@ -29,12 +29,19 @@
 //     dWu[e] = rnd(sum_rows du^T v); fp32 sums over the expert's rows in increasing
 //     (source rank, slot) order, i.e. global token order, so they do not depend on W.
 //     Shared-expert gradients are per rank, over that rank's tokens in increasing t.
-// Config::precision FP8 (recipe 1; forward only): x rows quantized per 1 x 128 at their source,
+// Config::precision FP8 (recipe 1): x rows quantized per 1 x 128 at their source,
 //   every weight matrix ([I, H] gate and up, [H, I] down, per expert and the shared expert's) per
 //   128 x 128, and h per 1 x 128 after its rounding, all with fp32 scales amax / 448
 //   (src/reference/fp8_quant.h); each value then stands for what its E4M3 code and scale decode
 //   to, and the GEMMs and rounding points are the bf16 ones above. The GPU's FP8 forms compute
 //   with the same codes and scales (they differ by accumulation order only).
+//   Its backward (the spec; the GPU layer's FP8 backward is not written yet): FC2's dgrad reads d
+//   per 1 x 128 along H, FC1's dgrad [dg du] per 1 x 128 in the packed K order (the gate and up
+//   values of the same 64 intermediate columns), both against the forward's weight codes; the
+//   weight gradients read d, hw, dg, du and the bf16 x rows per 128 x 1 block (K = tokens: 128
+//   consecutive rows of the expert's rows in the order above, i.e. one 128-row M tile of its
+//   segment, so the same blocks in every ring and W; the shared expert's per 128 of the rank's
+//   tokens); hw and d_topk_w use the forward's FP8 h.
 // Config::precision MXFP8 (recipe 2; forward only): the same points, each quantized as MXFP8 (E4M3
 //   with an E8M0 scale per 32 consecutive values along K: x and h rows, weight rows).
 // Every dot product is an fp32 sum in increasing index order without fused multiply-add, and

@@ -48,6 +48,39 @@ void fp8_round_matrix(std::vector<float>& v, int64_t rows, int64_t cols, Precisi
   fp8::dequantize_blocked(q.data(), s.data(), rows, cols, fp8::kWeightBlock, v.data());
 }
 
+// The FP8 backward's blocks (recipe 1, notes/fp8.md): a wgrad operand [rows, cols] whose K is its
+// rows (tokens) is quantized per 128 x 1 block — 128 consecutive rows of a column, which are one
+// 128-row M tile of the expert's segment (segments start at tile boundaries and every ring window
+// is a whole number of tiles, so the blocks are the same in every memory mode).
+void fp8_round_token_blocks(std::vector<float>& v, int64_t rows, int64_t cols) {
+  constexpr fp8::BlockShape kTokens{fp8::kBlock, 1};
+  std::vector<uint8_t> q(v.size());
+  std::vector<float> s(sz(fp8::scale_count(rows, cols, kTokens)));
+  fp8::quantize_blocked(v.data(), rows, cols, kTokens, fp8::ScaleRule::Fp32, q.data(), s.data());
+  fp8::dequantize_blocked(q.data(), s.data(), rows, cols, kTokens, v.data());
+}
+// FC1's dgrad reads [d_g d_u] with K = 2I in the packed order of the GPU's gate/up weights, so a
+// 1 x 128 block there is the gate and the up values of the same 64 intermediate columns: row r's
+// block j = {dg[r, 64j .. 64j+63], du[r, 64j .. 64j+63]} (dgu holds dg then du per row).
+void fp8_round_gate_up_rows(std::vector<float>& dgu, int64_t rows, int64_t I) {
+  std::vector<float> blk(fp8::kBlock);
+  std::vector<uint8_t> q(fp8::kBlock);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* g = &dgu[sz(r * 2 * I)];
+    float* u = g + I;
+    for (int64_t i0 = 0; i0 < I; i0 += fp8::kBlock / 2) {
+      const int64_t n = std::min<int64_t>(fp8::kBlock / 2, I - i0);
+      std::copy_n(g + i0, n, blk.data());
+      std::copy_n(u + i0, n, blk.data() + n);
+      const float sc = fp8::quantize_block(blk.data(), 2 * n, fp8::ScaleRule::Fp32, q.data());
+      for (int64_t i = 0; i < n; ++i) {
+        g[i0 + i] = fp8::e4m3_decode(q[sz(i)]) * sc;
+        u[i0 + i] = fp8::e4m3_decode(q[sz(n + i)]) * sc;
+      }
+    }
+  }
+}
+
 // One expert's FFN weights in fp32, in the [K, N] layouts the GEMMs stream.
 struct ExpertF {
   int64_t H = 0, I = 0;
@@ -108,7 +141,14 @@ FfnGrads ffn_backward(const ExpertF& e, const FfnActs& a, const float* d_rows, c
                       int threads) {
   FfnGrads d;
   const int64_t H = e.H, I = e.I;
+  const bool fp8 = e.precision == Precision::FP8;
   d.g.resize(sz(M * I));
+  std::vector<float> dq;  // FP8: the d_out rows as FC2's dgrad reads them (1 x 128 along H)
+  if (fp8) {
+    dq.assign(d_rows, d_rows + M * H);
+    fp8_round_rows(dq.data(), M, H, e.precision);
+    d_rows = dq.data();
+  }
   matmul(d_rows, e.down.data(), d.g.data(), M, H, I, threads);
   round_in_place(d.g.data(), M * I);
   std::vector<float> dh = d.g;
@@ -129,6 +169,7 @@ FfnGrads ffn_backward(const ExpertF& e, const FfnActs& a, const float* d_rows, c
     }
   }
   d.dx.resize(sz(M * H));
+  if (fp8) fp8_round_gate_up_rows(dgu, M, I);  // FC1's dgrad reads [d_g d_u] quantized (d.dg, d.du stay bf16)
   matmul(dgu.data(), e.gate_up.data(), d.dx.data(), M, 2 * I, H, threads);
   round_in_place(d.dx.data(), M * H);
   return d;
@@ -271,8 +312,11 @@ Gradients Engine::backward(const std::vector<RankInput>& in, const LayerWeights&
   const int W = shape_.world_size(), threads = config_.cpu_threads;
   const int64_t H = shape_.hidden, I = shape_.intermediate, k = shape_.top_k,
                 e_loc = shape_.local_experts(), Is = shape_.shared_intermediate, E = shape_.experts;
-  MOK_REQUIRE(config_.precision == Precision::BF16, "config.precision",
-              "the backward is specified in bf16 only so far (FP8: forward only), got ", to_string(config_.precision));
+  const Precision precision = config_.precision;
+  const bool fp8 = precision == Precision::FP8;
+  MOK_REQUIRE(precision != Precision::MXFP8, "config.precision",
+              "the backward is specified in bf16 and fp8 (recipe 1) so far; mxfp8 is forward only, got ",
+              to_string(precision));
   MOK_REQUIRE(static_cast<int>(d_out.size()) == W, "d_out", "one gradient per rank is required (W = ", W, "), got ", d_out.size());
   for (int r = 0; r < W; ++r)
     MOK_REQUIRE(static_cast<int64_t>(d_out[sz(r)].size()) == shape_.tokens_of(r) * H, "d_out",
@@ -318,11 +362,18 @@ Gradients Engine::backward(const std::vector<RankInput>& in, const LayerWeights&
           dd[h] = static_cast<float>(d_out[sz(src)][sz(t * H + h)]);
         }
       }
+      // FP8: the forward's replay reads x as the forward did (1 x 128 codes); the weight gradients
+      // read the bf16 rows (quantized per 128 x 1 below).
+      std::vector<float> ring_xq;
+      if (fp8) {
+        ring_xq.assign(ring_x.begin(), ring_x.begin() + (e - b) * H);
+        fp8_round_rows(ring_xq.data(), e - b, H, precision);
+      }
       for_each_segment(s, d, b, e, w, H, I, [&](int64_t le, int64_t seg_b, int64_t M, const ExpertF& ex) {
         const float* xv = &ring_x[sz((seg_b - b) * H)];
         const float* dv = &ring_d[sz((seg_b - b) * H)];
         const float* wv = &ring_w[sz(seg_b - b)];
-        FfnActs a = ffn_forward(ex, xv, M, threads);
+        FfnActs a = ffn_forward(ex, fp8 ? &ring_xq[sz((seg_b - b) * H)] : xv, M, threads);
         FfnGrads gr = ffn_backward(ex, a, dv, wv, M, threads);
         for (int64_t r = 0; r < M; ++r) {
           const int64_t row = seg_b + r;
@@ -344,7 +395,7 @@ Gradients Engine::backward(const std::vector<RankInput>& in, const LayerWeights&
                                      std::vector<float>(dv + r * H, dv + (r + 1) * H), std::move(hw),
                                      span_of(gr.dg, I), span_of(gr.du, I)});
         }
-      });
+      }, precision);
     }
     // Weight gradients of this rank's experts, rows in global token order.
     for (int64_t le = 0; le < e_loc; ++le) {
@@ -359,6 +410,13 @@ Gradients Engine::backward(const std::vector<RankInput>& in, const LayerWeights&
         DG.insert(DG.end(), r.dg.begin(), r.dg.end());
         DU.insert(DU.end(), r.du.begin(), r.du.end());
       }
+      if (fp8) {  // K = the expert's rows: 128 x 1 blocks, one per M tile and column
+        fp8_round_token_blocks(DY, M, H);
+        fp8_round_token_blocks(Hh, M, I);
+        fp8_round_token_blocks(DG, M, I);
+        fp8_round_token_blocks(DU, M, I);
+        fp8_round_token_blocks(V, M, H);
+      }
       weight_grad(DY, Hh, M, H, I, &g.d_w_down[sz(ge * H * I)], threads);
       weight_grad(DG, V, M, I, H, &g.d_w_gate[sz(ge * I * H)], threads);
       weight_grad(DU, V, M, I, H, &g.d_w_up[sz(ge * I * H)], threads);
@@ -367,7 +425,7 @@ Gradients Engine::backward(const std::vector<RankInput>& in, const LayerWeights&
 
   // Shared expert (local to each rank) and the d_x merge at the source.
   std::unique_ptr<ExpertF> shared;
-  if (Is > 0) shared = std::make_unique<ExpertF>(w.ws_gate.data(), w.ws_up.data(), w.ws_down.data(), H, Is);
+  if (Is > 0) shared = std::make_unique<ExpertF>(w.ws_gate.data(), w.ws_up.data(), w.ws_down.data(), H, Is, precision);
   g.d_x.resize(sz(W));
   g.d_ws_gate.resize(sz(W));
   g.d_ws_up.resize(sz(W));
@@ -378,9 +436,21 @@ Gradients Engine::backward(const std::vector<RankInput>& in, const LayerWeights&
     if (shared) {
       auto xf = to_float(in[sz(r)].x.data(), T * H);
       auto dof = to_float(d_out[sz(r)].data(), T * H);
-      FfnActs a = ffn_forward(*shared, xf.data(), T, threads);
+      std::vector<float> xq;
+      if (fp8) {  // as the forward read x
+        xq = xf;
+        fp8_round_rows(xq.data(), T, H, precision);
+      }
+      FfnActs a = ffn_forward(*shared, fp8 ? xq.data() : xf.data(), T, threads);
       FfnGrads gr = ffn_backward(*shared, a, dof.data(), nullptr, T, threads);
       dxs = std::move(gr.dx);
+      if (fp8) {  // the weight gradients' operands per 128 x 1 block, tokens in order
+        fp8_round_token_blocks(dof, T, H);
+        fp8_round_token_blocks(a.h, T, Is);
+        fp8_round_token_blocks(gr.dg, T, Is);
+        fp8_round_token_blocks(gr.du, T, Is);
+        fp8_round_token_blocks(xf, T, H);
+      }
       g.d_ws_down[sz(r)].resize(sz(H * Is));
       g.d_ws_gate[sz(r)].resize(sz(Is * H));
       g.d_ws_up[sz(r)].resize(sz(Is * H));
