@@ -66,6 +66,19 @@ struct TileScales {
 // bar.sync has no time bound, so a warpgroup that leaves its tile loop early (an expired wait)
 // would leave the other waiting; before it could be a default the turns belong on mbarriers with
 // bounded waits. A stagger is off with turns (the two would deadlock).
+// The mainloop the FP8 kernels (grouped_fp8.cu, forward_kernel_fp8.cu) instantiate: m64n128
+// halves, one in flight; built with the experiment options (CMake: MOK_FP8_PIPELINED_QUARTERS,
+// MOK_FP8_ORDERED_WARPGROUPS) pipelined quarters and / or turns.
+#if defined(MOK_FP8_PIPELINED_QUARTERS)
+inline constexpr int kFp8PieceN = 64, kFp8Depth = 2;
+#else
+inline constexpr int kFp8PieceN = 128, kFp8Depth = 1;
+#endif
+#if defined(MOK_FP8_ORDERED_WARPGROUPS)
+inline constexpr bool kFp8Ordered = true;
+#else
+inline constexpr bool kFp8Ordered = false;
+#endif
 __device__ __forceinline__ void scaled_turns_begin(int cwg) {
   if (cwg == 1) named_bar_arrive(kBarOrder + 0u, 256);  // warpgroup 0 goes first
 }

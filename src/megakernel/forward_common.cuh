@@ -49,19 +49,6 @@ using rt::wait_counter;
 // 128) because its consumers keep no profile counters, no warpgroup stagger and no dummy flag
 // across the mainloop (each cost spills; 40 / 232 spills instead in the comm CTAs' code, which
 // ptxas allocates within the producer's budget).
-// The scaled mainloop's pieces (engine_fp8.cuh): m64n128 halves, one in flight; or, built with
-// MOK_FP8_PIPELINED_QUARTERS (a CMake option, an experiment), m64n64 quarters two in flight.
-#if defined(MOK_FP8_PIPELINED_QUARTERS)
-constexpr int kFp8PieceN = 64, kFp8Depth = 2;
-#else
-constexpr int kFp8PieceN = 128, kFp8Depth = 1;
-#endif
-// Built with MOK_FP8_ORDERED_WARPGROUPS (a CMake option, an experiment): the warpgroups take turns.
-#if defined(MOK_FP8_ORDERED_WARPGROUPS)
-constexpr bool kFp8Ordered = true;
-#else
-constexpr bool kFp8Ordered = false;
-#endif
 template <bool kCluster>
 constexpr uint32_t kMkProducerRegs = kCluster ? 96 : 56;
 template <bool kCluster>
