@@ -89,6 +89,46 @@ __global__ void __launch_bounds__(kTileThreads) quantize_tiles_kernel(const uint
   }
 }
 
+// 128 x 1 blocks of a 128-row x 128-column tile, one CTA each, codes out transposed: thread t
+// reads column t % 128 of rows t / 128, t / 128 + 2, ... (coalesced along the row), the two
+// threads of a column combine their maxima in shared memory, the codes go through a shared
+// [column][row] tile and out as 16-byte row runs of q_t (coalesced along K).
+__global__ void __launch_bounds__(kTileThreads) quantize_token_blocks_t_kernel(const uint16_t* in, int64_t rows,
+                                                                               int64_t cols, int64_t ld, uint8_t* q_t,
+                                                                               float* scales) {
+  constexpr int kB = fp8::kBlock, kRowsPer = kB * kB / kTileThreads;  // 64 elements per thread
+  __shared__ float col_max[2][kB];
+  __shared__ __align__(16) uint8_t codes[kB][kB + 16];  // [column][row], rows padded for the 16-byte runs
+  const int64_t grid_cols = (cols + kB - 1) / kB;
+  const int64_t br = blockIdx.x / grid_cols, bc = blockIdx.x - br * grid_cols;
+  const int cl = int(threadIdx.x % kB), half = int(threadIdx.x / kB);
+  const int64_t c = bc * kB + cl;
+  float v[kRowsPer];
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kRowsPer; ++i) {
+    const int64_t r = br * kB + half + 2 * i;
+    v[i] = r < rows && c < cols ? bf16_at(in + r * cols + c) : 0.0f;  // past the edge: zeros
+    amax = fp8::amax_update(amax, v[i]);
+  }
+  col_max[half][cl] = amax;
+  __syncthreads();
+  amax = fp8::amax_update(col_max[0][cl], col_max[1][cl]);
+  const float s = fp8::block_scale(amax, fp8::ScaleRule::Fp32), inv = fp8::block_inverse(s);
+  if (half == 0 && c < cols) scales[br * cols + c] = s;
+#pragma unroll
+  for (int i = 0; i < kRowsPer; ++i) codes[cl][half + 2 * i] = e4m3(v[i] * inv);
+  __syncthreads();
+  // 128 columns x 8 runs of 16 rows: 4 runs per thread.
+  for (int k = int(threadIdx.x); k < kB * (kB / 16); k += kTileThreads) {
+    const int col = k / (kB / 16), run = k % (kB / 16);
+    const int64_t gc = bc * kB + col;
+    if (gc < cols)
+      *reinterpret_cast<uint4*>(q_t + gc * ld + br * kB + run * 16) =
+          *reinterpret_cast<const uint4*>(&codes[col][run * 16]);
+  }
+}
+
 void check_args(const void* in, int64_t rows, int64_t cols, const void* q, const void* scales) {
   MOK_REQUIRE(rows >= 0, "rows", "rows >= 0 (rows = ", rows, ")");
   MOK_REQUIRE(cols >= 0, "cols", "cols >= 0 (cols = ", cols, ")");
@@ -121,6 +161,18 @@ void quantize_fp8_blocked(const void* in_bf16, int64_t rows, int64_t cols, int b
     MOK_REQUIRE(tiles < (int64_t(1) << 31), "rows, cols", "fewer than 2^31 blocks of 128 x 128, got ", tiles);
     quantize_tiles_kernel<<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(in, rows, cols, rule, out, scales);
   }
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+void quantize_fp8_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols, void* q_t, float* scales,
+                                 cudaStream_t stream) {
+  check_args(in_bf16, rows, cols, q_t, scales);
+  if (rows == 0 || cols == 0) return;
+  const int64_t ld = (rows + fp8::kBlock - 1) / fp8::kBlock * fp8::kBlock;
+  const int64_t tiles = ld / fp8::kBlock * ((cols + fp8::kBlock - 1) / fp8::kBlock);
+  MOK_REQUIRE(tiles < (int64_t(1) << 31), "rows, cols", "fewer than 2^31 tiles of 128 x 128, got ", tiles);
+  quantize_token_blocks_t_kernel<<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(
+      static_cast<const uint16_t*>(in_bf16), rows, cols, ld, static_cast<uint8_t*>(q_t), scales);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -26,6 +26,15 @@ namespace mok::gemm {
 void quantize_fp8_blocked(const void* in_bf16, int64_t rows, int64_t cols, int block_rows, fp8::ScaleRule rule,
                           void* q, float* scales, cudaStream_t stream);
 
+// The FP8 backward's weight-gradient operands (recipe 1, include/mok/reference.hpp): K is the
+// rows (tokens), so blocks of 128 x 1 — 128 consecutive rows of one column, i.e. one 128-row M
+// tile — with fp32 scales, and the codes written transposed, K-major as FP8 wgmma reads them:
+// q_t[c * ld + r] for ld = rows rounded up to 128 (the last tile's missing rows get code 0, a
+// zero); scales[(r / 128) * cols + c] (the spec's row-major grid of blocks). q_t: cols x ld bytes;
+// scales: ceil(rows / 128) x cols floats. Same checks as above.
+void quantize_fp8_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols, void* q_t, float* scales,
+                                 cudaStream_t stream);
+
 // MXFP8 (E4M3 elements, an E8M0 scale per 32 along each row): q rows x cols bytes, scales
 // rows x ceil(cols / 32) E8M0 codes. Same checks.
 void quantize_mxfp8(const void* in_bf16, int64_t rows, int64_t cols, void* q, uint8_t* scales, cudaStream_t stream);

@@ -131,6 +131,47 @@ TEST(Fp8Quantize, BlockScaledMatchesTheSpecBitForBit) {
   EXPECT_GE(values, 1000000);
 }
 
+// The FP8 backward's weight-gradient operands: 128 x 1 blocks (one per 128 rows of a column, the
+// M tiles), codes transposed to K-major [cols, rows rounded up to 128] with zero codes past the
+// last row; against the spec's row-major codes and scales (BlockShape{128, 1}, fp32 scales).
+TEST(Fp8Quantize, TokenBlocksTransposedMatchTheSpecBitForBit) {
+  MOK_REQUIRE_GPUS(1);
+  int64_t values = 0;
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(testing::Message() << s.rows << " x " << s.cols);
+    const std::vector<uint16_t> x = matrix(s, 11 + uint64_t(s.rows));
+    const fp8::BlockShape block{fp8::kBlock, 1};
+    const size_t n = x.size(), ns = size_t(fp8::scale_count(s.rows, s.cols, block));
+    std::vector<uint8_t> want_q(n);
+    std::vector<float> want_s(ns);
+    fp8::quantize_blocked(reinterpret_cast<const mok::bf16*>(x.data()), s.rows, s.cols, block, fp8::ScaleRule::Fp32,
+                          want_q.data(), want_s.data());
+    const int64_t ld = (s.rows + fp8::kBlock - 1) / fp8::kBlock * fp8::kBlock;
+    DevBuf dx(n * 2), dq(size_t(s.cols * ld)), ds(ns * 4);
+    upload(dx, x);
+    MOK_ASSERT_CUDA(cudaMemset(dq.p, 0xAB, size_t(s.cols * ld)));  // the padding must be written
+    mok::gemm::quantize_fp8_token_blocks_t(dx.p, s.rows, s.cols, dq.p, ds.as<float>(), nullptr);
+    ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    const auto got_q = download<uint8_t>(dq, size_t(s.cols * ld));
+    int64_t bad = 0, bad_pad = 0;
+    for (int64_t c = 0; c < s.cols; ++c)
+      for (int64_t r = 0; r < ld; ++r) {
+        const uint8_t g = got_q[size_t(c * ld + r)];
+        if (r < s.rows)
+          bad += g != want_q[size_t(r * s.cols + c)];
+        else
+          bad_pad += g != 0;
+      }
+    EXPECT_EQ(bad, 0) << "codes differ";
+    EXPECT_EQ(bad_pad, 0) << "padding rows are not zero codes";
+    EXPECT_EQ(count_diff(download<float>(ds, ns), want_s), 0) << "scales differ";
+    values += int64_t(n);
+  }
+  std::printf("[fp8 quantize] 128 x 1 token blocks, transposed: %lld values compared with the spec\n",
+              (long long)values);
+  EXPECT_GE(values, 1000000);
+}
+
 TEST(Fp8Quantize, MxMatchesTheSpecBitForBit) {
   MOK_REQUIRE_GPUS(1);
   int64_t values = 0;
