@@ -16,7 +16,6 @@ namespace mok::gemm {
 namespace engine {
 namespace {
 
-
 template <class CF, bool kFc1>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_grouped_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
@@ -63,16 +62,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int64_t wblock = (int64_t(t.b_batch) * (p.n / 256) + t.b_n / 256) * kb;
       TileScales sc{p.scale_a + int64_t(t.a_m) * kb, kb, p.scale_b + wblock, 0, 1};
       sc.b_up = p.scale_b_up + wblock;
-      mma_tile_scaled<CF, true, kFp8PieceN, kFp8Depth, kFp8Ordered>(sm, ps, t, cwg, wt, acc, wb, sc,
-                                                                     kFp8Ordered ? nullptr : &skew);
+      mma_tile_scaled<CF, true, kFp8PieceN, kFp8Depth, kFp8Ordered>(sm, ps, t, cwg, wt, acc, wb, sc, &skew);
       epilogue_fc1_fp8(acc, cwg, wt, t.out_row, t.b_n, static_cast<uint8_t*>(p.fc1_h), p.scale_h, p.n / 2);
     } else {
       // The tile's rows' scales and its expert's scales for columns [b_n, b_n + 128).
       const TileScales sc{p.scale_a + int64_t(t.a_m) * kb, kb,
                           p.scale_b + (int64_t(t.b_batch) * n_blocks + t.b_n / 128) * kb, kb,
                           int32_t(n_blocks - t.b_n / 128)};
-      mma_tile_scaled<CF, false, kFp8PieceN, kFp8Depth, kFp8Ordered>(sm, ps, t, cwg, wt, acc, wb, sc,
-                                                                      kFp8Ordered ? nullptr : &skew);
+      mma_tile_scaled<CF, false, kFp8PieceN, kFp8Depth, kFp8Ordered>(sm, ps, t, cwg, wt, acc, wb, sc, &skew);
       epilogue_store<CF>(sm, es, cwg, wt, acc, &map_d0, t.out_row, t.b_n, p.n);
     }
   }
