@@ -20,81 +20,52 @@
 
 namespace mok::gemm::engine {
 
-// The fp32 scales one output tile reads: A's per row at the tile's first row (`a`, rows `a_stride`
-// floats apart, consecutive along K blocks) and B's for the tile's first 128 columns (`b`,
-// consecutive along K blocks; the next 128 columns' at `b + b_stride`), `b_blocks` of them inside
-// the matrix (a 256-wide tile at its right edge may have one: its other half reads no scale and
-// is promoted with 0; its columns are not stored).
-// Gate/up B (FC1, kGateUp): the tile's 128 intermediate columns are one 128 x 128 block of W_gate
-// (`b`) and one of W_up (`b_up`) along N, whatever the half; in the packed order accumulator n8
-// block j is a gate column when j % 8 < 4 (32 gate then 32 up columns per 64).
+// How a tile's B operand is scaled (the recipe's blocks of the B matrix along N):
+//   Block: per 128 x 128 block (weights, forward and dgrad): one scale per 128 columns and K block;
+//   GateUp: FC1's packed gate/up B — the tile's 128 intermediate columns are one 128 x 128 block of
+//     W_gate and one of W_up, so in the packed order accumulator n8 block j takes the up scale when
+//     j % 8 >= 4 (32 gate then 32 up columns per 64);
+//   Column: per column and K block (the wgrad's 128 x 1 token blocks: both operands' scales run
+//     along their M / N index), so each accumulator column has its own scale.
+enum class BScale { Block, GateUp, Column };
+
+// The fp32 scales one output tile reads. A's: one per tile row and K block, at a + row * a_row +
+// kb * a_k (activations per 1 x 128: a_row = k_blocks, a_k = 1; wgrad token blocks: a_row = 1,
+// a_k = the scale grid's row length). B's (Block): the tile's first 128 columns' at b + kb, the
+// next 128 columns' at b + b_stride, `b_blocks` of them inside the matrix (a 256-wide tile at its
+// right edge may have one: its other half reads no scale and is promoted with 0; its columns are
+// not stored). GateUp: W_gate's at b + kb, W_up's at b_up + kb. Column: column c's at b + c +
+// kb * b_stride, columns [0, 128 * b_blocks) inside the matrix.
 struct TileScales {
   const float* a;
-  int64_t a_stride;
+  int64_t a_row;
   const float* b;
   int64_t b_stride;
   int32_t b_blocks;
   const float* b_up = nullptr;
+  int64_t a_k = 1;
 };
 
-// BLOCK_N 128: one block accumulator of 64 registers. BLOCK_N 256: the stage's MMAs run as two
-// m64n128 halves (the B tile's rows 0-127, then 128-255: +16 KB, a whole number of swizzle
-// atoms), each waited for and promoted with its own weight block's scale, so the block
-// accumulator stays 64 registers beside the 128 of the tile (a warpgroup's MMAs pause during its
-// promotions; the other warpgroup's fill the tensor cores meanwhile).
+// The stage's MMAs run as m64n128 halves (BLOCK_N 256: the B tile's rows 0-127, then 128-255: +16
+// KB, a whole number of swizzle atoms; BLOCK_N 128: one half), each into a 64-register block
+// accumulator `part` from zero, waited for and promoted — acc += part * scale_a(row) *
+// scale_b(column) — before the next half is issued, so the block accumulator stays 64 registers
+// beside the tile's 128 (a warpgroup's MMAs pause during its promotions; the other warpgroup's
+// fill the tensor cores meanwhile). Measured against the alternatives (m64n64 quarters with two
+// pieces in flight; the two warpgroups taking turns per piece): halves were faster in every
+// grouped form and megakernel case (bench/results/fp8-pieces-*-h200x1.json, notes/fp8.md).
+// Not pipelined across K blocks: waiting for the next stage (a bounded wait: divergent code)
+// while a wgmma group is in flight makes ptxas serialize every wgmma (C7518, seen in the SASS).
 // `skew` (optional, the engine's Skew: Options::skew_stages): warpgroup 1 starts a tile once
 // warpgroup 0 has promoted `stages` K blocks of it, so one's epilogue overlaps the other's MMAs
 // (FC1's FP8 epilogue runs while the tensor cores would otherwise wait: notes/fp8.md).
-// kPieceN: the MMAs' width, 128 (two halves of a 256-wide tile, a 64-register block accumulator)
-// or 64 (quarters, 32 registers). kDepth: pieces in flight. 1: each piece's MMAs are waited for
-// and promoted before the next piece's are issued (the warpgroup's tensor work pauses for the
-// drain and the promotion; only the other warpgroup's MMAs fill it). 2 (quarters only: two
-// 32-register block accumulators, the registers of one half): piece h + 1's MMAs are issued
-// before piece h is waited for and promoted, so one warpgroup keeps the tensor cores fed through
-// three of a stage's four promotions, at the price of A re-read from shared memory per 64 columns
-// (at FP8's rate quarters need all of the shared-memory bandwidth: notes/fp8.md). Not across K
-// blocks: waiting for the next stage (a bounded wait: divergent code) while a wgmma group is in
-// flight makes ptxas serialize every wgmma (C7518, measured in the SASS).
-// kOrdered: the two warpgroups take turns issuing pieces (named barriers kBarOrder + warpgroup:
-// warpgroup 0 issues a piece, then warpgroup 1, then warpgroup 0 its next, ...), so that one's MMAs
-// run while the other drains and promotes instead of both warpgroups' MMAs interleaving and both
-// promoting at once. The consumers call scaled_turns_begin before their first tile and
-// scaled_turns_end after their last (warpgroup 1's first turn is granted once and warpgroup 0
-// takes the last grant once: granting per tile could let warpgroup 1's next grant reach barrier 0
-// before warpgroup 0 took the previous one, one phase of arrivals from warpgroup 1 alone). Both
-// warpgroups run the same tiles, so their turns match. An experiment (MOK_FP8_ORDERED_WARPGROUPS):
-// bar.sync has no time bound, so a warpgroup that leaves its tile loop early (an expired wait)
-// would leave the other waiting; before it could be a default the turns belong on mbarriers with
-// bounded waits. A stagger is off with turns (the two would deadlock).
-// The mainloop the FP8 kernels (grouped_fp8.cu, forward_kernel_fp8.cu) instantiate: m64n128
-// halves, one in flight; built with the experiment options (CMake: MOK_FP8_PIPELINED_QUARTERS,
-// MOK_FP8_ORDERED_WARPGROUPS) pipelined quarters and / or turns.
-#if defined(MOK_FP8_PIPELINED_QUARTERS)
-inline constexpr int kFp8PieceN = 64, kFp8Depth = 2;
-#else
-inline constexpr int kFp8PieceN = 128, kFp8Depth = 1;
-#endif
-#if defined(MOK_FP8_ORDERED_WARPGROUPS)
-inline constexpr bool kFp8Ordered = true;
-#else
-inline constexpr bool kFp8Ordered = false;
-#endif
-__device__ __forceinline__ void scaled_turns_begin(int cwg) {
-  if (cwg == 1) named_bar_arrive(kBarOrder + 0u, 256);  // warpgroup 0 goes first
-}
-__device__ __forceinline__ void scaled_turns_end(int cwg) {
-  if (cwg == 0) named_bar_sync(kBarOrder + 0u, 256);  // warpgroup 1's last grant
-}
-template <class C, bool kGateUp = false, int kPieceN = 128, int kDepth = 1, bool kOrdered = false>
+template <class C, BScale kB = BScale::Block>
 __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg, uint32_t wt,
                                                 float (&acc)[C::kAccRegs], const WaitBound& wb, const TileScales& sc,
                                                 Skew<C>* skew = nullptr) {
   static_assert(std::is_same_v<typename C::Operand, OperandE4m3>, "block-scaled FP8: E4M3 operands");
-  static_assert(kPieceN == 128 || kPieceN == 64, "m64n128 or m64n64 pieces");
-  static_assert(kDepth == 1 || (kDepth == 2 && kPieceN == 64), "two pieces in flight: quarters only (registers)");
-  constexpr int kHalves = C::kBlockN / 128;  // weight blocks (scales) of the tile
-  constexpr int kPieces = C::kBlockN / kPieceN, kPart = kPieceN / 2;  // m64nN: N/2 accumulators
-  const bool staggered = !kOrdered && skew != nullptr && skew->applies(t);  // (turns and a stagger would deadlock)
+  constexpr int kHalves = C::kBlockN / 128;  // m64n128 pieces = weight blocks of the tile
+  const bool staggered = skew != nullptr && skew->applies(t);
   uint64_t* skew_bar = sm.skew(skew != nullptr ? skew->tiles & 1u : 0u);
   const uint32_t skew_parity = skew != nullptr ? (skew->tiles >> 1) & 1u : 0u;
   if (staggered) {
@@ -104,64 +75,68 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
 #pragma unroll
   for (int i = 0; i < C::kAccRegs; ++i) acc[i] = 0.0f;
   if (t.k_blocks == 0) return;
-  // This thread's rows: r and r + 8 of its warpgroup's 64 (the accumulator layout, acc_row).
-  const float* a0 = sc.a + int64_t(64 * cwg + acc_row(wt)) * sc.a_stride;
-  const float* a1 = a0 + 8 * sc.a_stride;
+  // This thread's rows: r and r + 8 of its warpgroup's 64 (the accumulator layout, acc_row); its
+  // columns (Column): 2 adjacent ones per n8 block from acc_col.
+  const float* a0 = sc.a + int64_t(64 * cwg + acc_row(wt)) * sc.a_row;
+  const float* a1 = a0 + 8 * sc.a_row;
+  const float* bcol = sc.b + acc_col(wt);
   const uint32_t a_base = smem_addr(sm.a(0)) + uint32_t(cwg) * kChunkBytes;
   const uint32_t b_base = smem_addr(sm.b(0));
-  float part[kDepth][kPart];
-  // Piece h's MMAs of stage s (its 128 K elements against B rows [h N, (h + 1) N)) into `pp`.
-  const auto issue = [&](uint32_t s, int h, float (&pp)[kPart]) {
-    const uint32_t as = a_base + s * kATileBytes;
-    const uint32_t bs = b_base + s * C::kBTileBytes + uint32_t(h) * uint32_t(kPieceN) * uint32_t(kKBytes);
-    if (kOrdered) named_bar_sync(kBarOrder + uint32_t(cwg), 256);  // our turn
-    fence_operands(pp);
-    wgmma_fence();
-#pragma unroll
-    for (int k32 = 0; k32 < C::kBlockK / C::Operand::kStepK; ++k32)
-      C::Operand::template mma<kPieceN, false, false>(pp, desc_k_major(as, k32), desc_k_major(bs, k32),
-                                                  k32 > 0 ? 1u : 0u);
-    wgmma_commit();
-    if (kOrdered) named_bar_arrive(kBarOrder + uint32_t(cwg ^ 1), 256);  // the other's turn
-    fence_operands(pp);
-  };
+  float part[64];
+  const int64_t a_k = kB == BScale::Column ? sc.a_k : 1;  // (a constant where activations are per 1 x 128)
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     const uint32_t s = ps.stage;
     // The block's scales, loaded while the stage arrives and its MMAs run.
-    const float sa0 = __ldg(a0 + kb), sa1 = __ldg(a1 + kb);
+    const float sa0 = __ldg(a0 + kb * a_k), sa1 = __ldg(a1 + kb * a_k);
     float sb[kHalves], sb_up = 0.0f;
-    if constexpr (kGateUp) {
-      sb_up = __ldg(sc.b_up + kb);
 #pragma unroll
-      for (int h = 0; h < kHalves; ++h) sb[h] = __ldg(sc.b + kb);  // one gate block for the whole tile
-    } else {
-#pragma unroll
-      for (int h = 0; h < kHalves; ++h) sb[h] = h < sc.b_blocks ? __ldg(sc.b + h * sc.b_stride + kb) : 0.0f;
+    for (int h = 0; h < kHalves; ++h) {
+      if constexpr (kB == BScale::GateUp)
+        sb[h] = __ldg(sc.b + kb);  // one gate block for the whole tile
+      else if constexpr (kB == BScale::Block)
+        sb[h] = h < sc.b_blocks ? __ldg(sc.b + h * sc.b_stride + kb) : 0.0f;
     }
+    if constexpr (kB == BScale::GateUp) sb_up = __ldg(sc.b_up + kb);
     mbar_wait(sm.full(s), ps.phase, wb, kSiteConsumerFull);
 #pragma unroll
-    for (int h = 0; h < kPieces; ++h) {
-      float(&pp)[kPart] = part[h % kDepth];
-      if (kDepth == 1 || h == 0) issue(s, h, pp);
-      const bool ahead = kDepth == 2 && h + 1 < kPieces;  // the next piece goes in before this one's wait
-      if (ahead) issue(s, h + 1, part[(h + 1) % kDepth]);
-      if (ahead)
-        wgmma_wait<1>();  // this piece's group done; the next one's may still run
-      else
-        wgmma_wait<0>();
-      fence_operands(pp);
-      if (h == kPieces - 1) release_stage<C>(sm, s);  // every piece's MMAs of this stage have completed
-      const int wblk = h * kPieceN / 128;  // the piece's weight block
-      const float s0 = sa0 * sb[wblk], s1 = sa1 * sb[wblk];
-      const float u0 = sa0 * sb_up, u1 = sa1 * sb_up;
+    for (int h = 0; h < kHalves; ++h) {
+      const uint32_t as = a_base + s * kATileBytes;
+      const uint32_t bs = b_base + s * C::kBTileBytes + uint32_t(h) * 128u * uint32_t(kKBytes);
+      fence_operands(part);
+      wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < kPart / 4; ++j) {
-        const bool up = kGateUp && (j % 8) >= 4;  // (a piece is 64 or 128 columns: j % 8 is the packed position)
-        float* d = acc + kPart * h + 4 * j;
-        d[0] = fmaf(pp[4 * j], up ? u0 : s0, d[0]);
-        d[1] = fmaf(pp[4 * j + 1], up ? u0 : s0, d[1]);
-        d[2] = fmaf(pp[4 * j + 2], up ? u1 : s1, d[2]);
-        d[3] = fmaf(pp[4 * j + 3], up ? u1 : s1, d[3]);
+      for (int k32 = 0; k32 < C::kBlockK / C::Operand::kStepK; ++k32)
+        C::Operand::template mma<128, false, false>(part, desc_k_major(as, k32), desc_k_major(bs, k32),
+                                                    k32 > 0 ? 1u : 0u);
+      wgmma_commit();
+      fence_operands(part);
+      wgmma_wait<0>();
+      fence_operands(part);
+      if (h == kHalves - 1) release_stage<C>(sm, s);  // every half's MMAs of this stage have completed
+      float* d = acc + 64 * h;
+      if constexpr (kB == BScale::Column) {
+        // Column scales of this half (zero past the matrix's edge: those columns are not stored).
+        const bool inside = h < sc.b_blocks;
+        const float* bk = bcol + 128 * h + kb * sc.b_stride;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const float2 b2 = inside ? __ldg(reinterpret_cast<const float2*>(bk + 8 * j)) : make_float2(0.0f, 0.0f);
+          d[4 * j] = fmaf(part[4 * j] * sa0, b2.x, d[4 * j]);
+          d[4 * j + 1] = fmaf(part[4 * j + 1] * sa0, b2.y, d[4 * j + 1]);
+          d[4 * j + 2] = fmaf(part[4 * j + 2] * sa1, b2.x, d[4 * j + 2]);
+          d[4 * j + 3] = fmaf(part[4 * j + 3] * sa1, b2.y, d[4 * j + 3]);
+        }
+      } else {
+        const float s0 = sa0 * sb[h], s1 = sa1 * sb[h];
+        const float u0 = sa0 * sb_up, u1 = sa1 * sb_up;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const bool up = kB == BScale::GateUp && (j % 8) >= 4;  // j % 8: the packed position within 64 columns
+          d[4 * j] = fmaf(part[4 * j], up ? u0 : s0, d[4 * j]);
+          d[4 * j + 1] = fmaf(part[4 * j + 1], up ? u0 : s0, d[4 * j + 1]);
+          d[4 * j + 2] = fmaf(part[4 * j + 2], up ? u1 : s1, d[4 * j + 2]);
+          d[4 * j + 3] = fmaf(part[4 * j + 3], up ? u1 : s1, d[4 * j + 3]);
+        }
       }
     }
     if (staggered && cwg == 0 && kb == skew->stages - 1 && wt == 0) mbar_arrive(skew_bar);

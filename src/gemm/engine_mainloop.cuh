@@ -99,7 +99,6 @@ struct Cfg {
 
 inline constexpr uint32_t kBarEpilogue = 1;   // + consumer warpgroup index
 inline constexpr uint32_t kBarConsumers = 3;  // both consumer warpgroups
-inline constexpr uint32_t kBarOrder = 4;      // + consumer warpgroup index: the scaled mainloop's issue turns
 
 // Wait sites recorded in the error word when a bounded wait expires.
 inline constexpr unsigned int kSiteProducerEmpty = 0x6e01;

@@ -55,25 +55,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   float acc[CF::kAccRegs];
   MGroupedSchedule<CF> sched(p);
   const int64_t kb = p.k_blocks, n_blocks = p.n / 128;
-  if (kFp8Ordered) scaled_turns_begin(cwg);
   while (sched.next(t, shared, dummy)) {
     if constexpr (kFc1) {
       // The tile's 128 intermediate columns: one 128 x 128 block of W_gate and one of W_up along N.
       const int64_t wblock = (int64_t(t.b_batch) * (p.n / 256) + t.b_n / 256) * kb;
       TileScales sc{p.scale_a + int64_t(t.a_m) * kb, kb, p.scale_b + wblock, 0, 1};
       sc.b_up = p.scale_b_up + wblock;
-      mma_tile_scaled<CF, true, kFp8PieceN, kFp8Depth, kFp8Ordered>(sm, ps, t, cwg, wt, acc, wb, sc, &skew);
+      mma_tile_scaled<CF, BScale::GateUp>(sm, ps, t, cwg, wt, acc, wb, sc, &skew);
       epilogue_fc1_fp8(acc, cwg, wt, t.out_row, t.b_n, static_cast<uint8_t*>(p.fc1_h), p.scale_h, p.n / 2);
     } else {
       // The tile's rows' scales and its expert's scales for columns [b_n, b_n + 128).
       const TileScales sc{p.scale_a + int64_t(t.a_m) * kb, kb,
                           p.scale_b + (int64_t(t.b_batch) * n_blocks + t.b_n / 128) * kb, kb,
                           int32_t(n_blocks - t.b_n / 128)};
-      mma_tile_scaled<CF, false, kFp8PieceN, kFp8Depth, kFp8Ordered>(sm, ps, t, cwg, wt, acc, wb, sc, &skew);
+      mma_tile_scaled<CF, BScale::Block>(sm, ps, t, cwg, wt, acc, wb, sc, &skew);
       epilogue_store<CF>(sm, es, cwg, wt, acc, &map_d0, t.out_row, t.b_n, p.n);
     }
   }
-  if (kFp8Ordered) scaled_turns_end(cwg);
   epi_finish(wt == 0);
 }
 

@@ -359,7 +359,6 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
   // Other GPUs read our counters only to reuse ring rows under push dispatch (see report()).
   const bool sys_reports =
       p.push_dispatch && num_positions(p.plan, p.schedule.totals->total_rows) > ring_slots(p.plan);
-  if constexpr (kFp8 && kFp8Ordered) scaled_turns_begin(cwg);
 #pragma unroll 1
   for (;;) {
     const uint64_t w0 = clock.now();
@@ -401,7 +400,7 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
         const int64_t wblock = (int64_t(t.b_batch) * (p.inter / 128) + t.b_n / 256) * kb;
         TileScales sc{p.x_scales_ring + int64_t(t.a_m) * kb, kb, p.w_gate_scales + wblock, 0, 1};
         sc.b_up = p.w_up_scales + wblock;
-        mma_tile_scaled<C, true, kFp8PieceN, kFp8Depth, kFp8Ordered>(sm, ps, t, cwg, wt, acc, wb, sc);
+        mma_tile_scaled<C, BScale::GateUp>(sm, ps, t, cwg, wt, acc, wb, sc);
         e0 = clock.now();
         if (!dummy)
           epilogue_fc1_fp8(acc, cwg, wt, t.out_row, t.b_n, static_cast<uint8_t*>(p.h_ring), p.h_scales_ring, p.inter);
@@ -410,7 +409,7 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
         const TileScales sc{p.h_scales_ring + int64_t(t.a_m) * kb, kb,
                             p.w_down_scales + (int64_t(t.b_batch) * n_blocks + t.b_n / 128) * kb, kb,
                             int32_t(n_blocks - t.b_n / 128)};
-        mma_tile_scaled<C, false, kFp8PieceN, kFp8Depth, kFp8Ordered>(sm, ps, t, cwg, wt, acc, wb, sc);
+        mma_tile_scaled<C, BScale::Block>(sm, ps, t, cwg, wt, acc, wb, sc);
         e0 = clock.now();
         if (dummy) {
         } else if (combine) {
@@ -474,7 +473,6 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
     mbar_arrive(ring.empty + cur.i);  // both ranks: the slot is this CTA's own
     cur.advance();
   }
-  if constexpr (kFp8 && kFp8Ordered) scaled_turns_end(cwg);
   if (leader) report(p, pending, sys_reports);
   epi_finish(leader);
   if (clock.out) {
