@@ -29,10 +29,12 @@
 #include "mok/bf16.hpp"
 #include "mok/gemm.hpp"
 #include "mok/workload.hpp"
+#include "bench_gemm_util.cuh"
 
 namespace {
 
 namespace gemm = mok::gemm;
+using namespace mok::bench_gemm;
 
 struct Model {
   const char* name;
@@ -51,89 +53,6 @@ struct Case {
   // GEMM view: out[M, N] with reduction K (wgrad: out [E, M, N] per expert, K = rows)
   int64_t m_or_rows = 0, n = 0, k = 0;
 };
-
-__global__ void fill_kernel(uint16_t* p, int64_t n, uint64_t seed, float scale) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    uint64_t z = (uint64_t(i) + seed * 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
-    z ^= z >> 31;
-    z *= 0x94D049BB133111EBull;
-    z ^= z >> 29;
-    const float u = float(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // [-1, 1)
-    const float v = u * scale;
-    uint32_t b = __float_as_uint(v);
-    b += 0x7fffu + ((b >> 16) & 1u);
-    p[i] = uint16_t(b >> 16);
-  }
-}
-
-// FP8 operands (fc2_fp8): finite E4M3 codes of magnitude 2^-3 .. 2^3 with random signs and
-// mantissas, and power-of-two fp32 scales in [2^-4, 1].
-__global__ void fill_e4m3_kernel(uint8_t* p, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const uint64_t z = (uint64_t(i) + seed * 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
-    const auto r = uint32_t(z >> 32);
-    p[i] = uint8_t(((r & 1u) << 7) | ((4u + ((r >> 1) & 0xffu) % 7u) << 3) | ((r >> 12) & 7u));
-  }
-}
-__global__ void fill_scales_kernel(float* p, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const uint64_t z = (uint64_t(i) + seed * 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
-    p[i] = ldexpf(1.0f, -int((z >> 40) % 5u));
-  }
-}
-
-void fill(void* p, int64_t n, uint64_t seed, float scale) {
-  fill_kernel<<<1024, 256>>>(static_cast<uint16_t*>(p), n, seed, scale);
-  MOK_CUDA_CHECK(cudaGetLastError());
-}
-
-struct Buf {
-  void* p = nullptr;
-  explicit Buf(size_t bytes) { MOK_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16))); }
-  ~Buf() { cudaFree(p); }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-};
-
-std::vector<int32_t> expert_counts(int64_t experts, int64_t per_expert, const std::string& routing) {
-  std::vector<int32_t> c(static_cast<size_t>(experts), static_cast<int32_t>(per_expert));
-  if (routing == "uniform") return c;
-  // skewed: popularity ~ 1/(e+1)^1.2 (the workload generator's Zipf), counts in multiples of 16,
-  // the same total rows as uniform.
-  const int64_t total = experts * per_expert;
-  double norm = 0;
-  for (int64_t e = 0; e < experts; ++e) norm += std::pow(double(e + 1), -1.2);
-  int64_t used = 0;
-  for (int64_t e = 0; e < experts; ++e) {
-    c[size_t(e)] = int32_t(int64_t(double(total) * std::pow(double(e + 1), -1.2) / norm) / 16 * 16);
-    used += c[size_t(e)];
-  }
-  c[0] += int32_t(total - used);
-  return c;
-}
-
-float host_bf16(uint16_t b) { return mok::bf16::to_float(b); }
-
-std::vector<uint16_t> fetch(const void* base, int64_t offset_elems, int64_t n) {
-  std::vector<uint16_t> v(size_t(std::max<int64_t>(n, 0)));
-  MOK_CUDA_CHECK(cudaMemcpy(v.data(), static_cast<const uint16_t*>(base) + offset_elems, size_t(n) * 2,
-                            cudaMemcpyDeviceToHost));
-  return v;
-}
-
-double dot_rows(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += double(host_bf16(a[i])) * double(host_bf16(b[i]));
-  return s;
-}
-
-// Strided gather of n elements (device) starting at `offset`, `stride` apart.
-std::vector<uint16_t> fetch_strided(const void* base, int64_t offset, int64_t stride, int64_t n) {
-  std::vector<uint16_t> v(static_cast<size_t>(n));
-  MOK_CUDA_CHECK(cudaMemcpy2D(v.data(), 2, static_cast<const uint16_t*>(base) + offset, size_t(stride) * 2, 2,
-                              size_t(n), cudaMemcpyDeviceToHost));
-  return v;
-}
 
 struct Result {
   double ms = 0, tflops = 0, err = 0;
@@ -185,15 +104,27 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
     a_cols = c.k; w_elems = E * c.k * c.n; out_elems = rows * c.n;
   } else if (c.form == "dgrad_swiglu") {  // d_y [rows, H], W_down [E, H, I], gu and d_gu [rows, 2I]
     a_cols = H; w_elems = E * H * I; b_cols = 2 * I; out_elems = rows * 2 * I;
-  } else {  // wgrad: a [rows, m], b [rows, n], out [E, m, n]
+  } else {  // wgrad: a [rows, m], b [rows, n], out [E, m, n] (wgrad_fp8: a, b as E4M3 codes transposed)
     a_cols = c.m_or_rows; b_cols = c.n; out_elems = E * c.m_or_rows * c.n;
   }
   const int64_t set_bytes = (rows * a_cols + w_elems + rows * b_cols) * 2;
   const int sets = int(std::clamp<int64_t>((256ll << 20) / std::max<int64_t>(set_bytes, 1) + 1, 1, 4));
   const bool fp8 = c.form == "fc2_fp8" || c.form == "fc1_fp8" || c.form == "dgrad_fp8";
-  std::vector<std::unique_ptr<Buf>> A, W, B, SA, SW;  // SA, SW: the FP8 operands' scales
+  const bool wgrad_fp8 = c.form == "wgrad_fp8";
+  std::vector<std::unique_ptr<Buf>> A, W, B, SA, SW;  // SA, SW: the FP8 operands' scales (wgrad_fp8: A's, B's)
   for (int s = 0; s < sets; ++s) {
     A.emplace_back(new Buf(size_t(rows * a_cols) * 2));
+    if (wgrad_fp8) {  // [m, rows] and [n, rows] codes, scales per 128 x 1 block: [rows / 128, m], [rows / 128, n]
+      B.emplace_back(new Buf(size_t(rows * b_cols)));
+      fill_e4m3_kernel<<<1024, 256>>>(static_cast<uint8_t*>(A.back()->p), rows * a_cols, 1000 + s);
+      fill_e4m3_kernel<<<1024, 256>>>(static_cast<uint8_t*>(B.back()->p), rows * b_cols, 3000 + s);
+      SA.emplace_back(new Buf(size_t(rows / 128 * a_cols) * 4));
+      SW.emplace_back(new Buf(size_t(rows / 128 * b_cols) * 4));
+      fill_scales_kernel<<<256, 256>>>(static_cast<float*>(SA.back()->p), rows / 128 * a_cols, 4000 + s);
+      fill_scales_kernel<<<256, 256>>>(static_cast<float*>(SW.back()->p), rows / 128 * b_cols, 5000 + s);
+      MOK_CUDA_CHECK(cudaGetLastError());
+      continue;
+    }
     if (fp8) {
       fill_e4m3_kernel<<<1024, 256>>>(static_cast<uint8_t*>(A.back()->p), rows * a_cols, 1000 + s);
       SA.emplace_back(new Buf(size_t(rows * (a_cols / 128)) * 4));
@@ -284,6 +215,17 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
       a.hidden = H; a.inter = I; a.experts = E;
       a.tile_expert = static_cast<int32_t*>(d_te.p); a.num_m_tiles = tiles;
       plans.push_back(gemm::plan_dgrad_swiglu(a, o));
+    } else if (wgrad_fp8) {
+      gemm::Fp8WgradArgs a;
+      a.a_t = A[s]->p; a.a_scales = static_cast<const float*>(SA[s]->p);
+      a.b_t = B[s]->p; a.b_scales = static_cast<const float*>(SW[s]->p);
+      a.dw = out.p; a.m_out = c.m_or_rows; a.n = c.n; a.experts = E; a.rows_total = rows;
+      a.expert_row_begin = static_cast<int32_t*>(d_beg.p);
+      a.expert_rows = static_cast<int32_t*>(d_cnt.p);
+      gemm::Options o8 = o;
+      o8.block_n = 0;  // 128-wide tiles (plan_fp8_wgrad)
+      o8.cluster = false;
+      plans.push_back(gemm::plan_fp8_wgrad(a, o8));
     } else {
       gemm::WgradArgs a;
       a.a = A[s]->p; a.b = B[s]->p; a.dw = out.p; a.m = c.m_or_rows; a.n = c.n; a.experts = E;
@@ -394,6 +336,24 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
       const double sg = 1.0 / (1.0 + std::exp(-g));
       ref = smp % 2 == 0 ? sg * (1.0 + g * (1.0 - sg)) * u * dh : g * sg * dh;
       got = host_bf16(fetch(out.p, smp % 2 == 0 ? pg : pu, 1)[0]);
+    } else if (wgrad_fp8) {  // K = the expert's whole 128-row blocks (the codes hold no padding rows here)
+      const int64_t i = rng.below(c.m_or_rows), j = rng.below(c.n), b0 = begin[size_t(e)];
+      const int64_t kr = (counts[size_t(e)] + 127) / 128 * 128;
+      std::vector<uint8_t> qa(static_cast<size_t>(kr)), qb(static_cast<size_t>(kr));
+      MOK_CUDA_CHECK(cudaMemcpy(qa.data(), static_cast<const uint8_t*>(A[0]->p) + i * rows + b0, size_t(kr),
+                                cudaMemcpyDeviceToHost));
+      MOK_CUDA_CHECK(cudaMemcpy(qb.data(), static_cast<const uint8_t*>(B[0]->p) + j * rows + b0, size_t(kr),
+                                cudaMemcpyDeviceToHost));
+      for (int64_t blk = 0; blk < kr / 128; ++blk) {
+        float sa = 0, sb = 0;
+        MOK_CUDA_CHECK(cudaMemcpy(&sa, static_cast<const float*>(SA[0]->p) + (b0 / 128 + blk) * c.m_or_rows + i, 4,
+                                  cudaMemcpyDeviceToHost));
+        MOK_CUDA_CHECK(cudaMemcpy(&sb, static_cast<const float*>(SW[0]->p) + (b0 / 128 + blk) * c.n + j, 4,
+                                  cudaMemcpyDeviceToHost));
+        for (int64_t r = 128 * blk; r < 128 * (blk + 1); ++r)
+          ref += double(mok::fp8::e4m3_decode(qa[size_t(r)])) * sa * double(mok::fp8::e4m3_decode(qb[size_t(r)])) * sb;
+      }
+      got = host_bf16(fetch(out.p, (e * c.m_or_rows + i) * c.n + j, 1)[0]);
     } else {
       const int64_t i = rng.below(c.m_or_rows), j = rng.below(c.n);
       const int64_t b0 = begin[size_t(e)], cnt = counts[size_t(e)];
@@ -534,6 +494,12 @@ int main(int argc, char** argv) {
       c.name = std::string(m.name) + "-wgrad-fc2"; c.m_or_rows = m.hidden; c.n = m.inter;
       cases.push_back(c);
       c.name = std::string(m.name) + "-wgrad-fc1"; c.m_or_rows = 2 * m.inter; c.n = m.hidden;  // dW1p[e] = d_gu^T x
+      cases.push_back(c);
+      // Their FP8 twins (gemm::plan_fp8_wgrad): both operands per 128 x 1 block, transposed codes.
+      c.form = "wgrad_fp8";
+      c.name = std::string(m.name) + "-wgrad-fc2_fp8"; c.m_or_rows = m.hidden; c.n = m.inter;
+      cases.push_back(c);
+      c.name = std::string(m.name) + "-wgrad-fc1_fp8"; c.m_or_rows = 2 * m.inter; c.n = m.hidden;
       cases.push_back(c);
     }
   }

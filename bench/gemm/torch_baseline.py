@@ -123,6 +123,15 @@ def build(case):
         def make():
             return rnd(M, m), rnd(M, n)
         return make, lambda s: torch._grouped_mm(s[0].t(), s[1], offs=offs), M
+    if form == "wgrad_fp8":  # the K-grouped (2d x 2d) FP8 product, torch's row-wise scales (per output row / column)
+        m, n = case["m"], case["n"]
+        def make():
+            a = rnd(m, M).to(torch.float8_e4m3fn)  # [m, M]: K-major, as mok reads it
+            b = rnd(n, M).to(torch.float8_e4m3fn)  # [n, M]: b^T, column-major [M, n]
+            return (a, b, torch.ones(E * m, device="cuda", dtype=torch.float32),
+                    torch.ones(E * n, device="cuda", dtype=torch.float32))
+        return make, lambda s: torch._scaled_grouped_mm(s[0], s[1].t(), s[2], s[3], offs=offs,
+                                                        out_dtype=torch.bfloat16), M
     raise ValueError(f"unknown form {form} ({name})")
 
 

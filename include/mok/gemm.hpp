@@ -174,6 +174,7 @@ enum class Form : int {
   DgradSwiGLU = 4,  // FC2's dgrad fused with the SwiGLU backward: d_gu from dy . W_down[e] and gu
   Fp8Plain = 5,     // out = a . W[e]^T with block-scaled E4M3 operands (Fp8GroupedArgs)
   Fp8Fc1 = 6,       // FC1 + SwiGLU with block-scaled E4M3 operands, h out as E4M3 1x128 (Fp8Fc1Args)
+  Fp8Wgrad = 7,     // dw[e] = a_e^T . b_e from token-block-scaled E4M3 operands (Fp8WgradArgs)
 };
 
 struct KernelParams {
@@ -221,6 +222,7 @@ struct KernelParams {
   const float* scale_b = nullptr;
   const float* scale_b_up = nullptr;  // Fp8Fc1: W_up's [experts, inter / 128, k_blocks]
   float* scale_h = nullptr;           // Fp8Fc1: h's [rows, inter / 128] (fc1_h: its E4M3 codes)
+  // Fp8Wgrad: scale_a [rows / 128, m_out] and scale_b [rows / 128, n] (one per 128 x 1 block).
 };
 
 // Block-scaled FP8 (issue 22, recipe 1): y[r] = a[r] . W[e]^T for the routed rows r of expert e,
@@ -259,6 +261,33 @@ struct Fp8Fc1Args {
   int64_t num_m_tiles = 0;
 };
 
+// The FP8 backward's weight gradient (issue 22, recipe 1): dw[e] = a_e^T . b_e over expert e's
+// routed rows, where K is the rows (tokens), so both operands are scaled per 128 x 1 block — 128
+// consecutive rows of one column, i.e. one 128-row M tile of the expert's segment — and given
+// transposed (K-major, as FP8 wgmma reads them): gemm::quantize_fp8_token_blocks_t makes both
+// (src/gemm/fp8_quantize.h), its padding rows zero. Each 128-row block's products are promoted in
+// fp32 with the scale of the output row's block and the output column's. Every expert's segment
+// begins at a multiple of 128 rows (the routed layout's padding; a kernel finding one that does
+// not records kSiteFp8Segment in Options::error and writes that expert's gradient as 0). With
+// dw_up, m_out is a packed gate/up width (FC1's [d_g d_u] in the packed order) and the gate rows go
+// to dw, the up rows to dw_up (each [experts, m_out / 2, n]), as WgradArgs does. No carry across
+// calls (one call over all of the rows); m_out and n multiples of 128.
+struct Fp8WgradArgs {
+  const void* a_t = nullptr;          // [m_out, ld] E4M3 codes, ld = rows_total rounded up to 128
+  const float* a_scales = nullptr;    // [ld / 128, m_out]
+  const void* b_t = nullptr;          // [n, ld] E4M3 codes
+  const float* b_scales = nullptr;    // [ld / 128, n]
+  void* dw = nullptr;                 // [experts, m_out, n] bf16 (with dw_up: the gate rows)
+  void* dw_up = nullptr;              // optional: the up rows, [experts, m_out / 2, n]
+  int64_t m_out = 0, n = 0, experts = 0;
+  int64_t rows_total = 0;             // routed rows the codes cover (before the rounding up)
+  const int32_t* expert_row_begin = nullptr;  // device [experts]: first routed row (a multiple of 128)
+  const int32_t* expert_rows = nullptr;       // device [experts]: valid rows
+  const int32_t* expert_range = nullptr;      // optional, as WgradArgs::expert_range
+};
+// The site a K-grouped FP8 kernel records when an expert's segment is not 128-row aligned.
+constexpr unsigned int kSiteFp8Segment = 0x6e04;
+
 struct Plan {
   Form form = Form::Plain;
   // map_b_half: the K-major B map with a box of BLOCK_N/2 rows (clusters); with a gate/up B
@@ -280,6 +309,7 @@ Plan plan_dgrad_swiglu(const DgradSwiGLUArgs& a, const Options& o = {});
 Plan plan_wgrad(const WgradArgs& a, const Options& o = {});
 Plan plan_fp8_grouped(const Fp8GroupedArgs& a, const Options& o = {});
 Plan plan_fp8_fc1(const Fp8Fc1Args& a, const Options& o = {});
+Plan plan_fp8_wgrad(const Fp8WgradArgs& a, const Options& o = {});
 // Launches the plan's kernel on `stream` (asynchronous; nothing when grid == 0).
 void run(const Plan& plan, cudaStream_t stream);
 

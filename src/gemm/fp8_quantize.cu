@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kTileThreads) quantize_tiles_kernel(const uint
 // [column][row] tile and out as 16-byte row runs of q_t (coalesced along K).
 __global__ void __launch_bounds__(kTileThreads) quantize_token_blocks_t_kernel(const uint16_t* in, int64_t rows,
                                                                                int64_t cols, int64_t ld, uint8_t* q_t,
-                                                                               float* scales) {
+                                                                               float* scales, RoutedSegments seg) {
   constexpr int kB = fp8::kBlock, kRowsPer = kB * kB / kTileThreads;  // 64 elements per thread
   __shared__ float col_max[2][kB];
   __shared__ __align__(16) uint8_t codes[kB][kB + 16];  // [column][row], rows padded for the 16-byte runs
@@ -103,12 +103,18 @@ __global__ void __launch_bounds__(kTileThreads) quantize_token_blocks_t_kernel(c
   const int64_t br = blockIdx.x / grid_cols, bc = blockIdx.x - br * grid_cols;
   const int cl = int(threadIdx.x % kB), half = int(threadIdx.x / kB);
   const int64_t c = bc * kB + cl;
+  // The block's rows that hold data: all up to `rows`, or (segments) those of its tile's expert.
+  int64_t row_end = rows;
+  if (seg.tile_expert != nullptr) {
+    const int32_t e = br < seg.num_m_tiles ? __ldg(seg.tile_expert + br) : -1;
+    row_end = e < 0 ? 0 : min(rows, int64_t(__ldg(seg.expert_row_begin + e)) + __ldg(seg.expert_rows + e));
+  }
   float v[kRowsPer];
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < kRowsPer; ++i) {
     const int64_t r = br * kB + half + 2 * i;
-    v[i] = r < rows && c < cols ? bf16_at(in + r * cols + c) : 0.0f;  // past the edge: zeros
+    v[i] = r < row_end && c < cols ? bf16_at(in + r * cols + c) : 0.0f;  // past the edge: zeros
     amax = fp8::amax_update(amax, v[i]);
   }
   col_max[half][cl] = amax;
@@ -165,14 +171,17 @@ void quantize_fp8_blocked(const void* in_bf16, int64_t rows, int64_t cols, int b
 }
 
 void quantize_fp8_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols, void* q_t, float* scales,
-                                 cudaStream_t stream) {
+                                 cudaStream_t stream, const RoutedSegments& seg) {
   check_args(in_bf16, rows, cols, q_t, scales);
+  MOK_REQUIRE(seg.tile_expert == nullptr || (seg.expert_row_begin != nullptr && seg.expert_rows != nullptr), "seg",
+              "expert_row_begin and expert_rows must be given with tile_expert");
+  MOK_REQUIRE(seg.num_m_tiles >= 0, "seg.num_m_tiles", ">= 0, got ", seg.num_m_tiles);
   if (rows == 0 || cols == 0) return;
   const int64_t ld = (rows + fp8::kBlock - 1) / fp8::kBlock * fp8::kBlock;
   const int64_t tiles = ld / fp8::kBlock * ((cols + fp8::kBlock - 1) / fp8::kBlock);
   MOK_REQUIRE(tiles < (int64_t(1) << 31), "rows, cols", "fewer than 2^31 tiles of 128 x 128, got ", tiles);
   quantize_token_blocks_t_kernel<<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(
-      static_cast<const uint16_t*>(in_bf16), rows, cols, ld, static_cast<uint8_t*>(q_t), scales);
+      static_cast<const uint16_t*>(in_bf16), rows, cols, ld, static_cast<uint8_t*>(q_t), scales, seg);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 

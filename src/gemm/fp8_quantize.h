@@ -32,8 +32,18 @@ void quantize_fp8_blocked(const void* in_bf16, int64_t rows, int64_t cols, int b
 // q_t[c * ld + r] for ld = rows rounded up to 128 (the last tile's missing rows get code 0, a
 // zero); scales[(r / 128) * cols + c] (the spec's row-major grid of blocks). q_t: cols x ld bytes;
 // scales: ceil(rows / 128) x cols floats. Same checks as above.
+// With `seg` (the routed layout of the rows: 128-row tiles, each of one expert, whose segment
+// begins on a tile), only the rows inside their expert's segment are data: the padding rows after
+// a segment's last valid row, and every row of a tile whose tile_expert is -1, quantize as zeros
+// (as the spec's blocks, which hold the expert's rows only; the FP8 wgrad reads them unmasked).
+struct RoutedSegments {
+  const int32_t* tile_expert = nullptr;       // device [num_m_tiles]; nullptr: every row is data
+  const int32_t* expert_row_begin = nullptr;  // device [experts]
+  const int32_t* expert_rows = nullptr;       // device [experts]
+  int64_t num_m_tiles = 0;
+};
 void quantize_fp8_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols, void* q_t, float* scales,
-                                 cudaStream_t stream);
+                                 cudaStream_t stream, const RoutedSegments& seg = {});
 
 // MXFP8 (E4M3 elements, an E8M0 scale per 32 along each row): q rows x cols bytes, scales
 // rows x ceil(cols / 32) E8M0 codes. Same checks.

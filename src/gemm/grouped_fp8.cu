@@ -1,9 +1,10 @@
-// mok — grouped GEMMs with block-scaled FP8 operands: Form::Fp8Plain (gemm::plan_fp8_grouped; the
-// bf16 tile stored by engine_epilogue.cuh) and Form::Fp8Fc1 (gemm::plan_fp8_fc1; B = the gate and
-// up weights in the packed order, SwiGLU and h quantized per 1 x 128 by engine_fp8.cuh's FC1
-// epilogue): the persistent kernel of grouped_kernel.cuh's M-grouped schedule over
-// Cfg<128 | 256, OperandE4m3>, whose consumers run the scaled mainloop (engine_fp8.cuh). One
-// translation unit for both.
+// mok — grouped GEMMs with block-scaled FP8 operands, one persistent kernel over
+// Cfg<128 | 256, OperandE4m3> whose consumers run the scaled mainloop (engine_fp8.cuh), in three
+// modes: Form::Fp8Plain (gemm::plan_fp8_grouped; the bf16 tile stored by engine_epilogue.cuh),
+// Form::Fp8Fc1 (gemm::plan_fp8_fc1; B = the gate and up weights in the packed order, SwiGLU and h
+// quantized per 1 x 128 by engine_fp8.cuh's FC1 epilogue) — both on grouped_kernel.cuh's
+// M-grouped schedule — and Form::Fp8Wgrad (gemm::plan_fp8_wgrad: the K-grouped schedule over the
+// experts' rows, per-column scales, FormWgrad's epilogue). One translation unit for all.
 #include <atomic>
 
 #include "common/cuda_check.h"
@@ -16,12 +17,25 @@ namespace mok::gemm {
 namespace engine {
 namespace {
 
-template <class CF, bool kFc1>
+enum class Fp8Mode { Plain, Fc1, Wgrad };
+
+// The K-grouped tiles' scales sit per 128-row block of the routed rows, so an expert's segment
+// must start on a block: one that does not is computed as empty (its gradient written 0) and
+// recorded in the error word, by producer and consumers alike (the same tiles, the same stages).
+__device__ __forceinline__ bool fp8_segment_misaligned(Tile& t) {
+  if ((t.k_begin & 127) == 0) return false;
+  t.k_blocks = 0;
+  return true;
+}
+
+template <class CF, Fp8Mode kMode>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_grouped_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                        const __grid_constant__ CUtensorMap map_b_half, const __grid_constant__ CUtensorMap map_d0,
-                       const KernelParams p) {
+                       const __grid_constant__ CUtensorMap map_d1, const KernelParams p) {
+  constexpr bool kFc1 = kMode == Fp8Mode::Fc1, kWgrad = kMode == Fp8Mode::Wgrad;
   static_assert(!kFc1 || CF::kBlockN == 256, "FC1 in FP8: 256-wide packed tiles (one h block per row)");
+  using Schedule = std::conditional_t<kWgrad, KGroupedSchedule<CF>, MGroupedSchedule<CF>>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const Smem<CF> sm = smem_view<CF>(smem_raw);
   if (threadIdx.x == 0) init_barriers(sm);
@@ -36,10 +50,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       prefetch_tensor_map(&map_b);
       if (kFc1) prefetch_tensor_map(&map_b_half);
       PipeState<CF> ps;
-      MGroupedSchedule<CF> sched(p);
-      while (sched.next(t, shared, dummy))  // FC1: B from the gate and up maps (32-row boxes)
+      Schedule sched(p);
+      while (sched.next(t, shared, dummy)) {  // FC1: B from the gate and up maps (32-row boxes)
+        if (kWgrad) fp8_segment_misaligned(t);
         if (!produce_tile<CF, false, false>(sm, ps, t, &map_a, &map_b, wb, &map_b_half, false, 0u, kFc1))
           break;  // a wait expired
+      }
       drain_stages(sm, ps, wb);
     }
     return;
@@ -47,13 +63,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   setmaxnreg_inc<kConsumerRegs>();
   const int cwg = int(threadIdx.x / 128u) - 1;
   const uint32_t wt = threadIdx.x % 128u;
-  if (!kFc1 && wt == 0 && cwg == 0) prefetch_tensor_map(&map_d0);
+  if (!kFc1 && wt == 0 && cwg == 0) {
+    prefetch_tensor_map(&map_d0);
+    if (kWgrad) prefetch_tensor_map(&map_d1);
+  }
   PipeState<CF> ps;
   EpiState es;
   Skew<CF> skew;  // Options::skew_stages (0: off)
   skew.stages = p.skew_stages;
   float acc[CF::kAccRegs];
-  MGroupedSchedule<CF> sched(p);
+  Schedule sched(p);
   const int64_t kb = p.k_blocks, n_blocks = p.n / 128;
   while (sched.next(t, shared, dummy)) {
     if constexpr (kFc1) {
@@ -63,6 +82,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       sc.b_up = p.scale_b_up + wblock;
       mma_tile_scaled<CF, BScale::GateUp>(sm, ps, t, cwg, wt, acc, wb, sc, &skew);
       epilogue_fc1_fp8(acc, cwg, wt, t.out_row, t.b_n, static_cast<uint8_t*>(p.fc1_h), p.scale_h, p.n / 2);
+    } else if constexpr (kWgrad) {
+      if (fp8_segment_misaligned(t) && wt == 0 && cwg == 0 && p.error != nullptr)
+        atomicCAS(p.error, 0u, kSiteFp8Segment);
+      // Scales per 128 x 1 block: row block t.k_begin / 128 + kb of the output rows' and columns'.
+      const int64_t kb0 = t.k_begin / 128;
+      const TileScales sc{p.scale_a + kb0 * p.m_out + t.out_row, 1, p.scale_b + kb0 * p.n + t.b_n, p.n,
+                          int32_t(n_blocks - t.b_n / 128), nullptr, p.m_out};
+      mma_tile_scaled<CF, BScale::Column>(sm, ps, t, cwg, wt, acc, wb, sc, &skew);
+      FormWgrad<CF>::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
     } else {
       // The tile's rows' scales and its expert's scales for columns [b_n, b_n + 128).
       const TileScales sc{p.scale_a + int64_t(t.a_m) * kb, kb,
@@ -79,26 +107,29 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace engine
 
 namespace {
-template <int kBN, bool kFc1>
+template <int kBN, engine::Fp8Mode kMode>
 void launch_fp8_cfg(const Plan& plan, cudaStream_t stream) {
   using CF = engine::Cfg<kBN, engine::OperandE4m3>;
-  auto* kernel = &engine::fp8_grouped_kernel<CF, kFc1>;
+  auto* kernel = &engine::fp8_grouped_kernel<CF, kMode>;
   static std::atomic<unsigned long long> configured{0};
   mok::detail::set_smem_once(kernel, int(CF::kSmemBytes), configured);
   kernel<<<unsigned(plan.grid), engine::kThreads, CF::kSmemBytes, stream>>>(plan.map_a, plan.map_b, plan.map_b_half,
-                                                                           plan.map_d0, plan.params);
+                                                                           plan.map_d0, plan.map_d1, plan.params);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 }  // namespace
 
 void detail::launch_fp8_grouped(const Plan& plan, cudaStream_t stream) {
   if (plan.grid == 0) return;
+  using engine::Fp8Mode;
   if (plan.form == Form::Fp8Fc1)
-    launch_fp8_cfg<256, true>(plan, stream);
+    launch_fp8_cfg<256, Fp8Mode::Fc1>(plan, stream);
+  else if (plan.form == Form::Fp8Wgrad)
+    launch_fp8_cfg<128, Fp8Mode::Wgrad>(plan, stream);  // (256: the column scales spill, plan_fp8_wgrad)
   else if (plan.block_n == 256)
-    launch_fp8_cfg<256, false>(plan, stream);
+    launch_fp8_cfg<256, Fp8Mode::Plain>(plan, stream);
   else
-    launch_fp8_cfg<128, false>(plan, stream);
+    launch_fp8_cfg<128, Fp8Mode::Plain>(plan, stream);
 }
 
 }  // namespace mok::gemm

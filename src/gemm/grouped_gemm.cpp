@@ -40,7 +40,7 @@ void fill_common(Plan& p, const Options& o, int64_t tiles, int64_t pair_units) {
               o.skew_stages);
   MOK_REQUIRE(p.params.n_tiles > 0, "plan", "n_tiles must be set before fill_common");
   p.params.group_m = o.group_m;
-  const bool fp8 = p.form == Form::Fp8Plain || p.form == Form::Fp8Fc1;
+  const bool fp8 = p.form == Form::Fp8Plain || p.form == Form::Fp8Fc1 || p.form == Form::Fp8Wgrad;
   p.params.skew_stages = o.skew_stages >= 0 ? o.skew_stages : (fp8 ? kFp8DefaultSkew : 0);
   p.params.error = o.error;
   p.params.wait_limit_ns = static_cast<unsigned long long>(o.wait_limit_s * 1e9);
@@ -314,6 +314,54 @@ Plan plan_fp8_fc1(const Fp8Fc1Args& a, const Options& o) {
   return p;
 }
 
+Plan plan_fp8_wgrad(const Fp8WgradArgs& a, const Options& o) {
+  MOK_REQUIRE(a.a_t && a.a_scales && a.b_t && a.b_scales && a.dw && a.expert_row_begin && a.expert_rows, "fp8_wgrad",
+              "a_t, b_t, their scales, dw, expert_row_begin and expert_rows must be given");
+  MOK_REQUIRE(a.m_out > 0 && a.m_out % 128 == 0 && a.m_out < (int64_t(1) << 31), "fp8_wgrad.m_out",
+              "a positive multiple of 128 (whole 128 x 1 scale rows per output tile), got ", a.m_out);
+  MOK_REQUIRE(a.n > 0 && a.n % 128 == 0 && a.n < (int64_t(1) << 31), "fp8_wgrad.n",
+              "a positive multiple of 128, got ", a.n);
+  MOK_REQUIRE(a.experts >= 1, "fp8_wgrad.experts", ">= 1, got ", a.experts);
+  MOK_REQUIRE(a.rows_total >= 1 && a.rows_total < (int64_t(1) << 31) - 128, "fp8_wgrad.rows_total",
+              "1 <= rows_total < 2^31 - 128, got ", a.rows_total);
+  MOK_REQUIRE(!o.cluster, "options.cluster", "not with FP8 (2-CTA clusters are BF16 only so far)");
+  // 128-wide tiles: at 256 the per-column scales beside the block accumulator and the tile's 128
+  // accumulators spill (180 bytes in ptxas's report).
+  MOK_REQUIRE(o.block_n == 0 || o.block_n == 128, "options.block_n", "0 or 128 for the FP8 wgrad, got ", o.block_n);
+  Options o128 = o;
+  o128.block_n = 128;
+  Plan p;
+  p.form = Form::Fp8Wgrad;
+  p.params.num_m_tiles = static_cast<int32_t>(a.m_out / kBlockM);
+  pick_block_n(p, o128, a.experts * p.params.num_m_tiles, a.n);
+  p.params.n = static_cast<int32_t>(a.n);
+  p.params.m_out = static_cast<int32_t>(a.m_out);
+  p.params.experts = static_cast<int32_t>(a.experts);
+  p.params.expert_row_begin = a.expert_row_begin;
+  p.params.expert_rows = a.expert_rows;
+  p.params.expert_range = a.expert_range;
+  p.params.scale_a = a.a_scales;
+  p.params.scale_b = a.b_scales;
+  fill_common(p, o128, a.experts * p.params.num_m_tiles * p.params.n_tiles,
+              a.experts * cdiv(p.params.num_m_tiles, 2) * p.params.n_tiles);
+  p.padded_flops = 2.0 * double(a.rows_total) * double(a.m_out) * double(a.n);
+  if (p.grid == 0) return p;
+  const auto ld = static_cast<uint64_t>(cdiv(a.rows_total, 128) * 128);
+  p.map_a = make_map_2d(a.a_t, uint64_t(a.m_out), ld, 128, MapType::E4M3);                       // {rows, m_out}
+  p.map_b = make_map_3d(a.b_t, 1, uint64_t(a.n), ld, uint32_t(p.block_n), MapType::E4M3);  // {rows, n, 1}
+  p.map_b_half = p.map_b;
+  if (a.dw_up == nullptr) {
+    p.map_d0 = make_map_3d(a.dw, uint64_t(a.experts), uint64_t(a.m_out), uint64_t(a.n), 64);
+    p.map_d1 = p.map_d0;
+  } else {  // gate and up halves, as plan_wgrad
+    MOK_REQUIRE(a.m_out % (2 * kGateUpGroup) == 0, "fp8_wgrad.m_out", "whole gate/up groups with dw_up");
+    p.map_d0 = make_map_3d(a.dw, uint64_t(a.experts), uint64_t(a.m_out / 2), uint64_t(a.n), 32);
+    p.map_d1 = make_map_3d(a.dw_up, uint64_t(a.experts), uint64_t(a.m_out / 2), uint64_t(a.n), 32);
+    p.params.split_gate_up = 1;
+  }
+  return p;
+}
+
 void run(const Plan& plan, cudaStream_t stream) {
   switch (plan.form) {
     case Form::Fc1SwiGLU: detail::launch_fc1(plan, stream); break;
@@ -322,7 +370,8 @@ void run(const Plan& plan, cudaStream_t stream) {
     case Form::DgradSwiGLU: detail::launch_dgrad_swiglu(plan, stream); break;
     case Form::Wgrad: detail::launch_wgrad(plan, stream); break;
     case Form::Fp8Plain:
-    case Form::Fp8Fc1: detail::launch_fp8_grouped(plan, stream); break;
+    case Form::Fp8Fc1:
+    case Form::Fp8Wgrad: detail::launch_fp8_grouped(plan, stream); break;
   }
 }
 

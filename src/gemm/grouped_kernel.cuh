@@ -101,13 +101,13 @@ struct ExpertRange {
   }
 };
 
-// Output tile (m, n) of expert e in a K-grouped call: K runs over the expert's rows, the last
-// K block masked to its valid rows.
+// Output tile (m, n) of expert e in a K-grouped call: K runs over the expert's rows in stages of
+// C::kBlockK, the last one masked to its valid rows (bf16; FP8's codes are zero there instead).
 template <class C>
 __device__ __forceinline__ Tile k_grouped_tile(int32_t rows, int32_t begin, int32_t e, int32_t m, int32_t n) {
-  const int32_t kb = (rows + kBlockK - 1) / kBlockK;
-  const int32_t valid = rows - (kb - 1) * kBlockK;
-  return Tile{m * kBlockM, n * C::kBlockN, 0, begin, kb, kb > 0 ? valid : kBlockK, m * kBlockM, e};
+  const int32_t kb = (rows + C::kBlockK - 1) / C::kBlockK;
+  const int32_t valid = rows - (kb - 1) * C::kBlockK;
+  return Tile{m * kBlockM, n * C::kBlockN, 0, begin, kb, kb > 0 ? valid : C::kBlockK, m * kBlockM, e};
 }
 template <class C>
 __device__ __forceinline__ Tile k_grouped_tile(const KernelParams& p, int32_t e, int32_t m, int32_t n) {
