@@ -84,8 +84,22 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
   const uint32_t b_base = smem_addr(sm.b(0));
   float part[64];
   const int64_t a_k = kB == BScale::Column ? sc.a_k : 1;  // (a constant where activations are per 1 x 128)
+  // Column: each K block's scales are a new row of the scale grid (for the tile's rows and for its
+  // columns), so loading them right before the promotion would miss L1 and wait out the L2
+  // latency with the tensor cores idle; instead the lines two blocks ahead are prefetched into L1
+  // (4 lines of 128 B per 128 rows or columns, one per thread of the first few; no registers held).
+  const auto prefetch_columns = [&](int kb) {
+    if (kB != BScale::Column || kb >= t.k_blocks) return;
+    if (wt < uint32_t(4 * kHalves))
+      prefetch_l1(sc.b + kb * sc.b_stride + 32 * wt);
+    else if (wt >= 16 && wt < 20)
+      prefetch_l1(sc.a + kb * a_k + 32 * (wt - 16));
+  };
+  prefetch_columns(0);
+  prefetch_columns(1);
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     const uint32_t s = ps.stage;
+    prefetch_columns(kb + 2);
     // The block's scales, loaded while the stage arrives and its MMAs run.
     const float sa0 = __ldg(a0 + kb * a_k), sa1 = __ldg(a1 + kb * a_k);
     float sb[kHalves], sb_up = 0.0f;

@@ -122,8 +122,11 @@ __global__ void __launch_bounds__(kTileThreads) quantize_token_blocks_t_kernel(c
   amax = fp8::amax_update(col_max[0][cl], col_max[1][cl]);
   const float s = fp8::block_scale(amax, fp8::ScaleRule::Fp32), inv = fp8::block_inverse(s);
   if (half == 0 && c < cols) scales[br * cols + c] = s;
+  // Rows past the data are zero codes whatever the scale (a block holding a NaN or an infinity has
+  // a NaN scale, and 0 * its inverse would encode as NaN: the FP8 wgrad multiplies every row).
 #pragma unroll
-  for (int i = 0; i < kRowsPer; ++i) codes[cl][half + 2 * i] = e4m3(v[i] * inv);
+  for (int i = 0; i < kRowsPer; ++i)
+    codes[cl][half + 2 * i] = br * kB + half + 2 * i < row_end ? e4m3(v[i] * inv) : uint8_t(0);
   __syncthreads();
   // 128 columns x 8 runs of 16 rows: 4 runs per thread.
   for (int k = int(threadIdx.x); k < kB * (kB / 16); k += kTileThreads) {

@@ -315,6 +315,10 @@ __device__ __forceinline__ void cluster_sync_any() {
 // ------------------------------------------------------------------------------------------------
 // TMA (CCCL), proxy fences
 // ------------------------------------------------------------------------------------------------
+// Brings the 128-byte line holding p into L1 (no register written; a hint).
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
