@@ -102,14 +102,15 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
     a_cols = c.k; w_elems = E * c.n * c.k; out_elems = rows * c.n;
   } else if (c.form == "dgrad" || c.form == "dgrad_fc1") {  // dgrad_fc1: W = w_gate then w_up
     a_cols = c.k; w_elems = E * c.k * c.n; out_elems = rows * c.n;
-  } else if (c.form == "dgrad_swiglu") {  // d_y [rows, H], W_down [E, H, I], gu and d_gu [rows, 2I]
+  } else if (c.form == "dgrad_swiglu" || c.form == "dgrad_swiglu_fp8") {  // d_y [rows, H], W_down [E, H, I], gu and
+    // d_gu [rows, 2I] (fp8: d_y's codes, W_down^T's codes [E, I, H])
     a_cols = H; w_elems = E * H * I; b_cols = 2 * I; out_elems = rows * 2 * I;
   } else {  // wgrad: a [rows, m], b [rows, n], out [E, m, n] (wgrad_fp8: a, b as E4M3 codes transposed)
     a_cols = c.m_or_rows; b_cols = c.n; out_elems = E * c.m_or_rows * c.n;
   }
   const int64_t set_bytes = (rows * a_cols + w_elems + rows * b_cols) * 2;
   const int sets = int(std::clamp<int64_t>((256ll << 20) / std::max<int64_t>(set_bytes, 1) + 1, 1, 4));
-  const bool fp8 = c.form == "fc2_fp8" || c.form == "fc1_fp8" || c.form == "dgrad_fp8";
+  const bool fp8 = c.form == "fc2_fp8" || c.form == "fc1_fp8" || c.form == "dgrad_fp8" || c.form == "dgrad_swiglu_fp8";
   const bool wgrad_fp8 = c.form == "wgrad_fp8";
   std::vector<std::unique_ptr<Buf>> A, W, B, SA, SW;  // SA, SW: the FP8 operands' scales (wgrad_fp8: A's, B's)
   for (int s = 0; s < sets; ++s) {
@@ -192,6 +193,16 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
       o8.block_n = 0;  // FP8's FC1: 256-wide packed tiles
       o8.cluster = false;
       plans.push_back(gemm::plan_fp8_fc1(a, o8));
+    } else if (c.form == "dgrad_swiglu_fp8") {
+      gemm::Fp8DgradSwiGLUArgs a;
+      a.dy = A[s]->p; a.dy_scales = static_cast<const float*>(SA[s]->p);
+      a.w_down_t = W[s]->p; a.w_down_t_scales = static_cast<const float*>(SW[s]->p);
+      a.gu = B[s]->p; a.d_gu = out.p; a.hidden = H; a.inter = I; a.experts = E;
+      a.tile_expert = static_cast<int32_t*>(d_te.p); a.num_m_tiles = tiles;
+      gemm::Options o8 = o;
+      o8.block_n = 0;  // 256-wide tiles
+      o8.cluster = false;
+      plans.push_back(gemm::plan_fp8_dgrad_swiglu(a, o8));
     } else if (fp8) {
       gemm::Fp8GroupedArgs a;
       a.a = A[s]->p; a.a_scales = static_cast<const float*>(SA[s]->p);
@@ -295,6 +306,27 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
       // Against h quantized by the spec in the GPU's block scale (Fp8Grouped.Fc1WithQuantizedH
       // checks the scales against the reference's): what is left is accumulation order, not E4M3.
       ref = mok::fp8::block_decode(mok::fp8::block_encode(float(ref), hs), hs);
+    } else if (c.form == "dgrad_swiglu_fp8") {  // d_h from the decoded codes in fp64 (rounded to bf16), then as bf16's
+      const int64_t i = rng.below(I), kb = H / 128;
+      std::vector<uint8_t> qa(static_cast<size_t>(H)), qw(static_cast<size_t>(H));
+      std::vector<float> sa(static_cast<size_t>(kb)), sw(static_cast<size_t>(kb));
+      MOK_CUDA_CHECK(cudaMemcpy(qa.data(), static_cast<const uint8_t*>(A[0]->p) + r * H, size_t(H), cudaMemcpyDeviceToHost));
+      MOK_CUDA_CHECK(cudaMemcpy(qw.data(), static_cast<const uint8_t*>(W[0]->p) + (e * I + i) * H, size_t(H),
+                                cudaMemcpyDeviceToHost));
+      MOK_CUDA_CHECK(cudaMemcpy(sa.data(), static_cast<const float*>(SA[0]->p) + r * kb, size_t(kb) * 4,
+                                cudaMemcpyDeviceToHost));
+      MOK_CUDA_CHECK(cudaMemcpy(sw.data(), static_cast<const float*>(SW[0]->p) + (e * (I / 128) + i / 128) * kb,
+                                size_t(kb) * 4, cudaMemcpyDeviceToHost));
+      double dot = 0;
+      for (int64_t k = 0; k < H; ++k)
+        dot += double(mok::fp8::e4m3_decode(qa[size_t(k)])) * sa[size_t(k / 128)] *
+               double(mok::fp8::e4m3_decode(qw[size_t(k)])) * sw[size_t(k / 128)];
+      const double dh = host_bf16(mok::bf16::from_float(float(dot)));
+      const int64_t pg = r * 2 * I + gemm::packed_gate_row(i), pu = r * 2 * I + gemm::packed_up_row(i);
+      const double g = host_bf16(fetch(B[0]->p, pg, 1)[0]), u = host_bf16(fetch(B[0]->p, pu, 1)[0]);
+      const double sg = 1.0 / (1.0 + std::exp(-g));
+      ref = smp % 2 == 0 ? sg * (1.0 + g * (1.0 - sg)) * u * dh : g * sg * dh;
+      got = host_bf16(fetch(out.p, smp % 2 == 0 ? pg : pu, 1)[0]);
     } else if (fp8) {  // the plain form (fc2_fp8, dgrad_fp8): the decoded codes times their scales, in fp64
       const int64_t K = c.k, N = c.n, j = rng.below(N), kb = K / 128;
       std::vector<uint8_t> qa(static_cast<size_t>(K)), qw(static_cast<size_t>(K));
@@ -488,6 +520,10 @@ int main(int argc, char** argv) {
       c.form = "dgrad_fp8";
       c.name = std::string(m.name) + "-dgrad-fc2_fp8"; c.k = m.hidden; c.n = m.inter;
       cases.push_back(c);
+      c.form = "dgrad_swiglu_fp8";  // the FP8 dgrad the FP8 backward runs for FC2 (gemm::plan_fp8_dgrad_swiglu)
+      c.name = std::string(m.name) + "-dgrad-fc2-swiglu_fp8"; c.k = m.hidden; c.n = m.inter;
+      cases.push_back(c);
+      c.form = "dgrad_fp8";
       c.name = std::string(m.name) + "-dgrad-fc1_fp8"; c.k = 2 * m.inter; c.n = m.hidden;
       cases.push_back(c);
       c.form = "wgrad";  // dW_down[e] = d_y^T h   (M = hidden, N = inter)

@@ -32,7 +32,7 @@ import sys
 DEFAULT_COPY_TBPS = 4.3
 # E4M3 operands (1 byte); fc1_fp8 stores h in E4M3, fc2_fp8 and dgrad_fp8 (the plain form on a
 # dgrad's shape) a bf16 output.
-FP8_FORMS = ("fc1_fp8", "fc2_fp8", "dgrad_fp8", "wgrad_fp8")
+FP8_FORMS = ("fc1_fp8", "fc2_fp8", "dgrad_fp8", "dgrad_swiglu_fp8", "wgrad_fp8")
 # (no byte model for the weight gradients, bf16 or FP8: their K is the expert's rows)
 FORMS_WITH_BYTES = ("fc1", "fc2", "dgrad", "dgrad_fc1", "dgrad_swiglu", "fc1_fp8", "fc2_fp8", "dgrad_fp8")
 HBM_PEAK_TBPS = 4.8  # H200 datasheet

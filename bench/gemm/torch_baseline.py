@@ -95,12 +95,12 @@ def build(case):
         def make():
             return rnd(M, I), rnd(E, H, I, scale=0.03)
         return make, lambda s: torch._grouped_mm(s[0], s[1].transpose(-2, -1), offs=offs), M
-    if form in ("fc1_fp8", "fc2_fp8", "dgrad_fp8"):
+    if form in ("fc1_fp8", "fc2_fp8", "dgrad_fp8", "dgrad_swiglu_fp8"):
         # [M, k] x [E, n, k]^T with E4M3 operands (fc1: k = H, n = 2I, the gate and up products, no
         # SwiGLU; fc2: k = I, n = H): torch's FP8 grouped GEMM takes row-wise scales (per row of a,
         # per output column of w), not mok's 1x128 / 128x128 blocks: the same FLOPs and operand
         # bytes, another scaling recipe (scales of 1 here).
-        # (dgrad_fp8: the case's k and n, the plain form on a dgrad's shape)
+        # (dgrad_fp8, dgrad_swiglu_fp8: the case's k and n, the plain product on a dgrad's shape)
         k, n = (H, 2 * I) if form == "fc1_fp8" else (I, H) if form == "fc2_fp8" else (case["k"], case["n"])
         def make():
             a = rnd(M, k).to(torch.float8_e4m3fn)

@@ -175,6 +175,7 @@ enum class Form : int {
   Fp8Plain = 5,     // out = a . W[e]^T with block-scaled E4M3 operands (Fp8GroupedArgs)
   Fp8Fc1 = 6,       // FC1 + SwiGLU with block-scaled E4M3 operands, h out as E4M3 1x128 (Fp8Fc1Args)
   Fp8Wgrad = 7,     // dw[e] = a_e^T . b_e from token-block-scaled E4M3 operands (Fp8WgradArgs)
+  Fp8DgradSwiGLU = 8,  // DgradSwiGLU with block-scaled E4M3 d_y and W_down^T (Fp8DgradSwiGLUArgs)
 };
 
 struct KernelParams {
@@ -285,6 +286,29 @@ struct Fp8WgradArgs {
   const int32_t* expert_rows = nullptr;       // device [experts]: valid rows
   const int32_t* expert_range = nullptr;      // optional, as WgradArgs::expert_range
 };
+// FC2's dgrad fused with the SwiGLU backward in FP8 (issue 22, recipe 1): d_h = d_y . W_down[e]
+// from E4M3 operands — d_y per 1 x 128 along hidden, W_down transposed ([experts, inter, hidden],
+// K-major, as FP8 wgmma reads it) per 128 x 128 block, the same codes and scales as the forward's
+// W_down blocks transposed (gemm::transpose_weights_bf16 then quantize_fp8_blocked make them from
+// the bf16 weights) — then DgradSwiGLUArgs's epilogue, unchanged: d_gu bf16 in the packed order,
+// and with row_weight the router-weight gradient's partial sums and rnd(w * h), h = rnd(silu(g) u)
+// from gu in bf16 (the recipe's backward uses the bf16 h, not its FP8 rounding: include/mok/
+// reference.hpp). hidden and inter multiples of 128; 256-wide tiles; no clusters.
+struct Fp8DgradSwiGLUArgs {
+  const void* dy = nullptr;              // [num_m_tiles*128, hidden] E4M3 codes
+  const float* dy_scales = nullptr;      // [num_m_tiles*128, hidden / 128]
+  const void* w_down_t = nullptr;        // [experts, inter, hidden] E4M3 codes
+  const float* w_down_t_scales = nullptr;  // [experts, inter / 128, hidden / 128]
+  const void* gu = nullptr;              // [num_m_tiles*128, 2*inter] bf16, packed order
+  void* d_gu = nullptr;                  // [num_m_tiles*128, 2*inter] bf16, packed; may equal gu
+  int64_t hidden = 0, inter = 0, experts = 0;
+  const int32_t* tile_expert = nullptr;
+  int64_t num_m_tiles = 0;
+  const float* row_weight = nullptr;     // as DgradSwiGLUArgs
+  float* router_partial = nullptr;
+  void* h = nullptr;
+};
+
 // The site a K-grouped FP8 kernel records when an expert's segment is not 128-row aligned.
 constexpr unsigned int kSiteFp8Segment = 0x6e04;
 
@@ -310,6 +334,7 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o = {});
 Plan plan_fp8_grouped(const Fp8GroupedArgs& a, const Options& o = {});
 Plan plan_fp8_fc1(const Fp8Fc1Args& a, const Options& o = {});
 Plan plan_fp8_wgrad(const Fp8WgradArgs& a, const Options& o = {});
+Plan plan_fp8_dgrad_swiglu(const Fp8DgradSwiGLUArgs& a, const Options& o = {});
 // Launches the plan's kernel on `stream` (asynchronous; nothing when grid == 0).
 void run(const Plan& plan, cudaStream_t stream);
 

@@ -138,6 +138,29 @@ __global__ void __launch_bounds__(kTileThreads) quantize_token_blocks_t_kernel(c
   }
 }
 
+// 32 x 32 tiles through shared memory (one CTA of 32 x 8 threads each): reads along the input's
+// rows, writes along the output's. Packed (w_up given): output K index k reads input row i(k) of
+// the gate or the up weight (32 gate rows, then 32 up rows, per 64 of k).
+__global__ void __launch_bounds__(256) transpose_weights_kernel(const uint16_t* w, const uint16_t* w_up, int64_t rows,
+                                                                int64_t cols, uint16_t* out) {
+  __shared__ uint16_t tile[32][33];
+  const int64_t k_out = w_up != nullptr ? 2 * rows : rows;  // the output's K (its row length)
+  const int64_t e = blockIdx.z, k0 = int64_t(blockIdx.y) * 32, c0 = int64_t(blockIdx.x) * 32;
+  const int tx = int(threadIdx.x % 32u), ty = int(threadIdx.x / 32u);
+  // Input rows for output K indices k0 .. k0 + 31 (one gate or up group: groups are 32 wide).
+  const uint16_t* src = w;
+  int64_t r0 = k0;
+  if (w_up != nullptr) {
+    src = (k0 / 32) % 2 == 0 ? w : w_up;
+    r0 = (k0 / 64) * 32;
+  }
+  src += e * rows * cols;
+  for (int i = ty; i < 32; i += 8) tile[i][tx] = src[(r0 + i) * cols + c0 + tx];
+  __syncthreads();
+  uint16_t* dst = out + e * cols * k_out;
+  for (int i = ty; i < 32; i += 8) dst[(c0 + i) * k_out + k0 + tx] = tile[tx][i];
+}
+
 void check_args(const void* in, int64_t rows, int64_t cols, const void* q, const void* scales) {
   MOK_REQUIRE(rows >= 0, "rows", "rows >= 0 (rows = ", rows, ")");
   MOK_REQUIRE(cols >= 0, "cols", "cols >= 0 (cols = ", cols, ")");
@@ -185,6 +208,23 @@ void quantize_fp8_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols
   MOK_REQUIRE(tiles < (int64_t(1) << 31), "rows, cols", "fewer than 2^31 tiles of 128 x 128, got ", tiles);
   quantize_token_blocks_t_kernel<<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(
       static_cast<const uint16_t*>(in_bf16), rows, cols, ld, static_cast<uint8_t*>(q_t), scales, seg);
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+void transpose_weights_bf16(const void* w, const void* w_up, int64_t experts, int64_t rows, int64_t cols, void* out,
+                            cudaStream_t stream) {
+  MOK_REQUIRE(experts >= 0, "experts", ">= 0, got ", experts);
+  MOK_REQUIRE(rows >= 0 && rows % 32 == 0 && cols >= 0 && cols % 32 == 0, "rows, cols",
+              "multiples of 32 (whole tiles and gate/up groups), got ", rows, " x ", cols);
+  const bool any = experts > 0 && rows > 0 && cols > 0;
+  MOK_REQUIRE(!any || (w != nullptr && out != nullptr), "w, out", "not null when there are elements");
+  MOK_REQUIRE(experts < 65536 && cols / 32 < (int64_t(1) << 31) && (w_up ? 2 * rows : rows) / 32 < 65536,
+              "experts, rows", "fewer than 65536 experts and 2^21 rows (the grid)");
+  if (!any) return;
+  const dim3 grid(unsigned(cols / 32), unsigned((w_up ? 2 * rows : rows) / 32), unsigned(experts));
+  transpose_weights_kernel<<<grid, 256, 0, stream>>>(static_cast<const uint16_t*>(w),
+                                                    static_cast<const uint16_t*>(w_up), rows, cols,
+                                                    static_cast<uint16_t*>(out));
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 

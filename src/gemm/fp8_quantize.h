@@ -45,6 +45,18 @@ struct RoutedSegments {
 void quantize_fp8_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols, void* q_t, float* scales,
                                  cudaStream_t stream, const RoutedSegments& seg = {});
 
+// The FP8 dgrads' weights (recipe 1): FP8 wgmma reads B K-major, so a dgrad needs each expert's
+// weight transposed: out[e] = w[e]^T, [experts, cols, rows] from [experts, rows, cols] bf16 (FC2's
+// dgrad: W_down^T [E, inter, hidden]); quantize_fp8_blocked(out, experts * cols, rows, 128) then
+// gives the forward's 128 x 128 codes and scales transposed (a block's amax does not depend on the
+// orientation). With w_up (FC1's dgrad: w = W_gate, w_up = W_up, each [E, inter, hidden]) the
+// output's K is the packed gate/up order of mok/gemm.hpp: out[e][c][k] = (gate or up)[e][i(k)][c],
+// [experts, hidden, 2 * inter], so its 128 x 128 blocks hold 64 gate and 64 up rows of the same
+// intermediate columns — the blocks of d_gu's 1 x 128 quantization in that order. rows and cols
+// multiples of 32 (with w_up: inter a multiple of 32 — the packed groups).
+void transpose_weights_bf16(const void* w, const void* w_up, int64_t experts, int64_t rows, int64_t cols, void* out,
+                            cudaStream_t stream);
+
 // MXFP8 (E4M3 elements, an E8M0 scale per 32 along each row): q rows x cols bytes, scales
 // rows x ceil(cols / 32) E8M0 codes. Same checks.
 void quantize_mxfp8(const void* in_bf16, int64_t rows, int64_t cols, void* q, uint8_t* scales, cudaStream_t stream);

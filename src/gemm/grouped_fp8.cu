@@ -1,10 +1,11 @@
 // mok — grouped GEMMs with block-scaled FP8 operands, one persistent kernel over
-// Cfg<128 | 256, OperandE4m3> whose consumers run the scaled mainloop (engine_fp8.cuh), in three
-// modes: Form::Fp8Plain (gemm::plan_fp8_grouped; the bf16 tile stored by engine_epilogue.cuh),
+// Cfg<128 | 256, OperandE4m3> whose consumers run the scaled mainloop (engine_fp8.cuh), in four
+// modes: Form::Fp8Plain (gemm::plan_fp8_grouped; the bf16 tile stored by engine_epilogue.cuh) and
+// Form::Fp8DgradSwiGLU (gemm::plan_fp8_dgrad_swiglu: FormDgradSwiGLU's epilogue on the FP8 tile),
 // Form::Fp8Fc1 (gemm::plan_fp8_fc1; B = the gate and up weights in the packed order, SwiGLU and h
-// quantized per 1 x 128 by engine_fp8.cuh's FC1 epilogue) — both on grouped_kernel.cuh's
+// quantized per 1 x 128 by engine_fp8.cuh's FC1 epilogue) — all on grouped_kernel.cuh's
 // M-grouped schedule — and Form::Fp8Wgrad (gemm::plan_fp8_wgrad: the K-grouped schedule over the
-// experts' rows, per-column scales, FormWgrad's epilogue). One translation unit for all.
+// experts' rows, per-column scales, FormWgrad's epilogue). One translation unit for all four.
 #include <atomic>
 
 #include "common/cuda_check.h"
@@ -17,7 +18,7 @@ namespace mok::gemm {
 namespace engine {
 namespace {
 
-enum class Fp8Mode { Plain, Fc1, Wgrad };
+enum class Fp8Mode { Plain, Fc1, Wgrad, DgradSwiGLU };
 
 // The K-grouped tiles' scales sit per 128-row block of the routed rows, so an expert's segment
 // must start on a block: one that does not is computed as empty (its gradient written 0) and
@@ -34,6 +35,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                        const __grid_constant__ CUtensorMap map_b_half, const __grid_constant__ CUtensorMap map_d0,
                        const __grid_constant__ CUtensorMap map_d1, const KernelParams p) {
   constexpr bool kFc1 = kMode == Fp8Mode::Fc1, kWgrad = kMode == Fp8Mode::Wgrad;
+  static_assert(kMode != Fp8Mode::DgradSwiGLU || CF::kBlockN == 256, "the dgrad + SwiGLU epilogue: 256-wide tiles");
   static_assert(!kFc1 || CF::kBlockN == 256, "FC1 in FP8: 256-wide packed tiles (one h block per row)");
   using Schedule = std::conditional_t<kWgrad, KGroupedSchedule<CF>, MGroupedSchedule<CF>>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -97,7 +99,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                           p.scale_b + (int64_t(t.b_batch) * n_blocks + t.b_n / 128) * kb, kb,
                           int32_t(n_blocks - t.b_n / 128)};
       mma_tile_scaled<CF, BScale::Block>(sm, ps, t, cwg, wt, acc, wb, sc, &skew);
-      epilogue_store<CF>(sm, es, cwg, wt, acc, &map_d0, t.out_row, t.b_n, p.n);
+      if constexpr (kMode == Fp8Mode::DgradSwiGLU)
+        FormDgradSwiGLU<CF>::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
+      else
+        epilogue_store<CF>(sm, es, cwg, wt, acc, &map_d0, t.out_row, t.b_n, p.n);
     }
   }
   epi_finish(wt == 0);
@@ -124,6 +129,8 @@ void detail::launch_fp8_grouped(const Plan& plan, cudaStream_t stream) {
   using engine::Fp8Mode;
   if (plan.form == Form::Fp8Fc1)
     launch_fp8_cfg<256, Fp8Mode::Fc1>(plan, stream);
+  else if (plan.form == Form::Fp8DgradSwiGLU)
+    launch_fp8_cfg<256, Fp8Mode::DgradSwiGLU>(plan, stream);
   else if (plan.form == Form::Fp8Wgrad)
     launch_fp8_cfg<128, Fp8Mode::Wgrad>(plan, stream);  // (256: the column scales spill, plan_fp8_wgrad)
   else if (plan.block_n == 256)

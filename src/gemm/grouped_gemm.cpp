@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "common/cuda_check.h"
 #include "gemm/launchers.h"
@@ -40,7 +41,8 @@ void fill_common(Plan& p, const Options& o, int64_t tiles, int64_t pair_units) {
               o.skew_stages);
   MOK_REQUIRE(p.params.n_tiles > 0, "plan", "n_tiles must be set before fill_common");
   p.params.group_m = o.group_m;
-  const bool fp8 = p.form == Form::Fp8Plain || p.form == Form::Fp8Fc1 || p.form == Form::Fp8Wgrad;
+  const bool fp8 = p.form == Form::Fp8Plain || p.form == Form::Fp8Fc1 || p.form == Form::Fp8Wgrad ||
+                   p.form == Form::Fp8DgradSwiGLU;
   p.params.skew_stages = o.skew_stages >= 0 ? o.skew_stages : (fp8 ? kFp8DefaultSkew : 0);
   p.params.error = o.error;
   p.params.wait_limit_ns = static_cast<unsigned long long>(o.wait_limit_s * 1e9);
@@ -174,35 +176,70 @@ Plan plan_dgrad(const DgradArgs& a, const Options& o) {
   return p;
 }
 
+// The dgrad + SwiGLU backward epilogue's operands (both precisions): checks and parameters.
+void set_dgrad_swiglu(Plan& p, const void* gu, const void* d_gu, const float* row_weight, float* router_partial,
+                      void* h, int64_t inter, int64_t rows, const char* what) {
+  const std::string w = what;
+  MOK_REQUIRE(inter < (int64_t(1) << 30), w + ".inter", "2*inter below 2^31, got inter = ", inter);
+  // The epilogue's 4-byte gu loads (d_gu goes through a TMA map, which checks its own alignment).
+  MOK_REQUIRE(reinterpret_cast<uintptr_t>(gu) % 16 == 0, w + ".gu", "16-byte aligned");
+  // In place is safe only exactly: each tile overwrites the gu elements it read, nothing else.
+  const auto gu_lo = reinterpret_cast<uintptr_t>(gu), out_lo = reinterpret_cast<uintptr_t>(d_gu);
+  const auto span = static_cast<uintptr_t>(rows * 2 * inter * 2);
+  MOK_REQUIRE(gu_lo == out_lo || gu_lo + span <= out_lo || out_lo + span <= gu_lo, w + ".d_gu",
+              "either gu itself (in place) or a buffer that does not overlap gu");
+  MOK_REQUIRE((row_weight == nullptr) == (router_partial == nullptr) && (row_weight == nullptr) == (h == nullptr),
+              w + ".row_weight",
+              "row_weight, router_partial and h come together (unweighted rows, the router-weight gradient)");
+  MOK_REQUIRE(reinterpret_cast<uintptr_t>(h) % 4 == 0, w + ".h", "4-byte aligned");
+  p.params.gu = gu;
+  p.params.row_weight = row_weight;
+  p.params.router_partial = router_partial;
+  p.params.fc1_h = h;
+  p.params.router_parts = static_cast<int32_t>(router_parts(inter));
+}
+
 Plan plan_dgrad_swiglu(const DgradSwiGLUArgs& a, const Options& o) {
   MOK_REQUIRE(a.dy && a.w_down && a.gu && a.d_gu, "dgrad_swiglu", "dy, w_down, gu and d_gu must be given");
   MOK_REQUIRE(a.inter % kGateUpGroup == 0, "dgrad_swiglu.inter", "multiple of ", kGateUpGroup,
               " (gate/up order), got ", a.inter);
-  MOK_REQUIRE(a.inter < (int64_t(1) << 30), "dgrad_swiglu.inter", "2*inter below 2^31, got inter = ", a.inter);
-  // The epilogue's 4-byte gu loads (d_gu goes through a TMA map, which checks its own alignment).
-  MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.gu) % 16 == 0, "dgrad_swiglu.gu", "16-byte aligned");
   const int64_t rows = a.num_m_tiles * kBlockM;
   Plan p = m_grouped_plan(Form::DgradSwiGLU, a.hidden, a.inter, a.experts, a.tile_expert, a.num_m_tiles, o,
                           "dgrad_swiglu");
-  // In place is safe only exactly: each tile overwrites the gu elements it read, nothing else.
-  const auto gu_lo = reinterpret_cast<uintptr_t>(a.gu), out_lo = reinterpret_cast<uintptr_t>(a.d_gu);
-  const auto span = static_cast<uintptr_t>(rows * 2 * a.inter * 2);
-  MOK_REQUIRE(gu_lo == out_lo || gu_lo + span <= out_lo || out_lo + span <= gu_lo, "dgrad_swiglu.d_gu",
-              "either gu itself (in place) or a buffer that does not overlap gu");
-  MOK_REQUIRE((a.row_weight == nullptr) == (a.router_partial == nullptr) &&
-                  (a.row_weight == nullptr) == (a.h == nullptr),
-              "dgrad_swiglu.row_weight",
-              "row_weight, router_partial and h come together (unweighted rows, the router-weight gradient)");
-  MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.h) % 4 == 0, "dgrad_swiglu.h", "4-byte aligned");
-  p.params.gu = a.gu;
-  p.params.row_weight = a.row_weight;
-  p.params.router_partial = a.router_partial;
-  p.params.fc1_h = a.h;
-  p.params.router_parts = static_cast<int32_t>(router_parts(a.inter));
+  set_dgrad_swiglu(p, a.gu, a.d_gu, a.row_weight, a.router_partial, a.h, a.inter, rows, "dgrad_swiglu");
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(rows);
   p.map_a = make_map_2d(a.dy, u, uint64_t(a.hidden), 128);
   p.map_b = make_map_3d(a.w_down, uint64_t(a.experts), uint64_t(a.hidden), uint64_t(a.inter), 64);  // {n, k, e}
+  p.map_b_half = p.map_b;
+  p.map_d0 = make_map_2d(a.d_gu, u, uint64_t(2 * a.inter), 64);
+  p.map_d1 = p.map_d0;
+  return p;
+}
+
+Plan plan_fp8_dgrad_swiglu(const Fp8DgradSwiGLUArgs& a, const Options& o) {
+  MOK_REQUIRE(a.dy && a.dy_scales && a.w_down_t && a.w_down_t_scales && a.gu && a.d_gu, "fp8_dgrad_swiglu",
+              "dy, w_down_t, their scales, gu and d_gu must be given");
+  MOK_REQUIRE(a.hidden > 0 && a.hidden % 128 == 0, "fp8_dgrad_swiglu.hidden", "a positive multiple of 128, got ",
+              a.hidden);
+  MOK_REQUIRE(a.inter > 0 && a.inter % 128 == 0, "fp8_dgrad_swiglu.inter", "a positive multiple of 128, got ",
+              a.inter);
+  MOK_REQUIRE(!o.cluster, "options.cluster", "not with FP8 (2-CTA clusters are BF16 only so far)");
+  MOK_REQUIRE(o.block_n == 0 || o.block_n == 256, "options.block_n",
+              "0 or 256 for FP8's dgrad + SwiGLU (the epilogue's packed chunks), got ", o.block_n);
+  Options o256 = o;
+  o256.block_n = 256;
+  const int64_t rows = a.num_m_tiles * kBlockM;
+  Plan p = m_grouped_plan(Form::Fp8DgradSwiGLU, a.hidden, a.inter, a.experts, a.tile_expert, a.num_m_tiles, o256,
+                          "fp8_dgrad_swiglu");
+  set_dgrad_swiglu(p, a.gu, a.d_gu, a.row_weight, a.router_partial, a.h, a.inter, rows, "fp8_dgrad_swiglu");
+  p.params.k_blocks = static_cast<int32_t>(a.hidden / 128);
+  p.params.scale_a = a.dy_scales;
+  p.params.scale_b = a.w_down_t_scales;
+  if (p.grid == 0) return p;
+  const auto u = static_cast<uint64_t>(rows);
+  p.map_a = make_map_2d(a.dy, u, uint64_t(a.hidden), 128, MapType::E4M3);
+  p.map_b = make_map_3d(a.w_down_t, uint64_t(a.experts), uint64_t(a.inter), uint64_t(a.hidden), 256, MapType::E4M3);
   p.map_b_half = p.map_b;
   p.map_d0 = make_map_2d(a.d_gu, u, uint64_t(2 * a.inter), 64);
   p.map_d1 = p.map_d0;
@@ -371,7 +408,8 @@ void run(const Plan& plan, cudaStream_t stream) {
     case Form::Wgrad: detail::launch_wgrad(plan, stream); break;
     case Form::Fp8Plain:
     case Form::Fp8Fc1:
-    case Form::Fp8Wgrad: detail::launch_fp8_grouped(plan, stream); break;
+    case Form::Fp8Wgrad:
+    case Form::Fp8DgradSwiGLU: detail::launch_fp8_grouped(plan, stream); break;
   }
 }
 

@@ -109,4 +109,22 @@ struct ErrStat {
   double rel() const { return ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2); }
 };
 
+// Elements whose bits differ (floats compared as bit patterns: NaN equals itself, -0 is not 0).
+inline int64_t count_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  int64_t d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d += a[i] != b[i];
+  return d;
+}
+inline int64_t count_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  int64_t d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return d;
+}
+
+// bf16 steps between two bf16 values (their distance in the ordered encoding).
+inline int bf16_steps_apart(uint16_t a, uint16_t b) {
+  const auto ordered = [](uint16_t x) { return (x & 0x8000) ? -int(x & 0x7fff) : int(x & 0x7fff); };
+  return std::abs(ordered(a) - ordered(b));
+}
+
 }  // namespace mok::test

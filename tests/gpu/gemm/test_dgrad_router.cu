@@ -122,11 +122,6 @@ struct Case {
   }
 };
 
-int bf16_steps(uint16_t a, uint16_t b) {
-  const auto ordered = [](uint16_t x) { return (x & 0x8000) ? -int(x & 0x7fff) : int(x & 0x7fff); };
-  return std::abs(ordered(a) - ordered(b));
-}
-
 void check_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, uint64_t seed) {
   SCOPED_TRACE(testing::Message() << "H=" << H << " I=" << I);
   Case c(counts, H, I, seed);
@@ -149,12 +144,12 @@ void check_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, uint64
       rerun_diff += (again.d_gu[pg] != first.d_gu[pg]) + (again.d_gu[pu] != first.d_gu[pu]);
       const float gd = float_of(g[size_t(r * I + i)]), gf = float_of(c.gu[pg]), uf = float_of(c.gu[pu]);
       const float dh = float_of(bits_of(wr * gd)), sf = 1.0f / (1.0f + std::exp(-gf));
-      far += (bf16_steps(first.d_gu[pg], bits_of(sf * (1.0f + gf * (1.0f - sf)) * uf * dh)) > 1) +
-             (bf16_steps(first.d_gu[pu], bits_of(gf * sf * dh)) > 1);
+      far += (bf16_steps_apart(first.d_gu[pg], bits_of(sf * (1.0f + gf * (1.0f - sf)) * uf * dh)) > 1) +
+             (bf16_steps_apart(first.d_gu[pu], bits_of(gf * sf * dh)) > 1);
       compared += 2;
       const size_t hi = size_t(r * I + i);
       const float hf = float_of(c.h[hi]);
-      h_far += bf16_steps(c.h[hi], bits_of(gf / (1.0f + std::exp(-gf)) * uf)) > 1;
+      h_far += bf16_steps_apart(c.h[hi], bits_of(gf / (1.0f + std::exp(-gf)) * uf)) > 1;
       dot += double(gd) * double(hf);
       mag += std::fabs(double(gd) * double(hf));
       h_diff += first.h[hi] != bits_of(wr * hf);

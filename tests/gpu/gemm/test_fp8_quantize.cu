@@ -24,6 +24,7 @@
 namespace {
 
 using mok::test::bits_of;
+using mok::test::count_diff;
 using mok::test::DevBuf;
 using mok::test::download;
 using mok::test::random_bf16;
@@ -57,17 +58,6 @@ std::vector<uint16_t> matrix(const Shape& s, uint64_t seed) {
   for (int64_t c = 0; c < 32; ++c) plant(5, 640 + c, bits_of(448.0f * float(c - 16)));  // block 5
   for (int64_t c = 0; c < 64; ++c) plant(6, 768 + c, 0x8000);                           // block 6: -0
   return v;
-}
-
-int64_t count_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
-  int64_t d = 0;
-  for (size_t i = 0; i < a.size(); ++i) d += a[i] != b[i];
-  return d;
-}
-int64_t count_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  int64_t d = 0;
-  for (size_t i = 0; i < a.size(); ++i) d += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
-  return d;
 }
 
 const Shape kShapes[] = {{1024, 1100}, {257, 1000}, {128, 128}, {3, 4133}, {300, 129}, {1, 1}};
