@@ -272,7 +272,7 @@ struct Fp8Fc1Args {
 // not records kSiteFp8Segment in Options::error and writes that expert's gradient as 0). With
 // dw_up, m_out is a packed gate/up width (FC1's [d_g d_u] in the packed order) and the gate rows go
 // to dw, the up rows to dw_up (each [experts, m_out / 2, n]), as WgradArgs does. No carry across
-// calls (one call over all of the rows); m_out and n multiples of 128.
+// calls (one call over all of the rows); m_out and n multiples of 128; the scales 16-byte aligned.
 struct Fp8WgradArgs {
   const void* a_t = nullptr;          // [m_out, ld] E4M3 codes, ld = rows_total rounded up to 128
   const float* a_scales = nullptr;    // [ld / 128, m_out]

@@ -29,21 +29,22 @@ namespace mok::gemm::engine {
 //     along their M / N index), so each accumulator column has its own scale.
 enum class BScale { Block, GateUp, Column };
 
-// The fp32 scales one output tile reads. A's: one per tile row and K block, at a + row * a_row +
-// kb * a_k (activations per 1 x 128: a_row = k_blocks, a_k = 1; wgrad token blocks: a_row = 1,
-// a_k = the scale grid's row length). B's (Block): the tile's first 128 columns' at b + kb, the
-// next 128 columns' at b + b_stride, `b_blocks` of them inside the matrix (a 256-wide tile at its
-// right edge may have one: its other half reads no scale and is promoted with 0; its columns are
-// not stored). GateUp: W_gate's at b + kb, W_up's at b_up + kb. Column: column c's at b + c +
-// kb * b_stride, columns [0, 128 * b_blocks) inside the matrix.
+// The fp32 scales one output tile reads (Block, GateUp). A's: one per tile row and K block, at
+// a + row * a_row + kb (activations per 1 x 128: a_row = k_blocks). B's (Block): the tile's first
+// 128 columns' at b + kb, the next 128 columns' at b + b_stride, `b_blocks` of them inside the
+// matrix (a 256-wide tile at its right edge may have one: its other half reads no scale and is
+// promoted with 0; its columns are not stored). GateUp: W_gate's at b + kb, W_up's at b_up + kb.
+// Column reads none of these: each K block's scales come with its stage (Cfg::kStageScales: the
+// tile's BLOCK_N column scales, then its 128 row scales; the producer loads them), since a
+// thread needs 32 column scales per half and block, which loads from global memory at every
+// promotion made the tensor cores wait (measured: 474 vs 712 TF/s of the bf16 wgrad).
 struct TileScales {
-  const float* a;
-  int64_t a_row;
-  const float* b;
-  int64_t b_stride;
-  int32_t b_blocks;
+  const float* a = nullptr;
+  int64_t a_row = 0;
+  const float* b = nullptr;
+  int64_t b_stride = 0;
+  int32_t b_blocks = 0;
   const float* b_up = nullptr;
-  int64_t a_k = 1;
 };
 
 // The stage's MMAs run as m64n128 halves (BLOCK_N 256: the B tile's rows 0-127, then 128-255: +16
@@ -64,6 +65,8 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
                                                 float (&acc)[C::kAccRegs], const WaitBound& wb, const TileScales& sc,
                                                 Skew<C>* skew = nullptr) {
   static_assert(std::is_same_v<typename C::Operand, OperandE4m3>, "block-scaled FP8: E4M3 operands");
+  static_assert(kB != BScale::Column || C::kStageScales >= C::kBlockN + 128,
+                "per-column scales come with the stage: its columns' then its rows' (Cfg::kStageScales)");
   constexpr int kHalves = C::kBlockN / 128;  // m64n128 pieces = weight blocks of the tile
   const bool staggered = skew != nullptr && skew->applies(t);
   uint64_t* skew_bar = sm.skew(skew != nullptr ? skew->tiles & 1u : 0u);
@@ -79,29 +82,15 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
   // columns (Column): 2 adjacent ones per n8 block from acc_col.
   const float* a0 = sc.a + int64_t(64 * cwg + acc_row(wt)) * sc.a_row;
   const float* a1 = a0 + 8 * sc.a_row;
-  const float* bcol = sc.b + acc_col(wt);
   const uint32_t a_base = smem_addr(sm.a(0)) + uint32_t(cwg) * kChunkBytes;
   const uint32_t b_base = smem_addr(sm.b(0));
   float part[64];
-  const int64_t a_k = kB == BScale::Column ? sc.a_k : 1;  // (a constant where activations are per 1 x 128)
-  // Column: each K block's scales are a new row of the scale grid (for the tile's rows and for its
-  // columns), so loading them right before the promotion would miss L1 and wait out the L2
-  // latency with the tensor cores idle; instead the lines two blocks ahead are prefetched into L1
-  // (4 lines of 128 B per 128 rows or columns, one per thread of the first few; no registers held).
-  const auto prefetch_columns = [&](int kb) {
-    if (kB != BScale::Column || kb >= t.k_blocks) return;
-    if (wt < uint32_t(4 * kHalves))
-      prefetch_l1(sc.b + kb * sc.b_stride + 32 * wt);
-    else if (wt >= 16 && wt < 20)
-      prefetch_l1(sc.a + kb * a_k + 32 * (wt - 16));
-  };
-  prefetch_columns(0);
-  prefetch_columns(1);
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     const uint32_t s = ps.stage;
-    prefetch_columns(kb + 2);
-    // The block's scales, loaded while the stage arrives and its MMAs run.
-    const float sa0 = __ldg(a0 + kb * a_k), sa1 = __ldg(a1 + kb * a_k);
+    // The block's scales, loaded while the stage arrives and its MMAs run (Column: from the stage,
+    // once it has arrived).
+    float sa0 = 0.0f, sa1 = 0.0f;
+    if constexpr (kB != BScale::Column) sa0 = __ldg(a0 + kb), sa1 = __ldg(a1 + kb);
     float sb[kHalves], sb_up = 0.0f;
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) {
@@ -112,6 +101,12 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
     }
     if constexpr (kB == BScale::GateUp) sb_up = __ldg(sc.b_up + kb);
     mbar_wait(sm.full(s), ps.phase, wb, kSiteConsumerFull);
+    const uint32_t stage_scales = smem_addr(sm.scales(s));
+    if constexpr (kB == BScale::Column) {
+      const uint32_t row = uint32_t(C::kBlockN + 64 * cwg + acc_row(wt));
+      sa0 = lds_f32(stage_scales + 4u * row);
+      sa1 = lds_f32(stage_scales + 4u * (row + 8u));
+    }
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) {
       const uint32_t as = a_base + s * kATileBytes;
@@ -126,20 +121,22 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
       fence_operands(part);
       wgmma_wait<0>();
       fence_operands(part);
-      if (h == kHalves - 1) release_stage<C>(sm, s);  // every half's MMAs of this stage have completed
+      // Every half's MMAs of this stage have completed (Column: its scales are read below first).
+      if (kB != BScale::Column && h == kHalves - 1) release_stage<C>(sm, s);
       float* d = acc + 64 * h;
       if constexpr (kB == BScale::Column) {
-        // Column scales of this half (zero past the matrix's edge: those columns are not stored).
-        const bool inside = h < sc.b_blocks;
-        const float* bk = bcol + 128 * h + kb * sc.b_stride;
+        // The half's column scales from the stage (the producer loaded the tile's, zero-filled
+        // past the matrix's edge: those columns are not stored).
+        const uint32_t bk = stage_scales + 4u * uint32_t(128 * h + acc_col(wt));
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-          const float2 b2 = inside ? __ldg(reinterpret_cast<const float2*>(bk + 8 * j)) : make_float2(0.0f, 0.0f);
+          const float2 b2 = lds_f32x2(bk + 32u * uint32_t(j));
           d[4 * j] = fmaf(part[4 * j] * sa0, b2.x, d[4 * j]);
           d[4 * j + 1] = fmaf(part[4 * j + 1] * sa0, b2.y, d[4 * j + 1]);
           d[4 * j + 2] = fmaf(part[4 * j + 2] * sa1, b2.x, d[4 * j + 2]);
           d[4 * j + 3] = fmaf(part[4 * j + 3] * sa1, b2.y, d[4 * j + 3]);
         }
+        if (h == kHalves - 1) release_stage<C>(sm, s);
       } else {
         const float s0 = sa0 * sb[h], s1 = sa1 * sb[h];
         const float u0 = sa0 * sb_up, u1 = sa1 * sb_up;

@@ -76,21 +76,26 @@ inline constexpr int kBlockK = OperandBf16::kBlockK;
 
 // Tile configuration: BLOCK_N = 256 (the default: 128 accumulators per consumer thread, 4 stages
 // of 48 KB) or 128 (problems with too few 256-wide tiles to fill the GPU: 64 accumulators, 6
-// stages of 32 KB); the operand type (bf16 by default).
-template <int kBN, class Op = OperandBf16>
+// stages of 32 KB); the operand type (bf16 by default). kScaleFloats (the FP8 wgrad): fp32 scales
+// that travel with each stage (loaded by the producer beside its operands, in a 1 KB area per
+// stage), at the price of one stage (5 or 3).
+template <int kBN, class Op = OperandBf16, int kScaleFloats = 0>
 struct Cfg {
   static_assert(kBN == 256 || kBN == 128, "BLOCK_N is 256 or 128");
+  static_assert(kScaleFloats >= 0 && kScaleFloats <= 256, "at most 1 KB of scales per stage");
   using Operand = Op;
   static constexpr int kBlockK = Op::kBlockK;
   static_assert(kBlockK * Op::kElemBytes == kKBytes && kBlockK / Op::kStepK == 4,
                 "a stage row is 128 bytes of K, four 32-byte wgmma steps");
   static constexpr int kBlockN = kBN;
-  static constexpr int kStages = kBN == 256 ? 4 : 6;
+  static constexpr int kStages = (kBN == 256 ? 4 : 6) - (kScaleFloats > 0 ? 1 : 0);
   static constexpr int kAccRegs = kBN / 2;  // m64nN fp32 accumulators per thread
   static constexpr int kChunks = kBN / 64;  // 64-column chunks of the output / MN-major B tile
   static constexpr uint32_t kBTileBytes = uint32_t(kBN) * kKBytes;
   static constexpr uint32_t kStageBytes = kATileBytes + kBTileBytes;
-  static constexpr uint32_t kEpiOffset = kStages * kStageBytes;
+  static constexpr int kStageScales = kScaleFloats;
+  static constexpr uint32_t kScaleOffset = kStages * kStageBytes;  // kStages areas of 1 KB (if any)
+  static constexpr uint32_t kEpiOffset = kScaleOffset + (kScaleFloats > 0 ? kStages * 1024u : 0u);
   static constexpr uint32_t kBarOffset = kEpiOffset + 4 * kChunkBytes;
   static constexpr uint32_t kNumBars = 2 * kStages + 2;  // full[], empty[], skew[2]
   static constexpr uint32_t kSmemBytes = kBarOffset + kNumBars * 8 + 1024;  // + alignment slack
@@ -111,6 +116,8 @@ struct Smem {
   uint8_t* base;
   __device__ uint8_t* a(uint32_t s) const { return base + s * kATileBytes; }
   __device__ uint8_t* b(uint32_t s) const { return base + C::kStages * kATileBytes + s * C::kBTileBytes; }
+  // Stage s's scales (Cfg::kStageScales floats; 16-byte aligned).
+  __device__ float* scales(uint32_t s) const { return reinterpret_cast<float*>(base + C::kScaleOffset + s * 1024u); }
   __device__ uint8_t* epi(int cwg, uint32_t buf) const {
     return base + C::kEpiOffset + (uint32_t(cwg) * 2u + buf) * kChunkBytes;
   }
@@ -175,6 +182,13 @@ struct NoHook {
   __device__ __forceinline__ void operator()() const {}
 };
 
+// What produce_tile loads into a stage besides A and B (none by default): kBytes more on the
+// stage's full barrier, issued by operator()(stage, K block, barrier) (the FP8 wgrad's scales).
+struct NoStageExtra {
+  static constexpr uint32_t kBytes = 0;
+  __device__ __forceinline__ void operator()(uint32_t, int, uint64_t*) const {}
+};
+
 // ------------------------------------------------------------------------------------------------
 // Producer (one thread)
 // ------------------------------------------------------------------------------------------------
@@ -196,16 +210,18 @@ struct NoHook {
 // drain_stages can wait for exactly those.
 constexpr int kGateUpBox = 32;  // rows of a gate or up box (mok::gemm::kGateUpGroup)
 constexpr int kGateUpBoxBytes = kGateUpBox * 128;
-template <class C, bool kAMN, bool kBMN, bool kCluster = false>
+template <class C, bool kAMN, bool kBMN, bool kCluster = false, class Extra = NoStageExtra>
 __device__ __forceinline__ bool produce_tile(const Smem<C>& sm, PipeState<C>& ps, const Tile& t,
                                              const CUtensorMap* map_a, const CUtensorMap* map_b,
                                              const WaitBound& wb, const CUtensorMap* map_b_half = nullptr,
-                                             bool shared = false, uint32_t rank = 0, bool gate_up = false) {
+                                             bool shared = false, uint32_t rank = 0, bool gate_up = false,
+                                             const Extra& extra = Extra{}) {
   const bool multicast = kCluster && shared;
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     if (!mbar_wait(sm.empty(ps.stage), ps.phase ^ 1u, wb, kSiteProducerEmpty)) return false;
     uint64_t* full = sm.full(ps.stage);
-    mbar_arrive_expect_tx(full, C::kStageBytes);
+    mbar_arrive_expect_tx(full, C::kStageBytes + Extra::kBytes);
+    extra(ps.stage, kb, full);
     const int32_t k = t.k_begin + kb * C::kBlockK;
     uint8_t* a = sm.a(ps.stage);
     uint8_t* b = sm.b(ps.stage);

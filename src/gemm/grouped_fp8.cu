@@ -29,6 +29,28 @@ __device__ __forceinline__ bool fp8_segment_misaligned(Tile& t) {
   return true;
 }
 
+// The FP8 wgrad's stage scales (Cfg::kStageScales): per K block the tile's 128 column scales
+// (its B rows') and its 128 row scales (A's), 512 bytes each, by the producer's thread beside the
+// operands, on the stage's barrier.
+struct WgradStageScales {
+  static constexpr uint32_t kBytes = 1024;
+  const float* cols;  // the tile's first column's scale of the expert's first K block
+  const float* rows;  // the tile's first row's
+  int64_t col_stride, row_stride;  // floats between K blocks
+  const void* smem;   // Smem::scales(0)
+  __device__ __forceinline__ void operator()(uint32_t stage, int kb, uint64_t* full) const {
+    uint8_t* dst = static_cast<uint8_t*>(const_cast<void*>(smem)) + stage * 1024u;
+    bulk_load(dst, cols + kb * col_stride, 512u, full);
+    bulk_load(dst + 512, rows + kb * row_stride, 512u, full);
+  }
+};
+template <class CF>
+__device__ __forceinline__ WgradStageScales wgrad_stage_scales(const Smem<CF>& sm, const Tile& t, const KernelParams& p) {
+  const int64_t kb0 = t.k_begin / 128;  // the expert's first row block
+  return WgradStageScales{p.scale_b + kb0 * p.n + t.b_n, p.scale_a + kb0 * p.m_out + t.out_row, p.n, p.m_out,
+                          sm.scales(0)};
+}
+
 template <class CF, Fp8Mode kMode>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_grouped_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
@@ -54,9 +76,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       PipeState<CF> ps;
       Schedule sched(p);
       while (sched.next(t, shared, dummy)) {  // FC1: B from the gate and up maps (32-row boxes)
-        if (kWgrad) fp8_segment_misaligned(t);
-        if (!produce_tile<CF, false, false>(sm, ps, t, &map_a, &map_b, wb, &map_b_half, false, 0u, kFc1))
-          break;  // a wait expired
+        bool ok;
+        if constexpr (kWgrad) {
+          fp8_segment_misaligned(t);
+          ok = produce_tile<CF, false, false>(sm, ps, t, &map_a, &map_b, wb, &map_b_half, false, 0u, false,
+                                              wgrad_stage_scales(sm, t, p));
+        } else {
+          ok = produce_tile<CF, false, false>(sm, ps, t, &map_a, &map_b, wb, &map_b_half, false, 0u, kFc1);
+        }
+        if (!ok) break;  // a wait expired
       }
       drain_stages(sm, ps, wb);
     }
@@ -87,11 +115,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else if constexpr (kWgrad) {
       if (fp8_segment_misaligned(t) && wt == 0 && cwg == 0 && p.error != nullptr)
         atomicCAS(p.error, 0u, kSiteFp8Segment);
-      // Scales per 128 x 1 block: row block t.k_begin / 128 + kb of the output rows' and columns'.
-      const int64_t kb0 = t.k_begin / 128;
-      const TileScales sc{p.scale_a + kb0 * p.m_out + t.out_row, 1, p.scale_b + kb0 * p.n + t.b_n, p.n,
-                          int32_t(n_blocks - t.b_n / 128), nullptr, p.m_out};
-      mma_tile_scaled<CF, BScale::Column>(sm, ps, t, cwg, wt, acc, wb, sc, &skew);
+      // Scales per 128 x 1 block: with the stages (wgrad_stage_scales).
+      mma_tile_scaled<CF, BScale::Column>(sm, ps, t, cwg, wt, acc, wb, TileScales{}, &skew);
       FormWgrad<CF>::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
     } else {
       // The tile's rows' scales and its expert's scales for columns [b_n, b_n + 128).
@@ -112,9 +137,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace engine
 
 namespace {
-template <int kBN, engine::Fp8Mode kMode>
+template <int kBN, engine::Fp8Mode kMode, int kStageScales = 0>
 void launch_fp8_cfg(const Plan& plan, cudaStream_t stream) {
-  using CF = engine::Cfg<kBN, engine::OperandE4m3>;
+  using CF = engine::Cfg<kBN, engine::OperandE4m3, kStageScales>;
   auto* kernel = &engine::fp8_grouped_kernel<CF, kMode>;
   static std::atomic<unsigned long long> configured{0};
   mok::detail::set_smem_once(kernel, int(CF::kSmemBytes), configured);
@@ -132,7 +157,7 @@ void detail::launch_fp8_grouped(const Plan& plan, cudaStream_t stream) {
   else if (plan.form == Form::Fp8DgradSwiGLU)
     launch_fp8_cfg<256, Fp8Mode::DgradSwiGLU>(plan, stream);
   else if (plan.form == Form::Fp8Wgrad)
-    launch_fp8_cfg<128, Fp8Mode::Wgrad>(plan, stream);  // (256: the column scales spill, plan_fp8_wgrad)
+    launch_fp8_cfg<128, Fp8Mode::Wgrad, 256>(plan, stream);  // (256 wide: the scales' areas do not fit)
   else if (plan.block_n == 256)
     launch_fp8_cfg<256, Fp8Mode::Plain>(plan, stream);
   else

@@ -361,9 +361,11 @@ Plan plan_fp8_wgrad(const Fp8WgradArgs& a, const Options& o) {
   MOK_REQUIRE(a.experts >= 1, "fp8_wgrad.experts", ">= 1, got ", a.experts);
   MOK_REQUIRE(a.rows_total >= 1 && a.rows_total < (int64_t(1) << 31) - 128, "fp8_wgrad.rows_total",
               "1 <= rows_total < 2^31 - 128, got ", a.rows_total);
+  MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.a_scales) % 16 == 0 && reinterpret_cast<uintptr_t>(a.b_scales) % 16 == 0,
+              "fp8_wgrad.a_scales, b_scales", "16-byte aligned (the stages' scales are bulk copies)");
   MOK_REQUIRE(!o.cluster, "options.cluster", "not with FP8 (2-CTA clusters are BF16 only so far)");
-  // 128-wide tiles: at 256 the per-column scales beside the block accumulator and the tile's 128
-  // accumulators spill (180 bytes in ptxas's report).
+  // 128-wide tiles: the stages carry the tile's scales (engine_fp8.cuh), whose areas fit beside
+  // five 32 KB stages but not beside the 48 KB stages of 256-wide tiles.
   MOK_REQUIRE(o.block_n == 0 || o.block_n == 128, "options.block_n", "0 or 128 for the FP8 wgrad, got ", o.block_n);
   Options o128 = o;
   o128.block_n = 128;

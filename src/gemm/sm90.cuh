@@ -315,9 +315,17 @@ __device__ __forceinline__ void cluster_sync_any() {
 // ------------------------------------------------------------------------------------------------
 // TMA (CCCL), proxy fences
 // ------------------------------------------------------------------------------------------------
-// Brings the 128-byte line holding p into L1 (no register written; a hint).
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+// Shared-memory loads by address (volatile: never moved above the barrier wait that made the
+// data visible).
+__device__ __forceinline__ float lds_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ float2 lds_f32x2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
 }
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");

@@ -221,8 +221,8 @@ TEST(Fp8Wgrad, MisalignedSegmentIsReportedNotComputed) {
 
 TEST(Fp8Wgrad, RefusesShapesItCannotScale) {
   gemm::Fp8WgradArgs a;
-  const char* some = "x";
-  a.a_t = a.b_t = a.dw = const_cast<char*>(some);
+  alignas(16) static char some[64];  // (never dereferenced: refused before any launch)
+  a.a_t = a.b_t = a.dw = some;
   a.a_scales = a.b_scales = reinterpret_cast<const float*>(some);
   a.expert_row_begin = a.expert_rows = reinterpret_cast<const int32_t*>(some);
   a.m_out = 128;
@@ -246,6 +246,9 @@ TEST(Fp8Wgrad, RefusesShapesItCannotScale) {
   b = a;
   b.expert_rows = nullptr;
   refused(b, {}, "fp8_wgrad");
+  b = a;
+  b.b_scales = reinterpret_cast<const float*>(some + 4);
+  refused(b, {}, "fp8_wgrad.a_scales, b_scales");
   gemm::Options o;
   o.block_n = 256;
   refused(a, o, "options.block_n");
