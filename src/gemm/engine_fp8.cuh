@@ -155,6 +155,78 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
   }
 }
 
+// The wgrad's mainloop with two block accumulators (128-wide tiles, BScale::Column, the scales
+// with the stages): stage kb + 1's MMAs are issued into one block accumulator before stage kb's,
+// in the other, is waited for and promoted, so each warpgroup's own MMAs run through its
+// promotions (which, at two instructions per accumulator and a shared-memory load per two, the
+// other warpgroup's MMAs alone do not cover: both consume the same stages and tend to promote at
+// once). 64 + 2 x 64 accumulator registers. Blocks are added to acc in increasing kb, as in
+// mma_tile_scaled: the same bits.
+template <class C>
+__device__ __forceinline__ void mma_tile_columns_pipelined(const Smem<C>& sm, PipeState<C>& ps, const Tile& t,
+                                                           int cwg, uint32_t wt, float (&acc)[C::kAccRegs],
+                                                           const WaitBound& wb) {
+  static_assert(std::is_same_v<typename C::Operand, OperandE4m3> && C::kBlockN == 128 &&
+                    C::kStageScales >= C::kBlockN + 128,
+                "128-wide FP8 tiles whose stages carry their scales");
+#pragma unroll
+  for (int i = 0; i < C::kAccRegs; ++i) acc[i] = 0.0f;
+  if (t.k_blocks == 0) return;
+  const uint32_t a_base = smem_addr(sm.a(0)) + uint32_t(cwg) * kChunkBytes;
+  const uint32_t b_base = smem_addr(sm.b(0));
+  const uint32_t row = uint32_t(C::kBlockN + 64 * cwg + acc_row(wt)), col = uint32_t(acc_col(wt));
+  float p0[64], p1[64];
+  // Waits for the next stage and issues its MMAs into pp; returns the stage.
+  const auto start = [&](float (&pp)[64]) {
+    const uint32_t s = ps.stage;
+    mbar_wait(sm.full(s), ps.phase, wb, kSiteConsumerFull);
+    const uint32_t as = a_base + s * kATileBytes, bs = b_base + s * C::kBTileBytes;
+    fence_operands(pp);
+    wgmma_fence();
+#pragma unroll
+    for (int k32 = 0; k32 < C::kBlockK / C::Operand::kStepK; ++k32)
+      C::Operand::template mma<128, false, false>(pp, desc_k_major(as, k32), desc_k_major(bs, k32), k32 > 0 ? 1u : 0u);
+    wgmma_commit();
+    fence_operands(pp);
+    ps.advance();
+    return s;
+  };
+  // acc += pp * scale_row * scale_col with stage s's scales, then the stage is free.
+  const auto promote = [&](float (&pp)[64], uint32_t s) {
+    fence_operands(pp);
+    const uint32_t sc = smem_addr(sm.scales(s));
+    const float sa0 = lds_f32(sc + 4u * row), sa1 = lds_f32(sc + 4u * (row + 8u));
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float2 b2 = lds_f32x2(sc + 4u * (col + 8u * uint32_t(j)));
+      acc[4 * j] = fmaf(pp[4 * j] * sa0, b2.x, acc[4 * j]);
+      acc[4 * j + 1] = fmaf(pp[4 * j + 1] * sa0, b2.y, acc[4 * j + 1]);
+      acc[4 * j + 2] = fmaf(pp[4 * j + 2] * sa1, b2.x, acc[4 * j + 2]);
+      acc[4 * j + 3] = fmaf(pp[4 * j + 3] * sa1, b2.y, acc[4 * j + 3]);
+    }
+    release_stage<C>(sm, s);
+  };
+  uint32_t s0 = start(p0), s1 = 0;  // block 0 in p0
+  for (int kb = 1;; kb += 2) {
+    if (kb >= t.k_blocks) {  // block kb - 1 (p0) was the last
+      wgmma_wait<0>();
+      promote(p0, s0);
+      return;
+    }
+    s1 = start(p1);  // block kb
+    wgmma_wait<1>();  // block kb - 1's MMAs are done
+    promote(p0, s0);
+    if (kb + 1 >= t.k_blocks) {  // block kb (p1) was the last
+      wgmma_wait<0>();
+      promote(p1, s1);
+      return;
+    }
+    s0 = start(p0);  // block kb + 1
+    wgmma_wait<1>();
+    promote(p1, s1);
+  }
+}
+
 // FC1's epilogue in FP8: the 256-wide packed tile holds 128 intermediate columns, so each row's
 // h values of the tile are one 1 x 128 block. Per thread (rows r and r + 8, acc_row): the gate
 // value of n8 block j (j % 8 < 4) pairs with the up value of block j + 4 (32 packed columns on,

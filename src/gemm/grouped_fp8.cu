@@ -115,8 +115,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else if constexpr (kWgrad) {
       if (fp8_segment_misaligned(t) && wt == 0 && cwg == 0 && p.error != nullptr)
         atomicCAS(p.error, 0u, kSiteFp8Segment);
-      // Scales per 128 x 1 block: with the stages (wgrad_stage_scales).
-      mma_tile_scaled<CF, BScale::Column>(sm, ps, t, cwg, wt, acc, wb, TileScales{}, &skew);
+      // Scales per 128 x 1 block: with the stages (wgrad_stage_scales); two block accumulators.
+      mma_tile_columns_pipelined<CF>(sm, ps, t, cwg, wt, acc, wb);
       FormWgrad<CF>::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
     } else {
       // The tile's rows' scales and its expert's scales for columns [b_n, b_n + 128).
