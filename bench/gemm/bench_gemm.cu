@@ -234,7 +234,8 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
       a.expert_row_begin = static_cast<int32_t*>(d_beg.p);
       a.expert_rows = static_cast<int32_t*>(d_cnt.p);
       gemm::Options o8 = o;
-      o8.block_n = 0;  // 128-wide tiles (plan_fp8_wgrad)
+      o8.block_n = 0;  // by tile count (or the --block-n knob)
+      if (kn.block_n == 128 || kn.block_n == 256) o8.block_n = kn.block_n;
       o8.cluster = false;
       plans.push_back(gemm::plan_fp8_wgrad(a, o8));
     } else {

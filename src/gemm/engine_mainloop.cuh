@@ -77,12 +77,12 @@ inline constexpr int kBlockK = OperandBf16::kBlockK;
 // Tile configuration: BLOCK_N = 256 (the default: 128 accumulators per consumer thread, 4 stages
 // of 48 KB) or 128 (problems with too few 256-wide tiles to fill the GPU: 64 accumulators, 6
 // stages of 32 KB); the operand type (bf16 by default). kScaleFloats (the FP8 wgrad): fp32 scales
-// that travel with each stage (loaded by the producer beside its operands, in a 1 KB area per
-// stage), at the price of one stage (5 or 3).
+// that travel with each stage (loaded by the producer beside its operands, in an area of whole
+// KBs per stage), at the price of one stage (5 or 3).
 template <int kBN, class Op = OperandBf16, int kScaleFloats = 0>
 struct Cfg {
   static_assert(kBN == 256 || kBN == 128, "BLOCK_N is 256 or 128");
-  static_assert(kScaleFloats >= 0 && kScaleFloats <= 256, "at most 1 KB of scales per stage");
+  static_assert(kScaleFloats >= 0 && kScaleFloats <= 512, "at most 2 KB of scales per stage");
   using Operand = Op;
   static constexpr int kBlockK = Op::kBlockK;
   static_assert(kBlockK * Op::kElemBytes == kKBytes && kBlockK / Op::kStepK == 4,
@@ -94,8 +94,9 @@ struct Cfg {
   static constexpr uint32_t kBTileBytes = uint32_t(kBN) * kKBytes;
   static constexpr uint32_t kStageBytes = kATileBytes + kBTileBytes;
   static constexpr int kStageScales = kScaleFloats;
-  static constexpr uint32_t kScaleOffset = kStages * kStageBytes;  // kStages areas of 1 KB (if any)
-  static constexpr uint32_t kEpiOffset = kScaleOffset + (kScaleFloats > 0 ? kStages * 1024u : 0u);
+  static constexpr uint32_t kScaleAreaBytes = (uint32_t(kScaleFloats) * 4u + 1023u) / 1024u * 1024u;
+  static constexpr uint32_t kScaleOffset = kStages * kStageBytes;  // kStages areas (if any)
+  static constexpr uint32_t kEpiOffset = kScaleOffset + kStages * kScaleAreaBytes;
   static constexpr uint32_t kBarOffset = kEpiOffset + 4 * kChunkBytes;
   static constexpr uint32_t kNumBars = 2 * kStages + 2;  // full[], empty[], skew[2]
   static constexpr uint32_t kSmemBytes = kBarOffset + kNumBars * 8 + 1024;  // + alignment slack
@@ -116,8 +117,10 @@ struct Smem {
   uint8_t* base;
   __device__ uint8_t* a(uint32_t s) const { return base + s * kATileBytes; }
   __device__ uint8_t* b(uint32_t s) const { return base + C::kStages * kATileBytes + s * C::kBTileBytes; }
-  // Stage s's scales (Cfg::kStageScales floats; 16-byte aligned).
-  __device__ float* scales(uint32_t s) const { return reinterpret_cast<float*>(base + C::kScaleOffset + s * 1024u); }
+  // Stage s's scales (Cfg::kStageScales floats; 1 KB aligned).
+  __device__ float* scales(uint32_t s) const {
+    return reinterpret_cast<float*>(base + C::kScaleOffset + s * C::kScaleAreaBytes);
+  }
   __device__ uint8_t* epi(int cwg, uint32_t buf) const {
     return base + C::kEpiOffset + (uint32_t(cwg) * 2u + buf) * kChunkBytes;
   }
@@ -182,10 +185,10 @@ struct NoHook {
   __device__ __forceinline__ void operator()() const {}
 };
 
-// What produce_tile loads into a stage besides A and B (none by default): kBytes more on the
+// What produce_tile loads into a stage besides A and B (none by default): bytes() more on the
 // stage's full barrier, issued by operator()(stage, K block, barrier) (the FP8 wgrad's scales).
 struct NoStageExtra {
-  static constexpr uint32_t kBytes = 0;
+  __device__ __forceinline__ uint32_t bytes() const { return 0; }
   __device__ __forceinline__ void operator()(uint32_t, int, uint64_t*) const {}
 };
 
@@ -220,7 +223,7 @@ __device__ __forceinline__ bool produce_tile(const Smem<C>& sm, PipeState<C>& ps
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     if (!mbar_wait(sm.empty(ps.stage), ps.phase ^ 1u, wb, kSiteProducerEmpty)) return false;
     uint64_t* full = sm.full(ps.stage);
-    mbar_arrive_expect_tx(full, C::kStageBytes + Extra::kBytes);
+    mbar_arrive_expect_tx(full, C::kStageBytes + extra.bytes());
     extra(ps.stage, kb, full);
     const int32_t k = t.k_begin + kb * C::kBlockK;
     uint8_t* a = sm.a(ps.stage);

@@ -29,26 +29,31 @@ __device__ __forceinline__ bool fp8_segment_misaligned(Tile& t) {
   return true;
 }
 
-// The FP8 wgrad's stage scales (Cfg::kStageScales): per K block the tile's 128 column scales
-// (its B rows') and its 128 row scales (A's), 512 bytes each, by the producer's thread beside the
-// operands, on the stage's barrier.
+// The FP8 wgrad's stage scales (Cfg::kStageScales): per K block the tile's BLOCK_N column scales
+// (its B rows') and its 128 row scales (A's), by the producer's thread beside the operands, on
+// the stage's barrier. A 256-wide tile at the matrix's right edge copies its 128 columns' only
+// (the other half's columns are not stored; their promotion reads whatever the area holds).
+template <class CF>
 struct WgradStageScales {
-  static constexpr uint32_t kBytes = 1024;
   const float* cols;  // the tile's first column's scale of the expert's first K block
   const float* rows;  // the tile's first row's
   int64_t col_stride, row_stride;  // floats between K blocks
-  const void* smem;   // Smem::scales(0)
+  uint32_t col_bytes;              // the tile's columns inside the matrix, in bytes
+  const Smem<CF>* sm;
+  __device__ __forceinline__ uint32_t bytes() const { return col_bytes + 512u; }
   __device__ __forceinline__ void operator()(uint32_t stage, int kb, uint64_t* full) const {
-    uint8_t* dst = static_cast<uint8_t*>(const_cast<void*>(smem)) + stage * 1024u;
-    bulk_load(dst, cols + kb * col_stride, 512u, full);
-    bulk_load(dst + 512, rows + kb * row_stride, 512u, full);
+    float* dst = sm->scales(stage);
+    bulk_load(dst, cols + kb * col_stride, col_bytes, full);
+    bulk_load(dst + CF::kBlockN, rows + kb * row_stride, 512u, full);
   }
 };
 template <class CF>
-__device__ __forceinline__ WgradStageScales wgrad_stage_scales(const Smem<CF>& sm, const Tile& t, const KernelParams& p) {
+__device__ __forceinline__ WgradStageScales<CF> wgrad_stage_scales(const Smem<CF>& sm, const Tile& t,
+                                                                   const KernelParams& p) {
   const int64_t kb0 = t.k_begin / 128;  // the expert's first row block
-  return WgradStageScales{p.scale_b + kb0 * p.n + t.b_n, p.scale_a + kb0 * p.m_out + t.out_row, p.n, p.m_out,
-                          sm.scales(0)};
+  const uint32_t cols = uint32_t(min(int32_t(CF::kBlockN), p.n - t.b_n));
+  return WgradStageScales<CF>{p.scale_b + kb0 * p.n + t.b_n, p.scale_a + kb0 * p.m_out + t.out_row, p.n, p.m_out,
+                              4u * cols, &sm};
 }
 
 template <class CF, Fp8Mode kMode>
@@ -116,7 +121,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (fp8_segment_misaligned(t) && wt == 0 && cwg == 0 && p.error != nullptr)
         atomicCAS(p.error, 0u, kSiteFp8Segment);
       // Scales per 128 x 1 block: with the stages (wgrad_stage_scales); two block accumulators.
-      mma_tile_columns_pipelined<CF>(sm, ps, t, cwg, wt, acc, wb);
+      if constexpr (CF::kBlockN == 128)
+        mma_tile_columns_pipelined<CF>(sm, ps, t, cwg, wt, acc, wb);
+      else
+        mma_tile_scaled<CF, BScale::Column>(sm, ps, t, cwg, wt, acc, wb, TileScales{}, &skew);
       FormWgrad<CF>::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
     } else {
       // The tile's rows' scales and its expert's scales for columns [b_n, b_n + 128).
@@ -156,8 +164,10 @@ void detail::launch_fp8_grouped(const Plan& plan, cudaStream_t stream) {
     launch_fp8_cfg<256, Fp8Mode::Fc1>(plan, stream);
   else if (plan.form == Form::Fp8DgradSwiGLU)
     launch_fp8_cfg<256, Fp8Mode::DgradSwiGLU>(plan, stream);
+  else if (plan.form == Form::Fp8Wgrad && plan.block_n == 256)
+    launch_fp8_cfg<256, Fp8Mode::Wgrad, 384>(plan, stream);  // (3 stages beside the scales' areas)
   else if (plan.form == Form::Fp8Wgrad)
-    launch_fp8_cfg<128, Fp8Mode::Wgrad, 256>(plan, stream);  // (256 wide: the scales' areas do not fit)
+    launch_fp8_cfg<128, Fp8Mode::Wgrad, 256>(plan, stream);
   else if (plan.block_n == 256)
     launch_fp8_cfg<256, Fp8Mode::Plain>(plan, stream);
   else

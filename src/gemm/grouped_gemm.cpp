@@ -364,15 +364,11 @@ Plan plan_fp8_wgrad(const Fp8WgradArgs& a, const Options& o) {
   MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.a_scales) % 16 == 0 && reinterpret_cast<uintptr_t>(a.b_scales) % 16 == 0,
               "fp8_wgrad.a_scales, b_scales", "16-byte aligned (the stages' scales are bulk copies)");
   MOK_REQUIRE(!o.cluster, "options.cluster", "not with FP8 (2-CTA clusters are BF16 only so far)");
-  // 128-wide tiles: the stages carry the tile's scales (engine_fp8.cuh), whose areas fit beside
-  // five 32 KB stages but not beside the 48 KB stages of 256-wide tiles.
-  MOK_REQUIRE(o.block_n == 0 || o.block_n == 128, "options.block_n", "0 or 128 for the FP8 wgrad, got ", o.block_n);
-  Options o128 = o;
-  o128.block_n = 128;
+  // (The stages carry the tile's scales, engine_fp8.cuh: 5 stages at 128 wide, 3 at 256.)
   Plan p;
   p.form = Form::Fp8Wgrad;
   p.params.num_m_tiles = static_cast<int32_t>(a.m_out / kBlockM);
-  pick_block_n(p, o128, a.experts * p.params.num_m_tiles, a.n);
+  pick_block_n(p, o, a.experts * p.params.num_m_tiles, a.n);
   p.params.n = static_cast<int32_t>(a.n);
   p.params.m_out = static_cast<int32_t>(a.m_out);
   p.params.experts = static_cast<int32_t>(a.experts);
@@ -381,7 +377,7 @@ Plan plan_fp8_wgrad(const Fp8WgradArgs& a, const Options& o) {
   p.params.expert_range = a.expert_range;
   p.params.scale_a = a.a_scales;
   p.params.scale_b = a.b_scales;
-  fill_common(p, o128, a.experts * p.params.num_m_tiles * p.params.n_tiles,
+  fill_common(p, o, a.experts * p.params.num_m_tiles * p.params.n_tiles,
               a.experts * cdiv(p.params.num_m_tiles, 2) * p.params.n_tiles);
   p.padded_flops = 2.0 * double(a.rows_total) * double(a.m_out) * double(a.n);
   if (p.grid == 0) return p;

@@ -88,8 +88,9 @@ void Operands::quantize(const Routed& rt, const std::vector<uint16_t>& a, int64_
 }
 
 // split: m_out is a packed gate/up width (dw gets the gate rows, dw_up the up rows).
-void run_case(const std::vector<int32_t>& counts, int64_t m_out, int64_t n, bool split) {
-  SCOPED_TRACE(testing::Message() << "m_out " << m_out << ", n " << n << (split ? ", gate/up" : ""));
+void run_case(const std::vector<int32_t>& counts, int64_t m_out, int64_t n, bool split, int block_n) {
+  SCOPED_TRACE(testing::Message() << "m_out " << m_out << ", n " << n << (split ? ", gate/up" : "") << ", BLOCK_N "
+                                  << block_n);
   const Routed rt(counts);
   const int64_t E = int64_t(counts.size());
   const std::vector<uint16_t> a = operand(rt, m_out, 3 + m_out), b = operand(rt, n, 7 + n);
@@ -118,8 +119,9 @@ void run_case(const std::vector<int32_t>& counts, int64_t m_out, int64_t n, bool
   args.expert_rows = dcount.as<int32_t>();
   gemm::Options o;
   o.error = err.as<unsigned>();
+  o.block_n = block_n;
   const gemm::Plan plan = gemm::plan_fp8_wgrad(args, o);
-  EXPECT_EQ(plan.block_n, 128);
+  EXPECT_EQ(plan.block_n, block_n);
   gemm::run(plan, nullptr);
   MOK_ASSERT_CUDA(cudaDeviceSynchronize());
   ASSERT_EQ(download<unsigned>(err, 1)[0], 0u) << "a bounded wait expired or a segment was refused";
@@ -164,17 +166,20 @@ void run_case(const std::vector<int32_t>& counts, int64_t m_out, int64_t n, bool
   EXPECT_EQ(nonfinite, 0) << "unwritten or NaN gradients (padding rows leaking in?)";
   EXPECT_EQ(nonzero_empty, 0) << "an expert without rows must get a zero gradient";
   EXPECT_LT(worst, 4e-3) << "vs the quantization-emulating reference, relative to sum |a b|";
-  std::printf("[fp8 wgrad] m_out %lld n %lld%s: max |err| / sum |a b| = %.2e vs the quantized operands, %.2e vs the "
-              "bf16 operands\n",
-              (long long)m_out, (long long)n, split ? " gate/up" : "", worst, worst_bf16);
+  std::printf("[fp8 wgrad] BLOCK_N %d m_out %lld n %lld%s: max |err| / sum |a b| = %.2e vs the quantized operands, "
+              "%.2e vs the bf16 operands\n",
+              block_n, (long long)m_out, (long long)n, split ? " gate/up" : "", worst, worst_bf16);
 }
 
 TEST(Fp8Wgrad, TokenBlockScaledMatchesTheQuantizedReference) {
   MOK_REQUIRE_GPUS(1);
-  run_case({200, 128, 0, 77, 300}, 256, 384, false);
-  run_case({200, 128, 0, 77, 300}, 256, 384, true);
-  run_case({1}, 128, 128, false);
-  run_case({700, 45}, 384, 256, true);
+  for (const int bn : {128, 256}) {
+    run_case({200, 128, 0, 77, 300}, 256, 384, false, bn);  // n 384: a 256-wide tile past the edge
+    run_case({200, 128, 0, 77, 300}, 256, 384, true, bn);
+    run_case({1}, 128, 128, false, bn);
+    run_case({700, 45}, 384, 256, true, bn);
+    run_case({1300, 2100}, 128, 256, false, bn);  // 11 and 17 K blocks: both block accumulators' exits, the stagger
+  }
 }
 
 // A segment that does not begin on a 128-row block cannot use the blocks' scales: that expert's
@@ -250,7 +255,7 @@ TEST(Fp8Wgrad, RefusesShapesItCannotScale) {
   b.b_scales = reinterpret_cast<const float*>(some + 4);
   refused(b, {}, "fp8_wgrad.a_scales, b_scales");
   gemm::Options o;
-  o.block_n = 256;
+  o.block_n = 64;
   refused(a, o, "options.block_n");
 }
 
