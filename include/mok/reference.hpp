@@ -35,13 +35,16 @@
 //   (src/reference/fp8_quant.h); each value then stands for what its E4M3 code and scale decode
 //   to, and the GEMMs and rounding points are the bf16 ones above. The GPU's FP8 forms compute
 //   with the same codes and scales (they differ by accumulation order only).
-//   Its backward (the spec; the GPU layer's FP8 backward is not written yet): FC2's dgrad reads d
-//   per 1 x 128 along H, FC1's dgrad [dg du] per 1 x 128 in the packed K order (the gate and up
-//   values of the same 64 intermediate columns), both against the forward's weight codes; the
-//   weight gradients read d, hw, dg, du and the bf16 x rows per 128 x 1 block (K = tokens: 128
-//   consecutive rows of the expert's rows in the order above, i.e. one 128-row M tile of its
-//   segment, so the same blocks in every ring and W; the shared expert's per 128 of the rank's
-//   tokens); hw and d_topk_w use the forward's FP8 h.
+//   Its backward (the spec; the GPU has its GEMM forms, not yet the layer's FP8 backward): FC2's
+//   dgrad reads d per 1 x 128 along H against the forward's W_down codes (128 x 128 blocks are
+//   the same transposed); FC1's dgrad reads [dg du] per 1 x 128 in the packed K order (the gate
+//   and up values of the same 64 intermediate columns) against [W_gate; W_up] quantized in the
+//   same blocks (64 gate and 64 up rows x 128 hidden columns per scale, from the bf16 weights:
+//   not the forward's codes, whose blocks do not line up with that order); the weight gradients
+//   read d, hw, dg, du and the bf16 x rows per 128 x 1 block (K = tokens: 128 consecutive rows of
+//   the expert's rows in the order above, i.e. one 128-row M tile of its segment, so the same
+//   blocks in every ring and W; the shared expert's per 128 of the rank's tokens); hw and d_topk_w
+//   use the bf16 h = rnd(silu(g) u) (recomputed from g, u as in BF16; not its FP8 rounding).
 // Config::precision MXFP8 (recipe 2; forward only): the same points, each quantized as MXFP8 (E4M3
 //   with an E8M0 scale per 32 consecutive values along K: x and h rows, weight rows).
 // Every dot product is an fp32 sum in increasing index order without fused multiply-add, and

@@ -81,6 +81,34 @@ void fp8_round_gate_up_rows(std::vector<float>& dgu, int64_t rows, int64_t I) {
   }
 }
 
+// FC1's dgrad reads [W_gate; W_up] with K = 2I in the same packed order as [d_g d_u] (above), so
+// in FP8 its 128 x 128 blocks are the gate and the up rows of the same 64 intermediate columns by
+// 128 hidden columns: block (j, c) = {W_gate[64j .. 64j+63], W_up[64j .. 64j+63]} x [128c ..
+// 128c+127], quantized together (one fp32 scale) from the bf16 weights — what the GPU's K-major
+// copy of the packed weights gets (gemm::transpose_weights_bf16 then 128 x 128 blocks). Returns
+// the decoded values [2I, H]: gate rows, then up rows.
+std::vector<float> fp8_gate_up_dgrad_weights(const bf16* wg, const bf16* wu, int64_t I, int64_t H) {
+  std::vector<float> out(sz(2 * I * H));
+  const int64_t half = fp8::kBlock / 2;
+  std::vector<float> blk;
+  std::vector<uint8_t> q;
+  for (int64_t i0 = 0; i0 < I; i0 += half)
+    for (int64_t c0 = 0; c0 < H; c0 += fp8::kBlock) {
+      const int64_t ni = std::min(half, I - i0), nc = std::min<int64_t>(fp8::kBlock, H - c0);
+      blk.clear();
+      for (const bf16* w : {wg, wu})
+        for (int64_t i = i0; i < i0 + ni; ++i)
+          for (int64_t c = c0; c < c0 + nc; ++c) blk.push_back(static_cast<float>(w[sz(i * H + c)]));
+      q.resize(blk.size());
+      const float sc = fp8::quantize_block(blk.data(), static_cast<int64_t>(blk.size()), fp8::ScaleRule::Fp32, q.data());
+      size_t at = 0;
+      for (int64_t part = 0; part < 2; ++part)
+        for (int64_t i = i0; i < i0 + ni; ++i)
+          for (int64_t c = c0; c < c0 + nc; ++c) out[sz((part * I + i) * H + c)] = fp8::e4m3_decode(q[at++]) * sc;
+    }
+  return out;
+}
+
 // One expert's FFN weights in fp32, in the [K, N] layouts the GEMMs stream.
 struct ExpertF {
   int64_t H = 0, I = 0;
@@ -103,12 +131,18 @@ struct ExpertF {
     gate_t = transpose(g.data(), I, H);
     up_t = transpose(u.data(), I, H);
     down_t = transpose(down.data(), H, I);
-    gate_up = std::move(g);
-    gate_up.insert(gate_up.end(), u.begin(), u.end());
+    if (p == Precision::FP8) {  // FC1's dgrad: its own blocks (fp8_gate_up_dgrad_weights)
+      gate_up = fp8_gate_up_dgrad_weights(wg, wu, I, H);
+    } else {
+      gate_up = std::move(g);
+      gate_up.insert(gate_up.end(), u.begin(), u.end());
+    }
   }
 };
 
-// Activations of M rows through one FFN (forward), all at their rounding points.
+// Activations of M rows through one FFN (forward), all at their rounding points. h is the bf16
+// rnd(silu(g) u); FP8 / MXFP8: FC2 reads it quantized, the backward (hw, the router-weight
+// gradient) reads it as is.
 struct FfnActs {
   std::vector<float> g, u, h, y;  // [M, I] x3, [M, H]
 };
@@ -125,8 +159,14 @@ FfnActs ffn_forward(const ExpertF& e, const float* v, int64_t M, int threads) {
   round_in_place(a.g.data(), M * I);
   round_in_place(a.u.data(), M * I);
   for (int64_t i = 0; i < M * I; ++i) a.h[sz(i)] = round_bf16(silu(a.g[sz(i)]) * a.u[sz(i)]);
-  if (e.precision != Precision::BF16) fp8_round_rows(a.h.data(), M, I, e.precision);  // FC2 reads h quantized
-  matmul(a.h.data(), e.down_t.data(), a.y.data(), M, I, H, threads);
+  const float* h_in = a.h.data();
+  std::vector<float> hq;  // FP8 / MXFP8: FC2 reads h quantized
+  if (e.precision != Precision::BF16) {
+    hq = a.h;
+    fp8_round_rows(hq.data(), M, I, e.precision);
+    h_in = hq.data();
+  }
+  matmul(h_in, e.down_t.data(), a.y.data(), M, I, H, threads);
   round_in_place(a.y.data(), M * H);
   return a;
 }
