@@ -1,0 +1,275 @@
+// mok_fp8_backward_bench — the expert FFN backward's GEMM chain on one GPU, BF16 against FP8
+// (issue 22, recipe 1), on the layer's routed layout: what a backward spends in its GEMMs and,
+// for FP8, in the quantization passes it adds (unfused here: each is a kernel of
+// src/gemm/fp8_quantize.h). No communication: the per-rank work of one backward.
+//   BF16: dgrad + SwiGLU' (unweighted d_out rows, their router weights: d_gu, the router-weight
+//         partials, hw) -> FC1's dgrad -> dW_down = d^T hw -> dW_gate, dW_up = d_gu^T x.
+//   FP8:  d per 1 x 128 -> the FP8 dgrad + SwiGLU' -> d_gu per 1 x 128 -> FC1's FP8 dgrad; d, hw,
+//         d_gu and x per 128 x 1 token block (transposed) -> the FP8 wgrads. The weights' K-major
+//         codes (transposed, 128 x 128; made once per weight update, i.e. once per training
+//         step) are timed apart ("weights").
+// Each chain is timed as a whole (CUDA events around it, warm-up, median of --reps), and each
+// step alone; the FP8 chain's outputs are compared with the BF16 chain's (the recipe's error,
+// a few 1e-2, not a check of bits: the GPU tests check the forms against the spec).
+//   mok_fp8_backward_bench [--out FILE] [--reps N] [--filter SUBSTR]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_gemm_util.cuh"
+#include "common/cuda_check.h"
+#include "gemm/fp8_quantize.h"
+#include "mok/gemm.hpp"
+
+namespace {
+
+namespace gemm = mok::gemm;
+namespace fp8 = mok::fp8;
+using namespace mok::bench_gemm;
+
+struct Model {
+  const char* name;
+  int64_t hidden, inter, experts;  // experts: one EP-8 rank's
+};
+const Model kModels[] = {{"dsv3", 7168, 2048, 32}, {"qwen3-30b-a3b", 2048, 768, 16}, {"qwen3-235b-a22b", 4096, 1536, 16}};
+
+using Step = std::pair<std::string, std::function<void()>>;
+
+// Median ms of `reps` runs of fn (after 3 warm-up runs), each between two events.
+double time_ms(const std::function<void()>& fn, int reps) {
+  cudaEvent_t a, b;
+  MOK_CUDA_CHECK(cudaEventCreate(&a));
+  MOK_CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    MOK_CUDA_CHECK(cudaEventRecord(a));
+    fn();
+    MOK_CUDA_CHECK(cudaEventRecord(b));
+    MOK_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    MOK_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// ||a - b|| / ||b|| of two bf16 device arrays.
+double rel_diff(const void* a, const void* b, int64_t n) {
+  std::vector<uint16_t> ha(static_cast<size_t>(n)), hb(static_cast<size_t>(n));
+  MOK_CUDA_CHECK(cudaMemcpy(ha.data(), a, size_t(n) * 2, cudaMemcpyDeviceToHost));
+  MOK_CUDA_CHECK(cudaMemcpy(hb.data(), b, size_t(n) * 2, cudaMemcpyDeviceToHost));
+  double d2 = 0, r2 = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double x = host_bf16(ha[size_t(i)]), y = host_bf16(hb[size_t(i)]);
+    if (!std::isfinite(x) || !std::isfinite(y)) return INFINITY;
+    d2 += (x - y) * (x - y);
+    r2 += y * y;
+  }
+  return std::sqrt(d2 / std::max(r2, 1e-300));
+}
+
+struct Result {
+  std::vector<std::pair<std::string, double>> steps;  // ms each
+  double chain_ms = 0;
+};
+
+Result run_chain(const std::vector<Step>& steps, int reps) {
+  Result r;
+  for (const auto& s : steps) r.steps.emplace_back(s.first, time_ms(s.second, reps));
+  r.chain_ms = time_ms([&] { for (const auto& s : steps) s.second(); }, reps);
+  return r;
+}
+
+void add_buf(std::vector<std::unique_ptr<Buf>>& keep, void*& p, size_t bytes) {
+  keep.emplace_back(new Buf(bytes));
+  p = keep.back()->p;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_path = "fp8_backward.json", filter;
+  int reps = 20;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--out" && i + 1 < argc) out_path = argv[++i];
+    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (a == "--filter" && i + 1 < argc) filter = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: %s [--out FILE] [--reps N] [--filter SUBSTR]\n", argv[0]);
+      return 2;
+    }
+  }
+  cudaDeviceProp prop{};
+  MOK_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  FILE* f = std::fopen(out_path.c_str(), "w");
+  if (!f) {
+    std::perror(out_path.c_str());
+    return 1;
+  }
+  std::fprintf(f, "{\"device\": \"%s\", \"what\": \"expert FFN backward GEMM chain per EP-8 rank slice, bf16 vs fp8 "
+               "(recipe 1), no communication\", \"cases\": [\n", prop.name);
+  bool first = true;
+  for (const Model& m : kModels)
+    for (const int64_t per : {int64_t(512), int64_t(2048)}) {
+      const std::string name = std::string(m.name) + "/" + std::to_string(per);
+      if (!filter.empty() && name.find(filter) == std::string::npos) continue;
+      const int64_t E = m.experts, H = m.hidden, I = m.inter, rows = E * per, n2 = 2 * I;
+      std::vector<int32_t> counts(static_cast<size_t>(E), static_cast<int32_t>(per)), begin, tile_expert;
+      for (int64_t e = 0; e < E; ++e) {
+        begin.push_back(int32_t(e * per));
+        for (int64_t t = 0; t < per / 128; ++t) tile_expert.push_back(int32_t(e));
+      }
+      std::vector<std::unique_ptr<Buf>> keep;
+      const auto dev_i32 = [&](const std::vector<int32_t>& v) {
+        void* p = nullptr;
+        add_buf(keep, p, v.size() * 4);
+        MOK_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+        return static_cast<const int32_t*>(p);
+      };
+      const int32_t *d_te = dev_i32(tile_expert), *d_beg = dev_i32(begin), *d_cnt = dev_i32(counts);
+      const auto bf16_buf = [&](int64_t n, uint64_t seed, float scale) {
+        void* p = nullptr;
+        add_buf(keep, p, size_t(n) * 2);
+        fill(p, n, seed, scale);
+        return p;
+      };
+      const auto raw = [&](size_t bytes) {
+        void* p = nullptr;
+        add_buf(keep, p, bytes);
+        return p;
+      };
+      // Inputs: unweighted d_out rows, x rows, the forward's gate/up rows, router weights, weights.
+      void* dy = bf16_buf(rows * H, 1, 1.0f);
+      void* x = bf16_buf(rows * H, 2, 1.0f);
+      void* gu = bf16_buf(rows * n2, 3, 2.0f);
+      void* wg = bf16_buf(E * I * H, 4, 0.03f);
+      void* wu = bf16_buf(E * I * H, 5, 0.03f);
+      void* wd = bf16_buf(E * H * I, 6, 0.03f);
+      std::vector<float> weights(static_cast<size_t>(rows), 0.125f);
+      auto* rw = static_cast<float*>(raw(size_t(rows) * 4));
+      MOK_CUDA_CHECK(cudaMemcpy(rw, weights.data(), size_t(rows) * 4, cudaMemcpyHostToDevice));
+      const int64_t parts = gemm::router_parts(I);
+      // Outputs (one set per chain, so the two can be compared).
+      struct Out {
+        void *d_gu, *hw, *dx, *dwd, *dwg, *dwu;
+        float* part;
+      };
+      const auto outs = [&] {
+        return Out{raw(size_t(rows * n2) * 2), raw(size_t(rows * I) * 2), raw(size_t(rows * H) * 2),
+                   raw(size_t(E * H * I) * 2), raw(size_t(E * I * H) * 2), raw(size_t(E * I * H) * 2),
+                   static_cast<float*>(raw(size_t(rows * parts) * 4))};
+      };
+      const Out ob = outs(), o8 = outs();
+      gemm::Options o;
+      // BF16 chain.
+      gemm::DgradSwiGLUArgs ds{dy, wd, gu, ob.d_gu, H, I, E, d_te, rows / 128, rw, ob.part, ob.hw};
+      gemm::DgradArgs d1{ob.d_gu, wg, ob.dx, n2, H, E, d_te, rows / 128, wu};
+      gemm::WgradArgs w2{};
+      w2.a = dy, w2.b = ob.hw, w2.dw = ob.dwd, w2.m = H, w2.n = I, w2.experts = E, w2.rows_total = rows;
+      w2.expert_row_begin = d_beg, w2.expert_rows = d_cnt;
+      gemm::WgradArgs w1 = w2;
+      w1.a = ob.d_gu, w1.b = x, w1.dw = ob.dwg, w1.dw_up = ob.dwu, w1.m = n2, w1.n = H;
+      const gemm::Plan p_ds = gemm::plan_dgrad_swiglu(ds, o), p_d1 = gemm::plan_dgrad(d1, o);
+      const gemm::Plan p_w2 = gemm::plan_wgrad(w2, o), p_w1 = gemm::plan_wgrad(w1, o);
+      const std::vector<Step> bf16_steps = {{"dgrad_swiglu", [&] { gemm::run(p_ds, nullptr); }},
+                                            {"dgrad_fc1", [&] { gemm::run(p_d1, nullptr); }},
+                                            {"wgrad_fc2", [&] { gemm::run(p_w2, nullptr); }},
+                                            {"wgrad_fc1", [&] { gemm::run(p_w1, nullptr); }}};
+      // FP8: the weights' K-major codes (W_down^T [E, I, H]; [W_gate; W_up]^T packed [E, H, 2I]).
+      void* wt_tmp = raw(size_t(E * H * n2) * 2);
+      void *q_wd = raw(size_t(E * H * I)), *q_w1 = raw(size_t(E * H * n2));
+      auto* s_wd = static_cast<float*>(raw(size_t(E * (I / 128) * (H / 128)) * 4));
+      auto* s_w1 = static_cast<float*>(raw(size_t(E * (H / 128) * (n2 / 128)) * 4));
+      const std::vector<Step> weight_steps = {
+          {"weights", [&] {
+             gemm::transpose_weights_bf16(wd, nullptr, E, H, I, wt_tmp, nullptr);
+             gemm::quantize_fp8_blocked(wt_tmp, E * I, H, 128, fp8::ScaleRule::Fp32, q_wd, s_wd, nullptr);
+             gemm::transpose_weights_bf16(wg, wu, E, I, H, wt_tmp, nullptr);
+             gemm::quantize_fp8_blocked(wt_tmp, E * H, n2, 128, fp8::ScaleRule::Fp32, q_w1, s_w1, nullptr);
+           }}};
+      for (const auto& s : weight_steps) s.second();
+      // FP8 activations' codes.
+      void *q_dy = raw(size_t(rows * H)), *q_dgu = raw(size_t(rows * n2));
+      auto* s_dy = static_cast<float*>(raw(size_t(rows * H / 128) * 4));
+      auto* s_dgu = static_cast<float*>(raw(size_t(rows * n2 / 128) * 4));
+      void *t_dy = raw(size_t(rows * H)), *t_hw = raw(size_t(rows * I)), *t_dgu = raw(size_t(rows * n2)),
+           *t_x = raw(size_t(rows * H));
+      auto* ts_dy = static_cast<float*>(raw(size_t(rows / 128 * H) * 4));
+      auto* ts_hw = static_cast<float*>(raw(size_t(rows / 128 * I) * 4));
+      auto* ts_dgu = static_cast<float*>(raw(size_t(rows / 128 * n2) * 4));
+      auto* ts_x = static_cast<float*>(raw(size_t(rows / 128 * H) * 4));
+      const gemm::RoutedSegments seg{d_te, d_beg, d_cnt, rows / 128};
+      gemm::Fp8DgradSwiGLUArgs fs;
+      fs.dy = q_dy, fs.dy_scales = s_dy, fs.w_down_t = q_wd, fs.w_down_t_scales = s_wd, fs.gu = gu, fs.d_gu = o8.d_gu;
+      fs.hidden = H, fs.inter = I, fs.experts = E, fs.tile_expert = d_te, fs.num_m_tiles = rows / 128;
+      fs.row_weight = rw, fs.router_partial = o8.part, fs.h = o8.hw;
+      gemm::Fp8GroupedArgs f1;
+      f1.a = q_dgu, f1.a_scales = s_dgu, f1.w = q_w1, f1.w_scales = s_w1, f1.y = o8.dx, f1.k = n2, f1.n = H;
+      f1.experts = E, f1.tile_expert = d_te, f1.num_m_tiles = rows / 128;
+      gemm::Fp8WgradArgs fw2;
+      fw2.a_t = t_dy, fw2.a_scales = ts_dy, fw2.b_t = t_hw, fw2.b_scales = ts_hw, fw2.dw = o8.dwd;
+      fw2.m_out = H, fw2.n = I, fw2.experts = E, fw2.rows_total = rows, fw2.expert_row_begin = d_beg;
+      fw2.expert_rows = d_cnt;
+      gemm::Fp8WgradArgs fw1 = fw2;
+      fw1.a_t = t_dgu, fw1.a_scales = ts_dgu, fw1.b_t = t_x, fw1.b_scales = ts_x, fw1.dw = o8.dwg, fw1.dw_up = o8.dwu;
+      fw1.m_out = n2, fw1.n = H;
+      const gemm::Plan q_ds = gemm::plan_fp8_dgrad_swiglu(fs, o), q_d1 = gemm::plan_fp8_grouped(f1, o);
+      const gemm::Plan q_w2 = gemm::plan_fp8_wgrad(fw2, o), q_w1p = gemm::plan_fp8_wgrad(fw1, o);
+      const auto rule = fp8::ScaleRule::Fp32;
+      const std::vector<Step> fp8_steps = {
+          {"quantize_dy", [&] { gemm::quantize_fp8_blocked(dy, rows, H, 1, rule, q_dy, s_dy, nullptr); }},
+          {"dgrad_swiglu", [&] { gemm::run(q_ds, nullptr); }},
+          {"quantize_dgu", [&] { gemm::quantize_fp8_blocked(o8.d_gu, rows, n2, 1, rule, q_dgu, s_dgu, nullptr); }},
+          {"dgrad_fc1", [&] { gemm::run(q_d1, nullptr); }},
+          {"token_blocks", [&] {
+             gemm::quantize_fp8_token_blocks_t(dy, rows, H, t_dy, ts_dy, nullptr, seg);
+             gemm::quantize_fp8_token_blocks_t(o8.hw, rows, I, t_hw, ts_hw, nullptr, seg);
+             gemm::quantize_fp8_token_blocks_t(o8.d_gu, rows, n2, t_dgu, ts_dgu, nullptr, seg);
+             gemm::quantize_fp8_token_blocks_t(x, rows, H, t_x, ts_x, nullptr, seg);
+           }},
+          {"wgrad_fc2", [&] { gemm::run(q_w2, nullptr); }},
+          {"wgrad_fc1", [&] { gemm::run(q_w1p, nullptr); }}};
+      const Result rb = run_chain(bf16_steps, reps), r8 = run_chain(fp8_steps, reps);
+      const Result rwt = run_chain(weight_steps, reps);
+      MOK_CUDA_CHECK(cudaDeviceSynchronize());
+      const double flops = 2.0 * double(rows) * double(H) * double(I) * 6.0;  // 3 GEMMs' dgrads + wgrads
+      const double e_dx = rel_diff(o8.dx, ob.dx, rows * H), e_dwd = rel_diff(o8.dwd, ob.dwd, E * H * I),
+                   e_dwg = rel_diff(o8.dwg, ob.dwg, E * I * H), e_dgu = rel_diff(o8.d_gu, ob.d_gu, rows * n2);
+      std::printf("%-22s bf16 %8.3f ms (%6.1f TF/s)  fp8 %8.3f ms (%6.1f TF/s) = %.3fx  (+ weights %.3f ms: %.3fx)  "
+                  "fp8 vs bf16: dx %.1e dW_down %.1e dW_gate %.1e d_gu %.1e\n",
+                  name.c_str(), rb.chain_ms, flops / rb.chain_ms * 1e-9, r8.chain_ms, flops / r8.chain_ms * 1e-9,
+                  rb.chain_ms / r8.chain_ms, rwt.chain_ms, rb.chain_ms / (r8.chain_ms + rwt.chain_ms), e_dx, e_dwd, e_dwg,
+                  e_dgu);
+      const auto steps_json = [](const Result& r) {
+        std::string s;
+        for (const auto& [k, v] : r.steps) s += (s.empty() ? "" : ", ") + ("\"" + k + "\": " + std::to_string(v));
+        return "{" + s + "}";
+      };
+      for (const auto& [k, v] : r8.steps) std::printf("    fp8 %-14s %8.3f ms\n", k.c_str(), v);
+      for (const auto& [k, v] : rb.steps) std::printf("    bf16 %-13s %8.3f ms\n", k.c_str(), v);
+      std::fprintf(f,
+                   "%s {\"model\": \"%s\", \"rows_per_expert\": %lld, \"experts\": %lld, \"hidden\": %lld, \"inter\": %lld, "
+                   "\"flops\": %.6e, \"bf16_ms\": %.6f, \"fp8_ms\": %.6f, \"fp8_weights_ms\": %.6f, \"x_bf16\": %.4f, "
+                   "\"x_bf16_with_weights\": %.4f, \"bf16_steps_ms\": %s, \"fp8_steps_ms\": %s, "
+                   "\"fp8_vs_bf16_rel\": {\"dx\": %.3e, \"dw_down\": %.3e, \"dw_gate\": %.3e, \"d_gu\": %.3e}}",
+                   first ? "" : ",\n", m.name, (long long)per, (long long)E, (long long)H, (long long)I, flops, rb.chain_ms,
+                   r8.chain_ms, rwt.chain_ms, rb.chain_ms / r8.chain_ms, rb.chain_ms / (r8.chain_ms + rwt.chain_ms),
+                   steps_json(rb).c_str(), steps_json(r8).c_str(), e_dx, e_dwd, e_dwg, e_dgu);
+      first = false;
+      std::fflush(f);
+    }
+  std::fprintf(f, "\n]}\n");
+  std::fclose(f);
+  return 0;
+}
