@@ -246,6 +246,20 @@ Plan plan_fp8_dgrad_swiglu(const Fp8DgradSwiGLUArgs& a, const Options& o) {
   return p;
 }
 
+// The weight gradients' outputs (both precisions): dw [experts, m, n], or with dw_up the packed
+// gate/up rows split into the gate rows (dw) and the up rows (dw_up), each [experts, m / 2, n],
+// in 32-row boxes (one warpgroup's 64 packed rows = 32 of each).
+void set_wgrad_outputs(Plan& p, void* dw, void* dw_up, int64_t experts, int64_t m, int64_t n) {
+  if (dw_up == nullptr) {
+    p.map_d0 = make_map_3d(dw, uint64_t(experts), uint64_t(m), uint64_t(n), 64);
+    p.map_d1 = p.map_d0;
+  } else {
+    p.map_d0 = make_map_3d(dw, uint64_t(experts), uint64_t(m / 2), uint64_t(n), 32);
+    p.map_d1 = make_map_3d(dw_up, uint64_t(experts), uint64_t(m / 2), uint64_t(n), 32);
+    p.params.split_gate_up = 1;
+  }
+}
+
 Plan plan_wgrad(const WgradArgs& a, const Options& o) {
   require_dims(a.m, a.n, "wgrad");
   MOK_REQUIRE(a.experts >= 1, "wgrad.experts", ">= 1, got ", a.experts);
@@ -286,14 +300,7 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
   p.map_a = make_map_2d(a.a, u, uint64_t(a.m), 64);                 // {m, rows}: MN-major A
   p.map_b = make_map_3d(a.b, 1, u, uint64_t(a.n), 64);              // {n, rows, 1}: MN-major B
   p.map_b_half = p.map_b;
-  if (a.dw_up == nullptr) {
-    p.map_d0 = make_map_3d(a.dw, uint64_t(a.experts), uint64_t(a.m), uint64_t(a.n), 64);
-    p.map_d1 = p.map_d0;
-  } else {  // gate and up halves, 32-row boxes (one warpgroup's 64 packed rows = 32 of each)
-    p.map_d0 = make_map_3d(a.dw, uint64_t(a.experts), uint64_t(a.m / 2), uint64_t(a.n), 32);
-    p.map_d1 = make_map_3d(a.dw_up, uint64_t(a.experts), uint64_t(a.m / 2), uint64_t(a.n), 32);
-    p.params.split_gate_up = 1;
-  }
+  set_wgrad_outputs(p, a.dw, a.dw_up, a.experts, a.m, a.n);
   return p;
 }
 
@@ -364,6 +371,8 @@ Plan plan_fp8_wgrad(const Fp8WgradArgs& a, const Options& o) {
   MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.a_scales) % 16 == 0 && reinterpret_cast<uintptr_t>(a.b_scales) % 16 == 0,
               "fp8_wgrad.a_scales, b_scales", "16-byte aligned (the stages' scales are bulk copies)");
   MOK_REQUIRE(!o.cluster, "options.cluster", "not with FP8 (2-CTA clusters are BF16 only so far)");
+  MOK_REQUIRE(a.dw_up == nullptr || a.m_out % (2 * kGateUpGroup) == 0, "fp8_wgrad.m_out",
+              "whole gate/up groups (a multiple of 64) with dw_up, got ", a.m_out);
   // (The stages carry the tile's scales, engine_fp8.cuh: 5 stages at 128 wide, 3 at 256.)
   Plan p;
   p.form = Form::Fp8Wgrad;
@@ -385,15 +394,7 @@ Plan plan_fp8_wgrad(const Fp8WgradArgs& a, const Options& o) {
   p.map_a = make_map_2d(a.a_t, uint64_t(a.m_out), ld, 128, MapType::E4M3);                       // {rows, m_out}
   p.map_b = make_map_3d(a.b_t, 1, uint64_t(a.n), ld, uint32_t(p.block_n), MapType::E4M3);  // {rows, n, 1}
   p.map_b_half = p.map_b;
-  if (a.dw_up == nullptr) {
-    p.map_d0 = make_map_3d(a.dw, uint64_t(a.experts), uint64_t(a.m_out), uint64_t(a.n), 64);
-    p.map_d1 = p.map_d0;
-  } else {  // gate and up halves, as plan_wgrad
-    MOK_REQUIRE(a.m_out % (2 * kGateUpGroup) == 0, "fp8_wgrad.m_out", "whole gate/up groups with dw_up");
-    p.map_d0 = make_map_3d(a.dw, uint64_t(a.experts), uint64_t(a.m_out / 2), uint64_t(a.n), 32);
-    p.map_d1 = make_map_3d(a.dw_up, uint64_t(a.experts), uint64_t(a.m_out / 2), uint64_t(a.n), 32);
-    p.params.split_gate_up = 1;
-  }
+  set_wgrad_outputs(p, a.dw, a.dw_up, a.experts, a.m_out, a.n);
   return p;
 }
 

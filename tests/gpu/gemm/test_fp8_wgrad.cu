@@ -74,6 +74,23 @@ struct Operands {
   }
   void quantize(const Routed& rt, const std::vector<uint16_t>& a, int64_t m_out, const std::vector<uint16_t>& b,
                 int64_t n, const DevBuf& dte, const DevBuf& dbegin, const DevBuf& dcount);
+  // The wgrad's arguments over these operands (dw_up, the error word left to the caller).
+  gemm::Fp8WgradArgs args(const Routed& rt, int64_t m_out, int64_t n, int64_t experts, void* dw,
+                          const DevBuf& dbegin, const DevBuf& dcount) const {
+    gemm::Fp8WgradArgs w;
+    w.a_t = a_t.p;
+    w.a_scales = a_s.as<float>();
+    w.b_t = b_t.p;
+    w.b_scales = b_s.as<float>();
+    w.dw = dw;
+    w.m_out = m_out;
+    w.n = n;
+    w.experts = experts;
+    w.rows_total = rt.rows;
+    w.expert_row_begin = dbegin.as<int32_t>();
+    w.expert_rows = dcount.as<int32_t>();
+    return w;
+  }
 };
 void Operands::quantize(const Routed& rt, const std::vector<uint16_t>& a, int64_t m_out, const std::vector<uint16_t>& b,
                         int64_t n, const DevBuf& dte, const DevBuf& dbegin, const DevBuf& dcount) {
@@ -104,19 +121,8 @@ void run_case(const std::vector<int32_t>& counts, int64_t m_out, int64_t n, bool
   MOK_ASSERT_CUDA(cudaMemset(dw.p, 0xff, dw.bytes));
   MOK_ASSERT_CUDA(cudaMemset(dw_up.p, 0xff, dw_up.bytes));
   MOK_ASSERT_CUDA(cudaMemset(err.p, 0, 4));
-  gemm::Fp8WgradArgs args;
-  args.a_t = q.a_t.p;
-  args.a_scales = q.a_s.as<float>();
-  args.b_t = q.b_t.p;
-  args.b_scales = q.b_s.as<float>();
-  args.dw = dw.p;
+  gemm::Fp8WgradArgs args = q.args(rt, m_out, n, E, dw.p, dbegin, dcount);
   args.dw_up = split ? dw_up.p : nullptr;
-  args.m_out = m_out;
-  args.n = n;
-  args.experts = E;
-  args.rows_total = rt.rows;
-  args.expert_row_begin = dbegin.as<int32_t>();
-  args.expert_rows = dcount.as<int32_t>();
   gemm::Options o;
   o.error = err.as<unsigned>();
   o.block_n = block_n;
@@ -197,18 +203,7 @@ TEST(Fp8Wgrad, MisalignedSegmentIsReportedNotComputed) {
   upload(dbegin, std::vector<int32_t>{0, 136});  // expert 1 now claims a segment at row 136
   MOK_ASSERT_CUDA(cudaMemset(err.p, 0, 4));
   MOK_ASSERT_CUDA(cudaMemset(dw.p, 0xff, dw.bytes));
-  gemm::Fp8WgradArgs args;
-  args.a_t = q.a_t.p;
-  args.a_scales = q.a_s.as<float>();
-  args.b_t = q.b_t.p;
-  args.b_scales = q.b_s.as<float>();
-  args.dw = dw.p;
-  args.m_out = m_out;
-  args.n = n;
-  args.experts = 2;
-  args.rows_total = rt.rows;
-  args.expert_row_begin = dbegin.as<int32_t>();
-  args.expert_rows = dcount.as<int32_t>();
+  const gemm::Fp8WgradArgs args = q.args(rt, m_out, n, 2, dw.p, dbegin, dcount);
   gemm::Options o;
   o.error = err.as<unsigned>();
   gemm::run(gemm::plan_fp8_wgrad(args, o), nullptr);
