@@ -246,6 +246,26 @@ Plan plan_fp8_dgrad_swiglu(const Fp8DgradSwiGLUArgs& a, const Options& o) {
   return p;
 }
 
+// What every K-grouped plan (the weight gradients, both precisions) shares: the tiles of m x n per
+// expert over the experts' rows, grid and FLOPs. The caller adds its operands and outputs.
+Plan k_grouped_plan(Form form, int64_t m, int64_t n, int64_t experts, int64_t rows_total, const int32_t* row_begin,
+                    const int32_t* rows, const int32_t* range, const Options& o) {
+  Plan p;
+  p.form = form;
+  p.params.num_m_tiles = static_cast<int32_t>(cdiv(m, kBlockM));
+  pick_block_n(p, o, experts * p.params.num_m_tiles, n);
+  p.params.n = static_cast<int32_t>(n);
+  p.params.m_out = static_cast<int32_t>(m);
+  p.params.experts = static_cast<int32_t>(experts);
+  p.params.expert_row_begin = row_begin;
+  p.params.expert_rows = rows;
+  p.params.expert_range = range;
+  fill_common(p, o, experts * p.params.num_m_tiles * p.params.n_tiles,
+              experts * cdiv(p.params.num_m_tiles, 2) * p.params.n_tiles);
+  p.padded_flops = 2.0 * double(rows_total) * double(m) * double(n);
+  return p;
+}
+
 // The weight gradients' outputs (both precisions): dw [experts, m, n], or with dw_up the packed
 // gate/up rows split into the gate rows (dw) and the up rows (dw_up), each [experts, m / 2, n],
 // in 32-row boxes (one warpgroup's 64 packed rows = 32 of each).
@@ -269,15 +289,8 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
               "a, b, dw, expert_row_begin and expert_rows must be given");
   MOK_REQUIRE(a.dw_up == nullptr || a.m % (2 * kGateUpGroup) == 0, "wgrad.m",
               "a multiple of 64 (whole groups of 32 gate and 32 up rows) with dw_up, got ", a.m);
-  Plan p;
-  p.form = Form::Wgrad;
-  p.params.num_m_tiles = static_cast<int32_t>(cdiv(a.m, kBlockM));
-  pick_block_n(p, o, a.experts * p.params.num_m_tiles, a.n);
-  p.params.n = static_cast<int32_t>(a.n);
-  p.params.m_out = static_cast<int32_t>(a.m);
-  p.params.experts = static_cast<int32_t>(a.experts);
-  p.params.expert_row_begin = a.expert_row_begin;
-  p.params.expert_rows = a.expert_rows;
+  Plan p = k_grouped_plan(Form::Wgrad, a.m, a.n, a.experts, a.rows_total, a.expert_row_begin, a.expert_rows,
+                          a.expert_range, o);
   const bool carry = a.carry_in != nullptr;
   MOK_REQUIRE(carry == (a.carry_out != nullptr) && carry == (a.carry_experts != nullptr), "wgrad.carry",
               "carry_in, carry_out and carry_experts must be given together (or none)");
@@ -291,10 +304,6 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
   p.params.carry_out = a.carry_out;
   p.params.carry_experts = a.carry_experts;
   p.params.expert_rows_total = a.expert_rows_total;
-  p.params.expert_range = a.expert_range;
-  fill_common(p, o, a.experts * p.params.num_m_tiles * p.params.n_tiles,
-              a.experts * cdiv(p.params.num_m_tiles, 2) * p.params.n_tiles);
-  p.padded_flops = 2.0 * double(a.rows_total) * double(a.m) * double(a.n);
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(a.rows_total);
   p.map_a = make_map_2d(a.a, u, uint64_t(a.m), 64);                 // {m, rows}: MN-major A
@@ -374,21 +383,10 @@ Plan plan_fp8_wgrad(const Fp8WgradArgs& a, const Options& o) {
   MOK_REQUIRE(a.dw_up == nullptr || a.m_out % (2 * kGateUpGroup) == 0, "fp8_wgrad.m_out",
               "whole gate/up groups (a multiple of 64) with dw_up, got ", a.m_out);
   // (The stages carry the tile's scales, engine_fp8.cuh: 5 stages at 128 wide, 3 at 256.)
-  Plan p;
-  p.form = Form::Fp8Wgrad;
-  p.params.num_m_tiles = static_cast<int32_t>(a.m_out / kBlockM);
-  pick_block_n(p, o, a.experts * p.params.num_m_tiles, a.n);
-  p.params.n = static_cast<int32_t>(a.n);
-  p.params.m_out = static_cast<int32_t>(a.m_out);
-  p.params.experts = static_cast<int32_t>(a.experts);
-  p.params.expert_row_begin = a.expert_row_begin;
-  p.params.expert_rows = a.expert_rows;
-  p.params.expert_range = a.expert_range;
+  Plan p = k_grouped_plan(Form::Fp8Wgrad, a.m_out, a.n, a.experts, a.rows_total, a.expert_row_begin,
+                          a.expert_rows, a.expert_range, o);
   p.params.scale_a = a.a_scales;
   p.params.scale_b = a.b_scales;
-  fill_common(p, o, a.experts * p.params.num_m_tiles * p.params.n_tiles,
-              a.experts * cdiv(p.params.num_m_tiles, 2) * p.params.n_tiles);
-  p.padded_flops = 2.0 * double(a.rows_total) * double(a.m_out) * double(a.n);
   if (p.grid == 0) return p;
   const auto ld = static_cast<uint64_t>(cdiv(a.rows_total, 128) * 128);
   p.map_a = make_map_2d(a.a_t, uint64_t(a.m_out), ld, 128, MapType::E4M3);                       // {rows, m_out}
