@@ -369,7 +369,8 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
       const double sg = 1.0 / (1.0 + std::exp(-g));
       ref = smp % 2 == 0 ? sg * (1.0 + g * (1.0 - sg)) * u * dh : g * sg * dh;
       got = host_bf16(fetch(out.p, smp % 2 == 0 ? pg : pu, 1)[0]);
-    } else if (wgrad_fp8) {  // K = the expert's whole 128-row blocks (the codes hold no padding rows here)
+    } else if (wgrad_fp8) {  // K = the expert's whole 128-row blocks, as the kernel (padding rows included:
+      // the random codes are nonzero there, where a real layout has zero codes)
       const int64_t i = rng.below(c.m_or_rows), j = rng.below(c.n), b0 = begin[size_t(e)];
       const int64_t kr = (counts[size_t(e)] + 127) / 128 * 128;
       std::vector<uint8_t> qa(static_cast<size_t>(kr)), qb(static_cast<size_t>(kr));

@@ -23,11 +23,14 @@ namespace mok::gemm {
 struct Options {
   int max_ctas = 0;                // persistent CTAs; 0 = one per SM
   int group_m = 8;                 // tile raster: M tiles per group
-  unsigned int* error = nullptr;   // device word: nonzero after a bounded wait expired
+  // Device word: nonzero after a bounded wait expired (the wait's site), or kSiteFp8Segment (the
+  // FP8 wgrad's input was not 128-row aligned); the call's outputs are then undefined.
+  unsigned int* error = nullptr;
   double wait_limit_s = 2.0;       // bound of every in-kernel wait when `error` is set
   // Stagger of the two consumer warpgroups in K blocks (0..4), or -1 = the form's default: 0 for
   // the BF16 forms, 1 for the FP8 ones (their epilogue is the longer; a stagger of 1 measured at or
-  // above 0 in every FP8 case, bench/results/gemm-fp8-skew-h200x1.json).
+  // above 0 in every FP8 case, bench/results/gemm-fp8-skew-h200x1.json). The 128-wide FP8 wgrad
+  // has none (each warpgroup keeps two block accumulators instead).
   int skew_stages = -1;
   int block_n = 0;                 // output tile width: 256, 128, or 0 = choose by tile count
   bool cluster = false;            // 2-CTA clusters sharing (multicasting) the B operand
@@ -268,8 +271,9 @@ struct Fp8Fc1Args {
 // transposed (K-major, as FP8 wgmma reads them): gemm::quantize_fp8_token_blocks_t makes both
 // (src/gemm/fp8_quantize.h), its padding rows zero. Each 128-row block's products are promoted in
 // fp32 with the scale of the output row's block and the output column's. Every expert's segment
-// begins at a multiple of 128 rows (the routed layout's padding; a kernel finding one that does
-// not records kSiteFp8Segment in Options::error and writes that expert's gradient as 0). With
+// with rows begins at a multiple of 128 rows (the routed layout's padding; a kernel finding one
+// that does not records kSiteFp8Segment in Options::error, and the call's results are undefined,
+// as after an expired wait). With
 // dw_up, m_out is a packed gate/up width (FC1's [d_g d_u] in the packed order) and the gate rows go
 // to dw, the up rows to dw_up (each [experts, m_out / 2, n]), as WgradArgs does. No carry across
 // calls (one call over all of the rows); m_out and n multiples of 128; the scales 16-byte aligned.
@@ -338,7 +342,8 @@ Plan plan_fp8_dgrad_swiglu(const Fp8DgradSwiGLUArgs& a, const Options& o = {});
 // Launches the plan's kernel on `stream` (asynchronous; nothing when grid == 0).
 void run(const Plan& plan, cudaStream_t stream);
 
-// Shared memory the kernel of a plan uses (bytes per CTA).
+// Shared memory the kernel of a plan uses (bytes per CTA; every form but the FP8 wgrad, whose
+// stages also carry scales).
 int smem_bytes(int block_n);
 // The tile width plan_* picks for `m_tiles` 128-row tiles (times experts for wgrad) and n output
 // columns on `sms` SMs: 128 when 256-wide tiles would leave too much of the last wave idle.

@@ -55,8 +55,10 @@ struct TileScales {
 // fill the tensor cores meanwhile). Measured against the alternatives (m64n64 quarters with two
 // pieces in flight; the two warpgroups taking turns per piece): halves were faster in every
 // grouped form and megakernel case (bench/results/fp8-pieces-*-h200x1.json, notes/fp8.md).
-// Not pipelined across K blocks: waiting for the next stage (a bounded wait: divergent code)
-// while a wgmma group is in flight makes ptxas serialize every wgmma (C7518, seen in the SASS).
+// Not pipelined across K blocks here: in the quarters experiment, waiting for the next stage
+// while a wgmma group was in flight made ptxas serialize every wgmma (C7518, seen in the SASS);
+// mma_tile_columns_pipelined below does wait with one group in flight, and its SASS keeps the
+// groups asynchronous (depbar 1), so the cause was that experiment's structure, not the wait.
 // `skew` (optional, the engine's Skew: Options::skew_stages): warpgroup 1 starts a tile once
 // warpgroup 0 has promoted `stages` K blocks of it, so one's epilogue overlaps the other's MMAs
 // (FC1's FP8 epilogue runs while the tensor cores would otherwise wait: notes/fp8.md).
@@ -125,8 +127,8 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
       if (kB != BScale::Column && h == kHalves - 1) release_stage<C>(sm, s);
       float* d = acc + 64 * h;
       if constexpr (kB == BScale::Column) {
-        // The half's column scales from the stage (the producer loaded the tile's, zero-filled
-        // past the matrix's edge: those columns are not stored).
+        // The half's column scales from the stage (the producer loaded the tile's columns inside
+        // the matrix; past its edge the area holds stale values, and those columns are not stored).
         const uint32_t bk = stage_scales + 4u * uint32_t(128 * h + acc_col(wt));
 #pragma unroll
         for (int j = 0; j < 16; ++j) {

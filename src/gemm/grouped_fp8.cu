@@ -21,10 +21,13 @@ namespace {
 enum class Fp8Mode { Plain, Fc1, Wgrad, DgradSwiGLU };
 
 // The K-grouped tiles' scales sit per 128-row block of the routed rows, so an expert's segment
-// must start on a block: one that does not is computed as empty (its gradient written 0) and
-// recorded in the error word, by producer and consumers alike (the same tiles, the same stages).
+// with rows must start on a block: one that does not is not computed (producer and consumers
+// alike: the same tiles, the same stages) and is recorded in the error word — which also ends
+// every wait still pending on the GPU, so the whole call's results are then undefined (a loud
+// failure, as for an expired wait; the layer's segments are always aligned). An expert without
+// rows is never misaligned, wherever its begin points.
 __device__ __forceinline__ bool fp8_segment_misaligned(Tile& t) {
-  if ((t.k_begin & 127) == 0) return false;
+  if (t.k_blocks == 0 || (t.k_begin & 127) == 0) return false;
   t.k_blocks = 0;
   return true;
 }

@@ -188,35 +188,43 @@ TEST(Fp8Wgrad, TokenBlockScaledMatchesTheQuantizedReference) {
   }
 }
 
-// A segment that does not begin on a 128-row block cannot use the blocks' scales: that expert's
-// gradient is written 0 and the error word names the site; the other experts are unaffected.
-TEST(Fp8Wgrad, MisalignedSegmentIsReportedNotComputed) {
+// A segment with rows that does not begin on a 128-row block cannot use the blocks' scales: the
+// error word names the site (the call's results are then undefined: the word also ends the waits
+// still pending). An expert without rows is never misaligned, wherever its begin points: its
+// gradient is 0 and no error is recorded.
+TEST(Fp8Wgrad, MisalignedSegmentIsReported) {
   MOK_REQUIRE_GPUS(1);
-  const Routed rt({128, 100});
-  const int64_t m_out = 128, n = 128;
+  const Routed rt({128, 0, 100});
+  const int64_t m_out = 128, n = 128, E = 3;
   const std::vector<uint16_t> a = operand(rt, m_out, 1), b = operand(rt, n, 2);
-  DevBuf dte(rt.tile_expert.size() * 4), dbegin(8), dcount(8), err(4), dw(size_t(2 * m_out * n) * 2);
+  DevBuf dte(rt.tile_expert.size() * 4), dbegin(size_t(E) * 4), dcount(size_t(E) * 4), err(4),
+      dw(size_t(E * m_out * n) * 2);
   upload(dte, rt.tile_expert);
   upload(dbegin, rt.begin);
   upload(dcount, rt.counts);
   const Operands q(rt, a, m_out, b, n, dte, dbegin, dcount);
-  upload(dbegin, std::vector<int32_t>{0, 136});  // expert 1 now claims a segment at row 136
-  MOK_ASSERT_CUDA(cudaMemset(err.p, 0, 4));
-  MOK_ASSERT_CUDA(cudaMemset(dw.p, 0xff, dw.bytes));
-  const gemm::Fp8WgradArgs args = q.args(rt, m_out, n, 2, dw.p, dbegin, dcount);
-  gemm::Options o;
-  o.error = err.as<unsigned>();
-  gemm::run(gemm::plan_fp8_wgrad(args, o), nullptr);
-  MOK_ASSERT_CUDA(cudaDeviceSynchronize());
-  EXPECT_EQ(download<unsigned>(err, 1)[0], gemm::kSiteFp8Segment);
-  const auto g = download<uint16_t>(dw, size_t(2 * m_out * n));
-  int64_t nonzero = 0, finite0 = 0;
+  const auto run = [&](const std::vector<int32_t>& begins) {
+    upload(dbegin, begins);
+    EXPECT_EQ(cudaSuccess, cudaMemset(err.p, 0, 4));
+    EXPECT_EQ(cudaSuccess, cudaMemset(dw.p, 0xff, dw.bytes));
+    gemm::Options o;
+    o.error = err.as<unsigned>();
+    gemm::run(gemm::plan_fp8_wgrad(q.args(rt, m_out, n, E, dw.p, dbegin, dcount), o), nullptr);
+    EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    return download<unsigned>(err, 1)[0];
+  };
+  // The empty expert's begin off the blocks: no error, its gradient 0, the others computed.
+  EXPECT_EQ(run({0, 5, 128}), 0u) << "an empty expert was taken for a misaligned one";
+  const auto g = download<uint16_t>(dw, size_t(E * m_out * n));
+  int64_t nonzero = 0, nonfinite = 0;
   for (int64_t i = 0; i < m_out * n; ++i) {
-    finite0 += std::isfinite(float_of(g[size_t(i)])) ? 1 : 0;
     nonzero += g[size_t(m_out * n + i)] != 0 ? 1 : 0;
+    nonfinite += !std::isfinite(float_of(g[size_t(i)])) + !std::isfinite(float_of(g[size_t(2 * m_out * n + i)]));
   }
-  EXPECT_EQ(finite0, m_out * n) << "expert 0 (aligned) is computed";
-  EXPECT_EQ(nonzero, 0) << "expert 1 (misaligned) is written as 0";
+  EXPECT_EQ(nonzero, 0) << "the empty expert's gradient is not 0";
+  EXPECT_EQ(nonfinite, 0) << "the experts with rows were not computed";
+  // A segment with rows off the blocks: named in the error word.
+  EXPECT_EQ(run({0, 128, 136}), gemm::kSiteFp8Segment);
 }
 
 TEST(Fp8Wgrad, RefusesShapesItCannotScale) {
