@@ -26,8 +26,9 @@ class MoE(torch.nn.Module):
     (bf16, the layer's precision). ``group``: the EP process group (None = one rank); this build
     runs one rank on CPU tensors (the CPU reference engine). Config knobs are keyword arguments
     with the names of mok::Config (``CONFIG_KNOBS``). ``precision="fp8"`` (or "mxfp8" on CPU
-    tensors): the FP8 recipe's forward from these bf16 weights, for inference (no backward yet;
-    the GPU layer keeps the weights' codes and remakes them when a weight changes).
+    tensors): the FP8 recipe from these bf16 weights — with its backward on CPU tensors (the
+    reference engine), forward only on CUDA tensors so far (the GPU layer keeps the weights'
+    codes and remakes them when a weight changes) and for mxfp8.
     """
 
     def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, shared_intermediate: int = 0, *,

@@ -12,11 +12,13 @@ whose number the forward op returned. The layer holds the saved state of its las
 ``saved_forwards`` forwards (a mok.MoE knob; 1 by default, more with a ring below the worst case):
 the backward of an older forward is refused by name.
 
-``precision`` "fp8" / "mxfp8" (a mok.MoE knob): the FP8 recipes' forward (include/mok/reference.hpp;
-the GPU layer runs fp8), forward only so far: a call whose output would need a gradient raises
-(run it under torch.no_grad() / torch.inference_mode()), and the GPU layer saves nothing for a
-backward. The GPU layer keeps the weights' FP8 codes (made from the bf16 weights): it makes them
-again whenever a weight tensor changed, in place (its version counter) or for another tensor.
+``precision`` "fp8" / "mxfp8" (a mok.MoE knob): the FP8 recipes (include/mok/reference.hpp; the GPU
+layer runs fp8's forward). fp8 has a backward on CPU tensors (the reference engine's recipe 1);
+on CUDA tensors, and for mxfp8 anywhere, it is forward only so far: a call whose output would need
+a gradient raises (run it under torch.no_grad() / torch.inference_mode()), and the GPU layer
+saves nothing for a backward. The GPU layer keeps the weights' FP8 codes (made from the bf16
+weights): it makes them again whenever a weight tensor changed, in place (its version counter)
+or for another tensor.
 """
 
 from __future__ import annotations
@@ -131,13 +133,19 @@ def _(x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, layer=
 @torch.library.custom_op("mok::moe_backward", mutates_args=())
 def moe_backward(d_out: Tensor, x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_up: Tensor,
                  w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor],
-                 ws_down: Optional[Tensor], generation: Tensor, layer: int = 0) -> list[Tensor]:
+                 ws_down: Optional[Tensor], generation: Tensor, layer: int = 0,
+                 precision: str = "bf16") -> list[Tensor]:
     """[d_x, d_topk_w, d_w_gate, d_w_up, d_w_down] and, with a shared expert, its three.
-    generation: the forward's (moe_forward's second output)."""
+    generation: the forward's (moe_forward's second output). precision: the forward's; "fp8" runs
+    recipe 1's backward (CPU tensors: the reference engine; the GPU layer's is not built yet)."""
     _check_device({"d_out": d_out, "w_gate": w_gate}, x.device)
     c = lambda t: None if t is None else t.detach().contiguous()  # noqa: E731
     grads = _grad_buffers(x, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     if x.is_cuda:
+        if precision != "bf16":
+            raise NotImplementedError(
+                f"mok.moe: the GPU layer's backward in precision '{precision}' is not built yet (its FP8 GEMM forms "
+                "are, notes/fp8.md): train in bf16 on CUDA tensors, or use CPU tensors for the FP8 reference")
         gl = _gpu_layer(layer, "the backward")
         gen = int(generation)  # a CPU scalar: no device sync
         xc, ic, wc, dc = c(x), c(topk_idx), c(topk_w), c(d_out)
@@ -149,7 +157,7 @@ def moe_backward(d_out: Tensor, x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_g
                     [g.data_ptr() for g in grads], _stream(x), gen)
         return grads
     _cpu.backward(c(x), c(topk_idx), c(topk_w), c(w_gate), c(w_up), c(w_down), c(ws_gate), c(ws_up), c(ws_down),
-                  c(d_out), grads, threads=_cpu_threads())
+                  c(d_out), grads, threads=_cpu_threads(), precision=precision)
     return grads
 
 
@@ -159,20 +167,24 @@ def _grad_buffers(x, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down) -> l
 
 
 @moe_backward.register_fake
-def _(d_out, x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, generation, layer=0):
+def _(d_out, x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, generation, layer=0,
+      precision="bf16"):
     return _grad_buffers(x, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
 
 
 def _setup_context(ctx, inputs, output):
-    # (Called only when the output needs a gradient.)
+    # (Called only when the output needs a gradient.) FP8: recipe 1 has a backward on CPU tensors
+    # (the reference engine); on CUDA tensors the GPU layer's is not built yet, and MXFP8 has none.
     precision = inputs[10] if len(inputs) > 10 else "bf16"
-    if precision != "bf16":
+    if precision == "mxfp8" or (precision != "bf16" and inputs[0].is_cuda):
+        where = "" if precision == "mxfp8" else " on CUDA tensors (CPU tensors have it: the reference engine)"
         raise NotImplementedError(
-            f"mok.moe: precision '{precision}' is forward only so far (the backward is bf16): call it under "
-            "torch.no_grad() or torch.inference_mode(), or on tensors that need no gradient")
+            f"mok.moe: precision '{precision}' is forward only{where}: call it under torch.no_grad() or "
+            "torch.inference_mode(), or on tensors that need no gradient")
     ctx.save_for_backward(*[t for t in inputs[:9] if t is not None], output[1])
     ctx.shared = inputs[6] is not None
     ctx.layer = inputs[9] if len(inputs) > 9 else 0
+    ctx.precision = precision
 
 
 def _backward(ctx, d_out, _d_generation):
@@ -180,7 +192,7 @@ def _backward(ctx, d_out, _d_generation):
     generation = saved.pop()
     x, topk_idx, topk_w, w_gate, w_up, w_down = saved[:6]
     ws = saved[6:9] if ctx.shared else [None, None, None]
-    g = moe_backward(d_out, x, topk_idx, topk_w, w_gate, w_up, w_down, *ws, generation, ctx.layer)
+    g = moe_backward(d_out, x, topk_idx, topk_w, w_gate, w_up, w_down, *ws, generation, ctx.layer, ctx.precision)
     shared = g[5:8] if ctx.shared else [None, None, None]
     return g[0], None, g[1], g[2], g[3], g[4], *shared, None, None
 
@@ -199,7 +211,8 @@ def moe(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_up: Tenso
     raise mok.Error (a ValueError) naming the argument and the constraint, e.g. "topk_idx[3,1]".
     The rounding points are the C++ layer's (include/mok/reference.hpp). ``layer``: the GPU layer
     of a mok.MoE for CUDA tensors (mok.MoE passes it; 0 on CPU). ``precision``: "bf16", or the FP8
-    recipes "fp8" / "mxfp8" (forward only; on CUDA tensors the layer's own, which mok.MoE passes).
+    recipes "fp8" / "mxfp8" (fp8 trains on CPU tensors; otherwise forward only; on CUDA tensors the
+    layer's own precision, which mok.MoE passes).
     """
     if precision not in PRECISIONS:
         raise ValueError(f"mok.moe: 'precision' must be one of {PRECISIONS}, got {precision!r}")

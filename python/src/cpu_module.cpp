@@ -124,7 +124,7 @@ void forward(const Array& x, const Array& topk_idx, const Array& topk_w, const A
              const Array& w_down, const std::optional<Array>& ws_gate, const std::optional<Array>& ws_up,
              const std::optional<Array>& ws_down, const Array& out, int threads, const std::string& precision) {
   Problem p = problem(x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, threads);
-  p.config.precision = mok::python::precision_named(precision);  // the engine's FP8 recipes: forward only
+  p.config.precision = mok::python::precision_named(precision);  // the engine's FP8 recipes
   mok::ref::ForwardResult res;
   {
     nb::gil_scoped_release release;  // the engine runs its own threads
@@ -137,8 +137,10 @@ void forward(const Array& x, const Array& topk_idx, const Array& topk_w, const A
 void backward(const Array& x, const Array& topk_idx, const Array& topk_w, const Array& w_gate, const Array& w_up,
               const Array& w_down, const std::optional<Array>& ws_gate, const std::optional<Array>& ws_up,
               const std::optional<Array>& ws_down, const Array& d_out, const std::vector<Array>& grads,
-              int threads) {
+              int threads, const std::string& precision) {
   Problem p = problem(x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down, threads);
+  // The engine's FP8 backward (recipe 1); MXFP8's is refused there by name.
+  p.config.precision = mok::python::precision_named(precision);
   const mok::TensorRef dr = ref_of(d_out, "d_out");
   mok::validate_grad_output_layout(p.shape, 0, dr);
   const size_t want = p.shape.shared_intermediate > 0 ? 8 : 5;
@@ -190,7 +192,9 @@ NB_MODULE(_cpu, m) {
   m.def("backward", &backward, nb::arg("x"), nb::arg("topk_idx"), nb::arg("topk_w"), nb::arg("w_gate"),
         nb::arg("w_up"), nb::arg("w_down"), nb::arg("ws_gate").none(), nb::arg("ws_up").none(),
         nb::arg("ws_down").none(), nb::arg("d_out"), nb::arg("grads"), nb::arg("threads") = 0,
-        "Writes d_x, d_topk_w, d_w_gate, d_w_up, d_w_down (and the shared expert's) into `grads`.");
+        nb::arg("precision") = "bf16",
+        "Writes d_x, d_topk_w, d_w_gate, d_w_up, d_w_down (and the shared expert's) into `grads`; "
+        "precision: bf16 or fp8 (recipe 1's backward; mxfp8 has none yet).");
   m.def("plan_memory", &plan_memory, nb::arg("tokens"), nb::arg("hidden"), nb::arg("intermediate"),
         nb::arg("experts"), nb::arg("top_k"), nb::arg("shared_intermediate") = 0, nb::arg("world") = 1,
         nb::arg("config") = std::map<std::string, std::string>{}, nb::arg("sm_count") = 132,

@@ -223,7 +223,7 @@ def eager_moe_fp8(x, idx, w, wg, wu, wd):
     return out
 
 
-def test_fp8_forward_on_cpu_tensors_is_the_fp8_recipe_and_forward_only():
+def test_fp8_forward_on_cpu_tensors_is_the_fp8_recipe():
     H8, I8, E8, K8, T8 = 256, 128, 4, 2, 24
     torch.manual_seed(3)
     m8 = mok.MoE(H8, I8, E8, K8, init_std=0.1, precision="fp8")
@@ -243,9 +243,10 @@ def test_fp8_forward_on_cpu_tensors_is_the_fp8_recipe_and_forward_only():
     assert out8.dtype == torch.bfloat16 and torch.equal(out8, out8_again)
     assert err < 1e-2, err  # the recipe, to accumulation order and bf16 rounding boundaries
     assert err_bf16 > 2e-2, err_bf16  # ... and FP8 was applied (E4M3 costs ~6% on random data)
-    # forward only: a call whose output needs a gradient raises, naming the precision
-    with pytest.raises(NotImplementedError, match="precision 'fp8' is forward only"):
-        m8(x, idx, w)
+    # MXFP8 is forward only: a call whose output needs a gradient raises, naming the precision
+    mx = mok.MoE(H8, I8, E8, K8, init_std=0.1, precision="mxfp8")
+    with pytest.raises(NotImplementedError, match="precision 'mxfp8' is forward only"):
+        mx(x, idx, w)
     # a bad precision is named at construction and at the functional op
     with pytest.raises(ValueError, match="'precision' must be"):
         mok.MoE(H8, I8, E8, K8, precision="fp16")
@@ -253,6 +254,87 @@ def test_fp8_forward_on_cpu_tensors_is_the_fp8_recipe_and_forward_only():
         mok.moe(x, idx, w, m8.w_gate, m8.w_up, m8.w_down, precision="e5m2")
     # the planner's FP8 layer: the weights' codes and scales on top (its memory_plan)
     assert m8.memory_plan(T8)["fp8_weights"] == 3 * E8 * I8 * H8 + 3 * E8 * (I8 // 128) * (H8 // 128) * 4
+
+
+def eager_moe_fp8_backward(x, idx, w, wg, wu, wd, dy):
+    """The FP8 backward's math (recipe 1, include/mok/reference.hpp) in float32 with the spec's
+    rounding points, written independently of the engine: FC2's dgrad reads d_out per 1x128
+    against W_down per 128x128; FC1's dgrad reads [d_g d_u] in blocks of the gate and up values of
+    the same 64 intermediate columns against [W_gate; W_up] in the same blocks (64 gate + 64 up rows
+    x 128 columns per scale); the weight gradients read their operands per 128 x 1 block of each
+    expert's rows in token order; h is the bf16 h. Returns d_x, d_topk_w, d_w_gate, d_w_up, d_w_down."""
+    bf = lambda t: t.to(torch.bfloat16).float()  # noqa: E731
+    E, I, H = wg.shape
+    xf, dyf = x.float(), dy.float()
+    xq = fp8_round(xf, (1, 128))
+    dx, dw = torch.zeros_like(xf), torch.zeros(w.shape)
+    dwg, dwu, dwd = torch.zeros(E, I, H), torch.zeros(E, I, H), torch.zeros(E, H, I)
+
+    def pair_round(a, b, block):  # a, b [n, m]: blocks of 64 rows of a then the same 64 of b
+        n, m = a.shape
+        st = torch.cat([a.reshape(n // 64, 64, m), b.reshape(n // 64, 64, m)], 1).reshape(2 * n, m)
+        st = fp8_round(st, block).reshape(n // 64, 128, m)
+        return st[:, :64].reshape(n, m), st[:, 64:].reshape(n, m)
+
+    def token_blocks(v):  # v [rows, cols] per 128 x 1 block, rows padded with zeros
+        r = v.shape[0]
+        pad = torch.cat([v, torch.zeros((-r) % 128, v.shape[1])])
+        return fp8_round(pad, (128, 1))[:r]
+
+    for e in range(E):
+        g_w, u_w, d_w = (fp8_round(t.float(), (128, 128)) for t in (wg[e], wu[e], wd[e]))
+        gt, ut = pair_round(wg[e].float(), wu[e].float(), (128, 128))  # FC1's dgrad blocks
+        rows, js = (idx == e).nonzero(as_tuple=True)  # token order (t, then j)
+        if rows.numel() == 0:
+            continue
+        wr = w[rows, js]
+        g, u = bf(xq[rows] @ g_w.T), bf(xq[rows] @ u_w.T)
+        h = bf(F.silu(g) * u)
+        gr = bf(fp8_round(dyf[rows], (1, 128)) @ d_w)
+        dh = bf(wr[:, None] * gr)
+        sg = torch.sigmoid(g)
+        du = bf(g * sg * dh)
+        dg = bf(sg * (1 + g * (1 - sg)) * u * dh)
+        dgq, duq = pair_round(dg.T, du.T, (128, 1))  # 1 x 128 blocks of 64 gate + 64 up per row
+        dxr = bf(dgq.T @ gt + duq.T @ ut)
+        dx = dx.index_add(0, rows, dxr)
+        dw[rows, js] = (gr * h).sum(1)
+        hw = bf(wr[:, None] * h)
+        dwd[e] = bf(token_blocks(dyf[rows]).T @ token_blocks(hw))
+        dwg[e] = bf(token_blocks(dg).T @ token_blocks(xf[rows]))
+        dwu[e] = bf(token_blocks(du).T @ token_blocks(xf[rows]))
+    return dx, dw, dwg, dwu, dwd
+
+
+def test_fp8_backward_on_cpu_tensors_is_the_fp8_recipe():
+    """mok.MoE(precision="fp8") trains on CPU tensors: every gradient against the independent
+    float32 emulation of recipe 1's backward, and FP8 visibly applied (the bf16 layer's gradients
+    are further away); two backwards give the same bits."""
+    H8, I8, E8, K8, T8 = 256, 128, 4, 2, 40
+    torch.manual_seed(5)
+    m8 = mok.MoE(H8, I8, E8, K8, init_std=0.1, precision="fp8")
+    mb = mok.MoE(H8, I8, E8, K8, init_std=0.1)
+    mb.load_state_dict(m8.state_dict())
+    g = torch.Generator().manual_seed(6)
+    x0 = torch.randn(T8, H8, generator=g).to(torch.bfloat16)
+    w0, idx = torch.topk(torch.softmax(torch.randn(T8, E8, generator=g), -1), K8, -1)
+    idx, w0 = idx.to(torch.int32), w0.float()
+    dy = torch.randn(T8, H8, generator=g).to(torch.bfloat16)
+
+    def grads(m):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        m.zero_grad()
+        m(x, idx, w).backward(dy)
+        return [x.grad, w.grad, m.w_gate.grad, m.w_up.grad, m.w_down.grad]
+
+    got, again, base = grads(m8), grads(m8), grads(mb)
+    want = eager_moe_fp8_backward(x0, idx.long(), w0, m8.w_gate.detach(), m8.w_up.detach(), m8.w_down.detach(), dy)
+    for name, a, b, c, ref in zip(("d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down"), got, again, base, want):
+        assert torch.equal(a, b), name  # deterministic
+        err, err_bf16 = rel(a, ref), rel(c, ref)
+        print(f"[fp8 cpu backward] {name}: rel err vs the float32 emulation {err:.2e}; the bf16 layer's {err_bf16:.2e}")
+        assert err < 5e-3, (name, err)  # the recipe, to accumulation order and rounding boundaries
+        assert err_bf16 > 2e-2, (name, err_bf16)  # ... and FP8 was applied
 
 
 def test_fp8_weight_codes_are_remade_when_a_weight_changes():
