@@ -82,8 +82,8 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
   if (t.k_blocks == 0) return;
   // This thread's rows: r and r + 8 of its warpgroup's 64 (the accumulator layout, acc_row); its
   // columns (Column): 2 adjacent ones per n8 block from acc_col.
-  const float* a0 = sc.a + int64_t(64 * cwg + acc_row(wt)) * sc.a_row;
-  const float* a1 = a0 + 8 * sc.a_row;
+  const float* a0 = kB == BScale::Column ? nullptr : sc.a + int64_t(64 * cwg + acc_row(wt)) * sc.a_row;
+  const float* a1 = kB == BScale::Column ? nullptr : a0 + 8 * sc.a_row;
   const uint32_t a_base = smem_addr(sm.a(0)) + uint32_t(cwg) * kChunkBytes;
   const uint32_t b_base = smem_addr(sm.b(0));
   float part[64];
@@ -138,7 +138,10 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
           d[4 * j + 2] = fmaf(part[4 * j + 2] * sa1, b2.x, d[4 * j + 2]);
           d[4 * j + 3] = fmaf(part[4 * j + 3] * sa1, b2.y, d[4 * j + 3]);
         }
-        if (h == kHalves - 1) release_stage<C>(sm, s);
+        if (h == kHalves - 1) {
+          __syncwarp();  // every lane's reads of the stage's scales before its warp's arrival
+          release_stage<C>(sm, s);
+        }
       } else {
         const float s0 = sa0 * sb[h], s1 = sa1 * sb[h];
         const float u0 = sa0 * sb_up, u1 = sa1 * sb_up;
@@ -206,6 +209,7 @@ __device__ __forceinline__ void mma_tile_columns_pipelined(const Smem<C>& sm, Pi
       acc[4 * j + 2] = fmaf(pp[4 * j + 2] * sa1, b2.x, acc[4 * j + 2]);
       acc[4 * j + 3] = fmaf(pp[4 * j + 3] * sa1, b2.y, acc[4 * j + 3]);
     }
+    __syncwarp();  // every lane's reads of the stage's scales before its warp's arrival
     release_stage<C>(sm, s);
   };
   uint32_t s0 = start(p0), s1 = 0;  // block 0 in p0
