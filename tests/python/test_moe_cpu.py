@@ -223,16 +223,25 @@ def eager_moe_fp8(x, idx, w, wg, wu, wd):
     return out
 
 
-def test_fp8_forward_on_cpu_tensors_is_the_fp8_recipe():
-    H8, I8, E8, K8, T8 = 256, 128, 4, 2, 24
-    torch.manual_seed(3)
+H8, I8, E8, K8 = 256, 128, 4, 2  # the FP8 tests' layer: H and I whole 128-blocks
+
+
+def fp8_and_bf16_layers(T, seed):
+    """An FP8 mok.MoE and a bf16 one with the same weights, x [T, H8] bf16, top-k routing (int32
+    ids, float32 weights) and the generator that made them (for more inputs)."""
+    torch.manual_seed(seed)
     m8 = mok.MoE(H8, I8, E8, K8, init_std=0.1, precision="fp8")
     mb = mok.MoE(H8, I8, E8, K8, init_std=0.1)
     mb.load_state_dict(m8.state_dict())
-    g = torch.Generator().manual_seed(4)
-    x = torch.randn(T8, H8, generator=g).to(torch.bfloat16)
-    w, idx = torch.topk(torch.softmax(torch.randn(T8, E8, generator=g), -1), K8, -1)
-    idx, w = idx.to(torch.int32), w.float()
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(T, H8, generator=g).to(torch.bfloat16)
+    w, idx = torch.topk(torch.softmax(torch.randn(T, E8, generator=g), -1), K8, -1)
+    return m8, mb, x, idx.to(torch.int32), w.float(), g
+
+
+def test_fp8_forward_on_cpu_tensors_is_the_fp8_recipe():
+    T8 = 24
+    m8, mb, x, idx, w, _ = fp8_and_bf16_layers(T8, 3)
     idx[5, 1] = -1
     with torch.no_grad():
         out8, out16 = m8(x, idx, w), mb(x, idx, w)
@@ -310,15 +319,8 @@ def test_fp8_backward_on_cpu_tensors_is_the_fp8_recipe():
     """mok.MoE(precision="fp8") trains on CPU tensors: every gradient against the independent
     float32 emulation of recipe 1's backward, and FP8 visibly applied (the bf16 layer's gradients
     are further away); two backwards give the same bits."""
-    H8, I8, E8, K8, T8 = 256, 128, 4, 2, 40
-    torch.manual_seed(5)
-    m8 = mok.MoE(H8, I8, E8, K8, init_std=0.1, precision="fp8")
-    mb = mok.MoE(H8, I8, E8, K8, init_std=0.1)
-    mb.load_state_dict(m8.state_dict())
-    g = torch.Generator().manual_seed(6)
-    x0 = torch.randn(T8, H8, generator=g).to(torch.bfloat16)
-    w0, idx = torch.topk(torch.softmax(torch.randn(T8, E8, generator=g), -1), K8, -1)
-    idx, w0 = idx.to(torch.int32), w0.float()
+    T8 = 40
+    m8, mb, x0, idx, w0, g = fp8_and_bf16_layers(T8, 5)
     dy = torch.randn(T8, H8, generator=g).to(torch.bfloat16)
 
     def grads(m):
