@@ -2,8 +2,8 @@
 """Assembles the reliability results file (bench/results/reliability-h200x1.json) from the reports
 of one GPU run, and prints its tables.
 
-usage: reliability_report.py --gtest-json FILE [--gtest-json FILE ...] --sanitize-json FILE
-                             [--device NAME] [--gpus N] [--commit SHA] [--date ISO] [--out PATH]
+usage: reliability_report.py --gtest-json FILE [--gtest-json FILE ...]
+                             --sanitize-json FILE [--sanitize-json FILE ...] [--device NAME] [--gpus N] [--commit SHA] [--date ISO] [--out PATH]
 
 --gtest-json: gtest's --gtest_output=json:FILE of the reliability test binary (and of any other
   test binary whose cases belong in the file). Every test that ran becomes a case named like a
@@ -16,6 +16,9 @@ usage: reliability_report.py --gtest-json FILE [--gtest-json FILE ...] --sanitiz
   seconds}. errors is the sanitizer's error count; -1 when the run gave no clean verdict without
   the tool counting an error (a timeout, a crash, a missing binary, a test failing under the tool,
   racecheck warnings): the results file must not read "0 errors" for a run that proved nothing.
+  Several files (passes of sanitize.sh over one build, e.g. one per tool when a call's time is
+  short) are joined in the order given; they must name the same device and commit, and a
+  (tool, test) run in two of them is an error.
 Determinism: from the case Determinism.HundredForwardBackwardCallsAreBitwiseIdentical, whose
   RecordProperty("runs", N) and RecordProperty("bitwise", 0|1) gtest writes as extra keys of the
   test's entry (as strings). Without that case or those keys: runs 0, bitwise false.
@@ -157,16 +160,36 @@ def git_head():
         return None
 
 
+def read_sanitize_all(paths):
+    """The runs of every sanitize JSON in order, and their one device and commit."""
+    entries, device, commit, seen = [], None, None, {}
+    for path in paths:
+        runs, d, c = read_sanitize(path)
+        for key, value, name in (("device", d, device), ("commit", c, commit)):
+            if name is not None and value != name:
+                raise InputError("%s: %s %r differs from the first sanitize JSON's %r"
+                                 % (path, key, value, name))
+        device, commit = d, c
+        for run in runs:
+            key = (run["tool"], run["test"])
+            if key in seen:
+                raise InputError("%s: run %s %s is also in %s" % (path, key[0], key[1], seen[key]))
+            seen[key] = path
+        entries += runs
+    return entries, device, commit
+
+
 def build(args):
     cases, determinism = read_cases(args.gtest_json)
-    sanitize, san_device, san_commit = read_sanitize(args.sanitize_json)
+    sanitize, san_device, san_commit = read_sanitize_all(args.sanitize_json)
+    first = args.sanitize_json[0]
     device = args.device or san_device
     if not isinstance(device, str) or not device or device == "unknown":
-        raise InputError("no device name: %s has none; pass --device" % args.sanitize_json)
+        raise InputError("no device name: %s has none; pass --device" % first)
     commit = args.commit or git_head() or san_commit
     if not isinstance(commit, str) or not commit or commit == "unknown":
         raise InputError("no commit: not in a git checkout and %s has none; pass --commit"
-                         % args.sanitize_json)
+                         % first)
     if (not args.commit and isinstance(san_commit, str) and san_commit not in ("", "unknown")
             and not (commit.startswith(san_commit) or san_commit.startswith(commit))):
         print("warning: the sanitizer runs were at commit %s, this checkout is at %s"
@@ -213,7 +236,7 @@ def print_tables(doc, out):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--gtest-json", action="append", required=True, metavar="FILE")
-    p.add_argument("--sanitize-json", required=True, metavar="FILE")
+    p.add_argument("--sanitize-json", action="append", required=True, metavar="FILE")
     p.add_argument("--device")
     p.add_argument("--gpus", type=int, default=1)
     p.add_argument("--commit")

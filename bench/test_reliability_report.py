@@ -197,6 +197,25 @@ class ReportTest(TempDirCase):
         args = self.inputs() + ["--gtest-json", self.write("again.json", RELIABILITY_GTEST)]
         self.assert_refused(args, "is also in")
 
+    def test_several_sanitize_files_are_joined_in_order(self):
+        first = sanitize_doc()
+        second = sanitize_doc([dict(first["runs"][0], tool="racecheck", test="bwd_program")])
+        p, out = self.report(*self.inputs(sanitize=first),
+                             "--sanitize-json", self.write("san2.json", second))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(out) as f:
+            doc = json.load(f)
+        self.assertEqual([(s["tool"], s["test"]) for s in doc["sanitize"]],
+                         [(r["tool"], r["test"]) for r in first["runs"] + second["runs"]])
+
+    def test_sanitize_files_must_agree_and_not_repeat_a_run(self):
+        again = self.inputs() + ["--sanitize-json", self.write("again.json", sanitize_doc())]
+        self.assert_refused(again, "is also in")
+        other = sanitize_doc([dict(sanitize_doc()["runs"][0], test="bwd_program")])
+        other["commit"] = "badcafe"
+        self.assert_refused(self.inputs() + ["--sanitize-json", self.write("o.json", other)],
+                            "differs from the first")
+
 
 # compute-sanitizer's summary lines (2024-2025 releases), inside realistic gtest output.
 def log(*summary, ok=1, failed=()):
@@ -301,14 +320,15 @@ class SanitizeScriptTest(TempDirCase):
         self.assertTrue(doc["dry_run"])
         self.assertEqual(doc["commit"], "c0ffee1")
         runs = [(r["tool"], r["test"]) for r in doc["runs"]]
-        self.assertEqual(len(runs), 13 * 4 + 2 + 2 + 3)  # 4-tool cases, gemm, fp8_gemm, fp8_quantize
+        self.assertEqual(len(runs), 13 * 4 + 2 + 2 + 2 + 3)  # 4-tool cases, gemm, fp8_gemm, fp8_backward, fp8_quantize
         self.assertEqual(runs[:5], [("memcheck", "fwd_megakernel_pull"),
                                     ("racecheck", "fwd_megakernel_pull"),
                                     ("synccheck", "fwd_megakernel_pull"),
                                     ("initcheck", "fwd_megakernel_pull"),
                                     ("memcheck", "fwd_megakernel_ring")])
-        self.assertEqual(runs[-7:], [("memcheck", "gemm"), ("racecheck", "gemm"), ("memcheck", "fp8_gemm"),
-                                     ("racecheck", "fp8_gemm"), ("memcheck", "fp8_quantize"),
+        self.assertEqual(runs[-9:], [("memcheck", "gemm"), ("racecheck", "gemm"), ("memcheck", "fp8_gemm"),
+                                     ("racecheck", "fp8_gemm"), ("memcheck", "fp8_backward"),
+                                     ("racecheck", "fp8_backward"), ("memcheck", "fp8_quantize"),
                                      ("racecheck", "fp8_quantize"), ("initcheck", "fp8_quantize")])
         self.assertTrue(all(r["errors"] is None and not r["clean"] for r in doc["runs"]))
         self.assertIn("--gtest_filter=Paths/BadRouting.\\*:BadRoutingBackward.\\*:Faults/BadPointers.\\*", p.stdout)

@@ -2,7 +2,8 @@
 # compute-sanitizer on a one-GPU machine: memcheck, racecheck, synccheck and initcheck over the
 # one-GPU tests of every forward megakernel variant (pull, ring, clusters, push dispatch, epilogue
 # combine), the unfused forward, the backward (unfused, and after the megakernel forward) and the
-# reliability tests (bad routing, bad pointers); memcheck and racecheck over the grouped-GEMM tests.
+# reliability tests (bad routing, bad pointers); memcheck and racecheck over the grouped-GEMM tests
+# (bf16 and FP8, forward and backward forms).
 # One process per (tool, test): a hang or a crash costs one run, not the rest, and each run has its
 # own log and verdict. Two-GPU tests (EP 2, window reuse across layers) are not run here.
 #
@@ -123,6 +124,9 @@ specs=(
   # FP8: the block-scaled grouped forms and the quantization kernels (not the 2^32-input
   # conversion check, which is a plain loop and would take hours under a tool).
   "fp8_gemm|gemm|Fp8Grouped.*|memcheck racecheck"
+  # The FP8 backward's forms: the K-grouped wgrad (per-stage scales bulk-copied by the producer)
+  # and the dgrads (+ SwiGLU', packed FC1 weight codes).
+  "fp8_backward|gemm|Fp8Wgrad.*:Fp8Dgrad.*|memcheck racecheck"
   "fp8_quantize|primitives|Fp8Quantize.*|memcheck racecheck initcheck"
 )
 # The runs, test-major with the tools in MOK_SANITIZE_TOOLS order: the results' order is this
