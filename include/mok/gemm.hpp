@@ -321,6 +321,9 @@ struct Plan {
   // map_b_half: the K-major B map with a box of BLOCK_N/2 rows (clusters); with a gate/up B
   // (FC1, FC1's dgrad) the up map, map_b then being the gate map.
   CUtensorMap map_a{}, map_b{}, map_b_half{}, map_d0{}, map_d1{};
+  // The FP8 wgrad's scale maps (fp32, one K block's run of scales per load, loaded with the
+  // stage's operands): A's row scales and B's column scales. Unused by the other forms.
+  CUtensorMap map_sa{}, map_sb{};
   KernelParams params{};
   int block_n = 256;     // tile width of the kernel that runs
   bool cluster = false;  // 2-CTA clusters (grid is even)

@@ -35,7 +35,7 @@ enum class BScale { Block, GateUp, Column };
 // matrix (a 256-wide tile at its right edge may have one: its other half reads no scale and is
 // promoted with 0; its columns are not stored). GateUp: W_gate's at b + kb, W_up's at b_up + kb.
 // Column reads none of these: each K block's scales come with its stage (Cfg::kStageScales: the
-// tile's BLOCK_N column scales, then its 128 row scales; the producer loads them), since a
+// tile's BLOCK_N column scales, then its 128 row scales; the producer's tensor-map loads), since a
 // thread needs 32 column scales per half and block, which loads from global memory at every
 // promotion made the tensor cores wait (measured: 474 vs 712 TF/s of the bf16 wgrad).
 struct TileScales {

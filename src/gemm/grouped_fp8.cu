@@ -34,36 +34,37 @@ __device__ __forceinline__ bool fp8_segment_misaligned(Tile& t) {
 
 // The FP8 wgrad's stage scales (Cfg::kStageScales): per K block the tile's BLOCK_N column scales
 // (its B rows') and its 128 row scales (A's), by the producer's thread beside the operands, on
-// the stage's barrier. A 256-wide tile at the matrix's right edge copies its 128 columns' only
-// (the other half's columns are not stored; their promotion reads whatever the area holds).
+// the stage's barrier. Tensor-map loads (fp32, unswizzled), not plain bulk copies: the same
+// hand-off, but racecheck orders a plain cp.async.bulk's writes (which it attributes to the
+// issuing thread) against the consumers' shared-memory reads through no mbarrier, and reports
+// every stage as a hazard; the tensor copies are the engine's, as for the operands. A 256-wide
+// tile at the matrix's right edge gets zeros for its columns past n (never stored).
 template <class CF>
 struct WgradStageScales {
-  const float* cols;  // the tile's first column's scale of the expert's first K block
-  const float* rows;  // the tile's first row's
-  int64_t col_stride, row_stride;  // floats between K blocks
-  uint32_t col_bytes;              // the tile's columns inside the matrix, in bytes
+  const CUtensorMap* map_sb;  // B's column scales, {n, K blocks}, box {BLOCK_N, 1}
+  const CUtensorMap* map_sa;  // A's row scales, {m_out, K blocks}, box {128, 1}
+  int32_t col, row, kb0;      // the tile's first column and row; the expert's first K block
   const Smem<CF>* sm;
-  __device__ __forceinline__ uint32_t bytes() const { return col_bytes + 512u; }
+  __device__ __forceinline__ uint32_t bytes() const { return 4u * uint32_t(CF::kBlockN) + 512u; }
   __device__ __forceinline__ void operator()(uint32_t stage, int kb, uint64_t* full) const {
     float* dst = sm->scales(stage);
-    bulk_load(dst, cols + kb * col_stride, col_bytes, full);
-    bulk_load(dst + CF::kBlockN, rows + kb * row_stride, 512u, full);
+    tma_load_2d(dst, map_sb, full, col, kb0 + kb);
+    tma_load_2d(dst + CF::kBlockN, map_sa, full, row, kb0 + kb);
   }
 };
 template <class CF>
 __device__ __forceinline__ WgradStageScales<CF> wgrad_stage_scales(const Smem<CF>& sm, const Tile& t,
-                                                                   const KernelParams& p) {
-  const int64_t kb0 = t.k_begin / 128;  // the expert's first row block
-  const uint32_t cols = uint32_t(min(int32_t(CF::kBlockN), p.n - t.b_n));
-  return WgradStageScales<CF>{p.scale_b + kb0 * p.n + t.b_n, p.scale_a + kb0 * p.m_out + t.out_row, p.n, p.m_out,
-                              4u * cols, &sm};
+                                                                   const CUtensorMap* map_sa,
+                                                                   const CUtensorMap* map_sb) {
+  return WgradStageScales<CF>{map_sb, map_sa, t.b_n, t.out_row, t.k_begin / 128, &sm};
 }
 
 template <class CF, Fp8Mode kMode>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_grouped_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                        const __grid_constant__ CUtensorMap map_b_half, const __grid_constant__ CUtensorMap map_d0,
-                       const __grid_constant__ CUtensorMap map_d1, const KernelParams p) {
+                       const __grid_constant__ CUtensorMap map_d1, const __grid_constant__ CUtensorMap map_sa,
+                       const __grid_constant__ CUtensorMap map_sb, const KernelParams p) {
   constexpr bool kFc1 = kMode == Fp8Mode::Fc1, kWgrad = kMode == Fp8Mode::Wgrad;
   static_assert(kMode != Fp8Mode::DgradSwiGLU || CF::kBlockN == 256, "the dgrad + SwiGLU epilogue: 256-wide tiles");
   static_assert(!kFc1 || CF::kBlockN == 256, "FC1 in FP8: 256-wide packed tiles (one h block per row)");
@@ -81,6 +82,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       prefetch_tensor_map(&map_a);
       prefetch_tensor_map(&map_b);
       if (kFc1) prefetch_tensor_map(&map_b_half);
+      if (kWgrad) {
+        prefetch_tensor_map(&map_sa);
+        prefetch_tensor_map(&map_sb);
+      }
       PipeState<CF> ps;
       Schedule sched(p);
       while (sched.next(t, shared, dummy)) {  // FC1: B from the gate and up maps (32-row boxes)
@@ -88,7 +93,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kWgrad) {
           fp8_segment_misaligned(t);
           ok = produce_tile<CF, false, false>(sm, ps, t, &map_a, &map_b, wb, &map_b_half, false, 0u, false,
-                                              wgrad_stage_scales(sm, t, p));
+                                              wgrad_stage_scales(sm, t, &map_sa, &map_sb));
         } else {
           ok = produce_tile<CF, false, false>(sm, ps, t, &map_a, &map_b, wb, &map_b_half, false, 0u, kFc1);
         }
@@ -155,7 +160,8 @@ void launch_fp8_cfg(const Plan& plan, cudaStream_t stream) {
   static std::atomic<unsigned long long> configured{0};
   mok::detail::set_smem_once(kernel, int(CF::kSmemBytes), configured);
   kernel<<<unsigned(plan.grid), engine::kThreads, CF::kSmemBytes, stream>>>(plan.map_a, plan.map_b, plan.map_b_half,
-                                                                           plan.map_d0, plan.map_d1, plan.params);
+                                                                           plan.map_d0, plan.map_d1, plan.map_sa, plan.map_sb,
+                                                                           plan.params);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 }  // namespace

@@ -379,7 +379,7 @@ Plan plan_fp8_wgrad(const Fp8WgradArgs& a, const Options& o) {
   MOK_REQUIRE(a.rows_total >= 1 && a.rows_total < (int64_t(1) << 31) - 128, "fp8_wgrad.rows_total",
               "1 <= rows_total < 2^31 - 128, got ", a.rows_total);
   MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.a_scales) % 16 == 0 && reinterpret_cast<uintptr_t>(a.b_scales) % 16 == 0,
-              "fp8_wgrad.a_scales, b_scales", "16-byte aligned (the stages' scales are bulk copies)");
+              "fp8_wgrad.a_scales, b_scales", "16-byte aligned (the stages' scales are TMA loads)");
   MOK_REQUIRE(!o.cluster, "options.cluster", "not with FP8 (2-CTA clusters are BF16 only so far)");
   // (The stages carry the tile's scales, engine_fp8.cuh: 5 stages at 128 wide, 3 at 256.)
   Plan p = k_grouped_plan(Form::Fp8Wgrad, a.m_out, a.n, a.experts, a.rows_total, a.expert_row_begin,
@@ -391,6 +391,8 @@ Plan plan_fp8_wgrad(const Fp8WgradArgs& a, const Options& o) {
   p.map_a = make_map_2d(a.a_t, uint64_t(a.m_out), ld, 128, MapType::E4M3);                       // {rows, m_out}
   p.map_b = make_map_3d(a.b_t, 1, uint64_t(a.n), ld, uint32_t(p.block_n), MapType::E4M3);  // {rows, n, 1}
   p.map_b_half = p.map_b;
+  p.map_sa = make_map_rows_f32(a.a_scales, ld / 128, uint64_t(a.m_out), 128);                // {m_out, ld / 128}
+  p.map_sb = make_map_rows_f32(a.b_scales, ld / 128, uint64_t(a.n), uint32_t(p.block_n));  // {n, ld / 128}
   set_wgrad_outputs(p, a.dw, a.dw_up, a.experts, a.m_out, a.n);
   return p;
 }

@@ -30,7 +30,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 
 }  // namespace
 
-int element_bytes(MapType t) { return t == MapType::E4M3 ? 1 : 2; }
+int element_bytes(MapType t) { return t == MapType::E4M3 ? 1 : t == MapType::F32 ? 4 : 2; }
 
 CUtensorMap make_tensor_map(const void* base, int rank, const uint64_t* dims, const uint64_t* strides_elems,
                             const uint32_t* box, MapType type) {
@@ -38,8 +38,14 @@ CUtensorMap make_tensor_map(const void* base, int rank, const uint64_t* dims, co
   MOK_REQUIRE(reinterpret_cast<uintptr_t>(base) % 16 == 0, "tensor base address",
               "must be 16-byte aligned");
   const int eb = element_bytes(type);
-  MOK_REQUIRE(box[0] * uint32_t(eb) == 128, "tensor map box", "inner box must be 128 bytes (128-byte swizzle): ",
-              128 / eb, " elements, got ", box[0]);
+  const bool swizzled = type != MapType::F32;
+  if (swizzled) {
+    MOK_REQUIRE(box[0] * uint32_t(eb) == 128, "tensor map box", "inner box must be 128 bytes (128-byte swizzle): ",
+                128 / eb, " elements, got ", box[0]);
+  } else {
+    MOK_REQUIRE(box[0] * uint32_t(eb) % 16 == 0, "tensor map box", "inner box must be a multiple of 16 bytes (",
+                16 / eb, " elements), got ", box[0]);
+  }
   cuuint64_t gdim[3] = {1, 1, 1};
   cuuint64_t gstride[2] = {0, 0};
   cuuint32_t gbox[3] = {1, 1, 1};
@@ -57,10 +63,13 @@ CUtensorMap make_tensor_map(const void* base, int rank, const uint64_t* dims, co
     gstride[i] = bytes;
   }
   CUtensorMap map{};
-  const CUtensorMapDataType dt = type == MapType::E4M3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUtensorMapDataType dt = type == MapType::E4M3  ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                 : type == MapType::F32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                                        : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const CUresult r = encode_fn()(&map, dt, static_cast<cuuint32_t>(rank),
                                  const_cast<void*>(base), gdim, gstride, gbox, estride,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 swizzled ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
@@ -76,6 +85,13 @@ CUtensorMap make_map_2d(const void* base, uint64_t rows, uint64_t cols, uint32_t
   const uint64_t strides[1] = {cols};
   const uint32_t box[2] = {uint32_t(128 / element_bytes(type)), box_rows};
   return make_tensor_map(base, 2, dims, strides, box, type);
+}
+
+CUtensorMap make_map_rows_f32(const float* base, uint64_t rows, uint64_t cols, uint32_t box_cols) {
+  const uint64_t dims[2] = {cols, rows};
+  const uint64_t strides[1] = {cols};
+  const uint32_t box[2] = {box_cols, 1};
+  return make_tensor_map(base, 2, dims, strides, box, MapType::F32);
 }
 
 CUtensorMap make_map_3d(const void* base, uint64_t batch, uint64_t rows, uint64_t cols, uint32_t box_rows,
