@@ -1,6 +1,6 @@
 // mok — FP8 quantization kernels (see fp8_quantize.h). Row blocks (1 x 128, MXFP8's 1 x 32): one
-// warp per block, each lane holding consecutive elements; 128 x 128 blocks: one CTA of 256 threads
-// per block. The block maximum is amax_update's (an unsigned maximum of the magnitudes' bits: the
+// warp per block, each lane holding consecutive elements, several blocks per warp in flight;
+// 128 x 128 blocks and the transposed 128 x 1 token blocks: one CTA of 256 threads per 128 x 128. The block maximum is amax_update's (an unsigned maximum of the magnitudes' bits: the
 // same value in any order, NaN winning), then every element is encoded as the spec does (its
 // scale and inverse functions, the hardware conversion, which is the spec's encode bit for bit).
 #include "gemm/fp8_quantize.h"
@@ -22,40 +22,72 @@ __device__ __forceinline__ float warp_amax(float a) {
   return a;
 }
 
-// kCols-wide row blocks, kCols / 32 elements per lane. MX: E8M0 scale codes; else fp32 scales by `rule`.
-template <int kCols, bool kMx>
+// kCols-wide row blocks, kCols / 32 consecutive elements per lane, kUnroll blocks per warp and
+// step (their loads issued together: one block per warp at a time leaves too few loads in flight
+// to reach the memory's bandwidth). MX: E8M0 scale codes; else fp32 scales by `rule`. kVec (1 x 128
+// only, cols a multiple of 4, `in` 8-byte and `q` 4-byte aligned): a lane's 4 elements as one
+// 8-byte load and its 4 codes as one 4-byte store.
+constexpr int kRowUnroll = 4;
+template <int kCols, bool kMx, bool kVec>
 __global__ void __launch_bounds__(256) quantize_rows_kernel(const uint16_t* in, int64_t rows, int64_t cols,
                                                             fp8::ScaleRule rule, uint8_t* q, void* scales) {
   constexpr int kPer = kCols / 32;
+  static_assert(!kVec || (kPer == 4 && !kMx), "vector access: 1 x 128 blocks, 4 elements per lane");
   const int64_t grid_cols = (cols + kCols - 1) / kCols;
   const int64_t blocks = rows * grid_cols;
   const uint32_t lane = threadIdx.x % 32u;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32u);
-  for (int64_t b = int64_t(blockIdx.x) * (blockDim.x / 32u) + threadIdx.x / 32u; b < blocks; b += warps) {
-    const int64_t r = b / grid_cols;
-    const int64_t c0 = (b - r * grid_cols) * kCols + int64_t(lane) * kPer;
-    const uint16_t* row = in + r * cols;
-    float v[kPer];
-    float amax = 0.0f;
+  for (int64_t b0 = int64_t(blockIdx.x) * (blockDim.x / 32u) + threadIdx.x / 32u; b0 < blocks;
+       b0 += warps * kRowUnroll) {
+    float v[kRowUnroll][kPer];
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      v[i] = c0 + i < cols ? bf16_at(row + c0 + i) : 0.0f;  // past the edge: zeros
-      amax = fp8::amax_update(amax, v[i]);
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int64_t b = b0 + u * warps;
+      const int64_t r = b / grid_cols;
+      const int64_t c0 = (b - r * grid_cols) * kCols + int64_t(lane) * kPer;
+      const uint16_t* row = in + r * cols;
+      if constexpr (kVec) {
+        uint2 w = make_uint2(0u, 0u);  // past the edge (or past the last block): zeros
+        if (b < blocks && c0 < cols) w = __ldg(reinterpret_cast<const uint2*>(row + c0));
+        v[u][0] = __uint_as_float(w.x << 16);
+        v[u][1] = __uint_as_float(w.x & 0xffff0000u);
+        v[u][2] = __uint_as_float(w.y << 16);
+        v[u][3] = __uint_as_float(w.y & 0xffff0000u);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) v[u][i] = b < blocks && c0 + i < cols ? bf16_at(row + c0 + i) : 0.0f;
+      }
     }
-    amax = warp_amax(amax);
-    uint8_t* out = q + r * cols;
-    if constexpr (kMx) {
-      const uint8_t s = fp8::mxfp8_scale_code(amax);
-      if (lane == 0) static_cast<uint8_t*>(scales)[b] = s;
 #pragma unroll
-      for (int i = 0; i < kPer; ++i)
-        if (c0 + i < cols) out[c0 + i] = fp8::mxfp8_encode(v[i], s);
-    } else {
-      const float s = fp8::block_scale(amax, rule), inv = fp8::block_inverse(s);
-      if (lane == 0) static_cast<float*>(scales)[b] = s;
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int64_t b = b0 + u * warps;
+      if (b >= blocks) break;  // (warp-uniform)
+      const int64_t r = b / grid_cols;
+      const int64_t c0 = (b - r * grid_cols) * kCols + int64_t(lane) * kPer;
+      float amax = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kPer; ++i)
-        if (c0 + i < cols) out[c0 + i] = e4m3(v[i] * inv);
+      for (int i = 0; i < kPer; ++i) amax = fp8::amax_update(amax, v[u][i]);
+      amax = warp_amax(amax);
+      uint8_t* out = q + r * cols;
+      if constexpr (kMx) {
+        const uint8_t sc = fp8::mxfp8_scale_code(amax);
+        if (lane == 0) static_cast<uint8_t*>(scales)[b] = sc;
+#pragma unroll
+        for (int i = 0; i < kPer; ++i)
+          if (c0 + i < cols) out[c0 + i] = fp8::mxfp8_encode(v[u][i], sc);
+      } else {
+        const float sc = fp8::block_scale(amax, rule), inv = fp8::block_inverse(sc);
+        if (lane == 0) static_cast<float*>(scales)[b] = sc;
+        if constexpr (kVec) {
+          if (c0 < cols)
+            *reinterpret_cast<uint32_t*>(out + c0) = uint32_t(block_encode_inv2(v[u][0], v[u][1], inv)) |
+                                                     (uint32_t(block_encode_inv2(v[u][2], v[u][3], inv)) << 16);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kPer; ++i)
+            if (c0 + i < cols) out[c0 + i] = e4m3(v[u][i] * inv);
+        }
+      }
     }
   }
 }
@@ -89,53 +121,90 @@ __global__ void __launch_bounds__(kTileThreads) quantize_tiles_kernel(const uint
   }
 }
 
-// 128 x 1 blocks of a 128-row x 128-column tile, one CTA each, codes out transposed: thread t
-// reads column t % 128 of rows t / 128, t / 128 + 2, ... (coalesced along the row), the two
-// threads of a column combine their maxima in shared memory, the codes go through a shared
-// [column][row] tile and out as 16-byte row runs of q_t (coalesced along K).
+// 128 x 1 blocks of a 128-row x 128-column tile, one CTA of 256 threads each, codes out
+// transposed. Thread t holds columns 2 (t % 64) and 2 (t % 64) + 1 of the tile's 32 rows from
+// 32 (t / 64): a warp's load of one row is 128 contiguous bytes (pairs of bf16, kPairs: cols even
+// and `in` 4-byte aligned; else two 2-byte loads), each thread's 32 loads are independent, the four
+// row groups of a column combine their maxima through shared memory, and a thread's 32 codes of
+// a column are 32 consecutive bytes of q_t, stored from registers (two 16-byte stores when q_t is
+// 16-byte aligned, `vec_store`; ld is a multiple of 128, so every column's run is then aligned).
+template <bool kPairs>
 __global__ void __launch_bounds__(kTileThreads) quantize_token_blocks_t_kernel(const uint16_t* in, int64_t rows,
                                                                                int64_t cols, int64_t ld, uint8_t* q_t,
-                                                                               float* scales, RoutedSegments seg) {
-  constexpr int kB = fp8::kBlock, kRowsPer = kB * kB / kTileThreads;  // 64 elements per thread
-  __shared__ float col_max[2][kB];
-  __shared__ __align__(16) uint8_t codes[kB][kB + 16];  // [column][row], rows padded for the 16-byte runs
+                                                                               float* scales, RoutedSegments seg,
+                                                                               bool vec_store) {
+  constexpr int kB = fp8::kBlock, kGroups = kTileThreads / (kB / 2), kRows = kB / kGroups;  // 4 groups of 32 rows
+  static_assert(kRows == 32, "a thread's codes of one column: 32 bytes");
+  __shared__ float col_max[kGroups][kB];
   const int64_t grid_cols = (cols + kB - 1) / kB;
   const int64_t br = blockIdx.x / grid_cols, bc = blockIdx.x - br * grid_cols;
-  const int cl = int(threadIdx.x % kB), half = int(threadIdx.x / kB);
-  const int64_t c = bc * kB + cl;
+  const int pair = int(threadIdx.x % (kB / 2)), group = int(threadIdx.x / (kB / 2));
+  const int64_t c = bc * kB + 2 * pair;       // the thread's first column
+  const int64_t r0 = br * kB + group * kRows;  // its first row
   // The block's rows that hold data: all up to `rows`, or (segments) those of its tile's expert.
   int64_t row_end = rows;
   if (seg.tile_expert != nullptr) {
     const int32_t e = br < seg.num_m_tiles ? __ldg(seg.tile_expert + br) : -1;
     row_end = e < 0 ? 0 : min(rows, int64_t(__ldg(seg.expert_row_begin + e)) + __ldg(seg.expert_rows + e));
   }
-  float v[kRowsPer];
-  float amax = 0.0f;
+  const int valid = int(max(int64_t(0), min(int64_t(kRows), row_end - r0)));  // the thread's rows of data
+  const bool has0 = c < cols, has1 = c + 1 < cols;
+  float lo[kRows], hi[kRows];  // columns c and c + 1; past the data or the edge: zeros
 #pragma unroll
-  for (int i = 0; i < kRowsPer; ++i) {
-    const int64_t r = br * kB + half + 2 * i;
-    v[i] = r < row_end && c < cols ? bf16_at(in + r * cols + c) : 0.0f;  // past the edge: zeros
-    amax = fp8::amax_update(amax, v[i]);
+  for (int i = 0; i < kRows; ++i) {
+    const uint16_t* p = in + (r0 + i) * cols + c;
+    if constexpr (kPairs) {  // (cols even: has0 implies has1)
+      const uint32_t w = i < valid && has0 ? __ldg(reinterpret_cast<const uint32_t*>(p)) : 0u;
+      lo[i] = __uint_as_float(w << 16);
+      hi[i] = __uint_as_float(w & 0xffff0000u);
+    } else {
+      lo[i] = i < valid && has0 ? bf16_at(p) : 0.0f;
+      hi[i] = i < valid && has1 ? bf16_at(p + 1) : 0.0f;
+    }
   }
-  col_max[half][cl] = amax;
-  __syncthreads();
-  amax = fp8::amax_update(col_max[0][cl], col_max[1][cl]);
-  const float s = fp8::block_scale(amax, fp8::ScaleRule::Fp32), inv = fp8::block_inverse(s);
-  if (half == 0 && c < cols) scales[br * cols + c] = s;
-  // Rows past the data are zero codes whatever the scale (a block holding a NaN or an infinity has
-  // a NaN scale, and 0 * its inverse would encode as NaN: the FP8 wgrad multiplies every row).
+  float a0 = 0.0f, a1 = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kRowsPer; ++i)
-    codes[cl][half + 2 * i] = br * kB + half + 2 * i < row_end ? e4m3(v[i] * inv) : uint8_t(0);
-  __syncthreads();
-  // 128 columns x 8 runs of 16 rows: 4 runs per thread.
-  for (int k = int(threadIdx.x); k < kB * (kB / 16); k += kTileThreads) {
-    const int col = k / (kB / 16), run = k % (kB / 16);
-    const int64_t gc = bc * kB + col;
-    if (gc < cols)
-      *reinterpret_cast<uint4*>(q_t + gc * ld + br * kB + run * 16) =
-          *reinterpret_cast<const uint4*>(&codes[col][run * 16]);
+  for (int i = 0; i < kRows; ++i) {
+    a0 = fp8::amax_update(a0, lo[i]);
+    a1 = fp8::amax_update(a1, hi[i]);
   }
+  col_max[group][2 * pair] = a0;
+  col_max[group][2 * pair + 1] = a1;
+  __syncthreads();
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {  // (amax_update is order-free: the same maximum as the spec's)
+    a0 = fp8::amax_update(a0, col_max[g][2 * pair]);
+    a1 = fp8::amax_update(a1, col_max[g][2 * pair + 1]);
+  }
+  const float s0 = fp8::block_scale(a0, fp8::ScaleRule::Fp32), inv0 = fp8::block_inverse(s0);
+  const float s1 = fp8::block_scale(a1, fp8::ScaleRule::Fp32), inv1 = fp8::block_inverse(s1);
+  if (group == 0) {
+    if (has0) scales[br * cols + c] = s0;
+    if (has1) scales[br * cols + c + 1] = s1;
+  }
+  // One column's 32 codes as 8 words. Rows past the data are zero codes whatever the scale (a
+  // block holding a NaN or an infinity has a NaN scale, and 0 * its inverse would encode as NaN:
+  // the FP8 wgrad multiplies every row), so the value is selected before the multiplication.
+  const auto store_column = [&](const float (&v)[kRows], float inv, int64_t col) {
+    uint32_t w[kRows / 4];
+#pragma unroll
+    for (int j = 0; j < kRows / 4; ++j) {
+      float x[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) x[k] = 4 * j + k < valid ? v[4 * j + k] * inv : 0.0f;
+      w[j] = uint32_t(e4m3x2(x[0], x[1])) | (uint32_t(e4m3x2(x[2], x[3])) << 16);
+    }
+    uint8_t* dst = q_t + col * ld + r0;
+    if (vec_store) {
+      reinterpret_cast<uint4*>(dst)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+      reinterpret_cast<uint4*>(dst)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kRows; ++j) dst[j] = uint8_t(w[j / 4] >> (8 * (j % 4)));
+    }
+  };
+  if (has0) store_column(lo, inv0, c);
+  if (has1) store_column(hi, inv1, c + 1);
 }
 
 // 32 x 32 tiles through shared memory (one CTA of 32 x 8 threads each): reads along the input's
@@ -170,9 +239,12 @@ void check_args(const void* in, int64_t rows, int64_t cols, const void* q, const
   MOK_REQUIRE(!any || scales != nullptr, "scales", "not null when rows * cols > 0");
 }
 
-int row_grid(int64_t blocks) {  // 8 warps (blocks) per CTA, at most 4096 CTAs (grid-stride)
-  return static_cast<int>(std::min<int64_t>((blocks + 7) / 8, 4096));
+// 8 warps per CTA, kRowUnroll blocks per warp and step, at most 4096 CTAs (grid-stride).
+int row_grid(int64_t blocks) {
+  return static_cast<int>(std::min<int64_t>((blocks + 8 * kRowUnroll - 1) / (8 * kRowUnroll), 4096));
 }
+
+bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace
 
@@ -186,8 +258,11 @@ void quantize_fp8_blocked(const void* in_bf16, int64_t rows, int64_t cols, int b
   auto* out = static_cast<uint8_t*>(q);
   const int64_t grid_cols = (cols + fp8::kBlock - 1) / fp8::kBlock;
   if (block_rows == 1) {
-    quantize_rows_kernel<fp8::kBlock, false><<<row_grid(rows * grid_cols), 256, 0, stream>>>(in, rows, cols, rule, out,
-                                                                                              scales);
+    const int grid = row_grid(rows * grid_cols);
+    if (cols % 4 == 0 && aligned(in, 8) && aligned(out, 4))
+      quantize_rows_kernel<fp8::kBlock, false, true><<<grid, 256, 0, stream>>>(in, rows, cols, rule, out, scales);
+    else
+      quantize_rows_kernel<fp8::kBlock, false, false><<<grid, 256, 0, stream>>>(in, rows, cols, rule, out, scales);
   } else {
     const int64_t tiles = (rows + fp8::kBlock - 1) / fp8::kBlock * grid_cols;
     MOK_REQUIRE(tiles < (int64_t(1) << 31), "rows, cols", "fewer than 2^31 blocks of 128 x 128, got ", tiles);
@@ -206,8 +281,15 @@ void quantize_fp8_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols
   const int64_t ld = (rows + fp8::kBlock - 1) / fp8::kBlock * fp8::kBlock;
   const int64_t tiles = ld / fp8::kBlock * ((cols + fp8::kBlock - 1) / fp8::kBlock);
   MOK_REQUIRE(tiles < (int64_t(1) << 31), "rows, cols", "fewer than 2^31 tiles of 128 x 128, got ", tiles);
-  quantize_token_blocks_t_kernel<<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(
-      static_cast<const uint16_t*>(in_bf16), rows, cols, ld, static_cast<uint8_t*>(q_t), scales, seg);
+  const auto* in = static_cast<const uint16_t*>(in_bf16);
+  auto* out = static_cast<uint8_t*>(q_t);
+  const bool vec_store = aligned(out, 16);
+  if (cols % 2 == 0 && aligned(in, 4))
+    quantize_token_blocks_t_kernel<true><<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(
+        in, rows, cols, ld, out, scales, seg, vec_store);
+  else
+    quantize_token_blocks_t_kernel<false><<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(
+        in, rows, cols, ld, out, scales, seg, vec_store);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -232,7 +314,7 @@ void quantize_mxfp8(const void* in_bf16, int64_t rows, int64_t cols, void* q, ui
   check_args(in_bf16, rows, cols, q, scales);
   if (rows == 0 || cols == 0) return;
   const int64_t grid_cols = (cols + fp8::kMxBlock - 1) / fp8::kMxBlock;
-  quantize_rows_kernel<fp8::kMxBlock, true><<<row_grid(rows * grid_cols), 256, 0, stream>>>(
+  quantize_rows_kernel<fp8::kMxBlock, true, false><<<row_grid(rows * grid_cols), 256, 0, stream>>>(
       static_cast<const uint16_t*>(in_bf16), rows, cols, fp8::ScaleRule::Fp32, static_cast<uint8_t*>(q), scales);
   MOK_CUDA_CHECK(cudaGetLastError());
 }

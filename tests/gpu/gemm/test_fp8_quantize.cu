@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gemm/fp8_cvt.cuh"
@@ -160,6 +161,51 @@ TEST(Fp8Quantize, TokenBlocksTransposedMatchTheSpecBitForBit) {
   std::printf("[fp8 quantize] 128 x 1 token blocks, transposed: %lld values compared with the spec\n",
               (long long)values);
   EXPECT_GE(values, 1000000);
+}
+
+// The quantizers load pairs or quads of bf16 and store runs of codes when the buffers allow it,
+// and fall back to single elements when they do not: buffers offset from their allocation (the
+// input by 1 and 2 elements, the codes by 1 and 4 bytes) give the spec's bits as well.
+TEST(Fp8Quantize, UnalignedBuffersGiveTheSameBits) {
+  MOK_REQUIRE_GPUS(1);
+  const Shape s{300, 1024};
+  const std::vector<uint16_t> x = matrix(s, 23);
+  const size_t n = x.size();
+  const int64_t ld = (s.rows + fp8::kBlock - 1) / fp8::kBlock * fp8::kBlock;
+  const fp8::BlockShape rows_block{1, fp8::kBlock}, token_block{fp8::kBlock, 1};
+  std::vector<uint8_t> want_rq(n), want_tq(n);
+  std::vector<float> want_rs(size_t(fp8::scale_count(s.rows, s.cols, rows_block)));
+  std::vector<float> want_ts(size_t(fp8::scale_count(s.rows, s.cols, token_block)));
+  fp8::quantize_blocked(reinterpret_cast<const mok::bf16*>(x.data()), s.rows, s.cols, rows_block, fp8::ScaleRule::Fp32,
+                        want_rq.data(), want_rs.data());
+  fp8::quantize_blocked(reinterpret_cast<const mok::bf16*>(x.data()), s.rows, s.cols, token_block,
+                        fp8::ScaleRule::Fp32, want_tq.data(), want_ts.data());
+  for (const auto& [in_off, q_off] : {std::pair<int, int>{1, 1}, std::pair<int, int>{2, 4}}) {
+    SCOPED_TRACE(testing::Message() << "input +" << in_off << " elements, codes +" << q_off << " bytes");
+    DevBuf dx((n + 8) * 2), dq(size_t(s.cols * ld) + 16), ds(want_ts.size() * 4);
+    const std::vector<uint16_t> pad(size_t(in_off), 0);
+    std::vector<uint16_t> shifted(pad);
+    shifted.insert(shifted.end(), x.begin(), x.end());
+    upload(dx, shifted);
+    const void* in = static_cast<const uint16_t*>(dx.p) + in_off;
+    void* q = static_cast<uint8_t*>(dq.p) + q_off;
+    mok::gemm::quantize_fp8_blocked(in, s.rows, s.cols, 1, fp8::ScaleRule::Fp32, q, ds.as<float>(), nullptr);
+    ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    std::vector<uint8_t> got = download<uint8_t>(dq, n + size_t(q_off));
+    EXPECT_EQ(count_diff(std::vector<uint8_t>(got.begin() + q_off, got.end()), want_rq), 0) << "1 x 128 codes differ";
+    EXPECT_EQ(count_diff(download<float>(ds, want_rs.size()), want_rs), 0) << "1 x 128 scales differ";
+    mok::gemm::quantize_fp8_token_blocks_t(in, s.rows, s.cols, q, ds.as<float>(), nullptr);
+    ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    got = download<uint8_t>(dq, size_t(s.cols * ld) + size_t(q_off));
+    int64_t bad = 0;
+    for (int64_t c = 0; c < s.cols; ++c)
+      for (int64_t r = 0; r < ld; ++r) {
+        const uint8_t g = got[size_t(q_off + c * ld + r)];
+        bad += r < s.rows ? g != want_tq[size_t(r * s.cols + c)] : g != 0;
+      }
+    EXPECT_EQ(bad, 0) << "128 x 1 transposed codes differ";
+    EXPECT_EQ(count_diff(download<float>(ds, want_ts.size()), want_ts), 0) << "128 x 1 scales differ";
+  }
 }
 
 TEST(Fp8Quantize, MxMatchesTheSpecBitForBit) {
