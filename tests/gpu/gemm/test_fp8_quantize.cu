@@ -41,7 +41,7 @@ struct Shape {
 // 1), block 2 a -Inf (row 2), block 3 nothing but fp32-subnormal bf16 magnitudes (rows 0-127: a
 // whole subnormal block of either shape, so the scale floors are reached), block 4 the largest
 // finite bf16 values (row 4), block 5 exact multiples of 448 (row 5), block 6 negative zeros (row
-// 6) — where the matrix has those rows and columns (the 1024 x 1100 and 257 x 1000 cases have all).
+// 6) — where the matrix has those rows and columns (the 1024 x 1100, 257 x 1000 and 300 x 1040 cases have all).
 std::vector<uint16_t> matrix(const Shape& s, uint64_t seed) {
   std::vector<uint16_t> v = random_bf16(size_t(s.rows * s.cols), seed, 3.0);
   const auto plant = [&](int64_t r, int64_t c, uint16_t b) {
@@ -61,7 +61,8 @@ std::vector<uint16_t> matrix(const Shape& s, uint64_t seed) {
   return v;
 }
 
-const Shape kShapes[] = {{1024, 1100}, {257, 1000}, {128, 128}, {3, 4133}, {300, 129}, {1, 1}};
+// (300 x 1040: cols a multiple of 16 whose last 1 x 128 block is cut, for the 16-byte path.)
+const Shape kShapes[] = {{1024, 1100}, {257, 1000}, {300, 1040}, {128, 128}, {3, 4133}, {300, 129}, {1, 1}};
 
 // Every fp32 bit pattern through the instruction (gemm::e4m3x2, both byte positions) and through
 // the spec's integer encode: the count of disagreements and the first one.
