@@ -57,6 +57,14 @@ void quantize_fp8_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols
 void transpose_weights_bf16(const void* w, const void* w_up, int64_t experts, int64_t rows, int64_t cols, void* out,
                             cudaStream_t stream);
 
+// The same codes and scales as transpose_weights_bf16 followed by quantize_fp8_blocked(out,
+// experts * cols, K, 128, rule) — bit for bit — in one pass over the bf16 weights, with no
+// transposed bf16 copy: q_t [experts, cols, K] E4M3 (K = rows, or 2 * rows in the packed order
+// with w_up), scales [experts * cols / 128, K / 128]. cols and K multiples of 128 (so no output
+// block spans two experts), w, w_up and q_t 16-byte aligned; named errors otherwise.
+void quantize_fp8_weights_t(const void* w, const void* w_up, int64_t experts, int64_t rows, int64_t cols,
+                            fp8::ScaleRule rule, void* q_t, float* scales, cudaStream_t stream);
+
 // MXFP8 (E4M3 elements, an E8M0 scale per 32 along each row): q rows x cols bytes, scales
 // rows x ceil(cols / 32) E8M0 codes. Same checks.
 void quantize_mxfp8(const void* in_bf16, int64_t rows, int64_t cols, void* q, uint8_t* scales, cudaStream_t stream);

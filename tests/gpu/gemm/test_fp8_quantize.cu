@@ -230,6 +230,52 @@ TEST(Fp8Quantize, MxMatchesTheSpecBitForBit) {
   EXPECT_GE(values, 1000000);
 }
 
+// The dgrads' weight codes in one pass: the same bits as the two-step path (transpose_weights_bf16
+// then the 128 x 128 quantizer, which test_fp8_dgrad.cu checks against the spec), for W^T and for
+// the packed [W_gate; W_up]^T, with a NaN, an Inf and an all-zero block planted, both scale rules.
+TEST(Fp8Quantize, WeightsInOnePassMatchTheTwoStepPath) {
+  MOK_REQUIRE_GPUS(1);
+  const int64_t E = 3, rows = 192, cols = 256;  // packed: K = 384
+  std::vector<uint16_t> w = random_bf16(size_t(E * rows * cols), 31, 0.05), w_up = random_bf16(w.size(), 37, 0.05);
+  w[size_t(1 * rows * cols + 5 * cols + 7)] = 0x7fc0;    // expert 1: a NaN
+  w_up[size_t(2 * rows * cols + 70 * cols + 200)] = 0xff80;  // expert 2: -Inf (in an up row)
+  for (int64_t r = 0; r < 64; ++r)
+    for (int64_t c = 128; c < 256; ++c) w[size_t(r * cols + c)] = 0;  // expert 0: one source block of zeros
+  DevBuf dw(w.size() * 2), du(w.size() * 2), tmp(w.size() * 4);
+  upload(dw, w);
+  upload(du, w_up);
+  int64_t values = 0;
+  for (const bool packed : {false, true})
+    for (const fp8::ScaleRule rule : {fp8::ScaleRule::Fp32, fp8::ScaleRule::Pow2}) {
+      SCOPED_TRACE(testing::Message() << (packed ? "packed gate/up" : "plain") << ", rule "
+                                      << (rule == fp8::ScaleRule::Fp32 ? "fp32" : "pow2"));
+      const int64_t k = packed ? 2 * rows : rows, n = E * cols * k, ns = n / (128 * 128);
+      const void* up = packed ? du.p : nullptr;
+      DevBuf q1{static_cast<size_t>(n)}, s1{static_cast<size_t>(ns) * 4}, q2{static_cast<size_t>(n)},
+          s2{static_cast<size_t>(ns) * 4};
+      mok::gemm::transpose_weights_bf16(dw.p, up, E, rows, cols, tmp.p, nullptr);
+      mok::gemm::quantize_fp8_blocked(tmp.p, E * cols, k, 128, rule, q1.p, s1.as<float>(), nullptr);
+      mok::gemm::quantize_fp8_weights_t(dw.p, up, E, rows, cols, rule, q2.p, s2.as<float>(), nullptr);
+      ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+      EXPECT_EQ(count_diff(download<uint8_t>(q2, size_t(n)), download<uint8_t>(q1, size_t(n))), 0) << "codes differ";
+      EXPECT_EQ(count_diff(download<float>(s2, size_t(ns)), download<float>(s1, size_t(ns))), 0) << "scales differ";
+      values += n;
+    }
+  std::printf("[fp8 quantize] weights in one pass: %lld codes compared with the two-step path\n", (long long)values);
+  // Shapes that cut an output block, and a misaligned weight: named errors, nothing launched.
+  const auto refused = [&](int64_t r, int64_t c, const void* p) {
+    try {
+      mok::gemm::quantize_fp8_weights_t(p, nullptr, 1, r, c, fp8::ScaleRule::Fp32, tmp.p, tmp.as<float>(), nullptr);
+    } catch (const mok::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(refused(192, 256, dw.p).find("'rows, cols'"), std::string::npos);  // K = 192
+  EXPECT_NE(refused(128, 200, dw.p).find("'rows, cols'"), std::string::npos);
+  EXPECT_NE(refused(128, 128, static_cast<const uint8_t*>(dw.p) + 2).find("'w, w_up, q_t'"), std::string::npos);
+}
+
 TEST(Fp8Quantize, RefusesBadArgumentsByName) {
   const auto message = [](auto&& f) {
     try {
