@@ -284,21 +284,6 @@ __device__ __forceinline__ void swiglu_backward(float acc_dh, float g, float u, 
   dg = s * __fadd_rn(1.0f, __fmul_rn(g, 1.0f - s)) * u * dh;
 }
 
-// The dgrad + SwiGLU epilogue below reads the tile's gate/up values (gu: its 128 rows, packed
-// columns [2 b_n, 2 b_n + 2 BLOCK_N)) with per-thread loads once the tile's MMAs are done, one
-// 64-column chunk ahead of the chunk it converts: from HBM, each chunk's loads wait about a
-// microsecond. The producer thread calls this as it starts the tile's loads: one L2 bulk prefetch
-// per row (1 KB at 256 wide), a mainloop before the epilogue reads them. Skipped when gu's rows
-// are not 16-byte aligned (the prefetch's requirement); nothing depends on it but the speed.
-template <class C>
-__device__ __forceinline__ void prefetch_dgrad_swiglu_gu(const Tile& t, const void* gu, int32_t inter) {
-  const int64_t pitch = 2 * int64_t(inter);  // bf16 per packed row
-  const int64_t cols = min(int64_t(2 * C::kBlockN), pitch - 2 * int64_t(t.b_n));
-  if (gu == nullptr || cols <= 0 || (pitch * 2) % 16 != 0 || reinterpret_cast<uintptr_t>(gu) % 16 != 0) return;
-  const auto* row0 = static_cast<const uint16_t*>(gu) + int64_t(t.out_row) * pitch + 2 * int64_t(t.b_n);
-  for (int r = 0; r < kBlockM; ++r) prefetch_l2_bulk(row0 + r * pitch, uint32_t(cols * 2) & ~15u);
-}
-
 // FC2's dgrad fused with the SwiGLU backward (Form DgradSwiGLU). The accumulators hold d_h for
 // this warpgroup's 64 rows and the tile's intermediate columns [b_n, b_n + BLOCK_N); the output
 // is d_gu in the packed order of gu (mok/gemm.hpp: packed column 64q + c is the gate of

@@ -257,10 +257,6 @@ struct FormDgradSwiGLU {
     epilogue_dgrad_swiglu<C>(sm, es, cwg, wt, acc, p.gu, d0, t.out_row, t.b_n, p.n, p.row_weight, p.router_partial,
                              p.router_parts, p.fc1_h);
   }
-  // The producer's hook at the start of each tile (see prefetch_dgrad_swiglu_gu).
-  __device__ __forceinline__ static void prefetch(const Tile& t, const KernelParams& p) {
-    prefetch_dgrad_swiglu_gu<C>(t, p.gu, p.n);
-  }
 };
 
 // Wgrad: dw [E, M, N] (3-D map_d0) of expert e = a_e^T . b_e, where a = [rows, M] and b = [rows, N]
@@ -349,12 +345,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       PipeState<C> ps;
       Tile t;
       Schedule sched(p);
-      while (sched.next(t, shared, dummy)) {
-        if constexpr (requires { Form::prefetch(t, p); }) Form::prefetch(t, p);
+      while (sched.next(t, shared, dummy))
         if (!produce_tile<C, Form::kAMN, Form::kBMN, kCluster>(sm, ps, t, &map_a, &map_b, wb, &map_b_half, shared,
                                                                rank, Form::kGateUpB && p.b_gate_up != 0))
           break;  // a wait expired: issue nothing more
-      }
       drain_stages(sm, ps, wb);
       if constexpr (kCluster) producer_tail(sm, ps, wb);
     }
