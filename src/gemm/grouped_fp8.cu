@@ -59,20 +59,6 @@ __device__ __forceinline__ WgradStageScales<CF> wgrad_stage_scales(const Smem<CF
   return WgradStageScales<CF>{map_sb, map_sa, t.b_n, t.out_row, t.k_begin / 128, &sm};
 }
 
-// The dgrad + SwiGLU epilogue reads the tile's gate/up values (gu: its 128 rows, packed columns
-// [2 b_n, 2 b_n + 2 BLOCK_N)) with per-thread loads once the tile's MMAs are done, one 64-column
-// chunk ahead of the chunk it converts: from HBM, each chunk's loads wait about a microsecond.
-// The producer prefetches them into L2 as it starts the tile's loads (one bulk prefetch per row,
-// 1 KB at 256 wide), a tile's mainloop before the epilogue reads them.
-template <class CF>
-__device__ __forceinline__ void prefetch_tile_gu(const Tile& t, const KernelParams& p) {
-  const int64_t pitch = 2 * int64_t(p.n);  // p.n: inter (packed width 2 inter)
-  const int64_t cols = min(int64_t(2 * CF::kBlockN), pitch - 2 * int64_t(t.b_n));
-  if (cols <= 0 || (pitch * 2) % 16 != 0 || reinterpret_cast<uintptr_t>(p.gu) % 16 != 0) return;
-  const auto* row0 = static_cast<const uint16_t*>(p.gu) + int64_t(t.out_row) * pitch + 2 * int64_t(t.b_n);
-  for (int r = 0; r < 128; ++r) prefetch_l2_bulk(row0 + r * pitch, uint32_t(cols * 2) & ~15u);
-}
-
 template <class CF, Fp8Mode kMode>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_grouped_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
@@ -109,7 +95,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           ok = produce_tile<CF, false, false>(sm, ps, t, &map_a, &map_b, wb, &map_b_half, false, 0u, false,
                                               wgrad_stage_scales(sm, t, &map_sa, &map_sb));
         } else {
-          if constexpr (kMode == Fp8Mode::DgradSwiGLU) prefetch_tile_gu<CF>(t, p);
           ok = produce_tile<CF, false, false>(sm, ps, t, &map_a, &map_b, wb, &map_b_half, false, 0u, kFc1);
         }
         if (!ok) break;  // a wait expired
