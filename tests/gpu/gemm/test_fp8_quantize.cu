@@ -235,12 +235,15 @@ TEST(Fp8Quantize, MxMatchesTheSpecBitForBit) {
 // the packed [W_gate; W_up]^T, with a NaN, an Inf and an all-zero block planted, both scale rules.
 TEST(Fp8Quantize, WeightsInOnePassMatchTheTwoStepPath) {
   MOK_REQUIRE_GPUS(1);
-  const int64_t E = 3, rows = 192, cols = 256;  // packed: K = 384
+  const int64_t E = 3, rows = 256, cols = 256;  // K = 256, packed 512
   std::vector<uint16_t> w = random_bf16(size_t(E * rows * cols), 31, 0.05), w_up = random_bf16(w.size(), 37, 0.05);
   w[size_t(1 * rows * cols + 5 * cols + 7)] = 0x7fc0;    // expert 1: a NaN
   w_up[size_t(2 * rows * cols + 70 * cols + 200)] = 0xff80;  // expert 2: -Inf (in an up row)
-  for (int64_t r = 0; r < 64; ++r)
-    for (int64_t c = 128; c < 256; ++c) w[size_t(r * cols + c)] = 0;  // expert 0: one source block of zeros
+  for (int64_t r = 0; r < 128; ++r)  // expert 0: an all-zero output block in both orders (K block 0,
+    for (int64_t c = 128; c < 256; ++c) {  // columns 128-255: gate rows 0-127, up rows 0-63)
+      w[size_t(r * cols + c)] = 0;
+      if (r < 64) w_up[size_t(r * cols + c)] = 0;
+    }
   DevBuf dw(w.size() * 2), du(w.size() * 2), tmp(w.size() * 4);
   upload(dw, w);
   upload(du, w_up);
