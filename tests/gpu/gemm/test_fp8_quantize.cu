@@ -184,6 +184,7 @@ TEST(Fp8Quantize, UnalignedBuffersGiveTheSameBits) {
   for (const auto& [in_off, q_off] : {std::pair<int, int>{1, 1}, std::pair<int, int>{2, 4}}) {
     SCOPED_TRACE(testing::Message() << "input +" << in_off << " elements, codes +" << q_off << " bytes");
     DevBuf dx((n + 8) * 2), dq(size_t(s.cols * ld) + 16), ds(want_ts.size() * 4);
+    MOK_ASSERT_CUDA(cudaMemset(dq.p, 0, dq.bytes));  // (the bytes before q are downloaded too: initcheck)
     const std::vector<uint16_t> pad(size_t(in_off), 0);
     std::vector<uint16_t> shifted(pad);
     shifted.insert(shifted.end(), x.begin(), x.end());
