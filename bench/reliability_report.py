@@ -3,7 +3,8 @@
 of one GPU run, and prints its tables.
 
 usage: reliability_report.py --gtest-json FILE [--gtest-json FILE ...]
-                             --sanitize-json FILE [--sanitize-json FILE ...] [--device NAME] [--gpus N] [--commit SHA] [--date ISO] [--out PATH]
+                             --sanitize-json FILE [--sanitize-json FILE ...] [--rerun-sanitize-json FILE ...]
+                             [--device NAME] [--gpus N] [--commit SHA] [--date ISO] [--out PATH]
 
 --gtest-json: gtest's --gtest_output=json:FILE of the reliability test binary (and of any other
   test binary whose cases belong in the file). Every test that ran becomes a case named like a
@@ -19,6 +20,11 @@ usage: reliability_report.py --gtest-json FILE [--gtest-json FILE ...]
   Several files (passes of sanitize.sh over one build, e.g. one per tool when a call's time is
   short) are joined in the order given; they must name the same device and commit, and a
   (tool, test) run in two of them is an error.
+--rerun-sanitize-json: the sanitize.json of a later commit that ran some of the same (tool, test)
+  pairs again (after a fix). Recorded beside the runs as "reruns": [{tool, test, errors, seconds,
+  commit}], never in place of them (the runs keep the verdicts of the report's commit); every
+  rerun must repeat a run of the sanitize JSONs, on the same device. Without it there is no
+  "reruns" key.
 Determinism: from the case Determinism.HundredForwardBackwardCallsAreBitwiseIdentical, whose
   RecordProperty("runs", N) and RecordProperty("bitwise", 0|1) gtest writes as extra keys of the
   test's entry (as strings). Without that case or those keys: runs 0, bitwise false.
@@ -195,8 +201,29 @@ def build(args):
         print("warning: the sanitizer runs were at commit %s, this checkout is at %s"
               % (san_commit, commit), file=sys.stderr)
     date = args.date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {"device": device, "gpus": args.gpus, "date": date, "commit": commit,
-            "cases": cases, "sanitize": sanitize, "determinism": determinism}
+    doc = {"device": device, "gpus": args.gpus, "date": date, "commit": commit,
+           "cases": cases, "sanitize": sanitize, "determinism": determinism}
+    if args.rerun_sanitize_json:
+        doc["reruns"] = read_reruns(args.rerun_sanitize_json, sanitize, device)
+    return doc
+
+
+def read_reruns(paths, sanitize, device):
+    """Runs of later commits repeating runs of the report's sanitize JSONs, with their commit."""
+    ran = {(r["tool"], r["test"]) for r in sanitize}
+    reruns = []
+    for path in paths:
+        runs, d, c = read_sanitize(path)
+        if d != device:
+            raise InputError("%s: device %r differs from the report's %r" % (path, d, device))
+        if not isinstance(c, str) or not c or c == "unknown":
+            raise InputError("%s: a rerun needs its commit" % path)
+        for run in runs:
+            if (run["tool"], run["test"]) not in ran:
+                raise InputError("%s: rerun %s %s repeats no run of the sanitize JSONs"
+                                 % (path, run["tool"], run["test"]))
+            reruns.append(dict(run, commit=c))
+    return reruns
 
 
 def write_atomically(path, doc):
@@ -231,12 +258,15 @@ def print_tables(doc, out):
                                           else "NOT shown bitwise identical"))
     print("%d/%d cases passed, %d/%d sanitizer runs clean -> %s"
           % (passed, len(doc["cases"]), clean, len(doc["sanitize"]), out))
+    for r in doc.get("reruns", []):
+        print("rerun at %s: %s %s, %d errors" % (r["commit"], r["tool"], r["test"], r["errors"]))
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--gtest-json", action="append", required=True, metavar="FILE")
     p.add_argument("--sanitize-json", action="append", required=True, metavar="FILE")
+    p.add_argument("--rerun-sanitize-json", action="append", default=[], metavar="FILE")
     p.add_argument("--device")
     p.add_argument("--gpus", type=int, default=1)
     p.add_argument("--commit")

@@ -216,6 +216,24 @@ class ReportTest(TempDirCase):
         self.assert_refused(self.inputs() + ["--sanitize-json", self.write("o.json", other)],
                             "differs from the first")
 
+    def test_reruns_are_recorded_beside_the_runs(self):
+        rerun = sanitize_doc([dict(sanitize_doc()["runs"][1], errors=0, clean=True, seconds=2.5)])
+        rerun["commit"] = "def5678"
+        p, out = self.report(*self.inputs(), "--rerun-sanitize-json", self.write("re.json", rerun))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(out) as f:
+            doc = json.load(f)
+        self.assertEqual(doc["sanitize"][1]["errors"], 2)  # the report commit's verdict stays
+        self.assertEqual(doc["reruns"], [{"tool": "racecheck", "test": "fwd_megakernel_pull",
+                                          "errors": 0, "seconds": 2.5, "commit": "def5678"}])
+        self.assertIn("rerun at def5678: racecheck fwd_megakernel_pull, 0 errors", p.stdout)
+        stray = sanitize_doc([dict(sanitize_doc()["runs"][0], test="bwd_program")])
+        self.assert_refused(self.inputs() + ["--rerun-sanitize-json", self.write("s.json", stray)],
+                            "repeats no run")
+        elsewhere = dict(rerun, device="NVIDIA H100")
+        self.assert_refused(self.inputs() + ["--rerun-sanitize-json", self.write("e.json", elsewhere)],
+                            "differs from the report's")
+
 
 # compute-sanitizer's summary lines (2024-2025 releases), inside realistic gtest output.
 def log(*summary, ok=1, failed=()):

@@ -330,13 +330,19 @@ def reliability_figures(res):
     dirty = ["%s %s (%s)" % (x["tool"], x.get("test"), "no verdict" if x.get("errors") == -1 else
                              "%s errors" % x.get("errors")) for x in runs if x.get("errors") != 0]
     det = r.get("determinism")
+    # Runs repeated at a later commit (after a fix): quoted beside the report commit's verdicts.
+    reruns = r.data.get("reruns", [])
+    rerun_text = "; re-run at a later commit: " + ", ".join(
+        "%s %s %s at %s" % (x["tool"], x["test"], "clean" if x["errors"] == 0 else "%s errors" % x["errors"],
+                            x["commit"]) for x in reruns) if reruns else ""
     return [
         "**Reliability** on one GPU: %d of %d tests pass, %d skipped, %d failed; %d forward+backward calls "
-        "%s. compute-sanitizer: %d of %d runs clean (%s)%s. %s" % (
+        "%s. compute-sanitizer: %d of %d runs clean (%s)%s%s%s. %s" % (
             passed, len(cases), skipped, len(cases) - passed - skipped, r.num("runs", within=det),
             "bitwise identical" if r.get("bitwise", within=det) is True else "NOT bitwise identical",
             len(runs) - len(dirty), len(runs), per_tool,
-            "; not clean: " + ", ".join(dirty) + " (`notes/reliability.md`)" if dirty else "", r.source())]
+            "; not clean: " + ", ".join(dirty) if dirty else "", rerun_text,
+            " (`notes/reliability.md`)" if dirty or reruns else "", r.source())]
 
 
 def one_gpu_figures(res):
