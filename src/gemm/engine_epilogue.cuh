@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "gemm/engine_mainloop.cuh"
 #include "gemm/swiglu_math.cuh"
@@ -291,8 +292,10 @@ __device__ __forceinline__ void swiglu_backward(float acc_dh, float g, float u, 
 // twice as many chunks as a plain store. Packed chunk q holds intermediate blocks 4q..4q+3: their
 // d_g blocks then their d_u blocks. Each thread reads the g/u pairs of its own accumulator
 // elements straight from global memory (two 4-byte loads per 8-column block and row: a quad of
-// lanes reads 16 bytes of gate and the 16 bytes of up 64 bytes further), one chunk ahead of the
-// chunk it converts (the first chunk's loads wait after the tile's last MMAs: not overlapped).
+// lanes reads 16 bytes of gate and the 16 bytes of up 64 bytes further), kGuAhead chunks ahead of
+// the chunk it converts (the first chunk's loads wait after the tile's last MMAs: not overlapped;
+// each chunk's math is short next to a load's latency from HBM, so the bf16 forms keep two chunks
+// in flight; FP8's one).
 // Intermediate columns >= inter are neither read nor stored (the TMA store clips the packed width
 // 2 * inter). Every tile reads exactly the gu elements it writes, before writing them, so d_gu may
 // alias gu. gu is read with generic-proxy loads: correct when an earlier kernel wrote it; a
@@ -321,9 +324,11 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
   const uint16_t* g0 = static_cast<const uint16_t*>(gu) + int64_t(out_row + acc_row(wt)) * pitch + 2 * int64_t(b_n) +
                        acc_col(wt);
   const uint16_t* g1 = g0 + 8 * pitch;
-  // v[q & 1][4m + 2rr + {0: g, 1: u}]: the bf16 pairs of block m of chunk q, row rr (kept packed:
-  // 32 registers for two chunks next to the 128 accumulators).
-  uint32_t v[2][16];
+  // v[q % kSlots][4m + 2rr + {0: g, 1: u}]: the bf16 pairs of block m of chunk q, row rr (kept
+  // packed: 16 registers per chunk in flight next to the 128 accumulators).
+  // (FP8's 256-wide consumers have no 16 registers to spare: 20 bytes of spills at two ahead.)
+  constexpr int kGuAhead = std::is_same_v<typename C::Operand, OperandE4m3> ? 1 : 2, kSlots = kGuAhead + 1;
+  uint32_t v[kSlots][16];
   const bool weighted = row_weight != nullptr;  // uniform over the kernel
   const int32_t my_row = out_row + acc_row(wt);
   // This thread's h pairs (rows r and r + 8, its first column): written, rnd(w * h) with h =
@@ -335,7 +340,7 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
     for (int m = 0; m < 4; ++m) {
       const int j = 4 * q + m;  // intermediate block of the tile
       const int col = 64 * q + 8 * m;  // its gate column, from g0
-      uint32_t* d = &v[q & 1][4 * m];
+      uint32_t* d = &v[q % kSlots][4 * m];
       const bool valid = b_n + 8 * j < inter;
       d[0] = valid ? *reinterpret_cast<const uint32_t*>(g0 + col) : 0u;
       d[1] = valid ? *reinterpret_cast<const uint32_t*>(g0 + col + kUp) : 0u;
@@ -343,7 +348,8 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
       d[3] = valid ? *reinterpret_cast<const uint32_t*>(g1 + col + kUp) : 0u;
     }
   };
-  load(0);
+#pragma unroll
+  for (int q = 0; q < kGuAhead && q < kPackedChunks; ++q) load(q);
   const bool leader = wt == 0;
   float w_row[2] = {1.0f, 1.0f}, dot[2] = {0.0f, 0.0f};
   if (weighted) {
@@ -352,7 +358,7 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
   }
 #pragma unroll
   for (int q = 0; q < kPackedChunks; ++q) {
-    if (q + 1 < kPackedChunks) load(q + 1);
+    if (q + kGuAhead < kPackedChunks) load(q + kGuAhead);
     if (2 * b_n + 64 * q >= 2 * inter) continue;  // uniform over the warpgroup
     uint8_t* buf = epi_begin(sm, cwg, es, leader);
     const uint32_t base = smem_addr(buf);
@@ -360,7 +366,7 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
       const int j = 4 * q + m;
-      const uint32_t* d = &v[q & 1][4 * m];
+      const uint32_t* d = &v[q % kSlots][4 * m];
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         const uint32_t g = d[2 * rr], u = d[2 * rr + 1];
