@@ -226,6 +226,7 @@ struct KernelParams {
   const float* scale_b = nullptr;
   const float* scale_b_up = nullptr;  // Fp8Fc1: W_up's [experts, inter / 128, k_blocks]
   float* scale_h = nullptr;           // Fp8Fc1: h's [rows, inter / 128] (fc1_h: its E4M3 codes)
+  void* fc1_gu = nullptr;             // Fp8Fc1: optional packed gate/up store (Fp8Fc1Args::gu)
   // Fp8Wgrad: scale_a [rows / 128, m_out] and scale_b [rows / 128, n] (one per 128 x 1 block).
 };
 
@@ -260,6 +261,9 @@ struct Fp8Fc1Args {
   const float* w_up_scales = nullptr;    // [experts, inter / 128, hidden / 128]
   void* h = nullptr;                     // [num_m_tiles*128, inter] E4M3 codes
   float* h_scales = nullptr;             // [num_m_tiles*128, inter / 128]
+  // Optional: [num_m_tiles*128, 2*inter] bf16 in the packed order, rnd(g) and rnd(u) as the bf16
+  // FC1 stores them (FcArgs::gu): the gate/up rows the backward's SwiGLU' reads. 4-byte aligned.
+  void* gu = nullptr;
   int64_t hidden = 0, inter = 0, experts = 0;
   const int32_t* tile_expert = nullptr;
   int64_t num_m_tiles = 0;

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include "gemm/engine_mainloop.cuh"
 #include "gemm/swiglu_math.cuh"
@@ -294,8 +293,8 @@ __device__ __forceinline__ void swiglu_backward(float acc_dh, float g, float u, 
 // elements straight from global memory (two 4-byte loads per 8-column block and row: a quad of
 // lanes reads 16 bytes of gate and the 16 bytes of up 64 bytes further), kGuAhead chunks ahead of
 // the chunk it converts (the first chunk's loads wait after the tile's last MMAs: not overlapped;
-// each chunk's math is short next to a load's latency from HBM, so the bf16 forms keep two chunks
-// in flight; FP8's one).
+// each chunk's math is short next to a load's latency from HBM: the standalone bf16 form keeps two
+// chunks in flight, kGuAhead).
 // Intermediate columns >= inter are neither read nor stored (the TMA store clips the packed width
 // 2 * inter). Every tile reads exactly the gu elements it writes, before writing them, so d_gu may
 // alias gu. gu is read with generic-proxy loads: correct when an earlier kernel wrote it; a
@@ -309,7 +308,10 @@ __device__ __forceinline__ void swiglu_backward(float acc_dh, float g, float u, 
 // the quad's four sums in a fixed tree — into router_partial[row * parts + column / 64] (the same
 // bits whatever BLOCK_N); and h [rows, inter] receives rnd(w * h), dW_down's operand (written
 // only: each thread its own elements).
-template <class C>
+// kGuAhead: chunks of gate/up loads in flight, 16 registers each. 2 in the standalone bf16 form
+// (measured faster, notes/fp8.md); 1 where the consumers have no registers to spare (two ahead
+// spilled 20 bytes in FP8's 256-wide form and 188 in the backward program).
+template <class C, int kGuAhead = 1>
 __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
                                                       const float (&acc)[C::kAccRegs], const void* gu,
                                                       const CUtensorMap* d_gu, int32_t row, int32_t b_n,
@@ -326,8 +328,7 @@ __device__ __forceinline__ void epilogue_dgrad_swiglu(const Smem<C>& sm, EpiStat
   const uint16_t* g1 = g0 + 8 * pitch;
   // v[q % kSlots][4m + 2rr + {0: g, 1: u}]: the bf16 pairs of block m of chunk q, row rr (kept
   // packed: 16 registers per chunk in flight next to the 128 accumulators).
-  // (FP8's 256-wide consumers have no 16 registers to spare: 20 bytes of spills at two ahead.)
-  constexpr int kGuAhead = std::is_same_v<typename C::Operand, OperandE4m3> ? 1 : 2, kSlots = kGuAhead + 1;
+  constexpr int kSlots = kGuAhead + 1;
   uint32_t v[kSlots][16];
   const bool weighted = row_weight != nullptr;  // uniform over the kernel
   const int32_t my_row = out_row + acc_row(wt);

@@ -127,8 +127,8 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
       if (kB != BScale::Column && h == kHalves - 1) release_stage<C>(sm, s);
       float* d = acc + 64 * h;
       if constexpr (kB == BScale::Column) {
-        // The half's column scales from the stage (the producer loaded the tile's columns inside
-        // the matrix; past its edge the area holds stale values, and those columns are not stored).
+        // The half's column scales from the stage (the producer's tensor-map load: past the
+        // matrix's edge they are zeros, and those columns are not stored).
         const uint32_t bk = stage_scales + 4u * uint32_t(128 * h + acc_col(wt));
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
@@ -243,9 +243,12 @@ __device__ __forceinline__ void mma_tile_columns_pipelined(const Smem<C>& sm, Pi
 // wait, so it is kept to a few instructions per value.
 // The destinations are arguments (h's codes [rows, inter] and scales [rows, inter / 128] from the
 // tile's first row `out_row`; `b_n`: the tile's first packed column), so the grouped form and a
-// megakernel's task share it.
+// megakernel's task share it. With gu (the grouped form's Fp8Fc1Args::gu; a megakernel passes
+// none, and the branch folds away), the tile's rnd(g), rnd(u) are stored too, bf16 pairs in the
+// packed order [rows, 2 inter] as the bf16 FC1 stores them: what the backward's SwiGLU' reads.
 __device__ __forceinline__ void epilogue_fc1_fp8(const float (&acc)[128], int cwg, uint32_t wt, int64_t out_row,
-                                                 int64_t b_n, uint8_t* hq, float* h_scales, int64_t inter) {
+                                                 int64_t b_n, uint8_t* hq, float* h_scales, int64_t inter,
+                                                 uint16_t* gu = nullptr) {
   const int64_t blocks = inter / 128;
   const int64_t row0 = out_row + 64 * cwg + acc_row(wt);
   const int64_t i0 = b_n / 2 + acc_col(wt);  // this thread's first intermediate column
@@ -267,6 +270,13 @@ __device__ __forceinline__ void epilogue_fc1_fp8(const float (&acc)[128], int cw
     amax = mok::fp8::amax_update(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
     const float s = mok::fp8::block_scale(amax, mok::fp8::ScaleRule::Fp32), inv = mok::fp8::block_inverse(s);
     const int64_t row = row0 + 8 * rr;
+    if (gu != nullptr) {
+      uint16_t* g_row = gu + row * 2 * inter + b_n + acc_col(wt);
+#pragma unroll
+      for (int j = 0; j < 32; ++j)  // n8 block j: packed columns b_n + 8 j + acc_col, + 1
+        *reinterpret_cast<uint32_t*>(g_row + 8 * j) =
+            pack_bf16x2(acc[4 * j + 2 * rr], acc[4 * j + 2 * rr + 1]);  // (cvt.rn: rnd(g), rnd(u))
+    }
     if ((wt & 3u) == 0) h_scales[row * blocks + b_n / 256] = s;
 #pragma unroll
     for (int jj = 0; jj < 16; ++jj) {

@@ -4,7 +4,7 @@
 namespace mok::gemm::detail {
 
 void launch_dgrad_swiglu(const Plan& plan, cudaStream_t stream) {
-  launch_form<engine::FormDgradSwiGLU>(plan, stream);
+  launch_form<engine::FormDgradSwiGLU2>(plan, stream);  // (two gate/up chunks in flight)
 }
 
 }  // namespace mok::gemm::detail

@@ -355,8 +355,10 @@ Plan plan_fp8_fc1(const Fp8Fc1Args& a, const Options& o) {
   p.params.scale_b_up = a.w_up_scales;
   p.params.scale_h = a.h_scales;
   p.params.fc1_h = a.h;
+  MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.gu) % 4 == 0, "fp8_fc1.gu", "4-byte aligned (bf16 pairs are stored)");
+  p.params.fc1_gu = a.gu;
   p.params.b_gate_up = 1;
-  p.params.store_gu = 0;
+  p.params.store_gu = a.gu != nullptr ? 1 : 0;
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(a.num_m_tiles * kBlockM);
   const auto box = static_cast<uint32_t>(kGateUpGroup);  // 32-row boxes, alternately gate and up

@@ -244,7 +244,9 @@ using FormDgrad = FormStore2d<C, true>;
 // forward's packed gate/up pre-activations p.gu into d_gu [rows, 2 * inter] at map_d0 (packed);
 // with p.row_weight, A holds unweighted rows, the router-weight gradient's partial sums go to
 // p.router_partial and h (p.fc1_h) is written rnd(w * rnd(silu(g) u)) (epilogue_dgrad_swiglu).
-template <class C>
+// kGuAhead: epilogue_dgrad_swiglu's gate/up chunks in flight (2 for the standalone bf16 form,
+// FormDgradSwiGLU2; 1 in the FP8 form and the backward program, whose consumers would spill).
+template <class C, int kGuAhead = 1>
 struct FormDgradSwiGLU {
   static constexpr bool kAMN = false, kBMN = true, kMaskK = false, kSplitN = false, kGateUpB = false;
   static constexpr bool kCarry = false;
@@ -254,10 +256,12 @@ struct FormDgradSwiGLU {
                                                   uint32_t wt, const float (&acc)[C::kAccRegs],
                                                   const CUtensorMap* d0, const CUtensorMap*,
                                                   const KernelParams& p) {
-    epilogue_dgrad_swiglu<C>(sm, es, cwg, wt, acc, p.gu, d0, t.out_row, t.b_n, p.n, p.row_weight, p.router_partial,
-                             p.router_parts, p.fc1_h);
+    epilogue_dgrad_swiglu<C, kGuAhead>(sm, es, cwg, wt, acc, p.gu, d0, t.out_row, t.b_n, p.n, p.row_weight,
+                                       p.router_partial, p.router_parts, p.fc1_h);
   }
 };
+template <class C>
+using FormDgradSwiGLU2 = FormDgradSwiGLU<C, 2>;
 
 // Wgrad: dw [E, M, N] (3-D map_d0) of expert e = a_e^T . b_e, where a = [rows, M] and b = [rows, N]
 // (both MN-major operands); the last K block of each expert is masked to its valid rows. With

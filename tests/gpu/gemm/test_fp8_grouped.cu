@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <utility>
 #include <vector>
 
 #include "gemm_test_util.h"
@@ -151,7 +152,8 @@ TEST(Fp8Grouped, RefusesShapesItCannotScale) {
 // land one E4M3 step off where the reference sits near a rounding boundary: the test demands
 // every scale within 2^-6 (a row maximum that moved by up to two bf16 steps, a step being up to
 // 2^-7 relative: measured 1.05e-2 on an H200), the decoded h within 2% in norm, and reports how
-// many codes are exactly the reference's.
+// many codes are exactly the reference's. The stored gate/up rows (Fp8Fc1Args::gu) are checked
+// against the reference's rnd(g), rnd(u) the same way (norm, and most exactly).
 void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int skew = 0, int max_ctas = 0) {
   SCOPED_TRACE(testing::Message() << "H " << H << ", I " << I << ", skew " << skew);
   const Routed rt(counts);
@@ -173,7 +175,8 @@ void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int 
                           su.data() + e * ib * kb);
   }
   DevBuf dqx(qx.size()), dsx(sx.size() * 4), dqg(qg.size()), dsg(sg.size() * 4), dqu(qu.size()), dsu(su.size() * 4),
-      dh(size_t(rows * I)), dsh(size_t(rows * ib) * 4), dte(rt.tile_expert.size() * 4 + 4), err(4);
+      dh(size_t(rows * I)), dsh(size_t(rows * ib) * 4), dte(rt.tile_expert.size() * 4 + 4), err(4),
+      dgu(size_t(rows * 2 * I) * 2);
   upload(dqx, qx);
   upload(dsx, sx);
   upload(dqg, qg);
@@ -183,6 +186,7 @@ void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int 
   upload(dte, rt.tile_expert);
   MOK_ASSERT_CUDA(cudaMemset(dh.p, 0x7f, dh.bytes));  // NaN codes: an unwritten h shows
   MOK_ASSERT_CUDA(cudaMemset(dsh.p, 0xff, dsh.bytes));
+  MOK_ASSERT_CUDA(cudaMemset(dgu.p, 0xff, dgu.bytes));  // NaN bf16: an unwritten gate/up value shows
   MOK_ASSERT_CUDA(cudaMemset(err.p, 0, 4));
   mok::gemm::Fp8Fc1Args a;
   a.x = dqx.p;
@@ -193,6 +197,7 @@ void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int 
   a.w_up_scales = dsu.as<float>();
   a.h = dh.p;
   a.h_scales = dsh.as<float>();
+  a.gu = dgu.p;
   a.hidden = H;
   a.inter = I;
   a.experts = E;
@@ -207,8 +212,9 @@ void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int 
   ASSERT_EQ(download<unsigned>(err, 1)[0], 0u) << "a bounded wait expired";
   const auto gh = download<uint8_t>(dh, size_t(rows * I));
   const auto gs = download<float>(dsh, size_t(rows * ib));
-  double d2 = 0, r2 = 0, worst_scale = 0;
-  int64_t same = 0, compared = 0;
+  const auto ggu = download<uint16_t>(dgu, size_t(rows * 2 * I));
+  double d2 = 0, r2 = 0, worst_scale = 0, gu_d2 = 0, gu_r2 = 0;
+  int64_t same = 0, compared = 0, gu_same = 0, gu_bad = 0;
   const auto rnd = [](double v) { return double(float_of(bits_of(float(v)))); };
   for (int64_t r = 0; r < rows; ++r) {
     const int e = rt.expert_of(r);
@@ -225,6 +231,15 @@ void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int 
       g = rnd(g);
       u = rnd(u);
       h[size_t(i)] = float(rnd(g / (1.0 + std::exp(-g)) * u));
+      // The stored gate/up pair (packed order: per 64 columns, 32 gates then their 32 ups).
+      const int64_t pg = (i / 32) * 64 + i % 32;
+      for (const auto& [col, want] : {std::pair<int64_t, double>{pg, g}, std::pair<int64_t, double>{pg + 32, u}}) {
+        const double got = float_of(ggu[size_t(r * 2 * I + col)]);
+        if (!std::isfinite(got)) ++gu_bad;
+        gu_d2 += (got - want) * (got - want);
+        gu_r2 += want * want;
+        gu_same += got == want;
+      }
     }
     std::vector<uint8_t> qh(static_cast<size_t>(I));
     std::vector<float> sh(static_cast<size_t>(ib));
@@ -242,12 +257,19 @@ void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int 
       ++compared;
     }
   }
-  const double rel = std::sqrt(d2 / std::max(r2, 1e-300));
+  const double rel = std::sqrt(d2 / std::max(r2, 1e-300)), gu_rel = std::sqrt(gu_d2 / std::max(gu_r2, 1e-300));
+  // The gate/up rows (Fp8Fc1Args::gu): rnd of the same accumulators, so an element is the
+  // reference's or one bf16 step off where the accumulation order moved it across a rounding.
+  EXPECT_EQ(gu_bad, 0) << "gate/up values not written (NaN)";
+  EXPECT_LT(gu_rel, 4e-3) << "stored gate/up vs the reference, in norm";
+  EXPECT_GT(double(gu_same), 0.9 * double(2 * compared)) << "most gate/up values must be the reference's exactly";
   EXPECT_LE(worst_scale, 0x1p-6) << "h scales vs the reference (two bf16 steps)";
   EXPECT_LT(rel, 2e-2) << "decoded h vs the reference, in norm";
   EXPECT_GT(double(same), 0.9 * double(compared)) << "most codes must be the reference's exactly";
-  std::printf("[fp8 fc1] H %lld I %lld: h scales within %.1e, decoded h %.2e in norm, %.2f%% of the codes exact\n",
-              (long long)H, (long long)I, worst_scale, rel, 100.0 * double(same) / double(compared));
+  std::printf("[fp8 fc1] H %lld I %lld: h scales within %.1e, decoded h %.2e in norm, %.2f%% of the codes exact; "
+              "gate/up %.2e in norm, %.2f%% exact\n",
+              (long long)H, (long long)I, worst_scale, rel, 100.0 * double(same) / double(compared), gu_rel,
+              50.0 * double(gu_same) / double(compared));
 }
 
 TEST(Fp8Grouped, Fc1WithQuantizedHMatchesTheReference) {

@@ -184,7 +184,7 @@ TEST(Fp8Quantize, UnalignedBuffersGiveTheSameBits) {
   for (const auto& [in_off, q_off] : {std::pair<int, int>{1, 1}, std::pair<int, int>{2, 4}}) {
     SCOPED_TRACE(testing::Message() << "input +" << in_off << " elements, codes +" << q_off << " bytes");
     DevBuf dx((n + 8) * 2), dq(size_t(s.cols * ld) + 16), ds(want_ts.size() * 4);
-    MOK_ASSERT_CUDA(cudaMemset(dq.p, 0, dq.bytes));  // (the bytes before q are downloaded too: initcheck)
+    MOK_ASSERT_CUDA(cudaMemset(dq.p, 0xAB, dq.bytes));  // (the bytes before q are downloaded too: initcheck)
     const std::vector<uint16_t> pad(size_t(in_off), 0);
     std::vector<uint16_t> shifted(pad);
     shifted.insert(shifted.end(), x.begin(), x.end());
@@ -196,6 +196,7 @@ TEST(Fp8Quantize, UnalignedBuffersGiveTheSameBits) {
     std::vector<uint8_t> got = download<uint8_t>(dq, n + size_t(q_off));
     EXPECT_EQ(count_diff(std::vector<uint8_t>(got.begin() + q_off, got.end()), want_rq), 0) << "1 x 128 codes differ";
     EXPECT_EQ(count_diff(download<float>(ds, want_rs.size()), want_rs), 0) << "1 x 128 scales differ";
+    MOK_ASSERT_CUDA(cudaMemset(dq.p, 0xAB, dq.bytes));  // the padding rows must be written
     mok::gemm::quantize_fp8_token_blocks_t(in, s.rows, s.cols, q, ds.as<float>(), nullptr);
     ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
     got = download<uint8_t>(dq, size_t(s.cols * ld) + size_t(q_off));
@@ -236,7 +237,7 @@ TEST(Fp8Quantize, MxMatchesTheSpecBitForBit) {
 // the packed [W_gate; W_up]^T, with a NaN, an Inf and an all-zero block planted, both scale rules.
 TEST(Fp8Quantize, WeightsInOnePassMatchTheTwoStepPath) {
   MOK_REQUIRE_GPUS(1);
-  const int64_t E = 3, rows = 256, cols = 256;  // K = 256, packed 512
+  const int64_t E = 3, rows = 384, cols = 256;  // K = 384, packed 768 (not square: rows and cols apart)
   std::vector<uint16_t> w = random_bf16(size_t(E * rows * cols), 31, 0.05), w_up = random_bf16(w.size(), 37, 0.05);
   w[size_t(1 * rows * cols + 5 * cols + 7)] = 0x7fc0;    // expert 1: a NaN
   w_up[size_t(2 * rows * cols + 70 * cols + 200)] = 0xff80;  // expert 2: -Inf (in an up row)
