@@ -7,7 +7,8 @@
 # the same run (mok_gemm_bench --filter grad + torch_baseline.py + make_json.py).
 # Everything lands in $OUT (default /tmp/fp8-backward-out): log.txt (also written as it goes, so a
 # call cut short keeps it), the tests' logs, fp8-backward-chain.json, gemm-fp8-backward.json.
-#   [FP8_BWD_BENCH=0] [MOK_COMMIT=<sha>] bench/fp8_backward_device.sh
+# With FP8_BWD_NCU=1 (default) also Nsight Compute over the FP8 dgrad + SwiGLU kernel (ncu_*.txt).
+#   [FP8_BWD_BENCH=0] [FP8_BWD_NCU=0] [MOK_COMMIT=<sha>] bench/fp8_backward_device.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -50,5 +51,28 @@ if [ "${FP8_BWD_BENCH:-1}" = 1 ]; then
   log "torch baseline: rc $?"
   python3 bench/gemm/make_json.py --mok "$OUT/mok_bwd.json" --torch "$OUT/torch_bwd.json" \
     --out "$OUT/gemm-fp8-backward.json" --commit "${MOK_COMMIT:-unknown}" 2>&1 | tee -a "$LOG"
+fi
+# Where the FP8 dgrad + SwiGLU step's time goes (FP8_BWD_NCU=0 skips): Nsight Compute on that
+# kernel (Fp8Mode 3) in the chain at DeepSeek-V3 2048 rows (weighted rows: router partials and hw
+# written) and in the forms' benchmark (unweighted), issue slots, memory and warp stalls.
+NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
+if [ "${FP8_BWD_NCU:-1}" = 1 ] && [ -n "$NCU" ]; then
+  sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section SchedulerStats --section WarpStateStats
+            --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio')
+  for what in chain forms; do
+    t1=$(date +%s)
+    if [ "$what" = chain ]; then
+      cmd=("$B/bench/gemm/mok_fp8_backward_bench" --filter dsv3/2048 --reps 1 --out /tmp/fp8_bwd_ncu.json)
+    else
+      cmd=("$B/bench/gemm/mok_gemm_bench" --filter dsv3-dgrad-fc2-swiglu_fp8/uniform/2048 --reps 2 --out /tmp/fp8_bwd_ncu2.json)
+    fi
+    timeout 240 "$NCU" --clock-control none --kernel-name-base mangled --kernel-name 'regex:fp8_grouped_kernel.*Fp8ModeE3E' \
+      --launch-skip 2 \
+      --launch-count 1 "${sections[@]}" "${cmd[@]}" >"$OUT/ncu_dgrad_swiglu_$what.txt" 2>&1
+    log "ncu fp8 dgrad + SwiGLU ($what): rc $? ($(( $(date +%s) - t1 )) s)"
+    grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" \
+      "$OUT/ncu_dgrad_swiglu_$what.txt" | head -12 | tee -a "$LOG"
+    grep -E "smsp__average_warps_issue_stalled_" "$OUT/ncu_dgrad_swiglu_$what.txt" | awk '{print $NF, $1}' | sort -gr | head -6 | tee -a "$LOG"
+  done
 fi
 log "total $(( $(date +%s) - t0 )) s"
