@@ -40,7 +40,7 @@ run_test mok_gpu_gemm_primitive_tests 'Fp8*' t_quantize
 run_test mok_gpu_gemm_tests 'Fp8Wgrad*:Fp8Dgrad*:Fp8Grouped*:*Wgrad*:DgradSwiGLURouter*' t_forms
 if [ "${FP8_BWD_BENCH:-1}" = 1 ]; then
   t1=$(date +%s)
-  timeout 200 "$B/bench/gemm/mok_fp8_backward_bench" --reps 20 --out "$OUT/fp8-backward-chain.json" >"$OUT/chain.log" 2>&1
+  timeout 200 "$B/bench/gemm/mok_fp8_backward_bench" --reps 20 --commit "${MOK_COMMIT:-unknown}" --out "$OUT/fp8-backward-chain.json" >"$OUT/chain.log" 2>&1
   log "backward chain: rc $? ($(( $(date +%s) - t1 )) s)"
   grep -vE "^    " "$OUT/chain.log" | tee -a "$LOG"
   t1=$(date +%s)

@@ -12,12 +12,14 @@
 // Each chain is timed as a whole (CUDA events around it, warm-up, median of --reps), and each
 // step alone; the FP8 chain's outputs are compared with the BF16 chain's (the recipe's error,
 // a few 1e-2, not a check of bits: the GPU tests check the forms against the spec).
-//   mok_fp8_backward_bench [--out FILE] [--reps N] [--filter SUBSTR]
+//   mok_fp8_backward_bench [--out FILE] [--reps N] [--filter SUBSTR] [--commit SHA]
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
 #include <functional>
 #include <memory>
 #include <string>
@@ -99,18 +101,33 @@ void add_buf(std::vector<std::unique_ptr<Buf>>& keep, void*& p, size_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_path = "fp8_backward.json", filter;
+  std::string out_path = "fp8_backward.json", filter, commit = "unknown";
   int reps = 20;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--out" && i + 1 < argc) out_path = argv[++i];
-    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
-    else if (a == "--filter" && i + 1 < argc) filter = argv[++i];
-    else {
-      std::fprintf(stderr, "usage: %s [--out FILE] [--reps N] [--filter SUBSTR]\n", argv[0]);
+    if (a == "--out" && i + 1 < argc) {
+      out_path = argv[++i];
+    } else if (a == "--reps" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      char* end = nullptr;
+      const long r = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || r < 1 || r > 100000) {
+        std::fprintf(stderr, "%s: --reps must be a whole number from 1 to 100000, got '%s'\n", argv[0], v.c_str());
+        return 2;
+      }
+      reps = static_cast<int>(r);
+    } else if (a == "--filter" && i + 1 < argc) {
+      filter = argv[++i];
+    } else if (a == "--commit" && i + 1 < argc) {
+      commit = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: %s [--out FILE] [--reps N] [--filter SUBSTR] [--commit SHA]\n", argv[0]);
       return 2;
     }
   }
+  char date[32] = "unknown";
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   cudaDeviceProp prop{};
   MOK_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   FILE* f = std::fopen(out_path.c_str(), "w");
@@ -118,8 +135,14 @@ int main(int argc, char** argv) {
     std::perror(out_path.c_str());
     return 1;
   }
-  std::fprintf(f, "{\"device\": \"%s\", \"what\": \"expert FFN backward GEMM chain per EP-8 rank slice, bf16 vs fp8 "
-               "(recipe 1), no communication\", \"cases\": [\n", prop.name);
+  std::fprintf(f, "{\"device\": \"%s\", \"gpus\": 1, \"date\": \"%s\", \"commit\": \"%s\", \"what\": \"expert FFN "
+               "backward GEMM chain per EP-8 rank slice, bf16 vs fp8 (recipe 1), no communication\", \"method\": "
+               "\"mok_fp8_backward_bench: per case the chain timed as a whole and each step alone (CUDA events, 3 "
+               "warm-up runs, median of %d); uniform routing, EP-8 rank slices (E/8 experts); flops = the 4 backward "
+               "GEMMs'; fp8_weights_ms: the weights' K-major codes in one pass (quantize_fp8_weights_t), "
+               "fp8_weights_two_step_ms: the transpose + quantizer path; fp8_vs_bf16_rel = ||fp8 - bf16|| / ||bf16|| of "
+               "the chains' outputs\", \"cases\": [\n",
+               prop.name, date, commit.c_str(), reps);
   bool first = true;
   for (const Model& m : kModels)
     for (const int64_t per : {int64_t(512), int64_t(2048)}) {
