@@ -5,15 +5,13 @@
 // report the same messages.
 #pragma once
 
-#include <charconv>
 #include <cstdint>
 #include <string>
-#include <system_error>
-#include <type_traits>
 #include <vector>
 
 #include "gpu_layer_bench.h"
 #include "mok/errors.hpp"
+#include "util/parse_number.h"
 
 namespace mok::bench {
 
@@ -55,26 +53,6 @@ inline constexpr int kMinIters = 20;  // run_gpu_layer_bench's floor for a stabl
 inline constexpr int kMaxIters = 100000;
 inline constexpr int kMaxCommSms = 1024;
 inline constexpr double kMaxSustainS = 600;
-
-// `text` as a T: the whole string must be a number (no sign '+', spaces, fraction for integers,
-// or trailing characters) within [lo, hi]; otherwise a mok::Error naming `option`, e.g.
-// "mok: invalid argument '--ranks' (got 'abc'): must be a whole number in [1, 4096]".
-// `hint` (e.g. " (0 = all cores)") is appended to the constraint.
-template <typename T>
-T parse_number(const std::string& option, const std::string& text, T lo, T hi, const char* hint = "") {
-  static_assert(std::is_arithmetic_v<T>);
-  T v{};
-  const char* end = text.data() + text.size();
-  const auto [stop, ec] = std::from_chars(text.data(), end, v);
-  // Written as !(in range) so that NaN (from "nan") fails too.
-  if (text.empty() || ec != std::errc() || stop != end || !(v >= lo && v <= hi)) {
-    throw Error(ErrorKind::InvalidArgument, option,
-                detail::concat("must be ", std::is_integral_v<T> ? "a whole number" : "a number", " in [",
-                               lo, ", ", hi, "]", hint),
-                "got '" + text + "'");
-  }
-  return v;
-}
 
 // Parses argv[1..] (without the program name). Throws mok::Error for an unknown option, a missing
 // value, or a value out of its domain, naming the option. `--help` / `-h` anywhere wins.

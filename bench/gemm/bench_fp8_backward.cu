@@ -18,8 +18,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <ctime>
 #include <functional>
 #include <memory>
 #include <string>
@@ -29,6 +27,8 @@
 #include "common/cuda_check.h"
 #include "gemm/fp8_quantize.h"
 #include "mok/gemm.hpp"
+#include "util/bench_util.h"
+#include "util/parse_number.h"
 
 namespace {
 
@@ -101,33 +101,25 @@ void add_buf(std::vector<std::unique_ptr<Buf>>& keep, void*& p, size_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_path = "fp8_backward.json", filter, commit = "unknown";
+  std::string out_path = "fp8_backward.json", filter, commit = mok::bench::commit();  // (MOK_COMMIT)
   int reps = 20;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--out" && i + 1 < argc) {
-      out_path = argv[++i];
-    } else if (a == "--reps" && i + 1 < argc) {
-      const std::string v = argv[++i];
-      char* end = nullptr;
-      const long r = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || r < 1 || r > 100000) {
-        std::fprintf(stderr, "%s: --reps must be a whole number from 1 to 100000, got '%s'\n", argv[0], v.c_str());
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--out" && i + 1 < argc) out_path = argv[++i];
+      else if (a == "--reps" && i + 1 < argc) reps = mok::bench::parse_number("--reps", argv[++i], 1, 100000);
+      else if (a == "--filter" && i + 1 < argc) filter = argv[++i];
+      else if (a == "--commit" && i + 1 < argc) commit = argv[++i];
+      else {
+        std::fprintf(stderr, "usage: %s [--out FILE] [--reps N] [--filter SUBSTR] [--commit SHA]\n", argv[0]);
         return 2;
       }
-      reps = static_cast<int>(r);
-    } else if (a == "--filter" && i + 1 < argc) {
-      filter = argv[++i];
-    } else if (a == "--commit" && i + 1 < argc) {
-      commit = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: %s [--out FILE] [--reps N] [--filter SUBSTR] [--commit SHA]\n", argv[0]);
-      return 2;
     }
+  } catch (const mok::Error& e) {
+    std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
+    return 2;
   }
-  char date[32] = "unknown";
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  const std::string date = mok::bench::utc_date();
   cudaDeviceProp prop{};
   MOK_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   FILE* f = std::fopen(out_path.c_str(), "w");
@@ -142,7 +134,7 @@ int main(int argc, char** argv) {
                "GEMMs'; fp8_weights_ms: the weights' K-major codes in one pass (quantize_fp8_weights_t), "
                "fp8_weights_two_step_ms: the transpose + quantizer path; fp8_vs_bf16_rel = ||fp8 - bf16|| / ||bf16|| of "
                "the chains' outputs\", \"cases\": [\n",
-               prop.name, date, commit.c_str(), reps);
+               prop.name, date.c_str(), commit.c_str(), reps);
   bool first = true;
   for (const Model& m : kModels)
     for (const int64_t per : {int64_t(512), int64_t(2048)}) {

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "util/parse_number.h"
 #include "common/cuda_check.h"
 #include "common/fp8_format.h"
 #include "mok/bf16.hpp"
@@ -457,27 +458,34 @@ int main(int argc, char** argv) {
   bool quick = false;
   int reps = 30;
   Knobs kn;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--out" && i + 1 < argc) out_path = argv[++i];
-    else if (a == "--filter" && i + 1 < argc) filter = argv[++i];
-    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
-    else if (a == "--quick") quick = true;
-    else if (a == "--group-m" && i + 1 < argc) kn.group_m = std::atoi(argv[++i]);
-    else if (a == "--max-ctas" && i + 1 < argc) kn.max_ctas = std::atoi(argv[++i]);
-    else if (a == "--no-gu") kn.store_gu = false;
-    else if (a == "--skew" && i + 1 < argc) kn.skew = std::atoi(argv[++i]);
-    else if (a == "--block-n" && i + 1 < argc) kn.block_n = std::atoi(argv[++i]);
-    else if (a == "--cluster" && i + 1 < argc) kn.cluster = std::atoi(argv[++i]) != 0;
-    else if (a == "--split-n" && i + 1 < argc) kn.split_n = std::atoi(argv[++i]) != 0;
-    else if (a == "--pdl" && i + 1 < argc) kn.pdl = std::atoi(argv[++i]) != 0;
-    else {
-      std::fprintf(stderr,
-                   "usage: %s [--out FILE] [--filter SUBSTR] [--reps N] [--quick] [--group-m N] [--max-ctas N] "
-                   "[--no-gu] [--skew N] [--block-n 0|128|256] [--cluster 0|1] [--split-n 0|1] [--pdl 0|1]\n",
-                   argv[0]);
-      return 2;
+  using mok::bench::parse_number;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      const bool has = i + 1 < argc;
+      if (a == "--out" && has) out_path = argv[++i];
+      else if (a == "--filter" && has) filter = argv[++i];
+      else if (a == "--reps" && has) reps = parse_number("--reps", argv[++i], 1, 100000);
+      else if (a == "--quick") quick = true;
+      else if (a == "--group-m" && has) kn.group_m = parse_number("--group-m", argv[++i], 1, 1 << 20);
+      else if (a == "--max-ctas" && has) kn.max_ctas = parse_number("--max-ctas", argv[++i], 0, 1 << 20, " (0 = all SMs)");
+      else if (a == "--no-gu") kn.store_gu = false;
+      else if (a == "--skew" && has) kn.skew = parse_number("--skew", argv[++i], -1, 64, " (-1 = the library's default)");
+      else if (a == "--block-n" && has) kn.block_n = parse_number("--block-n", argv[++i], 0, 256, " (0, 128 or 256)");
+      else if (a == "--cluster" && has) kn.cluster = parse_number("--cluster", argv[++i], 0, 1) != 0;
+      else if (a == "--split-n" && has) kn.split_n = parse_number("--split-n", argv[++i], 0, 1) != 0;
+      else if (a == "--pdl" && has) kn.pdl = parse_number("--pdl", argv[++i], 0, 1) != 0;
+      else {
+        std::fprintf(stderr,
+                     "usage: %s [--out FILE] [--filter SUBSTR] [--reps N] [--quick] [--group-m N] [--max-ctas N] "
+                     "[--no-gu] [--skew N] [--block-n 0|128|256] [--cluster 0|1] [--split-n 0|1] [--pdl 0|1]\n",
+                     argv[0]);
+        return 2;
+      }
     }
+  } catch (const mok::Error& e) {
+    std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
+    return 2;
   }
   cudaDeviceProp prop{};
   MOK_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "util/parse_number.h"
 #include "common/cuda_check.h"
 #include "gemm/sm90.cuh"
 #include "gemm/tensor_map.h"
@@ -116,18 +117,19 @@ int main(int argc, char** argv) {
   std::string out_path;
   int reps = 20;
   double gib = 2.0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--out" && i + 1 < argc) out_path = argv[++i];
-    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
-    else if (a == "--gib" && i + 1 < argc) gib = std::atof(argv[++i]);
-    else {
-      std::fprintf(stderr, "usage: %s [--out read.json] [--reps N >= 3] [--gib G >= 0.5]\n", argv[0]);
-      return 2;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--out" && i + 1 < argc) out_path = argv[++i];
+      else if (a == "--reps" && i + 1 < argc) reps = mok::bench::parse_number("--reps", argv[++i], 3, 100000);
+      else if (a == "--gib" && i + 1 < argc) gib = mok::bench::parse_number("--gib", argv[++i], 0.5, 64.0);
+      else {
+        std::fprintf(stderr, "usage: %s [--out read.json] [--reps N >= 3] [--gib G >= 0.5]\n", argv[0]);
+        return 2;
+      }
     }
-  }
-  if (reps < 3 || gib < 0.5) {
-    std::fprintf(stderr, "mok_read_ceiling: --reps must be >= 3 and --gib >= 0.5 (got %d, %g)\n", reps, gib);
+  } catch (const mok::Error& e) {
+    std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
     return 2;
   }
   cudaDeviceProp prop{};
