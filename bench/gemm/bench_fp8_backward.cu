@@ -296,5 +296,10 @@ int main(int argc, char** argv) {
     }
   std::fprintf(f, "\n]}\n");
   std::fclose(f);
+  if (first) {  // nothing ran: an empty results file must not pass for a measurement
+    std::fprintf(stderr, "%s: no case ran (filter '%s' matched none, or every case failed); %s has no cases\n", argv[0],
+                 filter.c_str(), out_path.c_str());
+    return 1;
+  }
   return 0;
 }
