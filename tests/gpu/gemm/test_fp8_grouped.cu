@@ -259,10 +259,13 @@ void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int 
   }
   const double rel = std::sqrt(d2 / std::max(r2, 1e-300)), gu_rel = std::sqrt(gu_d2 / std::max(gu_r2, 1e-300));
   // The gate/up rows (Fp8Fc1Args::gu): rnd of the same accumulators, so an element is the
-  // reference's or one bf16 step off where the accumulation order moved it across a rounding.
+  // reference's or a bf16 step off where the tensor cores' accumulation (about 14 bits inside a
+  // 128-deep block, DeepSeek-V3's measurement) moved it across a rounding boundary: a few percent
+  // of the elements, each 2^-8 relative, hence the bounds (not yet measured: to tighten after the
+  // first run).
   EXPECT_EQ(gu_bad, 0) << "gate/up values not written (NaN)";
   EXPECT_LT(gu_rel, 4e-3) << "stored gate/up vs the reference, in norm";
-  EXPECT_GT(double(gu_same), 0.9 * double(2 * compared)) << "most gate/up values must be the reference's exactly";
+  EXPECT_GT(double(gu_same), 0.75 * double(2 * compared)) << "most gate/up values must be the reference's exactly";
   EXPECT_LE(worst_scale, 0x1p-6) << "h scales vs the reference (two bf16 steps)";
   EXPECT_LT(rel, 2e-2) << "decoded h vs the reference, in norm";
   EXPECT_GT(double(same), 0.9 * double(compared)) << "most codes must be the reference's exactly";
