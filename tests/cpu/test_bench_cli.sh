@@ -6,24 +6,9 @@
 set -uo pipefail
 bench="$1"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
-
-# expect_reject MESSAGE ARGS...: exit code 2, stderr holds MESSAGE, stdout is empty.
-expect_reject() {
-  local message="$1" rc=0
-  shift
-  "$bench" "$@" >"$tmp/out" 2>"$tmp/err" || rc=$?
-  [ "$rc" -eq 2 ] || fail "mok_bench $*: exit code $rc, expected 2"
-  grep -qF -- "$message" "$tmp/err" || fail "mok_bench $*: stderr lacks \"$message\"; it was: $(cat "$tmp/err")"
-  if [ -s "$tmp/out" ]; then fail "mok_bench $*: printed to stdout (it ran?): $(head -3 "$tmp/out")"; fi
-  echo "mok_bench $* -> $(cat "$tmp/err")"
-}
+# shellcheck source=tests/cpu/cli_check.sh
+source "$root/tests/cpu/cli_check.sh"
+expect_reject() { expect_refused "$1" "$bench" "${@:2}"; }
 
 expect_reject "invalid argument '--ranks' (got '0'): must be a whole number in [1, 4096]" --ranks 0
 expect_reject "invalid argument '--ranks' (got 'abc'): must be a whole number in [1, 4096]" --ranks abc
@@ -97,8 +82,4 @@ grep -qF -- "--comm-sms N" "$tmp/help" || fail "scripts/run.sh --help lacks mok_
 [ ! -e "$tmp/no-build" ] || fail "scripts/run.sh --help created its build folder"
 [ ! -s "$tmp/err" ] || fail "scripts/run.sh --help wrote to stderr (built?): $(cat "$tmp/err")"
 
-if [ "$failures" -gt 0 ]; then
-  echo "$failures check(s) failed" >&2
-  exit 1
-fi
-echo "all mok_bench command-line checks passed"
+finish mok_bench
