@@ -227,7 +227,7 @@ struct KernelParams {
   const float* scale_b_up = nullptr;  // Fp8Fc1: W_up's [experts, inter / 128, k_blocks]
   float* scale_h = nullptr;           // Fp8Fc1: h's [rows, inter / 128] (fc1_h: its E4M3 codes)
   void* fc1_gu = nullptr;             // Fp8Fc1: optional packed gate/up store (Fp8Fc1Args::gu)
-  // Fp8Wgrad: scale_a [rows / 128, m_out] and scale_b [rows / 128, n] (one per 128 x 1 block).
+  // Fp8Wgrad: its scales (one per 128 x 1 block) come through Plan::map_sa / map_sb, not these.
 };
 
 // Block-scaled FP8 (issue 22, recipe 1): y[r] = a[r] . W[e]^T for the routed rows r of expert e,

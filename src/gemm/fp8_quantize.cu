@@ -37,11 +37,14 @@ __global__ void __launch_bounds__(256) quantize_rows_kernel(const uint16_t* in, 
   for (int64_t b0 = int64_t(blockIdx.x) * (blockDim.x / 32u) + threadIdx.x / 32u; b0 < blocks;
        b0 += warps * kRowUnroll) {
     float v[kRowUnroll][kPer];
+    int64_t rows_of[kRowUnroll], c0_of[kRowUnroll];  // each block's row and this lane's first column
 #pragma unroll
     for (int u = 0; u < kRowUnroll; ++u) {
       const int64_t b = b0 + u * warps;
       const int64_t r = b / grid_cols;
       const int64_t c0 = (b - r * grid_cols) * kCols + int64_t(lane) * kPer;
+      rows_of[u] = r;
+      c0_of[u] = c0;
 #pragma unroll
       for (int i = 0; i < kPer; ++i) v[u][i] = b < blocks && c0 + i < cols ? bf16_at(in + r * cols + c0 + i) : 0.0f;
     }
@@ -49,8 +52,7 @@ __global__ void __launch_bounds__(256) quantize_rows_kernel(const uint16_t* in, 
     for (int u = 0; u < kRowUnroll; ++u) {
       const int64_t b = b0 + u * warps;
       if (b >= blocks) break;  // (warp-uniform)
-      const int64_t r = b / grid_cols;
-      const int64_t c0 = (b - r * grid_cols) * kCols + int64_t(lane) * kPer;
+      const int64_t r = rows_of[u], c0 = c0_of[u];
       float amax = 0.0f;
 #pragma unroll
       for (int i = 0; i < kPer; ++i) amax = fp8::amax_update(amax, v[u][i]);

@@ -358,7 +358,7 @@ Plan plan_fp8_fc1(const Fp8Fc1Args& a, const Options& o) {
   MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.gu) % 4 == 0, "fp8_fc1.gu", "4-byte aligned (bf16 pairs are stored)");
   p.params.fc1_gu = a.gu;
   p.params.b_gate_up = 1;
-  p.params.store_gu = a.gu != nullptr ? 1 : 0;
+  p.params.store_gu = 0;  // (the bf16 FC1's map store; FP8's gate/up rows go through fc1_gu)
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(a.num_m_tiles * kBlockM);
   const auto box = static_cast<uint32_t>(kGateUpGroup);  // 32-row boxes, alternately gate and up
@@ -386,8 +386,6 @@ Plan plan_fp8_wgrad(const Fp8WgradArgs& a, const Options& o) {
   // (The stages carry the tile's scales, engine_fp8.cuh: 5 stages at 128 wide, 3 at 256.)
   Plan p = k_grouped_plan(Form::Fp8Wgrad, a.m_out, a.n, a.experts, a.rows_total, a.expert_row_begin,
                           a.expert_rows, a.expert_range, o);
-  p.params.scale_a = a.a_scales;
-  p.params.scale_b = a.b_scales;
   if (p.grid == 0) return p;
   const auto ld = static_cast<uint64_t>(cdiv(a.rows_total, 128) * 128);
   p.map_a = make_map_2d(a.a_t, uint64_t(a.m_out), ld, 128, MapType::E4M3);                       // {rows, m_out}
