@@ -69,7 +69,7 @@ struct MemoryPlan {
   // How the backward gets the forward's rows: "resident" (every routed row kept: the unfused path
   // or a ring of the worst case), "saved" (over windows of the ring, the activation budget's
   // gate/up rows kept), "recompute" (over windows, FC1 recomputed for every row); "none" for the
-  // FP8 layer, which has no backward yet (nothing saved, no backward buffers planned).
+  // FP8 megakernel, which is forward only (nothing saved, no backward buffers planned).
   const char* backward_mode() const;
 };
 

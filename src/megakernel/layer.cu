@@ -182,7 +182,7 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   // by forward(..., save_for_backward = false): a backward must know whether the last forward
   // saved them (track it when the backward lands; a captured graph fixes the flag).
   // (at least one tile of rows, so tensor maps stay valid when no rank has tokens)
-  if (!fp8) gu = allocate("gu", "gu");  // FP8: forward only, nothing saved
+  if (!fp8 || !fused) gu = allocate("gu", "gu");  // the FP8 megakernel: forward only, nothing saved
   const bool has_shared = Is > 0 && T > 0;
   if (has_shared) {
     gu_s = DeviceBuffer(bytes("gu_s"), "gu_s");
@@ -482,8 +482,9 @@ int64_t Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaSt
   check_routing(in);
   check_tensor("out", out, {DType::BF16}, {T, H});
   check_device_tensor("out", out, comm.device());
-  MOK_REQUIRE(!fp8 || !save_for_backward, "save_for_backward",
-              "must be false with config.precision fp8 (the FP8 backward is not built yet)");
+  MOK_REQUIRE(!fp8 || !fused || !save_for_backward, "save_for_backward",
+              "must be false with config.precision fp8 and config.forward_path megakernel (the FP8 megakernel "
+              "keeps no gate/up rows yet; the unfused path's FP8 forward trains)");
   MOK_REQUIRE(!fp8 || T == 0 || in.x.data != win_x->ptr, "x",
               "must not be input_buffer() with config.precision fp8 (the window holds x's E4M3 codes, made from x)");
   // This forward's number; with several forwards alive, its slot's state becomes the members'
@@ -521,7 +522,7 @@ int64_t Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaSt
     else
       mk::launch_forward(maps, params, dc, grid, stream);
   } else if (fp8) {
-    routed_forward_fp8(stream);
+    routed_forward_fp8(stream, save_for_backward);
   } else {
     gpu::pull_dispatch(move_args(), x_peers.get<const void* const>(), x_routed.p, stream);
     gemm::run(save_for_backward ? fc1 : fc1_nogu, stream);

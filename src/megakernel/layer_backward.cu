@@ -26,7 +26,11 @@ using layer_detail::upload_array;
 void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& g, cudaStream_t stream,
                            int64_t forward_id) {
   const layer_detail::CallScope scope(comm, stream, "backward()");
-  MOK_REQUIRE(!fp8, "config.precision", "the backward runs bf16 only so far (fp8: the forward only)");
+  // FP8 trains on the unfused path (layer_fp8_backward.cu); its forward there is the one that saves.
+  MOK_REQUIRE(!fp8 || !fused, "config.forward_path",
+              "must be unfused for a backward with config.precision fp8 (the FP8 megakernel is forward only so far)");
+  MOK_REQUIRE(!fp8 || config.backward_path == BackwardPath::Unfused, "config.backward_path",
+              "must be unfused with config.precision fp8 (the backward's GEMM program is bf16 only so far)");
   // Which forward: the last one, or one whose state a slot still holds (Config::saved_forwards).
   MOK_REQUIRE(forward_id >= -1, "backward.forward_id", "must be a forward's number or -1 (the last), got ",
               forward_id);
@@ -74,7 +78,8 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
     // A shared x window holds the last forward's x of any layer, and with several forwards alive
     // ours holds the last one's: this forward's again (the windows' re-pull and the shared expert
     // read it).
-    if (x_window_shared || slots.size() > 1)
+    // In FP8 the window holds x's codes: the backward pulls the bf16 rows (x^T's token blocks).
+    if (x_window_shared || slots.size() > 1 || fp8)
       MOK_CUDA_CHECK(cudaMemcpyAsync(win_x->ptr, in.x.data, static_cast<size_t>(T * H) * 2,
                                      cudaMemcpyDeviceToDevice, stream));
     // The router weights the peers read for the reverse combine: the caller's, checked again
@@ -94,6 +99,8 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   if (windowed) {
     backward_windows(dw_gate, dw_up, dw_down, stream);  // one stage in the profile: marks 3-7 follow it
     for (int i = 3; i <= 7; ++i) mark(i, stream);
+  } else if (fp8) {
+    backward_resident_fp8(dw_gate, dw_up, dw_down, stream);
   } else {
     backward_resident(dw_gate, dw_up, dw_down, stream);
   }
@@ -313,6 +320,10 @@ void Layer::Impl::allocate_backward() {
   router_partials = allocate("router_partials", "backward router gradient partial sums");
   if (config.backward_path == BackwardPath::Fused)
     bwd_counters = allocate("bwd_counters", "backward program counters");
+  if (fp8) {
+    fp8_bwd_rows = allocate("fp8_bwd_rows", "fp8 backward row codes");
+    fp8_bwd_weights = allocate("fp8_bwd_weights", "fp8 backward weight codes");
+  }
   if (windowed) {
     bwd_carry = allocate("bwd_carry", "backward wgrad carries");
     bwd_windows = allocate("bwd_windows", "backward window parts");

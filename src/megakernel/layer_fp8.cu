@@ -7,7 +7,7 @@
 // The weights' codes and 128 x 128 scales are made by bind_weights (construction and every
 // set_weights: call set_weights again, with the same pointers, after the weights change). The
 // CPU reference computes the same recipe (include/mok/reference.hpp): the two differ by
-// accumulation order and the SFU's exp in SwiGLU.
+// accumulation order and the SFU's exp in SwiGLU. The backward: layer_fp8_backward.cu.
 // Buffers: the bf16-sized ones of the unfused path hold codes then scales (x window: T_max_pad x H
 // codes, then the scales; x_routed: cap x H codes, then cap x H / 128 scales; h likewise with I),
 // so FP8 needs no other activation memory; "fp8_weights" holds the weight codes and scales.
@@ -118,6 +118,8 @@ void Layer::Impl::bind_weights_fp8() {
   a1.hidden = H;
   a1.inter = I;
   routed(a1);
+  fc1_fp8_nogu = gemm::plan_fp8_fc1(a1, gemm_options());
+  a1.gu = gu.p;  // forward(..., save_for_backward): the bf16 gate/up rows the backward's SwiGLU' reads
   fc1_fp8 = gemm::plan_fp8_fc1(a1, gemm_options());
   gemm::Fp8GroupedArgs a2;
   a2.a = hr;
@@ -155,12 +157,13 @@ void Layer::Impl::quantize_x_fp8(const void* x, cudaStream_t stream) {
                              stream);
 }
 
-// The routed part of the FP8 forward: pull codes and scales, FC1 (h in FP8), FC2 (bf16), push.
-void Layer::Impl::routed_forward_fp8(cudaStream_t stream) {
+// The routed part of the FP8 forward: pull codes and scales, FC1 (h in FP8; with save, the bf16
+// gate/up rows too), FC2 (bf16), push.
+void Layer::Impl::routed_forward_fp8(cudaStream_t stream, bool save) {
   auto* xr = static_cast<char*>(x_routed.p);
   gpu::pull_dispatch_fp8(move_args(), x_peers.get<const void* const>(), x_scale_offset(), xr,
                          reinterpret_cast<float*>(xr + cap_rows * H), stream);
-  gemm::run(fc1_fp8, stream);
+  gemm::run(save ? fc1_fp8 : fc1_fp8_nogu, stream);
   gemm::run(fc2_fp8, stream);
   gpu::push_combine(move_args(), y.p, combine_peers.get<void* const>(), stream);
 }

@@ -280,11 +280,13 @@ struct Layer::Impl {
   void win_mark(int64_t w, int i, cudaStream_t stream);
   gemm::Plan fc1, fc2, fc1_s, fc2_s;
   gemm::Plan fc1_nogu, fc1_s_nogu;  // forward(..., save_for_backward = false)
-  // Config::precision FP8 (layer_fp8.cu; unfused forward only): the weights' codes and 128 x 128
-  // scales, made by bind_weights, and the FP8 GEMM plans.
+  // Config::precision FP8 (layer_fp8.cu): the weights' codes and 128 x 128 scales, made by
+  // bind_weights, and the unfused path's FP8 GEMM plans (fc1_fp8 also stores the gate/up rows);
+  // the backward's operands (layer_fp8_backward.cu, allocated by the first backward).
   bool fp8 = false;
   DeviceBuffer fp8_weights;
-  gemm::Plan fc1_fp8, fc2_fp8;
+  gemm::Plan fc1_fp8, fc1_fp8_nogu, fc2_fp8;
+  DeviceBuffer fp8_bwd_rows, fp8_bwd_weights;
   // Megakernel: ring buffers, counters, tensor maps and parameters.
   bool fused = true;
   int sms = 0;
@@ -314,7 +316,8 @@ struct Layer::Impl {
   void bind_weights_fp8();
   void setup_megakernel_fp8();
   void quantize_x_fp8(const void* x, cudaStream_t stream);
-  void routed_forward_fp8(cudaStream_t stream);
+  void routed_forward_fp8(cudaStream_t stream, bool save);
+  void backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream);
   // FC1 of the routed experts over `tiles` 128-row tiles of x rows, with the bound weights.
   gemm::Fc1Args routed_fc1(const void* x, void* h_rows, void* gu_rows, const int32_t* tile_expert,
                            int64_t tiles) const;

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "megakernel/forward_setup.h"
+#include "megakernel/fp8_backward_layout.h"
 #include "mok/errors.hpp"
 #include "mok/gemm_sizes.hpp"
 #include "mok/memory.hpp"
@@ -54,7 +55,7 @@ int64_t MemoryPlan::symmetric() const {
 }
 
 const char* MemoryPlan::backward_mode() const {
-  if (has("fp8_weights")) return "none";
+  if (has("fp8_weights") && !has("fp8_bwd_rows")) return "none";  // the FP8 megakernel: forward only
   if (!has("bwd_carry")) return "resident";
   return has("gu_saved") ? "saved" : "recompute";
 }
@@ -102,12 +103,14 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   const int64_t cap = shape.worst_case_rows(), t_tiles = sched::ceil_div(T, sched::kBlockM);
   const auto at_least = [](int64_t v) { return std::max<int64_t>(v, 1); };
   MemoryPlan p;
-  // FP8 is forward only so far: nothing is saved for a backward (what a bf16 forward saves is its
-  // own working memory there, scope Layer) and the backward's own buffers are not planned.
+  // FP8 trains on the unfused path (layer_fp8_backward.cu); its megakernel is forward only so far:
+  // nothing is saved for a backward there (what a bf16 forward saves is its own working memory,
+  // scope Layer) and the backward's own buffers are not planned.
   const bool fp8 = config.precision == Precision::FP8;
+  const bool fp8_forward_only = fp8 && fused;
   const auto add = [&](std::string name, int64_t bytes, MemoryScope scope, bool symmetric = false) {
-    if (fp8 && scope == MemoryScope::Backward) return;
-    if (fp8 && scope == MemoryScope::Saved) scope = MemoryScope::Layer;
+    if (fp8_forward_only && scope == MemoryScope::Backward) return;
+    if (fp8_forward_only && scope == MemoryScope::Saved) scope = MemoryScope::Layer;
     // cudaMalloc'd buffers take at least 16 bytes (layer.cu's DeviceBuffer).
     p.buffers.push_back({std::move(name), symmetric ? bytes : std::max<int64_t>(bytes, 16), scope, symmetric});
   };
@@ -146,10 +149,11 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   const mk::ForwardSetup fs0 = fused ? mk::plan_forward(shape, config, rank, sm_count) : mk::ForwardSetup{};
   const bool windowed = fused && fs0.windowed;
   const int64_t bwd_rows = windowed ? fs0.ring_rows : std::max<int64_t>(cap, sched::kBlockM);
-  // (FP8: no gate/up rows are kept, none planned.)
-  if (!fp8) add("gu", bwd_rows * 2 * I * 2, windowed ? S::Layer : S::Saved);
+  // (The FP8 megakernel keeps no gate/up rows: none planned. FP8's FC1 on the unfused path stores
+  // them in bf16 as the bf16 FC1 does.)
+  if (!fp8_forward_only) add("gu", bwd_rows * 2 * I * 2, windowed ? S::Layer : S::Saved);
   for (int i = 0; i < slots; ++i) {
-    if (!fp8 && windowed && fs0.saved_rows > 0)
+    if (!fp8_forward_only && windowed && fs0.saved_rows > 0)
       add(slot_name("gu_saved", i), fs0.saved_rows * 2 * I * 2, S::Saved);
     if (Is > 0 && T > 0) {
       add(slot_name("gu_s", i), t_tiles * 128 * 2 * Is * 2, S::Saved);
@@ -165,8 +169,7 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
     MOK_REQUIRE(H % 128 == 0, "shape.hidden", "must be a multiple of 128 with config.precision fp8, got ", H);
     MOK_REQUIRE(I % 128 == 0, "shape.intermediate", "must be a multiple of 128 with config.precision fp8, got ", I);
   }
-  if (config.precision == Precision::FP8)
-    add("fp8_weights", 3 * e_loc * I * H + 3 * e_loc * (I / 128) * (H / 128) * 4, S::Layer);
+  if (fp8) add("fp8_weights", 3 * e_loc * I * H + 3 * e_loc * (I / 128) * (H / 128) * 4, S::Layer);
   if (fused) {
     const mk::ForwardSetup& fs = fs0;
     const int64_t R = fs.ring_rows;
@@ -204,6 +207,12 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
     add("bwd_carry", 2 * (gemm::wgrad_carry_floats(H, I) + gemm::wgrad_carry_floats(2 * I, H)) * 4, S::Backward);
     add("bwd_windows", (2 * e_loc + 4) * 4, S::Backward);
   }
+  // FP8's backward operands (src/megakernel/fp8_backward_layout.h): the routed rows' codes, and the
+  // dgrads' K-major weight codes made by each call.
+  if (fp8) {
+    add("fp8_bwd_rows", fp8_bwd::rows_layout(std::max<int64_t>(cap, sched::kBlockM), H, I).bytes, S::Backward);
+    add("fp8_bwd_weights", fp8_bwd::weights_layout(e_loc, H, I).bytes, S::Backward);
+  }
   if (Is > 0 && T > 0) {
     add("shared_rows", 8, S::Backward);
     if (fused) add("shared_tiles", t_tiles * 4, S::Backward);
@@ -216,6 +225,7 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
     // The symmetric windows but the published routing too: the backward stages x and d_out again
     // and reads no row the forward left in the combine slots.
     std::vector<std::string> shared = {"y_ring", "y", "y_s", "h_ring", "h", "dy_rows", "row_weights", "router_partials", "bwd_counters",
+                                       "fp8_bwd_rows", "fp8_bwd_weights",
                                        "window.x", "window.combine", "window.d_out", "window.router_weights",
                                        "window.d_weights"};
     if (windowed) {

@@ -308,8 +308,10 @@ namespace {
 
 // FP8 (unfused forward): the weights' codes and 128 x 128 scales are the one buffer FP8 adds
 // (x, h and the window hold codes and scales in the bf16 buffers' bytes); half the bf16 weights.
-// FP8 is forward only so far, so the gate/up rows a backward would read are not kept.
-TEST(MemoryPlan, Fp8AddsTheWeightCodesAndScalesOnly) {
+// On the unfused path FP8 trains: the bf16 layer's saved state (gu, the x rows) and backward
+// buffers, plus the FP8 backward's operands (fp8_backward_layout.h), Backward scope. The FP8
+// megakernel is forward only: nothing kept for a backward, no backward buffers.
+TEST(MemoryPlan, Fp8AddsTheWeightCodesAndTheBackwardOperands) {
   const mok::LayerShape shape = mok::LayerShape::uniform(1, 8192, 7168, 2048, 32, 8, 0);
   mok::Config bf16 = resident_config();
   bf16.forward_path = mok::ForwardPath::Unfused;
@@ -321,16 +323,41 @@ TEST(MemoryPlan, Fp8AddsTheWeightCodesAndScalesOnly) {
   const int64_t codes = 3 * 32 * 2048 * 7168, scales = 3 * 32 * (2048 / 128) * (7168 / 128) * 4;
   EXPECT_EQ(b.bytes("fp8_weights"), codes + scales);
   ASSERT_TRUE(a.has("gu"));
-  EXPECT_FALSE(b.has("gu"));
-  // Forward only: the backward's own buffers are not planned and nothing counts as saved.
-  EXPECT_GT(a.total(mok::MemoryScope::Backward), 0);
-  EXPECT_GT(a.total(mok::MemoryScope::Saved), 0);
-  EXPECT_EQ(b.total(mok::MemoryScope::Backward), 0);
-  EXPECT_EQ(b.total(mok::MemoryScope::Saved), 0);
-  EXPECT_FALSE(b.has("dy_rows"));
-  EXPECT_STREQ(b.backward_mode(), "none");
-  mok::Config fp8_slots = fp8;
-  fp8_slots.forward_path = mok::ForwardPath::Megakernel;
+  ASSERT_TRUE(b.has("gu"));
+  EXPECT_EQ(a.bytes("gu"), b.bytes("gu"));
+  EXPECT_EQ(a.total(mok::MemoryScope::Saved), b.total(mok::MemoryScope::Saved));
+  EXPECT_STREQ(b.backward_mode(), "resident");
+  // The backward's operands: the wgrads' phase (2H + 3I codes per row) is the larger of the two.
+  const int64_t cap = shape.worst_case_rows(), H = 7168, I = 2048;
+  const int64_t rows_codes = cap * (2 * H + 3 * I), weight_codes = 3 * 32 * I * H;
+  ASSERT_TRUE(b.has("fp8_bwd_rows") && b.has("fp8_bwd_weights"));
+  EXPECT_GE(b.bytes("fp8_bwd_rows"), rows_codes * 33 / 32);  // + fp32 scales per 128
+  EXPECT_LE(b.bytes("fp8_bwd_rows"), rows_codes * 33 / 32 + 16 * 1024);
+  EXPECT_GE(b.bytes("fp8_bwd_weights"), weight_codes + scales);
+  EXPECT_LE(b.bytes("fp8_bwd_weights"), weight_codes + scales + 8 * 1024);
+  EXPECT_EQ(b.total(mok::MemoryScope::Backward) - a.total(mok::MemoryScope::Backward),
+            b.bytes("fp8_bwd_rows") + b.bytes("fp8_bwd_weights"));
+  EXPECT_EQ(b.total() - a.total(), codes + scales + b.bytes("fp8_bwd_rows") + b.bytes("fp8_bwd_weights"));
+  // With a shared workspace the backward's operands are one copy for every layer.
+  mok::Config fp8_ws = fp8;
+  fp8_ws.share_workspace = true;
+  const mok::MemoryPlan w = mok::plan_memory(shape, fp8_ws, 0, 132);
+  for (const auto& buf : w.buffers) {
+    if (buf.name == "fp8_bwd_rows" || buf.name == "fp8_bwd_weights") {
+      EXPECT_TRUE(buf.workspace) << buf.name;
+    }
+  }
+  // The FP8 megakernel: forward only.
+  mok::Config fp8_mk = fp8;
+  fp8_mk.forward_path = mok::ForwardPath::Megakernel;
+  const mok::MemoryPlan m = mok::plan_memory(shape, fp8_mk, 0, 132);
+  EXPECT_FALSE(m.has("gu"));
+  EXPECT_FALSE(m.has("dy_rows"));
+  EXPECT_FALSE(m.has("fp8_bwd_rows"));
+  EXPECT_EQ(m.total(mok::MemoryScope::Backward), 0);
+  EXPECT_EQ(m.total(mok::MemoryScope::Saved), 0);
+  EXPECT_STREQ(m.backward_mode(), "none");
+  mok::Config fp8_slots = fp8_mk;
   fp8_slots.saved_forwards = 2;  // nothing to save: refused by name
   EXPECT_THROW(
       {
@@ -342,11 +369,11 @@ TEST(MemoryPlan, Fp8AddsTheWeightCodesAndScalesOnly) {
         }
       },
       mok::Error);
-  EXPECT_EQ(b.total() - a.total(), codes + scales - a.bytes("gu") - a.total(mok::MemoryScope::Backward));
-  std::printf("[memory fp8] DeepSeek-V3 EP-8 slice: fp8 weights %.2f GB per layer (bf16 weights %.2f GB), no gate/up "
-              "rows (bf16: %.2f GB); the layer %.2f GB (bf16 %.2f GB)\n",
-              double(codes + scales) / 1e9, 2.0 * double(codes) / 1e9, double(a.bytes("gu")) / 1e9,
-              double(b.total()) / 1e9, double(a.total()) / 1e9);
+  std::printf("[memory fp8] DeepSeek-V3 EP-8 slice: fp8 weights %.2f GB per layer (bf16 weights %.2f GB); the "
+              "backward's operands %.2f GB rows + %.2f GB weight codes (Backward scope: shared by all layers with "
+              "a workspace); the layer %.2f GB (bf16 %.2f GB)\n",
+              double(codes + scales) / 1e9, 2.0 * double(codes) / 1e9, double(b.bytes("fp8_bwd_rows")) / 1e9,
+              double(b.bytes("fp8_bwd_weights")) / 1e9, double(b.total()) / 1e9, double(a.total()) / 1e9);
 }
 
 }  // namespace

@@ -1,0 +1,132 @@
+// mok — the GPU layer's backward in FP8 (Config::precision FP8, recipe 1, notes/fp8.md "The
+// backward in FP8"), resident, after the unfused path's FP8 forward. The same steps and movement as
+// the bf16 backward (layer_backward.cu), its GEMMs on E4M3 operands:
+//   pulls     d_out rows (unweighted) + their router weights (reverse combine), and the x rows again
+//             in bf16 (the forward's routed x rows are codes; dW_gate/up's operand x^T is made per
+//             128 x 1 token block, which the forward's 1 x 128 codes cannot give exactly);
+//   weights   W_down^T and [W_gate; W_up]^T as K-major codes with 128 x 128 scales (the dgrads' B),
+//             made from the bf16 weights by every call (fp8_backward_layout.h says why);
+//   FC2 dgrad d_y per 1 x 128, then the FP8 dgrad + SwiGLU' (d_gu over the saved gate/up rows, the
+//             router-weight gradient's partial sums, the weighted h, all bf16);
+//   FC1 dgrad [d_g d_u] per 1 x 128 (the packed K order), the FP8 dgrad into the d_x rows, pushed;
+//   wgrads    d_y, w h, [d_g d_u], x per 128 x 1 token block, transposed (K = the expert's rows),
+//             then both FP8 weight gradients.
+// The CPU reference's FP8 backward (ref::Engine::backward, include/mok/reference.hpp) is this recipe
+// step for step: the two differ by accumulation order and the SFU's exp in SwiGLU'.
+// Each quantization is still its own pass over HBM (the fused forms are the next step: d_gu's
+// codes in the dgrad's epilogue, d_y quantized at its source; notes/fp8.md).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "gemm/fp8_quantize.h"
+#include "megakernel/fp8_backward_layout.h"
+#include "megakernel/layer_impl.h"
+#include "megakernel/reverse.h"
+#include "schedule/schedule_math.h"
+
+namespace mok {
+
+// Stage marks as the bf16 backward's (kBwdStageNames): 3 the pulls, 4 the weights' codes, d_y's
+// and FC2's dgrad + SwiGLU', 5 d_gu's codes, FC1's dgrad and the router-gradient push, 6 the
+// reverse-dispatch push, 7 the token blocks and dW_down; dW_gate/up ends at backward()'s mark 8.
+void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream) {
+  const gpu::ScheduleView v = schedule->view();
+  const int64_t rows = cap_rows, tiles = rows / sched::kBlockM;
+  gpu::MoveArgs move = move_args();
+  move.sms = sms;  // the movement kernels run alone here (as in backward_resident)
+  float* row_w = row_weights.get<float>();
+  float* partial = router_partials.get<float>();
+  gpu::pull_reverse_combine(move, dout_peers.get<const void* const>(), weight_peers.get<const float* const>(),
+                            dy_routed.p, stream, row_w);
+  gpu::pull_dispatch(move, x_peers.get<const void* const>(), x_routed.p, stream);  // bf16 (the window's x)
+  mark(3, stream);
+  const fp8_bwd::RowsLayout R = fp8_bwd::rows_layout(std::max<int64_t>(rows, sched::kBlockM), H, I);
+  const fp8_bwd::WeightsLayout WL = fp8_bwd::weights_layout(e_loc, H, I);
+  auto* rb = static_cast<char*>(fp8_bwd_rows.p);
+  auto* wb = static_cast<char*>(fp8_bwd_weights.p);
+  const auto f32 = [](char* p, int64_t off) { return reinterpret_cast<float*>(p + off); };
+  const auto rule = fp8::ScaleRule::Fp32;
+  const gemm::Options o = gemm_options();
+  if (rows > 0 && e_loc > 0) {
+    gemm::quantize_fp8_weights_t(weights.w_down.data, nullptr, e_loc, H, I, rule, wb + WL.q_wd, f32(wb, WL.s_wd),
+                                 stream);
+    gemm::quantize_fp8_weights_t(weights.w_gate.data, weights.w_up.data, e_loc, I, H, rule, wb + WL.q_w1,
+                                 f32(wb, WL.s_w1), stream);
+    gemm::quantize_fp8_blocked(dy_routed.p, rows, H, 1, rule, rb + R.q_dy, f32(rb, R.s_dy), stream);
+    gemm::Fp8DgradSwiGLUArgs ds;
+    ds.dy = rb + R.q_dy;
+    ds.dy_scales = f32(rb, R.s_dy);
+    ds.w_down_t = wb + WL.q_wd;
+    ds.w_down_t_scales = f32(wb, WL.s_wd);
+    ds.gu = gu.p;
+    ds.d_gu = gu.p;  // d_gu over the gate/up rows (each tile reads what it writes first)
+    ds.hidden = H;
+    ds.inter = I;
+    ds.experts = e_loc;
+    ds.tile_expert = v.tile_expert;
+    ds.num_m_tiles = tiles;
+    ds.row_weight = row_w;
+    ds.router_partial = partial;
+    ds.h = h.p;  // the weighted h, dW_down's operand (the forward's h codes are not read)
+    gemm::run(gemm::plan_fp8_dgrad_swiglu(ds, o), stream);
+  }
+  mark(4, stream);
+  if (rows > 0 && e_loc > 0) {
+    gemm::quantize_fp8_blocked(gu.p, rows, 2 * I, 1, rule, rb + R.q_dgu, f32(rb, R.s_dgu), stream);
+    gemm::Fp8GroupedArgs dx;
+    dx.a = rb + R.q_dgu;
+    dx.a_scales = f32(rb, R.s_dgu);
+    dx.w = wb + WL.q_w1;
+    dx.w_scales = f32(wb, WL.s_w1);
+    dx.y = y.p;
+    dx.k = 2 * I;
+    dx.n = H;
+    dx.experts = e_loc;
+    dx.tile_expert = v.tile_expert;
+    dx.num_m_tiles = tiles;
+    gemm::run(gemm::plan_fp8_grouped(dx, o), stream);
+  }
+  gpu::push_router_grad(move, partial, gemm::router_parts(I), dweight_peers.get<float* const>(), stream);
+  mark(5, stream);
+  gpu::push_combine(move, y.p, combine_peers.get<void* const>(), stream);
+  mark(6, stream);
+  if (rows == 0 || e_loc == 0) {  // no rows: zero gradients
+    for (void* p : {dw_gate, dw_up, dw_down})
+      MOK_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(e_loc * I * H) * 2, stream));
+    mark(7, stream);
+    return;
+  }
+  // The wgrads' operands over the same bytes as the dgrads' (FC1's dgrad has read those).
+  const gemm::RoutedSegments seg{v.tile_expert, v.expert_offset, v.expert_rows, tiles};
+  gemm::quantize_fp8_token_blocks_t(dy_routed.p, rows, H, rb + R.t_dy, f32(rb, R.ts_dy), stream, seg);
+  gemm::quantize_fp8_token_blocks_t(h.p, rows, I, rb + R.t_hw, f32(rb, R.ts_hw), stream, seg);
+  gemm::quantize_fp8_token_blocks_t(gu.p, rows, 2 * I, rb + R.t_dgu, f32(rb, R.ts_dgu), stream, seg);
+  gemm::quantize_fp8_token_blocks_t(x_routed.p, rows, H, rb + R.t_x, f32(rb, R.ts_x), stream, seg);
+  gemm::Fp8WgradArgs w2;
+  w2.a_t = rb + R.t_dy;
+  w2.a_scales = f32(rb, R.ts_dy);
+  w2.b_t = rb + R.t_hw;
+  w2.b_scales = f32(rb, R.ts_hw);
+  w2.dw = dw_down;
+  w2.m_out = H;
+  w2.n = I;
+  w2.experts = e_loc;
+  w2.rows_total = rows;
+  w2.expert_row_begin = v.expert_offset;
+  w2.expert_rows = v.expert_rows;
+  gemm::run(gemm::plan_fp8_wgrad(w2, o), stream);
+  mark(7, stream);
+  gemm::Fp8WgradArgs w1 = w2;
+  w1.a_t = rb + R.t_dgu;
+  w1.a_scales = f32(rb, R.ts_dgu);
+  w1.b_t = rb + R.t_x;
+  w1.b_scales = f32(rb, R.ts_x);
+  w1.dw = dw_gate;
+  w1.dw_up = dw_up;
+  w1.m_out = 2 * I;
+  w1.n = H;
+  gemm::run(gemm::plan_fp8_wgrad(w1, o), stream);
+}
+
+}  // namespace mok
