@@ -343,7 +343,9 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           const bool keep = o.sustain_s > 0 && &var == &variants.front();  // for the sustained run
           // The main variant's backward (over windows when its ring is below the worst case), and
           // the memory-mode variants'.
-          const bool bwd = o.backward && cfg.precision == Precision::BF16 && (&var == &variants.front() || var.time_backward);
+          // (FP8: after the unfused path's forward; its megakernel is forward only.)
+          const bool trains = cfg.precision == Precision::BF16 || cfg.forward_path == ForwardPath::Unfused;
+          const bool bwd = o.backward && trains && (&var == &variants.front() || var.time_backward);
           std::vector<std::vector<double>> bwd_ms(static_cast<size_t>(W));
           std::vector<std::vector<float>> bwd_sampled(static_cast<size_t>(W)), dout_sampled(static_cast<size_t>(W));
           std::vector<std::string> bwd_profile(static_cast<size_t>(W));
@@ -484,14 +486,19 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
                                                  cache);
                 },
                 [&](int r, int q, int64_t c) { return double(bwd_sampled[r][q * (H + k) + c]); });
-            MOK_REQUIRE(brel < 1e-2, "GPU layer backward check", "sampled d_x and d_topk_w must match the spec within 1e-2 (",
-                        model, " T=", T, " ", to_string(routing), ": rel err ", brel, ")");
+            // The spec is the bf16 one: an FP8 backward is checked against it within the recipe's own
+            // error (~6e-2 on these Gaussian weights; the GPU tests check it against the FP8 spec).
+            const bool fp8_bwd = cfg.precision != Precision::BF16;
+            const double bwd_tol = fp8_bwd ? 0.15 : 1e-2;
+            MOK_REQUIRE(brel < bwd_tol, "GPU layer backward check", "sampled d_x and d_topk_w must match the ",
+                        fp8_bwd ? "bf16 spec within the FP8 recipe's error, 0.15 (" : "spec within 1e-2 (", model,
+                        " T=", T, " ", to_string(routing), ": rel err ", brel, ")");
             std::vector<double> bslow(static_cast<size_t>(o.iters), 0.0);
             for (int r = 0; r < W; ++r)
               for (int it = 0; it < o.iters; ++it) bslow[it] = std::max(bslow[it], bwd_ms[r][it]);
             const double b_ms = median(bslow), b_tflops = 2.0 * flops / (b_ms * 1e-3) / 1e12;
             std::printf("  backward: %.3f ms, %.0f TFLOP/s per GPU (slowest rank, median of %d; sampled d_x and "
-                        "d_topk_w vs the spec: rel %.1e)\n", b_ms, b_tflops, o.iters, brel);
+                        "d_topk_w vs the %sspec: rel %.1e)\n", b_ms, b_tflops, o.iters, fp8_bwd ? "bf16 " : "", brel);
             for (int r = 0; r < W; ++r)
               if (!bwd_profile[r].empty()) std::printf("  profile rank %d: %s\n", r, bwd_profile[r].c_str());
             std::fflush(stdout);
@@ -508,7 +515,8 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
                 main_case += std::string(", \"mok_bwd_") + to_string(cfg.backward_path) + "_ms\": " + std::to_string(b_ms);
             }
           } else if (o.backward && &var == &variants.front() && cfg.precision != Precision::BF16) {
-            std::printf("  backward: not run (%s: forward only so far)\n", to_string(cfg.precision));
+            std::printf("  backward: not run (the %s megakernel is forward only so far; --path unfused trains)\n",
+                        to_string(cfg.precision));
           } else if (o.backward && &var == &variants.front()) {
             std::printf("  backward: not run (the main variant's ring holds fewer rows than the worst case)\n");
           }

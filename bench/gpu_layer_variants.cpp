@@ -43,9 +43,10 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
     main.workspace_budget_bytes = o.workspace_budget_mb * 1000000;
   }
   std::vector<Variant> v{{to_string(o.path), main}};
-  if (main.precision != Precision::BF16) {  // forward only: nothing saved, no variants to compare bitwise
+  if (main.precision != Precision::BF16) {  // no variants to compare bitwise
     v[0].name = std::string(to_string(o.path)) + "-" + to_string(main.precision);
-    v[0].save_for_backward = false;
+    // The FP8 megakernel is forward only (nothing saved); the unfused FP8 forward saves for its backward.
+    v[0].save_for_backward = main.forward_path == ForwardPath::Unfused;
     return v;
   }
   if (!o.ablation) return v;

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One call on a GPU machine for the GPU layer's FP8 backward (notes/fp8.md, "The layer's backward
+# in FP8"): build the layer's GPU tests, mok_bench and mok_fp8_backward_bench; run the FP8 layer
+# tests (forward, backward against the CPU FP8 reference, refusals); then the layer's backward in
+# bf16 and FP8 on the unfused path, alternated ROUNDS times (mok_bench, EP-8 rank slices, uniform
+# routing), joined into fp8-layer-backward.json (mok_bwd_ms) and fp8-layer-forward.json (mok_ms)
+# by ab_report.py; and the backward's GEMM chain with each step timed inside it.
+# Everything lands in $OUT (default /tmp/fp8-layer-out); log.txt is written as it goes.
+#   [ROUNDS=2] [MODELS=dsv3/ep8,qwen3-235b/ep8,qwen3-30b-a3b/ep8] [TOKENS=8192] [MOK_COMMIT=<sha>]
+#   [FP8_LAYER_TESTS=1] [FP8_CHAIN=1] bench/fp8_layer_device.sh
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-/tmp/fp8-layer-out}"
+mkdir -p "$OUT"
+B="${MOK_BUILD:-$ROOT/build/fp8-layer-device}"
+LOG="$OUT/log.txt"
+COMMIT="${MOK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+log() { echo "$@" | tee -a "$LOG"; }
+gtest_args=()
+[ -f "$ROOT/.deps/googletest/CMakeLists.txt" ] && gtest_args=(-DMOK_GTEST_SOURCE="$ROOT/.deps/googletest")
+t0=$(date +%s)
+cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release "${gtest_args[@]}" >"$OUT/build.log" 2>&1 || log "CONFIGURE FAILED"
+cmake --build "$B" -j "$(nproc)" --target mok_gpu_layer_tests mok_bench mok_fp8_backward_bench -- -k 0 \
+  >>"$OUT/build.log" 2>&1 || { log "BUILD FAILED"; grep -E "error" "$OUT/build.log" | head -20 | tee -a "$LOG"; exit 1; }
+log "build: $(( $(date +%s) - t0 )) s"
+python3 tools/ptxas_check.py --build-dir "$B" --allow tools/ptxas_allow.txt >"$OUT/ptxas.txt" 2>&1
+log "ptxas_check rc=$? ($(tail -1 "$OUT/ptxas.txt"))"
+if [ "${FP8_LAYER_TESTS:-1}" = 1 ]; then
+  t1=$(date +%s)
+  timeout 400 "$B/tests/gpu/megakernel/mok_gpu_layer_tests" --gtest_filter='*LayerFp8*' >"$OUT/t_layer_fp8.log" 2>&1
+  log "*LayerFp8*: rc $? ($(( $(date +%s) - t1 )) s) $(grep -hE '^\[  (PASSED|FAILED) ' "$OUT/t_layer_fp8.log" | tr '\n' ' ')"
+  grep -hE "^\[layer fp8|FAILED  \]|Failure|Expected|Which is|error" "$OUT/t_layer_fp8.log" | head -40 | tee -a "$LOG"
+fi
+MODELS="${MODELS:-dsv3/ep8,qwen3-235b/ep8,qwen3-30b-a3b/ep8}"
+TOKENS="${TOKENS:-8192}"
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  for p in bf16 fp8; do
+    t1=$(date +%s)
+    MOK_COMMIT="$COMMIT" timeout 300 "$B/bench/mok_bench" --models "$MODELS" --tokens "$TOKENS" --routings uniform \
+      --path unfused --precision "$p" --no-ablation --sustain 0 --json "$OUT/ab_${p}_$round.json" \
+      >"$OUT/bench_${p}_$round.log" 2>&1
+    log "mok_bench $p round $round: rc $? ($(( $(date +%s) - t1 )) s)"
+    grep -E "^\| |backward:|memory per layer" "$OUT/bench_${p}_$round.log" | grep -v "^| model\|^|---" | tee -a "$LOG"
+  done
+done
+python3 bench/ab_report.py --out "$OUT/fp8-layer-backward.json" --commit "$COMMIT" --field mok_bwd_ms \
+  --variant bf16="$OUT/ab_bf16_*.json" --variant fp8="$OUT/ab_fp8_*.json" \
+  --what "the GPU layer's backward (unfused path, resident) in bf16 and in FP8 (recipe 1), EP 1 on EP-8 rank slices" \
+  2>&1 | tee -a "$LOG"
+python3 bench/ab_report.py --out "$OUT/fp8-layer-forward.json" --commit "$COMMIT" --field mok_ms \
+  --variant bf16="$OUT/ab_bf16_*.json" --variant fp8="$OUT/ab_fp8_*.json" \
+  --what "the GPU layer's forward (unfused path) in bf16 and in FP8 (recipe 1), EP 1 on EP-8 rank slices" \
+  2>&1 | tee -a "$LOG"
+if [ "${FP8_CHAIN:-1}" = 1 ]; then
+  t1=$(date +%s)
+  timeout 200 "$B/bench/gemm/mok_fp8_backward_bench" --reps 20 --commit "$COMMIT" --out "$OUT/fp8-backward-chain.json" \
+    >"$OUT/chain.log" 2>&1
+  log "backward chain: rc $? ($(( $(date +%s) - t1 )) s)"
+  cat "$OUT/chain.log" | tee -a "$LOG"
+fi
+log "total $(( $(date +%s) - t0 )) s"
