@@ -26,9 +26,13 @@ class MoE(torch.nn.Module):
     (bf16, the layer's precision). ``group``: the EP process group (None = one rank); this build
     runs one rank on CPU tensors (the CPU reference engine). Config knobs are keyword arguments
     with the names of mok::Config (``CONFIG_KNOBS``). ``precision="fp8"`` (or "mxfp8" on CPU
-    tensors): the FP8 recipe from these bf16 weights — with its backward on CPU tensors (the
-    reference engine), forward only on CUDA tensors so far (the GPU layer keeps the weights'
-    codes and remakes them when a weight changes) and for mxfp8.
+    tensors): the FP8 recipe from these bf16 weights — fp8 trains on CPU tensors (the reference
+    engine) and on CUDA tensors (the GPU layer keeps the weights' codes and remakes them when a
+    weight changes); mxfp8 is forward only. The FP8 megakernel is forward only; fp8 modules default
+    to the unfused path, which trains: without a ``forward_path`` knob an fp8 module's GPU layer
+    (and its ``memory_plan``) gets ``forward_path="unfused"``. ``forward_path="megakernel"`` set
+    explicitly is kept, for inference: a call on it whose output needs a gradient raises
+    NotImplementedError (so does one with ``backward_path="fused"``, which is bf16 only).
     """
 
     def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, shared_intermediate: int = 0, *,
@@ -104,11 +108,20 @@ class MoE(torch.nn.Module):
         key = (x.device.index, T)
         if key not in self._gpu:
             _cuda = _import_cuda()
-            knobs = {name: _knob_text(value) for name, value in self.config.items()}
+            knobs = self._layer_knobs()
             gl = _cuda.Layer(x.device.index, T, self.hidden, self.intermediate, self.experts, self.top_k,
                              self.shared_intermediate, [p.data_ptr() for p in weights], knobs)
-            self._gpu[key] = register_gpu_layer(gl)
+            self._gpu[key] = register_gpu_layer(gl, knobs)
         return self._gpu[key]
+
+    def _layer_knobs(self) -> dict:
+        """The config knobs as the GPU layer and the planner get them (name -> text): the module's,
+        and with precision "fp8" forward_path "unfused" unless the module sets one (the FP8
+        megakernel is forward only; fp8 modules default to the unfused path, which trains)."""
+        knobs = {name: _knob_text(value) for name, value in self.config.items()}
+        if knobs.get("precision") == "fp8":
+            knobs.setdefault("forward_path", "unfused")
+        return knobs
 
     def __del__(self):
         for handle in getattr(self, "_gpu", {}).values():
@@ -129,7 +142,7 @@ class MoE(torch.nn.Module):
         inputs not counted (mok::plan_memory, which the layer allocates by): {buffer: bytes} and
         the totals under "total", "saved" (what a backward reads of its forward) and "workspace"."""
         from . import _cpu
-        knobs = {name: _knob_text(value) for name, value in self.config.items()}
+        knobs = self._layer_knobs()  # the GPU layer's (fp8: the unfused path unless set)
         rows = _cpu.plan_memory(int(tokens), self.hidden, self.intermediate, self.experts, self.top_k,
                                 self.shared_intermediate, self.ep_size, knobs)
         plan = {name: nbytes for name, nbytes, _, _, _ in rows}

@@ -12,11 +12,14 @@ whose number the forward op returned. The layer holds the saved state of its las
 ``saved_forwards`` forwards (a mok.MoE knob; 1 by default, more with a ring below the worst case):
 the backward of an older forward is refused by name.
 
-``precision`` "fp8" / "mxfp8" (a mok.MoE knob): the FP8 recipes (include/mok/reference.hpp; the GPU
-layer runs fp8's forward). fp8 has a backward on CPU tensors (the reference engine's recipe 1);
-on CUDA tensors, and for mxfp8 anywhere, it is forward only so far: a call whose output would need
-a gradient raises (run it under torch.no_grad() / torch.inference_mode()), and the GPU layer
-saves nothing for a backward. The GPU layer keeps the weights' FP8 codes (made from the bf16
+``precision`` "fp8" / "mxfp8" (a mok.MoE knob): the FP8 recipes (include/mok/reference.hpp).
+fp8 trains: on CPU tensors the reference engine runs recipe 1's forward and backward; on CUDA
+tensors the GPU layer does, when its forward runs on the unfused path (Config::forward_path
+"unfused", mok.MoE's default for fp8). The FP8 megakernel (forward_path "megakernel") is forward
+only: its forwards save nothing, and a call whose output would need a gradient raises
+NotImplementedError (run it under torch.no_grad() / torch.inference_mode()); so does one on a
+layer with backward_path "fused" (the backward's GEMM program is bf16 only). mxfp8 is forward only
+anywhere (CPU tensors only). The GPU layer keeps the weights' FP8 codes (made from the bf16
 weights): it makes them again whenever a weight tensor changed, in place (its version counter)
 or for another tensor.
 """
@@ -47,17 +50,42 @@ def _check_device(tensors: dict[str, Optional[Tensor]], device: torch.device) ->
 # backward carries its forward's number (the forward op's second output).
 _gpu_layers: dict[int, object] = {}
 _gpu_weights: dict[int, tuple] = {}  # the weight addresses each GPU layer was last pointed at
+_gpu_configs: dict[int, dict] = {}  # the config knobs (name -> text) each GPU layer was built with
 
 
-def register_gpu_layer(layer) -> int:
+def register_gpu_layer(layer, config: Optional[dict] = None) -> int:
+    """A handle for `layer`; `config`: the knobs it was built with (mok::Config's names, values as
+    text; the C++ defaults for those absent), which say whether its FP8 forward can train."""
     handle = max(_gpu_layers, default=0) + 1
     _gpu_layers[handle] = layer
+    _gpu_configs[handle] = dict(config or {})
     return handle
 
 
 def unregister_gpu_layer(handle: int) -> None:
     _gpu_layers.pop(handle, None)
     _gpu_weights.pop(handle, None)
+    _gpu_configs.pop(handle, None)
+
+
+def _fp8_forward_saves(handle: int) -> bool:
+    """Whether the FP8 forward of GPU layer `handle` can save for a backward: on the unfused path
+    only (the FP8 megakernel keeps no gate/up rows; mok::Layer::forward refuses save_for_backward
+    there). Config::forward_path's default is the megakernel."""
+    return _gpu_configs.get(handle, {}).get("forward_path", "megakernel") == "unfused"
+
+
+def _fp8_training_refusal(handle: int) -> Optional[str]:
+    """Why GPU layer `handle` (precision fp8) cannot train, or None when it can: the checks of
+    mok::Layer::backward ('config.forward_path', 'config.backward_path'), made before the call."""
+    config = _gpu_configs.get(handle, {})
+    if not _fp8_forward_saves(handle):
+        return (f"its forward_path is '{config.get('forward_path', 'megakernel')}' (the FP8 megakernel is forward "
+                "only): build the mok.MoE with forward_path='unfused' (fp8's default when forward_path is not set)")
+    if config.get("backward_path", "unfused") != "unfused":
+        return (f"its backward_path is '{config['backward_path']}' (the backward's GEMM program is bf16 only): use "
+                "backward_path='unfused' (the default)")
+    return None
 
 
 def _gpu_layer(handle: int, what: str):
@@ -114,9 +142,12 @@ def moe_forward(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_u
         ws = [c(w) for w in (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)]
         bf16 = precision == "bf16"
         _bind_weights(gl, layer, ws, cached=not bf16)
-        # FP8 is forward only: nothing saved for a backward (the layer refuses to save in FP8).
+        # Saved for a backward as in bf16 (every forward: the op does not know whether a gradient
+        # will be asked for). FP8 saves on the unfused path; the FP8 megakernel is forward only (the
+        # layer refuses to save there), and a call needing a gradient is refused in _setup_context.
+        save = bf16 or (precision == "fp8" and _fp8_forward_saves(layer))
         fid = gl.forward(xc.data_ptr(), ic.data_ptr(), ic.dtype == torch.int64, wc.data_ptr(), out.data_ptr(),
-                         stream, bf16)
+                         stream, save)
         del ws
         return out, torch.tensor(fid, dtype=torch.int64)
     _cpu.forward(c(x), c(topk_idx), c(topk_w), c(w_gate), c(w_up), c(w_down), c(ws_gate), c(ws_up), c(ws_down),
@@ -137,20 +168,26 @@ def moe_backward(d_out: Tensor, x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_g
                  precision: str = "bf16") -> list[Tensor]:
     """[d_x, d_topk_w, d_w_gate, d_w_up, d_w_down] and, with a shared expert, its three.
     generation: the forward's (moe_forward's second output). precision: the forward's; "fp8" runs
-    recipe 1's backward (CPU tensors: the reference engine; the GPU layer's is not built yet)."""
+    recipe 1's backward (CPU tensors: the reference engine; CUDA tensors: the GPU layer's, which
+    knows its own precision, after an unfused forward); "mxfp8" has none."""
     _check_device({"d_out": d_out, "w_gate": w_gate}, x.device)
     c = lambda t: None if t is None else t.detach().contiguous()  # noqa: E731
     grads = _grad_buffers(x, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     if x.is_cuda:
-        if precision != "bf16":
+        if precision not in ("bf16", "fp8"):
             raise NotImplementedError(
-                f"mok.moe: the GPU layer's backward in precision '{precision}' is not built yet (its FP8 GEMM forms "
-                "are, notes/fp8.md): train in bf16 on CUDA tensors, or use CPU tensors for the FP8 reference")
+                f"mok.moe: precision '{precision}' has no backward on CUDA tensors (the GPU layer trains bf16 and "
+                "fp8; mxfp8 is the CPU reference's, forward only)")
         gl = _gpu_layer(layer, "the backward")
+        why = _fp8_training_refusal(layer) if precision == "fp8" else None
+        if why:
+            raise NotImplementedError(f"mok.moe: this fp8 GPU layer cannot run a backward: {why}")
         gen = int(generation)  # a CPU scalar: no device sync
         xc, ic, wc, dc = c(x), c(topk_idx), c(topk_w), c(d_out)
         ws = [c(w) for w in (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)]
-        _bind_weights(gl, layer, ws)
+        # As the forward bound them (FP8: the weights' versions too, so that an unchanged weight
+        # does not make its codes again here).
+        _bind_weights(gl, layer, ws, cached=precision != "bf16")
         # The layer holds the saved state of its last saved_forwards forwards and names any other
         # (mok.Error 'backward.forward_id').
         gl.backward(xc.data_ptr(), ic.data_ptr(), ic.dtype == torch.int64, wc.data_ptr(), dc.data_ptr(),
@@ -174,16 +211,23 @@ def _(d_out, x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
 
 def _setup_context(ctx, inputs, output):
     # (Called only when the output needs a gradient.) FP8: recipe 1 has a backward on CPU tensors
-    # (the reference engine); on CUDA tensors the GPU layer's is not built yet, and MXFP8 has none.
+    # (the reference engine) and on CUDA tensors (the GPU layer's, after an unfused forward: the
+    # FP8 megakernel is forward only and saved nothing); MXFP8 has none.
     precision = inputs[10] if len(inputs) > 10 else "bf16"
-    if precision == "mxfp8" or (precision != "bf16" and inputs[0].is_cuda):
-        where = "" if precision == "mxfp8" else " on CUDA tensors (CPU tensors have it: the reference engine)"
+    layer = inputs[9] if len(inputs) > 9 else 0
+    if precision == "mxfp8":
         raise NotImplementedError(
-            f"mok.moe: precision '{precision}' is forward only{where}: call it under torch.no_grad() or "
+            f"mok.moe: precision '{precision}' is forward only: call it under torch.no_grad() or "
             "torch.inference_mode(), or on tensors that need no gradient")
+    if precision == "fp8" and inputs[0].is_cuda:
+        why = _fp8_training_refusal(layer)
+        if why:
+            raise NotImplementedError(
+                f"mok.moe: precision 'fp8' is forward only on this GPU layer: {why}; or call it under "
+                "torch.no_grad() or torch.inference_mode(), or on tensors that need no gradient")
     ctx.save_for_backward(*[t for t in inputs[:9] if t is not None], output[1])
     ctx.shared = inputs[6] is not None
-    ctx.layer = inputs[9] if len(inputs) > 9 else 0
+    ctx.layer = layer
     ctx.precision = precision
 
 
@@ -211,8 +255,9 @@ def moe(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_up: Tenso
     raise mok.Error (a ValueError) naming the argument and the constraint, e.g. "topk_idx[3,1]".
     The rounding points are the C++ layer's (include/mok/reference.hpp). ``layer``: the GPU layer
     of a mok.MoE for CUDA tensors (mok.MoE passes it; 0 on CPU). ``precision``: "bf16", or the FP8
-    recipes "fp8" / "mxfp8" (fp8 trains on CPU tensors; otherwise forward only; on CUDA tensors the
-    layer's own precision, which mok.MoE passes).
+    recipes "fp8" / "mxfp8" (fp8 trains on CPU tensors, and on CUDA tensors with a GPU layer whose
+    forward_path is "unfused", mok.MoE's default for fp8; mxfp8 is forward only; on CUDA tensors
+    the layer's own precision, which mok.MoE passes).
     """
     if precision not in PRECISIONS:
         raise ValueError(f"mok.moe: 'precision' must be one of {PRECISIONS}, got {precision!r}")

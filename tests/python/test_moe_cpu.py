@@ -375,3 +375,51 @@ def test_fp8_weight_codes_are_remade_when_a_weight_changes():
         _ops._bind_weights(gl, 1002, wi, True)
     _ops.unregister_gpu_layer(1002)
     assert gl.calls == 3  # no version to compare: remade every call
+
+
+def test_fp8_modules_default_to_the_unfused_path_which_trains():
+    """The FP8 megakernel is forward only: an fp8 mok.MoE's GPU layer (and its memory_plan) gets
+    forward_path "unfused" unless the module sets one, and an explicit "megakernel" is kept. The op's
+    checks (host-side, so testable here with stand-in layers): an fp8 forward saves for a backward on
+    the unfused path only, and a call needing a gradient on a megakernel (or backward_path "fused")
+    fp8 layer is refused by NotImplementedError naming the knob, before the GPU layer is called."""
+    from mok import _ops
+
+    m8 = mok.MoE(H8, I8, E8, K8, precision="fp8")
+    assert m8._layer_knobs() == {"precision": "fp8", "forward_path": "unfused"}
+    assert "forward_path" not in m8.config  # the module's own knobs are left as given
+    mk = mok.MoE(512, I8, E8, K8, precision="fp8", forward_path="megakernel")
+    assert mk._layer_knobs()["forward_path"] == "megakernel"
+    assert "forward_path" not in mok.MoE(H8, I8, E8, K8)._layer_knobs()  # bf16: the C++ default (megakernel)
+    # The planner sees the layer's knobs: the unfused FP8 layer plans what a backward reads, the
+    # FP8 megakernel nothing (tests/cpu/test_memory_plan.cpp).
+    plan = m8.memory_plan(64)
+    assert plan["saved"] > 0 and plan["gu"] > 0 and plan["fp8_bwd_rows"] > 0 and plan["fp8_bwd_weights"] > 0
+    plan_mk = mk.memory_plan(64)
+    assert plan_mk["saved"] == 0 and "gu" not in plan_mk and "fp8_bwd_rows" not in plan_mk
+
+    class Cuda:  # a stand-in for x on a CUDA device: _setup_context reads is_cuda only before refusing
+        is_cuda = True
+
+    cases = {  # the GPU layer's knobs -> (its FP8 forward saves, the refusal names)
+        "unfused": ({"precision": "fp8", "forward_path": "unfused"}, True, None),
+        "megakernel": ({"precision": "fp8", "forward_path": "megakernel"}, False, "forward_path is 'megakernel'"),
+        "default": ({"precision": "fp8"}, False, "forward_path is 'megakernel'"),  # Config's default path
+        "fused backward": ({"precision": "fp8", "forward_path": "unfused", "backward_path": "fused"}, True,
+                           "backward_path is 'fused'"),
+    }
+    for name, (knobs, saves, refusal) in cases.items():
+        handle = _ops.register_gpu_layer(object(), knobs)
+        try:
+            assert _ops._fp8_forward_saves(handle) == saves, name
+            why = _ops._fp8_training_refusal(handle)
+            if refusal is None:
+                assert why is None, (name, why)
+            else:
+                assert why is not None and refusal in why, (name, why)
+                inputs = (Cuda(),) + (None,) * 8 + (handle, "fp8")
+                with pytest.raises(NotImplementedError, match="precision 'fp8' is forward only on this GPU layer"):
+                    _ops._setup_context(None, inputs, (None, None))
+        finally:
+            _ops.unregister_gpu_layer(handle)
+        assert handle not in _ops._gpu_configs

@@ -2,7 +2,8 @@
 on the same weights and inputs: forward and every gradient; weights changed in place by an
 optimizer are read by the next call, and weights moved to new tensors are re-bound; bad routing is
 named by check(); a backward of an earlier forward is refused by name, unless the layer holds
-several forwards (saved_forwards). Skipped without a GPU or without mok._cuda."""
+several forwards (saved_forwards); precision="fp8": the forward on both paths and training on the
+unfused one (fp8's default) against the CPU's FP8 recipe. Skipped without a GPU or without mok._cuda."""
 
 import pytest
 import torch
@@ -144,12 +145,17 @@ def test_gpu_config_knobs_reach_the_layer():
             bad(x, idx, w)
 
 
-def test_fp8_forward_matches_the_cpu_fp8_recipe_and_follows_weight_updates():
+@pytest.mark.parametrize("forward_path", [None, "megakernel"])
+def test_fp8_forward_matches_the_cpu_fp8_recipe_and_follows_weight_updates(forward_path):
+    """The FP8 forward on fp8's default path (unfused, which trains) and on the FP8 megakernel
+    (forward only: a call needing a gradient is refused, naming the knob)."""
     pytest.importorskip("mok._cuda")
     H8, I8 = 512, 256  # the FP8 megakernel pulls x in 512-channel units (H % 512), I % 128
     torch.manual_seed(5)
+    knobs = {} if forward_path is None else {"forward_path": forward_path}
     cpu = mok.MoE(H8, I8, E, K, init_std=0.05, precision="fp8")
-    gpu = mok.MoE(H8, I8, E, K, precision="fp8").cuda()
+    gpu = mok.MoE(H8, I8, E, K, precision="fp8", **knobs).cuda()
+    assert gpu._layer_knobs()["forward_path"] == (forward_path or "unfused")
     gpu.load_state_dict(cpu.state_dict())  # copies in place: the layer's FP8 codes must follow
     g = torch.Generator().manual_seed(6)
     x = torch.randn(T, H8, generator=g).to(torch.bfloat16)
@@ -173,5 +179,46 @@ def test_fp8_forward_matches_the_cpu_fp8_recipe_and_follows_weight_updates():
         assert rel(got, want) < 1e-2, rel(got, want)  # the GPU's FP8 forward vs the CPU's recipe
         outs.append(got)
     assert rel(outs[1], outs[0]) > 0.1  # the update reached the GPU layer's codes
-    with pytest.raises(NotImplementedError, match="forward only"):
-        gpu(x.cuda(), idx.cuda(), w.cuda())  # the Parameters need gradients
+    if forward_path == "megakernel":
+        refused = "forward only on this GPU layer: its forward_path is 'megakernel'"
+        with pytest.raises(NotImplementedError, match=refused):
+            gpu(x.cuda(), idx.cuda(), w.cuda())  # the Parameters need gradients
+    else:  # the default path trains (test_fp8_trains_on_cuda_tensors_like_the_cpu_fp8_recipe checks the values)
+        gpu(x.cuda(), idx.cuda(), w.cuda()).float().sum().backward()
+        torch.cuda.synchronize()
+        gpu.check()
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in gpu.parameters())
+
+
+def test_fp8_trains_on_cuda_tensors_like_the_cpu_fp8_recipe():
+    """mok.MoE(precision="fp8") trains on CUDA tensors (the GPU layer's FP8 backward, after the
+    unfused forward: fp8's default path): the output and every gradient against the same weights on
+    CPU tensors (the reference engine's recipe 1) within 3e-2 relative L2 (the GPU and CPU recipes
+    differ in accumulation order), and two forward + backward steps give the same bits."""
+    pytest.importorskip("mok._cuda")
+    H8, I8, T8 = 256, 128, 300  # FP8: H and I whole 128-blocks; T not a multiple of 128
+    torch.manual_seed(11)
+    cpu = mok.MoE(H8, I8, E, K, init_std=0.05, precision="fp8")
+    gpu = mok.MoE(H8, I8, E, K, precision="fp8").cuda()
+    gpu.load_state_dict(cpu.state_dict())
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(T8, H8, generator=g).to(torch.bfloat16)
+    w, idx = torch.topk(torch.softmax(torch.randn(T8, E, generator=g), -1), K, -1)
+    idx, w = idx.to(torch.int32), w.float()
+    idx[::7, 1] = -1
+    d_out = torch.randn(T8, H8, generator=g).to(torch.bfloat16)
+    want = step(cpu, x, idx, w, d_out)
+    got = [t.clone() for t in step(gpu, x.cuda(), idx.cuda(), w.cuda(), d_out.cuda())]
+    again = [t.clone() for t in step(gpu, x.cuda(), idx.cuda(), w.cuda(), d_out.cuda())]
+    torch.cuda.synchronize()
+    gpu.check()
+    names = ["out", "d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down"]
+    assert len(got) == len(names) == len(want)
+    errs = {}
+    for name, a, b, ref in zip(names, got, again, want):
+        assert a.is_cuda and a.shape == ref.shape and a.dtype == ref.dtype, name
+        assert torch.equal(a, b), name  # deterministic: two backwards, the same bits
+        errs[name] = rel(a, ref)
+        print(f"[fp8 gpu training] {name}: rel err vs the CPU's FP8 recipe {errs[name]:.2e}")
+    for name, err in errs.items():
+        assert err < 3e-2, (name, err)
