@@ -142,7 +142,8 @@ int main(int argc, char** argv) {
                "backward GEMM chain per EP-8 rank slice, bf16 vs fp8 (recipe 1), no communication\", \"method\": "
                "\"mok_fp8_backward_bench: per case the chain timed as a whole and each step inside it (CUDA events between the steps, 3 "
                "warm-up runs, median of %d); uniform routing, EP-8 rank slices (E/8 experts); flops = the 4 backward "
-               "GEMMs'; fp8_weights_ms: the weights' K-major codes in one pass (quantize_fp8_weights_t), "
+               "GEMMs'; the fp8 steps as the layer's FP8 backward runs them (quantize_dy, quantize_dgu: 1 x 128 rows and "
+               "128 x 1 token blocks in one pass; token_blocks: w h and x); fp8_weights_ms: the weights' K-major codes in one pass (quantize_fp8_weights_t), "
                "fp8_weights_two_step_ms: the transpose + quantizer path; fp8_vs_bf16_rel = ||fp8 - bf16|| / ||bf16|| of "
                "the chains' outputs\", \"cases\": [\n",
                prop.name, date.c_str(), commit.c_str(), reps);
@@ -262,14 +263,18 @@ int main(int argc, char** argv) {
       const gemm::Plan q_w2 = gemm::plan_fp8_wgrad(fw2, o), q_w1p = gemm::plan_fp8_wgrad(fw1, o);
       const auto rule = fp8::ScaleRule::Fp32;
       const std::vector<Step> fp8_steps = {
-          {"quantize_dy", [&] { gemm::quantize_fp8_blocked(dy, rows, H, 1, rule, q_dy, s_dy, nullptr); }},
+          // As the layer's FP8 backward runs them: d_y's and d_gu's two forms in one pass each.
+          {"quantize_dy", [&] {
+             gemm::quantize_fp8_rows_and_token_blocks_t(dy, rows, H, rule, q_dy, s_dy, t_dy, ts_dy, nullptr, seg);
+           }},
           {"dgrad_swiglu", [&] { gemm::run(q_ds, nullptr); }},
-          {"quantize_dgu", [&] { gemm::quantize_fp8_blocked(o8.d_gu, rows, n2, 1, rule, q_dgu, s_dgu, nullptr); }},
+          {"quantize_dgu", [&] {
+             gemm::quantize_fp8_rows_and_token_blocks_t(o8.d_gu, rows, n2, rule, q_dgu, s_dgu, t_dgu, ts_dgu, nullptr,
+                                                        seg);
+           }},
           {"dgrad_fc1", [&] { gemm::run(q_d1, nullptr); }},
-          {"token_blocks", [&] {
-             gemm::quantize_fp8_token_blocks_t(dy, rows, H, t_dy, ts_dy, nullptr, seg);
+          {"token_blocks", [&] {  // (the layer reads x's rows where they live: the same bytes)
              gemm::quantize_fp8_token_blocks_t(o8.hw, rows, I, t_hw, ts_hw, nullptr, seg);
-             gemm::quantize_fp8_token_blocks_t(o8.d_gu, rows, n2, t_dgu, ts_dgu, nullptr, seg);
              gemm::quantize_fp8_token_blocks_t(x, rows, H, t_x, ts_x, nullptr, seg);
            }},
           {"wgrad_fc2", [&] { gemm::run(q_w2, nullptr); }},

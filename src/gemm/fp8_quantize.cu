@@ -172,17 +172,72 @@ __global__ void __launch_bounds__(kTileThreads) quantize_tiles_kernel(const uint
 // row groups of a column combine their maxima through shared memory, and a thread's 32 codes of
 // a column are 32 consecutive bytes of q_t, stored from registers (two 16-byte stores when q_t is
 // 16-byte aligned, `vec_store`; ld is a multiple of 128, so every column's run is then aligned).
-template <bool kPairs>
+// kRowForm: the same tile also gives the rows' 1 x 128 codes (quantize_fp8_blocked's, block_rows
+// 1): a warp's 32 threads hold 64 columns of 32 rows, so a transposing reduction (31 shuffles:
+// at each step a lane keeps half of its rows and sends the other half to its partner) leaves lane
+// l with row l's maximum over the warp's columns; the tile's two warps of a row group join theirs
+// in shared memory. Then every row of the matrix is read (the row form quantizes padding rows as
+// they are, the token form masks them). `g.peers`: the rows are read where they live (RowGather).
+// One column's 32 codes of a token block as 8 words, at dst. Rows past the data (`valid`) are
+// zero codes whatever the scale (a block holding a NaN or an infinity has a NaN scale, and 0 * its
+// inverse would encode as NaN: the FP8 wgrad multiplies every row), so the value is selected before
+// the multiplication. (A function, not a lambda: the lambda taking the array was not inlined in the
+// row-form kernel, which put the array in local memory.)
+__device__ __forceinline__ void store_token_column(const float (&v)[32], float inv, int valid, uint8_t* dst,
+                                                   bool vec_store) {
+  uint32_t w[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    float x[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) x[k] = 4 * j + k < valid ? v[4 * j + k] * inv : 0.0f;
+    w[j] = uint32_t(e4m3x2(x[0], x[1])) | (uint32_t(e4m3x2(x[2], x[3])) << 16);
+  }
+  if (vec_store) {
+    reinterpret_cast<uint4*>(dst)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    reinterpret_cast<uint4*>(dst)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) dst[j] = uint8_t(w[j / 4] >> (8 * (j % 4)));
+  }
+}
+
+// One step of the row form's transposing reduction over a warp: each lane keeps rows j + W of
+// its 2W (W in 16, 8, 4, 2, 1; `upper` = its bit W) and sends the other W to lane ^ W, which keeps
+// those; after the five steps m[0] is row `lane`'s maximum over the warp. The select is on bits
+// (`upper ? m[j] : m[j + W]` became an indexed local-memory load), and W is a template argument so
+// that every index is a constant.
+template <int W>
+__device__ __forceinline__ void transpose_max_step(float (&m)[32], int lane) {
+  const uint32_t upper = (lane & W) != 0 ? ~0u : 0u;
+#pragma unroll
+  for (int j = 0; j < W; ++j) {
+    const uint32_t a = __float_as_uint(m[j]), b = __float_as_uint(m[j + W]);
+    const float send = __uint_as_float((a & upper) | (b & ~upper)), keep = __uint_as_float((b & upper) | (a & ~upper));
+    m[j] = fp8::amax_update(keep, __shfl_xor_sync(0xffffffffu, send, W));
+  }
+}
+
+struct RowForm {
+  uint8_t* q = nullptr;  // [rows, cols] codes; nullptr: no row form
+  float* scales = nullptr;
+  fp8::ScaleRule rule = fp8::ScaleRule::Fp32;
+};
+template <bool kPairs, bool kRowForm>
 __global__ void __launch_bounds__(kTileThreads) quantize_token_blocks_t_kernel(const uint16_t* in, int64_t rows,
                                                                                int64_t cols, int64_t ld, uint8_t* q_t,
                                                                                float* scales, RoutedSegments seg,
-                                                                               bool vec_store) {
+                                                                               bool vec_store, RowForm rf,
+                                                                               RowGather g) {
   constexpr int kB = fp8::kBlock, kGroups = kTileThreads / (kB / 2), kRows = kB / kGroups;  // 4 groups of 32 rows
   static_assert(kRows == 32, "a thread's codes of one column: 32 bytes");
   __shared__ float col_max[kGroups][kB];
+  __shared__ float row_part[kRowForm ? kGroups : 1][2][kRows];
+  __shared__ float row_inv[kRowForm ? kGroups : 1][kRows];
   const int64_t grid_cols = (cols + kB - 1) / kB;
   const int64_t br = blockIdx.x / grid_cols, bc = blockIdx.x - br * grid_cols;
   const int pair = int(threadIdx.x % (kB / 2)), group = int(threadIdx.x / (kB / 2));
+  const int lane = int(threadIdx.x % 32u);
   const int64_t c = bc * kB + 2 * pair;       // the thread's first column
   const int64_t r0 = br * kB + group * kRows;  // its first row
   // The block's rows that hold data: all up to `rows`, or (segments) those of its tile's expert.
@@ -192,33 +247,63 @@ __global__ void __launch_bounds__(kTileThreads) quantize_token_blocks_t_kernel(c
     row_end = e < 0 ? 0 : min(rows, int64_t(__ldg(seg.expert_row_begin + e)) + __ldg(seg.expert_rows + e));
   }
   const int valid = int(max(int64_t(0), min(int64_t(kRows), row_end - r0)));  // the thread's rows of data
+  const int loaded = kRowForm ? int(max(int64_t(0), min(int64_t(kRows), rows - r0))) : valid;  // rows read
+  const bool gather = g.peers != nullptr;
+  const bool aborted = gather && g.abort != nullptr && *reinterpret_cast<const volatile uint32_t*>(g.abort) != 0u;
   const bool has0 = c < cols, has1 = c + 1 < cols;
   float lo[kRows], hi[kRows];  // columns c and c + 1; past the data or the edge: zeros
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     const uint16_t* p = in + (r0 + i) * cols + c;
+    bool load = i < loaded && has0;
+    if (gather) {  // (RowGather: kPairs, no row form)
+      const int src = load && !aborted ? __ldg(g.src_rank + r0 + i) : -1;
+      load = src >= 0;
+      if (load)
+        p = static_cast<const uint16_t*>(g.peers[src]) + int64_t(__ldg(g.src_slot + r0 + i) / g.top_k) * cols + c;
+    }
     if constexpr (kPairs) {  // (cols even: has0 implies has1)
-      const uint32_t w = i < valid && has0 ? __ldg(reinterpret_cast<const uint32_t*>(p)) : 0u;
+      const uint32_t w = load ? __ldg(reinterpret_cast<const uint32_t*>(p)) : 0u;
       lo[i] = __uint_as_float(w << 16);
       hi[i] = __uint_as_float(w & 0xffff0000u);
     } else {
-      lo[i] = i < valid && has0 ? bf16_at(p) : 0.0f;
-      hi[i] = i < valid && has1 ? bf16_at(p + 1) : 0.0f;
+      lo[i] = load ? bf16_at(p) : 0.0f;
+      hi[i] = i < loaded && has1 ? bf16_at(p + 1) : 0.0f;
     }
   }
   float a0 = 0.0f, a1 = 0.0f;
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
-    a0 = fp8::amax_update(a0, lo[i]);
-    a1 = fp8::amax_update(a1, hi[i]);
+    if (!kRowForm || i < valid) {  // (without the row form the rows past the data are zeros already)
+      a0 = fp8::amax_update(a0, lo[i]);
+      a1 = fp8::amax_update(a1, hi[i]);
+    }
   }
   col_max[group][2 * pair] = a0;
   col_max[group][2 * pair + 1] = a1;
+  if constexpr (kRowForm) {
+    float m[kRows];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) m[i] = fp8::amax_update(lo[i], hi[i]);
+    transpose_max_step<16>(m, lane);  // m[j]: row (j + the lane's bits from 16 up)'s maximum so far
+    transpose_max_step<8>(m, lane);
+    transpose_max_step<4>(m, lane);
+    transpose_max_step<2>(m, lane);
+    transpose_max_step<1>(m, lane);
+    row_part[group][pair / 32][lane] = m[0];  // row r0 + lane, this warp's 64 columns
+  }
   __syncthreads();
 #pragma unroll
-  for (int g = 0; g < kGroups; ++g) {  // (amax_update is order-free: the same maximum as the spec's)
-    a0 = fp8::amax_update(a0, col_max[g][2 * pair]);
-    a1 = fp8::amax_update(a1, col_max[g][2 * pair + 1]);
+  for (int gi = 0; gi < kGroups; ++gi) {  // (amax_update is order-free: the same maximum as the spec's)
+    a0 = fp8::amax_update(a0, col_max[gi][2 * pair]);
+    a1 = fp8::amax_update(a1, col_max[gi][2 * pair + 1]);
+  }
+  if constexpr (kRowForm) {
+    if (pair < 32) {  // the group's first warp: lane l takes row r0 + l
+      const float s = fp8::block_scale(fp8::amax_update(row_part[group][0][lane], row_part[group][1][lane]), rf.rule);
+      row_inv[group][lane] = fp8::block_inverse(s);
+      if (lane < loaded) rf.scales[(r0 + lane) * grid_cols + bc] = s;
+    }
   }
   const float s0 = fp8::block_scale(a0, fp8::ScaleRule::Fp32), inv0 = fp8::block_inverse(s0);
   const float s1 = fp8::block_scale(a1, fp8::ScaleRule::Fp32), inv1 = fp8::block_inverse(s1);
@@ -229,26 +314,17 @@ __global__ void __launch_bounds__(kTileThreads) quantize_token_blocks_t_kernel(c
   // One column's 32 codes as 8 words. Rows past the data are zero codes whatever the scale (a
   // block holding a NaN or an infinity has a NaN scale, and 0 * its inverse would encode as NaN:
   // the FP8 wgrad multiplies every row), so the value is selected before the multiplication.
-  const auto store_column = [&](const float (&v)[kRows], float inv, int64_t col) {
-    uint32_t w[kRows / 4];
+  if (has0) store_token_column(lo, inv0, valid, q_t + c * ld + r0, vec_store);
+  if (has1) store_token_column(hi, inv1, valid, q_t + (c + 1) * ld + r0, vec_store);
+  if constexpr (kRowForm) {  // (kPairs: cols even, so has0 means both columns; q 2-byte aligned)
+    __syncthreads();
+    if (has0) {
 #pragma unroll
-    for (int j = 0; j < kRows / 4; ++j) {
-      float x[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) x[k] = 4 * j + k < valid ? v[4 * j + k] * inv : 0.0f;
-      w[j] = uint32_t(e4m3x2(x[0], x[1])) | (uint32_t(e4m3x2(x[2], x[3])) << 16);
+      for (int i = 0; i < kRows; ++i)
+        if (i < loaded)
+          *reinterpret_cast<uint16_t*>(rf.q + (r0 + i) * cols + c) = block_encode_inv2(lo[i], hi[i], row_inv[group][i]);
     }
-    uint8_t* dst = q_t + col * ld + r0;
-    if (vec_store) {
-      reinterpret_cast<uint4*>(dst)[0] = make_uint4(w[0], w[1], w[2], w[3]);
-      reinterpret_cast<uint4*>(dst)[1] = make_uint4(w[4], w[5], w[6], w[7]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < kRows; ++j) dst[j] = uint8_t(w[j / 4] >> (8 * (j % 4)));
-    }
-  };
-  if (has0) store_column(lo, inv0, c);
-  if (has1) store_column(hi, inv1, c + 1);
+  }
 }
 
 // 32 x 32 tiles through shared memory (one CTA of 32 x 8 threads each): reads along the input's
@@ -380,26 +456,68 @@ void quantize_fp8_blocked(const void* in_bf16, int64_t rows, int64_t cols, int b
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 
-void quantize_fp8_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols, void* q_t, float* scales,
-                                 cudaStream_t stream, const RoutedSegments& seg) {
-  check_args(in_bf16, rows, cols, q_t, scales);
+namespace {
+void check_segments(const RoutedSegments& seg) {
   MOK_REQUIRE(seg.tile_expert == nullptr || (seg.expert_row_begin != nullptr && seg.expert_rows != nullptr), "seg",
               "expert_row_begin and expert_rows must be given with tile_expert");
   MOK_REQUIRE(seg.num_m_tiles >= 0, "seg.num_m_tiles", ">= 0, got ", seg.num_m_tiles);
-  if (rows == 0 || cols == 0) return;
+}
+// One launch of the token-block kernel (the checks done by the caller).
+template <bool kPairs, bool kRowForm>
+void launch_token_blocks(const uint16_t* in, int64_t rows, int64_t cols, void* q_t, float* scales,
+                         const RoutedSegments& seg, const RowForm& rf, const RowGather& g, cudaStream_t stream) {
   const int64_t ld = (rows + fp8::kBlock - 1) / fp8::kBlock * fp8::kBlock;
   const int64_t tiles = ld / fp8::kBlock * ((cols + fp8::kBlock - 1) / fp8::kBlock);
   MOK_REQUIRE(tiles < (int64_t(1) << 31), "rows, cols", "fewer than 2^31 tiles of 128 x 128, got ", tiles);
-  const auto* in = static_cast<const uint16_t*>(in_bf16);
   auto* out = static_cast<uint8_t*>(q_t);
-  const bool vec_store = aligned(out, 16);
-  if (cols % 2 == 0 && aligned(in, 4))
-    quantize_token_blocks_t_kernel<true><<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(
-        in, rows, cols, ld, out, scales, seg, vec_store);
-  else
-    quantize_token_blocks_t_kernel<false><<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(
-        in, rows, cols, ld, out, scales, seg, vec_store);
+  quantize_token_blocks_t_kernel<kPairs, kRowForm><<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(
+      in, rows, cols, ld, out, scales, seg, aligned(out, 16), rf, g);
   MOK_CUDA_CHECK(cudaGetLastError());
+}
+}  // namespace
+
+void quantize_fp8_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols, void* q_t, float* scales,
+                                 cudaStream_t stream, const RoutedSegments& seg) {
+  check_args(in_bf16, rows, cols, q_t, scales);
+  check_segments(seg);
+  if (rows == 0 || cols == 0) return;
+  const auto* in = static_cast<const uint16_t*>(in_bf16);
+  if (cols % 2 == 0 && aligned(in, 4))
+    launch_token_blocks<true, false>(in, rows, cols, q_t, scales, seg, {}, {}, stream);
+  else
+    launch_token_blocks<false, false>(in, rows, cols, q_t, scales, seg, {}, {}, stream);
+}
+
+void quantize_fp8_token_blocks_t_gather(const RowGather& g, int64_t rows, int64_t cols, void* q_t, float* scales,
+                                        cudaStream_t stream, const RoutedSegments& seg) {
+  check_segments(seg);
+  MOK_REQUIRE(rows >= 0 && cols >= 0, "rows, cols", ">= 0, got ", rows, " x ", cols);
+  if (rows == 0 || cols == 0) return;
+  MOK_REQUIRE(g.peers != nullptr && g.src_rank != nullptr && g.src_slot != nullptr, "g",
+              "peers, src_rank and src_slot must be given");
+  MOK_REQUIRE(g.top_k >= 1, "g.top_k", ">= 1, got ", g.top_k);
+  MOK_REQUIRE(seg.tile_expert != nullptr, "seg", "a gathered matrix needs its routed segments (its valid rows)");
+  MOK_REQUIRE(cols % 2 == 0, "cols", "even for a gathered matrix (bf16 pairs; each peer's rows 4-byte aligned), got ",
+              cols);
+  MOK_REQUIRE(q_t != nullptr && scales != nullptr, "q_t, scales", "not null when rows * cols > 0");
+  launch_token_blocks<true, false>(nullptr, rows, cols, q_t, scales, seg, {}, g, stream);
+}
+
+void quantize_fp8_rows_and_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols, fp8::ScaleRule rule,
+                                          void* q, float* q_scales, void* q_t, float* t_scales, cudaStream_t stream,
+                                          const RoutedSegments& seg) {
+  check_args(in_bf16, rows, cols, q, q_scales);
+  check_args(in_bf16, rows, cols, q_t, t_scales);
+  check_segments(seg);
+  if (rows == 0 || cols == 0) return;
+  const auto* in = static_cast<const uint16_t*>(in_bf16);
+  if (cols % 2 != 0 || !aligned(in, 4) || !aligned(q, 2)) {  // the two passes give the same bits
+    quantize_fp8_blocked(in_bf16, rows, cols, 1, rule, q, q_scales, stream);
+    quantize_fp8_token_blocks_t(in_bf16, rows, cols, q_t, t_scales, stream, seg);
+    return;
+  }
+  launch_token_blocks<true, true>(in, rows, cols, q_t, t_scales, seg,
+                                  RowForm{static_cast<uint8_t*>(q), q_scales, rule}, {}, stream);
 }
 
 void transpose_weights_bf16(const void* w, const void* w_up, int64_t experts, int64_t rows, int64_t cols, void* out,

@@ -45,6 +45,30 @@ struct RoutedSegments {
 void quantize_fp8_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols, void* q_t, float* scales,
                                  cudaStream_t stream, const RoutedSegments& seg = {});
 
+// The same token blocks of a routed matrix that is not there: row r is read where it lives,
+// rank src_rank[r]'s row src_slot[r] / top_k of peers[src_rank[r]] (bf16 [T, cols], a peer's
+// address for another rank) — the rows pull_dispatch would copy first, so the backward needs no
+// routed bf16 copy of x. seg is required (its valid rows are the ones read); src_rank < 0 reads
+// zeros. Once *abort is nonzero no peer is read (zeros; results after an abort are undefined, as
+// every call's then). cols even.
+struct RowGather {
+  const void* const* peers = nullptr;  // device [W]
+  const int32_t* src_rank = nullptr;   // device [rows]
+  const int32_t* src_slot = nullptr;   // device [rows]: token * top_k + slot
+  int64_t top_k = 1;
+  const uint32_t* abort = nullptr;     // may be null
+};
+void quantize_fp8_token_blocks_t_gather(const RowGather& g, int64_t rows, int64_t cols, void* q_t, float* scales,
+                                        cudaStream_t stream, const RoutedSegments& seg);
+
+// Both forms of one matrix from one read of it: quantize_fp8_blocked(in, rows, cols, 1, rule, q,
+// q_scales) and quantize_fp8_token_blocks_t(in, rows, cols, q_t, t_scales, stream, seg), the
+// same bits (the FP8 backward's d_y and d_gu: 1 x 128 for the dgrads, 128 x 1 for the wgrads).
+// An odd cols or unaligned buffers take the two passes.
+void quantize_fp8_rows_and_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols, fp8::ScaleRule rule,
+                                          void* q, float* q_scales, void* q_t, float* t_scales, cudaStream_t stream,
+                                          const RoutedSegments& seg = {});
+
 // The FP8 dgrads' weights (recipe 1): FP8 wgmma reads B K-major, so a dgrad needs each expert's
 // weight transposed: out[e] = w[e]^T, [experts, cols, rows] from [experts, rows, cols] bf16 (FC2's
 // dgrad: W_down^T [E, inter, hidden]); quantize_fp8_blocked(out, experts * cols, rows, 128) then

@@ -1,10 +1,12 @@
 // mok — where the GPU layer's FP8 backward (layer_fp8_backward.cu) keeps its operands, shared by
 // the layer and the memory plan (memory_plan.cpp), so the plan's bytes are the bytes it uses.
 // Two buffers, both of the backward's scope (with Config::share_workspace: one for all layers):
-//   fp8_bwd_rows    the routed rows' E4M3 operands, two phases over the same bytes:
-//                   dgrads  d_y [rows, H] + 1 x 128 scales, [d_g d_u] [rows, 2I] + 1 x 128 scales;
-//                   wgrads  d_y^T, (w h)^T, [d_g d_u]^T, x^T, K-major (K = rows) + 128 x 1 scales.
-//                   The wgrads' operands are made after FC1's dgrad has read the dgrads' ones.
+//   fp8_bwd_rows    the routed rows' E4M3 operands. d_y and [d_g d_u] are each quantized once into
+//                   both of their forms (1 x 128 rows for the dgrads, 128 x 1 token blocks for the
+//                   wgrads: quantize_fp8_rows_and_token_blocks_t), so their token blocks live from
+//                   then to the wgrads, beside (w h)^T; one more region is used in turn by d_y's
+//                   rows (read by FC2's dgrad), [d_g d_u]'s rows (FC1's dgrad), then x^T (read
+//                   from the x windows by the quantizer itself: no routed bf16 copy of x).
 //   fp8_bwd_weights the dgrads' K-major weight codes, made by each backward from the bf16 weights:
 //                   W_down^T [E, I, H] and [W_gate; W_up]^T packed [E, H, 2I], with their
 //                   128 x 128 scales (not kept across calls: per layer x 58 they would cost as much
@@ -20,10 +22,10 @@ namespace mok::fp8_bwd {
 inline int64_t align(int64_t b) { return (b + 1023) / 1024 * 1024; }
 
 struct RowsLayout {
-  // dgrads' phase
-  int64_t q_dy, s_dy, q_dgu, s_dgu;
-  // wgrads' phase (K-major codes, then [rows / 128, cols] scales)
-  int64_t t_dy, ts_dy, t_hw, ts_hw, t_dgu, ts_dgu, t_x, ts_x;
+  // token blocks (K-major codes, then [rows / 128, cols] scales), kept until the wgrads
+  int64_t t_dy, ts_dy, t_dgu, ts_dgu, t_hw, ts_hw;
+  // one region in turn: d_y's 1 x 128 codes + scales, then [d_g d_u]'s, then x^T's token blocks
+  int64_t q_dy, s_dy, q_dgu, s_dgu, t_x, ts_x;
   int64_t bytes;
 };
 
@@ -36,21 +38,24 @@ inline RowsLayout rows_layout(int64_t rows, int64_t H, int64_t I) {
     at += align(b);
     return o;
   };
-  L.q_dy = take(rows * H);
-  L.s_dy = take(rows * (H / 128) * 4);
-  L.q_dgu = take(rows * 2 * I);
-  L.s_dgu = take(rows * (2 * I / 128) * 4);
-  const int64_t dgrads = at;
-  at = 0;
   L.t_dy = take(rows * H);
   L.ts_dy = take(rows / 128 * H * 4);
-  L.t_hw = take(rows * I);
-  L.ts_hw = take(rows / 128 * I * 4);
   L.t_dgu = take(rows * 2 * I);
   L.ts_dgu = take(rows / 128 * 2 * I * 4);
-  L.t_x = take(rows * H);
-  L.ts_x = take(rows / 128 * H * 4);
-  L.bytes = std::max(dgrads, at);
+  L.t_hw = take(rows * I);
+  L.ts_hw = take(rows / 128 * I * 4);
+  const int64_t shared = at;
+  int64_t end = at;
+  const auto region = [&](int64_t cols, int64_t scale_bytes, int64_t& codes, int64_t& scales) {
+    at = shared;
+    codes = take(rows * cols);
+    scales = take(scale_bytes);
+    end = std::max(end, at);
+  };
+  region(H, rows * (H / 128) * 4, L.q_dy, L.s_dy);
+  region(2 * I, rows * (2 * I / 128) * 4, L.q_dgu, L.s_dgu);
+  region(H, rows / 128 * H * 4, L.t_x, L.ts_x);
+  L.bytes = end;
   return L;
 }
 

@@ -1,20 +1,23 @@
 // mok — the GPU layer's backward in FP8 (Config::precision FP8, recipe 1, notes/fp8.md "The
 // backward in FP8"), resident, after the unfused path's FP8 forward. The same steps and movement as
 // the bf16 backward (layer_backward.cu), its GEMMs on E4M3 operands:
-//   pulls     d_out rows (unweighted) + their router weights (reverse combine), and the x rows again
-//             in bf16 (the forward's routed x rows are codes; dW_gate/up's operand x^T is made per
-//             128 x 1 token block, which the forward's 1 x 128 codes cannot give exactly);
+//   pulls     d_out rows (unweighted) + their router weights (reverse combine); x's rows are not
+//             pulled: dW_gate/up's operand x^T (128 x 1 token blocks, which the forward's 1 x 128
+//             codes cannot give exactly) is quantized from the bf16 rows where they live, in the
+//             x windows (quantize_fp8_token_blocks_t_gather);
 //   weights   W_down^T and [W_gate; W_up]^T as K-major codes with 128 x 128 scales (the dgrads' B),
 //             made from the bf16 weights by every call (fp8_backward_layout.h says why);
-//   FC2 dgrad d_y per 1 x 128, then the FP8 dgrad + SwiGLU' (d_gu over the saved gate/up rows, the
-//             router-weight gradient's partial sums, the weighted h, all bf16);
-//   FC1 dgrad [d_g d_u] per 1 x 128 (the packed K order), the FP8 dgrad into the d_x rows, pushed;
-//   wgrads    d_y, w h, [d_g d_u], x per 128 x 1 token block, transposed (K = the expert's rows),
-//             then both FP8 weight gradients.
+//   FC2 dgrad d_y per 1 x 128 (and per 128 x 1 token block for dW_down, in the same pass), then
+//             the FP8 dgrad + SwiGLU' (d_gu over the saved gate/up rows, the router-weight
+//             gradient's partial sums, the weighted h, all bf16);
+//   FC1 dgrad [d_g d_u] per 1 x 128 (the packed K order; its token blocks in the same pass), the
+//             FP8 dgrad into the d_x rows, pushed;
+//   wgrads    w h and x per 128 x 1 token block, transposed (K = the expert's rows), then both FP8
+//             weight gradients.
 // The CPU reference's FP8 backward (ref::Engine::backward, include/mok/reference.hpp) is this recipe
 // step for step: the two differ by accumulation order and the SFU's exp in SwiGLU'.
-// Each quantization is still its own pass over HBM (the fused forms are the next step: d_gu's
-// codes in the dgrad's epilogue, d_y quantized at its source; notes/fp8.md).
+// Each quantization is still a pass over HBM of its own, one per operand (next: d_gu's codes in the
+// dgrad's epilogue, d_y quantized at its source; notes/fp8.md).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -39,7 +42,6 @@ void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_dow
   float* partial = router_partials.get<float>();
   gpu::pull_reverse_combine(move, dout_peers.get<const void* const>(), weight_peers.get<const float* const>(),
                             dy_routed.p, stream, row_w);
-  gpu::pull_dispatch(move, x_peers.get<const void* const>(), x_routed.p, stream);  // bf16 (the window's x)
   mark(3, stream);
   const fp8_bwd::RowsLayout R = fp8_bwd::rows_layout(std::max<int64_t>(rows, sched::kBlockM), H, I);
   const fp8_bwd::WeightsLayout WL = fp8_bwd::weights_layout(e_loc, H, I);
@@ -48,12 +50,14 @@ void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_dow
   const auto f32 = [](char* p, int64_t off) { return reinterpret_cast<float*>(p + off); };
   const auto rule = fp8::ScaleRule::Fp32;
   const gemm::Options o = gemm_options();
+  const gemm::RoutedSegments seg{v.tile_expert, v.expert_offset, v.expert_rows, tiles};
   if (rows > 0 && e_loc > 0) {
     gemm::quantize_fp8_weights_t(weights.w_down.data, nullptr, e_loc, H, I, rule, wb + WL.q_wd, f32(wb, WL.s_wd),
                                  stream);
     gemm::quantize_fp8_weights_t(weights.w_gate.data, weights.w_up.data, e_loc, I, H, rule, wb + WL.q_w1,
                                  f32(wb, WL.s_w1), stream);
-    gemm::quantize_fp8_blocked(dy_routed.p, rows, H, 1, rule, rb + R.q_dy, f32(rb, R.s_dy), stream);
+    gemm::quantize_fp8_rows_and_token_blocks_t(dy_routed.p, rows, H, rule, rb + R.q_dy, f32(rb, R.s_dy),
+                                               rb + R.t_dy, f32(rb, R.ts_dy), stream, seg);
     gemm::Fp8DgradSwiGLUArgs ds;
     ds.dy = rb + R.q_dy;
     ds.dy_scales = f32(rb, R.s_dy);
@@ -73,7 +77,8 @@ void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_dow
   }
   mark(4, stream);
   if (rows > 0 && e_loc > 0) {
-    gemm::quantize_fp8_blocked(gu.p, rows, 2 * I, 1, rule, rb + R.q_dgu, f32(rb, R.s_dgu), stream);
+    gemm::quantize_fp8_rows_and_token_blocks_t(gu.p, rows, 2 * I, rule, rb + R.q_dgu, f32(rb, R.s_dgu),
+                                               rb + R.t_dgu, f32(rb, R.ts_dgu), stream, seg);
     gemm::Fp8GroupedArgs dx;
     dx.a = rb + R.q_dgu;
     dx.a_scales = f32(rb, R.s_dgu);
@@ -97,12 +102,15 @@ void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_dow
     mark(7, stream);
     return;
   }
-  // The wgrads' operands over the same bytes as the dgrads' (FC1's dgrad has read those).
-  const gemm::RoutedSegments seg{v.tile_expert, v.expert_offset, v.expert_rows, tiles};
-  gemm::quantize_fp8_token_blocks_t(dy_routed.p, rows, H, rb + R.t_dy, f32(rb, R.ts_dy), stream, seg);
+  // The wgrads' other operands; x^T over the bytes of [d_g d_u]'s rows (FC1's dgrad has read them).
   gemm::quantize_fp8_token_blocks_t(h.p, rows, I, rb + R.t_hw, f32(rb, R.ts_hw), stream, seg);
-  gemm::quantize_fp8_token_blocks_t(gu.p, rows, 2 * I, rb + R.t_dgu, f32(rb, R.ts_dgu), stream, seg);
-  gemm::quantize_fp8_token_blocks_t(x_routed.p, rows, H, rb + R.t_x, f32(rb, R.ts_x), stream, seg);
+  gemm::RowGather xg;
+  xg.peers = x_peers.get<const void* const>();
+  xg.src_rank = v.src_rank;
+  xg.src_slot = v.src_slot;
+  xg.top_k = move.top_k;
+  xg.abort = move.abort;
+  gemm::quantize_fp8_token_blocks_t_gather(xg, rows, H, rb + R.t_x, f32(rb, R.ts_x), stream, seg);
   gemm::Fp8WgradArgs w2;
   w2.a_t = rb + R.t_dy;
   w2.a_scales = f32(rb, R.ts_dy);

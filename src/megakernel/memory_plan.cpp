@@ -190,7 +190,11 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
     // the SM count).
     if (fs.cluster) add("cluster_slots", mk::forward_cluster_slot_bytes(sm_count), S::Layer);
   } else {
-    add("x_routed", cap * H * 2, S::Saved);
+    // FP8: codes then 1 x 128 scales, read by FC1 only (the FP8 backward reads x in the windows).
+    if (fp8)
+      add("x_routed", cap * H + cap * (H / 128) * 4, S::Layer);
+    else
+      add("x_routed", cap * H * 2, S::Saved);
     add("h", cap * I * 2, S::Layer);
     add("y", cap * H * 2, S::Layer);
     if (Is > 0 && T > 0) add("shared_tiles", t_tiles * 4, S::Layer);
@@ -228,6 +232,7 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
                                        "fp8_bwd_rows", "fp8_bwd_weights",
                                        "window.x", "window.combine", "window.d_out", "window.router_weights",
                                        "window.d_weights"};
+    if (fp8) shared.emplace_back("x_routed");
     if (windowed) {
       for (const char* name : {"gu", "bwd_carry", "bwd_windows"}) shared.emplace_back(name);
       if (!push) shared.emplace_back("x_ring");

@@ -308,8 +308,10 @@ namespace {
 
 // FP8 (unfused forward): the weights' codes and 128 x 128 scales are the one buffer FP8 adds
 // (x, h and the window hold codes and scales in the bf16 buffers' bytes); half the bf16 weights.
-// On the unfused path FP8 trains: the bf16 layer's saved state (gu, the x rows) and backward
-// buffers, plus the FP8 backward's operands (fp8_backward_layout.h), Backward scope. The FP8
+// On the unfused path FP8 trains: the bf16 layer's saved state but the x rows (gu; the FP8
+// backward quantizes x from the windows, so x_routed holds the forward's codes only, Layer scope,
+// in the shared workspace when there is one) and backward buffers, plus the FP8 backward's
+// operands (fp8_backward_layout.h), Backward scope. The FP8
 // megakernel is forward only: nothing kept for a backward, no backward buffers.
 TEST(MemoryPlan, Fp8AddsTheWeightCodesAndTheBackwardOperands) {
   const mok::LayerShape shape = mok::LayerShape::uniform(1, 8192, 7168, 2048, 32, 8, 0);
@@ -325,10 +327,14 @@ TEST(MemoryPlan, Fp8AddsTheWeightCodesAndTheBackwardOperands) {
   ASSERT_TRUE(a.has("gu"));
   ASSERT_TRUE(b.has("gu"));
   EXPECT_EQ(a.bytes("gu"), b.bytes("gu"));
-  EXPECT_EQ(a.total(mok::MemoryScope::Saved), b.total(mok::MemoryScope::Saved));
-  EXPECT_STREQ(b.backward_mode(), "resident");
-  // The backward's operands: the wgrads' phase (2H + 3I codes per row) is the larger of the two.
   const int64_t cap = shape.worst_case_rows(), H = 7168, I = 2048;
+  const int64_t x_bf16 = cap * H * 2, x_fp8 = cap * H + cap * (H / 128) * 4;
+  EXPECT_EQ(a.bytes("x_routed"), x_bf16);
+  EXPECT_EQ(b.bytes("x_routed"), x_fp8);
+  EXPECT_EQ(a.total(mok::MemoryScope::Saved) - x_bf16, b.total(mok::MemoryScope::Saved));
+  EXPECT_STREQ(b.backward_mode(), "resident");
+  // The backward's operands: the token blocks of d_y, [d_g d_u] and w h, and one region used in
+  // turn (d_y's rows, [d_g d_u]'s, x^T): 2H + 3I codes per row while H >= 2I.
   const int64_t rows_codes = cap * (2 * H + 3 * I), weight_codes = 3 * 32 * I * H;
   ASSERT_TRUE(b.has("fp8_bwd_rows") && b.has("fp8_bwd_weights"));
   EXPECT_GE(b.bytes("fp8_bwd_rows"), rows_codes * 33 / 32);  // + fp32 scales per 128
@@ -337,13 +343,14 @@ TEST(MemoryPlan, Fp8AddsTheWeightCodesAndTheBackwardOperands) {
   EXPECT_LE(b.bytes("fp8_bwd_weights"), weight_codes + scales + 8 * 1024);
   EXPECT_EQ(b.total(mok::MemoryScope::Backward) - a.total(mok::MemoryScope::Backward),
             b.bytes("fp8_bwd_rows") + b.bytes("fp8_bwd_weights"));
-  EXPECT_EQ(b.total() - a.total(), codes + scales + b.bytes("fp8_bwd_rows") + b.bytes("fp8_bwd_weights"));
+  EXPECT_EQ(b.total() - a.total(),
+            codes + scales + b.bytes("fp8_bwd_rows") + b.bytes("fp8_bwd_weights") + x_fp8 - x_bf16);
   // With a shared workspace the backward's operands are one copy for every layer.
   mok::Config fp8_ws = fp8;
   fp8_ws.share_workspace = true;
   const mok::MemoryPlan w = mok::plan_memory(shape, fp8_ws, 0, 132);
   for (const auto& buf : w.buffers) {
-    if (buf.name == "fp8_bwd_rows" || buf.name == "fp8_bwd_weights") {
+    if (buf.name == "fp8_bwd_rows" || buf.name == "fp8_bwd_weights" || buf.name == "x_routed") {
       EXPECT_TRUE(buf.workspace) << buf.name;
     }
   }

@@ -211,6 +211,117 @@ TEST(Fp8Quantize, UnalignedBuffersGiveTheSameBits) {
   }
 }
 
+// A routed layout of 640 rows in 128-row tiles (the FP8 backward's): expert 0 rows [0, 200) in
+// tiles 0-1, expert 1 empty, expert 2 rows [256, 556) in tiles 2-4; rows 200-255 and 556-639 are
+// padding (filled with data below, which the token blocks must not see and the rows must keep).
+struct Routed {
+  static constexpr int64_t kRows = 640;
+  std::vector<int32_t> tile_expert{0, 0, 2, 2, 2}, begin{0, 256, 256}, count{200, 0, 300};
+  DevBuf te{5 * 4}, b{3 * 4}, n{3 * 4};
+  Routed() {
+    upload(te, tile_expert);
+    upload(b, begin);
+    upload(n, count);
+  }
+  mok::gemm::RoutedSegments seg() const { return {te.as<int32_t>(), b.as<int32_t>(), n.as<int32_t>(), 5}; }
+  bool valid(int64_t r) const { return r < 200 || (r >= 256 && r < 556); }
+};
+
+// The FP8 backward's d_y and d_gu in one read (quantize_fp8_rows_and_token_blocks_t): the same
+// bits as the 1 x 128 pass and the token-block pass (each checked against the spec above), with
+// and without routed segments, both scale rules for the rows, an odd width (the two-pass path).
+TEST(Fp8Quantize, RowsAndTokenBlocksInOnePassMatchTheTwoPasses) {
+  MOK_REQUIRE_GPUS(1);
+  const Routed routed;
+  struct Case {
+    Shape s;
+    bool seg;
+  };
+  const Case cases[] = {{{1024, 1100}, false}, {{300, 1040}, false}, {{257, 1000}, false}, {{128, 128}, false},
+                        {{3, 4133}, false},    {{Routed::kRows, 7168}, true}, {{Routed::kRows, 1536}, true},
+                        {{Routed::kRows, 130}, true}};
+  int64_t values = 0;
+  for (const Case& k : cases)
+    for (const fp8::ScaleRule rule : {fp8::ScaleRule::Fp32, fp8::ScaleRule::Pow2}) {
+      const Shape s = k.s;
+      SCOPED_TRACE(testing::Message() << s.rows << " x " << s.cols << (k.seg ? ", routed segments" : "") << ", rule "
+                                      << (rule == fp8::ScaleRule::Fp32 ? "fp32" : "pow2"));
+      const std::vector<uint16_t> x = matrix(s, 31 + uint64_t(s.cols));
+      const size_t n = x.size();
+      const int64_t ld = (s.rows + fp8::kBlock - 1) / fp8::kBlock * fp8::kBlock;
+      const size_t nt = size_t(s.cols * ld), nrs = size_t(s.rows * ((s.cols + 127) / 128));
+      const size_t nts = size_t(ld / 128 * s.cols);
+      DevBuf dx(n * 2), q1(n), rs1(nrs * 4), t1(nt), ts1(nts * 4), q2(n), rs2(nrs * 4), t2(nt), ts2(nts * 4);
+      upload(dx, x);
+      for (DevBuf* b : {&q1, &rs1, &t1, &ts1, &q2, &rs2, &t2, &ts2}) MOK_ASSERT_CUDA(cudaMemset(b->p, 0xAB, b->bytes));
+      const mok::gemm::RoutedSegments seg = k.seg ? routed.seg() : mok::gemm::RoutedSegments{};
+      mok::gemm::quantize_fp8_blocked(dx.p, s.rows, s.cols, 1, rule, q1.p, rs1.as<float>(), nullptr);
+      mok::gemm::quantize_fp8_token_blocks_t(dx.p, s.rows, s.cols, t1.p, ts1.as<float>(), nullptr, seg);
+      mok::gemm::quantize_fp8_rows_and_token_blocks_t(dx.p, s.rows, s.cols, rule, q2.p, rs2.as<float>(), t2.p,
+                                                      ts2.as<float>(), nullptr, seg);
+      ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+      EXPECT_EQ(count_diff(download<uint8_t>(q2, n), download<uint8_t>(q1, n)), 0) << "1 x 128 codes differ";
+      EXPECT_EQ(count_diff(download<float>(rs2, nrs), download<float>(rs1, nrs)), 0) << "1 x 128 scales differ";
+      EXPECT_EQ(count_diff(download<uint8_t>(t2, nt), download<uint8_t>(t1, nt)), 0) << "token-block codes differ";
+      EXPECT_EQ(count_diff(download<float>(ts2, nts), download<float>(ts1, nts)), 0)
+          << "token-block scales differ";
+      values += int64_t(n);
+    }
+  std::printf("[fp8 quantize] rows + token blocks in one pass: %lld values compared with the two passes\n",
+              (long long)values);
+}
+
+// x's token blocks read where the rows live (quantize_fp8_token_blocks_t_gather: two "ranks" of
+// 100 and 77 tokens, top-4 slots): the same bits as the token blocks of the copied rows; an
+// aborted call reads no peer (zero codes).
+TEST(Fp8Quantize, GatheredTokenBlocksMatchTheCopiedRows) {
+  MOK_REQUIRE_GPUS(1);
+  const Routed routed;
+  const int64_t H = 7168, top_k = 4, tokens[2] = {100, 77};
+  std::vector<std::vector<uint16_t>> xs;
+  for (int r = 0; r < 2; ++r) xs.push_back(random_bf16(size_t(tokens[r] * H), 41 + uint64_t(r), 2.0));
+  std::vector<int32_t> src_rank(Routed::kRows, -1), src_slot(Routed::kRows, 0);
+  std::vector<uint16_t> copied(size_t(Routed::kRows * H), 0);
+  uint64_t lcg = 12345;
+  for (int64_t row = 0; row < Routed::kRows; ++row) {
+    if (!routed.valid(row)) continue;
+    lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+    const int rank = int((lcg >> 33) % 2);
+    const int64_t slot = int64_t((lcg >> 40) % uint64_t(tokens[rank] * top_k));
+    src_rank[size_t(row)] = rank;
+    src_slot[size_t(row)] = int32_t(slot);
+    std::copy_n(xs[size_t(rank)].begin() + (slot / top_k) * H, H, copied.begin() + row * H);
+  }
+  DevBuf x0(xs[0].size() * 2), x1(xs[1].size() * 2), peers(16), dr(src_rank.size() * 4), ds(src_slot.size() * 4),
+      dc(copied.size() * 2), abort_word(4);
+  upload(x0, xs[0]);
+  upload(x1, xs[1]);
+  upload(peers, std::vector<const void*>{x0.p, x1.p});
+  upload(dr, src_rank);
+  upload(ds, src_slot);
+  upload(dc, copied);
+  MOK_ASSERT_CUDA(cudaMemset(abort_word.p, 0, 4));
+  const size_t nt = size_t(Routed::kRows * H), nts = size_t(Routed::kRows / 128 * H);
+  DevBuf t1(nt), ts1(nts * 4), t2(nt), ts2(nts * 4);
+  for (DevBuf* b : {&t1, &ts1, &t2, &ts2}) MOK_ASSERT_CUDA(cudaMemset(b->p, 0xAB, b->bytes));
+  mok::gemm::RowGather g;
+  g.peers = peers.as<const void*>();
+  g.src_rank = dr.as<int32_t>();
+  g.src_slot = ds.as<int32_t>();
+  g.top_k = top_k;
+  g.abort = abort_word.as<uint32_t>();
+  mok::gemm::quantize_fp8_token_blocks_t(dc.p, Routed::kRows, H, t1.p, ts1.as<float>(), nullptr, routed.seg());
+  mok::gemm::quantize_fp8_token_blocks_t_gather(g, Routed::kRows, H, t2.p, ts2.as<float>(), nullptr, routed.seg());
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  EXPECT_EQ(count_diff(download<uint8_t>(t2, nt), download<uint8_t>(t1, nt)), 0) << "codes differ";
+  EXPECT_EQ(count_diff(download<float>(ts2, nts), download<float>(ts1, nts)), 0) << "scales differ";
+  const uint32_t one = 1;
+  MOK_ASSERT_CUDA(cudaMemcpy(abort_word.p, &one, 4, cudaMemcpyHostToDevice));
+  mok::gemm::quantize_fp8_token_blocks_t_gather(g, Routed::kRows, H, t2.p, ts2.as<float>(), nullptr, routed.seg());
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  EXPECT_EQ(count_diff(download<uint8_t>(t2, nt), std::vector<uint8_t>(nt, 0)), 0) << "an aborted gather read rows";
+}
+
 TEST(Fp8Quantize, MxMatchesTheSpecBitForBit) {
   MOK_REQUIRE_GPUS(1);
   int64_t values = 0;
