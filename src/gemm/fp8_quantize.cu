@@ -173,10 +173,10 @@ __global__ void __launch_bounds__(kTileThreads) quantize_tiles_kernel(const uint
 // a column are 32 consecutive bytes of q_t, stored from registers (two 16-byte stores when q_t is
 // 16-byte aligned, `vec_store`; ld is a multiple of 128, so every column's run is then aligned).
 // kRowForm: the same tile also gives the rows' 1 x 128 codes (quantize_fp8_blocked's, block_rows
-// 1): a warp's 32 threads hold 64 columns of 32 rows, so a transposing reduction (31 shuffles:
-// at each step a lane keeps half of its rows and sends the other half to its partner) leaves lane
-// l with row l's maximum over the warp's columns; the tile's two warps of a row group join theirs
-// in shared memory. Then every row of the matrix is read (the row form quantizes padding rows as
+// 1): a warp's 32 threads hold 64 columns of 32 rows, so one warp reduction per row (REDUX, an
+// unsigned maximum of the magnitudes' bits: amax_update's order-free maximum) gives row l's
+// maximum over the warp's columns to lane l; the tile's two warps of a row group join theirs in
+// shared memory; the codes go out by rows through shared memory as 16-byte runs. Then every row of the matrix is read (the row form quantizes padding rows as
 // they are, the token form masks them). `g.peers`: the rows are read where they live (RowGather).
 // One column's 32 codes of a token block as 8 words, at dst. Rows past the data (`valid`) are
 // zero codes whatever the scale (a block holding a NaN or an infinity has a NaN scale, and 0 * its
@@ -202,29 +202,14 @@ __device__ __forceinline__ void store_token_column(const float (&v)[32], float i
   }
 }
 
-// One step of the row form's transposing reduction over a warp: each lane keeps rows j + W of
-// its 2W (W in 16, 8, 4, 2, 1; `upper` = its bit W) and sends the other W to lane ^ W, which keeps
-// those; after the five steps m[0] is row `lane`'s maximum over the warp. The select is on bits
-// (`upper ? m[j] : m[j + W]` became an indexed local-memory load), and W is a template argument so
-// that every index is a constant.
-template <int W>
-__device__ __forceinline__ void transpose_max_step(float (&m)[32], int lane) {
-  const uint32_t upper = (lane & W) != 0 ? ~0u : 0u;
-#pragma unroll
-  for (int j = 0; j < W; ++j) {
-    const uint32_t a = __float_as_uint(m[j]), b = __float_as_uint(m[j + W]);
-    const float send = __uint_as_float((a & upper) | (b & ~upper)), keep = __uint_as_float((b & upper) | (a & ~upper));
-    m[j] = fp8::amax_update(keep, __shfl_xor_sync(0xffffffffu, send, W));
-  }
-}
-
 struct RowForm {
   uint8_t* q = nullptr;  // [rows, cols] codes; nullptr: no row form
   float* scales = nullptr;
   fp8::ScaleRule rule = fp8::ScaleRule::Fp32;
+  bool vec = false;  // cols a multiple of 16 and q 16-byte aligned: 16-byte stores
 };
-template <bool kPairs, bool kRowForm>
-__global__ void __launch_bounds__(kTileThreads) quantize_token_blocks_t_kernel(const uint16_t* in, int64_t rows,
+template <bool kPairs, bool kRowForm, bool kGather>
+__global__ void __launch_bounds__(kTileThreads, kPairs && !kRowForm ? 4 : 1) quantize_token_blocks_t_kernel(const uint16_t* in, int64_t rows,
                                                                                int64_t cols, int64_t ld, uint8_t* q_t,
                                                                                float* scales, RoutedSegments seg,
                                                                                bool vec_store, RowForm rf,
@@ -234,6 +219,8 @@ __global__ void __launch_bounds__(kTileThreads) quantize_token_blocks_t_kernel(c
   __shared__ float col_max[kGroups][kB];
   __shared__ float row_part[kRowForm ? kGroups : 1][2][kRows];
   __shared__ float row_inv[kRowForm ? kGroups : 1][kRows];
+  __shared__ __align__(16) uint16_t row_codes[kRowForm ? kB : 1][kB / 2];  // the tile's 1 x 128 codes, by pairs
+  __shared__ const uint16_t* row_src[kGather ? kB : 1];  // RowGather: each row's address (nullptr: zeros)
   const int64_t grid_cols = (cols + kB - 1) / kB;
   const int64_t br = blockIdx.x / grid_cols, bc = blockIdx.x - br * grid_cols;
   const int pair = int(threadIdx.x % (kB / 2)), group = int(threadIdx.x / (kB / 2));
@@ -248,19 +235,28 @@ __global__ void __launch_bounds__(kTileThreads) quantize_token_blocks_t_kernel(c
   }
   const int valid = int(max(int64_t(0), min(int64_t(kRows), row_end - r0)));  // the thread's rows of data
   const int loaded = kRowForm ? int(max(int64_t(0), min(int64_t(kRows), rows - r0))) : valid;  // rows read
-  const bool gather = g.peers != nullptr;
-  const bool aborted = gather && g.abort != nullptr && *reinterpret_cast<const volatile uint32_t*>(g.abort) != 0u;
+  static_assert(!kGather || (kPairs && !kRowForm), "RowGather: pairs, no row form");
+  if constexpr (kGather) {  // the tile's row addresses, once (not 32 index loads per thread)
+    const bool aborted = g.abort != nullptr && *reinterpret_cast<const volatile uint32_t*>(g.abort) != 0u;
+    if (threadIdx.x < kB) {
+      const int64_t r = br * kB + threadIdx.x;
+      const int src = r < row_end && !aborted ? __ldg(g.src_rank + r) : -1;
+      row_src[threadIdx.x] =
+          src >= 0 ? static_cast<const uint16_t*>(g.peers[src]) + int64_t(__ldg(g.src_slot + r) / g.top_k) * cols
+                   : nullptr;
+    }
+    __syncthreads();
+  }
   const bool has0 = c < cols, has1 = c + 1 < cols;
   float lo[kRows], hi[kRows];  // columns c and c + 1; past the data or the edge: zeros
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     const uint16_t* p = in + (r0 + i) * cols + c;
     bool load = i < loaded && has0;
-    if (gather) {  // (RowGather: kPairs, no row form)
-      const int src = load && !aborted ? __ldg(g.src_rank + r0 + i) : -1;
-      load = src >= 0;
-      if (load)
-        p = static_cast<const uint16_t*>(g.peers[src]) + int64_t(__ldg(g.src_slot + r0 + i) / g.top_k) * cols + c;
+    if constexpr (kGather) {
+      const uint16_t* row = row_src[group * kRows + i];
+      load = load && row != nullptr;
+      p = row + c;
     }
     if constexpr (kPairs) {  // (cols even: has0 implies has1)
       const uint32_t w = load ? __ldg(reinterpret_cast<const uint32_t*>(p)) : 0u;
@@ -281,16 +277,14 @@ __global__ void __launch_bounds__(kTileThreads) quantize_token_blocks_t_kernel(c
   }
   col_max[group][2 * pair] = a0;
   col_max[group][2 * pair + 1] = a1;
-  if constexpr (kRowForm) {
-    float m[kRows];
+  if constexpr (kRowForm) {  // row i's maximum over the warp's 64 columns: one REDUX (unsigned max) each
+    float mine = 0.0f;  // lane l keeps row l's
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) m[i] = fp8::amax_update(lo[i], hi[i]);
-    transpose_max_step<16>(m, lane);  // m[j]: row (j + the lane's bits from 16 up)'s maximum so far
-    transpose_max_step<8>(m, lane);
-    transpose_max_step<4>(m, lane);
-    transpose_max_step<2>(m, lane);
-    transpose_max_step<1>(m, lane);
-    row_part[group][pair / 32][lane] = m[0];  // row r0 + lane, this warp's 64 columns
+    for (int i = 0; i < kRows; ++i) {
+      const uint32_t m = __reduce_max_sync(0xffffffffu, __float_as_uint(fp8::amax_update(lo[i], hi[i])));
+      if (lane == i) mine = __uint_as_float(m);
+    }
+    row_part[group][pair / 32][lane] = mine;  // row r0 + lane, this warp's 64 columns
   }
   __syncthreads();
 #pragma unroll
@@ -317,12 +311,25 @@ __global__ void __launch_bounds__(kTileThreads) quantize_token_blocks_t_kernel(c
   if (has0) store_token_column(lo, inv0, valid, q_t + c * ld + r0, vec_store);
   if (has1) store_token_column(hi, inv1, valid, q_t + (c + 1) * ld + r0, vec_store);
   if constexpr (kRowForm) {  // (kPairs: cols even, so has0 means both columns; q 2-byte aligned)
+    __syncthreads();  // row_inv
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) row_codes[group * kRows + i][pair] = block_encode_inv2(lo[i], hi[i], row_inv[group][i]);
     __syncthreads();
-    if (has0) {
+    // Out by rows: 8 threads per row, 16 bytes each (rf.vec: cols a multiple of 16, q 16-byte
+    // aligned: a row's chunks are whole), else the 2-byte pairs.
+    const int64_t width = min(int64_t(kB), cols - bc * kB);  // the tile's columns
+    if (rf.vec) {
+#pragma unroll
+      for (int pass = 0; pass < kB / (kTileThreads / 8); ++pass) {
+        const int row = pass * (kTileThreads / 8) + int(threadIdx.x / 8), chunk = int(threadIdx.x % 8);
+        if (br * kB + row < rows && chunk * 16 < width)
+          *reinterpret_cast<uint4*>(rf.q + (br * kB + row) * cols + bc * kB + chunk * 16) =
+              *reinterpret_cast<const uint4*>(&row_codes[row][chunk * 8]);
+      }
+    } else if (has0) {
 #pragma unroll
       for (int i = 0; i < kRows; ++i)
-        if (i < loaded)
-          *reinterpret_cast<uint16_t*>(rf.q + (r0 + i) * cols + c) = block_encode_inv2(lo[i], hi[i], row_inv[group][i]);
+        if (i < loaded) *reinterpret_cast<uint16_t*>(rf.q + (r0 + i) * cols + c) = row_codes[group * kRows + i][pair];
     }
   }
 }
@@ -463,14 +470,14 @@ void check_segments(const RoutedSegments& seg) {
   MOK_REQUIRE(seg.num_m_tiles >= 0, "seg.num_m_tiles", ">= 0, got ", seg.num_m_tiles);
 }
 // One launch of the token-block kernel (the checks done by the caller).
-template <bool kPairs, bool kRowForm>
+template <bool kPairs, bool kRowForm, bool kGather = false>
 void launch_token_blocks(const uint16_t* in, int64_t rows, int64_t cols, void* q_t, float* scales,
                          const RoutedSegments& seg, const RowForm& rf, const RowGather& g, cudaStream_t stream) {
   const int64_t ld = (rows + fp8::kBlock - 1) / fp8::kBlock * fp8::kBlock;
   const int64_t tiles = ld / fp8::kBlock * ((cols + fp8::kBlock - 1) / fp8::kBlock);
   MOK_REQUIRE(tiles < (int64_t(1) << 31), "rows, cols", "fewer than 2^31 tiles of 128 x 128, got ", tiles);
   auto* out = static_cast<uint8_t*>(q_t);
-  quantize_token_blocks_t_kernel<kPairs, kRowForm><<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(
+  quantize_token_blocks_t_kernel<kPairs, kRowForm, kGather><<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(
       in, rows, cols, ld, out, scales, seg, aligned(out, 16), rf, g);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
@@ -500,7 +507,7 @@ void quantize_fp8_token_blocks_t_gather(const RowGather& g, int64_t rows, int64_
   MOK_REQUIRE(cols % 2 == 0, "cols", "even for a gathered matrix (bf16 pairs; each peer's rows 4-byte aligned), got ",
               cols);
   MOK_REQUIRE(q_t != nullptr && scales != nullptr, "q_t, scales", "not null when rows * cols > 0");
-  launch_token_blocks<true, false>(nullptr, rows, cols, q_t, scales, seg, {}, g, stream);
+  launch_token_blocks<true, false, true>(nullptr, rows, cols, q_t, scales, seg, {}, g, stream);
 }
 
 void quantize_fp8_rows_and_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols, fp8::ScaleRule rule,
@@ -517,7 +524,8 @@ void quantize_fp8_rows_and_token_blocks_t(const void* in_bf16, int64_t rows, int
     return;
   }
   launch_token_blocks<true, true>(in, rows, cols, q_t, t_scales, seg,
-                                  RowForm{static_cast<uint8_t*>(q), q_scales, rule}, {}, stream);
+                                  RowForm{static_cast<uint8_t*>(q), q_scales, rule, cols % 16 == 0 && aligned(q, 16)},
+                                  {}, stream);
 }
 
 void transpose_weights_bf16(const void* w, const void* w_up, int64_t experts, int64_t rows, int64_t cols, void* out,
