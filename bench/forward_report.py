@@ -14,13 +14,14 @@ Cases that mok_bench measured with --sustain also carry `mok_sustained_ms` / `mo
 (the slowest rank's mean time per forward over seconds of back-to-back forwards, at the power cap); when the
 baseline ran with --sustain too, `baseline_sustained_ms` and `sustained_speedup` join them.
 
---fp8: mok_bench's run of the same cases in FP8 (--precision fp8, the unfused forward): its cases
+--fp8: mok_bench's run of the same cases in FP8 (--precision fp8, the FP8 megakernel): its cases
 join OUT_JSON's `cases` with `precision` "fp8" (mok's own cases get "bf16" where they carry none),
 the same baseline fields, and `bf16_mok_ms` / `x_bf16` (mok's bf16 time of the same case over the
 FP8 one). Readers that want one entry per (model, T, routing) take the bf16 ones. An FP8 case's
 `mok_pct_of_peak` and `mok_sustained_pct_of_sustained_peak` are against the baseline's `peak_fp8`
 (cuBLAS FP8 8192^3, same run; absent when not measured), never against the bf16 peak; FP8 cases
-get no backward fields (the FP8 layer is forward only so far).
+get no backward fields (the main job's FP8 pass is the FP8 megakernel, forward only; the FP8
+backward runs on the unfused path: bench/fp8_layer_device.sh, fp8-layer-backward-h200x1.json).
 
 Backward: cases with `mok_bwd_ms` (mok_bench's backward of the main variant) get, when the
 baseline timed its backward too (`baseline_bwd_ms`), `baseline_bwd_tflops`, `bwd_speedup` and
@@ -115,7 +116,7 @@ def join(mok, base, fp8=None):
             s = speedup(b["baseline_ms"], c["mok_ms"])
             if s is not None:
                 row["speedup"] = s
-            if "baseline_bwd_ms" in b and bf16:  # the baseline's backward (FP8: forward only so far)
+            if "baseline_bwd_ms" in b and bf16:  # the baseline's backward (not beside the FP8 pass: forward only)
                 row["baseline_bwd_ms"] = b["baseline_bwd_ms"]
                 row["baseline_bwd_tflops"] = b.get("baseline_bwd_tflops")
                 s = speedup(b["baseline_bwd_ms"], c.get("mok_bwd_ms"))

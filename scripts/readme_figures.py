@@ -530,6 +530,27 @@ def fp8_forward_figures(res):
             "" if same_run else "; " + p.source())]
 
 
+def fp8_backward_figures(res):
+    """The GPU layer's FP8 backward against its bf16 backward, alternated in one call."""
+    r = res["fp8-layer-backward-h200x1.json"]
+    cases = r.get("cases")
+    speed = [r.num("bf16", "median", within=c) / r.num("fp8", "median", within=c) for c in cases]
+    slower = sum(1 for v in speed if v < 1)
+
+    def name(c):  # "dsv3/ep8" -> "DeepSeek-V3 EP-8 slice"
+        m = r.get("model", within=c)
+        base, _, ep = m.partition("/")
+        return model_name(base) + (" %s slice" % ep.upper().replace("EP", "EP-") if ep else "")
+    each = "; ".join("%s %.2f vs %.2f ms" % (name(c), r.num("fp8", "median", within=c),
+                                             r.num("bf16", "median", within=c)) for c in cases)
+    return [
+        "**FP8 backward** (the GPU layer's, unfused path, recipe 1: FP8 dgrads and weight gradients, "
+        "the operands quantized per call; T=%d %s, alternated with the bf16 backward in one call): "
+        "%s the bf16 backward's speed over %s%s (FP8 vs bf16: %s). %s" % (
+            r.num("T", within=cases[0]), r.get("routing", within=cases[0]), span(speed),
+            count(len(cases), "case"), ", slower in %d" % slower if slower else "", each, r.source())]
+
+
 def runtime_ab_figures(res):
     """The forward built from this tree against a base commit's build, same call (issue 18)."""
     r = res["runtime-ab-h200x1.json"]
@@ -543,7 +564,7 @@ def runtime_ab_figures(res):
             r.source())]
 
 
-FIGURES = [forward_figures, one_gpu_figures, fp8_forward_figures, gemm_figures, gemm_fp8_figures, comm_figures, schedule_figures,
+FIGURES = [forward_figures, one_gpu_figures, fp8_forward_figures, fp8_backward_figures, gemm_figures, gemm_fp8_figures, comm_figures, schedule_figures,
            sustained_figures, reliability_figures, memory_figures, training_figures, backward_program_figures,
            runtime_ab_figures, torch_figures]
 

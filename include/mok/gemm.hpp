@@ -249,8 +249,8 @@ struct Fp8GroupedArgs {
 // FC1 in FP8 (issue 22, recipe 1): g, u = x[r] . W_gate[e]^T, x[r] . W_up[e]^T from block-scaled
 // E4M3 operands (x per 1 x 128, each weight per 128 x 128, fp32 scales), h = rnd(silu(rnd(g)) *
 // rnd(u)) (FC1's SwiGLU bits), written as FC2's operand: E4M3 codes with one fp32 scale per row
-// and 128 intermediate columns (amax / 448). The gate/up pre-activations are not stored (the FP8
-// backward's SwiGLU' will need them: a store here or FC1 again). hidden and inter multiples of
+// and 128 intermediate columns (amax / 448). The gate/up pre-activations are stored only when `gu`
+// is given (a forward that saves for the FP8 backward's SwiGLU'). hidden and inter multiples of
 // 128; 256-wide packed tiles (128 intermediate columns: one h block per row), no clusters.
 struct Fp8Fc1Args {
   const void* x = nullptr;               // [num_m_tiles*128, hidden] E4M3 codes
