@@ -137,6 +137,8 @@ const Option kOptions[] = {
      [](BenchArgs& a, const std::string& o, const std::string& v) {
        a.gpu.sustain_s = parse_number(o, v, 0.0, kMaxSustainS, " seconds (0 = off)");
      }},
+    {"--fp8-keep-weight-codes", false, Mode::Gpu,
+     [](BenchArgs& a, const std::string&, const std::string&) { a.gpu.fp8_keep_weight_codes_t = true; }},
     {"--no-ablation", false, Mode::Gpu, [](BenchArgs& a, const std::string&, const std::string&) { a.gpu.ablation = false; }},
     {"--no-backward", false, Mode::Gpu, [](BenchArgs& a, const std::string&, const std::string&) { a.gpu.backward = false; }},
     // CPU options.

@@ -4,7 +4,7 @@
 # run the quantizer tests and the FP8 layer tests (forward, backward against the CPU FP8
 # reference, refusals); then the layer's backward in
 # bf16 and FP8 on the unfused path, alternated ROUNDS times (mok_bench, EP-8 rank slices, uniform
-# routing), joined into fp8-layer-backward.json (mok_bwd_ms) and fp8-layer-forward.json (mok_ms)
+# routing; and FP8 with the backward's weight codes kept), joined into fp8-layer-backward.json (mok_bwd_ms) and fp8-layer-forward.json (mok_ms)
 # by ab_report.py; and the backward's GEMM chain with each step timed inside it.
 # Everything lands in $OUT (default /tmp/fp8-layer-out); log.txt is written as it goes.
 #   [ROUNDS=2] [MODELS=dsv3/ep8,qwen3-235b/ep8,qwen3-30b-a3b/ep8] [TOKENS=8192] [MOK_COMMIT=<sha>]
@@ -41,10 +41,12 @@ fi
 MODELS="${MODELS:-dsv3/ep8,qwen3-235b/ep8,qwen3-30b-a3b/ep8}"
 TOKENS="${TOKENS:-8192}"
 for round in $(seq 1 "${ROUNDS:-2}"); do
-  for p in bf16 fp8; do
+  for p in bf16 fp8 fp8k; do
     t1=$(date +%s)
+    extra=(--precision "$p")
+    [ "$p" = fp8k ] && extra=(--precision fp8 --fp8-keep-weight-codes)
     MOK_COMMIT="$COMMIT" timeout 300 "$B/bench/mok_bench" --models "$MODELS" --tokens "$TOKENS" --routings uniform \
-      --path unfused --precision "$p" --no-ablation --sustain 0 --json "$OUT/ab_${p}_$round.json" \
+      --path unfused "${extra[@]}" --no-ablation --sustain 0 --json "$OUT/ab_${p}_$round.json" \
       >"$OUT/bench_${p}_$round.log" 2>&1
     log "mok_bench $p round $round: rc $? ($(( $(date +%s) - t1 )) s)"
     grep -E "^\| |backward:|memory per layer" "$OUT/bench_${p}_$round.log" | grep -v "^| model\|^|---" | tee -a "$LOG"
@@ -52,7 +54,8 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
 done
 python3 bench/ab_report.py --out "$OUT/fp8-layer-backward.json" --commit "$COMMIT" --field mok_bwd_ms \
   --variant bf16="$OUT/ab_bf16_*.json" --variant fp8="$OUT/ab_fp8_*.json" \
-  --what "the GPU layer's backward (unfused path, resident) in bf16 and in FP8 (recipe 1), EP 1 on EP-8 rank slices" \
+  --variant fp8-kept="$OUT/ab_fp8k_*.json" \
+  --what "the GPU layer's backward (unfused path, resident) in bf16 and in FP8 (recipe 1; fp8-kept: the backward's weight codes made once per weight binding, Config::fp8_keep_weight_codes_t), EP 1 on EP-8 rank slices" \
   2>&1 | tee -a "$LOG"
 python3 bench/ab_report.py --out "$OUT/fp8-layer-forward.json" --commit "$COMMIT" --field mok_ms \
   --variant bf16="$OUT/ab_bf16_*.json" --variant fp8="$OUT/ab_fp8_*.json" \

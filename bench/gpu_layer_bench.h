@@ -36,6 +36,7 @@ struct GpuBenchOptions {
   // The main variant's Config::precision. FP8 (recipe 1) runs the unfused forward only: no
   // ablation, no backward, no saved state; its sampled check is against the spec's FP8 forward.
   Precision precision = Precision::BF16;
+  bool fp8_keep_weight_codes_t = false;  // the main variant's Config::fp8_keep_weight_codes_t
   // Ablation: besides the main variant, at every shape: the other path, comm SMs {4, 8, 16, 32}, half and
   // double the minibatch, the combine in the FC2 epilogue, the other cluster setting, the other
   // dispatch (pull / push), and a ring of 4 minibatches; each checked bitwise against the main one.

@@ -30,6 +30,7 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   main.dispatch = o.dispatch;
   main.backward_path = o.backward_path;
   main.precision = o.precision;
+  main.fp8_keep_weight_codes_t = o.fp8_keep_weight_codes_t;
   // A multiple of this shape's minibatch (which the models' shapes choose differently).
   if (o.macrobatch > 0) main.macrobatch_tokens = sched::round_up(o.macrobatch, main.resolved_minibatch(shape, device_sms()));
   main.activation_budget_bytes = o.budget_mb < 0 ? -1 : o.budget_mb * 1000000;
@@ -44,7 +45,8 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   }
   std::vector<Variant> v{{to_string(o.path), main}};
   if (main.precision != Precision::BF16) {  // no variants to compare bitwise
-    v[0].name = std::string(to_string(o.path)) + "-" + to_string(main.precision);
+    v[0].name = std::string(to_string(o.path)) + "-" + to_string(main.precision) +
+                (main.fp8_keep_weight_codes_t ? "-kept" : "");
     // The FP8 megakernel is forward only (nothing saved); the unfused FP8 forward saves for its backward.
     v[0].save_for_backward = main.forward_path == ForwardPath::Unfused;
     return v;

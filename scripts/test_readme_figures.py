@@ -112,7 +112,11 @@ def synthetic():
     runtime = dict(META2, gpus=1, base_commit="c5c4276", cases=[
         {"model": m, "T": 8192, "routing": "uniform", "base_ms": 1.0, "new_ms": x, "new_over_base": x,
          "bitwise_same": True} for m, x in (("dsv3", 1.0), ("qwen3-30b-a3b", 1.028))])
-    return {"fp8-forward-h200x1.json": fp8_ab, "peak-fp8-h200x1.json": peak_fp8, "gemm-fp8-h200x1.json": fp8, "runtime-ab-h200x1.json": runtime, "backward-program-h200x1.json": program, "training-h200x1.json": training, "forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
+    fp8_bwd = dict(META2, gpus=1, field="mok_bwd_ms", variants=["bf16", "fp8"], cases=[
+        {"model": m, "T": 8192, "routing": "uniform", "bf16": {"runs": [b], "median": b},
+         "fp8": {"runs": [f], "median": f, "over_bf16": f / b}}
+        for m, b, f in (("dsv3/ep8", 20.0, 16.0), ("qwen3-30b-a3b/ep8", 2.0, 2.5))])
+    return {"fp8-layer-backward-h200x1.json": fp8_bwd, "fp8-forward-h200x1.json": fp8_ab, "peak-fp8-h200x1.json": peak_fp8, "gemm-fp8-h200x1.json": fp8, "runtime-ab-h200x1.json": runtime, "backward-program-h200x1.json": program, "training-h200x1.json": training, "forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
             "comm-h200x2.json": comm, "schedule-h200x2.json": schedule, "sustained-h200x2.json": sustained,
             "reliability-h200x1.json": reliability, "forward-h200x1.json": forward1, "memory-h200x1.json": memory,
             "torch-h200x1.json": torch_step}
@@ -216,6 +220,9 @@ class Figures(Fixture):
         self.assertIn("the FP8 unfused path takes 1.20–1.30× the FP8 megakernel's time over 2 cases", b)
         self.assertIn("1250 TF/s, measured in another call", b)
         self.assertIn("peak-fp8-h200x1.json", b)
+        # the FP8 backward: bf16 over fp8 time per case, a slower case counted, the names spelled out
+        self.assertIn("0.80–1.25× the bf16 backward's speed over 2 cases, slower in 1 (FP8 vs bf16: DeepSeek-V3 "
+                      "EP-8 slice 16.00 vs 20.00 ms; Qwen3-30B-A3B EP-8 slice 2.50 vs 2.00 ms)", b)
 
     def test_fp8_forward_figure_takes_the_same_runs_peak_when_it_has_one(self):
         docs = synthetic()
@@ -230,7 +237,7 @@ class Figures(Fixture):
 
     def test_every_line_names_its_results_file_and_run(self):
         lines = rf.render(self.results)[0].split("\n- ")[1:]
-        self.assertEqual(len(lines), 18)
+        self.assertEqual(len(lines), 19)
         for line in lines:
             self.assertRegex(" ".join(line.split()), r"\*\[`[a-z0-9-]+\.json`\]\(bench/results/[a-z0-9-]+\.json\): "
                                                      r"\d× NVIDIA H200, commit (45ca210|not recorded), 2026-11-30\*")

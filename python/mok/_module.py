@@ -11,7 +11,7 @@ from ._ops import PRECISIONS, moe, register_gpu_layer, unregister_gpu_layer
 # cpu_threads matters; the others configure the GPU layer and are kept for it.
 CONFIG_KNOBS = ("forward_path", "combine", "dispatch", "backward_path", "fwd_clusters", "fwd_comm_sms", "bwd_comm_sms",
                 "minibatch_tokens", "macrobatch_tokens", "activation_budget_bytes", "share_workspace", "workspace_budget_bytes",
-                "saved_forwards",
+                "saved_forwards", "fp8_keep_weight_codes_t",
                 "precision",
                 "wait_timeout_s", "cpu_threads")
 

@@ -66,6 +66,8 @@ inline void apply_knobs(mok::Config& c, const std::map<std::string, std::string>
       c.share_workspace = number(name, v) != 0;
     } else if (name == "workspace_budget_bytes") {
       c.workspace_budget_bytes = number(name, v);
+    } else if (name == "fp8_keep_weight_codes_t") {
+      c.fp8_keep_weight_codes_t = number(name, v) != 0;
     } else if (name == "saved_forwards") {
       c.saved_forwards = static_cast<int>(number(name, v));
     } else if (name == "precision") {

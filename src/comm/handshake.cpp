@@ -106,6 +106,7 @@ std::vector<HandshakeField> handshake_fields(const std::optional<LayerShape>& sh
   // workspace, and which forwards' backwards a rank accepts.
   add("config.share_workspace", config.share_workspace ? 1 : 0);
   add("config.saved_forwards", config.saved_forwards);
+  add("config.fp8_keep_weight_codes_t", config.fp8_keep_weight_codes_t ? 1 : 0);
   add_double("config.wait_timeout_s", config.wait_timeout_s);
   if (shape) {
     add("shape.tokens.size", static_cast<int64_t>(shape->tokens.size()));

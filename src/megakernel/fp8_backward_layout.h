@@ -10,7 +10,9 @@
 //   fp8_bwd_weights the dgrads' K-major weight codes, made by each backward from the bf16 weights:
 //                   W_down^T [E, I, H] and [W_gate; W_up]^T packed [E, H, 2I], with their
 //                   128 x 128 scales (not kept across calls: per layer x 58 they would cost as much
-//                   as the forward's codes again; with a shared workspace one copy serves all).
+//                   as the forward's codes again; with a shared workspace one copy serves all),
+//                   unless Config::fp8_keep_weight_codes_t (then the layer's own, made with the
+//                   forward's codes by the weight binding).
 #pragma once
 
 #include <algorithm>

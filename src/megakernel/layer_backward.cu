@@ -322,7 +322,7 @@ void Layer::Impl::allocate_backward() {
     bwd_counters = allocate("bwd_counters", "backward program counters");
   if (fp8) {
     fp8_bwd_rows = allocate("fp8_bwd_rows", "fp8 backward row codes");
-    fp8_bwd_weights = allocate("fp8_bwd_weights", "fp8 backward weight codes");
+    if (!fp8_bwd_weights.p) fp8_bwd_weights = allocate("fp8_bwd_weights", "fp8 backward weight codes");
   }
   if (windowed) {
     bwd_carry = allocate("bwd_carry", "backward wgrad carries");

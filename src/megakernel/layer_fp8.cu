@@ -80,6 +80,13 @@ void Layer::Impl::bind_weights_fp8() {
     gemm::quantize_fp8_blocked(weights.w_down.data, e_loc * H, I, 128, fp8::ScaleRule::Fp32, base + L.down,
                                scales(L.s_down), s);
   }
+  if (config.fp8_keep_weight_codes_t) {  // the backward's codes too, kept (Config::fp8_keep_weight_codes_t)
+    if (!fp8_bwd_weights.p) {
+      fp8_bwd_weights = allocate("fp8_bwd_weights", "fp8 backward weight codes");
+      MOK_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    fp8_backward_weight_codes(s);
+  }
   MOK_CUDA_CHECK(cudaStreamSynchronize(s));
   if (fused) {  // the megakernel's weight maps (E4M3) and scales
     using gemm::make_map_3d;

@@ -6,7 +6,8 @@
 //             codes cannot give exactly) is quantized from the bf16 rows where they live, in the
 //             x windows (quantize_fp8_token_blocks_t_gather);
 //   weights   W_down^T and [W_gate; W_up]^T as K-major codes with 128 x 128 scales (the dgrads' B),
-//             made from the bf16 weights by every call (fp8_backward_layout.h says why);
+//             made from the bf16 weights by every call (fp8_backward_layout.h says why), or once
+//             per weight binding and kept (Config::fp8_keep_weight_codes_t);
 //   FC2 dgrad d_y per 1 x 128 (and per 128 x 1 token block for dW_down, in the same pass), then
 //             the FP8 dgrad + SwiGLU' (d_gu over the saved gate/up rows, the router-weight
 //             gradient's partial sums, the weighted h, all bf16);
@@ -30,6 +31,17 @@
 
 namespace mok {
 
+void Layer::Impl::fp8_backward_weight_codes(cudaStream_t stream) {
+  if (e_loc == 0) return;
+  const fp8_bwd::WeightsLayout WL = fp8_bwd::weights_layout(e_loc, H, I);
+  auto* wb = static_cast<char*>(fp8_bwd_weights.p);
+  const auto rule = fp8::ScaleRule::Fp32;
+  gemm::quantize_fp8_weights_t(weights.w_down.data, nullptr, e_loc, H, I, rule, wb + WL.q_wd,
+                               reinterpret_cast<float*>(wb + WL.s_wd), stream);
+  gemm::quantize_fp8_weights_t(weights.w_gate.data, weights.w_up.data, e_loc, I, H, rule, wb + WL.q_w1,
+                               reinterpret_cast<float*>(wb + WL.s_w1), stream);
+}
+
 // Stage marks as the bf16 backward's (kBwdStageNames): 3 the pulls, 4 the weights' codes, d_y's
 // and FC2's dgrad + SwiGLU', 5 d_gu's codes, FC1's dgrad and the router-gradient push, 6 the
 // reverse-dispatch push, 7 the token blocks and dW_down; dW_gate/up ends at backward()'s mark 8.
@@ -52,10 +64,7 @@ void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_dow
   const gemm::Options o = gemm_options();
   const gemm::RoutedSegments seg{v.tile_expert, v.expert_offset, v.expert_rows, tiles};
   if (rows > 0 && e_loc > 0) {
-    gemm::quantize_fp8_weights_t(weights.w_down.data, nullptr, e_loc, H, I, rule, wb + WL.q_wd, f32(wb, WL.s_wd),
-                                 stream);
-    gemm::quantize_fp8_weights_t(weights.w_gate.data, weights.w_up.data, e_loc, I, H, rule, wb + WL.q_w1,
-                                 f32(wb, WL.s_w1), stream);
+    if (!config.fp8_keep_weight_codes_t) fp8_backward_weight_codes(stream);  // (else made by bind_weights)
     gemm::quantize_fp8_rows_and_token_blocks_t(dy_routed.p, rows, H, rule, rb + R.q_dy, f32(rb, R.s_dy),
                                                rb + R.t_dy, f32(rb, R.ts_dy), stream, seg);
     gemm::Fp8DgradSwiGLUArgs ds;

@@ -365,6 +365,9 @@ struct Layer::Impl {
   void backward_resident(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream);
   void backward_windows(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream);
   void allocate_backward();
+  // The FP8 backward's K-major weight codes into fp8_bwd_weights (layer_fp8_backward.cu): by every
+  // backward, or once per weight binding with Config::fp8_keep_weight_codes_t.
+  void fp8_backward_weight_codes(cudaStream_t stream);
   std::string forward_profile() const;   // the megakernel's line of profile_summary, or ""
   std::string backward_profile() const;  // the last backward's stage times (MOK_PROFILE=1), or ""
   const int32_t* published() const { return static_cast<const int32_t*>(win_routing->ptr); }

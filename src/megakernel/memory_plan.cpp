@@ -215,7 +215,9 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   // dgrads' K-major weight codes made by each call.
   if (fp8) {
     add("fp8_bwd_rows", fp8_bwd::rows_layout(std::max<int64_t>(cap, sched::kBlockM), H, I).bytes, S::Backward);
-    add("fp8_bwd_weights", fp8_bwd::weights_layout(e_loc, H, I).bytes, S::Backward);
+    // Kept (Config::fp8_keep_weight_codes_t): the layer's own, made with the forward's codes.
+    add("fp8_bwd_weights", fp8_bwd::weights_layout(e_loc, H, I).bytes,
+        config.fp8_keep_weight_codes_t ? S::Layer : S::Backward);
   }
   if (Is > 0 && T > 0) {
     add("shared_rows", 8, S::Backward);
@@ -229,10 +231,11 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
     // The symmetric windows but the published routing too: the backward stages x and d_out again
     // and reads no row the forward left in the combine slots.
     std::vector<std::string> shared = {"y_ring", "y", "y_s", "h_ring", "h", "dy_rows", "row_weights", "router_partials", "bwd_counters",
-                                       "fp8_bwd_rows", "fp8_bwd_weights",
+                                       "fp8_bwd_rows",
                                        "window.x", "window.combine", "window.d_out", "window.router_weights",
                                        "window.d_weights"};
     if (fp8) shared.emplace_back("x_routed");
+    if (fp8 && !config.fp8_keep_weight_codes_t) shared.emplace_back("fp8_bwd_weights");
     if (windowed) {
       for (const char* name : {"gu", "bwd_carry", "bwd_windows"}) shared.emplace_back(name);
       if (!push) shared.emplace_back("x_ring");

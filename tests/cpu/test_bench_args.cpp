@@ -184,7 +184,7 @@ TEST(BenchArgs, UsageListsExactlyTheKnownOptions) {
   for (const auto& name : known) {
     EXPECT_TRUE(std::regex_search(usage, std::regex("(^|[^-\\w])" + name + "($|[^-\\w])"))) << name;
   }
-  const std::regex option("--[a-z][a-z-]*");
+  const std::regex option("--[a-z][a-z0-9-]*");
   for (auto it = std::sregex_iterator(usage.begin(), usage.end(), option); it != std::sregex_iterator(); ++it) {
     EXPECT_NE(std::find(known.begin(), known.end(), it->str()), known.end()) << it->str() << " is in the usage text";
   }

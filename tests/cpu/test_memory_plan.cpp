@@ -354,6 +354,34 @@ TEST(MemoryPlan, Fp8AddsTheWeightCodesAndTheBackwardOperands) {
       EXPECT_TRUE(buf.workspace) << buf.name;
     }
   }
+  // Config::fp8_keep_weight_codes_t: the backward's weight codes are the layer's own (made with the
+  // forward's), the same bytes; refused by name where there is no FP8 backward to keep them for.
+  mok::Config kept = fp8_ws;
+  kept.fp8_keep_weight_codes_t = true;
+  const mok::MemoryPlan k = mok::plan_memory(shape, kept, 0, 132);
+  for (const auto& buf : k.buffers) {
+    if (buf.name == "fp8_bwd_weights") {
+      EXPECT_FALSE(buf.workspace);
+      EXPECT_EQ(buf.scope, mok::MemoryScope::Layer);
+      EXPECT_EQ(buf.bytes, b.bytes("fp8_bwd_weights"));
+    }
+  }
+  EXPECT_EQ(k.total(mok::MemoryScope::Layer) - w.total(mok::MemoryScope::Layer), b.bytes("fp8_bwd_weights"));
+  for (const bool megakernel : {false, true}) {
+    mok::Config bad = megakernel ? fp8 : bf16;
+    if (megakernel) bad.forward_path = mok::ForwardPath::Megakernel;
+    bad.fp8_keep_weight_codes_t = true;
+    EXPECT_THROW(
+        {
+          try {
+            bad.validate(shape, 132);
+          } catch (const mok::Error& e) {
+            EXPECT_NE(std::string(e.what()).find("config.fp8_keep_weight_codes_t"), std::string::npos) << e.what();
+            throw;
+          }
+        },
+        mok::Error);
+  }
   // The FP8 megakernel: forward only.
   mok::Config fp8_mk = fp8;
   fp8_mk.forward_path = mok::ForwardPath::Megakernel;

@@ -180,13 +180,15 @@ TEST(LayerFp8Refusals, EachNamesItsKnob) {
 // recipe (they differ by accumulation order and the SFU's exp, which move a code across an E4M3
 // rounding boundary now and then: a few 1e-3 in norm), the same bits on a second forward +
 // backward, and the recipe's distance from the bf16 reference's gradients (reported; ~6% on these
-// Gaussian weights, as the forward). Over 1 GPU, and 2 where there are two.
+// Gaussian weights, as the forward). Over 1 GPU, and 2 where there are two. `keep`: with
+// Config::fp8_keep_weight_codes_t, also the same bits as a layer making the codes per call.
 // ---------------------------------------------------------------------------------------------
 struct Fp8BwdCase {
   const char* name;
   mok::Routing routing;
   std::vector<int64_t> tokens;  // per rank
   int64_t H, I, E, k;
+  bool keep = false;
 };
 
 class LayerFp8Backward : public ::testing::TestWithParam<Fp8BwdCase> {};
@@ -196,7 +198,8 @@ TEST_P(LayerFp8Backward, MatchesTheFp8ReferenceAndIsBitwiseReproducible) {
   const int world = static_cast<int>(c.tokens.size());
   MOK_REQUIRE_GPUS(world);
   const mok::LayerShape shape{c.tokens, c.H, c.I, c.E, c.k, 0};
-  const mok::Config cfg = fp8_config();
+  mok::Config cfg = fp8_config();
+  cfg.fp8_keep_weight_codes_t = c.keep;
   const auto wl = mok::make_workload(shape, c.routing, 4242);
   const auto ref = mok::ref::Engine(shape, cfg).backward(wl.inputs, wl.weights, wl.d_out);
   mok::Config bf16_cfg = cfg;
@@ -227,6 +230,19 @@ TEST_P(LayerFp8Backward, MatchesTheFp8ReferenceAndIsBitwiseReproducible) {
         break;
       }
       first = got;
+      if (c.keep) {  // a layer making the backward's weight codes per call: the same bits
+        mok::Config per_call = cfg;
+        per_call.fp8_keep_weight_codes_t = false;
+        mok::Layer other(comm, shape, per_call, d.dw);
+        d.forward_once(other, comm, nullptr, /*save_for_backward=*/true);
+        gr.poison();
+        other.backward(d.refs, dref, gr.g, comm.stream());
+        ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
+        other.check();
+        const auto per = gr.fetch();
+        for (size_t o = 0; o < 5; ++o)
+          EXPECT_TRUE(per[o] == got[o]) << "rank " << r << ": " << names[o] << " differs from the per-call codes'";
+      }
       const int64_t e0 = static_cast<int64_t>(r) * e_loc;
       const auto errs = [&](const mok::ref::Gradients& want, double* e) {
         e[0] = T > 0 ? mok::test::rel_err(got[0], mok::test::as_float(want.d_x[r], 0, T * H).data(), T * H) : -1;
@@ -265,6 +281,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Fp8BwdCase{"zipf", mok::Routing::Zipf, {700}, 512, 256, 16, 4},
                       Fp8BwdCase{"one_expert_wide", mok::Routing::OneExpert, {300}, 1024, 384, 8, 2},
                       Fp8BwdCase{"empty_slots", mok::Routing::EmptySlots, {513}, 256, 128, 8, 3},
+                      Fp8BwdCase{"zipf_kept_codes", mok::Routing::Zipf, {700}, 512, 256, 16, 4, true},
                       Fp8BwdCase{"ep2_zipf", mok::Routing::Zipf, {600, 344}, 512, 256, 16, 4},
                       Fp8BwdCase{"ep2_one_rank_empty", mok::Routing::Uniform, {400, 0}, 256, 128, 8, 2}),
     [](const auto& i) { return std::string(i.param.name); });
