@@ -543,12 +543,17 @@ def fp8_backward_figures(res):
         return model_name(base) + (" %s slice" % ep.upper().replace("EP", "EP-") if ep else "")
     each = "; ".join("%s %.2f vs %.2f ms" % (name(c), r.num("fp8", "median", within=c),
                                              r.num("bf16", "median", within=c)) for c in cases)
+    kept = ""
+    if "fp8-kept" in r.get("variants"):  # Config::fp8_keep_weight_codes_t
+        ks = [r.num("bf16", "median", within=c) / r.num("fp8-kept", "median", within=c) for c in cases]
+        kept = "; with the weights' codes kept (`fp8_keep_weight_codes_t`) %s%s" % (
+            span(ks), ", slower in %d" % sum(1 for v in ks if v < 1) if any(v < 1 for v in ks) else "")
     return [
         "**FP8 backward** (the GPU layer's, unfused path, recipe 1: FP8 dgrads and weight gradients, "
         "the operands quantized per call; T=%d %s, alternated with the bf16 backward in one call): "
-        "%s the bf16 backward's speed over %s%s (FP8 vs bf16: %s). %s" % (
+        "%s the bf16 backward's speed over %s%s (FP8 vs bf16: %s)%s. %s" % (
             r.num("T", within=cases[0]), r.get("routing", within=cases[0]), span(speed),
-            count(len(cases), "case"), ", slower in %d" % slower if slower else "", each, r.source())]
+            count(len(cases), "case"), ", slower in %d" % slower if slower else "", each, kept, r.source())]
 
 
 def runtime_ab_figures(res):
