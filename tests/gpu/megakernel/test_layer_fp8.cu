@@ -217,14 +217,17 @@ TEST_P(LayerFp8Backward, MatchesTheFp8ReferenceAndIsBitwiseReproducible) {
     mok::bf16* d_out = upload(wl.d_out[r].data(), wl.d_out[r].size());
     const mok::TensorRef dref = mok::TensorRef::contiguous(d_out, mok::DType::BF16, {T, H});
     mok::Layer layer(comm, shape, cfg, d.dw);
+    const auto forward_backward = [&](mok::Layer& l) {  // the five gradients of one forward + backward
+      d.forward_once(l, comm, nullptr, /*save_for_backward=*/true);
+      gr.poison();
+      l.backward(d.refs, dref, gr.g, comm.stream());
+      EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
+      l.check();
+      return gr.fetch();
+    };
     std::vector<std::vector<float>> first;
     for (int rep = 0; rep < 2; ++rep) {
-      d.forward_once(layer, comm, nullptr, /*save_for_backward=*/true);
-      gr.poison();
-      layer.backward(d.refs, dref, gr.g, comm.stream());
-      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
-      layer.check();
-      const auto got = gr.fetch();
+      const auto got = forward_backward(layer);
       if (rep == 1) {
         for (size_t o = 0; o < 5; ++o)
           EXPECT_TRUE(got[o] == first[o]) << "rank " << r << ": " << names[o] << " differs on the second backward";
@@ -235,12 +238,7 @@ TEST_P(LayerFp8Backward, MatchesTheFp8ReferenceAndIsBitwiseReproducible) {
         mok::Config per_call = cfg;
         per_call.fp8_keep_weight_codes_t = false;
         mok::Layer other(comm, shape, per_call, d.dw);
-        d.forward_once(other, comm, nullptr, /*save_for_backward=*/true);
-        gr.poison();
-        other.backward(d.refs, dref, gr.g, comm.stream());
-        ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
-        other.check();
-        const auto per = gr.fetch();
+        const auto per = forward_backward(other);
         for (size_t o = 0; o < 5; ++o)
           EXPECT_TRUE(per[o] == got[o]) << "rank " << r << ": " << names[o] << " differs from the per-call codes'";
       }
