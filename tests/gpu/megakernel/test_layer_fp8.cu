@@ -66,7 +66,6 @@ TEST_P(LayerFp8, MatchesTheFp8ReferenceAndIsBitwiseReproducible) {
   const auto want = mok::ref::Engine(shape, cfg).forward(wl.inputs, wl.weights);
   mok::Config bf16_cfg = cfg;
   bf16_cfg.precision = mok::Precision::BF16;
-  bf16_cfg.fp8_keep_weight_codes_t = false;  // (FP8 only: refused by name otherwise)
   const auto want_bf16 = mok::ref::Engine(shape, bf16_cfg).forward(wl.inputs, wl.weights);
   auto group = ranks_on_gpus(1, shape, cfg);
   RankData d(shape, wl, 0);
@@ -205,6 +204,7 @@ TEST_P(LayerFp8Backward, MatchesTheFp8ReferenceAndIsBitwiseReproducible) {
   const auto ref = mok::ref::Engine(shape, cfg).backward(wl.inputs, wl.weights, wl.d_out);
   mok::Config bf16_cfg = cfg;
   bf16_cfg.precision = mok::Precision::BF16;
+  bf16_cfg.fp8_keep_weight_codes_t = false;  // (FP8 only: refused by name otherwise)
   const auto ref_bf16 = mok::ref::Engine(shape, bf16_cfg).backward(wl.inputs, wl.weights, wl.d_out);
   auto group = ranks_on_gpus(world, shape, cfg);
   const char* names[] = {"d_x", "d_topk_w", "dW_gate", "dW_up", "dW_down"};
