@@ -142,8 +142,9 @@ int main(int argc, char** argv) {
                "backward GEMM chain per EP-8 rank slice, bf16 vs fp8 (recipe 1), no communication\", \"method\": "
                "\"mok_fp8_backward_bench: per case the chain timed as a whole and each step inside it (CUDA events between the steps, 3 "
                "warm-up runs, median of %d); uniform routing, EP-8 rank slices (E/8 experts); flops = the 4 backward "
-               "GEMMs'; the fp8 steps as the layer's FP8 backward runs them (token_blocks: d_y, w h, d_gu and x, x read "
-               "through the layer's row gather); fp8_weights_ms: the weights' K-major codes in one pass (quantize_fp8_weights_t), "
+               "GEMMs'; the fp8 steps as the layer's FP8 backward runs them (quantize_dy, quantize_dgu: 1 x 128 rows and "
+               "128 x 1 token blocks in one pass; token_blocks: w h and x, x read through the layer's row gather); "
+               "fp8_two_pass_ms: the same fp8 chain with a pass per form and operand (the A/B); fp8_weights_ms: the weights' K-major codes in one pass (quantize_fp8_weights_t), "
                "fp8_weights_two_step_ms: the transpose + quantizer path; fp8_vs_bf16_rel = ||fp8 - bf16|| / ||bf16|| of "
                "the chains' outputs\", \"cases\": [\n",
                prop.name, date.c_str(), commit.c_str(), reps);
@@ -273,7 +274,25 @@ int main(int argc, char** argv) {
       const gemm::Plan q_w2 = gemm::plan_fp8_wgrad(fw2, o), q_w1p = gemm::plan_fp8_wgrad(fw1, o);
       const auto rule = fp8::ScaleRule::Fp32;
       const std::vector<Step> fp8_steps = {
-          // As the layer's FP8 backward runs them (x's token blocks through its row gather).
+          // As the layer's FP8 backward runs them: d_y's and d_gu's two forms in one pass each.
+          {"quantize_dy", [&] {
+             gemm::quantize_fp8_rows_and_token_blocks_t(dy, rows, H, rule, q_dy, s_dy, t_dy, ts_dy, nullptr, seg);
+           }},
+          {"dgrad_swiglu", [&] { gemm::run(q_ds, nullptr); }},
+          {"quantize_dgu", [&] {
+             gemm::quantize_fp8_rows_and_token_blocks_t(o8.d_gu, rows, n2, rule, q_dgu, s_dgu, t_dgu, ts_dgu, nullptr,
+                                                        seg);
+           }},
+          {"dgrad_fc1", [&] { gemm::run(q_d1, nullptr); }},
+          {"token_blocks", [&] {  // x's rows read where they live (here: x itself, row r = token r)
+             gemm::quantize_fp8_token_blocks_t(o8.hw, rows, I, t_hw, ts_hw, nullptr, seg);
+             gemm::quantize_fp8_token_blocks_t_gather(xg, rows, H, t_x, ts_x, nullptr, seg);
+           }},
+          {"wgrad_fc2", [&] { gemm::run(q_w2, nullptr); }},
+          {"wgrad_fc1", [&] { gemm::run(q_w1p, nullptr); }}};
+      // The same chain with a pass per form and operand (the layer's until 2026-12-03; the same
+      // bits): the A/B of the one-pass operands in every run.
+      const std::vector<Step> fp8_two_pass_steps = {
           {"quantize_dy", [&] { gemm::quantize_fp8_blocked(dy, rows, H, 1, rule, q_dy, s_dy, nullptr); }},
           {"dgrad_swiglu", [&] { gemm::run(q_ds, nullptr); }},
           {"quantize_dgu", [&] { gemm::quantize_fp8_blocked(o8.d_gu, rows, n2, 1, rule, q_dgu, s_dgu, nullptr); }},
@@ -282,11 +301,12 @@ int main(int argc, char** argv) {
              gemm::quantize_fp8_token_blocks_t(dy, rows, H, t_dy, ts_dy, nullptr, seg);
              gemm::quantize_fp8_token_blocks_t(o8.hw, rows, I, t_hw, ts_hw, nullptr, seg);
              gemm::quantize_fp8_token_blocks_t(o8.d_gu, rows, n2, t_dgu, ts_dgu, nullptr, seg);
-             gemm::quantize_fp8_token_blocks_t_gather(xg, rows, H, t_x, ts_x, nullptr, seg);
+             gemm::quantize_fp8_token_blocks_t(x, rows, H, t_x, ts_x, nullptr, seg);
            }},
           {"wgrad_fc2", [&] { gemm::run(q_w2, nullptr); }},
           {"wgrad_fc1", [&] { gemm::run(q_w1p, nullptr); }}};
       const Result rb = run_chain(bf16_steps, reps), r8 = run_chain(fp8_steps, reps);
+      const Result r8p = run_chain(fp8_two_pass_steps, reps);
       const Result rwt = run_chain(weight_steps, reps), rw2 = run_chain(weight_two_step, reps);
       MOK_CUDA_CHECK(cudaDeviceSynchronize());
       const double flops = 2.0 * double(rows) * double(H) * double(I) * 6.0;  // 3 GEMMs' dgrads + wgrads
@@ -303,6 +323,9 @@ int main(int argc, char** argv) {
         return "{" + s + "}";
       };
       for (const auto& [k, v] : r8.steps) std::printf("    fp8 %-14s %8.3f ms\n", k.c_str(), v);
+      std::printf("    fp8 with a pass per form: %.3f ms (", r8p.chain_ms);
+      for (const auto& [k, v] : r8p.steps) std::printf(" %s %.3f", k.c_str(), v);
+      std::printf(" )\n");
       std::printf("    fp8 weights        %8.3f ms (one pass; two-step %.3f ms)\n", rwt.chain_ms, rw2.chain_ms);
       for (const auto& [k, v] : rb.steps) std::printf("    bf16 %-13s %8.3f ms\n", k.c_str(), v);
       std::fprintf(f,
@@ -310,10 +333,12 @@ int main(int argc, char** argv) {
                    "\"flops\": %.6e, \"bf16_ms\": %.6f, \"fp8_ms\": %.6f, \"fp8_weights_ms\": %.6f, "
                    "\"fp8_weights_two_step_ms\": %.6f, \"x_bf16\": %.4f, "
                    "\"x_bf16_with_weights\": %.4f, \"bf16_steps_ms\": %s, \"fp8_steps_ms\": %s, "
+                   "\"fp8_two_pass_ms\": %.6f, \"fp8_two_pass_steps_ms\": %s, "
                    "\"fp8_vs_bf16_rel\": {\"dx\": %.3e, \"dw_down\": %.3e, \"dw_gate\": %.3e, \"d_gu\": %.3e}}",
                    first ? "" : ",\n", m.name, (long long)per, (long long)E, (long long)H, (long long)I, flops, rb.chain_ms,
                    r8.chain_ms, rwt.chain_ms, rw2.chain_ms, rb.chain_ms / r8.chain_ms, rb.chain_ms / (r8.chain_ms + rwt.chain_ms),
-                   steps_json(rb).c_str(), steps_json(r8).c_str(), e_dx, e_dwd, e_dwg, e_dgu);
+                   steps_json(rb).c_str(), steps_json(r8).c_str(), r8p.chain_ms, steps_json(r8p).c_str(), e_dx, e_dwd,
+                   e_dwg, e_dgu);
       first = false;
       std::fflush(f);
     }

@@ -165,10 +165,24 @@ __global__ void __launch_bounds__(kTileThreads) quantize_tiles_kernel(const uint
   }
 }
 
+// 128 x 1 blocks of a 128-row x 128-column tile, one CTA of 256 threads each, codes out
+// transposed. Thread t holds columns 2 (t % 64) and 2 (t % 64) + 1 of the tile's 32 rows from
+// 32 (t / 64): a warp's load of one row is 128 contiguous bytes (pairs of bf16, kPairs: cols even
+// and `in` 4-byte aligned; else two 2-byte loads), each thread's 32 loads are independent, the four
+// row groups of a column combine their maxima through shared memory, and a thread's 32 codes of
+// a column are 32 consecutive bytes of q_t, stored from registers (two 16-byte stores when q_t is
+// 16-byte aligned, `vec_store`; ld is a multiple of 128, so every column's run is then aligned).
+// kRowForm: the same tile also gives the rows' 1 x 128 codes (quantize_fp8_blocked's, block_rows
+// 1): a warp's 32 threads hold 64 columns of 32 rows, so one warp reduction per row (REDUX, an
+// unsigned maximum of the magnitudes' bits: amax_update's order-free maximum) gives row l's
+// maximum over the warp's columns to lane l; the tile's two warps of a row group join theirs in
+// shared memory; the codes go out by rows through shared memory as 16-byte runs. Then every row of the matrix is read (the row form quantizes padding rows as
+// they are, the token form masks them). `g.peers`: the rows are read where they live (RowGather).
 // One column's 32 codes of a token block as 8 words, at dst. Rows past the data (`valid`) are
 // zero codes whatever the scale (a block holding a NaN or an infinity has a NaN scale, and 0 * its
 // inverse would encode as NaN: the FP8 wgrad multiplies every row), so the value is selected before
-// the multiplication.
+// the multiplication. (A function, not a lambda: the lambda taking the array was not inlined in the
+// row-form kernel, which put the array in local memory.)
 __device__ __forceinline__ void store_token_column(const float (&v)[32], float inv, int valid, uint8_t* dst,
                                                    bool vec_store) {
   uint32_t w[8];
@@ -188,27 +202,29 @@ __device__ __forceinline__ void store_token_column(const float (&v)[32], float i
   }
 }
 
-// 128 x 1 blocks of a 128-row x 128-column tile, one CTA of 256 threads each, codes out
-// transposed. Thread t holds columns 2 (t % 64) and 2 (t % 64) + 1 of the tile's 32 rows from
-// 32 (t / 64): a warp's load of one row is 128 contiguous bytes (pairs of bf16, kPairs: cols even
-// and `in` 4-byte aligned; else two 2-byte loads), each thread's 32 loads are independent, the four
-// row groups of a column combine their maxima through shared memory, and a thread's 32 codes of
-// a column are 32 consecutive bytes of q_t, stored from registers (two 16-byte stores when q_t is
-// 16-byte aligned, `vec_store`; ld is a multiple of 128, so every column's run is then aligned).
-// kGather: the rows are read where they live (RowGather), their addresses once per tile.
-template <bool kPairs, bool kGather>
-__global__ void __launch_bounds__(kTileThreads, kPairs ? 4 : 1) quantize_token_blocks_t_kernel(const uint16_t* in, int64_t rows,
+struct RowForm {
+  uint8_t* q = nullptr;  // [rows, cols] codes; nullptr: no row form
+  float* scales = nullptr;
+  fp8::ScaleRule rule = fp8::ScaleRule::Fp32;
+  bool vec = false;  // cols a multiple of 16 and q 16-byte aligned: 16-byte stores
+};
+template <bool kPairs, bool kRowForm, bool kGather>
+__global__ void __launch_bounds__(kTileThreads, kPairs && !kRowForm ? 4 : 1) quantize_token_blocks_t_kernel(const uint16_t* in, int64_t rows,
                                                                                int64_t cols, int64_t ld, uint8_t* q_t,
                                                                                float* scales, RoutedSegments seg,
-                                                                               bool vec_store,
+                                                                               bool vec_store, RowForm rf,
                                                                                RowGather g) {
   constexpr int kB = fp8::kBlock, kGroups = kTileThreads / (kB / 2), kRows = kB / kGroups;  // 4 groups of 32 rows
   static_assert(kRows == 32, "a thread's codes of one column: 32 bytes");
   __shared__ float col_max[kGroups][kB];
+  __shared__ float row_part[kRowForm ? kGroups : 1][2][kRows];
+  __shared__ float row_inv[kRowForm ? kGroups : 1][kRows];
+  __shared__ __align__(16) uint16_t row_codes[kRowForm ? kB : 1][kB / 2];  // the tile's 1 x 128 codes, by pairs
   __shared__ const uint16_t* row_src[kGather ? kB : 1];  // RowGather: each row's address (nullptr: zeros)
   const int64_t grid_cols = (cols + kB - 1) / kB;
   const int64_t br = blockIdx.x / grid_cols, bc = blockIdx.x - br * grid_cols;
   const int pair = int(threadIdx.x % (kB / 2)), group = int(threadIdx.x / (kB / 2));
+  const int lane = int(threadIdx.x % 32u);
   const int64_t c = bc * kB + 2 * pair;       // the thread's first column
   const int64_t r0 = br * kB + group * kRows;  // its first row
   // The block's rows that hold data: all up to `rows`, or (segments) those of its tile's expert.
@@ -218,7 +234,8 @@ __global__ void __launch_bounds__(kTileThreads, kPairs ? 4 : 1) quantize_token_b
     row_end = e < 0 ? 0 : min(rows, int64_t(__ldg(seg.expert_row_begin + e)) + __ldg(seg.expert_rows + e));
   }
   const int valid = int(max(int64_t(0), min(int64_t(kRows), row_end - r0)));  // the thread's rows of data
-  static_assert(!kGather || kPairs, "RowGather: bf16 pairs");
+  const int loaded = kRowForm ? int(max(int64_t(0), min(int64_t(kRows), rows - r0))) : valid;  // rows read
+  static_assert(!kGather || (kPairs && !kRowForm), "RowGather: pairs, no row form");
   if constexpr (kGather) {  // the tile's row addresses, once (not 32 index loads per thread)
     const bool aborted = g.abort != nullptr && *reinterpret_cast<const volatile uint32_t*>(g.abort) != 0u;
     if (threadIdx.x < kB) {
@@ -235,7 +252,7 @@ __global__ void __launch_bounds__(kTileThreads, kPairs ? 4 : 1) quantize_token_b
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     const uint16_t* p = in + (r0 + i) * cols + c;
-    bool load = i < valid && has0;
+    bool load = i < loaded && has0;
     if constexpr (kGather) {
       const uint16_t* row = row_src[group * kRows + i];
       load = load && row != nullptr;
@@ -247,22 +264,40 @@ __global__ void __launch_bounds__(kTileThreads, kPairs ? 4 : 1) quantize_token_b
       hi[i] = __uint_as_float(w & 0xffff0000u);
     } else {
       lo[i] = load ? bf16_at(p) : 0.0f;
-      hi[i] = i < valid && has1 ? bf16_at(p + 1) : 0.0f;
+      hi[i] = i < loaded && has1 ? bf16_at(p + 1) : 0.0f;
     }
   }
   float a0 = 0.0f, a1 = 0.0f;
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
-    a0 = fp8::amax_update(a0, lo[i]);
-    a1 = fp8::amax_update(a1, hi[i]);
+    if (!kRowForm || i < valid) {  // (without the row form the rows past the data are zeros already)
+      a0 = fp8::amax_update(a0, lo[i]);
+      a1 = fp8::amax_update(a1, hi[i]);
+    }
   }
   col_max[group][2 * pair] = a0;
   col_max[group][2 * pair + 1] = a1;
+  if constexpr (kRowForm) {  // row i's maximum over the warp's 64 columns: one REDUX (unsigned max) each
+    float mine = 0.0f;  // lane l keeps row l's
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const uint32_t m = __reduce_max_sync(0xffffffffu, __float_as_uint(fp8::amax_update(lo[i], hi[i])));
+      if (lane == i) mine = __uint_as_float(m);
+    }
+    row_part[group][pair / 32][lane] = mine;  // row r0 + lane, this warp's 64 columns
+  }
   __syncthreads();
 #pragma unroll
   for (int gi = 0; gi < kGroups; ++gi) {  // (amax_update is order-free: the same maximum as the spec's)
     a0 = fp8::amax_update(a0, col_max[gi][2 * pair]);
     a1 = fp8::amax_update(a1, col_max[gi][2 * pair + 1]);
+  }
+  if constexpr (kRowForm) {
+    if (pair < 32) {  // the group's first warp: lane l takes row r0 + l
+      const float s = fp8::block_scale(fp8::amax_update(row_part[group][0][lane], row_part[group][1][lane]), rf.rule);
+      row_inv[group][lane] = fp8::block_inverse(s);
+      if (lane < loaded) rf.scales[(r0 + lane) * grid_cols + bc] = s;
+    }
   }
   const float s0 = fp8::block_scale(a0, fp8::ScaleRule::Fp32), inv0 = fp8::block_inverse(s0);
   const float s1 = fp8::block_scale(a1, fp8::ScaleRule::Fp32), inv1 = fp8::block_inverse(s1);
@@ -270,8 +305,33 @@ __global__ void __launch_bounds__(kTileThreads, kPairs ? 4 : 1) quantize_token_b
     if (has0) scales[br * cols + c] = s0;
     if (has1) scales[br * cols + c + 1] = s1;
   }
+  // One column's 32 codes as 8 words. Rows past the data are zero codes whatever the scale (a
+  // block holding a NaN or an infinity has a NaN scale, and 0 * its inverse would encode as NaN:
+  // the FP8 wgrad multiplies every row), so the value is selected before the multiplication.
   if (has0) store_token_column(lo, inv0, valid, q_t + c * ld + r0, vec_store);
   if (has1) store_token_column(hi, inv1, valid, q_t + (c + 1) * ld + r0, vec_store);
+  if constexpr (kRowForm) {  // (kPairs: cols even, so has0 means both columns; q 2-byte aligned)
+    __syncthreads();  // row_inv
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) row_codes[group * kRows + i][pair] = block_encode_inv2(lo[i], hi[i], row_inv[group][i]);
+    __syncthreads();
+    // Out by rows: 8 threads per row, 16 bytes each (rf.vec: cols a multiple of 16, q 16-byte
+    // aligned: a row's chunks are whole), else the 2-byte pairs.
+    const int64_t width = min(int64_t(kB), cols - bc * kB);  // the tile's columns
+    if (rf.vec) {
+#pragma unroll
+      for (int pass = 0; pass < kB / (kTileThreads / 8); ++pass) {
+        const int row = pass * (kTileThreads / 8) + int(threadIdx.x / 8), chunk = int(threadIdx.x % 8);
+        if (br * kB + row < rows && chunk * 16 < width)
+          *reinterpret_cast<uint4*>(rf.q + (br * kB + row) * cols + bc * kB + chunk * 16) =
+              *reinterpret_cast<const uint4*>(&row_codes[row][chunk * 8]);
+      }
+    } else if (has0) {
+#pragma unroll
+      for (int i = 0; i < kRows; ++i)
+        if (i < loaded) *reinterpret_cast<uint16_t*>(rf.q + (r0 + i) * cols + c) = row_codes[group * kRows + i][pair];
+    }
+  }
 }
 
 // 32 x 32 tiles through shared memory (one CTA of 32 x 8 threads each): reads along the input's
@@ -410,15 +470,15 @@ void check_segments(const RoutedSegments& seg) {
   MOK_REQUIRE(seg.num_m_tiles >= 0, "seg.num_m_tiles", ">= 0, got ", seg.num_m_tiles);
 }
 // One launch of the token-block kernel (the checks done by the caller).
-template <bool kPairs, bool kGather = false>
+template <bool kPairs, bool kRowForm, bool kGather = false>
 void launch_token_blocks(const uint16_t* in, int64_t rows, int64_t cols, void* q_t, float* scales,
-                         const RoutedSegments& seg, const RowGather& g, cudaStream_t stream) {
+                         const RoutedSegments& seg, const RowForm& rf, const RowGather& g, cudaStream_t stream) {
   const int64_t ld = (rows + fp8::kBlock - 1) / fp8::kBlock * fp8::kBlock;
   const int64_t tiles = ld / fp8::kBlock * ((cols + fp8::kBlock - 1) / fp8::kBlock);
   MOK_REQUIRE(tiles < (int64_t(1) << 31), "rows, cols", "fewer than 2^31 tiles of 128 x 128, got ", tiles);
   auto* out = static_cast<uint8_t*>(q_t);
-  quantize_token_blocks_t_kernel<kPairs, kGather><<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(
-      in, rows, cols, ld, out, scales, seg, aligned(out, 16), g);
+  quantize_token_blocks_t_kernel<kPairs, kRowForm, kGather><<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(
+      in, rows, cols, ld, out, scales, seg, aligned(out, 16), rf, g);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 }  // namespace
@@ -430,9 +490,9 @@ void quantize_fp8_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols
   if (rows == 0 || cols == 0) return;
   const auto* in = static_cast<const uint16_t*>(in_bf16);
   if (cols % 2 == 0 && aligned(in, 4))
-    launch_token_blocks<true>(in, rows, cols, q_t, scales, seg, {}, stream);
+    launch_token_blocks<true, false>(in, rows, cols, q_t, scales, seg, {}, {}, stream);
   else
-    launch_token_blocks<false>(in, rows, cols, q_t, scales, seg, {}, stream);
+    launch_token_blocks<false, false>(in, rows, cols, q_t, scales, seg, {}, {}, stream);
 }
 
 void quantize_fp8_token_blocks_t_gather(const RowGather& g, int64_t rows, int64_t cols, void* q_t, float* scales,
@@ -447,7 +507,25 @@ void quantize_fp8_token_blocks_t_gather(const RowGather& g, int64_t rows, int64_
   MOK_REQUIRE(cols % 2 == 0, "cols", "even for a gathered matrix (bf16 pairs; each peer's rows 4-byte aligned), got ",
               cols);
   MOK_REQUIRE(q_t != nullptr && scales != nullptr, "q_t, scales", "not null when rows * cols > 0");
-  launch_token_blocks<true, true>(nullptr, rows, cols, q_t, scales, seg, g, stream);
+  launch_token_blocks<true, false, true>(nullptr, rows, cols, q_t, scales, seg, {}, g, stream);
+}
+
+void quantize_fp8_rows_and_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols, fp8::ScaleRule rule,
+                                          void* q, float* q_scales, void* q_t, float* t_scales, cudaStream_t stream,
+                                          const RoutedSegments& seg) {
+  check_args(in_bf16, rows, cols, q, q_scales);
+  check_args(in_bf16, rows, cols, q_t, t_scales);
+  check_segments(seg);
+  if (rows == 0 || cols == 0) return;
+  const auto* in = static_cast<const uint16_t*>(in_bf16);
+  if (cols % 2 != 0 || !aligned(in, 4) || !aligned(q, 2)) {  // the two passes give the same bits
+    quantize_fp8_blocked(in_bf16, rows, cols, 1, rule, q, q_scales, stream);
+    quantize_fp8_token_blocks_t(in_bf16, rows, cols, q_t, t_scales, stream, seg);
+    return;
+  }
+  launch_token_blocks<true, true>(in, rows, cols, q_t, t_scales, seg,
+                                  RowForm{static_cast<uint8_t*>(q), q_scales, rule, cols % 16 == 0 && aligned(q, 16)},
+                                  {}, stream);
 }
 
 void transpose_weights_bf16(const void* w, const void* w_up, int64_t experts, int64_t rows, int64_t cols, void* out,

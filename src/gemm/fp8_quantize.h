@@ -61,6 +61,13 @@ struct RowGather {
 void quantize_fp8_token_blocks_t_gather(const RowGather& g, int64_t rows, int64_t cols, void* q_t, float* scales,
                                         cudaStream_t stream, const RoutedSegments& seg);
 
+// Both forms of one matrix from one read of it: quantize_fp8_blocked(in, rows, cols, 1, rule, q,
+// q_scales) and quantize_fp8_token_blocks_t(in, rows, cols, q_t, t_scales, stream, seg), the
+// same bits (the FP8 backward's d_y and d_gu: 1 x 128 for the dgrads, 128 x 1 for the wgrads).
+// An odd cols or unaligned buffers take the two passes.
+void quantize_fp8_rows_and_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols, fp8::ScaleRule rule,
+                                          void* q, float* q_scales, void* q_t, float* t_scales, cudaStream_t stream,
+                                          const RoutedSegments& seg = {});
 
 // The FP8 dgrads' weights (recipe 1): FP8 wgmma reads B K-major, so a dgrad needs each expert's
 // weight transposed: out[e] = w[e]^T, [experts, cols, rows] from [experts, rows, cols] bf16 (FC2's

@@ -1,12 +1,12 @@
 // mok — where the GPU layer's FP8 backward (layer_fp8_backward.cu) keeps its operands, shared by
 // the layer and the memory plan (memory_plan.cpp), so the plan's bytes are the bytes it uses.
 // Two buffers, both of the backward's scope (with Config::share_workspace: one for all layers):
-//   fp8_bwd_rows    the routed rows' E4M3 operands: the wgrads' token blocks of d_y, [d_g d_u]
-//                   and (w h), and one region used in turn by d_y's 1 x 128 rows (read by FC2's
-//                   dgrad), [d_g d_u]'s (FC1's dgrad), then x^T (read from the x windows by the
-//                   quantizer itself: no routed bf16 copy of x). (d_y's and d_gu's token blocks
-//                   have bytes of their own so that a pass making both forms at once could write
-//                   them early: tried, measured no faster than two passes, notes/fp8.md.)
+//   fp8_bwd_rows    the routed rows' E4M3 operands. d_y and [d_g d_u] are each quantized once into
+//                   both of their forms (1 x 128 rows for the dgrads, 128 x 1 token blocks for the
+//                   wgrads: quantize_fp8_rows_and_token_blocks_t), so their token blocks live from
+//                   then to the wgrads, beside (w h)^T; one more region is used in turn by d_y's
+//                   rows (read by FC2's dgrad), [d_g d_u]'s rows (FC1's dgrad), then x^T (read
+//                   from the x windows by the quantizer itself: no routed bf16 copy of x).
 //   fp8_bwd_weights the dgrads' K-major weight codes, made by each backward from the bf16 weights:
 //                   W_down^T [E, I, H] and [W_gate; W_up]^T packed [E, H, 2I], with their
 //                   128 x 128 scales (not kept across calls: per layer x 58 they would cost as much

@@ -8,11 +8,13 @@
 //   weights   W_down^T and [W_gate; W_up]^T as K-major codes with 128 x 128 scales (the dgrads' B),
 //             made from the bf16 weights by every call (fp8_backward_layout.h says why), or once
 //             per weight binding and kept (Config::fp8_keep_weight_codes_t);
-//   FC2 dgrad d_y per 1 x 128, then the FP8 dgrad + SwiGLU' (d_gu over the saved gate/up rows, the
-//             router-weight gradient's partial sums, the weighted h, all bf16);
-//   FC1 dgrad [d_g d_u] per 1 x 128 (the packed K order), the FP8 dgrad into the d_x rows, pushed;
-//   wgrads    d_y, w h, [d_g d_u], x per 128 x 1 token block, transposed (K = the expert's rows),
-//             then both FP8 weight gradients.
+//   FC2 dgrad d_y per 1 x 128 (and per 128 x 1 token block for dW_down, in the same pass), then
+//             the FP8 dgrad + SwiGLU' (d_gu over the saved gate/up rows, the router-weight
+//             gradient's partial sums, the weighted h, all bf16);
+//   FC1 dgrad [d_g d_u] per 1 x 128 (the packed K order; its token blocks in the same pass), the
+//             FP8 dgrad into the d_x rows, pushed;
+//   wgrads    w h and x per 128 x 1 token block, transposed (K = the expert's rows), then both FP8
+//             weight gradients.
 // The CPU reference's FP8 backward (ref::Engine::backward, include/mok/reference.hpp) is this recipe
 // step for step: the two differ by accumulation order and the SFU's exp in SwiGLU'.
 // Each quantization is still a pass over HBM of its own, one per operand (next: d_gu's codes in the
@@ -63,7 +65,8 @@ void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_dow
   const gemm::RoutedSegments seg{v.tile_expert, v.expert_offset, v.expert_rows, tiles};
   if (rows > 0 && e_loc > 0) {
     if (!config.fp8_keep_weight_codes_t) fp8_backward_weight_codes(stream);  // (else made by bind_weights)
-    gemm::quantize_fp8_blocked(dy_routed.p, rows, H, 1, rule, rb + R.q_dy, f32(rb, R.s_dy), stream);
+    gemm::quantize_fp8_rows_and_token_blocks_t(dy_routed.p, rows, H, rule, rb + R.q_dy, f32(rb, R.s_dy),
+                                               rb + R.t_dy, f32(rb, R.ts_dy), stream, seg);
     gemm::Fp8DgradSwiGLUArgs ds;
     ds.dy = rb + R.q_dy;
     ds.dy_scales = f32(rb, R.s_dy);
@@ -83,7 +86,8 @@ void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_dow
   }
   mark(4, stream);
   if (rows > 0 && e_loc > 0) {
-    gemm::quantize_fp8_blocked(gu.p, rows, 2 * I, 1, rule, rb + R.q_dgu, f32(rb, R.s_dgu), stream);
+    gemm::quantize_fp8_rows_and_token_blocks_t(gu.p, rows, 2 * I, rule, rb + R.q_dgu, f32(rb, R.s_dgu),
+                                               rb + R.t_dgu, f32(rb, R.ts_dgu), stream, seg);
     gemm::Fp8GroupedArgs dx;
     dx.a = rb + R.q_dgu;
     dx.a_scales = f32(rb, R.s_dgu);
@@ -107,10 +111,7 @@ void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_dow
     mark(7, stream);
     return;
   }
-  // The wgrads' operands; x^T over the bytes of [d_g d_u]'s rows (FC1's dgrad has read them).
-  // (One pass making both forms of d_y, and of d_gu, measured no faster than the two: notes/fp8.md.)
-  gemm::quantize_fp8_token_blocks_t(dy_routed.p, rows, H, rb + R.t_dy, f32(rb, R.ts_dy), stream, seg);
-  gemm::quantize_fp8_token_blocks_t(gu.p, rows, 2 * I, rb + R.t_dgu, f32(rb, R.ts_dgu), stream, seg);
+  // The wgrads' other operands; x^T over the bytes of [d_g d_u]'s rows (FC1's dgrad has read them).
   gemm::quantize_fp8_token_blocks_t(h.p, rows, I, rb + R.t_hw, f32(rb, R.ts_hw), stream, seg);
   gemm::RowGather xg;
   xg.peers = x_peers.get<const void* const>();

@@ -213,7 +213,7 @@ TEST(Fp8Quantize, UnalignedBuffersGiveTheSameBits) {
 
 // A routed layout of 640 rows in 128-row tiles (the FP8 backward's): expert 0 rows [0, 200) in
 // tiles 0-1, expert 1 empty, expert 2 rows [256, 556) in tiles 2-4; rows 200-255 and 556-639 are
-// padding (their src_rank is -1: zero codes).
+// padding (filled with data below, which the token blocks must not see and the rows must keep).
 struct Routed {
   static constexpr int64_t kRows = 640;
   std::vector<int32_t> tile_expert{0, 0, 2, 2, 2}, begin{0, 256, 256}, count{200, 0, 300};
@@ -226,6 +226,50 @@ struct Routed {
   mok::gemm::RoutedSegments seg() const { return {te.as<int32_t>(), b.as<int32_t>(), n.as<int32_t>(), 5}; }
   bool valid(int64_t r) const { return r < 200 || (r >= 256 && r < 556); }
 };
+
+// The FP8 backward's d_y and d_gu in one read (quantize_fp8_rows_and_token_blocks_t): the same
+// bits as the 1 x 128 pass and the token-block pass (each checked against the spec above), with
+// and without routed segments, both scale rules for the rows, an odd width (the two-pass path).
+TEST(Fp8Quantize, RowsAndTokenBlocksInOnePassMatchTheTwoPasses) {
+  MOK_REQUIRE_GPUS(1);
+  const Routed routed;
+  struct Case {
+    Shape s;
+    bool seg;
+  };
+  const Case cases[] = {{{1024, 1100}, false}, {{300, 1040}, false}, {{257, 1000}, false}, {{128, 128}, false},
+                        {{3, 4133}, false},    {{Routed::kRows, 7168}, true}, {{Routed::kRows, 1536}, true},
+                        {{Routed::kRows, 130}, true}};
+  int64_t values = 0;
+  for (const Case& k : cases)
+    for (const fp8::ScaleRule rule : {fp8::ScaleRule::Fp32, fp8::ScaleRule::Pow2}) {
+      const Shape s = k.s;
+      SCOPED_TRACE(testing::Message() << s.rows << " x " << s.cols << (k.seg ? ", routed segments" : "") << ", rule "
+                                      << (rule == fp8::ScaleRule::Fp32 ? "fp32" : "pow2"));
+      const std::vector<uint16_t> x = matrix(s, 31 + uint64_t(s.cols));
+      const size_t n = x.size();
+      const int64_t ld = (s.rows + fp8::kBlock - 1) / fp8::kBlock * fp8::kBlock;
+      const size_t nt = size_t(s.cols * ld), nrs = size_t(s.rows * ((s.cols + 127) / 128));
+      const size_t nts = size_t(ld / 128 * s.cols);
+      DevBuf dx(n * 2), q1(n), rs1(nrs * 4), t1(nt), ts1(nts * 4), q2(n), rs2(nrs * 4), t2(nt), ts2(nts * 4);
+      upload(dx, x);
+      for (DevBuf* b : {&q1, &rs1, &t1, &ts1, &q2, &rs2, &t2, &ts2}) MOK_ASSERT_CUDA(cudaMemset(b->p, 0xAB, b->bytes));
+      const mok::gemm::RoutedSegments seg = k.seg ? routed.seg() : mok::gemm::RoutedSegments{};
+      mok::gemm::quantize_fp8_blocked(dx.p, s.rows, s.cols, 1, rule, q1.p, rs1.as<float>(), nullptr);
+      mok::gemm::quantize_fp8_token_blocks_t(dx.p, s.rows, s.cols, t1.p, ts1.as<float>(), nullptr, seg);
+      mok::gemm::quantize_fp8_rows_and_token_blocks_t(dx.p, s.rows, s.cols, rule, q2.p, rs2.as<float>(), t2.p,
+                                                      ts2.as<float>(), nullptr, seg);
+      ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+      EXPECT_EQ(count_diff(download<uint8_t>(q2, n), download<uint8_t>(q1, n)), 0) << "1 x 128 codes differ";
+      EXPECT_EQ(count_diff(download<float>(rs2, nrs), download<float>(rs1, nrs)), 0) << "1 x 128 scales differ";
+      EXPECT_EQ(count_diff(download<uint8_t>(t2, nt), download<uint8_t>(t1, nt)), 0) << "token-block codes differ";
+      EXPECT_EQ(count_diff(download<float>(ts2, nts), download<float>(ts1, nts)), 0)
+          << "token-block scales differ";
+      values += int64_t(n);
+    }
+  std::printf("[fp8 quantize] rows + token blocks in one pass: %lld values compared with the two passes\n",
+              (long long)values);
+}
 
 // x's token blocks read where the rows live (quantize_fp8_token_blocks_t_gather: two "ranks" of
 // 100 and 77 tokens, top-4 slots): the same bits as the token blocks of the copied rows; an
