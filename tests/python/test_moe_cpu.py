@@ -182,6 +182,19 @@ def test_memory_plan_is_the_planners():
         mok._cpu.plan_memory(64, 2048, 768, 128, 8, config={"no_such_knob": "1"})
 
 
+def test_fp8_keep_weight_codes_moves_the_backward_codes_out_of_the_workspace():
+    # Config::fp8_keep_weight_codes_t through mok.MoE: the FP8 backward's weight codes become the
+    # layer's own (made with the forward's), not the shared workspace's; refused by name without FP8.
+    per_call = mok.MoE(2048, 768, 128, 8, precision="fp8").memory_plan(8192)
+    kept = mok.MoE(2048, 768, 128, 8, precision="fp8", fp8_keep_weight_codes_t=True).memory_plan(8192)
+    codes = kept["fp8_bwd_weights"]
+    assert codes == per_call["fp8_bwd_weights"] >= 3 * 128 * 768 * 2048  # one byte per weight, plus scales
+    assert kept["workspace"] == per_call["workspace"] - codes
+    assert kept["total"] == per_call["total"]
+    with pytest.raises(mok.Error, match="fp8_keep_weight_codes_t"):
+        mok.MoE(2048, 768, 128, 8, fp8_keep_weight_codes_t=True).memory_plan(8192)
+
+
 def test_training_example_matches_the_eager_model():
     import importlib.util
     import pathlib
