@@ -12,8 +12,8 @@ namespace {
 
 constexpr int64_t kHandshakeMagic = 0x6d6f6b2d68733031;  // "mok-hs01"
 // 2: the forward's paths (dispatch, combine, clusters); 3: share_workspace, saved_forwards, and the
-// backward's call words after the router weights.
-constexpr int64_t kProtocolVersion = 3;
+// backward's call words after the router weights; 4: fp8_keep_weight_codes_t (a field more).
+constexpr int64_t kProtocolVersion = 4;
 
 // FNV-1a, so that window names can be compared as one word.
 int64_t hash_name(const std::string& s) {
