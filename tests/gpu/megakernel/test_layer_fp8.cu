@@ -285,4 +285,45 @@ INSTANTIATE_TEST_SUITE_P(
                       Fp8BwdCase{"ep2_one_rank_empty", mok::Routing::Uniform, {400, 0}, 256, 128, 8, 2}),
     [](const auto& i) { return std::string(i.param.name); });
 
+// Config::fp8_keep_weight_codes_t: the kept codes follow the weights. A layer built with one weight
+// set, pointed at another by set_weights(), gives bitwise the gradients of a layer making its
+// codes per call from the other set (the binding remakes the backward's codes with the forward's).
+TEST(LayerFp8BackwardKept, CodesFollowSetWeights) {
+  MOK_REQUIRE_GPUS(1);
+  const mok::LayerShape shape{{640}, 512, 256, 16, 4, 0};
+  mok::Config kept = fp8_config();
+  kept.fp8_keep_weight_codes_t = true;
+  mok::Config per_call = fp8_config();
+  const auto wl = mok::make_workload(shape, mok::Routing::Zipf, 51);
+  auto other = wl;  // the same inputs with other weights
+  other.weights = mok::make_workload(shape, mok::Routing::Zipf, 52).weights;
+  auto group = ranks_on_gpus(1, shape, kept);
+  mok::comm::Communicator& comm = group[0];
+  RankData a(shape, wl, 0), b(shape, other, 0);
+  mok::test::RankGrads g(shape, 0);
+  mok::bf16* d_out = upload(wl.d_out[0].data(), wl.d_out[0].size());
+  const auto dref = mok::TensorRef::contiguous(d_out, mok::DType::BF16, {a.T, a.H});
+  const auto grads = [&](mok::Layer& layer, RankData& d) {
+    d.forward_once(layer, comm, nullptr, /*save_for_backward=*/true);
+    g.poison();
+    layer.backward(d.refs, dref, g.g, comm.stream());
+    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
+    layer.check();
+    return g.fetch();
+  };
+  std::vector<std::vector<float>> want;
+  {
+    mok::Layer fresh(comm, shape, per_call, b.dw);
+    want = grads(fresh, b);
+  }
+  mok::Layer layer(comm, shape, kept, a.dw);
+  const auto before = grads(layer, a);
+  EXPECT_FALSE(before[4] == want[4]) << "the two weight sets must give different dW_down";
+  layer.set_weights(b.dw);
+  const auto got = grads(layer, a);  // a's inputs are b's (the same workload but the weights)
+  const char* names[] = {"d_x", "d_topk_w", "dW_gate", "dW_up", "dW_down"};
+  for (size_t o = 0; o < 5; ++o) EXPECT_TRUE(got[o] == want[o]) << names[o] << " after set_weights";
+  cudaFree(d_out);
+}
+
 }  // namespace
