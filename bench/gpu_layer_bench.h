@@ -33,8 +33,9 @@ struct GpuBenchOptions {
   int clusters = -1;  // main variant's Config::fwd_clusters: 0 / 1, -1 = the Config default
   DispatchPath dispatch = DispatchPath::Pull;  // main variant's Config::dispatch
   BackwardPath backward_path = BackwardPath::Unfused;  // main variant's Config::backward_path
-  // The main variant's Config::precision. FP8 (recipe 1) runs the unfused forward only: no
-  // ablation, no backward, no saved state; its sampled check is against the spec's FP8 forward.
+  // The main variant's Config::precision. FP8 (recipe 1): no ablation; the megakernel forward only,
+  // the unfused path forward and backward (its backward checked against the bf16 spec within the
+  // recipe's error); the forward's sampled check is against the spec's FP8 forward.
   Precision precision = Precision::BF16;
   bool fp8_keep_weight_codes_t = false;  // the main variant's Config::fp8_keep_weight_codes_t
   // Ablation: besides the main variant, at every shape: the other path, comm SMs {4, 8, 16, 32}, half and

@@ -69,8 +69,10 @@ class Layer {
   // forward() used: its topk_w weight the reverse combine; its topk_idx is checked against the
   // forward's (a difference is named by check(); the forward's slots are used throughout); x is
   // not read (the forward's copy is: leave input_buffer() alone until the backward is done),
-  // except with config.share_workspace, where the x window is the workspace's and the backward
-  // stages `in.x` again (it must then be the caller's tensor, not input_buffer()).
+  // except with config.share_workspace, config.saved_forwards > 1 or config.precision fp8, where
+  // the backward stages `in.x` again (the x window is the workspace's, the last forward's, or holds
+  // the forward's E4M3 codes): it must then be the forward's x in the caller's tensor, not
+  // input_buffer() (refused by name).
   // Needs the last forward() to have run with save_for_backward = true, once per forward (it
   // overwrites what the forward saved). With a megakernel ring below the worst case it runs over
   // windows of the ring: the routed x rows pulled again, FC1 recomputed for the rows past the

@@ -226,7 +226,7 @@ void Config::validate(const LayerShape& shape, int sm_count) const {
   MOK_REQUIRE(saved_forwards >= 1 && saved_forwards <= 64, "config.saved_forwards", "must be in [1, 64], got ",
               saved_forwards);
   MOK_REQUIRE(saved_forwards == 1 || precision == Precision::BF16, "config.saved_forwards",
-              "must be 1 with config.precision ", to_string(precision), " (forward only: nothing is saved), got ",
+              "must be 1 with config.precision ", to_string(precision), " (one saved forward: the FP8 backward is resident), got ",
               saved_forwards);
   MOK_REQUIRE(saved_forwards == 1 || (forward_path == ForwardPath::Megakernel && dispatch == DispatchPath::Pull),
               "config.saved_forwards", "more than 1 needs forward_path megakernel with dispatch pull, got ",
@@ -238,8 +238,8 @@ void Config::validate(const LayerShape& shape, int sm_count) const {
   MOK_REQUIRE(cpu_threads >= 0, "config.cpu_threads", "must be >= 0 (0 = all cores), got ",
               cpu_threads);
   // FP8 (recipe 1) and MXFP8 (recipe 2) exist in the CPU reference's forward (the spec the GPU
-  // kernels match); the GPU layer runs FP8 on its unfused forward and refuses the rest by name
-  // (Layer's constructor, layer_fp8.cu), and the backward is bf16 only.
+  // kernels match); the GPU layer runs FP8 forward on both paths and trains on the unfused one
+  // (layer_fp8_backward.cu), and refuses the rest by name (Layer's constructor, layer_fp8.cu).
 }
 
 }  // namespace mok

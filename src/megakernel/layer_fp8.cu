@@ -8,9 +8,10 @@
 // set_weights: call set_weights again, with the same pointers, after the weights change). The
 // CPU reference computes the same recipe (include/mok/reference.hpp): the two differ by
 // accumulation order and the SFU's exp in SwiGLU. The backward: layer_fp8_backward.cu.
-// Buffers: the bf16-sized ones of the unfused path hold codes then scales (x window: T_max_pad x H
-// codes, then the scales; x_routed: cap x H codes, then cap x H / 128 scales; h likewise with I),
-// so FP8 needs no other activation memory; "fp8_weights" holds the weight codes and scales.
+// Buffers: the x window and h hold codes then scales in their bf16 bytes (x window: T_max_pad x H
+// codes, then the scales; h: cap x I codes, then cap x I / 128 scales); x_routed is sized for
+// codes and scales only (cap x H, then cap x H / 128: memory_plan.cpp); "fp8_weights" holds the
+// weight codes and scales; the backward's gu and operand buffers: layer_fp8_backward.cu.
 #include <cuda_runtime.h>
 
 #include "gemm/fp8_quantize.h"

@@ -282,7 +282,8 @@ struct Layer::Impl {
   gemm::Plan fc1_nogu, fc1_s_nogu;  // forward(..., save_for_backward = false)
   // Config::precision FP8 (layer_fp8.cu): the weights' codes and 128 x 128 scales, made by
   // bind_weights, and the unfused path's FP8 GEMM plans (fc1_fp8 also stores the gate/up rows);
-  // the backward's operands (layer_fp8_backward.cu, allocated by the first backward).
+  // the backward's operands (layer_fp8_backward.cu, allocated by the first backward; the weight
+  // codes by bind_weights when Config::fp8_keep_weight_codes_t).
   bool fp8 = false;
   DeviceBuffer fp8_weights;
   gemm::Plan fc1_fp8, fc1_fp8_nogu, fc2_fp8;

@@ -163,8 +163,8 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   if (Is > 0 && T > 0) {
     add("y_s", t_tiles * 128 * H * 2, S::Layer);
   }
-  // FP8 (forward only): the weights' E4M3 codes and their 128 x 128 fp32 scales; x, h and the
-  // window hold codes and scales in the bf16 buffers' bytes (layer_fp8.cu).
+  // FP8: the weights' E4M3 codes and their 128 x 128 fp32 scales; h and the x window hold codes and
+  // scales in the bf16 buffers' bytes, x_routed is codes-sized (below; layer_fp8.cu).
   if (config.precision == Precision::FP8) {
     MOK_REQUIRE(H % 128 == 0, "shape.hidden", "must be a multiple of 128 with config.precision fp8, got ", H);
     MOK_REQUIRE(I % 128 == 0, "shape.intermediate", "must be a multiple of 128 with config.precision fp8, got ", I);

@@ -269,6 +269,12 @@ TEST(CommHandshake, MismatchNamesTheField) {
   }
   {
     Rank a, b;
+    b.config.fp8_keep_weight_codes_t = true;  // the backward's workspace differs: the windows would too
+    expect_error([&] { check_pair(a, b); }, K::InvalidArgument, "handshake: config.fp8_keep_weight_codes_t",
+                 {"rank 0 has 0", "rank 1 has 1"});
+  }
+  {
+    Rank a, b;
     b.windows[1].bytes = 3 << 20;
     expect_error([&] { check_pair(a, b); }, K::InvalidArgument, "handshake: windows[1].bytes ('combine')",
                  {"rank 0 has 2097152", "rank 1 has 3145728"});

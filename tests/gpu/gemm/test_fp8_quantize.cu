@@ -238,7 +238,7 @@ TEST(Fp8Quantize, RowsAndTokenBlocksInOnePassMatchTheTwoPasses) {
     bool seg;
   };
   const Case cases[] = {{{1024, 1100}, false}, {{300, 1040}, false}, {{257, 1000}, false}, {{128, 128}, false},
-                        {{3, 4133}, false},    {{Routed::kRows, 7168}, true}, {{Routed::kRows, 1536}, true},
+                        {{3, 4133}, false} /* odd: the two-pass fallback */,    {{Routed::kRows, 7168}, true}, {{Routed::kRows, 1536}, true},
                         {{Routed::kRows, 130}, true}};
   int64_t values = 0;
   for (const Case& k : cases)
@@ -320,6 +320,8 @@ TEST(Fp8Quantize, GatheredTokenBlocksMatchTheCopiedRows) {
   mok::gemm::quantize_fp8_token_blocks_t_gather(g, Routed::kRows, H, t2.p, ts2.as<float>(), nullptr, routed.seg());
   ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
   EXPECT_EQ(count_diff(download<uint8_t>(t2, nt), std::vector<uint8_t>(nt, 0)), 0) << "an aborted gather read rows";
+  EXPECT_EQ(count_diff(download<float>(ts2, nts), std::vector<float>(nts, 1.0f)), 0)
+      << "an aborted gather's blocks are all-zero blocks (scale 1)";
 }
 
 TEST(Fp8Quantize, MxMatchesTheSpecBitForBit) {

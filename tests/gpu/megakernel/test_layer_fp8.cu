@@ -156,6 +156,17 @@ TEST(LayerFp8Refusals, EachNamesItsKnob) {
     // ... and after the refusals it still runs.
     EXPECT_NO_THROW(d.forward_once(layer, group[0], nullptr, false));
   }
+  {  // The FP8 backward reads x (x^T's token blocks): input_buffer() holds its codes, even with the
+     // layer's own windows (no shared workspace).
+    mok::Config own = fp8_config();
+    own.share_workspace = false;
+    auto group = ranks_on_gpus(1, shape, own);
+    mok::Layer layer(group[0], shape, own, d.dw);
+    mok::RoutingRefs in_window = d.refs;
+    in_window.x.data = layer.input_buffer();
+    d.forward_once(layer, group[0], nullptr, true);
+    EXPECT_EQ(arg_of([&] { layer.backward(in_window, d.out_ref(), gr.g, group[0].stream()); }), "x");
+  }
   {
     mok::Config program = fp8_config();
     program.backward_path = mok::BackwardPath::Fused;
@@ -285,9 +296,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Fp8BwdCase{"ep2_one_rank_empty", mok::Routing::Uniform, {400, 0}, 256, 128, 8, 2}),
     [](const auto& i) { return std::string(i.param.name); });
 
-// Config::fp8_keep_weight_codes_t: the kept codes follow the weights. A layer built with one weight
-// set, pointed at another by set_weights(), gives bitwise the gradients of a layer making its
-// codes per call from the other set (the binding remakes the backward's codes with the forward's).
+// Config::fp8_keep_weight_codes_t: the kept codes are the layer's own and follow the weights. A
+// kept layer beside per-call layers (whose codes go through the shared workspace) gives bitwise
+// their gradients for the same weights, before and after set_weights() points it at other ones
+// (the binding remakes the backward's codes with the forward's).
 TEST(LayerFp8BackwardKept, CodesFollowSetWeights) {
   MOK_REQUIRE_GPUS(1);
   const mok::LayerShape shape{{640}, 512, 256, 16, 4, 0};
@@ -311,18 +323,19 @@ TEST(LayerFp8BackwardKept, CodesFollowSetWeights) {
     layer.check();
     return g.fetch();
   };
-  std::vector<std::vector<float>> want;
-  {
-    mok::Layer fresh(comm, shape, per_call, b.dw);
-    want = grads(fresh, b);
-  }
+  // The kept layer lives beside per-call layers that share the workspace (their codes are written
+  // there by every backward): it must read its own, and set_weights() must remake them.
   mok::Layer layer(comm, shape, kept, a.dw);
-  const auto before = grads(layer, a);
-  EXPECT_FALSE(before[4] == want[4]) << "the two weight sets must give different dW_down";
-  layer.set_weights(b.dw);
-  const auto got = grads(layer, a);  // a's inputs are b's (the same workload but the weights)
+  mok::Layer per_a(comm, shape, per_call, a.dw), per_b(comm, shape, per_call, b.dw);
+  const auto want_a = grads(per_a, a);
+  const auto want_b = grads(per_b, b);  // the workspace now holds b's codes
   const char* names[] = {"d_x", "d_topk_w", "dW_gate", "dW_up", "dW_down"};
-  for (size_t o = 0; o < 5; ++o) EXPECT_TRUE(got[o] == want[o]) << names[o] << " after set_weights";
+  EXPECT_FALSE(want_a[4] == want_b[4]) << "the two weight sets must give different dW_down";
+  const auto got_a = grads(layer, a);
+  for (size_t o = 0; o < 5; ++o) EXPECT_TRUE(got_a[o] == want_a[o]) << names[o] << " (kept codes of a)";
+  layer.set_weights(b.dw);
+  const auto got_b = grads(layer, a);  // a's inputs are b's (the same workload but the weights)
+  for (size_t o = 0; o < 5; ++o) EXPECT_TRUE(got_b[o] == want_b[o]) << names[o] << " after set_weights";
   cudaFree(d_out);
 }
 
