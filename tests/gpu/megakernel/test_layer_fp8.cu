@@ -194,6 +194,17 @@ TEST(LayerFp8Refusals, EachNamesItsKnob) {
 // Gaussian weights, as the forward). Over 1 GPU, and 2 where there are two. `keep`: with
 // Config::fp8_keep_weight_codes_t, also the same bits as a layer making the codes per call.
 // ---------------------------------------------------------------------------------------------
+// The five gradients (d_x, d_topk_w, dW_gate, dW_up, dW_down) of one saved forward + backward.
+std::vector<std::vector<float>> forward_backward(mok::Layer& layer, RankData& d, mok::comm::Communicator& comm,
+                                                 const mok::test::RankGrads& gr, const mok::TensorRef& d_out) {
+  d.forward_once(layer, comm, nullptr, /*save_for_backward=*/true);
+  gr.poison();
+  layer.backward(d.refs, d_out, gr.g, comm.stream());
+  EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
+  layer.check();
+  return gr.fetch();
+}
+
 struct Fp8BwdCase {
   const char* name;
   mok::Routing routing;
@@ -228,17 +239,9 @@ TEST_P(LayerFp8Backward, MatchesTheFp8ReferenceAndIsBitwiseReproducible) {
     mok::bf16* d_out = upload(wl.d_out[r].data(), wl.d_out[r].size());
     const mok::TensorRef dref = mok::TensorRef::contiguous(d_out, mok::DType::BF16, {T, H});
     mok::Layer layer(comm, shape, cfg, d.dw);
-    const auto forward_backward = [&](mok::Layer& l) {  // the five gradients of one forward + backward
-      d.forward_once(l, comm, nullptr, /*save_for_backward=*/true);
-      gr.poison();
-      l.backward(d.refs, dref, gr.g, comm.stream());
-      EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
-      l.check();
-      return gr.fetch();
-    };
     std::vector<std::vector<float>> first;
     for (int rep = 0; rep < 2; ++rep) {
-      const auto got = forward_backward(layer);
+      const auto got = forward_backward(layer, d, comm, gr, dref);
       if (rep == 1) {
         for (size_t o = 0; o < 5; ++o)
           EXPECT_TRUE(got[o] == first[o]) << "rank " << r << ": " << names[o] << " differs on the second backward";
@@ -249,7 +252,7 @@ TEST_P(LayerFp8Backward, MatchesTheFp8ReferenceAndIsBitwiseReproducible) {
         mok::Config per_call = cfg;
         per_call.fp8_keep_weight_codes_t = false;
         mok::Layer other(comm, shape, per_call, d.dw);
-        const auto per = forward_backward(other);
+        const auto per = forward_backward(other, d, comm, gr, dref);
         for (size_t o = 0; o < 5; ++o)
           EXPECT_TRUE(per[o] == got[o]) << "rank " << r << ": " << names[o] << " differs from the per-call codes'";
       }
@@ -315,14 +318,7 @@ TEST(LayerFp8BackwardKept, CodesFollowSetWeights) {
   mok::test::RankGrads g(shape, 0);
   mok::bf16* d_out = upload(wl.d_out[0].data(), wl.d_out[0].size());
   const auto dref = mok::TensorRef::contiguous(d_out, mok::DType::BF16, {a.T, a.H});
-  const auto grads = [&](mok::Layer& layer, RankData& d) {
-    d.forward_once(layer, comm, nullptr, /*save_for_backward=*/true);
-    g.poison();
-    layer.backward(d.refs, dref, g.g, comm.stream());
-    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(comm.stream()));
-    layer.check();
-    return g.fetch();
-  };
+  const auto grads = [&](mok::Layer& layer, RankData& d) { return forward_backward(layer, d, comm, g, dref); };
   // The kept layer lives beside per-call layers that share the workspace (their codes are written
   // there by every backward): it must read its own, and set_weights() must remake them.
   mok::Layer layer(comm, shape, kept, a.dw);
