@@ -546,7 +546,8 @@ def fp8_backward_figures(res):
     kept = ""
     if "fp8-kept" in r.get("variants"):  # Config::fp8_keep_weight_codes_t
         ks = [r.num("bf16", "median", within=c) / r.num("fp8-kept", "median", within=c) for c in cases]
-        kept = "; with the weights' codes kept (`fp8_keep_weight_codes_t`) %s%s" % (
+        kept = ("; with the weights' codes kept (`fp8_keep_weight_codes_t`: made once per weight update "
+                "instead, which pays with several microbatches per update) %s%s") % (
             span(ks), ", slower in %d" % sum(1 for v in ks if v < 1) if any(v < 1 for v in ks) else "")
     return [
         "**FP8 backward** (the GPU layer's, unfused path, recipe 1: FP8 dgrads and weight gradients, "

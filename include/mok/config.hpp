@@ -103,9 +103,10 @@ struct Config {
   // FP8 training on the GPU layer (precision FP8, forward_path unfused): the backward's K-major
   // weight codes (W_down^T and the packed [W_gate; W_up]^T, 128 x 128 blocks: half the bf16
   // weight bytes) are made with the forward's by the weight binding (construction, set_weights)
-  // and kept by the layer, instead of by every backward into the shared workspace. Per call that
-  // saves a pass over the bf16 weights (~1.5 ms for a DeepSeek-V3 EP-8 rank's layer at the power
-  // cap); it holds 1.41 GB per such layer (x 58 layers: 82 GB), so it is off by default.
+  // and kept by the layer, instead of by every backward into the shared workspace. Per backward
+  // that saves a pass over the bf16 weights (~1.5 ms for a DeepSeek-V3 EP-8 rank's layer at the
+  // power cap), which the binding then makes once per weight update: it pays with several
+  // microbatches per update. It holds 1.41 GB per such layer (x 58 layers: 82 GB): off by default.
   bool fp8_keep_weight_codes_t = false;
   double wait_timeout_s = 5.0;       // bound of every device-side spin-wait
   int cpu_threads = 0;               // CPU reference engine: worker threads, 0 = hardware concurrency
