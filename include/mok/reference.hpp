@@ -45,8 +45,12 @@
 //   the expert's rows in the order above, i.e. one 128-row M tile of its segment, so the same
 //   blocks in every ring and W; the shared expert's per 128 of the rank's tokens); hw and d_topk_w
 //   use the bf16 h = rnd(silu(g) u) (recomputed from g, u as in BF16; not its FP8 rounding).
-// Config::precision MXFP8 (recipe 2; forward only): the same points, each quantized as MXFP8 (E4M3
-//   with an E8M0 scale per 32 consecutive values along K: x and h rows, weight rows).
+// Config::precision MXFP8 (recipe 2): the same points, each quantized as MXFP8 (E4M3 with an E8M0
+//   scale per 32 consecutive values along that GEMM's K): forward x and h rows and weight rows; the
+//   backward's d rows along H and [dg du] rows along 2I (its 32-blocks all gate or all up), the
+//   dgrads' weights along their K (W_down along H, W_gate and W_up along I: from the bf16 weights,
+//   the other axis than the forward's), and the weight gradients' operands per 32 x 1 block along
+//   the tokens (32 divides the 128-row tiles, so the same blocks in every layout).
 // Every dot product is an fp32 sum in increasing index order without fused multiply-add, and
 // parallel work is split by output rows only, so results are bitwise independent of the thread
 // count and of W (except the per-rank shared-expert gradients, which are partial sums).

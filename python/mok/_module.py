@@ -28,7 +28,7 @@ class MoE(torch.nn.Module):
     with the names of mok::Config (``CONFIG_KNOBS``). ``precision="fp8"`` (or "mxfp8" on CPU
     tensors): the FP8 recipe from these bf16 weights — fp8 trains on CPU tensors (the reference
     engine) and on CUDA tensors (the GPU layer keeps the weights' codes and remakes them when a
-    weight changes); mxfp8 is forward only. The FP8 megakernel is forward only; fp8 modules default
+    weight changes); mxfp8 trains on CPU tensors. The FP8 megakernel is forward only; fp8 modules default
     to the unfused path, which trains: without a ``forward_path`` knob an fp8 module's GPU layer
     (and its ``memory_plan``) gets ``forward_path="unfused"``. ``forward_path="megakernel"`` set
     explicitly is kept, for inference: a call on it whose output needs a gradient raises

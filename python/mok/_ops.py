@@ -18,8 +18,8 @@ tensors the GPU layer does, when its forward runs on the unfused path (Config::f
 "unfused", mok.MoE's default for fp8). The FP8 megakernel (forward_path "megakernel") is forward
 only: its forwards save nothing, and a call whose output would need a gradient raises
 NotImplementedError (run it under torch.no_grad() / torch.inference_mode()); so does one on a
-layer with backward_path "fused" (the backward's GEMM program is bf16 only). mxfp8 is forward only
-anywhere (CPU tensors only). The GPU layer keeps the weights' FP8 codes (made from the bf16
+layer with backward_path "fused" (the backward's GEMM program is bf16 only). mxfp8 (recipe 2) runs
+on CPU tensors only, forward and backward (the reference engine). The GPU layer keeps the weights' FP8 codes (made from the bf16
 weights): it makes them again whenever a weight tensor changed, in place (its version counter)
 or for another tensor.
 """
@@ -169,7 +169,7 @@ def moe_backward(d_out: Tensor, x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_g
     """[d_x, d_topk_w, d_w_gate, d_w_up, d_w_down] and, with a shared expert, its three.
     generation: the forward's (moe_forward's second output). precision: the forward's; "fp8" runs
     recipe 1's backward (CPU tensors: the reference engine; CUDA tensors: the GPU layer's, which
-    knows its own precision, after an unfused forward); "mxfp8" has none."""
+    knows its own precision, after an unfused forward); "mxfp8" recipe 2's (CPU tensors)."""
     _check_device({"d_out": d_out, "w_gate": w_gate}, x.device)
     c = lambda t: None if t is None else t.detach().contiguous()  # noqa: E731
     grads = _grad_buffers(x, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
@@ -177,7 +177,7 @@ def moe_backward(d_out: Tensor, x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_g
         if precision not in ("bf16", "fp8"):
             raise NotImplementedError(
                 f"mok.moe: precision '{precision}' has no backward on CUDA tensors (the GPU layer trains bf16 and "
-                "fp8; mxfp8 is the CPU reference's, forward only)")
+                "fp8; mxfp8 is the CPU reference's: CPU tensors only)")
         gl = _gpu_layer(layer, "the backward")
         why = _fp8_training_refusal(layer) if precision == "fp8" else None
         if why:
@@ -212,12 +212,13 @@ def _(d_out, x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
 def _setup_context(ctx, inputs, output):
     # (Called only when the output needs a gradient.) FP8: recipe 1 has a backward on CPU tensors
     # (the reference engine) and on CUDA tensors (the GPU layer's, after an unfused forward: the
-    # FP8 megakernel is forward only and saved nothing); MXFP8 has none.
+    # FP8 megakernel is forward only and saved nothing); MXFP8 on CPU tensors (the reference's
+    # recipe 2; the GPU layer refuses mxfp8 at its construction).
     precision = inputs[10] if len(inputs) > 10 else "bf16"
     layer = inputs[9] if len(inputs) > 9 else 0
-    if precision == "mxfp8":
+    if precision == "mxfp8" and inputs[0].is_cuda:
         raise NotImplementedError(
-            f"mok.moe: precision '{precision}' is forward only: call it under torch.no_grad() or "
+            f"mok.moe: precision '{precision}' has no backward on CUDA tensors: call it under torch.no_grad() or "
             "torch.inference_mode(), or on tensors that need no gradient")
     if precision == "fp8" and inputs[0].is_cuda:
         why = _fp8_training_refusal(layer)
@@ -256,7 +257,7 @@ def moe(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_up: Tenso
     The rounding points are the C++ layer's (include/mok/reference.hpp). ``layer``: the GPU layer
     of a mok.MoE for CUDA tensors (mok.MoE passes it; 0 on CPU). ``precision``: "bf16", or the FP8
     recipes "fp8" / "mxfp8" (fp8 trains on CPU tensors, and on CUDA tensors with a GPU layer whose
-    forward_path is "unfused", mok.MoE's default for fp8; mxfp8 is forward only; on CUDA tensors
+    forward_path is "unfused", mok.MoE's default for fp8; mxfp8 on CPU tensors only; on CUDA tensors
     the layer's own precision, which mok.MoE passes).
     """
     if precision not in PRECISIONS:

@@ -194,7 +194,7 @@ NB_MODULE(_cpu, m) {
         nb::arg("ws_down").none(), nb::arg("d_out"), nb::arg("grads"), nb::arg("threads") = 0,
         nb::arg("precision") = "bf16",
         "Writes d_x, d_topk_w, d_w_gate, d_w_up, d_w_down (and the shared expert's) into `grads`; "
-        "precision: bf16 or fp8 (recipe 1's backward; mxfp8 has none yet).");
+        "precision: bf16, fp8 (recipe 1's backward) or mxfp8 (recipe 2's).");
   m.def("plan_memory", &plan_memory, nb::arg("tokens"), nb::arg("hidden"), nb::arg("intermediate"),
         nb::arg("experts"), nb::arg("top_k"), nb::arg("shared_intermediate") = 0, nb::arg("world") = 1,
         nb::arg("config") = std::map<std::string, std::string>{}, nb::arg("sm_count") = 132,

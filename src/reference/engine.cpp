@@ -52,7 +52,14 @@ void fp8_round_matrix(std::vector<float>& v, int64_t rows, int64_t cols, Precisi
 // rows (tokens) is quantized per 128 x 1 block — 128 consecutive rows of a column, which are one
 // 128-row M tile of the expert's segment (segments start at tile boundaries and every ring window
 // is a whole number of tiles, so the blocks are the same in every memory mode).
-void fp8_round_token_blocks(std::vector<float>& v, int64_t rows, int64_t cols) {
+// MXFP8 (recipe 2): 32 x 1 MX blocks along the tokens (32 | 128, so none straddles a tile).
+void fp8_round_token_blocks(std::vector<float>& v, int64_t rows, int64_t cols, Precision p = Precision::FP8) {
+  if (p == Precision::MXFP8) {
+    auto t = transpose(v.data(), rows, cols);  // [cols, rows]: a block is 32 consecutive tokens of a column
+    mx_round_rows(t.data(), cols, rows);
+    v = transpose(t.data(), cols, rows);
+    return;
+  }
   constexpr fp8::BlockShape kTokens{fp8::kBlock, 1};
   std::vector<uint8_t> q(v.size());
   std::vector<float> s(sz(fp8::scale_count(rows, cols, kTokens)));
@@ -133,6 +140,19 @@ struct ExpertF {
     down_t = transpose(down.data(), H, I);
     if (p == Precision::FP8) {  // FC1's dgrad: its own blocks (fp8_gate_up_dgrad_weights)
       gate_up = fp8_gate_up_dgrad_weights(wg, wu, I, H);
+    } else if (p == Precision::MXFP8) {
+      // MX blocks run along each GEMM's K, so the dgrads read the weights blocked along the other
+      // axis than the forward: W_down along H (FC2's dgrad), W_gate and W_up along I (FC1's; its
+      // packed K order's 32-blocks are all gate or all up) — each from the bf16 weights.
+      const auto along_cols = [](const bf16* w, int64_t rows, int64_t cols) {
+        auto t = transpose(to_float(w, rows * cols).data(), rows, cols);  // [cols, rows]
+        mx_round_rows(t.data(), cols, rows);
+        return transpose(t.data(), cols, rows);
+      };
+      down = along_cols(wd, H, I);
+      gate_up = along_cols(wg, I, H);
+      const auto up_d = along_cols(wu, I, H);
+      gate_up.insert(gate_up.end(), up_d.begin(), up_d.end());
     } else {
       gate_up = std::move(g);
       gate_up.insert(gate_up.end(), u.begin(), u.end());
@@ -181,9 +201,9 @@ FfnGrads ffn_backward(const ExpertF& e, const FfnActs& a, const float* d_rows, c
                       int threads) {
   FfnGrads d;
   const int64_t H = e.H, I = e.I;
-  const bool fp8 = e.precision == Precision::FP8;
+  const bool fp8 = e.precision != Precision::BF16;
   d.g.resize(sz(M * I));
-  std::vector<float> dq;  // FP8: the d_out rows as FC2's dgrad reads them (1 x 128 along H)
+  std::vector<float> dq;  // FP8 / MXFP8: the d_out rows as FC2's dgrad reads them (1 x 128 / 1 x 32 along H)
   if (fp8) {
     dq.assign(d_rows, d_rows + M * H);
     fp8_round_rows(dq.data(), M, H, e.precision);
@@ -209,7 +229,10 @@ FfnGrads ffn_backward(const ExpertF& e, const FfnActs& a, const float* d_rows, c
     }
   }
   d.dx.resize(sz(M * H));
-  if (fp8) fp8_round_gate_up_rows(dgu, M, I);  // FC1's dgrad reads [d_g d_u] quantized (d.dg, d.du stay bf16)
+  // FC1's dgrad reads [d_g d_u] quantized (d.dg, d.du stay bf16); MX: 1 x 32 along the row, whose
+  // blocks are all gate or all up (I a multiple of 32), as in the packed order.
+  if (e.precision == Precision::FP8) fp8_round_gate_up_rows(dgu, M, I);
+  if (e.precision == Precision::MXFP8) mx_round_rows(dgu.data(), M, 2 * I);
   matmul(dgu.data(), e.gate_up.data(), d.dx.data(), M, 2 * I, H, threads);
   round_in_place(d.dx.data(), M * H);
   return d;
@@ -353,10 +376,7 @@ Gradients Engine::backward(const std::vector<RankInput>& in, const LayerWeights&
   const int64_t H = shape_.hidden, I = shape_.intermediate, k = shape_.top_k,
                 e_loc = shape_.local_experts(), Is = shape_.shared_intermediate, E = shape_.experts;
   const Precision precision = config_.precision;
-  const bool fp8 = precision == Precision::FP8;
-  MOK_REQUIRE(precision != Precision::MXFP8, "config.precision",
-              "the backward is specified in bf16 and fp8 (recipe 1) so far; mxfp8 is forward only, got ",
-              to_string(precision));
+  const bool fp8 = precision != Precision::BF16;  // FP8 (recipe 1) or MXFP8 (recipe 2)
   MOK_REQUIRE(static_cast<int>(d_out.size()) == W, "d_out", "one gradient per rank is required (W = ", W, "), got ", d_out.size());
   for (int r = 0; r < W; ++r)
     MOK_REQUIRE(static_cast<int64_t>(d_out[sz(r)].size()) == shape_.tokens_of(r) * H, "d_out",
@@ -451,11 +471,11 @@ Gradients Engine::backward(const std::vector<RankInput>& in, const LayerWeights&
         DU.insert(DU.end(), r.du.begin(), r.du.end());
       }
       if (fp8) {  // K = the expert's rows: 128 x 1 blocks, one per M tile and column
-        fp8_round_token_blocks(DY, M, H);
-        fp8_round_token_blocks(Hh, M, I);
-        fp8_round_token_blocks(DG, M, I);
-        fp8_round_token_blocks(DU, M, I);
-        fp8_round_token_blocks(V, M, H);
+        fp8_round_token_blocks(DY, M, H, precision);
+        fp8_round_token_blocks(Hh, M, I, precision);
+        fp8_round_token_blocks(DG, M, I, precision);
+        fp8_round_token_blocks(DU, M, I, precision);
+        fp8_round_token_blocks(V, M, H, precision);
       }
       weight_grad(DY, Hh, M, H, I, &g.d_w_down[sz(ge * H * I)], threads);
       weight_grad(DG, V, M, I, H, &g.d_w_gate[sz(ge * I * H)], threads);
@@ -485,11 +505,11 @@ Gradients Engine::backward(const std::vector<RankInput>& in, const LayerWeights&
       FfnGrads gr = ffn_backward(*shared, a, dof.data(), nullptr, T, threads);
       dxs = std::move(gr.dx);
       if (fp8) {  // the weight gradients' operands per 128 x 1 block, tokens in order
-        fp8_round_token_blocks(dof, T, H);
-        fp8_round_token_blocks(a.h, T, Is);
-        fp8_round_token_blocks(gr.dg, T, Is);
-        fp8_round_token_blocks(gr.du, T, Is);
-        fp8_round_token_blocks(xf, T, H);
+        fp8_round_token_blocks(dof, T, H, precision);
+        fp8_round_token_blocks(a.h, T, Is, precision);
+        fp8_round_token_blocks(gr.dg, T, Is, precision);
+        fp8_round_token_blocks(gr.du, T, Is, precision);
+        fp8_round_token_blocks(xf, T, H, precision);
       }
       g.d_ws_down[sz(r)].resize(sz(H * Is));
       g.d_ws_gate[sz(r)].resize(sz(Is * H));

@@ -265,10 +265,6 @@ def test_fp8_forward_on_cpu_tensors_is_the_fp8_recipe():
     assert out8.dtype == torch.bfloat16 and torch.equal(out8, out8_again)
     assert err < 1e-2, err  # the recipe, to accumulation order and bf16 rounding boundaries
     assert err_bf16 > 2e-2, err_bf16  # ... and FP8 was applied (E4M3 costs ~6% on random data)
-    # MXFP8 is forward only: a call whose output needs a gradient raises, naming the precision
-    mx = mok.MoE(H8, I8, E8, K8, init_std=0.1, precision="mxfp8")
-    with pytest.raises(NotImplementedError, match="precision 'mxfp8' is forward only"):
-        mx(x, idx, w)
     # a bad precision is named at construction and at the functional op
     with pytest.raises(ValueError, match="'precision' must be"):
         mok.MoE(H8, I8, E8, K8, precision="fp16")
@@ -350,6 +346,31 @@ def test_fp8_backward_on_cpu_tensors_is_the_fp8_recipe():
         print(f"[fp8 cpu backward] {name}: rel err vs the float32 emulation {err:.2e}; the bf16 layer's {err_bf16:.2e}")
         assert err < 5e-3, (name, err)  # the recipe, to accumulation order and rounding boundaries
         assert err_bf16 > 2e-2, (name, err_bf16)  # ... and FP8 was applied
+
+
+def test_mxfp8_trains_on_cpu_tensors():
+    """mok.MoE(precision="mxfp8") trains on CPU tensors (recipe 2's backward in the reference engine,
+    checked against the fp64 model in the C++ tests): two backwards the same bits, every gradient
+    within the recipe's error of the bf16 layer's and not the fp8 recipe's."""
+    T8 = 40
+    m8, mb, x0, idx, w0, g = fp8_and_bf16_layers(T8, 7)
+    mx = mok.MoE(H8, I8, E8, K8, init_std=0.1, precision="mxfp8")
+    mx.load_state_dict(mb.state_dict())
+    dy = torch.randn(T8, H8, generator=g).to(torch.bfloat16)
+
+    def grads(m):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        m.zero_grad()
+        m(x, idx, w).backward(dy)
+        return [x.grad, w.grad, m.w_gate.grad, m.w_up.grad, m.w_down.grad]
+
+    got, again, base, fp8 = grads(mx), grads(mx), grads(mb), grads(m8)
+    for name, a, b, c, f in zip(("d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down"), got, again, base, fp8):
+        assert torch.equal(a, b), name  # deterministic
+        err_bf16, err_fp8 = rel(a, c), rel(a, f)
+        print(f"[mxfp8 cpu backward] {name}: rel diff from the bf16 layer's {err_bf16:.2e}, from fp8's {err_fp8:.2e}")
+        assert 1e-2 < err_bf16 < 0.15, (name, err_bf16)  # E4M3 applied, within the recipe's budget
+        assert err_fp8 > 1e-2, (name, err_fp8)  # ... with MX's blocks, not recipe 1's
 
 
 def test_fp8_weight_codes_are_remade_when_a_weight_changes():
