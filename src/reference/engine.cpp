@@ -31,6 +31,12 @@ void mx_round_rows(float* v, int64_t rows, int64_t cols) {
   fp8::quantize_mxfp8(v, rows, cols, q.data(), s.data());
   fp8::dequantize_mxfp8(q.data(), s.data(), rows, cols, v);
 }
+// MX blocks down the columns: 32 consecutive rows of a column per E8M0 scale.
+void mx_round_cols(std::vector<float>& v, int64_t rows, int64_t cols) {
+  auto t = transpose(v.data(), rows, cols);  // [cols, rows]
+  mx_round_rows(t.data(), cols, rows);
+  v = transpose(t.data(), cols, rows);
+}
 void fp8_round_rows(float* v, int64_t rows, int64_t cols, Precision p) {
   if (p == Precision::MXFP8) return mx_round_rows(v, rows, cols);
   std::vector<uint8_t> q(sz(rows * cols));
@@ -54,12 +60,7 @@ void fp8_round_matrix(std::vector<float>& v, int64_t rows, int64_t cols, Precisi
 // is a whole number of tiles, so the blocks are the same in every memory mode).
 // MXFP8 (recipe 2): 32 x 1 MX blocks along the tokens (32 | 128, so none straddles a tile).
 void fp8_round_token_blocks(std::vector<float>& v, int64_t rows, int64_t cols, Precision p = Precision::FP8) {
-  if (p == Precision::MXFP8) {
-    auto t = transpose(v.data(), rows, cols);  // [cols, rows]: a block is 32 consecutive tokens of a column
-    mx_round_rows(t.data(), cols, rows);
-    v = transpose(t.data(), cols, rows);
-    return;
-  }
+  if (p == Precision::MXFP8) return mx_round_cols(v, rows, cols);  // 32 consecutive tokens of a column
   constexpr fp8::BlockShape kTokens{fp8::kBlock, 1};
   std::vector<uint8_t> q(v.size());
   std::vector<float> s(sz(fp8::scale_count(rows, cols, kTokens)));
@@ -145,9 +146,9 @@ struct ExpertF {
       // axis than the forward: W_down along H (FC2's dgrad), W_gate and W_up along I (FC1's; its
       // packed K order's 32-blocks are all gate or all up) — each from the bf16 weights.
       const auto along_cols = [](const bf16* w, int64_t rows, int64_t cols) {
-        auto t = transpose(to_float(w, rows * cols).data(), rows, cols);  // [cols, rows]
-        mx_round_rows(t.data(), cols, rows);
-        return transpose(t.data(), cols, rows);
+        auto v = to_float(w, rows * cols);
+        mx_round_cols(v, rows, cols);
+        return v;
       };
       down = along_cols(wd, H, I);
       gate_up = along_cols(wg, I, H);
