@@ -324,6 +324,14 @@ def eager_moe_fp8_backward(x, idx, w, wg, wu, wd, dy):
     return dx, dw, dwg, dwu, dwd
 
 
+def module_grads(m, x0, idx, w0, dy):
+    """[d_x, d_topk_w, d_w_gate, d_w_up, d_w_down] of one forward + backward of module m."""
+    x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    m.zero_grad()
+    m(x, idx, w).backward(dy)
+    return [x.grad, w.grad, m.w_gate.grad, m.w_up.grad, m.w_down.grad]
+
+
 def test_fp8_backward_on_cpu_tensors_is_the_fp8_recipe():
     """mok.MoE(precision="fp8") trains on CPU tensors: every gradient against the independent
     float32 emulation of recipe 1's backward, and FP8 visibly applied (the bf16 layer's gradients
@@ -332,11 +340,7 @@ def test_fp8_backward_on_cpu_tensors_is_the_fp8_recipe():
     m8, mb, x0, idx, w0, g = fp8_and_bf16_layers(T8, 5)
     dy = torch.randn(T8, H8, generator=g).to(torch.bfloat16)
 
-    def grads(m):
-        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
-        m.zero_grad()
-        m(x, idx, w).backward(dy)
-        return [x.grad, w.grad, m.w_gate.grad, m.w_up.grad, m.w_down.grad]
+    grads = lambda m: module_grads(m, x0, idx, w0, dy)  # noqa: E731
 
     got, again, base = grads(m8), grads(m8), grads(mb)
     want = eager_moe_fp8_backward(x0, idx.long(), w0, m8.w_gate.detach(), m8.w_up.detach(), m8.w_down.detach(), dy)
@@ -358,11 +362,7 @@ def test_mxfp8_trains_on_cpu_tensors():
     mx.load_state_dict(mb.state_dict())
     dy = torch.randn(T8, H8, generator=g).to(torch.bfloat16)
 
-    def grads(m):
-        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
-        m.zero_grad()
-        m(x, idx, w).backward(dy)
-        return [x.grad, w.grad, m.w_gate.grad, m.w_up.grad, m.w_down.grad]
+    grads = lambda m: module_grads(m, x0, idx, w0, dy)  # noqa: E731
 
     got, again, base, fp8 = grads(mx), grads(mx), grads(mb), grads(m8)
     for name, a, b, c, f in zip(("d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down"), got, again, base, fp8):
