@@ -324,6 +324,61 @@ def eager_moe_fp8_backward(x, idx, w, wg, wu, wd, dy):
     return dx, dw, dwg, dwu, dwd
 
 
+def mx_round(v, block):
+    """v [rows, cols] (float32) as its MXFP8 codes decode (OCP MX, E4M3 elements): per block of 32
+    (block = (1, 32) along rows or (32, 1) down columns) X = 2^(floor(log2 amax) - 8), clamped to
+    [2^-127, 2^127] (an all-zero block: 2^-127); elements e4m3(v / X) clamped to +-448, round to
+    nearest even."""
+    r, c = v.shape
+    b = v.reshape(r // block[0], block[0], c // block[1], block[1])
+    amax = b.abs().amax(dim=(1, 3), keepdim=True)
+    _, ex = torch.frexp(amax)  # amax = m 2^ex, m in [0.5, 1): floor(log2 amax) = ex - 1, exactly
+    e = torch.where(amax > 0, ex.float() - 1 - 8, torch.full_like(amax, -127.0)).clamp(-127, 127)
+    q = (b * torch.exp2(-e)).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return (q.float() * torch.exp2(e)).reshape(r, c)
+
+
+def eager_moe_mxfp8_backward(x, idx, w, wg, wu, wd, dy):
+    """MXFP8's backward (recipe 2, include/mok/reference.hpp) in float32, written independently of
+    the engine: every GEMM's operands in MX blocks of 32 along its K — forward: x, h rows and the
+    weight rows; FC2's dgrad: d_out rows along H against W_down blocked along H; FC1's dgrad: d_g,
+    d_u rows along I against W_gate, W_up blocked along I; the weight gradients: 32 x 1 blocks of
+    each expert's rows in token order. Returns d_x, d_topk_w, d_w_gate, d_w_up, d_w_down."""
+    bf = lambda t: t.to(torch.bfloat16).float()  # noqa: E731
+    E, I, H = wg.shape
+    xf, dyf = x.float(), dy.float()
+    xq = mx_round(xf, (1, 32))
+    dx, dw = torch.zeros_like(xf), torch.zeros(w.shape)
+    dwg, dwu, dwd = torch.zeros(E, I, H), torch.zeros(E, I, H), torch.zeros(E, H, I)
+
+    def token_blocks(v):  # v [rows, cols] per 32 x 1 block, rows padded with zeros
+        r = v.shape[0]
+        return mx_round(torch.cat([v, torch.zeros((-r) % 32, v.shape[1])]), (32, 1))[:r]
+
+    for e in range(E):
+        g_w, u_w = mx_round(wg[e].float(), (1, 32)), mx_round(wu[e].float(), (1, 32))
+        d_t = mx_round(wd[e].float(), (32, 1))  # [H, I] blocked along H: FC2's dgrad
+        gt, ut = mx_round(wg[e].float(), (32, 1)), mx_round(wu[e].float(), (32, 1))  # along I: FC1's dgrad
+        rows, js = (idx == e).nonzero(as_tuple=True)  # token order (t, then j)
+        if rows.numel() == 0:
+            continue
+        wr = w[rows, js]
+        g, u = bf(xq[rows] @ g_w.T), bf(xq[rows] @ u_w.T)
+        h = bf(F.silu(g) * u)
+        gr = bf(mx_round(dyf[rows], (1, 32)) @ d_t)
+        dh = bf(wr[:, None] * gr)
+        sg = torch.sigmoid(g)
+        du = bf(g * sg * dh)
+        dg = bf(sg * (1 + g * (1 - sg)) * u * dh)
+        dx = dx.index_add(0, rows, bf(mx_round(dg, (1, 32)) @ gt + mx_round(du, (1, 32)) @ ut))
+        dw[rows, js] = (gr * h).sum(1)
+        hw = bf(wr[:, None] * h)
+        dwd[e] = bf(token_blocks(dyf[rows]).T @ token_blocks(hw))
+        dwg[e] = bf(token_blocks(dg).T @ token_blocks(xf[rows]))
+        dwu[e] = bf(token_blocks(du).T @ token_blocks(xf[rows]))
+    return dx, dw, dwg, dwu, dwd
+
+
 def module_grads(m, x0, idx, w0, dy):
     """[d_x, d_topk_w, d_w_gate, d_w_up, d_w_down] of one forward + backward of module m."""
     x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
@@ -353,9 +408,10 @@ def test_fp8_backward_on_cpu_tensors_is_the_fp8_recipe():
 
 
 def test_mxfp8_trains_on_cpu_tensors():
-    """mok.MoE(precision="mxfp8") trains on CPU tensors (recipe 2's backward in the reference engine,
-    checked against the fp64 model in the C++ tests): two backwards the same bits, every gradient
-    within the recipe's error of the bf16 layer's and not the fp8 recipe's."""
+    """mok.MoE(precision="mxfp8") trains on CPU tensors (recipe 2's backward in the reference engine):
+    every gradient against the independent float32 emulation (eager_moe_mxfp8_backward), two
+    backwards the same bits, and MX visibly applied (the bf16 layer's gradients and fp8's are
+    further away)."""
     T8 = 40
     m8, mb, x0, idx, w0, g = fp8_and_bf16_layers(T8, 7)
     mx = mok.MoE(H8, I8, E8, K8, init_std=0.1, precision="mxfp8")
@@ -365,12 +421,15 @@ def test_mxfp8_trains_on_cpu_tensors():
     grads = lambda m: module_grads(m, x0, idx, w0, dy)  # noqa: E731
 
     got, again, base, fp8 = grads(mx), grads(mx), grads(mb), grads(m8)
-    for name, a, b, c, f in zip(("d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down"), got, again, base, fp8):
+    want = eager_moe_mxfp8_backward(x0, idx.long(), w0, mx.w_gate.detach(), mx.w_up.detach(), mx.w_down.detach(), dy)
+    for name, a, b, c, f, ref in zip(("d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down"), got, again, base, fp8,
+                                     want):
         assert torch.equal(a, b), name  # deterministic
-        err_bf16, err_fp8 = rel(a, c), rel(a, f)
-        print(f"[mxfp8 cpu backward] {name}: rel diff from the bf16 layer's {err_bf16:.2e}, from fp8's {err_fp8:.2e}")
-        assert 1e-2 < err_bf16 < 0.15, (name, err_bf16)  # E4M3 applied, within the recipe's budget
-        assert err_fp8 > 1e-2, (name, err_fp8)  # ... with MX's blocks, not recipe 1's
+        err, err_bf16, err_fp8 = rel(a, ref), rel(c, ref), rel(f, ref)
+        print(f"[mxfp8 cpu backward] {name}: rel err vs the float32 emulation {err:.2e}; the bf16 layer's "
+              f"{err_bf16:.2e}, fp8's {err_fp8:.2e}")
+        assert err < 5e-3, (name, err)  # the recipe, to accumulation order and rounding boundaries
+        assert err_bf16 > 2e-2 and err_fp8 > 2e-2, (name, err_bf16, err_fp8)  # ... and MX's blocks applied
 
 
 def test_fp8_weight_codes_are_remade_when_a_weight_changes():
