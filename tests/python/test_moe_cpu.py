@@ -274,54 +274,69 @@ def test_fp8_forward_on_cpu_tensors_is_the_fp8_recipe():
     assert m8.memory_plan(T8)["fp8_weights"] == 3 * E8 * I8 * H8 + 3 * E8 * (I8 // 128) * (H8 // 128) * 4
 
 
-def eager_moe_fp8_backward(x, idx, w, wg, wu, wd, dy):
-    """The FP8 backward's math (recipe 1, include/mok/reference.hpp) in float32 with the spec's
-    rounding points, written independently of the engine: FC2's dgrad reads d_out per 1x128
-    against W_down per 128x128; FC1's dgrad reads [d_g d_u] in blocks of the gate and up values of
-    the same 64 intermediate columns against [W_gate; W_up] in the same blocks (64 gate + 64 up rows
-    x 128 columns per scale); the weight gradients read their operands per 128 x 1 block of each
-    expert's rows in token order; h is the bf16 h. Returns d_x, d_topk_w, d_w_gate, d_w_up, d_w_down."""
+def eager_moe_q_backward(x, idx, w, wg, wu, wd, dy, q):
+    """A quantized recipe's backward in float32 with the spec's rounding points, written
+    independently of the engine; q (FP8_RECIPE, MX_RECIPE) says how each GEMM reads its operands:
+    q.rows(v) activation rows along K (x, d_out), q.weight(w) the forward's weight rows,
+    q.down_dgrad(w_down) FC2's dgrad weights, q.fc1_dgrad(dg, du, w_gate, w_up) FC1's dgrad (the
+    d_x rows, bf16), q.tokens(v) a weight gradient's operand blocked along the tokens (each
+    expert's rows in token order). h is the bf16 h. Returns d_x, d_topk_w, d_w_gate, d_w_up, d_w_down."""
     bf = lambda t: t.to(torch.bfloat16).float()  # noqa: E731
     E, I, H = wg.shape
     xf, dyf = x.float(), dy.float()
-    xq = fp8_round(xf, (1, 128))
+    xq = q.rows(xf)
     dx, dw = torch.zeros_like(xf), torch.zeros(w.shape)
     dwg, dwu, dwd = torch.zeros(E, I, H), torch.zeros(E, I, H), torch.zeros(E, H, I)
-
-    def pair_round(a, b, block):  # a, b [n, m]: blocks of 64 rows of a then the same 64 of b
-        n, m = a.shape
-        st = torch.cat([a.reshape(n // 64, 64, m), b.reshape(n // 64, 64, m)], 1).reshape(2 * n, m)
-        st = fp8_round(st, block).reshape(n // 64, 128, m)
-        return st[:, :64].reshape(n, m), st[:, 64:].reshape(n, m)
-
-    def token_blocks(v):  # v [rows, cols] per 128 x 1 block, rows padded with zeros
-        r = v.shape[0]
-        pad = torch.cat([v, torch.zeros((-r) % 128, v.shape[1])])
-        return fp8_round(pad, (128, 1))[:r]
-
     for e in range(E):
-        g_w, u_w, d_w = (fp8_round(t.float(), (128, 128)) for t in (wg[e], wu[e], wd[e]))
-        gt, ut = pair_round(wg[e].float(), wu[e].float(), (128, 128))  # FC1's dgrad blocks
+        g_w, u_w = q.weight(wg[e].float()), q.weight(wu[e].float())
         rows, js = (idx == e).nonzero(as_tuple=True)  # token order (t, then j)
         if rows.numel() == 0:
             continue
         wr = w[rows, js]
         g, u = bf(xq[rows] @ g_w.T), bf(xq[rows] @ u_w.T)
         h = bf(F.silu(g) * u)
-        gr = bf(fp8_round(dyf[rows], (1, 128)) @ d_w)
+        gr = bf(q.rows(dyf[rows]) @ q.down_dgrad(wd[e].float()))
         dh = bf(wr[:, None] * gr)
         sg = torch.sigmoid(g)
         du = bf(g * sg * dh)
         dg = bf(sg * (1 + g * (1 - sg)) * u * dh)
-        dgq, duq = pair_round(dg.T, du.T, (128, 1))  # 1 x 128 blocks of 64 gate + 64 up per row
-        dxr = bf(dgq.T @ gt + duq.T @ ut)
-        dx = dx.index_add(0, rows, dxr)
+        dx = dx.index_add(0, rows, q.fc1_dgrad(dg, du, wg[e].float(), wu[e].float()))
         dw[rows, js] = (gr * h).sum(1)
         hw = bf(wr[:, None] * h)
-        dwd[e] = bf(token_blocks(dyf[rows]).T @ token_blocks(hw))
-        dwg[e] = bf(token_blocks(dg).T @ token_blocks(xf[rows]))
-        dwu[e] = bf(token_blocks(du).T @ token_blocks(xf[rows]))
+        dwd[e] = bf(q.tokens(dyf[rows]).T @ q.tokens(hw))
+        dwg[e] = bf(q.tokens(dg).T @ q.tokens(xf[rows]))
+        dwu[e] = bf(q.tokens(du).T @ q.tokens(xf[rows]))
     return dx, dw, dwg, dwu, dwd
+
+
+def padded_blocks(v, n, round_fn):
+    """v [rows, cols] rounded per n x 1 block down the rows, rows padded with zeros."""
+    r = v.shape[0]
+    return round_fn(torch.cat([v, torch.zeros((-r) % n, v.shape[1])]), (n, 1))[:r]
+
+
+def pair_round(a, b, block):
+    """a, b [n, m] quantized together in blocks of 64 rows of a then the same 64 rows of b (the
+    packed gate/up order of FC1's dgrad)."""
+    n, m = a.shape
+    st = torch.cat([a.reshape(n // 64, 64, m), b.reshape(n // 64, 64, m)], 1).reshape(2 * n, m)
+    st = fp8_round(st, block).reshape(n // 64, 128, m)
+    return st[:, :64].reshape(n, m), st[:, 64:].reshape(n, m)
+
+
+def _fp8_fc1_dgrad(dg, du, wg, wu):
+    # [d_g d_u] per 1 x 128 of 64 gate + 64 up values of the same columns, against [W_gate; W_up]
+    # in the same blocks (64 gate + 64 up rows x 128 columns per scale)
+    gt, ut = pair_round(wg, wu, (128, 128))
+    dgq, duq = pair_round(dg.T, du.T, (128, 1))
+    return (dgq.T @ gt + duq.T @ ut).to(torch.bfloat16).float()
+
+
+class FP8_RECIPE:  # recipe 1: 1 x 128 rows, 128 x 128 weights, 128 x 1 token blocks
+    rows = staticmethod(lambda v: fp8_round(v, (1, 128)))
+    weight = down_dgrad = staticmethod(lambda w: fp8_round(w, (128, 128)))
+    fc1_dgrad = staticmethod(_fp8_fc1_dgrad)
+    tokens = staticmethod(lambda v: padded_blocks(v, 128, fp8_round))
 
 
 def mx_round(v, block):
@@ -338,45 +353,13 @@ def mx_round(v, block):
     return (q.float() * torch.exp2(e)).reshape(r, c)
 
 
-def eager_moe_mxfp8_backward(x, idx, w, wg, wu, wd, dy):
-    """MXFP8's backward (recipe 2, include/mok/reference.hpp) in float32, written independently of
-    the engine: every GEMM's operands in MX blocks of 32 along its K — forward: x, h rows and the
-    weight rows; FC2's dgrad: d_out rows along H against W_down blocked along H; FC1's dgrad: d_g,
-    d_u rows along I against W_gate, W_up blocked along I; the weight gradients: 32 x 1 blocks of
-    each expert's rows in token order. Returns d_x, d_topk_w, d_w_gate, d_w_up, d_w_down."""
-    bf = lambda t: t.to(torch.bfloat16).float()  # noqa: E731
-    E, I, H = wg.shape
-    xf, dyf = x.float(), dy.float()
-    xq = mx_round(xf, (1, 32))
-    dx, dw = torch.zeros_like(xf), torch.zeros(w.shape)
-    dwg, dwu, dwd = torch.zeros(E, I, H), torch.zeros(E, I, H), torch.zeros(E, H, I)
-
-    def token_blocks(v):  # v [rows, cols] per 32 x 1 block, rows padded with zeros
-        r = v.shape[0]
-        return mx_round(torch.cat([v, torch.zeros((-r) % 32, v.shape[1])]), (32, 1))[:r]
-
-    for e in range(E):
-        g_w, u_w = mx_round(wg[e].float(), (1, 32)), mx_round(wu[e].float(), (1, 32))
-        d_t = mx_round(wd[e].float(), (32, 1))  # [H, I] blocked along H: FC2's dgrad
-        gt, ut = mx_round(wg[e].float(), (32, 1)), mx_round(wu[e].float(), (32, 1))  # along I: FC1's dgrad
-        rows, js = (idx == e).nonzero(as_tuple=True)  # token order (t, then j)
-        if rows.numel() == 0:
-            continue
-        wr = w[rows, js]
-        g, u = bf(xq[rows] @ g_w.T), bf(xq[rows] @ u_w.T)
-        h = bf(F.silu(g) * u)
-        gr = bf(mx_round(dyf[rows], (1, 32)) @ d_t)
-        dh = bf(wr[:, None] * gr)
-        sg = torch.sigmoid(g)
-        du = bf(g * sg * dh)
-        dg = bf(sg * (1 + g * (1 - sg)) * u * dh)
-        dx = dx.index_add(0, rows, bf(mx_round(dg, (1, 32)) @ gt + mx_round(du, (1, 32)) @ ut))
-        dw[rows, js] = (gr * h).sum(1)
-        hw = bf(wr[:, None] * h)
-        dwd[e] = bf(token_blocks(dyf[rows]).T @ token_blocks(hw))
-        dwg[e] = bf(token_blocks(dg).T @ token_blocks(xf[rows]))
-        dwu[e] = bf(token_blocks(du).T @ token_blocks(xf[rows]))
-    return dx, dw, dwg, dwu, dwd
+class MX_RECIPE:  # recipe 2: MX blocks of 32 along each GEMM's K
+    rows = weight = staticmethod(lambda v: mx_round(v, (1, 32)))
+    down_dgrad = staticmethod(lambda w: mx_round(w, (32, 1)))  # W_down [H, I] along H
+    fc1_dgrad = staticmethod(lambda dg, du, wg, wu: (mx_round(dg, (1, 32)) @ mx_round(wg, (32, 1)) +
+                                                     mx_round(du, (1, 32)) @ mx_round(wu, (32, 1)))
+                             .to(torch.bfloat16).float())
+    tokens = staticmethod(lambda v: padded_blocks(v, 32, mx_round))
 
 
 def module_grads(m, x0, idx, w0, dy):
@@ -398,7 +381,8 @@ def test_fp8_backward_on_cpu_tensors_is_the_fp8_recipe():
     grads = lambda m: module_grads(m, x0, idx, w0, dy)  # noqa: E731
 
     got, again, base = grads(m8), grads(m8), grads(mb)
-    want = eager_moe_fp8_backward(x0, idx.long(), w0, m8.w_gate.detach(), m8.w_up.detach(), m8.w_down.detach(), dy)
+    want = eager_moe_q_backward(x0, idx.long(), w0, m8.w_gate.detach(), m8.w_up.detach(), m8.w_down.detach(), dy,
+                                FP8_RECIPE)
     for name, a, b, c, ref in zip(("d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down"), got, again, base, want):
         assert torch.equal(a, b), name  # deterministic
         err, err_bf16 = rel(a, ref), rel(c, ref)
@@ -409,7 +393,7 @@ def test_fp8_backward_on_cpu_tensors_is_the_fp8_recipe():
 
 def test_mxfp8_trains_on_cpu_tensors():
     """mok.MoE(precision="mxfp8") trains on CPU tensors (recipe 2's backward in the reference engine):
-    every gradient against the independent float32 emulation (eager_moe_mxfp8_backward), two
+    every gradient against the independent float32 emulation (eager_moe_q_backward with MX_RECIPE), two
     backwards the same bits, and MX visibly applied (the bf16 layer's gradients and fp8's are
     further away)."""
     T8 = 40
@@ -421,7 +405,8 @@ def test_mxfp8_trains_on_cpu_tensors():
     grads = lambda m: module_grads(m, x0, idx, w0, dy)  # noqa: E731
 
     got, again, base, fp8 = grads(mx), grads(mx), grads(mb), grads(m8)
-    want = eager_moe_mxfp8_backward(x0, idx.long(), w0, mx.w_gate.detach(), mx.w_up.detach(), mx.w_down.detach(), dy)
+    want = eager_moe_q_backward(x0, idx.long(), w0, mx.w_gate.detach(), mx.w_up.detach(), mx.w_down.detach(), dy,
+                                MX_RECIPE)
     for name, a, b, c, f, ref in zip(("d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down"), got, again, base, fp8,
                                      want):
         assert torch.equal(a, b), name  # deterministic
