@@ -10,6 +10,7 @@
 //
 //   mok_gemm_bench --out mok.json [--quick] [--filter SUBSTR] [--reps N] [--group-m N] [--max-ctas N]
 //                  [--no-gu] [--skew N] [--block-n 0|128|256] [--cluster 0|1] [--split-n 0|1] [--pdl 0|1]
+//                  [--rows N,N,... (rows per expert; default 128,512,2048)]
 //   (knobs for experiments: tile raster group, persistent CTAs, FC1 without g/u, consumer stagger,
 //   tile width, 2-CTA clusters, split-N for tiles with <= 64 token rows, programmatic dependent
 //   launch)
@@ -457,6 +458,7 @@ int main(int argc, char** argv) {
   std::string out_path = "mok_gemm.json", filter;
   bool quick = false;
   int reps = 30;
+  std::vector<int64_t> row_set = {128, 512, 2048};  // rows per expert of every case
   Knobs kn;
   using mok::bench::parse_number;
   try {
@@ -475,10 +477,19 @@ int main(int argc, char** argv) {
       else if (a == "--cluster" && has) kn.cluster = parse_number("--cluster", argv[++i], 0, 1) != 0;
       else if (a == "--split-n" && has) kn.split_n = parse_number("--split-n", argv[++i], 0, 1) != 0;
       else if (a == "--pdl" && has) kn.pdl = parse_number("--pdl", argv[++i], 0, 1) != 0;
+      else if (a == "--rows" && has) {  // a comma-separated list of rows per expert
+        row_set.clear();
+        std::string list = argv[++i];
+        for (size_t at = 0; at <= list.size();) {
+          const size_t comma = std::min(list.find(',', at), list.size());
+          row_set.push_back(parse_number<int64_t>("--rows", list.substr(at, comma - at), 128, 1 << 20, " (rows per expert)"));
+          at = comma + 1;
+        }
+      }
       else {
         std::fprintf(stderr,
                      "usage: %s [--out FILE] [--filter SUBSTR] [--reps N] [--quick] [--group-m N] [--max-ctas N] "
-                     "[--no-gu] [--skew N] [--block-n 0|128|256] [--cluster 0|1] [--split-n 0|1] [--pdl 0|1]\n",
+                     "[--no-gu] [--skew N] [--block-n 0|128|256] [--cluster 0|1] [--split-n 0|1] [--pdl 0|1] [--rows N,N,...]\n",
                      argv[0]);
         return 2;
       }
@@ -491,7 +502,6 @@ int main(int argc, char** argv) {
   MOK_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
 
   std::vector<Case> cases;
-  const int64_t row_set[] = {128, 512, 2048};
   for (const Model& m : kModels) {
     for (const char* routing : {"uniform", "skewed"})
       for (int64_t r : row_set)

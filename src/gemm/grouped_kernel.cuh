@@ -304,10 +304,15 @@ struct FormWgrad {
       return;
     }
     if (t.out_row + 64 * cwg >= p.m_out) return;
-    if (p.split_gate_up)
+    if constexpr (!std::is_same_v<typename C::Operand, OperandBf16>) {
+      // FP8: chunks in batches of two (measured faster there; slower in BF16: engine_epilogue.cuh).
+      epilogue_wgrad_batched<C>(sm, es, cwg, wt, acc, d0, p.split_gate_up ? d1 : nullptr, t.out_row, t.b_n, p.n,
+                                t.out_batch);
+    } else if (p.split_gate_up) {
       epilogue_store_gate_up<C>(sm, es, cwg, wt, acc, d0, d1, t.out_row, t.b_n, p.n, t.out_batch);
-    else
+    } else {
       epilogue_store<C>(sm, es, cwg, wt, acc, d0, t.out_row, t.b_n, p.n, t.out_batch);
+    }
   }
 };
 
