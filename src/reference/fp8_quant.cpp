@@ -133,4 +133,43 @@ void dequantize_mxfp8(const uint8_t* q, const uint8_t* scales, int64_t rows, int
                  });
 }
 
+void reblock_mxfp8(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols, BlockShape block,
+                   uint8_t* q_out, float* scales_out) {
+  check_shape(rows, cols, block);
+  MOK_REQUIRE(block.cols % kMxBlock == 0, "block", "whole MX blocks along the row (cols a multiple of ", kMxBlock,
+              ", got ", block.cols, ")");
+  check_pointer(q, "q", rows, cols);
+  check_pointer(scales, "scales", rows, cols);
+  check_pointer(q_out, "q_out", rows, cols);
+  check_pointer(scales_out, "scales_out", rows, cols);
+  const int64_t mx_cols = scale_cols(cols, kMxBlockShape);
+  const auto mx_scale = [&](int64_t r, int64_t c) { return scales[r * mx_cols + c / kMxBlock]; };
+  for_each_block(rows, cols, block, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1, int64_t i) {
+    bool nan = false;
+    int e_max = kE8m0MinExponent;
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = c0; c < c1; c += kMxBlock) {
+        const uint8_t x = mx_scale(r, c);
+        if (x == kE8m0NaN) nan = true;
+        else e_max = std::max(e_max, int(x) - kE8m0Bias);
+      }
+    if (nan) {
+      scales_out[i] = detail::from_bits(detail::kQuietNaNBits);
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) q_out[r * cols + c] = kE4m3NaN;
+      return;
+    }
+    scales_out[i] = e8m0_decode(e8m0_from_exponent(e_max));  // 2^e_max, exact in fp32
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = c0; c < c1; ++c) {
+        const int d = int(mx_scale(r, c)) - kE8m0Bias - e_max;
+        // decode(q) * 2^d: a power-of-two factor <= 1, exact in fp32 down to its subnormals (far
+        // below E4M3's smallest subnormal, 2^-9; below 2^-149 the factor is 0 and the code a signed
+        // zero), then E4M3's round to nearest even.
+        const float f = d >= -149 ? detail::pow2(d) : 0.0f;
+        q_out[r * cols + c] = e4m3_encode(e4m3_decode(q[r * cols + c]) * f);
+      }
+  });
+}
+
 }  // namespace mok::fp8

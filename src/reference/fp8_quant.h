@@ -77,4 +77,18 @@ void quantize_mxfp8(const bf16* in, int64_t rows, int64_t cols, uint8_t* q, uint
 void dequantize_mxfp8(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
                       float* out);
 
+// ---- MXFP8 re-blocked (the way to run MX operands on Hopper's FP8 tensor cores) ------------------
+// An MX matrix (q, scales as quantize_mxfp8 writes them) as block-scaled FP8 with one power-of-
+// two fp32 scale per `block` (1 x 128 for activations, 128 x 128 for weights: what the recipe-1
+// GEMMs read; dequantize_blocked reads the result): the block's scale is the largest E8M0 scale
+// of the MX blocks inside it, 2^e_max, and each element is re-encoded at it,
+// q' = e4m3(decode(q) * 2^(e - e_max)) (round to nearest even). Only the exponent moves, so the
+// value is exact unless it falls below E4M3's normal range (2^-6 of the block's scale, 14 binades
+// under its top): the elements that change are the smallest ones. A block with a NaN MX scale is
+// NaN (scale NaN, every code 0x7F), as a block-scaled block with a NaN element is. block.cols must
+// be a multiple of 32. The GEMMs then promote once per 128 of K instead of once per 32; what the
+// second rounding costs is measured in tests/cpu/test_fp8_error_budget.cpp (notes/fp8.md).
+void reblock_mxfp8(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols, BlockShape block,
+                   uint8_t* q_out, float* scales_out);
+
 }  // namespace mok::fp8

@@ -261,3 +261,54 @@ TEST(Fp8Blocked, ArgumentErrorsAreNamed) {
             }),
             "(no error)");
 }
+
+// MXFP8 re-blocked to 1 x 128 power-of-two scales (fp8::reblock_mxfp8): each element keeps
+// its MX value up to one E4M3 rounding at the 1 x 128 block's scale, 2^(largest MX exponent).
+TEST(Fp8Blocked, MxReblockedTo1x128KeepsEachValueUpToOneRoundingAtTheLargestScale) {
+  const int64_t rows = 6, cols = 328;  // two whole 1 x 128 blocks and a partial one (72 columns)
+  std::mt19937 rng(71);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> x(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)  // MX blocks of different magnitudes inside a 128 block
+      x[size_t(r * cols + c)] = g(rng) * std::ldexp(1.0f, int((c / 32) % 5) * 3 - 6 + int(r));
+  const int64_t mx_cols = fp8::scale_cols(cols, fp8::kMxBlockShape);
+  std::vector<uint8_t> q(x.size()), s(size_t(rows * mx_cols)), q2(x.size());
+  std::vector<float> s2(size_t(fp8::scale_count(rows, cols, fp8::kActivationBlock))), mx(x.size()), re(x.size());
+  fp8::quantize_mxfp8(x.data(), rows, cols, q.data(), s.data());
+  fp8::dequantize_mxfp8(q.data(), s.data(), rows, cols, mx.data());
+  fp8::reblock_mxfp8(q.data(), s.data(), rows, cols, fp8::kActivationBlock, q2.data(), s2.data());
+  fp8::dequantize_blocked(q2.data(), s2.data(), rows, cols, fp8::kActivationBlock, re.data());
+  int64_t exact = 0, changed = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b * 128 < cols; ++b) {
+      int e_max = -127;
+      for (int64_t j = b * 4; j < std::min<int64_t>(b * 4 + 4, mx_cols); ++j) e_max = std::max(e_max, int(s[size_t(r * mx_cols + j)]) - 127);
+      const float scale = s2[size_t(r * fp8::scale_cols(cols, fp8::kActivationBlock) + b)];
+      ASSERT_EQ(scale, std::ldexp(1.0f, e_max)) << "row " << r << " block " << b;
+      for (int64_t c = b * 128; c < std::min<int64_t>(b * 128 + 128, cols); ++c) {
+        const size_t i = size_t(r * cols + c);
+        const int e = int(s[size_t(r * mx_cols + c / 32)]) - 127;
+        // One E4M3 rounding at `scale`: half a step of 2^-3 relative (normals), or half of the
+        // subnormal step 2^-9 * scale.
+        const double bound = std::max(std::fabs(double(mx[i])) * 0x1p-4, 0x1p-10 * double(scale));
+        EXPECT_LE(std::fabs(double(re[i]) - double(mx[i])), bound) << "row " << r << " col " << c;
+        if (e == e_max) {
+          EXPECT_EQ(q2[i], q[i]) << "the largest MX block keeps its codes (row " << r << " col " << c << ")";
+        }
+        (re[i] == mx[i] ? exact : changed) += 1;
+      }
+    }
+  EXPECT_GT(changed, 0) << "the data must exercise the second rounding";
+  EXPECT_GT(exact, changed);
+  // A NaN MX block makes its whole 1 x 128 block NaN, and no other.
+  s[size_t(1 * mx_cols + 5)] = fp8::kE8m0NaN;  // row 1, MX block 5: inside 1 x 128 block 1
+  fp8::reblock_mxfp8(q.data(), s.data(), rows, cols, fp8::kActivationBlock, q2.data(), s2.data());
+  const int64_t sc = fp8::scale_cols(cols, fp8::kActivationBlock);
+  EXPECT_TRUE(std::isnan(s2[size_t(1 * sc + 1)]));
+  EXPECT_FALSE(std::isnan(s2[size_t(1 * sc + 0)]));
+  EXPECT_FALSE(std::isnan(s2[size_t(1 * sc + 2)]));
+  for (int64_t c = 128; c < 256; ++c) EXPECT_EQ(q2[size_t(1 * cols + c)], fp8::kE4m3NaN);
+  EXPECT_THROW(fp8::reblock_mxfp8(q.data(), nullptr, rows, cols, fp8::kActivationBlock, q2.data(), s2.data()), mok::Error);
+  EXPECT_THROW(fp8::reblock_mxfp8(q.data(), s.data(), rows, cols, fp8::BlockShape{1, 48}, q2.data(), s2.data()), mok::Error);
+}
