@@ -23,12 +23,18 @@ __device__ __forceinline__ float warp_amax(float a) {
 }
 
 // kCols-wide row blocks, kCols / 32 consecutive elements per lane, kRowUnroll blocks per warp and
-// step (their loads issued together). MX: E8M0 scale codes; else fp32 scales by `rule`. The general
-// form (any alignment, MXFP8); 1 x 128 blocks of aligned buffers take quantize_rows_vec_kernel.
+// step (their loads issued together). RowMode::Mx: E8M0 scale codes; MxReblocked (kCols 128): the
+// block's four MX blocks quantized as MXFP8, then re-encoded at their largest scale, which is the
+// block's fp32 scale (fp8::reblock_mxfp8's rule; 8 lanes per MX block); else fp32 scales by `rule`.
+// The general form (any alignment, MXFP8); 1 x 128 blocks of aligned buffers take
+// quantize_rows_vec_kernel.
 constexpr int kRowUnroll = 4;
-template <int kCols, bool kMx>
+enum class RowMode { Blocked, Mx, MxReblocked };
+template <int kCols, RowMode kMode>
 __global__ void __launch_bounds__(256) quantize_rows_kernel(const uint16_t* in, int64_t rows, int64_t cols,
                                                             fp8::ScaleRule rule, uint8_t* q, void* scales) {
+  static_assert(kMode != RowMode::MxReblocked || kCols == fp8::kBlock, "re-blocked MX: 1 x 128 blocks");
+  constexpr bool kMx = kMode == RowMode::Mx;
   constexpr int kPer = kCols / 32;
   const int64_t grid_cols = (cols + kCols - 1) / kCols;
   const int64_t blocks = rows * grid_cols;
@@ -56,9 +62,28 @@ __global__ void __launch_bounds__(256) quantize_rows_kernel(const uint16_t* in, 
       float amax = 0.0f;
 #pragma unroll
       for (int i = 0; i < kPer; ++i) amax = fp8::amax_update(amax, v[u][i]);
-      amax = warp_amax(amax);
+      [[maybe_unused]] const float amax_lane = amax;
+      if constexpr (kMode != RowMode::MxReblocked) amax = warp_amax(amax);
       uint8_t* out = q + r * cols;
-      if constexpr (kMx) {
+      if constexpr (kMode == RowMode::MxReblocked) {
+        // This lane's MX block is lane / 8: its amax over 8 lanes, its E8M0 code, then the largest
+        // code of the four (NaN, 0xff, is the largest code: it wins as the spec's NaN block does).
+        float sub = amax_lane;
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) sub = fp8::amax_update(sub, __shfl_xor_sync(0xffffffffu, sub, o));
+        const uint8_t sc = fp8::mxfp8_scale_code(sub);
+        uint32_t top = sc;
+        top = max(top, __shfl_xor_sync(0xffffffffu, top, 8));
+        top = max(top, __shfl_xor_sync(0xffffffffu, top, 16));
+        const bool nan = top == fp8::kE8m0NaN;
+        if (lane == 0) static_cast<float*>(scales)[b] = nan ? __uint_as_float(0x7fc00000u) : fp8::e8m0_decode(uint8_t(top));
+        const int d = int(sc) - int(top);  // <= 0
+        const float f = d >= -149 ? fp8::detail::pow2(d) : 0.0f;
+#pragma unroll
+        for (int i = 0; i < kPer; ++i)
+          if (c0 + i < cols)
+            out[c0 + i] = nan ? fp8::kE4m3NaN : e4m3(fp8::e4m3_decode(fp8::mxfp8_encode(v[u][i], sc)) * f);
+      } else if constexpr (kMx) {
         const uint8_t sc = fp8::mxfp8_scale_code(amax);
         if (lane == 0) static_cast<uint8_t*>(scales)[b] = sc;
 #pragma unroll
@@ -452,7 +477,7 @@ void quantize_fp8_blocked(const void* in_bf16, int64_t rows, int64_t cols, int b
       const int grid = static_cast<int>(std::min<int64_t>((rows + 7) / 8, 4096));  // a warp per row
       quantize_rows_vec_kernel<<<grid, 256, 0, stream>>>(in, rows, cols, rule, out, scales);
     } else {
-      quantize_rows_kernel<fp8::kBlock, false><<<row_grid(rows * grid_cols), 256, 0, stream>>>(in, rows, cols, rule,
+      quantize_rows_kernel<fp8::kBlock, RowMode::Blocked><<<row_grid(rows * grid_cols), 256, 0, stream>>>(in, rows, cols, rule,
                                                                                               out, scales);
     }
   } else {
@@ -570,7 +595,17 @@ void quantize_mxfp8(const void* in_bf16, int64_t rows, int64_t cols, void* q, ui
   check_args(in_bf16, rows, cols, q, scales);
   if (rows == 0 || cols == 0) return;
   const int64_t grid_cols = (cols + fp8::kMxBlock - 1) / fp8::kMxBlock;
-  quantize_rows_kernel<fp8::kMxBlock, true><<<row_grid(rows * grid_cols), 256, 0, stream>>>(
+  quantize_rows_kernel<fp8::kMxBlock, RowMode::Mx><<<row_grid(rows * grid_cols), 256, 0, stream>>>(
+      static_cast<const uint16_t*>(in_bf16), rows, cols, fp8::ScaleRule::Fp32, static_cast<uint8_t*>(q), scales);
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+void quantize_mxfp8_reblocked(const void* in_bf16, int64_t rows, int64_t cols, void* q, float* scales,
+                              cudaStream_t stream) {
+  check_args(in_bf16, rows, cols, q, scales);
+  if (rows == 0 || cols == 0) return;
+  const int64_t grid_cols = (cols + fp8::kBlock - 1) / fp8::kBlock;
+  quantize_rows_kernel<fp8::kBlock, RowMode::MxReblocked><<<row_grid(rows * grid_cols), 256, 0, stream>>>(
       static_cast<const uint16_t*>(in_bf16), rows, cols, fp8::ScaleRule::Fp32, static_cast<uint8_t*>(q), scales);
   MOK_CUDA_CHECK(cudaGetLastError());
 }

@@ -345,6 +345,40 @@ TEST(Fp8Quantize, MxMatchesTheSpecBitForBit) {
   EXPECT_GE(values, 1000000);
 }
 
+// MXFP8 re-blocked to 1 x 128 in one pass: the spec's two steps (quantize_mxfp8, then
+// reblock_mxfp8 to 1 x 128 blocks), bit for bit, on the shapes above (partial blocks included) and
+// with a NaN, an Inf and a tiny MX block planted next to large ones.
+TEST(Fp8Quantize, MxReblockedMatchesTheSpec) {
+  MOK_REQUIRE_GPUS(1);
+  int64_t values = 0;
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(testing::Message() << s.rows << " x " << s.cols);
+    std::vector<uint16_t> x = matrix(s, 19 + uint64_t(s.rows));
+    if (s.rows >= 3 && s.cols >= 256) {
+      x[size_t(0 * s.cols + 40)] = 0x7fc0;  // NaN in MX block 1 of row 0's first 1 x 128 block
+      x[size_t(1 * s.cols + 130)] = 0x7f80;  // +Inf in row 1's second block
+      for (int64_t c = 0; c < 32; ++c) x[size_t(2 * s.cols + c)] = 0x0080;  // a tiny MX block beside
+      x[size_t(2 * s.cols + 100)] = 0x4780;  // ... a large one (65536)
+    }
+    const size_t n = x.size(), n_mx = size_t(fp8::scale_count(s.rows, s.cols, fp8::kMxBlockShape)),
+                 ns = size_t(fp8::scale_count(s.rows, s.cols, fp8::kActivationBlock));
+    std::vector<uint8_t> mx_q(n), mx_s(n_mx), want_q(n);
+    std::vector<float> want_s(ns);
+    fp8::quantize_mxfp8(reinterpret_cast<const mok::bf16*>(x.data()), s.rows, s.cols, mx_q.data(), mx_s.data());
+    fp8::reblock_mxfp8(mx_q.data(), mx_s.data(), s.rows, s.cols, fp8::kActivationBlock, want_q.data(), want_s.data());
+    DevBuf dx(n * 2), dq(n), ds(ns * 4);
+    upload(dx, x);
+    MOK_ASSERT_CUDA(cudaMemset(dq.p, 0xAB, n));
+    mok::gemm::quantize_mxfp8_reblocked(dx.p, s.rows, s.cols, dq.p, ds.as<float>(), nullptr);
+    ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    EXPECT_EQ(count_diff(download<uint8_t>(dq, n), want_q), 0) << "codes differ";
+    EXPECT_EQ(count_diff(download<float>(ds, ns), want_s), 0) << "scales differ";
+    values += int64_t(n);
+  }
+  std::printf("[fp8 quantize] MXFP8 re-blocked to 1 x 128: %lld values compared with the spec\n", (long long)values);
+  EXPECT_GE(values, 1000000);
+}
+
 // The dgrads' weight codes in one pass: the same bits as the two-step path (transpose_weights_bf16
 // then the 128 x 128 quantizer, which test_fp8_dgrad.cu checks against the spec), for W^T and for
 // the packed [W_gate; W_up]^T, with a NaN, an Inf and an all-zero block planted, both scale rules.
