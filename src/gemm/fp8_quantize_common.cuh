@@ -1,0 +1,24 @@
+// mok — the small device helpers the FP8 quantization kernels share (fp8_quantize.cu: rows, tiles,
+// token blocks; fp8_quantize_weights.cu: the dgrads' transposed weight codes). Internal.
+#pragma once
+
+#include <cstdint>
+
+#include "common/fp8_format.h"
+
+namespace mok::gemm::quant {
+
+__device__ __forceinline__ float bf16_at(const uint16_t* p) { return __uint_as_float(uint32_t(*p) << 16); }
+
+// The maximum of a warp's magnitudes (fp8::amax_update: an unsigned maximum of the bits, NaN winning).
+__device__ __forceinline__ float warp_amax(float a) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) a = fp8::amax_update(a, __shfl_xor_sync(0xffffffffu, a, o));
+  return a;
+}
+
+constexpr int kTileThreads = 256;  // the 128 x 128 (and 128 x 1 token-block) kernels' CTA
+
+inline bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace mok::gemm::quant
