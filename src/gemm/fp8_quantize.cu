@@ -184,6 +184,50 @@ __global__ void __launch_bounds__(kTileThreads) quantize_tiles_kernel(const uint
   }
 }
 
+// MXFP8 re-blocked to 128 x 128 (the weights' blocks), one CTA per block, the layout of
+// quantize_tiles_kernel: warp w holds columns 32 (w % 4) .. +31 — one MX block — of the rows of
+// parity w / 4, so a row's MX maximum is one warp reduction (REDUX over the magnitudes' bits:
+// amax_update's maximum). First pass: every (row, MX block)'s E8M0 code into shared memory and
+// the block's largest code (NaN, 0xff, the largest: it wins); second pass: the codes re-encoded
+// at it (fp8::reblock_mxfp8's rule), the scale 2^e_max (or NaN).
+__global__ void __launch_bounds__(kTileThreads) quantize_mx_tiles_reblocked_kernel(const uint16_t* in, int64_t rows,
+                                                                                   int64_t cols, uint8_t* q,
+                                                                                   float* scales) {
+  constexpr int kB = fp8::kBlock, kRowsPer = kB * kB / kTileThreads;  // 64 rows per thread, one column
+  __shared__ uint8_t mx_code[kB][kB / fp8::kMxBlock];
+  __shared__ uint32_t warp_top[kTileThreads / 32];
+  const int64_t grid_cols = (cols + kB - 1) / kB;
+  const int64_t br = blockIdx.x / grid_cols, bc = blockIdx.x - br * grid_cols;
+  const int cl = int(threadIdx.x % kB), rl0 = int(threadIdx.x / kB);  // column, first row in the block
+  const int64_t c = bc * kB + cl;
+  const uint32_t lane = threadIdx.x % 32u;
+  uint32_t top = 0;
+  for (int i = 0; i < kRowsPer; ++i) {
+    const int rl = rl0 + 2 * i;
+    const int64_t r = br * kB + rl;
+    const float v = r < rows && c < cols ? bf16_at(in + r * cols + c) : 0.0f;
+    const uint32_t m = __reduce_max_sync(0xffffffffu, __float_as_uint(v) & 0x7fffffffu);
+    const uint8_t sc = fp8::mxfp8_scale_code(__uint_as_float(m));
+    if (lane == 0) mx_code[rl][cl / fp8::kMxBlock] = sc;
+    top = max(top, uint32_t(sc));
+  }
+  if (lane == 0) warp_top[threadIdx.x / 32u] = top;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kTileThreads / 32; ++w) top = max(top, warp_top[w]);
+  const bool nan = top == fp8::kE8m0NaN;
+  if (threadIdx.x == 0) scales[blockIdx.x] = nan ? __uint_as_float(0x7fc00000u) : fp8::e8m0_decode(uint8_t(top));
+  for (int i = 0; i < kRowsPer; ++i) {
+    const int rl = rl0 + 2 * i;
+    const int64_t r = br * kB + rl;
+    if (r >= rows || c >= cols) continue;
+    const uint8_t sc = mx_code[rl][cl / fp8::kMxBlock];
+    const int d = int(sc) - int(top);  // <= 0
+    const float f = d >= -149 ? fp8::detail::pow2(d) : 0.0f;
+    q[r * cols + c] = nan ? fp8::kE4m3NaN : e4m3(fp8::e4m3_decode(fp8::mxfp8_encode(bf16_at(in + r * cols + c), sc)) * f);
+  }
+}
+
 // 128 x 1 blocks of a 128-row x 128-column tile, one CTA of 256 threads each, codes out
 // transposed. Thread t holds columns 2 (t % 64) and 2 (t % 64) + 1 of the tile's 32 rows from
 // 32 (t / 64): a warp's load of one row is 128 contiguous bytes (pairs of bf16, kPairs: cols even
@@ -469,13 +513,24 @@ void quantize_mxfp8(const void* in_bf16, int64_t rows, int64_t cols, void* q, ui
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 
-void quantize_mxfp8_reblocked(const void* in_bf16, int64_t rows, int64_t cols, void* q, float* scales,
-                              cudaStream_t stream) {
+void quantize_mxfp8_reblocked(const void* in_bf16, int64_t rows, int64_t cols, int block_rows, void* q,
+                              float* scales, cudaStream_t stream) {
   check_args(in_bf16, rows, cols, q, scales);
+  MOK_REQUIRE(block_rows == 1 || block_rows == fp8::kBlock, "block_rows", "1 (1 x 128 blocks) or 128 (128 x 128), got ",
+              block_rows);
   if (rows == 0 || cols == 0) return;
+  const auto* in = static_cast<const uint16_t*>(in_bf16);
+  auto* out = static_cast<uint8_t*>(q);
   const int64_t grid_cols = (cols + fp8::kBlock - 1) / fp8::kBlock;
-  quantize_rows_kernel<fp8::kBlock, RowMode::MxReblocked><<<row_grid(rows * grid_cols), 256, 0, stream>>>(
-      static_cast<const uint16_t*>(in_bf16), rows, cols, fp8::ScaleRule::Fp32, static_cast<uint8_t*>(q), scales);
+  if (block_rows == 1) {
+    quantize_rows_kernel<fp8::kBlock, RowMode::MxReblocked><<<row_grid(rows * grid_cols), 256, 0, stream>>>(
+        in, rows, cols, fp8::ScaleRule::Fp32, out, scales);
+  } else {
+    const int64_t tiles = (rows + fp8::kBlock - 1) / fp8::kBlock * grid_cols;
+    MOK_REQUIRE(tiles < (int64_t(1) << 31), "rows, cols", "fewer than 2^31 blocks of 128 x 128, got ", tiles);
+    quantize_mx_tiles_reblocked_kernel<<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(in, rows, cols, out,
+                                                                                                    scales);
+  }
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -93,13 +93,13 @@ void quantize_fp8_weights_t(const void* w, const void* w_up, int64_t experts, in
 // rows x ceil(cols / 32) E8M0 codes. Same checks.
 void quantize_mxfp8(const void* in_bf16, int64_t rows, int64_t cols, void* q, uint8_t* scales, cudaStream_t stream);
 
-// MXFP8 re-blocked to 1 x 128 power-of-two scales in one pass: the same bits as quantize_mxfp8
-// followed by fp8::reblock_mxfp8(..., kActivationBlock, ...) (the CPU spec): codes rows x cols,
-// scales rows x ceil(cols / 128) floats (2^e, or NaN), the layout quantize_fp8_blocked writes for
-// 1 x 128 blocks, so MXFP8 activations feed the recipe-1 FP8 GEMMs (notes/fp8.md, "MXFP8 on
-// Hopper"). Same checks. (Written 2026-12-03; its GPU test, Fp8Quantize.MxReblockedMatchesTheSpec,
-// not yet run.)
-void quantize_mxfp8_reblocked(const void* in_bf16, int64_t rows, int64_t cols, void* q, float* scales,
-                              cudaStream_t stream);
+// MXFP8 re-blocked to power-of-two scales per block_rows x 128 block (1: activations, 128: the
+// weights' 128 x 128) in one pass: the same bits as quantize_mxfp8 followed by
+// fp8::reblock_mxfp8(..., {block_rows, 128}, ...) (the CPU spec): codes rows x cols, scales
+// ceil(rows / block_rows) x ceil(cols / 128) floats (2^e, or NaN), the layout quantize_fp8_blocked
+// writes, so MXFP8 operands feed the recipe-1 FP8 GEMMs (notes/fp8.md, "MXFP8 on Hopper"). Same
+// checks. (Written 2026-12-03; its GPU test, Fp8Quantize.MxReblockedMatchesTheSpec, not yet run.)
+void quantize_mxfp8_reblocked(const void* in_bf16, int64_t rows, int64_t cols, int block_rows, void* q,
+                              float* scales, cudaStream_t stream);
 
 }  // namespace mok::gemm

@@ -345,9 +345,9 @@ TEST(Fp8Quantize, MxMatchesTheSpecBitForBit) {
   EXPECT_GE(values, 1000000);
 }
 
-// MXFP8 re-blocked to 1 x 128 in one pass: the spec's two steps (quantize_mxfp8, then
-// reblock_mxfp8 to 1 x 128 blocks), bit for bit, on the shapes above (partial blocks included) and
-// with a NaN, an Inf and a tiny MX block planted next to large ones.
+// MXFP8 re-blocked in one pass: the spec's two steps (quantize_mxfp8, then reblock_mxfp8 to 1 x 128
+// and to 128 x 128 blocks), bit for bit, on the shapes above (partial blocks included) and with a
+// NaN, an Inf and a tiny MX block planted next to large ones.
 TEST(Fp8Quantize, MxReblockedMatchesTheSpec) {
   MOK_REQUIRE_GPUS(1);
   int64_t values = 0;
@@ -360,22 +360,28 @@ TEST(Fp8Quantize, MxReblockedMatchesTheSpec) {
       for (int64_t c = 0; c < 32; ++c) x[size_t(2 * s.cols + c)] = 0x0080;  // a tiny MX block beside
       x[size_t(2 * s.cols + 100)] = 0x4780;  // ... a large one (65536)
     }
-    const size_t n = x.size(), n_mx = size_t(fp8::scale_count(s.rows, s.cols, fp8::kMxBlockShape)),
-                 ns = size_t(fp8::scale_count(s.rows, s.cols, fp8::kActivationBlock));
-    std::vector<uint8_t> mx_q(n), mx_s(n_mx), want_q(n);
-    std::vector<float> want_s(ns);
+    const size_t n = x.size(), n_mx = size_t(fp8::scale_count(s.rows, s.cols, fp8::kMxBlockShape));
+    std::vector<uint8_t> mx_q(n), mx_s(n_mx);
     fp8::quantize_mxfp8(reinterpret_cast<const mok::bf16*>(x.data()), s.rows, s.cols, mx_q.data(), mx_s.data());
-    fp8::reblock_mxfp8(mx_q.data(), mx_s.data(), s.rows, s.cols, fp8::kActivationBlock, want_q.data(), want_s.data());
-    DevBuf dx(n * 2), dq(n), ds(ns * 4);
+    DevBuf dx(n * 2), dq(n);
     upload(dx, x);
-    MOK_ASSERT_CUDA(cudaMemset(dq.p, 0xAB, n));
-    mok::gemm::quantize_mxfp8_reblocked(dx.p, s.rows, s.cols, dq.p, ds.as<float>(), nullptr);
-    ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
-    EXPECT_EQ(count_diff(download<uint8_t>(dq, n), want_q), 0) << "codes differ";
-    EXPECT_EQ(count_diff(download<float>(ds, ns), want_s), 0) << "scales differ";
-    values += int64_t(n);
+    for (const fp8::BlockShape block : {fp8::kActivationBlock, fp8::kWeightBlock}) {
+      SCOPED_TRACE(testing::Message() << "blocks of " << block.rows << " x " << block.cols);
+      const size_t ns = size_t(fp8::scale_count(s.rows, s.cols, block));
+      std::vector<uint8_t> want_q(n);
+      std::vector<float> want_s(ns);
+      fp8::reblock_mxfp8(mx_q.data(), mx_s.data(), s.rows, s.cols, block, want_q.data(), want_s.data());
+      DevBuf ds(ns * 4);
+      MOK_ASSERT_CUDA(cudaMemset(dq.p, 0xAB, n));
+      mok::gemm::quantize_mxfp8_reblocked(dx.p, s.rows, s.cols, int(block.rows), dq.p, ds.as<float>(), nullptr);
+      ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+      EXPECT_EQ(count_diff(download<uint8_t>(dq, n), want_q), 0) << "codes differ";
+      EXPECT_EQ(count_diff(download<float>(ds, ns), want_s), 0) << "scales differ";
+      values += int64_t(n);
+    }
   }
-  std::printf("[fp8 quantize] MXFP8 re-blocked to 1 x 128: %lld values compared with the spec\n", (long long)values);
+  std::printf("[fp8 quantize] MXFP8 re-blocked (1 x 128 and 128 x 128): %lld values compared with the spec\n",
+              (long long)values);
   EXPECT_GE(values, 1000000);
 }
 
