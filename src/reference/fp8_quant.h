@@ -85,8 +85,10 @@ void dequantize_mxfp8(const uint8_t* q, const uint8_t* scales, int64_t rows, int
 // q' = e4m3(decode(q) * 2^(e - e_max)) (round to nearest even). Only the exponent moves, so the
 // value is exact unless it falls below E4M3's normal range (2^-6 of the block's scale, 14 binades
 // under its top): the elements that change are the smallest ones. A block with a NaN MX scale is
-// NaN (scale NaN, every code 0x7F), as a block-scaled block with a NaN element is. block.cols must
-// be a multiple of 32. The GEMMs then promote once per 128 of K instead of once per 32; what the
+// NaN (scale NaN, every code 0x7F), as a block-scaled block with a NaN element is. A block of zeros
+// (or of magnitudes below 2^-118) gets 2^-127, E8M0's smallest scale: an fp32 subnormal, unlike
+// the recipe's own scales (1 for a zero block, never below 2^-126) — the GEMMs multiply scales
+// without flushing subnormals, so it decodes the same. block.cols must be a multiple of 32. The GEMMs then promote once per 128 of K instead of once per 32; what the
 // second rounding costs is measured in tests/cpu/test_fp8_error_budget.cpp (notes/fp8.md).
 void reblock_mxfp8(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols, BlockShape block,
                    uint8_t* q_out, float* scales_out);

@@ -354,11 +354,11 @@ TEST(Fp8Quantize, MxReblockedMatchesTheSpec) {
   for (const Shape& s : kShapes) {
     SCOPED_TRACE(testing::Message() << s.rows << " x " << s.cols);
     std::vector<uint16_t> x = matrix(s, 19 + uint64_t(s.rows));
-    if (s.rows >= 3 && s.cols >= 256) {
-      x[size_t(0 * s.cols + 40)] = 0x7fc0;  // NaN in MX block 1 of row 0's first 1 x 128 block
-      x[size_t(1 * s.cols + 130)] = 0x7f80;  // +Inf in row 1's second block
-      for (int64_t c = 0; c < 32; ++c) x[size_t(2 * s.cols + c)] = 0x0080;  // a tiny MX block beside
-      x[size_t(2 * s.cols + 100)] = 0x4780;  // ... a large one (65536)
+    if (s.rows >= 3 && s.cols >= 1024) {  // in block 7 (columns 896-1023), clear of matrix()'s plants
+      x[size_t(0 * s.cols + 936)] = 0x7fc0;  // a NaN in one MX block of row 0's 1 x 128 block 7
+      x[size_t(1 * s.cols + 1000)] = 0x7f80;  // +Inf in row 1's
+      for (int64_t c = 896; c < 928; ++c) x[size_t(2 * s.cols + c)] = 0x0080;  // a tiny MX block (2^-126)
+      x[size_t(2 * s.cols + 990)] = 0x5380;  // beside a huge one (2^40): the shift passes 2^-149 (factor 0)
     }
     const size_t n = x.size(), n_mx = size_t(fp8::scale_count(s.rows, s.cols, fp8::kMxBlockShape));
     std::vector<uint8_t> mx_q(n), mx_s(n_mx);
