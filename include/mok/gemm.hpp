@@ -226,6 +226,7 @@ struct KernelParams {
   const float* scale_b = nullptr;
   const float* scale_b_up = nullptr;  // Fp8Fc1: W_up's [experts, inter / 128, k_blocks]
   float* scale_h = nullptr;           // Fp8Fc1: h's [rows, inter / 128] (fc1_h: its E4M3 codes)
+  int32_t h_mx = 0;                   // Fp8Fc1: h as MXFP8 re-blocked to 1 x 128 (Fp8Fc1Args::h_mx)
   void* fc1_gu = nullptr;             // Fp8Fc1: optional packed gate/up store (Fp8Fc1Args::gu)
   // Fp8Wgrad: its scales (one per 128 x 1 block) come through Plan::map_sa / map_sb, not these.
 };
@@ -267,6 +268,10 @@ struct Fp8Fc1Args {
   int64_t hidden = 0, inter = 0, experts = 0;
   const int32_t* tile_expert = nullptr;
   int64_t num_m_tiles = 0;
+  // h as MXFP8 re-blocked to its 1 x 128 blocks (recipe 2 on the FP8 forms, notes/fp8.md "MXFP8
+  // on Hopper"): the codes and power-of-two scales gemm::quantize_mxfp8_reblocked would give h.
+  // (Written 2026-12-03, not yet run on a GPU: Fp8Grouped.Fc1WithMxHMatchesTheReference.)
+  bool h_mx = false;
 };
 
 // The FP8 backward's weight gradient (issue 22, recipe 1): dw[e] = a_e^T . b_e over expert e's

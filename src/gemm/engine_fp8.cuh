@@ -246,6 +246,11 @@ __device__ __forceinline__ void mma_tile_columns_pipelined(const Smem<C>& sm, Pi
 // megakernel's task share it. With gu (the grouped form's Fp8Fc1Args::gu; a megakernel passes
 // none, and the branch folds away), the tile's rnd(g), rnd(u) are stored too, bf16 pairs in the
 // packed order [rows, 2 inter] as the bf16 FC1 stores them: what the backward's SwiGLU' reads.
+// kMx (Fp8Fc1Args::h_mx): h as MXFP8 re-blocked to the 1 x 128 block (gemm::quantize_mxfp8_reblocked's
+// rule): the thread's 8 values of each 32-column MX block (jj / 4) and the quad's other 24 give
+// that block's E8M0 scale, the largest of the four is the block's scale (2^e, or NaN), and each
+// code is the MX code re-encoded at it.
+template <bool kMx = false>
 __device__ __forceinline__ void epilogue_fc1_fp8(const float (&acc)[128], int cwg, uint32_t wt, int64_t out_row,
                                                  int64_t b_n, uint8_t* hq, float* h_scales, int64_t inter,
                                                  uint16_t* gu = nullptr) {
@@ -266,9 +271,35 @@ __device__ __forceinline__ void epilogue_fc1_fp8(const float (&acc)[128], int cw
         amax = mok::fp8::amax_update(amax, h[2 * jj + c]);
       }
     }
-    amax = mok::fp8::amax_update(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = mok::fp8::amax_update(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    const float s = mok::fp8::block_scale(amax, mok::fp8::ScaleRule::Fp32), inv = mok::fp8::block_inverse(s);
+    float s = 0.0f, inv = 0.0f;
+    uint8_t mx_sc[4] = {0, 0, 0, 0};
+    float mx_f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    bool mx_nan = false;
+    if constexpr (kMx) {
+      uint32_t top = 0;
+#pragma unroll
+      for (int g = 0; g < 4; ++g) {
+        float m = 0.0f;
+#pragma unroll
+        for (int q = 0; q < 8; ++q) m = mok::fp8::amax_update(m, h[8 * g + q]);
+        m = mok::fp8::amax_update(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = mok::fp8::amax_update(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        mx_sc[g] = mok::fp8::mxfp8_scale_code(m);
+        top = max(top, uint32_t(mx_sc[g]));
+      }
+      mx_nan = top == mok::fp8::kE8m0NaN;
+      s = mx_nan ? __uint_as_float(0x7fc00000u) : mok::fp8::e8m0_decode(uint8_t(top));
+#pragma unroll
+      for (int g = 0; g < 4; ++g) {
+        const int d = int(mx_sc[g]) - int(top);
+        mx_f[g] = d >= -149 ? mok::fp8::detail::pow2(d) : 0.0f;
+      }
+    } else {
+      amax = mok::fp8::amax_update(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+      amax = mok::fp8::amax_update(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      s = mok::fp8::block_scale(amax, mok::fp8::ScaleRule::Fp32);
+      inv = mok::fp8::block_inverse(s);
+    }
     const int64_t row = row0 + 8 * rr;
     if (gu != nullptr) {
       uint16_t* g_row = gu + row * 2 * inter + b_n + acc_col(wt);
@@ -281,7 +312,17 @@ __device__ __forceinline__ void epilogue_fc1_fp8(const float (&acc)[128], int cw
 #pragma unroll
     for (int jj = 0; jj < 16; ++jj) {
       const int64_t i = i0 + 32 * (jj / 4) + 8 * (jj % 4);
-      *reinterpret_cast<uint16_t*>(hq + row * inter + i) = block_encode_inv2(h[2 * jj], h[2 * jj + 1], inv);
+      uint16_t codes;
+      if constexpr (kMx) {
+        const int g = jj / 4;
+        const auto mx = [&](float v) {
+          return mok::fp8::e4m3_decode(mok::fp8::mxfp8_encode(v, mx_sc[g])) * mx_f[g];
+        };
+        codes = mx_nan ? uint16_t(0x7f7f) : e4m3x2(mx(h[2 * jj]), mx(h[2 * jj + 1]));
+      } else {
+        codes = block_encode_inv2(h[2 * jj], h[2 * jj + 1], inv);
+      }
+      *reinterpret_cast<uint16_t*>(hq + row * inter + i) = codes;
     }
   }
 }

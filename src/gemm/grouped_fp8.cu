@@ -18,7 +18,7 @@ namespace mok::gemm {
 namespace engine {
 namespace {
 
-enum class Fp8Mode { Plain, Fc1, Wgrad, DgradSwiGLU };
+enum class Fp8Mode { Plain, Fc1, Wgrad, DgradSwiGLU, Fc1Mx };  // Fc1Mx: FC1 with h as re-blocked MXFP8 (last: scripts name the others by number)
 
 // The K-grouped tiles' scales sit per 128-row block of the routed rows, so an expert's segment
 // with rows must start on a block: one that does not is not computed (producer and consumers
@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                        const __grid_constant__ CUtensorMap map_b_half, const __grid_constant__ CUtensorMap map_d0,
                        const __grid_constant__ CUtensorMap map_d1, const __grid_constant__ CUtensorMap map_sa,
                        const __grid_constant__ CUtensorMap map_sb, const KernelParams p) {
-  constexpr bool kFc1 = kMode == Fp8Mode::Fc1, kWgrad = kMode == Fp8Mode::Wgrad;
+  constexpr bool kFc1 = kMode == Fp8Mode::Fc1 || kMode == Fp8Mode::Fc1Mx, kWgrad = kMode == Fp8Mode::Wgrad;
   static_assert(kMode != Fp8Mode::DgradSwiGLU || CF::kBlockN == 256, "the dgrad + SwiGLU epilogue: 256-wide tiles");
   static_assert(!kFc1 || CF::kBlockN == 256, "FC1 in FP8: 256-wide packed tiles (one h block per row)");
   using Schedule = std::conditional_t<kWgrad, KGroupedSchedule<CF>, MGroupedSchedule<CF>>;
@@ -124,8 +124,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       TileScales sc{p.scale_a + int64_t(t.a_m) * kb, kb, p.scale_b + wblock, 0, 1};
       sc.b_up = p.scale_b_up + wblock;
       mma_tile_scaled<CF, BScale::GateUp>(sm, ps, t, cwg, wt, acc, wb, sc, &skew);
-      epilogue_fc1_fp8(acc, cwg, wt, t.out_row, t.b_n, static_cast<uint8_t*>(p.fc1_h), p.scale_h, p.n / 2,
-                       static_cast<uint16_t*>(p.fc1_gu));
+      epilogue_fc1_fp8<kMode == Fp8Mode::Fc1Mx>(acc, cwg, wt, t.out_row, t.b_n, static_cast<uint8_t*>(p.fc1_h),
+                                                p.scale_h, p.n / 2, static_cast<uint16_t*>(p.fc1_gu));
     } else if constexpr (kWgrad) {
       if (fp8_segment_misaligned(t) && wt == 0 && cwg == 0 && p.error != nullptr)
         atomicCAS(p.error, 0u, kSiteFp8Segment);
@@ -170,7 +170,9 @@ void launch_fp8_cfg(const Plan& plan, cudaStream_t stream) {
 void detail::launch_fp8_grouped(const Plan& plan, cudaStream_t stream) {
   if (plan.grid == 0) return;
   using engine::Fp8Mode;
-  if (plan.form == Form::Fp8Fc1)
+  if (plan.form == Form::Fp8Fc1 && plan.params.h_mx)
+    launch_fp8_cfg<256, Fp8Mode::Fc1Mx>(plan, stream);
+  else if (plan.form == Form::Fp8Fc1)
     launch_fp8_cfg<256, Fp8Mode::Fc1>(plan, stream);
   else if (plan.form == Form::Fp8DgradSwiGLU)
     launch_fp8_cfg<256, Fp8Mode::DgradSwiGLU>(plan, stream);

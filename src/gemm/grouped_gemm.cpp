@@ -354,6 +354,7 @@ Plan plan_fp8_fc1(const Fp8Fc1Args& a, const Options& o) {
   p.params.scale_b = a.w_gate_scales;
   p.params.scale_b_up = a.w_up_scales;
   p.params.scale_h = a.h_scales;
+  p.params.h_mx = a.h_mx ? 1 : 0;
   p.params.fc1_h = a.h;
   MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.gu) % 4 == 0, "fp8_fc1.gu", "4-byte aligned (bf16 pairs are stored)");
   p.params.fc1_gu = a.gu;

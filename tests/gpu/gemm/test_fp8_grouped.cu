@@ -154,8 +154,12 @@ TEST(Fp8Grouped, RefusesShapesItCannotScale) {
 // 2^-7 relative: measured 1.05e-2 on an H200), the decoded h within 2% in norm, and reports how
 // many codes are exactly the reference's. The stored gate/up rows (Fp8Fc1Args::gu) are checked
 // against the reference's rnd(g), rnd(u) the same way (norm, and most exactly).
-void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int skew = 0, int max_ctas = 0) {
-  SCOPED_TRACE(testing::Message() << "H " << H << ", I " << I << ", skew " << skew);
+// h_mx: h as MXFP8 re-blocked to 1 x 128 (Fp8Fc1Args::h_mx), the reference's h quantized by
+// quantize_mxfp8 + reblock_mxfp8; its power-of-two scales either match or are a factor 2 off where
+// a 32-column block's maximum sits at a binade boundary, so the scale bound is a count there.
+void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int skew = 0, int max_ctas = 0,
+                  bool h_mx = false) {
+  SCOPED_TRACE(testing::Message() << "H " << H << ", I " << I << ", skew " << skew << (h_mx ? ", h as MXFP8" : ""));
   const Routed rt(counts);
   const int64_t E = int64_t(counts.size()), rows = rt.rows, kb = H / 128, ib = I / 128;
   std::vector<uint16_t> x = random_bf16(size_t(rows * H), 17 + H);
@@ -203,6 +207,7 @@ void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int 
   a.experts = E;
   a.tile_expert = dte.as<int32_t>();
   a.num_m_tiles = rt.num_m_tiles();
+  a.h_mx = h_mx;
   mok::gemm::Options o;
   o.error = err.as<unsigned>();
   o.skew_stages = skew;  // the warpgroup stagger (applies to tiles of more than 4 + skew K blocks)
@@ -214,7 +219,7 @@ void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int 
   const auto gs = download<float>(dsh, size_t(rows * ib));
   const auto ggu = download<uint16_t>(dgu, size_t(rows * 2 * I));
   double d2 = 0, r2 = 0, worst_scale = 0, gu_d2 = 0, gu_r2 = 0;
-  int64_t same = 0, compared = 0, gu_same = 0, gu_bad = 0;
+  int64_t same = 0, compared = 0, gu_same = 0, gu_bad = 0, scale_off = 0, scales_seen = 0;
   const auto rnd = [](double v) { return double(float_of(bits_of(float(v)))); };
   for (int64_t r = 0; r < rows; ++r) {
     const int e = rt.expert_of(r);
@@ -243,9 +248,21 @@ void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int 
     }
     std::vector<uint8_t> qh(static_cast<size_t>(I));
     std::vector<float> sh(static_cast<size_t>(ib));
-    fp8::quantize_1x128(h.data(), 1, I, qh.data(), sh.data());
+    if (h_mx) {
+      std::vector<uint8_t> mq(static_cast<size_t>(I)), ms(static_cast<size_t>(I / 32));
+      fp8::quantize_mxfp8(h.data(), 1, I, mq.data(), ms.data());
+      fp8::reblock_mxfp8(mq.data(), ms.data(), 1, I, fp8::kActivationBlock, qh.data(), sh.data());
+    } else {
+      fp8::quantize_1x128(h.data(), 1, I, qh.data(), sh.data());
+    }
     for (int64_t b = 0; b < ib; ++b) {
       const double ratio = double(gs[size_t(r * ib + b)]) / sh[size_t(b)];
+      ++scales_seen;
+      if (h_mx && std::isfinite(ratio) && ratio != 1.0) {
+        scale_off += 1;
+        if (ratio != 2.0 && ratio != 0.5) worst_scale = INFINITY;  // a power of two off by more than one
+        continue;
+      }
       worst_scale = std::isfinite(ratio) ? std::max(worst_scale, std::fabs(ratio - 1.0)) : INFINITY;  // unwritten: NaN
     }
     for (int64_t i = 0; i < I; ++i) {
@@ -266,7 +283,8 @@ void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int 
   EXPECT_EQ(gu_bad, 0) << "gate/up values not written (NaN)";
   EXPECT_LT(gu_rel, 4e-3) << "stored gate/up vs the reference, in norm";
   EXPECT_GT(double(gu_same), 0.75 * double(2 * compared)) << "most gate/up values must be the reference's exactly";
-  EXPECT_LE(worst_scale, 0x1p-6) << "h scales vs the reference (two bf16 steps)";
+  EXPECT_LE(worst_scale, 0x1p-6) << "h scales vs the reference (two bf16 steps; MX: a binade at most)";
+  EXPECT_LE(double(scale_off), 0.01 * double(scales_seen)) << "MX h scales a binade off the reference's";
   EXPECT_LT(rel, 2e-2) << "decoded h vs the reference, in norm";
   EXPECT_GT(double(same), 0.9 * double(compared)) << "most codes must be the reference's exactly";
   std::printf("[fp8 fc1] H %lld I %lld: h scales within %.1e, decoded h %.2e in norm, %.2f%% of the codes exact; "
@@ -280,6 +298,13 @@ TEST(Fp8Grouped, Fc1WithQuantizedHMatchesTheReference) {
   run_fc1_case({200, 0, 77}, 512, 256);
   run_fc1_case({130}, 256, 384);
   run_fc1_case({130, 60}, 1024, 256, 2, 1);  // 8 K blocks: warpgroup 1 two behind, 6 tiles in one CTA
+}
+
+// FC1 with h as MXFP8 re-blocked to 1 x 128 (Fp8Fc1Args::h_mx; written 2026-12-03, not yet run on a GPU).
+TEST(Fp8Grouped, Fc1WithMxHMatchesTheReference) {
+  MOK_REQUIRE_GPUS(1);
+  run_fc1_case({200, 0, 77}, 512, 256, 0, 0, true);
+  run_fc1_case({130, 60}, 1024, 256, 2, 1, true);
 }
 
 }  // namespace
