@@ -411,14 +411,26 @@ int row_grid(int64_t blocks) {
   return static_cast<int>(std::min<int64_t>((blocks + 8 * kRowUnroll - 1) / (8 * kRowUnroll), 4096));
 }
 
+// What the block-scaled entry points check (check_args, and block_rows 1 or 128).
+void check_block_args(const void* in, int64_t rows, int64_t cols, int block_rows, const void* q, const void* scales) {
+  check_args(in, rows, cols, q, scales);
+  MOK_REQUIRE(block_rows == 1 || block_rows == fp8::kBlock, "block_rows", "1 (1 x 128 blocks) or 128 (128 x 128), got ",
+              block_rows);
+}
+
+// One CTA per 128 x 128 block.
+unsigned tile_grid(int64_t rows, int64_t grid_cols) {
+  const int64_t tiles = (rows + fp8::kBlock - 1) / fp8::kBlock * grid_cols;
+  MOK_REQUIRE(tiles < (int64_t(1) << 31), "rows, cols", "fewer than 2^31 blocks of 128 x 128, got ", tiles);
+  return static_cast<unsigned>(tiles);
+}
+
 
 }  // namespace
 
 void quantize_fp8_blocked(const void* in_bf16, int64_t rows, int64_t cols, int block_rows, fp8::ScaleRule rule,
                           void* q, float* scales, cudaStream_t stream) {
-  check_args(in_bf16, rows, cols, q, scales);
-  MOK_REQUIRE(block_rows == 1 || block_rows == fp8::kBlock, "block_rows", "1 (1 x 128 blocks) or 128 (128 x 128), got ",
-              block_rows);
+  check_block_args(in_bf16, rows, cols, block_rows, q, scales);
   if (rows == 0 || cols == 0) return;
   const auto* in = static_cast<const uint16_t*>(in_bf16);
   auto* out = static_cast<uint8_t*>(q);
@@ -432,9 +444,7 @@ void quantize_fp8_blocked(const void* in_bf16, int64_t rows, int64_t cols, int b
                                                                                               out, scales);
     }
   } else {
-    const int64_t tiles = (rows + fp8::kBlock - 1) / fp8::kBlock * grid_cols;
-    MOK_REQUIRE(tiles < (int64_t(1) << 31), "rows, cols", "fewer than 2^31 blocks of 128 x 128, got ", tiles);
-    quantize_tiles_kernel<<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(in, rows, cols, rule, out, scales);
+    quantize_tiles_kernel<<<tile_grid(rows, grid_cols), kTileThreads, 0, stream>>>(in, rows, cols, rule, out, scales);
   }
   MOK_CUDA_CHECK(cudaGetLastError());
 }
@@ -515,9 +525,7 @@ void quantize_mxfp8(const void* in_bf16, int64_t rows, int64_t cols, void* q, ui
 
 void quantize_mxfp8_reblocked(const void* in_bf16, int64_t rows, int64_t cols, int block_rows, void* q,
                               float* scales, cudaStream_t stream) {
-  check_args(in_bf16, rows, cols, q, scales);
-  MOK_REQUIRE(block_rows == 1 || block_rows == fp8::kBlock, "block_rows", "1 (1 x 128 blocks) or 128 (128 x 128), got ",
-              block_rows);
+  check_block_args(in_bf16, rows, cols, block_rows, q, scales);
   if (rows == 0 || cols == 0) return;
   const auto* in = static_cast<const uint16_t*>(in_bf16);
   auto* out = static_cast<uint8_t*>(q);
@@ -526,10 +534,8 @@ void quantize_mxfp8_reblocked(const void* in_bf16, int64_t rows, int64_t cols, i
     quantize_rows_kernel<fp8::kBlock, RowMode::MxReblocked><<<row_grid(rows * grid_cols), 256, 0, stream>>>(
         in, rows, cols, fp8::ScaleRule::Fp32, out, scales);
   } else {
-    const int64_t tiles = (rows + fp8::kBlock - 1) / fp8::kBlock * grid_cols;
-    MOK_REQUIRE(tiles < (int64_t(1) << 31), "rows, cols", "fewer than 2^31 blocks of 128 x 128, got ", tiles);
-    quantize_mx_tiles_reblocked_kernel<<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(in, rows, cols, out,
-                                                                                                    scales);
+    quantize_mx_tiles_reblocked_kernel<<<tile_grid(rows, grid_cols), kTileThreads, 0, stream>>>(in, rows, cols, out,
+                                                                                                  scales);
   }
   MOK_CUDA_CHECK(cudaGetLastError());
 }
