@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One call on a GPU machine for the GPU layer's FP8 backward (notes/fp8.md, "The layer's backward
-# in FP8"): build the layer's and the quantizers' GPU tests, mok_bench and mok_fp8_backward_bench;
-# run the quantizer tests and the FP8 layer tests (forward, backward against the CPU FP8
-# reference, refusals); then the layer's backward in
+# in FP8"): build the layer's, the quantizers' and the GEMM forms' GPU tests, mok_bench and
+# mok_fp8_backward_bench; run the quantizer tests (incl. MXFP8 re-blocked), the FP8 GEMM forms'
+# and every weight gradient's tests, and the FP8 layer tests (forward, backward against the CPU
+# FP8 reference, refusals); then the layer's backward in
 # bf16 and FP8 on the unfused path, alternated ROUNDS times (mok_bench, EP-8 rank slices, uniform
 # routing; and FP8 with the backward's weight codes kept), joined into fp8-layer-backward.json (mok_bwd_ms) and fp8-layer-forward.json (mok_ms)
 # by ab_report.py; and the backward's GEMM chain with each step timed inside it.
@@ -23,7 +24,8 @@ gtest_args=()
 [ -f "$ROOT/.deps/googletest/CMakeLists.txt" ] && gtest_args=(-DMOK_GTEST_SOURCE="$ROOT/.deps/googletest")
 t0=$(date +%s)
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release "${gtest_args[@]}" >"$OUT/build.log" 2>&1 || log "CONFIGURE FAILED"
-cmake --build "$B" -j "$(nproc)" --target mok_gpu_layer_tests mok_gpu_gemm_primitive_tests mok_bench mok_fp8_backward_bench -- -k 0 \
+cmake --build "$B" -j "$(nproc)" --target mok_gpu_layer_tests mok_gpu_gemm_primitive_tests mok_gpu_gemm_tests mok_bench \
+  mok_fp8_backward_bench -- -k 0 \
   >>"$OUT/build.log" 2>&1 || { log "BUILD FAILED"; grep -E "error" "$OUT/build.log" | head -20 | tee -a "$LOG"; exit 1; }
 log "build: $(( $(date +%s) - t0 )) s"
 python3 tools/ptxas_check.py --build-dir "$B" --allow tools/ptxas_allow.txt >"$OUT/ptxas.txt" 2>&1
@@ -33,6 +35,11 @@ if [ "${FP8_LAYER_TESTS:-1}" = 1 ]; then
   timeout 200 "$B/tests/gpu/gemm/mok_gpu_gemm_primitive_tests" --gtest_filter='Fp8Quantize.*' >"$OUT/t_quantize.log" 2>&1
   log "Fp8Quantize.*: rc $? ($(( $(date +%s) - t1 )) s) $(grep -hE '^\[  (PASSED|FAILED) ' "$OUT/t_quantize.log" | tr '\n' ' ')"
   grep -hE "^\[fp8 quantize|FAILED  \]|Failure|Expected|Which is|error" "$OUT/t_quantize.log" | head -30 | tee -a "$LOG"
+  t1=$(date +%s)
+  # The FP8 GEMM forms (incl. FC1 with MX h) and every weight gradient.
+  timeout 200 "$B/tests/gpu/gemm/mok_gpu_gemm_tests" --gtest_filter='Fp8*:*Wgrad*' >"$OUT/t_gemm_fp8.log" 2>&1
+  log "Fp8*:*Wgrad*: rc $? ($(( $(date +%s) - t1 )) s) $(grep -hE '^\[  (PASSED|FAILED) ' "$OUT/t_gemm_fp8.log" | tr '\n' ' ')"
+  grep -hE "^\[fp8 fc1|FAILED  \]|Failure|Expected|Which is" "$OUT/t_gemm_fp8.log" | head -30 | tee -a "$LOG"
   t1=$(date +%s)
   timeout 400 "$B/tests/gpu/megakernel/mok_gpu_layer_tests" --gtest_filter='*LayerFp8*:*Memory*' >"$OUT/t_layer_fp8.log" 2>&1
   log "*LayerFp8*:*Memory*: rc $? ($(( $(date +%s) - t1 )) s) $(grep -hE '^\[  (PASSED|FAILED) ' "$OUT/t_layer_fp8.log" | tr '\n' ' ')"
