@@ -130,8 +130,8 @@ const Option kOptions[] = {
      }},
     {"--precision", true, Mode::Gpu,
      [](BenchArgs& a, const std::string& o, const std::string& v) {
-       require_one_of(o, v, {"bf16", "fp8"});
-       a.gpu.precision = v == "bf16" ? Precision::BF16 : Precision::FP8;
+       require_one_of(o, v, {"bf16", "fp8", "mxfp8"});
+       a.gpu.precision = v == "bf16" ? Precision::BF16 : v == "fp8" ? Precision::FP8 : Precision::MXFP8;
      }},
     {"--sustain", true, Mode::Gpu,
      [](BenchArgs& a, const std::string& o, const std::string& v) {

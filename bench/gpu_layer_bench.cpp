@@ -50,9 +50,9 @@ struct RankWeights {
 };
 
 // Expert e's weights as floats, [gate I x H | up I x H | down H x I], fetched once.
-// fp8: as their 128 x 128 block-scaled codes decode (the spec's FP8 forward holds them so).
+// FP8 / MXFP8: as their codes decode (the spec's forward in that precision holds them so).
 const std::vector<float>& expert_weights(const Model& m, const std::vector<RankWeights>& w, int64_t e_loc, int64_t e,
-                                         std::map<int64_t, std::vector<float>>& cache, bool fp8) {
+                                         std::map<int64_t, std::vector<float>>& cache, Precision p) {
   auto it = cache.find(e);
   if (it != cache.end()) return it->second;
   const int64_t H = m.H, I = m.I;
@@ -64,7 +64,7 @@ const std::vector<float>& expert_weights(const Model& m, const std::vector<RankW
   MOK_CUDA_CHECK(cudaMemcpy(raw.data() + 2 * I * H, static_cast<bf16*>(rw.down) + off, I * H * 2, cudaMemcpyDeviceToHost));
   std::vector<float> f(raw.size());
   for (size_t i = 0; i < raw.size(); ++i) f[i] = float(raw[i]);
-  if (fp8) ref::fp8_round_weights(H, I, f.data());
+  ref::fp8_round_weights(H, I, f.data(), p);
   return cache.emplace(e, std::move(f)).first->second;
 }
 
@@ -72,10 +72,10 @@ const std::vector<float>& expert_weights(const Model& m, const std::vector<RankW
 // the GPU once each.
 std::vector<float> expected_token(const Model& m, const std::vector<RankWeights>& w, int64_t e_loc,
                                   const std::vector<float>& x, const int32_t* idx, const float* wt,
-                                  std::map<int64_t, std::vector<float>>& cache, bool fp8 = false) {
+                                  std::map<int64_t, std::vector<float>>& cache, Precision p = Precision::BF16) {
   return ref::token_forward(
-      m.H, m.I, m.k, x.data(), idx, wt, [&](int32_t e) { return expert_weights(m, w, e_loc, e, cache, fp8).data(); },
-      fp8);
+      m.H, m.I, m.k, x.data(), idx, wt, [&](int32_t e) { return expert_weights(m, w, e_loc, e, cache, p).data(); },
+      p);
 }
 
 // The spec's backward for one token (no shared expert): d_x (H values) followed by d_topk_w (k).
@@ -84,7 +84,7 @@ std::vector<float> expected_backward_token(const Model& m, const std::vector<Ran
                                            const int32_t* idx, const float* wt,
                                            std::map<int64_t, std::vector<float>>& cache) {
   return ref::token_backward(m.H, m.I, m.k, x.data(), d_out.data(), idx, wt,
-                             [&](int32_t e) { return expert_weights(m, w, e_loc, e, cache, false).data(); });
+                             [&](int32_t e) { return expert_weights(m, w, e_loc, e, cache, Precision::BF16).data(); });
 }
 
 // Relative L2 error of the GPU's values for the sampled tokens (samples[q] of every rank):
@@ -344,7 +344,8 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           // The main variant's backward (over windows when its ring is below the worst case), and
           // the memory-mode variants'.
           // (FP8: after the unfused path's forward; its megakernel is forward only.)
-          const bool trains = cfg.precision == Precision::BF16 || cfg.forward_path == ForwardPath::Unfused;
+          const bool trains = cfg.precision == Precision::BF16 ||
+                              (cfg.precision == Precision::FP8 && cfg.forward_path == ForwardPath::Unfused);
           const bool bwd = o.backward && trains && (&var == &variants.front() || var.time_backward);
           std::vector<std::vector<double>> bwd_ms(static_cast<size_t>(W));
           std::vector<std::vector<float>> bwd_sampled(static_cast<size_t>(W)), dout_sampled(static_cast<size_t>(W));
@@ -405,7 +406,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
                 [&](int r, int, int64_t t, const std::vector<float>& xv) {
                   const auto& in = wl.inputs[static_cast<size_t>(r)];
                   return expected_token(*m, weights, e_loc, xv, &in.topk_idx[t * k], &in.topk_w[t * k], cache,
-                                        cfg.precision == Precision::FP8);
+                                        cfg.precision);
                 },
                 [&](int r, int q, int64_t c) { return double(float(sampled[r][q * H + c])); });
             MOK_REQUIRE(rel < 1e-2, "GPU layer check", "sampled outputs must match the spec within 1e-2 (",
@@ -514,6 +515,8 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
               if (var.main_backward_twin)
                 main_case += std::string(", \"mok_bwd_") + to_string(cfg.backward_path) + "_ms\": " + std::to_string(b_ms);
             }
+          } else if (o.backward && &var == &variants.front() && cfg.precision == Precision::MXFP8) {
+            std::printf("  backward: not run (mxfp8 runs forward only on the GPU so far)\n");
           } else if (o.backward && &var == &variants.front() && cfg.precision != Precision::BF16) {
             std::printf("  backward: not run (the %s megakernel is forward only so far; --path unfused trains)\n",
                         to_string(cfg.precision));

@@ -19,13 +19,21 @@ namespace {
 
 using namespace mok::gemm::engine;
 // The program's operands: bf16 (forward_kernel.cu) or block-scaled E4M3 (forward_kernel_fp8.cu,
-// which defines MOK_FORWARD_FP8 and compiles the same program: one translation unit per variant).
+// which defines MOK_FORWARD_FP8 and compiles the same program: one translation unit per variant;
+// forward_kernel_mxfp8.cu defines both).
 #if defined(MOK_FORWARD_FP8)
 using C = Cfg<256, OperandE4m3>;
 #else
 using C = Cfg<256>;
 #endif
 constexpr bool kFp8 = std::is_same_v<C::Operand, OperandE4m3>;
+// MXFP8 (forward_kernel_mxfp8.cu): the FP8 program whose FC1 epilogue writes h as MXFP8 re-blocked
+// to 1 x 128 (x and the weights come re-blocked from their quantizers: the same operands).
+#if defined(MOK_FORWARD_MXFP8)
+constexpr bool kMxH = true;
+#else
+constexpr bool kMxH = false;
+#endif
 static_assert(C::kBlockN == kForwardBlockN, "the host plan (forward_setup.h) and the kernel's tiles disagree");
 namespace dev = mok::comm::dev;
 

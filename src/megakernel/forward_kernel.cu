@@ -403,7 +403,7 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
         mma_tile_scaled<C, BScale::GateUp>(sm, ps, t, cwg, wt, acc, wb, sc);
         e0 = clock.now();
         if (!dummy)
-          epilogue_fc1_fp8(acc, cwg, wt, t.out_row, t.b_n, static_cast<uint8_t*>(p.h_ring), p.h_scales_ring, p.inter);
+          epilogue_fc1_fp8<kMxH>(acc, cwg, wt, t.out_row, t.b_n, static_cast<uint8_t*>(p.h_ring), p.h_scales_ring, p.inter);
       } else {
         const int64_t kb = t.k_blocks, n_blocks = p.hidden / 128;  // I / 128; H / 128
         const TileScales sc{p.h_scales_ring + int64_t(t.a_m) * kb, kb,
@@ -511,8 +511,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 static_assert(C::kSmemBytes + kExtraSmem <= 232448, "the megakernel's shared memory exceeds 227 KB");
 
-// The exported functions: mk:: for the bf16 program, mk::fp8:: for its FP8 translation unit.
-#if defined(MOK_FORWARD_FP8)
+// The exported functions: mk:: for the bf16 program, mk::fp8:: / mk::mxfp8:: for the FP8 ones.
+#if defined(MOK_FORWARD_MXFP8)
+namespace mxfp8 {
+#elif defined(MOK_FORWARD_FP8)
 namespace fp8 {
 #endif
 
@@ -604,7 +606,7 @@ void launch_forward(const ForwardMaps& maps, const ForwardParams& params, const 
 }
 
 #if defined(MOK_FORWARD_FP8)
-}  // namespace fp8
+}  // namespace fp8 / mxfp8
 #endif
 
 }  // namespace mok::mk

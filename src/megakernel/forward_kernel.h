@@ -139,5 +139,12 @@ int prepare_forward(int comm_ctas, int grid, bool cluster);
 void launch_forward(const ForwardMaps& maps, const ForwardParams& params, const comm::dev::DeviceComm& dc,
                     int grid, cudaStream_t stream);
 }  // namespace fp8
+namespace mxfp8 {  // the same with h as MXFP8 re-blocked to 1 x 128 (forward_kernel_mxfp8.cu)
+int forward_smem_bytes();
+int forward_max_hidden();
+int prepare_forward(int comm_ctas, int grid, bool cluster);
+void launch_forward(const ForwardMaps& maps, const ForwardParams& params, const comm::dev::DeviceComm& dc,
+                    int grid, cudaStream_t stream);
+}  // namespace mxfp8
 
 }  // namespace mok::mk

@@ -87,7 +87,8 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
     Is = shape.shared_intermediate;
     T = shape.tokens_of(rank);
     check_precision();
-    fp8 = config.precision == Precision::FP8;
+    fp8 = config.precision != Precision::BF16;
+    mx = config.precision == Precision::MXFP8;
     validate_weights_layout(shape, w);
     check_device_weight_set("weights.w", w.w_gate, w.w_up, w.w_down, w.ws_gate, w.ws_up, w.ws_down, Is > 0,
                             comm.device());
@@ -182,7 +183,7 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   // by forward(..., save_for_backward = false): a backward must know whether the last forward
   // saved them (track it when the backward lands; a captured graph fixes the flag).
   // (at least one tile of rows, so tensor maps stay valid when no rank has tokens)
-  if (!fp8 || !fused) gu = allocate("gu", "gu");  // the FP8 megakernel: forward only, nothing saved
+  if (!fp8 || (!fused && !mx)) gu = allocate("gu", "gu");  // FP8 megakernel, MXFP8: forward only, nothing saved
   const bool has_shared = Is > 0 && T > 0;
   if (has_shared) {
     gu_s = DeviceBuffer(bytes("gu_s"), "gu_s");
@@ -311,8 +312,9 @@ void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
     counters = DeviceBuffer(static_cast<size_t>(mem.bytes("counters")), "megakernel counters");
     mkp.counters = counters.get<uint32_t>();
   }
-  grid = fp8 ? mk::fp8::prepare_forward(ps.comm_ctas, sms, false)
-             : mk::prepare_forward(ps.comm_ctas, sms, mkp.cluster != 0);
+  grid = mx    ? mk::mxfp8::prepare_forward(ps.comm_ctas, sms, false)
+         : fp8 ? mk::fp8::prepare_forward(ps.comm_ctas, sms, false)
+               : mk::prepare_forward(ps.comm_ctas, sms, mkp.cluster != 0);
   if (mkp.cluster) {
     MOK_REQUIRE(mem.bytes("cluster_slots") >= mk::forward_cluster_slot_bytes(grid), "memory plan",
                 "cluster_slots must hold the grid's clusters' task slots");
@@ -482,11 +484,14 @@ int64_t Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaSt
   check_routing(in);
   check_tensor("out", out, {DType::BF16}, {T, H});
   check_device_tensor("out", out, comm.device());
+  MOK_REQUIRE(!mx || !save_for_backward, "save_for_backward",
+              "must be false with config.precision mxfp8 (the GPU runs its forward only so far)");
   MOK_REQUIRE(!fp8 || !fused || !save_for_backward, "save_for_backward",
-              "must be false with config.precision fp8 and config.forward_path megakernel (the FP8 megakernel "
+              "must be false with config.precision fp8 / mxfp8 and config.forward_path megakernel (the FP8 megakernel "
               "keeps no gate/up rows yet; the unfused path's FP8 forward trains)");
   MOK_REQUIRE(!fp8 || T == 0 || in.x.data != win_x->ptr, "x",
-              "must not be input_buffer() with config.precision fp8 (the window holds x's E4M3 codes, made from x)");
+              "must not be input_buffer() with config.precision fp8 / mxfp8 (the window holds x's E4M3 codes, made "
+              "from x)");
   // This forward's number; with several forwards alive, its slot's state becomes the members'
   // (every forward takes one, saved or not: it builds its schedule there). Host-side bookkeeping
   // that a replayed CUDA graph would not repeat: refused under capture.
@@ -517,7 +522,9 @@ int64_t Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaSt
     // Windowed: the rows of the activation budget (none with full recompute: FC1 recomputed).
     params.save_gu = save_for_backward && (!windowed || saved_rows > 0) ? 1 : 0;
     params.save_gu_shared = save_for_backward ? 1 : 0;
-    if (fp8)
+    if (mx)
+      mk::mxfp8::launch_forward(maps, params, dc, grid, stream);
+    else if (fp8)
       mk::fp8::launch_forward(maps, params, dc, grid, stream);
     else
       mk::launch_forward(maps, params, dc, grid, stream);

@@ -8,6 +8,13 @@
 // set_weights: call set_weights again, with the same pointers, after the weights change). The
 // CPU reference computes the same recipe (include/mok/reference.hpp): the two differ by
 // accumulation order and the SFU's exp in SwiGLU. The backward: layer_fp8_backward.cu.
+// MXFP8 (Config::precision MXFP8, recipe 2, forward only so far) runs on the same forms: x, the
+// weights and h are quantized as MX (E4M3, an E8M0 scale per 32 along K) and then re-blocked to
+// the 1 x 128 / 128 x 128 blocks at the largest of their power-of-two scales
+// (gemm::quantize_mxfp8_reblocked, Fp8Fc1Args::h_mx; the megakernel: forward_kernel_mxfp8.cu). The
+// re-blocking moves a value only where its E4M3 code would fall below the block's 14 normal binades
+// (notes/fp8.md, "MXFP8 on Hopper"): the CPU reference's MX spec and the GPU differ by that and by
+// accumulation order.
 // Buffers: the x window and h hold codes then scales in their bf16 bytes (x window: T_max_pad x H
 // codes, then the scales; h: cap x I codes, then cap x I / 128 scales); x_routed is sized for
 // codes and scales only (cap x H, then cap x H / 128: memory_plan.cpp); "fp8_weights" holds the
@@ -37,21 +44,19 @@ Fp8WeightLayout fp8_weight_layout(int64_t e, int64_t H, int64_t I) {
 // The constructor's check of what the FP8 layer supports so far (each refusal names its knob).
 void Layer::Impl::check_precision() const {
   if (config.precision == Precision::BF16) return;
-  MOK_REQUIRE(config.precision == Precision::FP8, "config.precision",
-              "the GPU layer runs bf16 and fp8 (recipe 1); mxfp8 is the CPU reference's so far, got ",
-              to_string(config.precision));
-  if (config.forward_path == ForwardPath::Megakernel) {  // (forward_kernel_fp8.cu)
-    MOK_REQUIRE(!config.fwd_clusters, "config.fwd_clusters", "must be off with config.precision fp8");
-    MOK_REQUIRE(config.dispatch == DispatchPath::Pull, "config.dispatch", "must be pull with config.precision fp8");
-    MOK_REQUIRE(H % 512 == 0, "shape.hidden", "must be a multiple of 512 with config.precision fp8 on the "
-                "megakernel (a row's 1 x 128 scales move as whole 16-byte pieces), got ", H);
+  const char* p = to_string(config.precision);  // fp8 or mxfp8: the same runtime (MX re-blocked)
+  if (config.forward_path == ForwardPath::Megakernel) {  // (forward_kernel_fp8.cu, forward_kernel_mxfp8.cu)
+    MOK_REQUIRE(!config.fwd_clusters, "config.fwd_clusters", "must be off with config.precision ", p);
+    MOK_REQUIRE(config.dispatch == DispatchPath::Pull, "config.dispatch", "must be pull with config.precision ", p);
+    MOK_REQUIRE(H % 512 == 0, "shape.hidden", "must be a multiple of 512 with config.precision ", p,
+                " on the megakernel (a row's 1 x 128 scales move as whole 16-byte pieces), got ", H);
   }
-  MOK_REQUIRE(Is == 0, "shape.shared_intermediate", "must be 0 with config.precision fp8 (the shared expert "
-              "runs bf16 only so far), got ", Is);
-  MOK_REQUIRE(H % 128 == 0, "shape.hidden", "must be a multiple of 128 with config.precision fp8 (whole 1 x 128 "
-              "and 128 x 128 scale blocks), got ", H);
-  MOK_REQUIRE(I % 128 == 0, "shape.intermediate", "must be a multiple of 128 with config.precision fp8 (whole "
-              "1 x 128 and 128 x 128 scale blocks), got ", I);
+  MOK_REQUIRE(Is == 0, "shape.shared_intermediate", "must be 0 with config.precision ", p,
+              " (the shared expert runs bf16 only so far), got ", Is);
+  MOK_REQUIRE(H % 128 == 0, "shape.hidden", "must be a multiple of 128 with config.precision ", p,
+              " (whole 1 x 128 and 128 x 128 scale blocks), got ", H);
+  MOK_REQUIRE(I % 128 == 0, "shape.intermediate", "must be a multiple of 128 with config.precision ", p,
+              " (whole 1 x 128 and 128 x 128 scale blocks), got ", I);
 }
 
 // Byte offset of the 1 x 128 scales in every rank's x window (after T_max_pad x H codes).
@@ -74,12 +79,9 @@ void Layer::Impl::bind_weights_fp8() {
   const auto scales = [&](int64_t off) { return reinterpret_cast<float*>(base + off); };
   const cudaStream_t s = comm.stream();
   if (e_loc > 0) {
-    gemm::quantize_fp8_blocked(weights.w_gate.data, e_loc * I, H, 128, fp8::ScaleRule::Fp32, base + L.gate,
-                               scales(L.s_gate), s);
-    gemm::quantize_fp8_blocked(weights.w_up.data, e_loc * I, H, 128, fp8::ScaleRule::Fp32, base + L.up,
-                               scales(L.s_up), s);
-    gemm::quantize_fp8_blocked(weights.w_down.data, e_loc * H, I, 128, fp8::ScaleRule::Fp32, base + L.down,
-                               scales(L.s_down), s);
+    quantize_weight(weights.w_gate.data, e_loc * I, H, base + L.gate, scales(L.s_gate), s);
+    quantize_weight(weights.w_up.data, e_loc * I, H, base + L.up, scales(L.s_up), s);
+    quantize_weight(weights.w_down.data, e_loc * H, I, base + L.down, scales(L.s_down), s);
   }
   if (config.fp8_keep_weight_codes_t) {  // the backward's codes too, kept (Config::fp8_keep_weight_codes_t)
     if (!fp8_bwd_weights.p) {
@@ -125,6 +127,7 @@ void Layer::Impl::bind_weights_fp8() {
   a1.h_scales = reinterpret_cast<float*>(hr + cap_rows * I);
   a1.hidden = H;
   a1.inter = I;
+  a1.h_mx = mx;
   routed(a1);
   fc1_fp8_nogu = gemm::plan_fp8_fc1(a1, gemm_options());
   a1.gu = gu.p;  // forward(..., save_for_backward): the bf16 gate/up rows the backward's SwiGLU' reads
@@ -161,8 +164,21 @@ void Layer::Impl::setup_megakernel_fp8() {
 void Layer::Impl::quantize_x_fp8(const void* x, cudaStream_t stream) {
   if (T == 0) return;
   auto* win = static_cast<char*>(win_x->ptr);
-  gemm::quantize_fp8_blocked(x, T, H, 1, fp8::ScaleRule::Fp32, win, reinterpret_cast<float*>(win + x_scale_offset()),
-                             stream);
+  auto* sc = reinterpret_cast<float*>(win + x_scale_offset());
+  if (mx)
+    gemm::quantize_mxfp8_reblocked(x, T, H, 1, win, sc, stream);
+  else
+    gemm::quantize_fp8_blocked(x, T, H, 1, fp8::ScaleRule::Fp32, win, sc, stream);
+}
+
+// A weight matrix [rows, cols] (K = cols) into its E4M3 codes and 128 x 128 scales: recipe 1, or
+// MXFP8 (1 x 32 E8M0 blocks along K) re-blocked to 128 x 128 power-of-two scales.
+void Layer::Impl::quantize_weight(const void* w, int64_t rows, int64_t cols, void* q, float* sc,
+                                  cudaStream_t stream) const {
+  if (mx)
+    gemm::quantize_mxfp8_reblocked(w, rows, cols, 128, q, sc, stream);
+  else
+    gemm::quantize_fp8_blocked(w, rows, cols, 128, fp8::ScaleRule::Fp32, q, sc, stream);
 }
 
 // The routed part of the FP8 forward: pull codes and scales, FC1 (h in FP8; with save, the bf16

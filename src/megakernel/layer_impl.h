@@ -284,7 +284,8 @@ struct Layer::Impl {
   // bind_weights, and the unfused path's FP8 GEMM plans (fc1_fp8 also stores the gate/up rows);
   // the backward's operands (layer_fp8_backward.cu, allocated by the first backward; the weight
   // codes by bind_weights when Config::fp8_keep_weight_codes_t).
-  bool fp8 = false;
+  bool fp8 = false;  // FP8 or MXFP8: one runtime (MX quantized, then re-blocked to recipe 1's blocks)
+  bool mx = false;   // MXFP8: x, the weights and h quantized as MX, then re-blocked (layer_fp8.cu)
   DeviceBuffer fp8_weights;
   gemm::Plan fc1_fp8, fc1_fp8_nogu, fc2_fp8;
   DeviceBuffer fp8_bwd_rows, fp8_bwd_weights;
@@ -317,6 +318,7 @@ struct Layer::Impl {
   void bind_weights_fp8();
   void setup_megakernel_fp8();
   void quantize_x_fp8(const void* x, cudaStream_t stream);
+  void quantize_weight(const void* w, int64_t rows, int64_t cols, void* q, float* sc, cudaStream_t stream) const;
   void routed_forward_fp8(cudaStream_t stream, bool save);
   void backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream);
   // FC1 of the routed experts over `tiles` 128-row tiles of x rows, with the bound weights.

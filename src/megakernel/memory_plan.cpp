@@ -103,11 +103,11 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   const int64_t cap = shape.worst_case_rows(), t_tiles = sched::ceil_div(T, sched::kBlockM);
   const auto at_least = [](int64_t v) { return std::max<int64_t>(v, 1); };
   MemoryPlan p;
-  // FP8 trains on the unfused path (layer_fp8_backward.cu); its megakernel is forward only so far:
-  // nothing is saved for a backward there (what a bf16 forward saves is its own working memory,
-  // scope Layer) and the backward's own buffers are not planned.
-  const bool fp8 = config.precision == Precision::FP8;
-  const bool fp8_forward_only = fp8 && fused;
+  // FP8 trains on the unfused path (layer_fp8_backward.cu); its megakernel, and MXFP8 on either
+  // path, are forward only so far: nothing is saved for a backward there (what a bf16 forward
+  // saves is its own working memory, scope Layer) and the backward's own buffers are not planned.
+  const bool fp8 = config.precision != Precision::BF16;
+  const bool fp8_forward_only = fp8 && (fused || config.precision == Precision::MXFP8);
   const auto add = [&](std::string name, int64_t bytes, MemoryScope scope, bool symmetric = false) {
     if (fp8_forward_only && scope == MemoryScope::Backward) return;
     if (fp8_forward_only && scope == MemoryScope::Saved) scope = MemoryScope::Layer;
@@ -165,9 +165,11 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   }
   // FP8: the weights' E4M3 codes and their 128 x 128 fp32 scales; h and the x window hold codes and
   // scales in the bf16 buffers' bytes, x_routed is codes-sized (below; layer_fp8.cu).
-  if (config.precision == Precision::FP8) {
-    MOK_REQUIRE(H % 128 == 0, "shape.hidden", "must be a multiple of 128 with config.precision fp8, got ", H);
-    MOK_REQUIRE(I % 128 == 0, "shape.intermediate", "must be a multiple of 128 with config.precision fp8, got ", I);
+  if (config.precision != Precision::BF16) {
+    const char* p8 = to_string(config.precision);
+    MOK_REQUIRE(H % 128 == 0, "shape.hidden", "must be a multiple of 128 with config.precision ", p8, ", got ", H);
+    MOK_REQUIRE(I % 128 == 0, "shape.intermediate", "must be a multiple of 128 with config.precision ", p8, ", got ",
+                I);
   }
   if (fp8) add("fp8_weights", 3 * e_loc * I * H + 3 * e_loc * (I / 128) * (H / 128) * 4, S::Layer);
   if (fused) {

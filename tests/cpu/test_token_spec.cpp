@@ -63,17 +63,20 @@ TEST(TokenSpec, EqualsTheEngineBitForBit) {
   }
 }
 
+// Both FP8 recipes: FP8 (1 x 128 / 128 x 128 blocks) and MXFP8 (1 x 32 E8M0 blocks along K).
 TEST(TokenSpec, Fp8ForwardEqualsTheEngineBitForBit) {
+  for (const mok::Precision precision : {mok::Precision::FP8, mok::Precision::MXFP8})
   for (const mok::Routing routing : {mok::Routing::Uniform, mok::Routing::EmptySlots}) {
+    SCOPED_TRACE(mok::to_string(precision));
     // Two 128-wide blocks along H and I, and an I block cut short (h per 1 x 128: 320 = 2.5 blocks).
     const mok::LayerShape shape = mok::LayerShape::uniform(2, 24, 256, 320, 8, 3);
     const auto wl = mok::make_workload(shape, routing, 13);
     mok::Config cfg;
-    cfg.precision = mok::Precision::FP8;
+    cfg.precision = precision;
     const auto fwd = mok::ref::Engine(shape, cfg).forward(wl.inputs, wl.weights);
     const int64_t H = shape.hidden, I = shape.intermediate, k = shape.top_k;
     std::vector<std::vector<float>> experts = experts_as_float(shape, wl);
-    for (auto& w : experts) mok::ref::fp8_round_weights(H, I, w.data());
+    for (auto& w : experts) mok::ref::fp8_round_weights(H, I, w.data(), precision);
     const mok::ref::ExpertWeights expert = [&](int32_t e) { return experts[static_cast<size_t>(e)].data(); };
     for (int r = 0; r < shape.world_size(); ++r) {
       const auto& in = wl.inputs[static_cast<size_t>(r)];
@@ -81,7 +84,7 @@ TEST(TokenSpec, Fp8ForwardEqualsTheEngineBitForBit) {
         std::vector<float> x(static_cast<size_t>(H));
         for (int64_t c = 0; c < H; ++c) x[static_cast<size_t>(c)] = float(in.x[static_cast<size_t>(t * H + c)]);
         const auto out =
-            mok::ref::token_forward(H, I, k, x.data(), &in.topk_idx[t * k], &in.topk_w[t * k], expert, true);
+            mok::ref::token_forward(H, I, k, x.data(), &in.topk_idx[t * k], &in.topk_w[t * k], expert, precision);
         for (int64_t c = 0; c < H; ++c)
           ASSERT_EQ(out[static_cast<size_t>(c)], float(fwd.out[static_cast<size_t>(r)][static_cast<size_t>(t * H + c)]))
               << "fp8 out, rank " << r << " token " << t << " column " << c;

@@ -3,6 +3,7 @@
 // h per 1 x 128, fp32 scales), bitwise reproducible, beside the bf16 reference (reported: what the
 // recipe costs in accuracy); its backward (unfused path, layer_fp8_backward.cu) against the CPU
 // reference's FP8 backward, the same way; and the FP8 layer's refusals, each naming its knob.
+// MXFP8 (forward only on the GPU so far) against the reference's MX spec, on both forward paths.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -51,6 +52,7 @@ struct Fp8Case {
   int64_t tokens, H, I, E, k;
   mok::ForwardPath path = mok::ForwardPath::Unfused;
   int64_t minibatch = 0, ring = 0;  // megakernel: Config::minibatch_tokens / macrobatch_tokens (0: default)
+  mok::Precision precision = mok::Precision::FP8;  // or MXFP8 (the reference: the MX spec)
 };
 
 class LayerFp8 : public ::testing::TestWithParam<Fp8Case> {};
@@ -60,6 +62,7 @@ TEST_P(LayerFp8, MatchesTheFp8ReferenceAndIsBitwiseReproducible) {
   const Fp8Case& c = GetParam();
   const mok::LayerShape shape{{c.tokens}, c.H, c.I, c.E, c.k, 0};
   mok::Config cfg = fp8_config(c.path);
+  cfg.precision = c.precision;
   cfg.minibatch_tokens = c.minibatch;
   cfg.macrobatch_tokens = c.ring;
   const auto wl = mok::make_workload(shape, c.routing, 4242);
@@ -80,16 +83,20 @@ TEST_P(LayerFp8, MatchesTheFp8ReferenceAndIsBitwiseReproducible) {
     EXPECT_EQ(bit_diffs(got, first), 0) << "repetition " << rep << " differs from the first";
   }
   const double rel = rel_to(first, want.out[0]), rel_bf16 = rel_to(first, want_bf16.out[0]);
-  std::printf("[layer fp8] %s: rel err %.2e vs the FP8 reference (%lld of %lld values differ in bits), %.2e vs the "
+  std::printf("[layer fp8] %s: rel err %.2e vs the %s reference (%lld of %lld values differ in bits), %.2e vs the "
               "bf16 reference\n",
-              c.name, rel, (long long)bit_diffs(first, want.out[0]), (long long)first.size(), rel_bf16);
+              c.name, rel, mok::to_string(c.precision), (long long)bit_diffs(first, want.out[0]),
+              (long long)first.size(), rel_bf16);
   // Accumulation order and the SFU's exp: an h code near an E4M3 rounding boundary can land one
-  // step (2^-4 relative) off; in norm over a layer's output that stays well below 1e-2.
+  // step (2^-4 relative) off; in norm over a layer's output that stays well below 1e-2. MXFP8:
+  // the GPU's re-blocking besides (a value whose MX code falls below the block's 14 normal binades
+  // moves; ~1e-7 of the norm on these inputs: notes/fp8.md).
   EXPECT_LT(rel, 1e-2);
   EXPECT_LT(rel_bf16, 0.15) << "FP8 against bf16: the recipe's own error (~6% on these Gaussian weights)";
 }
 
 constexpr auto kMega = mok::ForwardPath::Megakernel;
+constexpr auto kMx = mok::Precision::MXFP8;
 INSTANTIATE_TEST_SUITE_P(Routings, LayerFp8,
                          ::testing::Values(Fp8Case{"uniform", mok::Routing::Uniform, 700, 512, 256, 16, 4},
                                            Fp8Case{"zipf", mok::Routing::Zipf, 700, 512, 256, 16, 4},
@@ -102,7 +109,18 @@ INSTANTIATE_TEST_SUITE_P(Routings, LayerFp8,
                                            Fp8Case{"megakernel_zipf_ring", mok::Routing::Zipf, 700, 512, 256, 16, 4,
                                                    kMega, 128, 512},
                                            Fp8Case{"megakernel_one_expert_wide", mok::Routing::OneExpert, 300, 1024,
-                                                   384, 8, 2, kMega}),
+                                                   384, 8, 2, kMega},
+                                           // MXFP8 (re-blocked onto the same forms; forward_kernel_mxfp8.cu).
+                                           Fp8Case{"mx_uniform", mok::Routing::Uniform, 700, 512, 256, 16, 4,
+                                                   mok::ForwardPath::Unfused, 0, 0, kMx},
+                                           Fp8Case{"mx_zipf", mok::Routing::Zipf, 700, 512, 256, 16, 4,
+                                                   mok::ForwardPath::Unfused, 0, 0, kMx},
+                                           Fp8Case{"mx_empty_slots", mok::Routing::EmptySlots, 513, 256, 128, 8, 3,
+                                                   mok::ForwardPath::Unfused, 0, 0, kMx},
+                                           Fp8Case{"mx_megakernel_uniform", mok::Routing::Uniform, 700, 512, 256, 16,
+                                                   4, kMega, 0, 0, kMx},
+                                           Fp8Case{"mx_megakernel_zipf_ring", mok::Routing::Zipf, 700, 512, 256, 16,
+                                                   4, kMega, 128, 512, kMx}),
                          [](const auto& i) { return std::string(i.param.name); });
 
 // What the FP8 layer does not do yet is refused by name, before anything is enqueued.
@@ -127,9 +145,9 @@ TEST(LayerFp8Refusals, EachNamesItsKnob) {
   EXPECT_EQ(refused(mok::LayerShape{{256}, 512, 128, 8, 2, 0}, clusters), "config.fwd_clusters");
   // The megakernel moves a row's scales as 16-byte pieces: H a multiple of 512.
   EXPECT_EQ(refused(shape, fp8_config(mok::ForwardPath::Megakernel)), "shape.hidden");
-  mok::Config mx = fp8_config();
+  mok::Config mx = fp8_config(mok::ForwardPath::Megakernel);
   mx.precision = mok::Precision::MXFP8;
-  EXPECT_EQ(refused(shape, mx), "config.precision");
+  EXPECT_EQ(refused(shape, mx), "shape.hidden");  // (the same constraints as fp8)
   EXPECT_EQ(refused(mok::LayerShape{{256}, 256, 128, 8, 2, 128}, fp8_config()), "shape.shared_intermediate");
   EXPECT_EQ(refused(mok::LayerShape{{256}, 192, 128, 8, 2, 0}, fp8_config()), "shape.hidden");
   EXPECT_EQ(refused(mok::LayerShape{{256}, 256, 192, 8, 2, 0}, fp8_config()), "shape.intermediate");
@@ -174,6 +192,16 @@ TEST(LayerFp8Refusals, EachNamesItsKnob) {
     mok::Layer layer(group[0], shape, program, d.dw);
     d.forward_once(layer, group[0], nullptr, true);
     EXPECT_EQ(arg_of([&] { layer.backward(d.refs, d.out_ref(), gr.g, group[0].stream()); }), "config.backward_path");
+  }
+  {  // MXFP8 runs the forward only on the GPU so far: a saving forward and a backward are refused.
+    mok::Config mxu = fp8_config();
+    mxu.precision = mok::Precision::MXFP8;
+    auto group = ranks_on_gpus(1, shape, mxu);
+    mok::Layer layer(group[0], shape, mxu, d.dw);
+    EXPECT_EQ(arg_of([&] { layer.forward(d.refs, d.out_ref(), group[0].stream(), true); }), "save_for_backward");
+    d.forward_once(layer, group[0], nullptr, false);
+    EXPECT_EQ(arg_of([&] { layer.backward(d.refs, d.out_ref(), gr.g, group[0].stream()); }), "config.precision");
+    EXPECT_NO_THROW(d.forward_once(layer, group[0], nullptr, false));
   }
   {  // The FP8 megakernel is forward only: a forward that would save for a backward is refused.
     const mok::LayerShape s512{{256}, 512, 128, 8, 2, 0};
