@@ -2,7 +2,7 @@
 """Joins mok_bench's GPU forward results with the PyTorch+NCCL baseline of the same run into one
 results file (bench/results/forward-<gpu>x<n>.json) and prints the comparison tables.
 
-usage: forward_report.py [--fp8 MOK_FP8_JSON] MOK_JSON BASELINE_JSON OUT_JSON [GPU_SAMPLES_CSV]
+usage: forward_report.py [--fp8 MOK_FP8_JSON]... MOK_JSON BASELINE_JSON OUT_JSON [GPU_SAMPLES_CSV]
 
 MOK_JSON holds `cases` (one per model, T, routing, at mok's default settings) and optionally
 `ablation` (the same cases under other variants / comm SMs / minibatch / macrobatch sizes). Both
@@ -14,8 +14,9 @@ Cases that mok_bench measured with --sustain also carry `mok_sustained_ms` / `mo
 (the slowest rank's mean time per forward over seconds of back-to-back forwards, at the power cap); when the
 baseline ran with --sustain too, `baseline_sustained_ms` and `sustained_speedup` join them.
 
---fp8: mok_bench's run of the same cases in FP8 (--precision fp8, the FP8 megakernel): its cases
-join OUT_JSON's `cases` with `precision` "fp8" (mok's own cases get "bf16" where they carry none),
+--fp8 (repeatable): mok_bench's run of the same cases in FP8 (--precision fp8, the FP8 megakernel; or
+--precision mxfp8, its MXFP8 variant): its cases join OUT_JSON's `cases` with their `precision` ("fp8",
+"mxfp8"; mok's own cases get "bf16" where they carry none),
 the same baseline fields, and `bf16_mok_ms` / `x_bf16` (mok's bf16 time of the same case over the
 FP8 one). Readers that want one entry per (model, T, routing) take the bf16 ones. An FP8 case's
 `mok_pct_of_peak` and `mok_sustained_pct_of_sustained_peak` are against the baseline's `peak_fp8`
@@ -93,13 +94,15 @@ def pct(row, key, value, reference):
 
 def join(mok, base, fp8=None):
     """The output document: mok's cases and ablation, each joined with the baseline when known;
-    `fp8` (mok_bench's FP8 run of the same cases) adds its cases, beside the bf16 ones."""
+    `fp8` (mok_bench's FP8 / MXFP8 runs of the same cases: one document or a list) adds their cases,
+    beside the bf16 ones."""
+    fp8_docs = fp8 if isinstance(fp8, list) else [fp8] if fp8 else []
     by_key = {case_key(c): c for c in base["cases"]} if base else {}
     peak = (base or {}).get("peak_bf16") or {}
     peak_fp8 = (base or {}).get("peak_fp8") or {}
     cases = []
     bf16_ms = {case_key(c): c.get("mok_ms") for c in mok["cases"] if precision_of(c) == "bf16"}
-    for c in list(mok["cases"]) + list((fp8 or {}).get("cases") or []):
+    for c in list(mok["cases"]) + [c for d in fp8_docs for c in (d.get("cases") or [])]:
         row = dict(c)
         row["precision"] = precision_of(c)
         bf16 = row["precision"] == "bf16"
@@ -367,11 +370,11 @@ def print_fp8(out):
 
 
 def main(argv):
-    fp8 = None
-    if len(argv) >= 2 and argv[0] == "--fp8":
+    fp8 = []
+    while len(argv) >= 2 and argv[0] == "--fp8":
         try:
             with open(argv[1]) as f:
-                fp8 = json.load(f)
+                fp8.append(json.load(f))
         except (OSError, ValueError) as e:  # reported; the bf16 report still gets written
             print(f"forward_report: no FP8 results from {argv[1]}: {e}", file=sys.stderr)
         argv = argv[2:]

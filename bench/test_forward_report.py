@@ -137,6 +137,17 @@ class ForwardReportTest(TempDirCase):
         self.assertEqual(run.stdout.count("| dsv3 | 2048 | uniform | 10.000 | 20.000 | 2.00x |"), 1)
         self.assertEqual(run.stdout.count("| dsv3 | 2048 | uniform | 250 | 31.2% |"), 1)
         self.assertNotIn("| dsv3 | 2048 | uniform | 400 |", run.stdout)
+        # two FP8 passes (fp8 and mxfp8), both joined beside the bf16 cases, each with x bf16
+        mx = {"cases": [dict(mok_case("dsv3", 2048, "uniform", 3.2), variant="megakernel", precision="mxfp8")]}
+        mx_path = self.write("mx.json", mx)
+        run = subprocess.run([sys.executable, REPORT, "--fp8", fp8_path, "--fp8", mx_path, mok_path, base_path,
+                              out_path], capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        with open(out_path) as f:
+            out = json.load(f)
+        self.assertEqual([c["precision"] for c in out["cases"]], ["bf16", "bf16", "fp8", "mxfp8"])
+        self.assertAlmostEqual(out["cases"][3]["x_bf16"], 4.0 / 3.2)
+        self.assertIn("| dsv3 | 2048 | uniform | mxfp8 | 3.200 | 4.000 | 1.25x |", run.stdout)
         # an unreadable FP8 file: reported, the bf16 report still written
         run = subprocess.run([sys.executable, REPORT, "--fp8", os.path.join(self.tmp, "none.json"), mok_path,
                               base_path, out_path], capture_output=True, text=True)

@@ -13,8 +13,8 @@ for a in "$@"; do
     echo "Builds mok_bench in \$MOK_BUILD (default build/release) and runs it with these options; on GPUs"
     echo "it also runs the PyTorch+NCCL baseline. Results as JSON under \$MOK_OUT (default build/results):"
     echo "forward-<gpu>x<n>.json on GPUs, mok-cpu.json (with the verdict) on the CPU. On GPUs the same cases"
-    echo "run again in FP8 (--precision fp8: the FP8 megakernel, forward only; MOK_FP8=0 skips it, and so does"
-    echo "giving --precision or --path)."
+    echo "run again in FP8 and MXFP8 (--precision fp8 / mxfp8: the FP8 megakernels, forward only; MOK_FP8=0"
+    echo "skips both, MOK_MXFP8=0 the MXFP8 one, and so does giving --precision or --path)."
     echo
     cat "$MOK_ROOT/bench/mok_bench_usage.txt"
     exit 0 ;;
@@ -62,10 +62,11 @@ for a in "$@"; do
 done
 status=0
 "$bench" --json "$mok_json" "$@" || status=$?
-# The same cases in FP8 (block-scaled recipe 1, the FP8 megakernel), unless the options
-# already chose a precision or MOK_FP8=0: forward only, no ablation; joined below as cases with
-# precision "fp8" beside the bf16 ones.
-fp8_json=""
+# The same cases in FP8 (block-scaled recipe 1, the FP8 megakernel) and MXFP8 (recipe 2, re-blocked
+# onto the same kernels), unless the options already chose a precision or MOK_FP8=0 (MOK_MXFP8=0:
+# no MXFP8 pass): forward only, no ablation; joined below as cases with precision "fp8" / "mxfp8"
+# beside the bf16 ones.
+fp8_reports=()
 case " $* " in *" --precision "*|*" --path "*) MOK_FP8="${MOK_FP8:-0}" ;; esac
 if [ "$status" -eq 0 ] && [ "${MOK_FP8:-1}" = 1 ]; then
   fp8_args=()
@@ -74,10 +75,17 @@ if [ "$status" -eq 0 ] && [ "${MOK_FP8:-1}" = 1 ]; then
     case "$prev" in --models|--tokens|--routings|--iters|--warmup|--sustain|--comm-sms) fp8_args+=("$prev" "$a") ;; esac
     prev="$a"
   done
-  fp8_json="$out/mok-forward-fp8-$tag.json"
-  mok_log "the same cases in FP8 (mok_bench --precision fp8)"
-  "$bench" --json "$fp8_json" --precision fp8 --no-ablation --no-backward "${fp8_args[@]}" ||
-    { mok_log "the FP8 pass failed: the report has the bf16 cases only"; fp8_json=""; }
+  precisions=(fp8)
+  [ "${MOK_MXFP8:-1}" = 1 ] && precisions+=(mxfp8)
+  for p in "${precisions[@]}"; do
+    p_json="$out/mok-forward-$p-$tag.json"
+    mok_log "the same cases in ${p^^} (mok_bench --precision $p)"
+    if "$bench" --json "$p_json" --precision "$p" --no-ablation --no-backward "${fp8_args[@]}"; then
+      fp8_reports+=(--fp8 "$p_json")
+    else
+      mok_log "the ${p^^} pass failed: the report has no $p cases"
+    fi
+  done
 fi
 [ -n "$sampler" ] && kill "$sampler" 2>/dev/null
 [ "$status" -eq 0 ] || exit "$status"
@@ -95,7 +103,7 @@ if python3 -c "import torch" 2>/dev/null; then
     "$MOK_ROOT/bench/baseline/torch_moe_baseline.py" "${base_args[@]}" --out "$out/baseline-$tag.json" 2>&1 |
     grep -E "^\[baseline\]|Error" || true
   if [ -f "$out/baseline-$tag.json" ]; then
-    python3 "$MOK_ROOT/bench/forward_report.py" ${fp8_json:+--fp8 "$fp8_json"} "$mok_json" "$out/baseline-$tag.json" \
+    python3 "$MOK_ROOT/bench/forward_report.py" "${fp8_reports[@]}" "$mok_json" "$out/baseline-$tag.json" \
       "$out/forward-$tag.json" "$samples"
   fi
 else

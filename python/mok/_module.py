@@ -25,8 +25,8 @@ class MoE(torch.nn.Module):
     ``shared_intermediate > 0``, ``ws_gate``, ``ws_up`` [Is, H], ``ws_down`` [H, Is], in ``dtype``
     (bf16, the layer's precision). ``group``: the EP process group (None = one rank); this build
     runs one rank on CPU tensors (the CPU reference engine). Config knobs are keyword arguments
-    with the names of mok::Config (``CONFIG_KNOBS``). ``precision="fp8"`` (or "mxfp8" on CPU
-    tensors): the FP8 recipe from these bf16 weights — fp8 trains on CPU tensors (the reference
+    with the names of mok::Config (``CONFIG_KNOBS``). ``precision="fp8"`` (or "mxfp8": forward
+    only on CUDA tensors): the FP8 recipe from these bf16 weights — fp8 trains on CPU tensors (the reference
     engine) and on CUDA tensors (the GPU layer keeps the weights' codes and remakes them when a
     weight changes); mxfp8 trains on CPU tensors. The FP8 megakernel is forward only; fp8 modules default
     to the unfused path, which trains: without a ``forward_path`` knob an fp8 module's GPU layer

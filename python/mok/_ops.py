@@ -18,8 +18,9 @@ tensors the GPU layer does, when its forward runs on the unfused path (Config::f
 "unfused", mok.MoE's default for fp8). The FP8 megakernel (forward_path "megakernel") is forward
 only: its forwards save nothing, and a call whose output would need a gradient raises
 NotImplementedError (run it under torch.no_grad() / torch.inference_mode()); so does one on a
-layer with backward_path "fused" (the backward's GEMM program is bf16 only). mxfp8 (recipe 2) runs
-on CPU tensors only, forward and backward (the reference engine). The GPU layer keeps the weights' FP8 codes (made from the bf16
+layer with backward_path "fused" (the backward's GEMM program is bf16 only). mxfp8 (recipe 2) trains
+on CPU tensors (the reference engine); on CUDA tensors the GPU layer runs its forward only (MX
+codes re-blocked onto the FP8 kernels), and a call needing a gradient raises NotImplementedError. The GPU layer keeps the weights' FP8 codes (made from the bf16
 weights): it makes them again whenever a weight tensor changed, in place (its version counter)
 or for another tensor.
 """
@@ -177,7 +178,7 @@ def moe_backward(d_out: Tensor, x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_g
         if precision not in ("bf16", "fp8"):
             raise NotImplementedError(
                 f"mok.moe: precision '{precision}' has no backward on CUDA tensors (the GPU layer trains bf16 and "
-                "fp8; mxfp8 is the CPU reference's: CPU tensors only)")
+                "fp8; its mxfp8 is forward only: mxfp8 trains on CPU tensors)")
         gl = _gpu_layer(layer, "the backward")
         why = _fp8_training_refusal(layer) if precision == "fp8" else None
         if why:
@@ -213,7 +214,7 @@ def _setup_context(ctx, inputs, output):
     # (Called only when the output needs a gradient.) FP8: recipe 1 has a backward on CPU tensors
     # (the reference engine) and on CUDA tensors (the GPU layer's, after an unfused forward: the
     # FP8 megakernel is forward only and saved nothing); MXFP8 on CPU tensors (the reference's
-    # recipe 2; the GPU layer refuses mxfp8 at its construction).
+    # recipe 2; the GPU layer runs mxfp8's forward only and saves nothing).
     precision = inputs[10] if len(inputs) > 10 else "bf16"
     layer = inputs[9] if len(inputs) > 9 else 0
     if precision == "mxfp8" and inputs[0].is_cuda:
@@ -257,8 +258,8 @@ def moe(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_up: Tenso
     The rounding points are the C++ layer's (include/mok/reference.hpp). ``layer``: the GPU layer
     of a mok.MoE for CUDA tensors (mok.MoE passes it; 0 on CPU). ``precision``: "bf16", or the FP8
     recipes "fp8" / "mxfp8" (fp8 trains on CPU tensors, and on CUDA tensors with a GPU layer whose
-    forward_path is "unfused", mok.MoE's default for fp8; mxfp8 on CPU tensors only; on CUDA tensors
-    the layer's own precision, which mok.MoE passes).
+    forward_path is "unfused", mok.MoE's default for fp8; mxfp8 trains on CPU tensors, and runs
+    forward only on CUDA tensors; on CUDA tensors the layer's own precision, which mok.MoE passes).
     """
     if precision not in PRECISIONS:
         raise ValueError(f"mok.moe: 'precision' must be one of {PRECISIONS}, got {precision!r}")

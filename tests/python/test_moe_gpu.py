@@ -145,17 +145,21 @@ def test_gpu_config_knobs_reach_the_layer():
             bad(x, idx, w)
 
 
-@pytest.mark.parametrize("forward_path", [None, "megakernel"])
-def test_fp8_forward_matches_the_cpu_fp8_recipe_and_follows_weight_updates(forward_path):
+@pytest.mark.parametrize("precision,forward_path", [("fp8", None), ("fp8", "megakernel"), ("mxfp8", None),
+                                                    ("mxfp8", "unfused")])
+def test_fp8_forward_matches_the_cpu_fp8_recipe_and_follows_weight_updates(precision, forward_path):
     """The FP8 forward on fp8's default path (unfused, which trains) and on the FP8 megakernel
-    (forward only: a call needing a gradient is refused, naming the knob)."""
+    (forward only: a call needing a gradient is refused, naming the knob); MXFP8 (forward only on
+    CUDA tensors) on the megakernel (its default path: the C++ one) and the unfused path, against
+    the CPU reference's MX spec."""
     pytest.importorskip("mok._cuda")
     H8, I8 = 512, 256  # the FP8 megakernel pulls x in 512-channel units (H % 512), I % 128
     torch.manual_seed(5)
     knobs = {} if forward_path is None else {"forward_path": forward_path}
-    cpu = mok.MoE(H8, I8, E, K, init_std=0.05, precision="fp8")
-    gpu = mok.MoE(H8, I8, E, K, precision="fp8", **knobs).cuda()
-    assert gpu._layer_knobs()["forward_path"] == (forward_path or "unfused")
+    cpu = mok.MoE(H8, I8, E, K, init_std=0.05, precision=precision)
+    gpu = mok.MoE(H8, I8, E, K, precision=precision, **knobs).cuda()
+    default_path = "unfused" if precision == "fp8" else None  # mxfp8: the C++ default (megakernel)
+    assert gpu._layer_knobs().get("forward_path") == (forward_path or default_path)
     gpu.load_state_dict(cpu.state_dict())  # copies in place: the layer's FP8 codes must follow
     g = torch.Generator().manual_seed(6)
     x = torch.randn(T, H8, generator=g).to(torch.bfloat16)
@@ -179,7 +183,10 @@ def test_fp8_forward_matches_the_cpu_fp8_recipe_and_follows_weight_updates(forwa
         assert rel(got, want) < 1e-2, rel(got, want)  # the GPU's FP8 forward vs the CPU's recipe
         outs.append(got)
     assert rel(outs[1], outs[0]) > 0.1  # the update reached the GPU layer's codes
-    if forward_path == "megakernel":
+    if precision == "mxfp8":
+        with pytest.raises(NotImplementedError, match="'mxfp8' has no backward on CUDA tensors"):
+            gpu(x.cuda(), idx.cuda(), w.cuda())  # the Parameters need gradients
+    elif forward_path == "megakernel":
         refused = "forward only on this GPU layer: its forward_path is 'megakernel'"
         with pytest.raises(NotImplementedError, match=refused):
             gpu(x.cuda(), idx.cuda(), w.cuda())  # the Parameters need gradients
