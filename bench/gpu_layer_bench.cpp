@@ -344,8 +344,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           // The main variant's backward (over windows when its ring is below the worst case), and
           // the memory-mode variants'.
           // (FP8: after the unfused path's forward; its megakernel is forward only.)
-          const bool trains = cfg.precision == Precision::BF16 ||
-                              (cfg.precision == Precision::FP8 && cfg.forward_path == ForwardPath::Unfused);
+          const bool trains = cfg.precision == Precision::BF16 || cfg.forward_path == ForwardPath::Unfused;
           const bool bwd = o.backward && trains && (&var == &variants.front() || var.time_backward);
           std::vector<std::vector<double>> bwd_ms(static_cast<size_t>(W));
           std::vector<std::vector<float>> bwd_sampled(static_cast<size_t>(W)), dout_sampled(static_cast<size_t>(W));
@@ -515,8 +514,6 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
               if (var.main_backward_twin)
                 main_case += std::string(", \"mok_bwd_") + to_string(cfg.backward_path) + "_ms\": " + std::to_string(b_ms);
             }
-          } else if (o.backward && &var == &variants.front() && cfg.precision == Precision::MXFP8) {
-            std::printf("  backward: not run (mxfp8 runs forward only on the GPU so far)\n");
           } else if (o.backward && &var == &variants.front() && cfg.precision != Precision::BF16) {
             std::printf("  backward: not run (the %s megakernel is forward only so far; --path unfused trains)\n",
                         to_string(cfg.precision));

@@ -100,7 +100,7 @@ struct Config {
   // ring below the worst case (a resident backward's saved state is the ring itself).
   int saved_forwards = 1;
   Precision precision = Precision::BF16;
-  // FP8 training on the GPU layer (precision FP8, forward_path unfused): the backward's K-major
+  // FP8 training on the GPU layer (precision FP8 or MXFP8, forward_path unfused): the backward's K-major
   // weight codes (W_down^T and the packed [W_gate; W_up]^T, 128 x 128 blocks: half the bf16
   // weight bytes) are made with the forward's by the weight binding (construction, set_weights)
   // and kept by the layer, instead of by every backward into the shared workspace. Per backward

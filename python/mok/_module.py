@@ -25,10 +25,10 @@ class MoE(torch.nn.Module):
     ``shared_intermediate > 0``, ``ws_gate``, ``ws_up`` [Is, H], ``ws_down`` [H, Is], in ``dtype``
     (bf16, the layer's precision). ``group``: the EP process group (None = one rank); this build
     runs one rank on CPU tensors (the CPU reference engine). Config knobs are keyword arguments
-    with the names of mok::Config (``CONFIG_KNOBS``). ``precision="fp8"`` (or "mxfp8": forward
-    only on CUDA tensors): the FP8 recipe from these bf16 weights — fp8 trains on CPU tensors (the reference
-    engine) and on CUDA tensors (the GPU layer keeps the weights' codes and remakes them when a
-    weight changes); mxfp8 trains on CPU tensors. The FP8 megakernel is forward only; fp8 modules default
+    with the names of mok::Config (``CONFIG_KNOBS``). ``precision="fp8"`` (or "mxfp8"): the FP8
+    recipe from these bf16 weights — it trains on CPU tensors (the reference engine) and on CUDA
+    tensors (the GPU layer keeps the weights' codes and remakes them when a weight changes). The FP8
+    megakernel is forward only; fp8 and mxfp8 modules default
     to the unfused path, which trains: without a ``forward_path`` knob an fp8 module's GPU layer
     (and its ``memory_plan``) gets ``forward_path="unfused"``. ``forward_path="megakernel"`` set
     explicitly is kept, for inference: a call on it whose output needs a gradient raises
@@ -116,10 +116,10 @@ class MoE(torch.nn.Module):
 
     def _layer_knobs(self) -> dict:
         """The config knobs as the GPU layer and the planner get them (name -> text): the module's,
-        and with precision "fp8" forward_path "unfused" unless the module sets one (the FP8
-        megakernel is forward only; fp8 modules default to the unfused path, which trains)."""
+        and with precision "fp8" / "mxfp8" forward_path "unfused" unless the module sets one (the
+        FP8 megakernels are forward only; FP8 modules default to the unfused path, which trains)."""
         knobs = {name: _knob_text(value) for name, value in self.config.items()}
-        if knobs.get("precision") == "fp8":
+        if knobs.get("precision") in ("fp8", "mxfp8"):
             knobs.setdefault("forward_path", "unfused")
         return knobs
 

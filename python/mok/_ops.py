@@ -13,15 +13,14 @@ whose number the forward op returned. The layer holds the saved state of its las
 the backward of an older forward is refused by name.
 
 ``precision`` "fp8" / "mxfp8" (a mok.MoE knob): the FP8 recipes (include/mok/reference.hpp).
-fp8 trains: on CPU tensors the reference engine runs recipe 1's forward and backward; on CUDA
+Both train: on CPU tensors the reference engine runs the recipe's forward and backward; on CUDA
 tensors the GPU layer does, when its forward runs on the unfused path (Config::forward_path
-"unfused", mok.MoE's default for fp8). The FP8 megakernel (forward_path "megakernel") is forward
+"unfused", mok.MoE's default for both). The FP8 megakernel (forward_path "megakernel") is forward
 only: its forwards save nothing, and a call whose output would need a gradient raises
 NotImplementedError (run it under torch.no_grad() / torch.inference_mode()); so does one on a
-layer with backward_path "fused" (the backward's GEMM program is bf16 only). mxfp8 (recipe 2) trains
-on CPU tensors (the reference engine); on CUDA tensors the GPU layer runs its forward only (MX
-codes re-blocked onto the FP8 kernels), and a call needing a gradient raises NotImplementedError. The GPU layer keeps the weights' FP8 codes (made from the bf16
-weights): it makes them again whenever a weight tensor changed, in place (its version counter)
+layer with backward_path "fused" (the backward's GEMM program is bf16 only). On CUDA tensors
+mxfp8's MX codes are re-blocked onto the FP8 kernels. The GPU layer keeps the weights' FP8 codes
+(made from the bf16 weights): it makes them again whenever a weight tensor changed, in place (its version counter)
 or for another tensor.
 """
 
@@ -146,7 +145,7 @@ def moe_forward(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_u
         # Saved for a backward as in bf16 (every forward: the op does not know whether a gradient
         # will be asked for). FP8 saves on the unfused path; the FP8 megakernel is forward only (the
         # layer refuses to save there), and a call needing a gradient is refused in _setup_context.
-        save = bf16 or (precision == "fp8" and _fp8_forward_saves(layer))
+        save = bf16 or _fp8_forward_saves(layer)
         fid = gl.forward(xc.data_ptr(), ic.data_ptr(), ic.dtype == torch.int64, wc.data_ptr(), out.data_ptr(),
                          stream, save)
         del ws
@@ -169,20 +168,16 @@ def moe_backward(d_out: Tensor, x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_g
                  precision: str = "bf16") -> list[Tensor]:
     """[d_x, d_topk_w, d_w_gate, d_w_up, d_w_down] and, with a shared expert, its three.
     generation: the forward's (moe_forward's second output). precision: the forward's; "fp8" runs
-    recipe 1's backward (CPU tensors: the reference engine; CUDA tensors: the GPU layer's, which
-    knows its own precision, after an unfused forward); "mxfp8" recipe 2's (CPU tensors)."""
+    recipe 1's backward, "mxfp8" recipe 2's (CPU tensors: the reference engine; CUDA tensors: the
+    GPU layer's, which knows its own precision, after an unfused forward)."""
     _check_device({"d_out": d_out, "w_gate": w_gate}, x.device)
     c = lambda t: None if t is None else t.detach().contiguous()  # noqa: E731
     grads = _grad_buffers(x, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     if x.is_cuda:
-        if precision not in ("bf16", "fp8"):
-            raise NotImplementedError(
-                f"mok.moe: precision '{precision}' has no backward on CUDA tensors (the GPU layer trains bf16 and "
-                "fp8; its mxfp8 is forward only: mxfp8 trains on CPU tensors)")
         gl = _gpu_layer(layer, "the backward")
-        why = _fp8_training_refusal(layer) if precision == "fp8" else None
+        why = _fp8_training_refusal(layer) if precision != "bf16" else None
         if why:
-            raise NotImplementedError(f"mok.moe: this fp8 GPU layer cannot run a backward: {why}")
+            raise NotImplementedError(f"mok.moe: this {precision} GPU layer cannot run a backward: {why}")
         gen = int(generation)  # a CPU scalar: no device sync
         xc, ic, wc, dc = c(x), c(topk_idx), c(topk_w), c(d_out)
         ws = [c(w) for w in (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)]
@@ -214,18 +209,14 @@ def _setup_context(ctx, inputs, output):
     # (Called only when the output needs a gradient.) FP8: recipe 1 has a backward on CPU tensors
     # (the reference engine) and on CUDA tensors (the GPU layer's, after an unfused forward: the
     # FP8 megakernel is forward only and saved nothing); MXFP8 on CPU tensors (the reference's
-    # recipe 2; the GPU layer runs mxfp8's forward only and saves nothing).
+    # recipe 2, and on CUDA tensors the GPU layer's, likewise after an unfused forward).
     precision = inputs[10] if len(inputs) > 10 else "bf16"
     layer = inputs[9] if len(inputs) > 9 else 0
-    if precision == "mxfp8" and inputs[0].is_cuda:
-        raise NotImplementedError(
-            f"mok.moe: precision '{precision}' has no backward on CUDA tensors: call it under torch.no_grad() or "
-            "torch.inference_mode(), or on tensors that need no gradient")
-    if precision == "fp8" and inputs[0].is_cuda:
+    if precision != "bf16" and inputs[0].is_cuda:
         why = _fp8_training_refusal(layer)
         if why:
             raise NotImplementedError(
-                f"mok.moe: precision 'fp8' is forward only on this GPU layer: {why}; or call it under "
+                f"mok.moe: precision '{precision}' is forward only on this GPU layer: {why}; or call it under "
                 "torch.no_grad() or torch.inference_mode(), or on tensors that need no gradient")
     ctx.save_for_backward(*[t for t in inputs[:9] if t is not None], output[1])
     ctx.shared = inputs[6] is not None
@@ -257,9 +248,9 @@ def moe(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_up: Tenso
     raise mok.Error (a ValueError) naming the argument and the constraint, e.g. "topk_idx[3,1]".
     The rounding points are the C++ layer's (include/mok/reference.hpp). ``layer``: the GPU layer
     of a mok.MoE for CUDA tensors (mok.MoE passes it; 0 on CPU). ``precision``: "bf16", or the FP8
-    recipes "fp8" / "mxfp8" (fp8 trains on CPU tensors, and on CUDA tensors with a GPU layer whose
-    forward_path is "unfused", mok.MoE's default for fp8; mxfp8 trains on CPU tensors, and runs
-    forward only on CUDA tensors; on CUDA tensors the layer's own precision, which mok.MoE passes).
+    recipes "fp8" / "mxfp8" (both train on CPU tensors, and on CUDA tensors with a GPU layer whose
+    forward_path is "unfused", mok.MoE's default for both; on CUDA tensors the layer's own
+    precision, which mok.MoE passes).
     """
     if precision not in PRECISIONS:
         raise ValueError(f"mok.moe: 'precision' must be one of {PRECISIONS}, got {precision!r}")

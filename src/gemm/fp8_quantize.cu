@@ -246,14 +246,28 @@ __global__ void __launch_bounds__(kTileThreads) quantize_mx_tiles_reblocked_kern
 // inverse would encode as NaN: the FP8 wgrad multiplies every row), so the value is selected before
 // the multiplication. (A function, not a lambda: the lambda taking the array was not inlined in the
 // row-form kernel, which put the array in local memory.)
+// kMx (MXFP8 re-blocked to 128 x 1, the column's 32 rows being one MX block): the value is the MX
+// code (E8M0 scale `sc`) decoded and moved to the block's scale 2^top (factor `f`), as
+// quantize_mxfp8_reblocked's; a NaN block (top 0xff) gives NaN codes for its rows of data.
+template <bool kMx = false>
 __device__ __forceinline__ void store_token_column(const float (&v)[32], float inv, int valid, uint8_t* dst,
-                                                   bool vec_store) {
+                                                   bool vec_store, uint8_t sc = 0, uint32_t top = 0) {
+  [[maybe_unused]] float f = 0.0f;
+  if constexpr (kMx) {
+    const int d = int(sc) - int(top);  // <= 0
+    f = d >= -149 ? fp8::detail::pow2(d) : 0.0f;
+    inv = fp8::mxfp8_inv_scale(sc);
+  }
   uint32_t w[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     float x[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) x[k] = 4 * j + k < valid ? v[4 * j + k] * inv : 0.0f;
+    for (int k = 0; k < 4; ++k) {
+      float e = v[4 * j + k] * inv;
+      if constexpr (kMx) e = top == fp8::kE8m0NaN ? __uint_as_float(0x7fc00000u) : fp8::e4m3_decode(e4m3(e)) * f;
+      x[k] = 4 * j + k < valid ? e : 0.0f;
+    }
     w[j] = uint32_t(e4m3x2(x[0], x[1])) | (uint32_t(e4m3x2(x[2], x[3])) << 16);
   }
   if (vec_store) {
@@ -271,8 +285,8 @@ struct RowForm {
   fp8::ScaleRule rule = fp8::ScaleRule::Fp32;
   bool vec = false;  // cols a multiple of 16 and q 16-byte aligned: 16-byte stores
 };
-template <bool kPairs, bool kRowForm, bool kGather>
-__global__ void __launch_bounds__(kTileThreads, kPairs && !kRowForm ? 4 : 1) quantize_token_blocks_t_kernel(const uint16_t* in, int64_t rows,
+template <bool kPairs, bool kRowForm, bool kGather, bool kMx = false>
+__global__ void __launch_bounds__(kTileThreads, kPairs && !kRowForm ? (kMx ? 3 : 4) : 1) quantize_token_blocks_t_kernel(const uint16_t* in, int64_t rows,
                                                                                int64_t cols, int64_t ld, uint8_t* q_t,
                                                                                float* scales, RoutedSegments seg,
                                                                                bool vec_store, RowForm rf,
@@ -299,6 +313,7 @@ __global__ void __launch_bounds__(kTileThreads, kPairs && !kRowForm ? 4 : 1) qua
   const int valid = int(max(int64_t(0), min(int64_t(kRows), row_end - r0)));  // the thread's rows of data
   const int loaded = kRowForm ? int(max(int64_t(0), min(int64_t(kRows), rows - r0))) : valid;  // rows read
   static_assert(!kGather || (kPairs && !kRowForm), "RowGather: pairs, no row form");
+  static_assert(!kMx || !kRowForm, "MXFP8 token blocks: no row form (the rows take quantize_mxfp8_reblocked)");
   if constexpr (kGather) {  // the tile's row addresses, once (not 32 index loads per thread)
     const bool aborted = g.abort != nullptr && *reinterpret_cast<const volatile uint32_t*>(g.abort) != 0u;
     if (threadIdx.x < kB) {
@@ -338,6 +353,16 @@ __global__ void __launch_bounds__(kTileThreads, kPairs && !kRowForm ? 4 : 1) qua
       a1 = fp8::amax_update(a1, hi[i]);
     }
   }
+  // kMx: the thread's 32 rows of a column are one MX block: its E8M0 code goes into col_max in
+  // place of the maximum (as float bits: amax_update's unsigned maximum of the bits is then the
+  // largest code of the column's four, the re-blocked scale's exponent; NaN, 0xff, wins).
+  [[maybe_unused]] uint8_t sc0 = 0, sc1 = 0;
+  if constexpr (kMx) {
+    sc0 = fp8::mxfp8_scale_code(a0);
+    sc1 = fp8::mxfp8_scale_code(a1);
+    a0 = __uint_as_float(sc0);
+    a1 = __uint_as_float(sc1);
+  }
   col_max[group][2 * pair] = a0;
   col_max[group][2 * pair + 1] = a1;
   if constexpr (kRowForm) {  // row i's maximum over the warp's 64 columns: one REDUX (unsigned max) each
@@ -362,8 +387,14 @@ __global__ void __launch_bounds__(kTileThreads, kPairs && !kRowForm ? 4 : 1) qua
       if (lane < loaded) rf.scales[(r0 + lane) * grid_cols + bc] = s;
     }
   }
-  const float s0 = fp8::block_scale(a0, fp8::ScaleRule::Fp32), inv0 = fp8::block_inverse(s0);
-  const float s1 = fp8::block_scale(a1, fp8::ScaleRule::Fp32), inv1 = fp8::block_inverse(s1);
+  float s0, s1, inv0 = 0.0f, inv1 = 0.0f;
+  if constexpr (kMx) {  // 2^top, or NaN
+    s0 = fp8::e8m0_decode(uint8_t(__float_as_uint(a0)));
+    s1 = fp8::e8m0_decode(uint8_t(__float_as_uint(a1)));
+  } else {
+    s0 = fp8::block_scale(a0, fp8::ScaleRule::Fp32), inv0 = fp8::block_inverse(s0);
+    s1 = fp8::block_scale(a1, fp8::ScaleRule::Fp32), inv1 = fp8::block_inverse(s1);
+  }
   if (group == 0) {
     if (has0) scales[br * cols + c] = s0;
     if (has1) scales[br * cols + c + 1] = s1;
@@ -371,8 +402,10 @@ __global__ void __launch_bounds__(kTileThreads, kPairs && !kRowForm ? 4 : 1) qua
   // One column's 32 codes as 8 words. Rows past the data are zero codes whatever the scale (a
   // block holding a NaN or an infinity has a NaN scale, and 0 * its inverse would encode as NaN:
   // the FP8 wgrad multiplies every row), so the value is selected before the multiplication.
-  if (has0) store_token_column(lo, inv0, valid, q_t + c * ld + r0, vec_store);
-  if (has1) store_token_column(hi, inv1, valid, q_t + (c + 1) * ld + r0, vec_store);
+  if (has0)
+    store_token_column<kMx>(lo, inv0, valid, q_t + c * ld + r0, vec_store, sc0, __float_as_uint(a0));
+  if (has1)
+    store_token_column<kMx>(hi, inv1, valid, q_t + (c + 1) * ld + r0, vec_store, sc1, __float_as_uint(a1));
   if constexpr (kRowForm) {  // (kPairs: cols even, so has0 means both columns; q 2-byte aligned)
     __syncthreads();  // row_inv
 #pragma unroll
@@ -456,33 +489,38 @@ void check_segments(const RoutedSegments& seg) {
   MOK_REQUIRE(seg.num_m_tiles >= 0, "seg.num_m_tiles", ">= 0, got ", seg.num_m_tiles);
 }
 // One launch of the token-block kernel (the checks done by the caller).
-template <bool kPairs, bool kRowForm, bool kGather = false>
+template <bool kPairs, bool kRowForm, bool kGather = false, bool kMx = false>
 void launch_token_blocks(const uint16_t* in, int64_t rows, int64_t cols, void* q_t, float* scales,
                          const RoutedSegments& seg, const RowForm& rf, const RowGather& g, cudaStream_t stream) {
   const int64_t ld = (rows + fp8::kBlock - 1) / fp8::kBlock * fp8::kBlock;
   const int64_t tiles = ld / fp8::kBlock * ((cols + fp8::kBlock - 1) / fp8::kBlock);
   MOK_REQUIRE(tiles < (int64_t(1) << 31), "rows, cols", "fewer than 2^31 tiles of 128 x 128, got ", tiles);
   auto* out = static_cast<uint8_t*>(q_t);
-  quantize_token_blocks_t_kernel<kPairs, kRowForm, kGather><<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(
+  quantize_token_blocks_t_kernel<kPairs, kRowForm, kGather, kMx><<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(
       in, rows, cols, ld, out, scales, seg, aligned(out, 16), rf, g);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 }  // namespace
 
 void quantize_fp8_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols, void* q_t, float* scales,
-                                 cudaStream_t stream, const RoutedSegments& seg) {
+                                 cudaStream_t stream, const RoutedSegments& seg, bool mx) {
   check_args(in_bf16, rows, cols, q_t, scales);
   check_segments(seg);
   if (rows == 0 || cols == 0) return;
   const auto* in = static_cast<const uint16_t*>(in_bf16);
-  if (cols % 2 == 0 && aligned(in, 4))
+  const bool pairs = cols % 2 == 0 && aligned(in, 4);
+  if (pairs && mx)
+    launch_token_blocks<true, false, false, true>(in, rows, cols, q_t, scales, seg, {}, {}, stream);
+  else if (pairs)
     launch_token_blocks<true, false>(in, rows, cols, q_t, scales, seg, {}, {}, stream);
+  else if (mx)
+    launch_token_blocks<false, false, false, true>(in, rows, cols, q_t, scales, seg, {}, {}, stream);
   else
     launch_token_blocks<false, false>(in, rows, cols, q_t, scales, seg, {}, {}, stream);
 }
 
 void quantize_fp8_token_blocks_t_gather(const RowGather& g, int64_t rows, int64_t cols, void* q_t, float* scales,
-                                        cudaStream_t stream, const RoutedSegments& seg) {
+                                        cudaStream_t stream, const RoutedSegments& seg, bool mx) {
   check_segments(seg);
   MOK_REQUIRE(rows >= 0 && cols >= 0, "rows, cols", ">= 0, got ", rows, " x ", cols);
   if (rows == 0 || cols == 0) return;
@@ -493,16 +531,24 @@ void quantize_fp8_token_blocks_t_gather(const RowGather& g, int64_t rows, int64_
   MOK_REQUIRE(cols % 2 == 0, "cols", "even for a gathered matrix (bf16 pairs; each peer's rows 4-byte aligned), got ",
               cols);
   MOK_REQUIRE(q_t != nullptr && scales != nullptr, "q_t, scales", "not null when rows * cols > 0");
-  launch_token_blocks<true, false, true>(nullptr, rows, cols, q_t, scales, seg, {}, g, stream);
+  if (mx)
+    launch_token_blocks<true, false, true, true>(nullptr, rows, cols, q_t, scales, seg, {}, g, stream);
+  else
+    launch_token_blocks<true, false, true>(nullptr, rows, cols, q_t, scales, seg, {}, g, stream);
 }
 
 void quantize_fp8_rows_and_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols, fp8::ScaleRule rule,
                                           void* q, float* q_scales, void* q_t, float* t_scales, cudaStream_t stream,
-                                          const RoutedSegments& seg) {
+                                          const RoutedSegments& seg, bool mx) {
   check_args(in_bf16, rows, cols, q, q_scales);
   check_args(in_bf16, rows, cols, q_t, t_scales);
   check_segments(seg);
   if (rows == 0 || cols == 0) return;
+  if (mx) {  // two passes (the one-pass row form is recipe 1's only)
+    quantize_mxfp8_reblocked(in_bf16, rows, cols, 1, q, q_scales, stream);
+    quantize_fp8_token_blocks_t(in_bf16, rows, cols, q_t, t_scales, stream, seg, true);
+    return;
+  }
   const auto* in = static_cast<const uint16_t*>(in_bf16);
   if (cols % 2 != 0 || !aligned(in, 4) || !aligned(q, 2)) {  // the two passes give the same bits
     quantize_fp8_blocked(in_bf16, rows, cols, 1, rule, q, q_scales, stream);

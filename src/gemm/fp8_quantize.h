@@ -42,8 +42,12 @@ struct RoutedSegments {
   const int32_t* expert_rows = nullptr;       // device [experts]
   int64_t num_m_tiles = 0;
 };
+// mx: MXFP8 re-blocked (Config::precision MXFP8's backward): each column's 32-row runs are MX
+// blocks (an E8M0 scale each, 32 | 128 so none straddles a tile), re-encoded at the largest of the
+// 128 x 1 block's four, whose scale 2^e (or NaN) is stored: quantize_mxfp8_reblocked's rule along
+// the tokens. Rows past the data are zero codes as above.
 void quantize_fp8_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols, void* q_t, float* scales,
-                                 cudaStream_t stream, const RoutedSegments& seg = {});
+                                 cudaStream_t stream, const RoutedSegments& seg = {}, bool mx = false);
 
 // The same token blocks of a routed matrix that is not there: row r is read where it lives,
 // rank src_rank[r]'s row src_slot[r] / top_k of peers[src_rank[r]] (bf16 [T, cols], a peer's
@@ -59,15 +63,16 @@ struct RowGather {
   const uint32_t* abort = nullptr;     // may be null
 };
 void quantize_fp8_token_blocks_t_gather(const RowGather& g, int64_t rows, int64_t cols, void* q_t, float* scales,
-                                        cudaStream_t stream, const RoutedSegments& seg);
+                                        cudaStream_t stream, const RoutedSegments& seg, bool mx = false);
 
 // Both forms of one matrix from one read of it: quantize_fp8_blocked(in, rows, cols, 1, rule, q,
 // q_scales) and quantize_fp8_token_blocks_t(in, rows, cols, q_t, t_scales, stream, seg), the
 // same bits (the FP8 backward's d_y and d_gu: 1 x 128 for the dgrads, 128 x 1 for the wgrads).
-// An odd cols or unaligned buffers take the two passes.
+// An odd cols or unaligned buffers take the two passes. mx: both forms MXFP8 re-blocked
+// (quantize_mxfp8_reblocked's rows, the token blocks' mx form; two passes, `rule` unused).
 void quantize_fp8_rows_and_token_blocks_t(const void* in_bf16, int64_t rows, int64_t cols, fp8::ScaleRule rule,
                                           void* q, float* q_scales, void* q_t, float* t_scales, cudaStream_t stream,
-                                          const RoutedSegments& seg = {});
+                                          const RoutedSegments& seg = {}, bool mx = false);
 
 // The FP8 dgrads' weights (recipe 1): FP8 wgmma reads B K-major, so a dgrad needs each expert's
 // weight transposed: out[e] = w[e]^T, [experts, cols, rows] from [experts, rows, cols] bf16 (FC2's
@@ -85,9 +90,11 @@ void transpose_weights_bf16(const void* w, const void* w_up, int64_t experts, in
 // experts * cols, K, 128, rule) — bit for bit — in one pass over the bf16 weights, with no
 // transposed bf16 copy: q_t [experts, cols, K] E4M3 (K = rows, or 2 * rows in the packed order
 // with w_up), scales [experts * cols / 128, K / 128]. cols and K multiples of 128 (so no output
-// block spans two experts), w, w_up and q_t 16-byte aligned; named errors otherwise.
+// block spans two experts), w, w_up and q_t 16-byte aligned; named errors otherwise. mx: MXFP8
+// re-blocked instead (`rule` unused): the same bits as transpose_weights_bf16 followed by
+// quantize_mxfp8_reblocked(out, experts * cols, K, 128) — MX blocks of 32 along the output's K.
 void quantize_fp8_weights_t(const void* w, const void* w_up, int64_t experts, int64_t rows, int64_t cols,
-                            fp8::ScaleRule rule, void* q_t, float* scales, cudaStream_t stream);
+                            fp8::ScaleRule rule, void* q_t, float* scales, cudaStream_t stream, bool mx = false);
 
 // MXFP8 (E4M3 elements, an E8M0 scale per 32 along each row): q rows x cols bytes, scales
 // rows x ceil(cols / 32) E8M0 codes. Same checks.

@@ -43,7 +43,12 @@ __global__ void __launch_bounds__(256) transpose_weights_kernel(const uint16_t* 
 // free), then thread t encodes column t % 128 over 64 K of it (t / 128: which half) and stores
 // its 64 codes as four 16-byte runs of the output row. 3 bytes of traffic per element instead of
 // the two-step path's 7 (a bf16 transpose written and read again).
+// kMx (MXFP8 re-blocked, the MXFP8 backward's dgrad weights): a thread's 64 K of its column are two
+// MX blocks along K (32 | 64, and the packed order's 32-wide gate / up groups are whole MX blocks);
+// their E8M0 codes from the shared tile, the block's largest code by a CTA maximum (NaN, 0xff,
+// wins), and each code re-encoded at it (quantize_mxfp8_reblocked's rule), the scale 2^e or NaN.
 constexpr int kWtPitch = fp8::kBlock + 8;  // bf16 per shared row: 16-byte runs stay aligned, column reads conflict-free
+template <bool kMx>
 __global__ void __launch_bounds__(kTileThreads) quantize_weights_t_kernel(const uint16_t* w, const uint16_t* w_up,
                                                                           int64_t rows, int64_t cols,
                                                                           fp8::ScaleRule rule, uint8_t* q_t,
@@ -76,6 +81,49 @@ __global__ void __launch_bounds__(kTileThreads) quantize_weights_t_kernel(const 
       amax = fp8::amax_update(amax, __uint_as_float(u[i] & 0xffff0000u));
     }
   }
+  const int c = int(t % uint32_t(kB)), half = int(t / uint32_t(kB));
+  uint8_t* dst = q_t + ((e * cols + cb * kB + c) * k_out + kb * kB + half * 64);
+  if constexpr (kMx) {
+    __shared__ uint32_t warp_top[kTileThreads / 32];
+    __syncthreads();  // the tile
+    uint8_t sc[2];
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+      float m = 0.0f;
+#pragma unroll
+      for (int k = 0; k < fp8::kMxBlock; ++k) m = fp8::amax_update(m, bf16_at(&tile[half * 64 + g * 32 + k][c]));
+      sc[g] = fp8::mxfp8_scale_code(m);
+    }
+    uint32_t top = __reduce_max_sync(0xffffffffu, max(uint32_t(sc[0]), uint32_t(sc[1])));
+    if (t % 32u == 0) warp_top[t / 32u] = top;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kTileThreads / 32; ++i) top = max(top, warp_top[i]);
+    const bool nan = top == fp8::kE8m0NaN;
+    if (t == 0) scales[(e * cbs + cb) * kbs + kb] = fp8::e8m0_decode(uint8_t(top));
+    float inv[2], f[2];
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+      const int d = int(sc[g]) - int(top);  // <= 0
+      f[g] = d >= -149 ? fp8::detail::pow2(d) : 0.0f;
+      inv[g] = fp8::mxfp8_inv_scale(sc[g]);
+    }
+    const auto mx = [&](int k) {  // K index k of the thread's 64 (its MX block k / 32)
+      const float v = bf16_at(&tile[half * 64 + k][c]) * inv[k / 32];
+      return nan ? __uint_as_float(0x7fc00000u) : fp8::e4m3_decode(e4m3(v)) * f[k / 32];
+    };
+#pragma unroll
+    for (int run = 0; run < 4; ++run) {
+      uint32_t code[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int k = run * 16 + 4 * i;
+        code[i] = uint32_t(e4m3x2(mx(k), mx(k + 1))) | (uint32_t(e4m3x2(mx(k + 2), mx(k + 3))) << 16);
+      }
+      reinterpret_cast<uint4*>(dst)[run] = make_uint4(code[0], code[1], code[2], code[3]);
+    }
+    return;
+  }
   amax = warp_amax(amax);
   if (t % 32u == 0) warp_max[t / 32u] = amax;
   __syncthreads();
@@ -84,8 +132,6 @@ __global__ void __launch_bounds__(kTileThreads) quantize_weights_t_kernel(const 
   for (int i = 0; i < kTileThreads / 32; ++i) amax = fp8::amax_update(amax, warp_max[i]);
   const float sc = fp8::block_scale(amax, rule), inv = fp8::block_inverse(sc);
   if (t == 0) scales[(e * cbs + cb) * kbs + kb] = sc;  // quantize_fp8_blocked's grid over [E * cols, k_out]
-  const int c = int(t % uint32_t(kB)), half = int(t / uint32_t(kB));
-  uint8_t* dst = q_t + ((e * cols + cb * kB + c) * k_out + kb * kB + half * 64);
 #pragma unroll
   for (int run = 0; run < 4; ++run) {
     uint32_t code[4];
@@ -119,7 +165,7 @@ void transpose_weights_bf16(const void* w, const void* w_up, int64_t experts, in
 }
 
 void quantize_fp8_weights_t(const void* w, const void* w_up, int64_t experts, int64_t rows, int64_t cols,
-                            fp8::ScaleRule rule, void* q_t, float* scales, cudaStream_t stream) {
+                            fp8::ScaleRule rule, void* q_t, float* scales, cudaStream_t stream, bool mx) {
   MOK_REQUIRE(experts >= 0 && rows >= 0 && cols >= 0, "experts, rows, cols", ">= 0, got ", experts, ", ", rows, ", ",
               cols);
   const int64_t k_out = w_up != nullptr ? 2 * rows : rows;
@@ -133,7 +179,8 @@ void quantize_fp8_weights_t(const void* w, const void* w_up, int64_t experts, in
               "16-byte aligned (the one-pass kernel moves 16-byte runs)");
   const int64_t blocks = experts * (cols / fp8::kBlock) * (k_out / fp8::kBlock);
   MOK_REQUIRE(blocks < (int64_t(1) << 31), "experts, rows, cols", "fewer than 2^31 output blocks, got ", blocks);
-  quantize_weights_t_kernel<<<static_cast<unsigned>(blocks), kTileThreads, 0, stream>>>(
+  const auto kernel = mx ? quantize_weights_t_kernel<true> : quantize_weights_t_kernel<false>;
+  kernel<<<static_cast<unsigned>(blocks), kTileThreads, 0, stream>>>(
       static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(w_up), rows, cols, rule,
       static_cast<uint8_t*>(q_t), scales);
   MOK_CUDA_CHECK(cudaGetLastError());

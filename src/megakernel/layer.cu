@@ -183,7 +183,7 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   // by forward(..., save_for_backward = false): a backward must know whether the last forward
   // saved them (track it when the backward lands; a captured graph fixes the flag).
   // (at least one tile of rows, so tensor maps stay valid when no rank has tokens)
-  if (!fp8 || (!fused && !mx)) gu = allocate("gu", "gu");  // FP8 megakernel, MXFP8: forward only, nothing saved
+  if (!fp8 || !fused) gu = allocate("gu", "gu");  // the FP8 megakernel: forward only, nothing saved
   const bool has_shared = Is > 0 && T > 0;
   if (has_shared) {
     gu_s = DeviceBuffer(bytes("gu_s"), "gu_s");
@@ -484,8 +484,6 @@ int64_t Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaSt
   check_routing(in);
   check_tensor("out", out, {DType::BF16}, {T, H});
   check_device_tensor("out", out, comm.device());
-  MOK_REQUIRE(!mx || !save_for_backward, "save_for_backward",
-              "must be false with config.precision mxfp8 (the GPU runs its forward only so far)");
   MOK_REQUIRE(!fp8 || !fused || !save_for_backward, "save_for_backward",
               "must be false with config.precision fp8 / mxfp8 and config.forward_path megakernel (the FP8 megakernel "
               "keeps no gate/up rows yet; the unfused path's FP8 forward trains)");

@@ -27,9 +27,6 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
                            int64_t forward_id) {
   const layer_detail::CallScope scope(comm, stream, "backward()");
   // FP8 trains on the unfused path (layer_fp8_backward.cu); its forward there is the one that saves.
-  // MXFP8's backward operands (each blocked by 32 along its GEMM's K, re-blocked) are not built yet.
-  MOK_REQUIRE(!mx, "config.precision", "mxfp8 runs the forward only on the GPU so far (its backward is the CPU "
-              "reference's: mok::ref::Engine); train with fp8 or bf16");
   MOK_REQUIRE(!fp8 || !fused, "config.forward_path",
               "must be unfused for a backward with config.precision fp8 (the FP8 megakernel is forward only so far)");
   MOK_REQUIRE(!fp8 || config.backward_path == BackwardPath::Unfused, "config.backward_path",

@@ -19,6 +19,11 @@
 // step for step: the two differ by accumulation order and the SFU's exp in SwiGLU'.
 // Each quantization is still a pass over HBM of its own, one per operand (next: d_gu's codes in the
 // dgrad's epilogue, d_y quantized at its source; notes/fp8.md).
+// MXFP8 (recipe 2, `mx`): the same steps, every operand quantized as MX along its GEMM's K (1 x 32
+// rows, 32 x 1 token blocks, the dgrads' weights by 32 along their transposed K) and re-blocked to
+// recipe 1's blocks at the largest power-of-two scale of each (the quantizers' mx forms), which is
+// the CPU reference's MXFP8 backward up to the re-blocking's rare underflows; d_y's and d_gu's two
+// forms take two passes each.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -37,9 +42,9 @@ void Layer::Impl::fp8_backward_weight_codes(cudaStream_t stream) {
   auto* wb = static_cast<char*>(fp8_bwd_weights.p);
   const auto rule = fp8::ScaleRule::Fp32;
   gemm::quantize_fp8_weights_t(weights.w_down.data, nullptr, e_loc, H, I, rule, wb + WL.q_wd,
-                               reinterpret_cast<float*>(wb + WL.s_wd), stream);
+                               reinterpret_cast<float*>(wb + WL.s_wd), stream, mx);
   gemm::quantize_fp8_weights_t(weights.w_gate.data, weights.w_up.data, e_loc, I, H, rule, wb + WL.q_w1,
-                               reinterpret_cast<float*>(wb + WL.s_w1), stream);
+                               reinterpret_cast<float*>(wb + WL.s_w1), stream, mx);
 }
 
 // Stage marks as the bf16 backward's (kBwdStageNames): 3 the pulls, 4 the weights' codes, d_y's
@@ -66,7 +71,7 @@ void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_dow
   if (rows > 0 && e_loc > 0) {
     if (!config.fp8_keep_weight_codes_t) fp8_backward_weight_codes(stream);  // (else made by bind_weights)
     gemm::quantize_fp8_rows_and_token_blocks_t(dy_routed.p, rows, H, rule, rb + R.q_dy, f32(rb, R.s_dy),
-                                               rb + R.t_dy, f32(rb, R.ts_dy), stream, seg);
+                                               rb + R.t_dy, f32(rb, R.ts_dy), stream, seg, mx);
     gemm::Fp8DgradSwiGLUArgs ds;
     ds.dy = rb + R.q_dy;
     ds.dy_scales = f32(rb, R.s_dy);
@@ -87,7 +92,7 @@ void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_dow
   mark(4, stream);
   if (rows > 0 && e_loc > 0) {
     gemm::quantize_fp8_rows_and_token_blocks_t(gu.p, rows, 2 * I, rule, rb + R.q_dgu, f32(rb, R.s_dgu),
-                                               rb + R.t_dgu, f32(rb, R.ts_dgu), stream, seg);
+                                               rb + R.t_dgu, f32(rb, R.ts_dgu), stream, seg, mx);
     gemm::Fp8GroupedArgs dx;
     dx.a = rb + R.q_dgu;
     dx.a_scales = f32(rb, R.s_dgu);
@@ -112,14 +117,14 @@ void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_dow
     return;
   }
   // The wgrads' other operands; x^T over the bytes of [d_g d_u]'s rows (FC1's dgrad has read them).
-  gemm::quantize_fp8_token_blocks_t(h.p, rows, I, rb + R.t_hw, f32(rb, R.ts_hw), stream, seg);
+  gemm::quantize_fp8_token_blocks_t(h.p, rows, I, rb + R.t_hw, f32(rb, R.ts_hw), stream, seg, mx);
   gemm::RowGather xg;
   xg.peers = x_peers.get<const void* const>();
   xg.src_rank = v.src_rank;
   xg.src_slot = v.src_slot;
   xg.top_k = move.top_k;
   xg.abort = move.abort;
-  gemm::quantize_fp8_token_blocks_t_gather(xg, rows, H, rb + R.t_x, f32(rb, R.ts_x), stream, seg);
+  gemm::quantize_fp8_token_blocks_t_gather(xg, rows, H, rb + R.t_x, f32(rb, R.ts_x), stream, seg, mx);
   gemm::Fp8WgradArgs w2;
   w2.a_t = rb + R.t_dy;
   w2.a_scales = f32(rb, R.ts_dy);

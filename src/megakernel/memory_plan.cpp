@@ -103,11 +103,11 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   const int64_t cap = shape.worst_case_rows(), t_tiles = sched::ceil_div(T, sched::kBlockM);
   const auto at_least = [](int64_t v) { return std::max<int64_t>(v, 1); };
   MemoryPlan p;
-  // FP8 trains on the unfused path (layer_fp8_backward.cu); its megakernel, and MXFP8 on either
-  // path, are forward only so far: nothing is saved for a backward there (what a bf16 forward
-  // saves is its own working memory, scope Layer) and the backward's own buffers are not planned.
+  // FP8 / MXFP8 train on the unfused path (layer_fp8_backward.cu); their megakernel is forward only
+  // so far: nothing is saved for a backward there (what a bf16 forward saves is its own working
+  // memory, scope Layer) and the backward's own buffers are not planned.
   const bool fp8 = config.precision != Precision::BF16;
-  const bool fp8_forward_only = fp8 && (fused || config.precision == Precision::MXFP8);
+  const bool fp8_forward_only = fp8 && fused;
   const auto add = [&](std::string name, int64_t bytes, MemoryScope scope, bool symmetric = false) {
     if (fp8_forward_only && scope == MemoryScope::Backward) return;
     if (fp8_forward_only && scope == MemoryScope::Saved) scope = MemoryScope::Layer;

@@ -466,6 +466,8 @@ def test_fp8_modules_default_to_the_unfused_path_which_trains():
     m8 = mok.MoE(H8, I8, E8, K8, precision="fp8")
     assert m8._layer_knobs() == {"precision": "fp8", "forward_path": "unfused"}
     assert "forward_path" not in m8.config  # the module's own knobs are left as given
+    assert mok.MoE(H8, I8, E8, K8, precision="mxfp8")._layer_knobs() == {"precision": "mxfp8",
+                                                                        "forward_path": "unfused"}
     mk = mok.MoE(512, I8, E8, K8, precision="fp8", forward_path="megakernel")
     assert mk._layer_knobs()["forward_path"] == "megakernel"
     assert "forward_path" not in mok.MoE(H8, I8, E8, K8)._layer_knobs()  # bf16: the C++ default (megakernel)

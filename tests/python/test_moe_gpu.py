@@ -146,20 +146,18 @@ def test_gpu_config_knobs_reach_the_layer():
 
 
 @pytest.mark.parametrize("precision,forward_path", [("fp8", None), ("fp8", "megakernel"), ("mxfp8", None),
-                                                    ("mxfp8", "unfused")])
+                                                    ("mxfp8", "megakernel")])
 def test_fp8_forward_matches_the_cpu_fp8_recipe_and_follows_weight_updates(precision, forward_path):
-    """The FP8 forward on fp8's default path (unfused, which trains) and on the FP8 megakernel
-    (forward only: a call needing a gradient is refused, naming the knob); MXFP8 (forward only on
-    CUDA tensors) on the megakernel (its default path: the C++ one) and the unfused path, against
-    the CPU reference's MX spec."""
+    """The FP8 forward (recipe 1, and MXFP8 against the CPU reference's MX spec) on the recipes'
+    default path (unfused, which trains) and on the FP8 megakernels (forward only: a call needing a
+    gradient is refused, naming the knob)."""
     pytest.importorskip("mok._cuda")
     H8, I8 = 512, 256  # the FP8 megakernel pulls x in 512-channel units (H % 512), I % 128
     torch.manual_seed(5)
     knobs = {} if forward_path is None else {"forward_path": forward_path}
     cpu = mok.MoE(H8, I8, E, K, init_std=0.05, precision=precision)
     gpu = mok.MoE(H8, I8, E, K, precision=precision, **knobs).cuda()
-    default_path = "unfused" if precision == "fp8" else None  # mxfp8: the C++ default (megakernel)
-    assert gpu._layer_knobs().get("forward_path") == (forward_path or default_path)
+    assert gpu._layer_knobs()["forward_path"] == (forward_path or "unfused")
     gpu.load_state_dict(cpu.state_dict())  # copies in place: the layer's FP8 codes must follow
     g = torch.Generator().manual_seed(6)
     x = torch.randn(T, H8, generator=g).to(torch.bfloat16)
@@ -183,10 +181,7 @@ def test_fp8_forward_matches_the_cpu_fp8_recipe_and_follows_weight_updates(preci
         assert rel(got, want) < 1e-2, rel(got, want)  # the GPU's FP8 forward vs the CPU's recipe
         outs.append(got)
     assert rel(outs[1], outs[0]) > 0.1  # the update reached the GPU layer's codes
-    if precision == "mxfp8":
-        with pytest.raises(NotImplementedError, match="'mxfp8' has no backward on CUDA tensors"):
-            gpu(x.cuda(), idx.cuda(), w.cuda())  # the Parameters need gradients
-    elif forward_path == "megakernel":
+    if forward_path == "megakernel":
         refused = "forward only on this GPU layer: its forward_path is 'megakernel'"
         with pytest.raises(NotImplementedError, match=refused):
             gpu(x.cuda(), idx.cuda(), w.cuda())  # the Parameters need gradients
@@ -197,16 +192,18 @@ def test_fp8_forward_matches_the_cpu_fp8_recipe_and_follows_weight_updates(preci
         assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in gpu.parameters())
 
 
-def test_fp8_trains_on_cuda_tensors_like_the_cpu_fp8_recipe():
-    """mok.MoE(precision="fp8") trains on CUDA tensors (the GPU layer's FP8 backward, after the
-    unfused forward: fp8's default path): the output and every gradient against the same weights on
-    CPU tensors (the reference engine's recipe 1) within 3e-2 relative L2 (the GPU and CPU recipes
-    differ in accumulation order), and two forward + backward steps give the same bits."""
+@pytest.mark.parametrize("precision", ["fp8", "mxfp8"])
+def test_fp8_trains_on_cuda_tensors_like_the_cpu_fp8_recipe(precision):
+    """mok.MoE(precision="fp8" / "mxfp8") trains on CUDA tensors (the GPU layer's FP8 backward,
+    after the unfused forward: the default path): the output and every gradient against the same
+    weights on CPU tensors (the reference engine's recipe) within 3e-2 relative L2 (the GPU and CPU
+    recipes differ in accumulation order; MXFP8 also by the GPU's re-blocking), and two forward +
+    backward steps give the same bits."""
     pytest.importorskip("mok._cuda")
     H8, I8, T8 = 256, 128, 300  # FP8: H and I whole 128-blocks; T not a multiple of 128
     torch.manual_seed(11)
-    cpu = mok.MoE(H8, I8, E, K, init_std=0.05, precision="fp8")
-    gpu = mok.MoE(H8, I8, E, K, precision="fp8").cuda()
+    cpu = mok.MoE(H8, I8, E, K, init_std=0.05, precision=precision)
+    gpu = mok.MoE(H8, I8, E, K, precision=precision).cuda()
     gpu.load_state_dict(cpu.state_dict())
     g = torch.Generator().manual_seed(12)
     x = torch.randn(T8, H8, generator=g).to(torch.bfloat16)
@@ -226,6 +223,6 @@ def test_fp8_trains_on_cuda_tensors_like_the_cpu_fp8_recipe():
         assert a.is_cuda and a.shape == ref.shape and a.dtype == ref.dtype, name
         assert torch.equal(a, b), name  # deterministic: two backwards, the same bits
         errs[name] = rel(a, ref)
-        print(f"[fp8 gpu training] {name}: rel err vs the CPU's FP8 recipe {errs[name]:.2e}")
+        print(f"[{precision} gpu training] {name}: rel err vs the CPU's recipe {errs[name]:.2e}")
     for name, err in errs.items():
         assert err < 3e-2, (name, err)

@@ -310,11 +310,15 @@ TEST(Fp8Quantize, GatheredTokenBlocksMatchTheCopiedRows) {
   g.src_slot = ds.as<int32_t>();
   g.top_k = top_k;
   g.abort = abort_word.as<uint32_t>();
-  mok::gemm::quantize_fp8_token_blocks_t(dc.p, Routed::kRows, H, t1.p, ts1.as<float>(), nullptr, routed.seg());
-  mok::gemm::quantize_fp8_token_blocks_t_gather(g, Routed::kRows, H, t2.p, ts2.as<float>(), nullptr, routed.seg());
-  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
-  EXPECT_EQ(count_diff(download<uint8_t>(t2, nt), download<uint8_t>(t1, nt)), 0) << "codes differ";
-  EXPECT_EQ(count_diff(download<float>(ts2, nts), download<float>(ts1, nts)), 0) << "scales differ";
+  for (const bool mx : {false, true}) {  // recipe 1's blocks and MXFP8's re-blocked ones
+    SCOPED_TRACE(mx ? "mxfp8" : "fp8");
+    mok::gemm::quantize_fp8_token_blocks_t(dc.p, Routed::kRows, H, t1.p, ts1.as<float>(), nullptr, routed.seg(), mx);
+    mok::gemm::quantize_fp8_token_blocks_t_gather(g, Routed::kRows, H, t2.p, ts2.as<float>(), nullptr, routed.seg(),
+                                                  mx);
+    ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    EXPECT_EQ(count_diff(download<uint8_t>(t2, nt), download<uint8_t>(t1, nt)), 0) << "codes differ";
+    EXPECT_EQ(count_diff(download<float>(ts2, nts), download<float>(ts1, nts)), 0) << "scales differ";
+  }
   const uint32_t one = 1;
   MOK_ASSERT_CUDA(cudaMemcpy(abort_word.p, &one, 4, cudaMemcpyHostToDevice));
   mok::gemm::quantize_fp8_token_blocks_t_gather(g, Routed::kRows, H, t2.p, ts2.as<float>(), nullptr, routed.seg());
@@ -322,6 +326,70 @@ TEST(Fp8Quantize, GatheredTokenBlocksMatchTheCopiedRows) {
   EXPECT_EQ(count_diff(download<uint8_t>(t2, nt), std::vector<uint8_t>(nt, 0)), 0) << "an aborted gather read rows";
   EXPECT_EQ(count_diff(download<float>(ts2, nts), std::vector<float>(nts, 1.0f)), 0)
       << "an aborted gather's blocks are all-zero blocks (scale 1)";
+}
+
+// MXFP8's weight-gradient operands (the token-block quantizers' mx form): each column's 32-row runs
+// are MX blocks re-encoded at the 128 x 1 block's largest scale. The spec: the transposed,
+// zero-padded matrix [cols, ld] through quantize_mxfp8 (1 x 32 blocks: 32 tokens) and reblock_mxfp8
+// (1 x 128), rows past the data zero codes; the GPU's scales are [ld / 128, cols]. On the shapes
+// above (NaN, Inf, zero and subnormal blocks planted), on the routed layout (padding rows hold
+// data the blocks must not see), and gathered where the rows live (== the copied rows' bits).
+void mx_token_blocks_spec(const std::vector<uint16_t>& x, int64_t rows, int64_t cols, const std::vector<bool>& valid,
+                          std::vector<uint8_t>& q_t, std::vector<float>& scales) {
+  const int64_t ld = (rows + fp8::kBlock - 1) / fp8::kBlock * fp8::kBlock, blocks = ld / fp8::kBlock;
+  std::vector<float> t(size_t(cols * ld), 0.0f);
+  for (int64_t r = 0; r < rows; ++r)
+    if (valid[size_t(r)])
+      for (int64_t c = 0; c < cols; ++c) t[size_t(c * ld + r)] = float(mok::bf16::from_bits(x[size_t(r * cols + c)]));
+  std::vector<uint8_t> mq(t.size()), ms(size_t(fp8::scale_count(cols, ld, fp8::kMxBlockShape)));
+  fp8::quantize_mxfp8(t.data(), cols, ld, mq.data(), ms.data());
+  std::vector<float> s(size_t(cols * blocks));
+  q_t.assign(t.size(), 0);
+  fp8::reblock_mxfp8(mq.data(), ms.data(), cols, ld, fp8::kActivationBlock, q_t.data(), s.data());
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t r = 0; r < ld; ++r)
+      if (r >= rows || !valid[size_t(r)]) q_t[size_t(c * ld + r)] = 0;
+  scales.assign(s.size(), 0.0f);
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t b = 0; b < blocks; ++b) scales[size_t(b * cols + c)] = s[size_t(c * blocks + b)];
+}
+
+TEST(Fp8Quantize, MxTokenBlocksMatchTheSpec) {
+  MOK_REQUIRE_GPUS(1);
+  int64_t values = 0;
+  const auto check = [&](const std::vector<uint16_t>& x, int64_t rows, int64_t cols, const std::vector<bool>& valid,
+                         const mok::gemm::RoutedSegments& seg) {
+    std::vector<uint8_t> want_q;
+    std::vector<float> want_s;
+    mx_token_blocks_spec(x, rows, cols, valid, want_q, want_s);
+    DevBuf dx(x.size() * 2), dq(want_q.size()), ds(want_s.size() * 4);
+    upload(dx, x);
+    MOK_ASSERT_CUDA(cudaMemset(dq.p, 0xAB, dq.bytes));
+    mok::gemm::quantize_fp8_token_blocks_t(dx.p, rows, cols, dq.p, ds.as<float>(), nullptr, seg, /*mx=*/true);
+    ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+    EXPECT_EQ(count_diff(download<uint8_t>(dq, want_q.size()), want_q), 0) << "codes differ";
+    EXPECT_EQ(count_diff(download<float>(ds, want_s.size()), want_s), 0) << "scales differ";
+    values += rows * cols;
+  };
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(testing::Message() << s.rows << " x " << s.cols);
+    std::vector<uint16_t> x = matrix(s, 23 + uint64_t(s.rows));
+    if (s.rows >= 128 && s.cols >= 1024)  // a tiny MX block (rows 32-63) beside a huge one in column 1000
+      for (int64_t r = 0; r < 64; ++r) x[size_t(r * s.cols + 1000)] = r < 32 ? 0x5380 : 0x0080;
+    check(x, s.rows, s.cols, std::vector<bool>(size_t(s.rows), true), {});
+  }
+  {
+    SCOPED_TRACE("routed segments");
+    const Routed routed;
+    const int64_t cols = 384;
+    const std::vector<uint16_t> x = random_bf16(size_t(Routed::kRows * cols), 29, 3.0);
+    std::vector<bool> valid(Routed::kRows);
+    for (int64_t r = 0; r < Routed::kRows; ++r) valid[size_t(r)] = routed.valid(r);
+    check(x, Routed::kRows, cols, valid, routed.seg());
+  }
+  std::printf("[fp8 quantize] MXFP8 re-blocked 128 x 1 token blocks, transposed: %lld values compared with the spec\n",
+              (long long)values);
+  EXPECT_GE(values, 1000000);
 }
 
 TEST(Fp8Quantize, MxMatchesTheSpecBitForBit) {
@@ -387,7 +455,8 @@ TEST(Fp8Quantize, MxReblockedMatchesTheSpec) {
 
 // The dgrads' weight codes in one pass: the same bits as the two-step path (transpose_weights_bf16
 // then the 128 x 128 quantizer, which test_fp8_dgrad.cu checks against the spec), for W^T and for
-// the packed [W_gate; W_up]^T, with a NaN, an Inf and an all-zero block planted, both scale rules.
+// the packed [W_gate; W_up]^T, with a NaN, an Inf and an all-zero block planted, both scale rules,
+// and MXFP8 re-blocked (then the quantizer is quantize_mxfp8_reblocked, checked above).
 TEST(Fp8Quantize, WeightsInOnePassMatchTheTwoStepPath) {
   MOK_REQUIRE_GPUS(1);
   const int64_t E = 3, rows = 384, cols = 256;  // K = 384, packed 768 (not square: rows and cols apart)
@@ -404,16 +473,21 @@ TEST(Fp8Quantize, WeightsInOnePassMatchTheTwoStepPath) {
   upload(du, w_up);
   int64_t values = 0;
   for (const bool packed : {false, true})
-    for (const fp8::ScaleRule rule : {fp8::ScaleRule::Fp32, fp8::ScaleRule::Pow2}) {
-      SCOPED_TRACE(testing::Message() << (packed ? "packed gate/up" : "plain") << ", rule "
-                                      << (rule == fp8::ScaleRule::Fp32 ? "fp32" : "pow2"));
+    for (const int mode : {0, 1, 2}) {  // fp32 scales, pow2 scales, MXFP8 re-blocked (the MX backward's)
+      const fp8::ScaleRule rule = mode == 1 ? fp8::ScaleRule::Pow2 : fp8::ScaleRule::Fp32;
+      const bool mx = mode == 2;
+      SCOPED_TRACE(testing::Message() << (packed ? "packed gate/up" : "plain") << ", "
+                                      << (mx ? "mxfp8" : mode == 0 ? "rule fp32" : "rule pow2"));
       const int64_t k = packed ? 2 * rows : rows, n = E * cols * k, ns = n / (128 * 128);
       const void* up = packed ? du.p : nullptr;
       DevBuf q1{static_cast<size_t>(n)}, s1{static_cast<size_t>(ns) * 4}, q2{static_cast<size_t>(n)},
           s2{static_cast<size_t>(ns) * 4};
       mok::gemm::transpose_weights_bf16(dw.p, up, E, rows, cols, tmp.p, nullptr);
-      mok::gemm::quantize_fp8_blocked(tmp.p, E * cols, k, 128, rule, q1.p, s1.as<float>(), nullptr);
-      mok::gemm::quantize_fp8_weights_t(dw.p, up, E, rows, cols, rule, q2.p, s2.as<float>(), nullptr);
+      if (mx)
+        mok::gemm::quantize_mxfp8_reblocked(tmp.p, E * cols, k, 128, q1.p, s1.as<float>(), nullptr);
+      else
+        mok::gemm::quantize_fp8_blocked(tmp.p, E * cols, k, 128, rule, q1.p, s1.as<float>(), nullptr);
+      mok::gemm::quantize_fp8_weights_t(dw.p, up, E, rows, cols, rule, q2.p, s2.as<float>(), nullptr, mx);
       ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
       EXPECT_EQ(count_diff(download<uint8_t>(q2, size_t(n)), download<uint8_t>(q1, size_t(n))), 0) << "codes differ";
       EXPECT_EQ(count_diff(download<float>(s2, size_t(ns)), download<float>(s1, size_t(ns))), 0) << "scales differ";

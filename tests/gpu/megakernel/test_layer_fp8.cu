@@ -3,7 +3,7 @@
 // h per 1 x 128, fp32 scales), bitwise reproducible, beside the bf16 reference (reported: what the
 // recipe costs in accuracy); its backward (unfused path, layer_fp8_backward.cu) against the CPU
 // reference's FP8 backward, the same way; and the FP8 layer's refusals, each naming its knob.
-// MXFP8 (forward only on the GPU so far) against the reference's MX spec, on both forward paths.
+// MXFP8 against the reference's MX spec the same way (forward on both paths, backward).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -193,23 +193,17 @@ TEST(LayerFp8Refusals, EachNamesItsKnob) {
     d.forward_once(layer, group[0], nullptr, true);
     EXPECT_EQ(arg_of([&] { layer.backward(d.refs, d.out_ref(), gr.g, group[0].stream()); }), "config.backward_path");
   }
-  {  // MXFP8 runs the forward only on the GPU so far: a saving forward and a backward are refused.
-    mok::Config mxu = fp8_config();
-    mxu.precision = mok::Precision::MXFP8;
-    auto group = ranks_on_gpus(1, shape, mxu);
-    mok::Layer layer(group[0], shape, mxu, d.dw);
-    EXPECT_EQ(arg_of([&] { layer.forward(d.refs, d.out_ref(), group[0].stream(), true); }), "save_for_backward");
-    d.forward_once(layer, group[0], nullptr, false);
-    EXPECT_EQ(arg_of([&] { layer.backward(d.refs, d.out_ref(), gr.g, group[0].stream()); }), "config.precision");
-    EXPECT_NO_THROW(d.forward_once(layer, group[0], nullptr, false));
-  }
-  {  // The FP8 megakernel is forward only: a forward that would save for a backward is refused.
+  for (const auto p : {mok::Precision::FP8, mok::Precision::MXFP8}) {
+    // The FP8 megakernels are forward only: a forward that would save for a backward is refused.
     const mok::LayerShape s512{{256}, 512, 128, 8, 2, 0};
     const auto w = mok::make_workload(s512, mok::Routing::Uniform, 7);
     RankData rd(s512, w, 0);
-    auto group = ranks_on_gpus(1, s512, fp8_config(mok::ForwardPath::Megakernel));
-    mok::Layer layer(group[0], s512, fp8_config(mok::ForwardPath::Megakernel), rd.dw);
-    EXPECT_EQ(arg_of([&] { layer.forward(rd.refs, rd.out_ref(), group[0].stream(), true); }), "save_for_backward");
+    mok::Config mk = fp8_config(mok::ForwardPath::Megakernel);
+    mk.precision = p;
+    auto group = ranks_on_gpus(1, s512, mk);
+    mok::Layer layer(group[0], s512, mk, rd.dw);
+    EXPECT_EQ(arg_of([&] { layer.forward(rd.refs, rd.out_ref(), group[0].stream(), true); }), "save_for_backward")
+        << mok::to_string(p);
     EXPECT_NO_THROW(rd.forward_once(layer, group[0], nullptr, false));
   }
 }
@@ -239,6 +233,7 @@ struct Fp8BwdCase {
   std::vector<int64_t> tokens;  // per rank
   int64_t H, I, E, k;
   bool keep = false;
+  mok::Precision precision = mok::Precision::FP8;  // or MXFP8 (against the reference's MX backward)
 };
 
 class LayerFp8Backward : public ::testing::TestWithParam<Fp8BwdCase> {};
@@ -249,6 +244,7 @@ TEST_P(LayerFp8Backward, MatchesTheFp8ReferenceAndIsBitwiseReproducible) {
   MOK_REQUIRE_GPUS(world);
   const mok::LayerShape shape{c.tokens, c.H, c.I, c.E, c.k, 0};
   mok::Config cfg = fp8_config();
+  cfg.precision = c.precision;
   cfg.fp8_keep_weight_codes_t = c.keep;
   const auto wl = mok::make_workload(shape, c.routing, 4242);
   const auto ref = mok::ref::Engine(shape, cfg).backward(wl.inputs, wl.weights, wl.d_out);
@@ -313,7 +309,8 @@ TEST_P(LayerFp8Backward, MatchesTheFp8ReferenceAndIsBitwiseReproducible) {
     cudaFree(d_out);
   });
   for (int r = 0; r < world; ++r)
-    std::printf("[layer fp8 backward] %s rank %d: rel err vs the FP8 reference:%s\n", c.name, r, lines[r].c_str());
+    std::printf("[layer fp8 backward] %s rank %d: rel err vs the %s reference:%s\n", c.name, r,
+                mok::to_string(c.precision), lines[r].c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -324,7 +321,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Fp8BwdCase{"empty_slots", mok::Routing::EmptySlots, {513}, 256, 128, 8, 3},
                       Fp8BwdCase{"zipf_kept_codes", mok::Routing::Zipf, {700}, 512, 256, 16, 4, true},
                       Fp8BwdCase{"ep2_zipf", mok::Routing::Zipf, {600, 344}, 512, 256, 16, 4},
-                      Fp8BwdCase{"ep2_one_rank_empty", mok::Routing::Uniform, {400, 0}, 256, 128, 8, 2}),
+                      Fp8BwdCase{"ep2_one_rank_empty", mok::Routing::Uniform, {400, 0}, 256, 128, 8, 2},
+                      // MXFP8 (every operand MX along its K, re-blocked onto the same forms).
+                      Fp8BwdCase{"mx_uniform", mok::Routing::Uniform, {700}, 512, 256, 16, 4, false, kMx},
+                      Fp8BwdCase{"mx_zipf_kept_codes", mok::Routing::Zipf, {700}, 512, 256, 16, 4, true, kMx},
+                      Fp8BwdCase{"mx_empty_slots", mok::Routing::EmptySlots, {513}, 256, 128, 8, 3, false, kMx},
+                      Fp8BwdCase{"mx_ep2_zipf", mok::Routing::Zipf, {600, 344}, 512, 256, 16, 4, false, kMx}),
     [](const auto& i) { return std::string(i.param.name); });
 
 // Config::fp8_keep_weight_codes_t: the kept codes are the layer's own and follow the weights. A
