@@ -315,11 +315,10 @@ __device__ __forceinline__ void epilogue_fc1_fp8(const float (&acc)[128], int cw
       uint16_t codes;
       if constexpr (kMx) {
         const int g = jj / 4;
-        // The MX code (fp8::mxfp8_encode, by the hardware conversion: the same bits) decoded,
-        // then moved to the block's scale.
-        const float mx_inv = mok::fp8::mxfp8_inv_scale(mx_sc[g]);
-        const auto mx = [&](float v) { return mok::fp8::e4m3_decode(e4m3(v * mx_inv)) * mx_f[g]; };
-        codes = mx_nan ? uint16_t(0x7f7f) : e4m3x2(mx(h[2 * jj]), mx(h[2 * jj + 1]));
+        // The MX codes (fp8::mxfp8_encode, by the hardware conversion: the same bits), moved to
+        // the block's scale (mx_reblocked2: the re-blocking rule by conversions).
+        codes = mx_nan ? uint16_t(0x7f7f)
+                       : mx_reblocked2(h[2 * jj], h[2 * jj + 1], mok::fp8::mxfp8_inv_scale(mx_sc[g]), mx_f[g]);
       } else {
         codes = block_encode_inv2(h[2 * jj], h[2 * jj + 1], inv);
       }

@@ -73,11 +73,14 @@ __global__ void __launch_bounds__(256) quantize_rows_kernel(const uint16_t* in, 
         const bool nan = top == fp8::kE8m0NaN;
         if (lane == 0) static_cast<float*>(scales)[b] = nan ? __uint_as_float(0x7fc00000u) : fp8::e8m0_decode(uint8_t(top));
         const int d = int(sc) - int(top);  // <= 0
-        const float f = d >= -149 ? fp8::detail::pow2(d) : 0.0f;
+        const float f = d >= -149 ? fp8::detail::pow2(d) : 0.0f, inv = fp8::mxfp8_inv_scale(sc);
+        static_assert(kPer % 2 == 0, "pairs of codes");
 #pragma unroll
-        for (int i = 0; i < kPer; ++i)
-          if (c0 + i < cols)
-            out[c0 + i] = nan ? fp8::kE4m3NaN : e4m3(fp8::e4m3_decode(fp8::mxfp8_encode(v[u][i], sc)) * f);
+        for (int i = 0; i < kPer; i += 2) {
+          const uint16_t two = nan ? uint16_t(0x7f7f) : mx_reblocked2(v[u][i], v[u][i + 1], inv, f);
+          if (c0 + i < cols) out[c0 + i] = uint8_t(two);
+          if (c0 + i + 1 < cols) out[c0 + i + 1] = uint8_t(two >> 8);
+        }
       } else if constexpr (kMx) {
         const uint8_t sc = fp8::mxfp8_scale_code(amax);
         if (lane == 0) static_cast<uint8_t*>(scales)[b] = sc;
@@ -110,6 +113,10 @@ __device__ __forceinline__ void unpack_bf16x8(const uint4& w, float* v) {
     v[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
   }
 }
+// kMx: MXFP8 re-blocked (quantize_mxfp8_reblocked's rows): a lane pair holds one 32-element MX
+// block, its E8M0 code from the pair's maximum, the block's largest code over the 8 lanes (NaN,
+// 0xff, wins), each code moved to it (mx_reblocked2); `rule` unused.
+template <bool kMx>
 __global__ void __launch_bounds__(256) quantize_rows_vec_kernel(const uint16_t* in, int64_t rows, int64_t cols,
                                                                 fp8::ScaleRule rule, uint8_t* q, float* scales) {
   constexpr int kGroups = 32 / kVecLanes;  // blocks per warp and step
@@ -141,15 +148,33 @@ __global__ void __launch_bounds__(256) quantize_rows_vec_kernel(const uint16_t* 
         float amax = 0.0f;
 #pragma unroll
         for (int i = 0; i < kVecPer; ++i) amax = fp8::amax_update(amax, v[i]);
-#pragma unroll
-        for (int o = kVecLanes / 2; o > 0; o >>= 1) amax = fp8::amax_update(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const float sc = fp8::block_scale(amax, rule), inv = fp8::block_inverse(sc);
-        if (b < grid_cols && li == 0) srow[b] = sc;
         uint32_t code[4];
+        if constexpr (kMx) {
+          amax = fp8::amax_update(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // the lane pair's MX block
+          const uint8_t mx = fp8::mxfp8_scale_code(amax);
+          uint32_t top = mx;
+          top = max(top, __shfl_xor_sync(0xffffffffu, top, 2));
+          top = max(top, __shfl_xor_sync(0xffffffffu, top, 4));
+          const bool nan = top == fp8::kE8m0NaN;
+          if (b < grid_cols && li == 0) srow[b] = fp8::e8m0_decode(uint8_t(top));  // 2^e, or NaN
+          const int d = int(mx) - int(top);  // <= 0
+          const float f = d >= -149 ? fp8::detail::pow2(d) : 0.0f, inv = fp8::mxfp8_inv_scale(mx);
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          code[i] = uint32_t(block_encode_inv2(v[4 * i], v[4 * i + 1], inv)) |
-                    (uint32_t(block_encode_inv2(v[4 * i + 2], v[4 * i + 3], inv)) << 16);
+          for (int i = 0; i < 4; ++i)
+            code[i] = nan ? 0x7f7f7f7fu
+                          : uint32_t(mx_reblocked2(v[4 * i], v[4 * i + 1], inv, f)) |
+                                (uint32_t(mx_reblocked2(v[4 * i + 2], v[4 * i + 3], inv, f)) << 16);
+        } else {
+#pragma unroll
+          for (int o = kVecLanes / 2; o > 0; o >>= 1)
+            amax = fp8::amax_update(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+          const float sc = fp8::block_scale(amax, rule), inv = fp8::block_inverse(sc);
+          if (b < grid_cols && li == 0) srow[b] = sc;
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            code[i] = uint32_t(block_encode_inv2(v[4 * i], v[4 * i + 1], inv)) |
+                      (uint32_t(block_encode_inv2(v[4 * i + 2], v[4 * i + 3], inv)) << 16);
+        }
         if (c0 < cols) *reinterpret_cast<uint4*>(out + c0) = make_uint4(code[0], code[1], code[2], code[3]);
       }
     }
@@ -224,7 +249,8 @@ __global__ void __launch_bounds__(kTileThreads) quantize_mx_tiles_reblocked_kern
     const uint8_t sc = mx_code[rl][cl / fp8::kMxBlock];
     const int d = int(sc) - int(top);  // <= 0
     const float f = d >= -149 ? fp8::detail::pow2(d) : 0.0f;
-    q[r * cols + c] = nan ? fp8::kE4m3NaN : e4m3(fp8::e4m3_decode(fp8::mxfp8_encode(bf16_at(in + r * cols + c), sc)) * f);
+    q[r * cols + c] =
+        nan ? fp8::kE4m3NaN : uint8_t(mx_reblocked2(bf16_at(in + r * cols + c), 0.0f, fp8::mxfp8_inv_scale(sc), f));
   }
 }
 
@@ -263,12 +289,18 @@ __device__ __forceinline__ void store_token_column(const float (&v)[32], float i
   for (int j = 0; j < 8; ++j) {
     float x[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      float e = v[4 * j + k] * inv;
-      if constexpr (kMx) e = top == fp8::kE8m0NaN ? __uint_as_float(0x7fc00000u) : fp8::e4m3_decode(e4m3(e)) * f;
-      x[k] = 4 * j + k < valid ? e : 0.0f;
+    for (int k = 0; k < 4; ++k) x[k] = 4 * j + k < valid ? v[4 * j + k] * (kMx ? 1.0f : inv) : 0.0f;
+    if constexpr (kMx) {
+      if (top == fp8::kE8m0NaN) {  // (its inverse scale is NaN: the rows of data get NaN codes)
+        w[j] = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) w[j] |= 4 * j + k < valid ? uint32_t(fp8::kE4m3NaN) << (8 * k) : 0u;
+      } else {
+        w[j] = uint32_t(mx_reblocked2(x[0], x[1], inv, f)) | (uint32_t(mx_reblocked2(x[2], x[3], inv, f)) << 16);
+      }
+    } else {
+      w[j] = uint32_t(e4m3x2(x[0], x[1])) | (uint32_t(e4m3x2(x[2], x[3])) << 16);
     }
-    w[j] = uint32_t(e4m3x2(x[0], x[1])) | (uint32_t(e4m3x2(x[2], x[3])) << 16);
   }
   if (vec_store) {
     reinterpret_cast<uint4*>(dst)[0] = make_uint4(w[0], w[1], w[2], w[3]);
@@ -471,7 +503,7 @@ void quantize_fp8_blocked(const void* in_bf16, int64_t rows, int64_t cols, int b
   if (block_rows == 1) {
     if (cols % 16 == 0 && aligned(in, 16) && aligned(out, 16)) {
       const int grid = static_cast<int>(std::min<int64_t>((rows + 7) / 8, 4096));  // a warp per row
-      quantize_rows_vec_kernel<<<grid, 256, 0, stream>>>(in, rows, cols, rule, out, scales);
+      quantize_rows_vec_kernel<false><<<grid, 256, 0, stream>>>(in, rows, cols, rule, out, scales);
     } else {
       quantize_rows_kernel<fp8::kBlock, RowMode::Blocked><<<row_grid(rows * grid_cols), 256, 0, stream>>>(in, rows, cols, rule,
                                                                                               out, scales);
@@ -576,7 +608,10 @@ void quantize_mxfp8_reblocked(const void* in_bf16, int64_t rows, int64_t cols, i
   const auto* in = static_cast<const uint16_t*>(in_bf16);
   auto* out = static_cast<uint8_t*>(q);
   const int64_t grid_cols = (cols + fp8::kBlock - 1) / fp8::kBlock;
-  if (block_rows == 1) {
+  if (block_rows == 1 && cols % 16 == 0 && aligned(in, 16) && aligned(out, 16)) {
+    const int grid = static_cast<int>(std::min<int64_t>((rows + 7) / 8, 4096));  // a warp per row
+    quantize_rows_vec_kernel<true><<<grid, 256, 0, stream>>>(in, rows, cols, fp8::ScaleRule::Fp32, out, scales);
+  } else if (block_rows == 1) {
     quantize_rows_kernel<fp8::kBlock, RowMode::MxReblocked><<<row_grid(rows * grid_cols), 256, 0, stream>>>(
         in, rows, cols, fp8::ScaleRule::Fp32, out, scales);
   } else {

@@ -108,9 +108,10 @@ __global__ void __launch_bounds__(kTileThreads) quantize_weights_t_kernel(const 
       f[g] = d >= -149 ? fp8::detail::pow2(d) : 0.0f;
       inv[g] = fp8::mxfp8_inv_scale(sc[g]);
     }
-    const auto mx = [&](int k) {  // K index k of the thread's 64 (its MX block k / 32)
-      const float v = bf16_at(&tile[half * 64 + k][c]) * inv[k / 32];
-      return nan ? __uint_as_float(0x7fc00000u) : fp8::e4m3_decode(e4m3(v)) * f[k / 32];
+    const auto mx2 = [&](int k) {  // K indices k, k + 1 of the thread's 64 (its MX block k / 32)
+      return nan ? uint16_t(0x7f7f)
+                 : mx_reblocked2(bf16_at(&tile[half * 64 + k][c]), bf16_at(&tile[half * 64 + k + 1][c]), inv[k / 32],
+                                 f[k / 32]);
     };
 #pragma unroll
     for (int run = 0; run < 4; ++run) {
@@ -118,7 +119,7 @@ __global__ void __launch_bounds__(kTileThreads) quantize_weights_t_kernel(const 
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int k = run * 16 + 4 * i;
-        code[i] = uint32_t(e4m3x2(mx(k), mx(k + 1))) | (uint32_t(e4m3x2(mx(k + 2), mx(k + 3))) << 16);
+        code[i] = uint32_t(mx2(k)) | (uint32_t(mx2(k + 2)) << 16);
       }
       reinterpret_cast<uint4*>(dst)[run] = make_uint4(code[0], code[1], code[2], code[3]);
     }

@@ -96,6 +96,42 @@ TEST(Fp8Cvt, HardwareConversionIsTheSpec) {
   std::printf("[fp8 cvt] all 2^32 fp32 inputs, in both bytes: %llu disagreements\n", n);
 }
 
+// The re-blocking shift by conversions (gemm::e4m3x2_shifted): every pair of E4M3 codes (2^16)
+// moved by every power of two 2^d, d = 0 .. -160, against the spec's e4m3_encode(e4m3_decode(q) 2^d)
+// per byte (NaN codes excepted: the quantizers never shift one, a NaN block's codes are NaN).
+__global__ void shift_vs_spec_kernel(unsigned long long* mismatches, unsigned* first) {
+  unsigned long long bad = 0;
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < (1u << 16) * 161u; i += gridDim.x * blockDim.x) {
+    const uint16_t codes = uint16_t(i & 0xffffu);
+    const int d = -int(i >> 16);
+    if (fp8::e4m3_is_nan(uint8_t(codes)) || fp8::e4m3_is_nan(uint8_t(codes >> 8))) continue;
+    const float f = d >= -149 ? fp8::detail::pow2(d) : 0.0f;
+    const uint16_t hw = mok::gemm::e4m3x2_shifted(codes, f);
+    const uint16_t sw = uint16_t(fp8::e4m3_encode(fp8::e4m3_decode(uint8_t(codes)) * f) |
+                                 (uint16_t(fp8::e4m3_encode(fp8::e4m3_decode(uint8_t(codes >> 8)) * f)) << 8));
+    if (hw != sw) {
+      ++bad;
+      atomicMin(first, i);
+    }
+  }
+  if (bad) atomicAdd(mismatches, bad);
+}
+
+TEST(Fp8Cvt, ShiftByConversionsIsTheSpec) {
+  MOK_REQUIRE_GPUS(1);
+  DevBuf count(8), first(4);
+  MOK_ASSERT_CUDA(cudaMemset(count.p, 0, 8));
+  MOK_ASSERT_CUDA(cudaMemset(first.p, 0xff, 4));
+  shift_vs_spec_kernel<<<132 * 8, 256>>>(count.as<unsigned long long>(), first.as<unsigned>());
+  MOK_ASSERT_CUDA(cudaGetLastError());
+  MOK_ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto n = download<unsigned long long>(count, 1)[0];
+  const auto f = download<unsigned>(first, 1)[0];
+  EXPECT_EQ(n, 0ull) << "e4m3x2_shifted differs from the spec, first at codes 0x" << std::hex << (f & 0xffffu)
+                     << std::dec << ", d = -" << (f >> 16);
+  std::printf("[fp8 cvt] every code pair shifted by 2^0 .. 2^-160: %llu disagreements\n", n);
+}
+
 TEST(Fp8Quantize, BlockScaledMatchesTheSpecBitForBit) {
   MOK_REQUIRE_GPUS(1);
   int64_t values = 0;
