@@ -557,6 +557,20 @@ def fp8_backward_figures(res):
             count(len(cases), "case"), ", slower in %d" % slower if slower else "", each, kept, r.source())]
 
 
+def mxfp8_figures(res):
+    """MXFP8 (recipe 2) on the GPU layer against FP8 (recipe 1), alternated in one call."""
+    r = res["mxfp8-h200x1.json"]
+    fwd, bwd = r.get("forward", "cases"), r.get("backward", "cases")
+    ratio = lambda c: r.num("mxfp8", "median", within=c) / r.num("fp8", "median", within=c)  # noqa: E731
+    return [
+        "**MXFP8** (OCP MX: E4M3 with an E8M0 scale per 32 along K, quantized on the GPU and re-blocked "
+        "to the power-of-two scales of FP8's blocks, so it runs on the FP8 kernels; forward and backward, "
+        "EP-8 rank slices, T=%d %s): the forward megakernel takes %s FP8's time over %s, the unfused "
+        "backward %s over %s (the GPU tests check both against the CPU reference's MX spec). %s" % (
+            r.num("T", within=fwd[0]), r.get("routing", within=fwd[0]), span([ratio(c) for c in fwd]),
+            count(len(fwd), "case"), span([ratio(c) for c in bwd]), count(len(bwd), "case"), r.source())]
+
+
 def runtime_ab_figures(res):
     """The forward built from this tree against a base commit's build, same call (issue 18)."""
     r = res["runtime-ab-h200x1.json"]
@@ -570,7 +584,7 @@ def runtime_ab_figures(res):
             r.source())]
 
 
-FIGURES = [forward_figures, one_gpu_figures, fp8_forward_figures, fp8_backward_figures, gemm_figures, gemm_fp8_figures, comm_figures, schedule_figures,
+FIGURES = [forward_figures, one_gpu_figures, fp8_forward_figures, fp8_backward_figures, mxfp8_figures, gemm_figures, gemm_fp8_figures, comm_figures, schedule_figures,
            sustained_figures, reliability_figures, memory_figures, training_figures, backward_program_figures,
            runtime_ab_figures, torch_figures]
 

@@ -116,7 +116,12 @@ def synthetic():
         {"model": m, "T": 8192, "routing": "uniform", "bf16": {"runs": [b], "median": b},
          "fp8": {"runs": [f], "median": f, "over_bf16": f / b}}
         for m, b, f in (("dsv3/ep8", 20.0, 16.0), ("qwen3-30b-a3b/ep8", 2.0, 2.5))])
-    return {"fp8-layer-backward-h200x1.json": fp8_bwd, "fp8-forward-h200x1.json": fp8_ab, "peak-fp8-h200x1.json": peak_fp8, "gemm-fp8-h200x1.json": fp8, "runtime-ab-h200x1.json": runtime, "backward-program-h200x1.json": program, "training-h200x1.json": training, "forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
+    mx_part = lambda ms: {"cases": [  # noqa: E731  (fp8 vs mxfp8 medians per case)
+        {"model": m, "T": 8192, "routing": "uniform", "fp8": {"runs": [f], "median": f},
+         "mxfp8": {"runs": [x], "median": x, "over_fp8": x / f}} for m, f, x in ms]}
+    mxfp8 = dict(META2, gpus=1, forward=mx_part([("dsv3/ep8", 7.0, 7.07), ("qwen3-235b/ep8", 3.0, 3.18)]),
+                 backward=mx_part([("dsv3/ep8", 17.0, 17.0)]))
+    return {"mxfp8-h200x1.json": mxfp8, "fp8-layer-backward-h200x1.json": fp8_bwd, "fp8-forward-h200x1.json": fp8_ab, "peak-fp8-h200x1.json": peak_fp8, "gemm-fp8-h200x1.json": fp8, "runtime-ab-h200x1.json": runtime, "backward-program-h200x1.json": program, "training-h200x1.json": training, "forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
             "comm-h200x2.json": comm, "schedule-h200x2.json": schedule, "sustained-h200x2.json": sustained,
             "reliability-h200x1.json": reliability, "forward-h200x1.json": forward1, "memory-h200x1.json": memory,
             "torch-h200x1.json": torch_step}
@@ -223,6 +228,9 @@ class Figures(Fixture):
         # the FP8 backward: bf16 over fp8 time per case, a slower case counted, the names spelled out
         self.assertIn("0.80–1.25× the bf16 backward's speed over 2 cases, slower in 1 (FP8 vs bf16: DeepSeek-V3 "
                       "EP-8 slice 16.00 vs 20.00 ms; Qwen3-30B-A3B EP-8 slice 2.50 vs 2.00 ms)", b)
+        # MXFP8: its time over FP8's, forward and backward, from the file's two parts
+        self.assertIn("the forward megakernel takes 1.01–1.06× FP8's time over 2 cases, the unfused backward 1.00× "
+                      "over 1 case", b)
 
     def test_fp8_forward_figure_takes_the_same_runs_peak_when_it_has_one(self):
         docs = synthetic()
@@ -237,7 +245,7 @@ class Figures(Fixture):
 
     def test_every_line_names_its_results_file_and_run(self):
         lines = rf.render(self.results)[0].split("\n- ")[1:]
-        self.assertEqual(len(lines), 19)
+        self.assertEqual(len(lines), 20)
         for line in lines:
             self.assertRegex(" ".join(line.split()), r"\*\[`[a-z0-9-]+\.json`\]\(bench/results/[a-z0-9-]+\.json\): "
                                                      r"\d× NVIDIA H200, commit (45ca210|not recorded), 2026-11-30\*")
