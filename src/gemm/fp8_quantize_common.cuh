@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/fp8_format.h"
+#include "mok/errors.hpp"
 
 namespace mok::gemm::quant {
 
@@ -20,5 +21,15 @@ __device__ __forceinline__ float warp_amax(float a) {
 constexpr int kTileThreads = 256;  // the 128 x 128 (and 128 x 1 token-block) kernels' CTA
 
 inline bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// What every entry point checks: sizes >= 0, and the pointers where there are elements.
+inline void check_args(const void* in, int64_t rows, int64_t cols, const void* q, const void* scales) {
+  MOK_REQUIRE(rows >= 0, "rows", "rows >= 0 (rows = ", rows, ")");
+  MOK_REQUIRE(cols >= 0, "cols", "cols >= 0 (cols = ", cols, ")");
+  const bool any = rows > 0 && cols > 0;
+  MOK_REQUIRE(!any || in != nullptr, "in", "not null when rows * cols > 0");
+  MOK_REQUIRE(!any || q != nullptr, "q", "not null when rows * cols > 0");
+  MOK_REQUIRE(!any || scales != nullptr, "scales", "not null when rows * cols > 0");
+}
 
 }  // namespace mok::gemm::quant
