@@ -27,7 +27,7 @@ def test_tiny_step_on_cpu(tmp_path):
     for key in ("model", "T", "layers", "mok_step_ms", "eager_step_ms", "speedup", "loss_max_rel_diff",
                 "mok_fwd_bwd_ms", "eager_fwd_bwd_ms", "mok_optimizer_ms", "eager_optimizer_ms", "fwd_bwd_speedup",
                 "out_rel_diff", "grad_max_rel_diff", "compile_ok", "compile_error", "graph_ok", "op_ms",
-                "op_overhead_pct"):
+                "op_overhead_pct", "op_synced_ms", "op_synced_overhead_pct"):
         assert key in c, key
     assert c["mok_step_ms"] > 0 and c["eager_step_ms"] > 0 and c["mok_fwd_bwd_ms"] > 0
     assert c["loss_max_rel_diff"] < 5e-2, c["loss_max_rel_diff"]
@@ -36,3 +36,4 @@ def test_tiny_step_on_cpu(tmp_path):
     assert c["grad_max_rel_diff"] < 5e-2, c["grad_max_rel_diff"]
     assert c["compile_ok"] is True, c["compile_error"]
     assert c["graph_ok"] is None and c["op_ms"] is None and c["op_overhead_pct"] is None
+    assert c["op_synced_ms"] is None and c["op_synced_overhead_pct"] is None and "op_method" in doc
