@@ -103,7 +103,7 @@ if python3 -c "import torch" 2>/dev/null; then
     "$MOK_ROOT/bench/baseline/torch_moe_baseline.py" "${base_args[@]}" --out "$out/baseline-$tag.json" 2>&1 |
     grep -E "^\[baseline\]|Error" || true
   if [ -f "$out/baseline-$tag.json" ]; then
-    python3 "$MOK_ROOT/bench/forward_report.py" "${fp8_reports[@]}" "$mok_json" "$out/baseline-$tag.json" \
+    python3 "$MOK_ROOT/bench/forward_report.py" ${fp8_reports[@]+"${fp8_reports[@]}"} "$mok_json" "$out/baseline-$tag.json" \
       "$out/forward-$tag.json" "$samples"
   fi
 else

@@ -45,7 +45,7 @@ class Layer {
   // every buffer for the worst case and registers the symmetric windows. The weights are read
   // where they are, by every call (no copy): updating them in place (an optimizer step) between
   // calls needs nothing more; set_weights() points the layer at other tensors.
-  // config.precision FP8 is the exception: the layer holds the weights' E4M3 codes and scales,
+  // config.precision FP8 / MXFP8 is the exception: the layer holds the weights' E4M3 codes and scales,
   // made here and by every set_weights() — after an in-place update call set_weights() again
   // (the same pointers will do); it waits for the device, and calls enqueued or captured before
   // it read the new codes when they run.
@@ -69,7 +69,7 @@ class Layer {
   // forward() used: its topk_w weight the reverse combine; its topk_idx is checked against the
   // forward's (a difference is named by check(); the forward's slots are used throughout); x is
   // not read (the forward's copy is: leave input_buffer() alone until the backward is done),
-  // except with config.share_workspace, config.saved_forwards > 1 or config.precision fp8, where
+  // except with config.share_workspace, config.saved_forwards > 1 or config.precision fp8 / mxfp8, where
   // the backward stages `in.x` again (the x window is the workspace's, the last forward's, or holds
   // the forward's E4M3 codes): it must then be the forward's x in the caller's tensor, not
   // input_buffer() (refused by name).

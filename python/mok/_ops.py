@@ -76,12 +76,13 @@ def _fp8_forward_saves(handle: int) -> bool:
 
 
 def _fp8_training_refusal(handle: int) -> Optional[str]:
-    """Why GPU layer `handle` (precision fp8) cannot train, or None when it can: the checks of
+    """Why GPU layer `handle` (precision fp8 or mxfp8) cannot train, or None when it can: the checks of
     mok::Layer::backward ('config.forward_path', 'config.backward_path'), made before the call."""
     config = _gpu_configs.get(handle, {})
     if not _fp8_forward_saves(handle):
-        return (f"its forward_path is '{config.get('forward_path', 'megakernel')}' (the FP8 megakernel is forward "
-                "only): build the mok.MoE with forward_path='unfused' (fp8's default when forward_path is not set)")
+        return (f"its forward_path is '{config.get('forward_path', 'megakernel')}' (the FP8 megakernels are forward "
+                "only): build the mok.MoE with forward_path='unfused' (the FP8 recipes' default when forward_path is "
+                "not set)")
     if config.get("backward_path", "unfused") != "unfused":
         return (f"its backward_path is '{config['backward_path']}' (the backward's GEMM program is bf16 only): use "
                 "backward_path='unfused' (the default)")

@@ -13,7 +13,7 @@
 namespace mok::python {
 
 // Config::precision by its name (bf16, fp8, mxfp8). The layer and the engine refuse what they do
-// not run by name (the backward: bf16, and fp8 on the unfused path; the GPU layer: no mxfp8).
+// not run by name (the GPU layer's backward: bf16, and fp8 / mxfp8 on the unfused path).
 inline mok::Precision precision_named(const std::string& v) {
   for (const mok::Precision p : {mok::Precision::BF16, mok::Precision::FP8, mok::Precision::MXFP8})
     if (v == mok::to_string(p)) return p;

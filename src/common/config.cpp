@@ -237,9 +237,10 @@ void Config::validate(const LayerShape& shape, int sm_count) const {
               "must be in (0, 3600] seconds, got ", wait_timeout_s);
   MOK_REQUIRE(cpu_threads >= 0, "config.cpu_threads", "must be >= 0 (0 = all cores), got ",
               cpu_threads);
-  // FP8 (recipe 1) and MXFP8 (recipe 2) exist in the CPU reference's forward (the spec the GPU
-  // kernels match); the GPU layer runs FP8 forward on both paths and trains on the unfused one
-  // (layer_fp8_backward.cu), and refuses the rest by name (Layer's constructor, layer_fp8.cu).
+  // FP8 (recipe 1) and MXFP8 (recipe 2) exist in the CPU reference's forward and backward (the
+  // spec the GPU kernels match); the GPU layer runs both forward on both paths and trains on the
+  // unfused one (layer_fp8_backward.cu), and refuses the rest by name (Layer's constructor,
+  // layer_fp8.cu).
 }
 
 }  // namespace mok

@@ -105,7 +105,7 @@ void quantize_mxfp8(const void* in_bf16, int64_t rows, int64_t cols, void* q, ui
 // fp8::reblock_mxfp8(..., {block_rows, 128}, ...) (the CPU spec): codes rows x cols, scales
 // ceil(rows / block_rows) x ceil(cols / 128) floats (2^e, or NaN), the layout quantize_fp8_blocked
 // writes, so MXFP8 operands feed the recipe-1 FP8 GEMMs (notes/fp8.md, "MXFP8 on Hopper"). Same
-// checks. (Written 2026-12-03; its GPU test, Fp8Quantize.MxReblockedMatchesTheSpec, not yet run.)
+// checks (GPU test: Fp8Quantize.MxReblockedMatchesTheSpec).
 void quantize_mxfp8_reblocked(const void* in_bf16, int64_t rows, int64_t cols, int block_rows, void* q,
                               float* scales, cudaStream_t stream);
 

@@ -77,7 +77,7 @@ struct ForwardParams {
   void* const* ring_peers = nullptr;                  // [W] each receiver's x ring [R, H]
   uint32_t* const* counter_peers = nullptr;           // [W] each receiver's counter block
   unsigned long long* stats = nullptr;  // optional profile: kForwardStatWords per CTA (see the kernel)
-  // FP8 (forward_kernel_fp8.cu; Config::precision FP8): the rings hold E4M3 codes, with their
+  // FP8 / MXFP8 (forward_kernel_fp8.cu, forward_kernel_mxfp8.cu): the rings hold E4M3 codes, with their
   // 1 x 128 scales beside them; the weights' 128 x 128 scales ([E, N / 128, K / 128]).
   float* x_scales_ring = nullptr;  // [R, H / 128] (written by the comm CTAs)
   void* h_ring = nullptr;          // [R, I] E4M3 codes (FC1's epilogue)

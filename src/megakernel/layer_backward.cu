@@ -26,11 +26,13 @@ using layer_detail::upload_array;
 void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& g, cudaStream_t stream,
                            int64_t forward_id) {
   const layer_detail::CallScope scope(comm, stream, "backward()");
-  // FP8 trains on the unfused path (layer_fp8_backward.cu); its forward there is the one that saves.
-  MOK_REQUIRE(!fp8 || !fused, "config.forward_path",
-              "must be unfused for a backward with config.precision fp8 (the FP8 megakernel is forward only so far)");
+  // FP8 / MXFP8 train on the unfused path (layer_fp8_backward.cu); their forward there is the one
+  // that saves.
+  const char* prec = to_string(config.precision);
+  MOK_REQUIRE(!fp8 || !fused, "config.forward_path", "must be unfused for a backward with config.precision ", prec,
+              " (the FP8 megakernels are forward only so far)");
   MOK_REQUIRE(!fp8 || config.backward_path == BackwardPath::Unfused, "config.backward_path",
-              "must be unfused with config.precision fp8 (the backward's GEMM program is bf16 only so far)");
+              "must be unfused with config.precision ", prec, " (the backward's GEMM program is bf16 only so far)");
   // Which forward: the last one, or one whose state a slot still holds (Config::saved_forwards).
   MOK_REQUIRE(forward_id >= -1, "backward.forward_id", "must be a forward's number or -1 (the last), got ",
               forward_id);
@@ -52,7 +54,7 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   check_device_weight_set("grads.d_w", g.d_w_gate, g.d_w_up, g.d_w_down, g.d_ws_gate, g.d_ws_up, g.d_ws_down, Is > 0,
                           dev);
   MOK_REQUIRE((!x_window_shared && slots.size() <= 1 && !fp8) || T == 0 || in.x.data != win_x->ptr, "x",
-              "with config.share_workspace, config.saved_forwards > 1 or config.precision fp8, backward() reads x "
+              "with config.share_workspace, config.saved_forwards > 1 or config.precision fp8 / mxfp8, backward() reads x "
               "from the caller's tensor: input_buffer() holds the last forward's x (of any layer, with a shared "
               "workspace; in FP8 its E4M3 codes)");
   MOK_REQUIRE(saved, "forward(save_for_backward)",
@@ -79,7 +81,7 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
     // A shared x window holds the last forward's x of any layer, and with several forwards alive
     // ours holds the last one's: this forward's again (the windows' re-pull and the shared expert
     // read it).
-    // In FP8 the window holds x's codes: the backward pulls the bf16 rows (x^T's token blocks).
+    // In FP8 / MXFP8 the window holds x's codes: the backward reads the bf16 rows (x^T's token blocks).
     if (x_window_shared || slots.size() > 1 || fp8)
       MOK_CUDA_CHECK(cudaMemcpyAsync(win_x->ptr, in.x.data, static_cast<size_t>(T * H) * 2,
                                      cudaMemcpyDeviceToDevice, stream));

@@ -8,7 +8,7 @@
 // set_weights: call set_weights again, with the same pointers, after the weights change). The
 // CPU reference computes the same recipe (include/mok/reference.hpp): the two differ by
 // accumulation order and the SFU's exp in SwiGLU. The backward: layer_fp8_backward.cu.
-// MXFP8 (Config::precision MXFP8, recipe 2, forward only so far) runs on the same forms: x, the
+// MXFP8 (Config::precision MXFP8, recipe 2; its backward too) runs on the same forms: x, the
 // weights and h are quantized as MX (E4M3, an E8M0 scale per 32 along K) and then re-blocked to
 // the 1 x 128 / 128 x 128 blocks at the largest of their power-of-two scales
 // (gemm::quantize_mxfp8_reblocked, Fp8Fc1Args::h_mx; the megakernel: forward_kernel_mxfp8.cu). The

@@ -280,7 +280,7 @@ struct Layer::Impl {
   void win_mark(int64_t w, int i, cudaStream_t stream);
   gemm::Plan fc1, fc2, fc1_s, fc2_s;
   gemm::Plan fc1_nogu, fc1_s_nogu;  // forward(..., save_for_backward = false)
-  // Config::precision FP8 (layer_fp8.cu): the weights' codes and 128 x 128 scales, made by
+  // Config::precision FP8 / MXFP8 (layer_fp8.cu): the weights' codes and 128 x 128 scales, made by
   // bind_weights, and the unfused path's FP8 GEMM plans (fc1_fp8 also stores the gate/up rows);
   // the backward's operands (layer_fp8_backward.cu, allocated by the first backward; the weight
   // codes by bind_weights when Config::fp8_keep_weight_codes_t).

@@ -225,7 +225,7 @@ TEST(ReferenceEdges, ExpertWithoutTokensHasZeroGradient) {
 // So issue 22's 3e-2 bar is below what the format allows on such data; the test bounds it at 8e-2 and demands
 // that the quantization shows (well above the bf16 reference's error). It is deterministic and
 // independent of the number of ranks and of the ring (quantization is per token row and per
-// weight matrix, not per routed segment); the backward refuses MXFP8 by name. MXFP8 (recipe 2: an
+// weight matrix, not per routed segment). MXFP8 (recipe 2: an
 // E8M0 scale per 32 along K) has the same mantissa; its power-of-two scales put a block's maximum
 // anywhere in [256, 512) and clamp it at 448, which costs a little more: 7.6% here, bounded at 9e-2.
 TEST(ReferenceFp8, ForwardWithinTheFp8BarAndIndependentOfTheLayout) {
