@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "gpu_test_util.h"
 #include "mok/errors.hpp"
 #include "mok/gemm.hpp"
+#include "gemm/swiglu_math.cuh"
 #include "reference/fp8_quant.h"
 
 namespace {
@@ -146,6 +148,23 @@ TEST(Fp8Grouped, RefusesShapesItCannotScale) {
   EXPECT_THROW(mok::gemm::plan_fp8_grouped(a), mok::Error);
 }
 
+// h exactly as FC1's epilogue makes it, from the gate/up rows it stored (Fp8Fc1Args::gu: the
+// epilogue's own rnd(g), rnd(u)): rnd(swiglu_of_bf16(g, u)), the same device function and the
+// same rounding instruction. Quantized by the CPU spec, these h values give the codes and scales
+// the epilogue must have written, bit for bit (the accumulation-order noise is in g and u, which
+// both sides share).
+__global__ void h_from_gu_kernel(const uint16_t* gu, int64_t rows, int64_t inter, uint16_t* h) {
+  const int64_t n = rows * inter;
+  for (int64_t x = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; x < n; x += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = x / inter, i = x % inter, pg = (i / 32) * 64 + i % 32;  // packed: 32 gates, their 32 ups
+    const float g = __uint_as_float(uint32_t(gu[r * 2 * inter + pg]) << 16);
+    const float u = __uint_as_float(uint32_t(gu[r * 2 * inter + pg + 32]) << 16);
+    uint16_t b;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(mok::gemm::swiglu_of_bf16(g, u)));
+    h[x] = b;
+  }
+}
+
 // FC1 in FP8 (gemm::plan_fp8_fc1): x and both weights quantized by the CPU spec; the reference is
 // g, u in fp64 from the decoded operands, rounded to bf16, h = rnd(silu(g) u), quantized per 1 x 128
 // by the spec. The GPU differs by accumulation order (and the SFU's exp in silu), so an h code may
@@ -218,6 +237,11 @@ void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int 
   const auto gh = download<uint8_t>(dh, size_t(rows * I));
   const auto gs = download<float>(dsh, size_t(rows * ib));
   const auto ggu = download<uint16_t>(dgu, size_t(rows * 2 * I));
+  DevBuf dhx(size_t(rows * I) * 2);  // h from the stored gate/up rows, as the epilogue made it
+  h_from_gu_kernel<<<256, 256>>>(dgu.as<uint16_t>(), rows, I, dhx.as<uint16_t>());
+  MOK_ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto hx = download<uint16_t>(dhx, size_t(rows * I));
+  int64_t exact_bad = 0;  // codes or scales that differ from the spec's quantization of that h
   double d2 = 0, r2 = 0, worst_scale = 0, gu_d2 = 0, gu_r2 = 0;
   int64_t same = 0, compared = 0, gu_same = 0, gu_bad = 0, scale_off = 0, scales_seen = 0;
   const auto rnd = [](double v) { return double(float_of(bits_of(float(v)))); };
@@ -245,6 +269,22 @@ void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int 
         gu_r2 += want * want;
         gu_same += got == want;
       }
+    }
+    {  // bit for bit: the spec's quantization of the epilogue's own h values
+      std::vector<float> hv(static_cast<size_t>(I));
+      for (int64_t i = 0; i < I; ++i) hv[size_t(i)] = float_of(hx[size_t(r * I + i)]);
+      std::vector<uint8_t> q(static_cast<size_t>(I));
+      std::vector<float> sc(static_cast<size_t>(ib));
+      if (h_mx) {
+        std::vector<uint8_t> mq(static_cast<size_t>(I)), ms(static_cast<size_t>(I / 32));
+        fp8::quantize_mxfp8(hv.data(), 1, I, mq.data(), ms.data());
+        fp8::reblock_mxfp8(mq.data(), ms.data(), 1, I, fp8::kActivationBlock, q.data(), sc.data());
+      } else {
+        fp8::quantize_1x128(hv.data(), 1, I, q.data(), sc.data());
+      }
+      for (int64_t i = 0; i < I; ++i) exact_bad += q[size_t(i)] != gh[size_t(r * I + i)];
+      for (int64_t b = 0; b < ib; ++b)  // (fp32 bits: a NaN scale equals a NaN scale)
+        exact_bad += std::memcmp(&sc[size_t(b)], &gs[size_t(r * ib + b)], 4) != 0;
     }
     std::vector<uint8_t> qh(static_cast<size_t>(I));
     std::vector<float> sh(static_cast<size_t>(ib));
@@ -281,6 +321,7 @@ void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int 
   // of the elements, each 2^-8 relative, hence the bounds (not yet measured: to tighten after the
   // first run).
   EXPECT_EQ(gu_bad, 0) << "gate/up values not written (NaN)";
+  EXPECT_EQ(exact_bad, 0) << "h codes / scales differ from the spec's quantization of the epilogue's own h";
   EXPECT_LT(gu_rel, 4e-3) << "stored gate/up vs the reference, in norm";
   EXPECT_GT(double(gu_same), 0.75 * double(2 * compared)) << "most gate/up values must be the reference's exactly";
   EXPECT_LE(worst_scale, 0x1p-6) << "h scales vs the reference (two bf16 steps; MX: a binade at most)";
@@ -300,7 +341,7 @@ TEST(Fp8Grouped, Fc1WithQuantizedHMatchesTheReference) {
   run_fc1_case({130, 60}, 1024, 256, 2, 1);  // 8 K blocks: warpgroup 1 two behind, 6 tiles in one CTA
 }
 
-// FC1 with h as MXFP8 re-blocked to 1 x 128 (Fp8Fc1Args::h_mx; written 2026-12-03, not yet run on a GPU).
+// FC1 with h as MXFP8 re-blocked to 1 x 128 (Fp8Fc1Args::h_mx).
 TEST(Fp8Grouped, Fc1WithMxHMatchesTheReference) {
   MOK_REQUIRE_GPUS(1);
   run_fc1_case({200, 0, 77}, 512, 256, 0, 0, true);
