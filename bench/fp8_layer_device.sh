@@ -3,9 +3,9 @@
 # in FP8"): build the layer's, the quantizers' and the GEMM forms' GPU tests, mok_bench and
 # mok_fp8_backward_bench; run the quantizer tests (incl. MXFP8 re-blocked), the FP8 GEMM forms'
 # and every weight gradient's tests, and the FP8 layer tests (forward, backward against the CPU
-# FP8 reference, refusals); then the layer's backward in
-# bf16 and FP8 on the unfused path, alternated ROUNDS times (mok_bench, EP-8 rank slices, uniform
-# routing; and FP8 with the backward's weight codes kept), joined into fp8-layer-backward.json (mok_bwd_ms) and fp8-layer-forward.json (mok_ms)
+# FP8 / MXFP8 references, refusals); then the layer's backward in
+# bf16, FP8 and MXFP8 on the unfused path, alternated ROUNDS times (mok_bench, EP-8 rank slices,
+# uniform routing; and FP8 with the backward's weight codes kept), joined into fp8-layer-backward.json (mok_bwd_ms) and fp8-layer-forward.json (mok_ms)
 # by ab_report.py; and the backward's GEMM chain with each step timed inside it.
 # Everything lands in $OUT (default /tmp/fp8-layer-out); log.txt is written as it goes.
 #   [ROUNDS=2] [MODELS=dsv3/ep8,qwen3-235b/ep8,qwen3-30b-a3b/ep8] [TOKENS=8192] [MOK_COMMIT=<sha>]
@@ -32,8 +32,8 @@ python3 tools/ptxas_check.py --build-dir "$B" --allow tools/ptxas_allow.txt >"$O
 log "ptxas_check rc=$? ($(tail -1 "$OUT/ptxas.txt"))"
 if [ "${FP8_LAYER_TESTS:-1}" = 1 ]; then
   t1=$(date +%s)
-  timeout 200 "$B/tests/gpu/gemm/mok_gpu_gemm_primitive_tests" --gtest_filter='Fp8Quantize.*' >"$OUT/t_quantize.log" 2>&1
-  log "Fp8Quantize.*: rc $? ($(( $(date +%s) - t1 )) s) $(grep -hE '^\[  (PASSED|FAILED) ' "$OUT/t_quantize.log" | tr '\n' ' ')"
+  timeout 200 "$B/tests/gpu/gemm/mok_gpu_gemm_primitive_tests" --gtest_filter='Fp8Cvt.*:Fp8Quantize.*' >"$OUT/t_quantize.log" 2>&1
+  log "Fp8Cvt.*:Fp8Quantize.*: rc $? ($(( $(date +%s) - t1 )) s) $(grep -hE '^\[  (PASSED|FAILED) ' "$OUT/t_quantize.log" | tr '\n' ' ')"
   grep -hE "^\[fp8 quantize|FAILED  \]|Failure|Expected|Which is|error" "$OUT/t_quantize.log" | head -30 | tee -a "$LOG"
   t1=$(date +%s)
   # The FP8 GEMM forms (incl. FC1 with MX h) and every weight gradient.
@@ -48,7 +48,7 @@ fi
 MODELS="${MODELS:-dsv3/ep8,qwen3-235b/ep8,qwen3-30b-a3b/ep8}"
 TOKENS="${TOKENS:-8192}"
 for round in $(seq 1 "${ROUNDS:-2}"); do
-  for p in bf16 fp8 fp8k; do
+  for p in bf16 fp8 fp8k mxfp8; do
     t1=$(date +%s)
     extra=(--precision "$p")
     [ "$p" = fp8k ] && extra=(--precision fp8 --fp8-keep-weight-codes)
@@ -61,12 +61,12 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
 done
 python3 bench/ab_report.py --out "$OUT/fp8-layer-backward.json" --commit "$COMMIT" --field mok_bwd_ms \
   --variant bf16="$OUT/ab_bf16_*.json" --variant fp8="$OUT/ab_fp8_*.json" \
-  --variant fp8-kept="$OUT/ab_fp8k_*.json" \
-  --what "the GPU layer's backward (unfused path, resident) in bf16 and in FP8 (recipe 1; fp8-kept: the backward's weight codes made once per weight binding, Config::fp8_keep_weight_codes_t), EP 1 on EP-8 rank slices" \
+  --variant fp8-kept="$OUT/ab_fp8k_*.json" --variant mxfp8="$OUT/ab_mxfp8_*.json" \
+  --what "the GPU layer's backward (unfused path, resident) in bf16, FP8 (recipe 1; fp8-kept: the backward's weight codes made once per weight binding, Config::fp8_keep_weight_codes_t) and MXFP8 (recipe 2, re-blocked), EP 1 on EP-8 rank slices" \
   2>&1 | tee -a "$LOG"
 python3 bench/ab_report.py --out "$OUT/fp8-layer-forward.json" --commit "$COMMIT" --field mok_ms \
-  --variant bf16="$OUT/ab_bf16_*.json" --variant fp8="$OUT/ab_fp8_*.json" \
-  --what "the GPU layer's forward (unfused path) in bf16 and in FP8 (recipe 1), EP 1 on EP-8 rank slices" \
+  --variant bf16="$OUT/ab_bf16_*.json" --variant fp8="$OUT/ab_fp8_*.json" --variant mxfp8="$OUT/ab_mxfp8_*.json" \
+  --what "the GPU layer's forward (unfused path) in bf16, FP8 (recipe 1) and MXFP8 (recipe 2, re-blocked), EP 1 on EP-8 rank slices" \
   2>&1 | tee -a "$LOG"
 if [ "${FP8_CHAIN:-1}" = 1 ]; then
   t1=$(date +%s)
