@@ -270,31 +270,31 @@ void run_fc1_case(const std::vector<int32_t>& counts, int64_t H, int64_t I, int 
         gu_same += got == want;
       }
     }
+    // One row of h quantized by the spec (1 x 128, or MX re-blocked to 1 x 128).
+    const auto quantize_row = [&](const std::vector<float>& v, std::vector<uint8_t>& q, std::vector<float>& sc) {
+      q.assign(static_cast<size_t>(I), 0);
+      sc.assign(static_cast<size_t>(ib), 0.0f);
+      if (h_mx) {
+        std::vector<uint8_t> mq(static_cast<size_t>(I)), ms(static_cast<size_t>(I / 32));
+        fp8::quantize_mxfp8(v.data(), 1, I, mq.data(), ms.data());
+        fp8::reblock_mxfp8(mq.data(), ms.data(), 1, I, fp8::kActivationBlock, q.data(), sc.data());
+      } else {
+        fp8::quantize_1x128(v.data(), 1, I, q.data(), sc.data());
+      }
+    };
     {  // bit for bit: the spec's quantization of the epilogue's own h values
       std::vector<float> hv(static_cast<size_t>(I));
       for (int64_t i = 0; i < I; ++i) hv[size_t(i)] = float_of(hx[size_t(r * I + i)]);
-      std::vector<uint8_t> q(static_cast<size_t>(I));
-      std::vector<float> sc(static_cast<size_t>(ib));
-      if (h_mx) {
-        std::vector<uint8_t> mq(static_cast<size_t>(I)), ms(static_cast<size_t>(I / 32));
-        fp8::quantize_mxfp8(hv.data(), 1, I, mq.data(), ms.data());
-        fp8::reblock_mxfp8(mq.data(), ms.data(), 1, I, fp8::kActivationBlock, q.data(), sc.data());
-      } else {
-        fp8::quantize_1x128(hv.data(), 1, I, q.data(), sc.data());
-      }
+      std::vector<uint8_t> q;
+      std::vector<float> sc;
+      quantize_row(hv, q, sc);
       for (int64_t i = 0; i < I; ++i) exact_bad += q[size_t(i)] != gh[size_t(r * I + i)];
       for (int64_t b = 0; b < ib; ++b)  // (fp32 bits: a NaN scale equals a NaN scale)
         exact_bad += std::memcmp(&sc[size_t(b)], &gs[size_t(r * ib + b)], 4) != 0;
     }
-    std::vector<uint8_t> qh(static_cast<size_t>(I));
-    std::vector<float> sh(static_cast<size_t>(ib));
-    if (h_mx) {
-      std::vector<uint8_t> mq(static_cast<size_t>(I)), ms(static_cast<size_t>(I / 32));
-      fp8::quantize_mxfp8(h.data(), 1, I, mq.data(), ms.data());
-      fp8::reblock_mxfp8(mq.data(), ms.data(), 1, I, fp8::kActivationBlock, qh.data(), sh.data());
-    } else {
-      fp8::quantize_1x128(h.data(), 1, I, qh.data(), sh.data());
-    }
+    std::vector<uint8_t> qh;
+    std::vector<float> sh;
+    quantize_row(h, qh, sh);  // the fp64 reference's h
     for (int64_t b = 0; b < ib; ++b) {
       const double ratio = double(gs[size_t(r * ib + b)]) / sh[size_t(b)];
       ++scales_seen;

@@ -81,16 +81,21 @@ __global__ void cvt_vs_spec_kernel(unsigned long long* mismatches, unsigned* fir
   if (bad) atomicAdd(mismatches, bad);
 }
 
+// Runs a (mismatch count, first mismatching index) kernel over `blocks` CTAs of 256 threads.
+std::pair<unsigned long long, unsigned> count_disagreements(void (*kernel)(unsigned long long*, unsigned*),
+                                                            int blocks) {
+  DevBuf count(8), first(4);
+  EXPECT_EQ(cudaMemset(count.p, 0, 8), cudaSuccess);
+  EXPECT_EQ(cudaMemset(first.p, 0xff, 4), cudaSuccess);
+  kernel<<<blocks, 256>>>(count.as<unsigned long long>(), first.as<unsigned>());
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return {download<unsigned long long>(count, 1)[0], download<unsigned>(first, 1)[0]};
+}
+
 TEST(Fp8Cvt, HardwareConversionIsTheSpec) {
   MOK_REQUIRE_GPUS(1);
-  DevBuf count(8), first(4);
-  MOK_ASSERT_CUDA(cudaMemset(count.p, 0, 8));
-  MOK_ASSERT_CUDA(cudaMemset(first.p, 0xff, 4));
-  cvt_vs_spec_kernel<<<132 * 16, 256>>>(count.as<unsigned long long>(), first.as<unsigned>());
-  MOK_ASSERT_CUDA(cudaGetLastError());
-  MOK_ASSERT_CUDA(cudaDeviceSynchronize());
-  const auto n = download<unsigned long long>(count, 1)[0];
-  const auto f = download<unsigned>(first, 1)[0];
+  const auto [n, f] = count_disagreements(cvt_vs_spec_kernel, 132 * 16);
   EXPECT_EQ(n, 0ull) << "cvt.rn.satfinite.e4m3x2.f32 differs from fp8::e4m3_encode, first at fp32 bits 0x" << std::hex
                      << f;
   std::printf("[fp8 cvt] all 2^32 fp32 inputs, in both bytes: %llu disagreements\n", n);
@@ -119,14 +124,7 @@ __global__ void shift_vs_spec_kernel(unsigned long long* mismatches, unsigned* f
 
 TEST(Fp8Cvt, ShiftByConversionsIsTheSpec) {
   MOK_REQUIRE_GPUS(1);
-  DevBuf count(8), first(4);
-  MOK_ASSERT_CUDA(cudaMemset(count.p, 0, 8));
-  MOK_ASSERT_CUDA(cudaMemset(first.p, 0xff, 4));
-  shift_vs_spec_kernel<<<132 * 8, 256>>>(count.as<unsigned long long>(), first.as<unsigned>());
-  MOK_ASSERT_CUDA(cudaGetLastError());
-  MOK_ASSERT_CUDA(cudaDeviceSynchronize());
-  const auto n = download<unsigned long long>(count, 1)[0];
-  const auto f = download<unsigned>(first, 1)[0];
+  const auto [n, f] = count_disagreements(shift_vs_spec_kernel, 132 * 8);
   EXPECT_EQ(n, 0ull) << "e4m3x2_shifted differs from the spec, first at codes 0x" << std::hex << (f & 0xffffu)
                      << std::dec << ", d = -" << (f >> 16);
   std::printf("[fp8 cvt] every code pair shifted by 2^0 .. 2^-160: %llu disagreements\n", n);
