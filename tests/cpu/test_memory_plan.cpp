@@ -404,6 +404,24 @@ TEST(MemoryPlan, Fp8AddsTheWeightCodesAndTheBackwardOperands) {
         }
       },
       mok::Error);
+  // MXFP8 runs on the FP8 buffers (its codes re-blocked to the same blocks): the same plan, buffer
+  // by buffer, on both paths (and with the kept weight codes).
+  for (const bool megakernel : {false, true})
+    for (const bool keep : {false, true}) {
+      if (megakernel && keep) continue;  // (kept codes: the unfused path's; refused otherwise)
+      mok::Config f = megakernel ? fp8_mk : fp8;
+      f.fp8_keep_weight_codes_t = keep;
+      mok::Config mx = f;
+      mx.precision = mok::Precision::MXFP8;
+      const mok::MemoryPlan pf = mok::plan_memory(shape, f, 0, 132), pm = mok::plan_memory(shape, mx, 0, 132);
+      ASSERT_EQ(pf.buffers.size(), pm.buffers.size()) << "megakernel " << megakernel << ", keep " << keep;
+      for (size_t i = 0; i < pf.buffers.size(); ++i) {
+        EXPECT_EQ(pf.buffers[i].name, pm.buffers[i].name);
+        EXPECT_EQ(pf.buffers[i].bytes, pm.buffers[i].bytes) << pf.buffers[i].name;
+        EXPECT_EQ(pf.buffers[i].scope, pm.buffers[i].scope) << pf.buffers[i].name;
+      }
+      EXPECT_STREQ(pf.backward_mode(), pm.backward_mode());
+    }
   std::printf("[memory fp8] DeepSeek-V3 EP-8 slice: fp8 weights %.2f GB per layer (bf16 weights %.2f GB); the "
               "backward's operands %.2f GB rows + %.2f GB weight codes (Backward scope: shared by all layers with "
               "a workspace); the layer %.2f GB (bf16 %.2f GB)\n",

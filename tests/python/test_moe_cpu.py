@@ -488,6 +488,9 @@ def test_fp8_modules_default_to_the_unfused_path_which_trains():
         "fused backward": ({"precision": "fp8", "forward_path": "unfused", "backward_path": "fused"}, True,
                            "backward_path is 'fused'"),
     }
+    # MXFP8 runs on the same runtime: the same answers, the refusal naming mxfp8
+    cases.update({"mxfp8 " + name: (dict(knobs, precision="mxfp8"), saves, refusal)
+                  for name, (knobs, saves, refusal) in list(cases.items())})
     for name, (knobs, saves, refusal) in cases.items():
         handle = _ops.register_gpu_layer(object(), knobs)
         try:
@@ -497,8 +500,9 @@ def test_fp8_modules_default_to_the_unfused_path_which_trains():
                 assert why is None, (name, why)
             else:
                 assert why is not None and refusal in why, (name, why)
-                inputs = (Cuda(),) + (None,) * 8 + (handle, "fp8")
-                with pytest.raises(NotImplementedError, match="precision 'fp8' is forward only on this GPU layer"):
+                p = knobs["precision"]
+                inputs = (Cuda(),) + (None,) * 8 + (handle, p)
+                with pytest.raises(NotImplementedError, match=f"precision '{p}' is forward only on this GPU layer"):
                     _ops._setup_context(None, inputs, (None, None))
         finally:
             _ops.unregister_gpu_layer(handle)
