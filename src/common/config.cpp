@@ -221,7 +221,8 @@ void Config::validate(const LayerShape& shape, int sm_count) const {
               " must fit 32-bit indexing (< 2^31)");
   MOK_REQUIRE(!fp8_keep_weight_codes_t || (precision != Precision::BF16 && forward_path == ForwardPath::Unfused),
               "config.fp8_keep_weight_codes_t",
-              "keeps the FP8 backward's weight codes: needs config.precision fp8 or mxfp8 and forward_path unfused (got ",
+              "keeps the FP8 backward's weight codes: needs config.precision fp8 or mxfp8 and forward_path "
+              "unfused (got ",
               to_string(precision), ", ", to_string(forward_path), ")");
   MOK_REQUIRE(saved_forwards >= 1 && saved_forwards <= 64, "config.saved_forwards", "must be in [1, 64], got ",
               saved_forwards);

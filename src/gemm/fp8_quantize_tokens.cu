@@ -25,8 +25,10 @@ using namespace quant;
 // 1): a warp's 32 threads hold 64 columns of 32 rows, so one warp reduction per row (REDUX, an
 // unsigned maximum of the magnitudes' bits: amax_update's order-free maximum) gives row l's
 // maximum over the warp's columns to lane l; the tile's two warps of a row group join theirs in
-// shared memory; the codes go out by rows through shared memory as 16-byte runs. Then every row of the matrix is read (the row form quantizes padding rows as
-// they are, the token form masks them). `g.peers`: the rows are read where they live (RowGather).
+// shared memory; the codes go out by rows through shared memory as 16-byte runs. Then every row
+// of the matrix is read (the row form quantizes padding rows as they are, the token form masks
+// them). `g.peers`: the rows are read where they live (RowGather).
+//
 // One column's 32 codes of a token block as 8 words, at dst. Rows past the data (`valid`) are
 // zero codes whatever the scale (a block holding a NaN or an infinity has a NaN scale, and 0 * its
 // inverse would encode as NaN: the FP8 wgrad multiplies every row), so the value is selected before
@@ -78,11 +80,10 @@ struct RowForm {
   bool vec = false;  // cols a multiple of 16 and q 16-byte aligned: 16-byte stores
 };
 template <bool kPairs, bool kRowForm, bool kGather, bool kMx = false>
-__global__ void __launch_bounds__(kTileThreads, kPairs && !kRowForm ? (kMx ? 3 : 4) : 1) quantize_token_blocks_t_kernel(const uint16_t* in, int64_t rows,
-                                                                               int64_t cols, int64_t ld, uint8_t* q_t,
-                                                                               float* scales, RoutedSegments seg,
-                                                                               bool vec_store, RowForm rf,
-                                                                               RowGather g) {
+// (MX pairs: 3 CTAs per SM, 85 registers: its conversions spilled at 4.)
+__global__ void __launch_bounds__(kTileThreads, kPairs && !kRowForm ? (kMx ? 3 : 4) : 1)
+    quantize_token_blocks_t_kernel(const uint16_t* in, int64_t rows, int64_t cols, int64_t ld, uint8_t* q_t,
+                                   float* scales, RoutedSegments seg, bool vec_store, RowForm rf, RowGather g) {
   constexpr int kB = fp8::kBlock, kGroups = kTileThreads / (kB / 2), kRows = kB / kGroups;  // 4 groups of 32 rows
   static_assert(kRows == 32, "a thread's codes of one column: 32 bytes");
   __shared__ float col_max[kGroups][kB];
@@ -235,7 +236,8 @@ void launch_token_blocks(const uint16_t* in, int64_t rows, int64_t cols, void* q
   const int64_t tiles = ld / fp8::kBlock * ((cols + fp8::kBlock - 1) / fp8::kBlock);
   MOK_REQUIRE(tiles < (int64_t(1) << 31), "rows, cols", "fewer than 2^31 tiles of 128 x 128, got ", tiles);
   auto* out = static_cast<uint8_t*>(q_t);
-  quantize_token_blocks_t_kernel<kPairs, kRowForm, kGather, kMx><<<static_cast<unsigned>(tiles), kTileThreads, 0, stream>>>(
+  quantize_token_blocks_t_kernel<kPairs, kRowForm, kGather, kMx><<<static_cast<unsigned>(tiles), kTileThreads, 0,
+                                                                    stream>>>(
       in, rows, cols, ld, out, scales, seg, aligned(out, 16), rf, g);
   MOK_CUDA_CHECK(cudaGetLastError());
 }

@@ -171,7 +171,8 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
         mma_tile_scaled<C, BScale::GateUp>(sm, ps, t, cwg, wt, acc, wb, sc);
         e0 = clock.now();
         if (!dummy)
-          epilogue_fc1_fp8<kMxH>(acc, cwg, wt, t.out_row, t.b_n, static_cast<uint8_t*>(p.h_ring), p.h_scales_ring, p.inter);
+          epilogue_fc1_fp8<kMxH>(acc, cwg, wt, t.out_row, t.b_n, static_cast<uint8_t*>(p.h_ring), p.h_scales_ring,
+                                 p.inter);
       } else {
         const int64_t kb = t.k_blocks, n_blocks = p.hidden / 128;  // I / 128; H / 128
         const TileScales sc{p.h_scales_ring + int64_t(t.a_m) * kb, kb,
