@@ -270,7 +270,7 @@ struct Fp8Fc1Args {
   int64_t num_m_tiles = 0;
   // h as MXFP8 re-blocked to its 1 x 128 blocks (recipe 2 on the FP8 forms, notes/fp8.md "MXFP8
   // on Hopper"): the codes and power-of-two scales gemm::quantize_mxfp8_reblocked would give h.
-  // (Written 2026-12-03, not yet run on a GPU: Fp8Grouped.Fc1WithMxHMatchesTheReference.)
+  // (GPU test: Fp8Grouped.Fc1WithMxHMatchesTheReference.)
   bool h_mx = false;
 };
 
