@@ -92,11 +92,9 @@ def pct(row, key, value, reference):
         row[key] = 100.0 * value / reference
 
 
-def join(mok, base, fp8=None):
+def join(mok, base, fp8_docs=()):
     """The output document: mok's cases and ablation, each joined with the baseline when known;
-    `fp8` (mok_bench's FP8 / MXFP8 runs of the same cases: one document or a list) adds their cases,
-    beside the bf16 ones."""
-    fp8_docs = fp8 if isinstance(fp8, list) else [fp8] if fp8 else []
+    `fp8_docs` (mok_bench's FP8 / MXFP8 runs of the same cases) add their cases, beside the bf16 ones."""
     by_key = {case_key(c): c for c in base["cases"]} if base else {}
     peak = (base or {}).get("peak_bf16") or {}
     peak_fp8 = (base or {}).get("peak_fp8") or {}

@@ -291,8 +291,7 @@ __device__ __forceinline__ void epilogue_fc1_fp8(const float (&acc)[128], int cw
       s = mx_nan ? __uint_as_float(0x7fc00000u) : mok::fp8::e8m0_decode(uint8_t(top));
 #pragma unroll
       for (int g = 0; g < 4; ++g) {
-        const int d = int(mx_sc[g]) - int(top);
-        mx_f[g] = d >= -149 ? mok::fp8::detail::pow2(d) : 0.0f;
+        mx_f[g] = mx_shift(mx_sc[g], top);
       }
     } else {
       amax = mok::fp8::amax_update(amax, __shfl_xor_sync(0xffffffffu, amax, 1));

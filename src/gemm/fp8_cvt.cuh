@@ -39,6 +39,13 @@ __device__ __forceinline__ uint16_t e4m3x2_shifted(uint16_t codes, float f) {
   return d;
 }
 
+// The factor 2^(sc - top) <= 1 that moves an MX code at E8M0 scale code `sc` to its block's
+// largest code `top` (0 below fp32's range, as fp8::reblock_mxfp8 has it).
+__device__ __forceinline__ float mx_shift(uint32_t sc, uint32_t top) {
+  const int d = int(sc) - int(top);
+  return d >= -149 ? fp8::detail::pow2(d) : 0.0f;
+}
+
 // Two values' MX codes at E8M0 inverse scale `inv`, moved to the block's scale by f (above).
 __device__ __forceinline__ uint16_t mx_reblocked2(float lo, float hi, float inv, float f) {
   return e4m3x2_shifted(e4m3x2(lo * inv, hi * inv), f);

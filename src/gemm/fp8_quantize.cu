@@ -74,8 +74,7 @@ __global__ void __launch_bounds__(256) quantize_rows_kernel(const uint16_t* in, 
         top = max(top, __shfl_xor_sync(0xffffffffu, top, 16));
         const bool nan = top == fp8::kE8m0NaN;
         if (lane == 0) static_cast<float*>(scales)[b] = nan ? __uint_as_float(0x7fc00000u) : fp8::e8m0_decode(uint8_t(top));
-        const int d = int(sc) - int(top);  // <= 0
-        const float f = d >= -149 ? fp8::detail::pow2(d) : 0.0f, inv = fp8::mxfp8_inv_scale(sc);
+        const float f = mx_shift(sc, top), inv = fp8::mxfp8_inv_scale(sc);
         static_assert(kPer % 2 == 0, "pairs of codes");
 #pragma unroll
         for (int i = 0; i < kPer; i += 2) {
@@ -159,8 +158,7 @@ __global__ void __launch_bounds__(256) quantize_rows_vec_kernel(const uint16_t* 
           top = max(top, __shfl_xor_sync(0xffffffffu, top, 4));
           const bool nan = top == fp8::kE8m0NaN;
           if (b < grid_cols && li == 0) srow[b] = fp8::e8m0_decode(uint8_t(top));  // 2^e, or NaN
-          const int d = int(mx) - int(top);  // <= 0
-          const float f = d >= -149 ? fp8::detail::pow2(d) : 0.0f, inv = fp8::mxfp8_inv_scale(mx);
+          const float f = mx_shift(mx, top), inv = fp8::mxfp8_inv_scale(mx);
 #pragma unroll
           for (int i = 0; i < 4; ++i)
             code[i] = nan ? 0x7f7f7f7fu
@@ -249,8 +247,7 @@ __global__ void __launch_bounds__(kTileThreads) quantize_mx_tiles_reblocked_kern
     const int64_t r = br * kB + rl;
     if (r >= rows || c >= cols) continue;
     const uint8_t sc = mx_code[rl][cl / fp8::kMxBlock];
-    const int d = int(sc) - int(top);  // <= 0
-    const float f = d >= -149 ? fp8::detail::pow2(d) : 0.0f;
+    const float f = mx_shift(sc, top);
     q[r * cols + c] =
         nan ? fp8::kE4m3NaN : uint8_t(mx_reblocked2(bf16_at(in + r * cols + c), 0.0f, fp8::mxfp8_inv_scale(sc), f));
   }

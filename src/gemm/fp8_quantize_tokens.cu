@@ -42,8 +42,7 @@ __device__ __forceinline__ void store_token_column(const float (&v)[32], float i
                                                    bool vec_store, uint8_t sc = 0, uint32_t top = 0) {
   [[maybe_unused]] float f = 0.0f;
   if constexpr (kMx) {
-    const int d = int(sc) - int(top);  // <= 0
-    f = d >= -149 ? fp8::detail::pow2(d) : 0.0f;
+    f = mx_shift(sc, top);
     inv = fp8::mxfp8_inv_scale(sc);
   }
   uint32_t w[8];

@@ -104,8 +104,7 @@ __global__ void __launch_bounds__(kTileThreads) quantize_weights_t_kernel(const 
     float inv[2], f[2];
 #pragma unroll
     for (int g = 0; g < 2; ++g) {
-      const int d = int(sc[g]) - int(top);  // <= 0
-      f[g] = d >= -149 ? fp8::detail::pow2(d) : 0.0f;
+      f[g] = mx_shift(sc[g], top);
       inv[g] = fp8::mxfp8_inv_scale(sc[g]);
     }
     const auto mx2 = [&](int k) {  // K indices k, k + 1 of the thread's 64 (its MX block k / 32)
