@@ -5,6 +5,8 @@ The build compiles each .cu through cmake/ptxas_log.sh, which stores `ptxas -v` 
 the object file as <object>.ptxas.log. This script fails when
   * any kernel or device function spills registers (spill stores or loads > 0),
   * any kernel uses a stack frame and is not listed in the allow file,
+  * ptxas serialised a kernel's wgmmas (C7515, "wgmma.mma_async instructions are serialized"):
+    the tensor cores then wait for every MMA, a several-fold slowdown that no test notices,
   * a CUDA object has no report, or no report names an sm_90a entry function at all
     (so a broken launcher cannot make the check pass vacuously).
 It prints one line per entry function: registers, stack, spills.
@@ -20,6 +22,7 @@ ENTRY = re.compile(r"ptxas info\s*: Compiling entry function '([^']+)' for '(sm_
 PROPS = re.compile(r"ptxas info\s*: Function properties for (\S+)")
 FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 USED = re.compile(r"ptxas info\s*: Used (\d+) registers")
+SERIAL = re.compile(r"\(C7515\).*wgmma\.mma_async instructions are serialized(.*) in the function '([^']+)'")
 
 
 def parse(log: pathlib.Path):
@@ -74,6 +77,8 @@ def main() -> int:
             failures.append(f"{obj}: no ptxas report (was it built through cmake/ptxas_log.sh?)")
             continue
         rows = list(parse(log))
+        for m in SERIAL.finditer(log.read_text(errors="replace")):
+            failures.append(f"{m.group(2)}: wgmmas serialised by ptxas{m.group(1)} ({log})")
         readable = demangle([r[0] for r in rows])
         for fn, arch, regs, stack, st, ld in rows:
             is_entry = arch is not None

@@ -322,15 +322,14 @@ __device__ __forceinline__ void release_stage(const Smem<C>& sm, uint32_t s, uin
 template <class C>
 __device__ __forceinline__ void mask_k_rows(const Smem<C>& sm, uint32_t s, int valid, uint32_t ct) {
   static_assert(C::Operand::kMNMajor, "K masking is of MN-major stages (128-byte rows of 64 bf16)");
-  const uint32_t rows = uint32_t(C::kBlockK - valid);
-  const uint32_t per_chunk = rows * 8u;  // 16-byte units
-  const uint32_t units = per_chunk * uint32_t(2 + C::kChunks);  // 2 A chunks + the B chunks
-  for (uint32_t u = ct; u < units; u += 256u) {
-    const uint32_t chunk = u / per_chunk;
-    const uint32_t rem = u - chunk * per_chunk;
-    const uint32_t row = uint32_t(valid) + rem / 8u;
-    uint8_t* base = chunk < 2u ? sm.a(s) + chunk * kChunkBytes : sm.b(s) + (chunk - 2u) * kChunkBytes;
-    *reinterpret_cast<uint4*>(base + row * 128u + (rem % 8u) * 16u) = make_uint4(0u, 0u, 0u, 0u);
+  // Rows [valid, 64) of a chunk are one contiguous run of 16-byte units (128-byte rows; the swizzle
+  // permutes units inside a row only), so each chunk's run is a strided loop: no division.
+  const uint32_t first = uint32_t(valid) * 8u, end = uint32_t(C::kBlockK) * 8u;  // 16-byte units
+#pragma unroll
+  for (int chunk = 0; chunk < 2 + C::kChunks; ++chunk) {  // 2 A chunks + the B chunks
+    uint8_t* base = chunk < 2 ? sm.a(s) + chunk * kChunkBytes : sm.b(s) + (chunk - 2) * kChunkBytes;
+    for (uint32_t u = first + ct; u < end; u += 256u)
+      *reinterpret_cast<uint4*>(base + u * 16u) = make_uint4(0u, 0u, 0u, 0u);
   }
   fence_async_shared();
   named_bar_sync(kBarConsumers, 256);
@@ -370,7 +369,9 @@ __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, co
     if (cwg == 1) mbar_wait(skew_bar, skew_parity, wb, kSiteSkew);
   }
   // Zeroing (the first wgmma also starts from 0) ends the previous tile's accumulators' lifetime
-  // at its epilogue: wgmma's operands are read-write, so without it they would stay live.
+  // at its epilogue: wgmma's operands are read-write, so without it they would stay live (and the
+  // forms spill: measured with ptxas). It costs one instruction per register per tile; an empty
+  // asm definition instead makes ptxas serialise the wgmmas (C7515).
   if (!accumulate) {
 #pragma unroll
     for (int i = 0; i < C::kAccRegs; ++i) acc[i] = 0.0f;

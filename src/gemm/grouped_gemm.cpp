@@ -261,6 +261,10 @@ Plan k_grouped_plan(Form form, int64_t m, int64_t n, int64_t experts, int64_t ro
   p.params.expert_row_begin = row_begin;
   p.params.expert_rows = rows;
   p.params.expert_range = range;
+  // The tile decode divides on the GPU by a float reciprocal, exact below 2^22 (schedule_math.h).
+  MOK_REQUIRE(experts * p.params.num_m_tiles * p.params.n_tiles < (int64_t(1) << 22), "problem size",
+              "fewer than 2^22 weight-gradient tiles (experts x M/128 x N tiles), got ",
+              experts * p.params.num_m_tiles * p.params.n_tiles);
   fill_common(p, o, experts * p.params.num_m_tiles * p.params.n_tiles,
               experts * cdiv(p.params.num_m_tiles, 2) * p.params.n_tiles);
   p.padded_flops = 2.0 * double(rows_total) * double(m) * double(n);

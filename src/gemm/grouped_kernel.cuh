@@ -114,29 +114,32 @@ __device__ __forceinline__ Tile k_grouped_tile(const KernelParams& p, int32_t e,
   return k_grouped_tile<C>(__ldg(p.expert_rows + e), __ldg(p.expert_row_begin + e), e, m, n);
 }
 
-// K-grouped tiles (wgrad): per expert, its M x N output tiles; K runs over the expert's rows.
+// K-grouped tiles (wgrad): per expert, its M x N output tiles; K runs over the expert's rows. Its
+// tiles are short (K = the expert's rows), so the decode between two of them runs on divisors made
+// once (sched::div_by, sched::RasterPlan: the same tiles as integer division).
 template <class C>
 struct KGroupedSchedule {
   int32_t t;
   int32_t total;
   int32_t first;
+  sched::Divisor per_e;
+  sched::RasterPlan plan;
   const KernelParams* p;
   __device__ explicit KGroupedSchedule(const KernelParams& params)
       : t(int32_t(blockIdx.x) - int32_t(gridDim.x)), p(&params) {
     const ExpertRange r(params);
     first = r.first;
     total = r.count * params.num_m_tiles * params.n_tiles;
+    per_e = sched::divisor(max(1, params.num_m_tiles * params.n_tiles));
+    plan = sched::raster_plan(max(1, params.num_m_tiles), params.n_tiles, max(1, params.group_m));
   }
   __device__ bool next(Tile& out, bool& shared, bool& dummy) {
     shared = dummy = false;
     t += int32_t(gridDim.x);
     if (t >= total) return false;
-    const int32_t per_e = p->num_m_tiles * p->n_tiles;
-    const int32_t local = t / per_e;
-    const int32_t e = first + local;
-    int32_t m, n;
-    raster(t - local * per_e, p->num_m_tiles, p->n_tiles, p->group_m, m, n);
-    out = k_grouped_tile<C>(*p, e, m, n);
+    const int32_t local = sched::div_by(t, per_e);
+    const sched::TileMN mn = sched::tile_raster(t - local * per_e.d, plan);
+    out = k_grouped_tile<C>(*p, first + local, mn.m, mn.n);
     return true;
   }
 };
@@ -377,7 +380,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     Skew<C> skew;
     skew.stages = p.skew_stages;
     float acc[C::kAccRegs];
-    while (sched.next(t, shared, dummy)) {
+    // K-grouped forms (short tiles: K = an expert's rows) decode their next tile before this one's
+    // epilogue, so its loads (the expert's rows) and arithmetic overlap the epilogue's waits
+    // instead of sitting between the epilogue and the next tile's first MMA.
+    constexpr bool kDecodeAhead = Form::kMaskK;
+    bool have = sched.next(t, shared, dummy);
+    while (have) {
+      if constexpr (kDecodeAhead) {
+        bool accumulate = false;
+        if constexpr (Form::kCarry) accumulate = Form::load_carry(t, ct, acc, p);
+        mma_tile<C, Form::kAMN, Form::kBMN, Form::kMaskK, kCluster>(sm, ps, t, cwg, ct, acc, wb, skew, rank ^ 1u,
+                                                                    NoHook{}, accumulate);
+        Tile tn;
+        bool shared_n = false, dummy_n = false;
+        have = sched.next(tn, shared_n, dummy_n);
+        if (!dummy) Form::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
+        t = tn;
+        shared = shared_n;
+        dummy = dummy_n;
+        continue;
+      }
       if constexpr (Form::kSplitN) {
         // Token rows of the tile (M-grouped forms: t.b_batch is its expert, t.a_m its first row);
         // a begin past the tile (a caller's layout other than the padded one) never splits.
@@ -385,6 +407,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (p.expert_rows != nullptr && t.a_m >= begin && begin + __ldg(p.expert_rows + t.b_batch) - t.a_m <= 64) {
           mma_tile_split_n<C, kCluster>(sm, ps, t, cwg, acc, wb, rank ^ 1u);
           if (!dummy) Form::epilogue_split(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
+          have = sched.next(t, shared, dummy);
           continue;
         }
       }
@@ -393,6 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mma_tile<C, Form::kAMN, Form::kBMN, Form::kMaskK, kCluster>(sm, ps, t, cwg, ct, acc, wb, skew, rank ^ 1u,
                                                                   NoHook{}, accumulate);
       if (!dummy) Form::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
+      have = sched.next(t, shared, dummy);
     }
     epi_finish(wt == 0);
   }
