@@ -114,32 +114,30 @@ __device__ __forceinline__ Tile k_grouped_tile(const KernelParams& p, int32_t e,
   return k_grouped_tile<C>(__ldg(p.expert_rows + e), __ldg(p.expert_row_begin + e), e, m, n);
 }
 
-// K-grouped tiles (wgrad): per expert, its M x N output tiles; K runs over the expert's rows. Its
-// tiles are short (K = the expert's rows), so the decode between two of them runs on divisors made
-// once (sched::div_by, sched::RasterPlan: the same tiles as integer division).
+// K-grouped tiles (wgrad): per expert, its M x N output tiles; K runs over the expert's rows.
+// (Divisions by float reciprocals made once measured slower here: notes/gemm.md.)
 template <class C>
 struct KGroupedSchedule {
   int32_t t;
   int32_t total;
   int32_t first;
-  sched::Divisor per_e;
-  sched::RasterPlan plan;
   const KernelParams* p;
   __device__ explicit KGroupedSchedule(const KernelParams& params)
       : t(int32_t(blockIdx.x) - int32_t(gridDim.x)), p(&params) {
     const ExpertRange r(params);
     first = r.first;
     total = r.count * params.num_m_tiles * params.n_tiles;
-    per_e = sched::divisor(max(1, params.num_m_tiles * params.n_tiles));
-    plan = sched::raster_plan(max(1, params.num_m_tiles), params.n_tiles, max(1, params.group_m));
   }
   __device__ bool next(Tile& out, bool& shared, bool& dummy) {
     shared = dummy = false;
     t += int32_t(gridDim.x);
     if (t >= total) return false;
-    const int32_t local = sched::div_by(t, per_e);
-    const sched::TileMN mn = sched::tile_raster(t - local * per_e.d, plan);
-    out = k_grouped_tile<C>(*p, first + local, mn.m, mn.n);
+    const int32_t per_e = p->num_m_tiles * p->n_tiles;
+    const int32_t local = t / per_e;
+    const int32_t e = first + local;
+    int32_t m, n;
+    raster(t - local * per_e, p->num_m_tiles, p->n_tiles, p->group_m, m, n);
+    out = k_grouped_tile<C>(*p, e, m, n);
     return true;
   }
 };
@@ -196,6 +194,7 @@ struct FormFc1 {
   static constexpr bool kAMN = false, kBMN = false, kMaskK = false;
   static constexpr bool kGateUpB = true;  // B may be a gate/up pair (p.b_gate_up; FC1: always)
   static constexpr bool kCarry = false;   // no partial sums across calls (FormWgrad only)
+  static constexpr bool kOverlap = false;  // epilogue overlapped with the next tile (FormWgradOverlap)
   static constexpr bool kSplitN = true;
   using Schedule = MGroupedSchedule<C>;
   using PairSchedule = MPairSchedule<C>;
@@ -220,7 +219,7 @@ template <class C, bool kBMNArg>
 struct FormStore2d {
   static constexpr bool kAMN = false, kBMN = kBMNArg, kMaskK = false;
   static constexpr bool kGateUpB = kBMNArg;  // Dgrad: FC1's dgrad reads [W_gate; W_up]
-  static constexpr bool kCarry = false;
+  static constexpr bool kCarry = false, kOverlap = false;
   static constexpr bool kSplitN = !kBMNArg;  // K-major B: halves of 128 or 64 columns
   using Schedule = MGroupedSchedule<C>;
   using PairSchedule = MPairSchedule<C>;
@@ -252,7 +251,7 @@ using FormDgrad = FormStore2d<C, true>;
 template <class C, int kGuAhead = 1>
 struct FormDgradSwiGLU {
   static constexpr bool kAMN = false, kBMN = true, kMaskK = false, kSplitN = false, kGateUpB = false;
-  static constexpr bool kCarry = false;
+  static constexpr bool kCarry = false, kOverlap = false;
   using Schedule = MGroupedSchedule<C>;
   using PairSchedule = MPairSchedule<C>;
   __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
@@ -272,7 +271,7 @@ using FormDgradSwiGLU2 = FormDgradSwiGLU<C, 2>;
 template <class C>
 struct FormWgrad {
   static constexpr bool kAMN = true, kBMN = true, kMaskK = true, kSplitN = false, kGateUpB = false;
-  static constexpr bool kCarry = true;
+  static constexpr bool kCarry = true, kOverlap = false;
   using Schedule = KGroupedSchedule<C>;
   using PairSchedule = KPairSchedule<C>;
   // Carry (WgradArgs::carry_in / carry_out): thread ct's accumulators of output tile (m, n) at
@@ -318,6 +317,52 @@ struct FormWgrad {
     }
   }
 };
+
+// The weight gradient with each tile's epilogue overlapped with the next tile's first MMAs
+// (mma_tile_overlapped): two accumulator sets per thread, so 128-wide tiles only (2 x 64
+// registers), no clusters. Same tiles, K order and epilogue as FormWgrad, so the same bits.
+template <class C>
+struct FormWgradOverlap : FormWgrad<C> {
+  static_assert(C::kBlockN == 128, "two accumulator sets fit at BLOCK_N 128 only");
+  static constexpr bool kOverlap = true;
+  static constexpr int kAhead = 4;  // K blocks issued before the previous tile's epilogue (of 6 stages)
+};
+
+// The consumer loop of FormWgradOverlap: tiles alternate between the two accumulator sets, tile t
+// into one while the tile before (tp) is stored from the other inside its MMAs
+// (mma_tile_overlapped), then the roles swap. The body is written twice so that each set is a
+// fixed array (registers), never indexed at run time. t: the schedule's first tile (there is one).
+template <class C, class Form, class Schedule>
+__device__ __forceinline__ void consume_overlapped(const Smem<C>& sm, PipeState<C>& ps, EpiState& es, Schedule& sched,
+                                                   Tile t, int cwg, uint32_t wt, uint32_t ct,
+                                                   float (&acc)[C::kAccRegs], const WaitBound& wb,
+                                                   const CUtensorMap* d0, const CUtensorMap* d1,
+                                                   const KernelParams& p) {
+  float acc2[C::kAccRegs];
+  Tile tp;
+  bool shared = false, dummy = false;
+  auto epi = [&](const Tile& tt, const float (&a)[C::kAccRegs]) { Form::epilogue(sm, es, tt, cwg, wt, a, d0, d1, p); };
+  for (bool first = true;; first = false) {
+    bool accumulate = Form::load_carry(t, ct, acc, p);
+    mma_tile_overlapped<C, Form::kAMN, Form::kBMN, Form::kMaskK, Form::kAhead>(
+        sm, ps, t, cwg, ct, acc, wb, accumulate, [&] {
+          if (!first) epi(tp, acc2);
+        });
+    tp = t;
+    if (!sched.next(t, shared, dummy)) {
+      epi(tp, acc);
+      return;
+    }
+    accumulate = Form::load_carry(t, ct, acc2, p);
+    mma_tile_overlapped<C, Form::kAMN, Form::kBMN, Form::kMaskK, Form::kAhead>(sm, ps, t, cwg, ct, acc2, wb,
+                                                                                accumulate, [&] { epi(tp, acc); });
+    tp = t;
+    if (!sched.next(t, shared, dummy)) {
+      epi(tp, acc2);
+      return;
+    }
+  }
+}
 
 // ------------------------------------------------------------------------------------------------
 // The kernel: one CTA per SM, persistent over the form's schedule.
@@ -385,6 +430,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // instead of sitting between the epilogue and the next tile's first MMA.
     constexpr bool kDecodeAhead = Form::kMaskK;
     bool have = sched.next(t, shared, dummy);
+    if constexpr (Form::kOverlap) {
+      static_assert(!kCluster, "the overlapped weight gradient runs without clusters");
+      if (have) consume_overlapped<C, Form>(sm, ps, es, sched, t, cwg, wt, ct, acc, wb, &map_d0, &map_d1, p);
+    } else {
     while (have) {
       if constexpr (kDecodeAhead) {
         bool accumulate = false;
@@ -417,6 +466,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                                   NoHook{}, accumulate);
       if (!dummy) Form::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
       have = sched.next(t, shared, dummy);
+    }
     }
     epi_finish(wt == 0);
   }
