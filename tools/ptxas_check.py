@@ -5,8 +5,9 @@ The build compiles each .cu through cmake/ptxas_log.sh, which stores `ptxas -v` 
 the object file as <object>.ptxas.log. This script fails when
   * any kernel or device function spills registers (spill stores or loads > 0),
   * any kernel uses a stack frame and is not listed in the allow file,
-  * ptxas serialised a kernel's wgmmas (C7515, "wgmma.mma_async instructions are serialized"):
-    the tensor cores then wait for every MMA, a several-fold slowdown that no test notices,
+  * ptxas serialised a kernel's wgmmas (C7515 / C7518 ..., "wgmma.mma_async instructions are
+    serialized") or injected a wait for them (C7517, "warpgroup.wait is injected"): the tensor
+    cores then wait for MMAs the code meant to overlap, a slowdown that no test notices,
   * a CUDA object has no report, or no report names an sm_90a entry function at all
     (so a broken launcher cannot make the check pass vacuously).
 It prints one line per entry function: registers, stack, spills.
@@ -22,7 +23,8 @@ ENTRY = re.compile(r"ptxas info\s*: Compiling entry function '([^']+)' for '(sm_
 PROPS = re.compile(r"ptxas info\s*: Function properties for (\S+)")
 FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 USED = re.compile(r"ptxas info\s*: Used (\d+) registers")
-SERIAL = re.compile(r"\(C7515\).*wgmma\.mma_async instructions are serialized(.*) in the function '([^']+)'")
+SERIAL = re.compile(r"\((C75\d\d)\)[^\n]*?(wgmma\.mma_async instructions are serialized|warpgroup\.wait is injected)"
+                    r"[^\n]* in (?:the )?function '([^']+)'")
 
 
 def parse(log: pathlib.Path):
@@ -78,7 +80,7 @@ def main() -> int:
             continue
         rows = list(parse(log))
         for m in SERIAL.finditer(log.read_text(errors="replace")):
-            failures.append(f"{m.group(2)}: wgmmas serialised by ptxas{m.group(1)} ({log})")
+            failures.append(f"{m.group(3)}: ptxas {m.group(1)}, {m.group(2)} ({log})")
         readable = demangle([r[0] for r in rows])
         for fn, arch, regs, stack, st, ld in rows:
             is_entry = arch is not None

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Self-test of ptxas_check.py: it must fail on spills, stack frames, missing reports and
-non-sm_90a code, and pass a clean report (so the CI gate cannot pass vacuously)."""
+"""Self-test of ptxas_check.py: it must fail on spills, stack frames, missing reports,
+non-sm_90a code and serialised or waited-for wgmmas, and pass a clean report (so the CI gate
+cannot pass vacuously)."""
 import pathlib
 import subprocess
 import sys
@@ -14,6 +15,10 @@ ptxas info    : Function properties for _Z6kernelPf
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 ptxas info    : Used 8 registers, used 0 barriers, 360 bytes cmem[0]
 """
+SERIAL = ("ptxas info    : ({}) Potential Performance Loss: wgmma.mma_async instructions are serialized "
+          "due to {} in the function '_Z6kernelPf'\n")
+INJECTED = ("ptxas info    : (C7517) warpgroup.wait is injected in around line 12 by compiler to allow use of "
+            "registers defined by GMMA in function '_Z6kernelPf'\n")
 
 
 def run(log_text, with_log=True, allow=""):
@@ -38,6 +43,11 @@ cases = [
     ("missing report fails", run(CLEAN, with_log=False), 1),
     ("sm_90 (not sm_90a) fails", run(CLEAN.replace("'sm_90a'", "'sm_90'")), 1),
     ("report without kernels fails", run("ptxas info    : 0 bytes gmem\n"), 1),
+    ("serialised wgmmas fail (C7515)", run(CLEAN + SERIAL.format("C7515", "non wgmma instructions defining "
+                                                               "accumulator registers of a wgmma")), 1),
+    ("serialised wgmmas fail (C7518)", run(CLEAN + SERIAL.format("C7518", "program dependence on compiler-"
+                                                               "inserted WG.DP in divergent path")), 1),
+    ("an injected wgmma wait fails (C7517)", run(CLEAN + INJECTED), 1),
 ]
 bad = [name for name, got, want in cases if got != want]
 for name, got, want in cases:

@@ -10,7 +10,6 @@
 //
 //   mok_gemm_bench --out mok.json [--quick] [--filter SUBSTR] [--reps N] [--group-m N] [--max-ctas N]
 //                  [--no-gu] [--skew N] [--block-n 0|128|256] [--cluster 0|1] [--split-n 0|1] [--pdl 0|1]
-//                  [--wgrad-overlap 0|1]
 //                  [--rows N,N,... (rows per expert; default 128,512,2048)]
 //   (knobs for experiments: tile raster group, persistent CTAs, FC1 without g/u, consumer stagger,
 //   tile width, 2-CTA clusters, split-N for tiles with <= 64 token rows, programmatic dependent
@@ -72,7 +71,6 @@ struct Knobs {
   bool cluster = gemm::Options{}.cluster;
   bool split_n = gemm::Options{}.split_n;  // FC1/FC2 get the experts' rows (split-N for nearly empty tiles)
   bool pdl = gemm::Options{}.pdl;          // programmatic dependent launch between the timed launches
-  bool wgrad_overlap = gemm::Options{}.wgrad_overlap;  // bf16 wgrad: epilogue overlapped with the next tile
 };
 
 Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, const Knobs& kn) {
@@ -166,7 +164,6 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
   o.cluster = kn.cluster;
   o.split_n = kn.split_n;
   o.pdl = kn.pdl;
-  o.wgrad_overlap = kn.wgrad_overlap && c.form == "wgrad";
 
   std::vector<gemm::Plan> plans;
   for (int s = 0; s < sets; ++s) {
@@ -480,8 +477,6 @@ int main(int argc, char** argv) {
       else if (a == "--cluster" && has) kn.cluster = parse_number("--cluster", argv[++i], 0, 1) != 0;
       else if (a == "--split-n" && has) kn.split_n = parse_number("--split-n", argv[++i], 0, 1) != 0;
       else if (a == "--pdl" && has) kn.pdl = parse_number("--pdl", argv[++i], 0, 1) != 0;
-      else if (a == "--wgrad-overlap" && has)
-        kn.wgrad_overlap = parse_number("--wgrad-overlap", argv[++i], 0, 1) != 0;
       else if (a == "--rows" && has) {  // a comma-separated list of rows per expert
         row_set.clear();
         std::string list = argv[++i];
@@ -494,7 +489,7 @@ int main(int argc, char** argv) {
       else {
         std::fprintf(stderr,
                      "usage: %s [--out FILE] [--filter SUBSTR] [--reps N] [--quick] [--group-m N] [--max-ctas N] "
-                     "[--no-gu] [--skew N] [--block-n 0|128|256] [--cluster 0|1] [--split-n 0|1] [--pdl 0|1] [--wgrad-overlap 0|1] [--rows N,N,...]\n",
+                     "[--no-gu] [--skew N] [--block-n 0|128|256] [--cluster 0|1] [--split-n 0|1] [--pdl 0|1] [--rows N,N,...]\n",
                      argv[0]);
         return 2;
       }
@@ -592,12 +587,12 @@ int main(int argc, char** argv) {
                  "\"experts\": %lld, \"hidden\": %lld, \"inter\": %lld, \"m\": %lld, \"n\": %lld, \"k\": %lld, "
                  "\"flops\": %.6e, \"mok_ms\": %.6f, \"mok_tflops\": %.3f, \"check_rel_err\": %.3e, "
                  "\"buffer_sets\": %d, \"timed_launches\": %d, \"block_n\": %d, \"skew\": %d, \"group_m\": %d, "
-                 "\"cluster\": %d, \"split_n\": %d, \"pdl\": %d, \"wgrad_overlap\": %d, \"counts\": [",
+                 "\"cluster\": %d, \"split_n\": %d, \"pdl\": %d, \"counts\": [",
                  first ? "" : ",\n", c.name.c_str(), c.form.c_str(), (long long)c.rows_per_expert,
                  c.routing.c_str(), (long long)c.model->experts, (long long)c.model->hidden,
                  (long long)c.model->inter, (long long)c.m_or_rows, (long long)c.n, (long long)c.k, r.flops,
                  r.ms, r.tflops, std::isfinite(r.err) ? r.err : -1.0, r.sets, r.launches, r.block_n, r.skew, kn.group_m, int(kn.cluster),
-                 int(kn.split_n), int(kn.pdl), int(kn.wgrad_overlap && c.form == "wgrad"));
+                 int(kn.split_n), int(kn.pdl));
     for (size_t i = 0; i < counts.size(); ++i) std::fprintf(f, "%s%d", i ? ", " : "", counts[i]);
     std::fprintf(f, "]}");
     first = false;

@@ -42,11 +42,6 @@ struct Options {
   // kernel has completed (griddepcontrol.wait), so results are the same either way. Off until
   // measured and run through the whole GPU suite (the layer's unfused path uses these plans).
   bool pdl = false;
-  // Weight gradients (plan_wgrad, BF16): 128-wide tiles with each tile's epilogue overlapped with
-  // the next tile's first MMAs (two accumulator sets per thread; the same bits as without). For
-  // experts with few rows, where the epilogue takes as long as the MMAs. Not with clusters or
-  // block_n 256.
-  bool wgrad_overlap = false;
 };
 
 // Gate/up order ("packed order") of the FC1 pre-activations gu and of d_gu: in each group of 64
@@ -342,7 +337,6 @@ struct Plan {
   int block_n = 256;     // tile width of the kernel that runs
   bool cluster = false;  // 2-CTA clusters (grid is even)
   bool pdl = false;      // launched with programmatic stream serialization (Options::pdl)
-  bool overlap = false;  // the weight gradient's overlapped form (Options::wgrad_overlap)
   int grid = 0;       // 0: nothing to do
   // Useful work in FLOPs for the padded problem (2 * rows * n * k), for reporting.
   double padded_flops = 0;

@@ -323,7 +323,9 @@ template <class C>
 __device__ __forceinline__ void mask_k_rows(const Smem<C>& sm, uint32_t s, int valid, uint32_t ct) {
   static_assert(C::Operand::kMNMajor, "K masking is of MN-major stages (128-byte rows of 64 bf16)");
   // Rows [valid, 64) of a chunk are one contiguous run of 16-byte units (128-byte rows; the swizzle
-  // permutes units inside a row only), so each chunk's run is a strided loop: no division.
+  // permutes units inside a row only), so each chunk's run is a strided loop without the division
+  // per unit the flat loop over all chunks needed (the layer's backward 1.5% faster at the full
+  // models, where almost every expert's last K block is partial: notes/gemm.md).
   const uint32_t first = uint32_t(valid) * 8u, end = uint32_t(C::kBlockK) * 8u;  // 16-byte units
 #pragma unroll
   for (int chunk = 0; chunk < 2 + C::kChunks; ++chunk) {  // 2 A chunks + the B chunks
@@ -369,9 +371,8 @@ __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, co
     if (cwg == 1) mbar_wait(skew_bar, skew_parity, wb, kSiteSkew);
   }
   // Zeroing (the first wgmma also starts from 0) ends the previous tile's accumulators' lifetime
-  // at its epilogue: wgmma's operands are read-write, so without it they would stay live (and the
-  // forms spill: measured with ptxas). It costs one instruction per register per tile; an empty
-  // asm definition instead makes ptxas serialise the wgmmas (C7515).
+  // at its epilogue: wgmma's operands are read-write, so without it they would stay live (the
+  // forms then spill). An empty asm definition instead makes ptxas serialise the wgmmas (C7515).
   if (!accumulate) {
 #pragma unroll
     for (int i = 0; i < C::kAccRegs; ++i) acc[i] = 0.0f;
@@ -410,74 +411,6 @@ __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, co
   wgmma_wait<0>();
   fence_operands(acc);
   release_stage<C, kCluster>(sm, prev, peer);
-}
-
-// mma_tile with the previous tile's epilogue overlapped (the weight gradients over few rows, where
-// the epilogue took as long as the MMAs: notes/gemm.md, "Short weight-gradient tiles"): the first
-// min(k_blocks, kAhead) K blocks' MMAs are issued back to back without waiting for any of them,
-// then `mid` runs (the caller's epilogue of the tile before, from its other set of accumulators)
-// while the tensor cores work through them; then they are waited for and their stages released,
-// and the rest of the tile runs as mma_tile. kAhead stages stay held meanwhile, so kAhead <
-// kStages leaves the producer stages to fill for what follows. Zeroing only for a tile without K
-// blocks: otherwise the first wgmma starts from 0 (scale-d 0) unless `accumulate` (both
-// accumulator sets are live throughout anyway). Same K order as mma_tile, so the same fp32 sums.
-// The wait for at most kAhead groups before mid() is a no-op at run time; it lets ptxas see that
-// the other set's wgmmas are complete, where it would otherwise inject a wait for all of them
-// before mid() reads those registers (C7517) or serialise every wgmma (C7518).
-template <class C, bool kAMN, bool kBMN, bool kMaskK, int kAhead, class Mid>
-__device__ __forceinline__ void mma_tile_overlapped(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg,
-                                                    uint32_t ct, float (&acc)[C::kAccRegs], const WaitBound& wb,
-                                                    bool accumulate, const Mid& mid) {
-  static_assert(kAhead >= 1 && kAhead < C::kStages, "kAhead stages are held while mid() runs");
-  if (!accumulate && t.k_blocks == 0) {
-#pragma unroll
-    for (int i = 0; i < C::kAccRegs; ++i) acc[i] = 0.0f;
-  }
-  const uint32_t a0 = smem_addr(sm.a(0)) + uint32_t(cwg) * kChunkBytes;
-  const uint32_t b0 = smem_addr(sm.b(0));
-  auto issue = [&](int kb) {
-    const uint32_t s = ps.stage;
-    mbar_wait(sm.full(s), ps.phase, wb, kSiteConsumerFull);
-    if constexpr (kMaskK) {
-      if (kb == t.k_blocks - 1 && t.k_last_valid < C::kBlockK) mask_k_rows(sm, s, t.k_last_valid, ct);
-    }
-    const uint32_t as = a0 + s * kATileBytes;
-    const uint32_t bs = b0 + s * C::kBTileBytes;
-    fence_operands(acc);
-    wgmma_fence();
-#pragma unroll
-    for (int k16 = 0; k16 < C::kBlockK / C::Operand::kStepK; ++k16) {
-      const uint64_t da = kAMN ? desc_mn_major(as, k16, kChunkBytes) : desc_k_major(as, k16);
-      const uint64_t db = kBMN ? desc_mn_major(bs, k16, kChunkBytes) : desc_k_major(bs, k16);
-      C::Operand::template mma<C::kBlockN, kAMN, kBMN>(acc, da, db, (accumulate || kb > 0 || k16 > 0) ? 1u : 0u);
-    }
-    wgmma_commit();
-    ps.advance();
-    return s;
-  };
-  const int ahead = t.k_blocks < kAhead ? t.k_blocks : kAhead;
-  const uint32_t first = ps.stage;
-  for (int kb = 0; kb < ahead; ++kb) issue(kb);
-  wgmma_wait<kAhead>();
-  mid();
-  fence_operands(acc);
-  wgmma_wait<0>();
-  fence_operands(acc);
-  for (int i = 0; i < ahead; ++i) release_stage<C>(sm, (first + uint32_t(i)) % uint32_t(C::kStages));
-  uint32_t prev = 0;
-  for (int kb = ahead; kb < t.k_blocks; ++kb) {
-    const uint32_t s = issue(kb);
-    fence_operands(acc);
-    wgmma_wait<1>();
-    fence_operands(acc);
-    if (kb > ahead) release_stage<C>(sm, prev);
-    prev = s;
-  }
-  // Unconditional: ptxas must see every path leave no wgmma in flight, or it serialises them all
-  // (C7518, a wait it would insert in a divergent path).
-  wgmma_wait<0>();
-  fence_operands(acc);
-  if (t.k_blocks > ahead) release_stage<C>(sm, prev);
 }
 
 // A consumer warpgroup whose 64 rows of the tile are all padding: waits for each stage of the tile

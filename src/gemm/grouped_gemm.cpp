@@ -261,6 +261,10 @@ Plan k_grouped_plan(Form form, int64_t m, int64_t n, int64_t experts, int64_t ro
   p.params.expert_row_begin = row_begin;
   p.params.expert_rows = rows;
   p.params.expert_range = range;
+  // The tile decode divides on the GPU by a float reciprocal, exact below 2^22 (schedule_math.h).
+  MOK_REQUIRE(experts * p.params.num_m_tiles * p.params.n_tiles < (int64_t(1) << 22), "problem size",
+              "fewer than 2^22 weight-gradient tiles (experts x M/128 x N tiles), got ",
+              experts * p.params.num_m_tiles * p.params.n_tiles);
   fill_common(p, o, experts * p.params.num_m_tiles * p.params.n_tiles,
               experts * cdiv(p.params.num_m_tiles, 2) * p.params.n_tiles);
   p.padded_flops = 2.0 * double(rows_total) * double(m) * double(n);
@@ -290,13 +294,8 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
               "a, b, dw, expert_row_begin and expert_rows must be given");
   MOK_REQUIRE(a.dw_up == nullptr || a.m % (2 * kGateUpGroup) == 0, "wgrad.m",
               "a multiple of 64 (whole groups of 32 gate and 32 up rows) with dw_up, got ", a.m);
-  MOK_REQUIRE(!o.wgrad_overlap || (!o.cluster && o.block_n != 256), "options.wgrad_overlap",
-              "runs 128-wide tiles without clusters (options.cluster false, options.block_n 0 or 128)");
-  Options ko = o;
-  if (o.wgrad_overlap) ko.block_n = 128;
   Plan p = k_grouped_plan(Form::Wgrad, a.m, a.n, a.experts, a.rows_total, a.expert_row_begin, a.expert_rows,
-                          a.expert_range, ko);
-  p.overlap = o.wgrad_overlap;
+                          a.expert_range, o);
   const bool carry = a.carry_in != nullptr;
   MOK_REQUIRE(carry == (a.carry_out != nullptr) && carry == (a.carry_experts != nullptr), "wgrad.carry",
               "carry_in, carry_out and carry_experts must be given together (or none)");

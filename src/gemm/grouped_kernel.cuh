@@ -114,30 +114,45 @@ __device__ __forceinline__ Tile k_grouped_tile(const KernelParams& p, int32_t e,
   return k_grouped_tile<C>(__ldg(p.expert_rows + e), __ldg(p.expert_row_begin + e), e, m, n);
 }
 
-// K-grouped tiles (wgrad): per expert, its M x N output tiles; K runs over the expert's rows.
-// (Divisions by float reciprocals made once measured slower here: notes/gemm.md.)
+// K-grouped tiles (wgrad): per expert, its M x N output tiles; K runs over the expert's rows. The
+// bf16 instance decodes on divisors made once (sched::div_by, sched::RasterPlan: the same tiles as
+// integer division, +2.5% at 256 rows per expert); the FP8 one keeps integer division (3-14%
+// slower with the divisors, measured at b116aa3: notes/gemm.md).
 template <class C>
 struct KGroupedSchedule {
+  static constexpr bool kFastDiv = std::is_same_v<typename C::Operand, OperandBf16>;
   int32_t t;
   int32_t total;
   int32_t first;
+  sched::Divisor per_e;
+  sched::RasterPlan plan;
   const KernelParams* p;
   __device__ explicit KGroupedSchedule(const KernelParams& params)
       : t(int32_t(blockIdx.x) - int32_t(gridDim.x)), p(&params) {
     const ExpertRange r(params);
     first = r.first;
     total = r.count * params.num_m_tiles * params.n_tiles;
+    if constexpr (kFastDiv) {
+      per_e = sched::divisor(max(1, params.num_m_tiles * params.n_tiles));
+      plan = sched::raster_plan(max(1, params.num_m_tiles), params.n_tiles, max(1, params.group_m));
+    }
   }
   __device__ bool next(Tile& out, bool& shared, bool& dummy) {
     shared = dummy = false;
     t += int32_t(gridDim.x);
     if (t >= total) return false;
-    const int32_t per_e = p->num_m_tiles * p->n_tiles;
-    const int32_t local = t / per_e;
-    const int32_t e = first + local;
-    int32_t m, n;
-    raster(t - local * per_e, p->num_m_tiles, p->n_tiles, p->group_m, m, n);
-    out = k_grouped_tile<C>(*p, e, m, n);
+    if constexpr (kFastDiv) {
+      const int32_t local = sched::div_by(t, per_e);
+      const sched::TileMN mn = sched::tile_raster(t - local * per_e.d, plan);
+      out = k_grouped_tile<C>(*p, first + local, mn.m, mn.n);
+    } else {
+      const int32_t per_e_tiles = p->num_m_tiles * p->n_tiles;
+      const int32_t local = t / per_e_tiles;
+      const int32_t e = first + local;
+      int32_t m, n;
+      raster(t - local * per_e_tiles, p->num_m_tiles, p->n_tiles, p->group_m, m, n);
+      out = k_grouped_tile<C>(*p, e, m, n);
+    }
     return true;
   }
 };
@@ -194,7 +209,6 @@ struct FormFc1 {
   static constexpr bool kAMN = false, kBMN = false, kMaskK = false;
   static constexpr bool kGateUpB = true;  // B may be a gate/up pair (p.b_gate_up; FC1: always)
   static constexpr bool kCarry = false;   // no partial sums across calls (FormWgrad only)
-  static constexpr bool kOverlap = false;  // epilogue overlapped with the next tile (FormWgradOverlap)
   static constexpr bool kSplitN = true;
   using Schedule = MGroupedSchedule<C>;
   using PairSchedule = MPairSchedule<C>;
@@ -219,7 +233,7 @@ template <class C, bool kBMNArg>
 struct FormStore2d {
   static constexpr bool kAMN = false, kBMN = kBMNArg, kMaskK = false;
   static constexpr bool kGateUpB = kBMNArg;  // Dgrad: FC1's dgrad reads [W_gate; W_up]
-  static constexpr bool kCarry = false, kOverlap = false;
+  static constexpr bool kCarry = false;
   static constexpr bool kSplitN = !kBMNArg;  // K-major B: halves of 128 or 64 columns
   using Schedule = MGroupedSchedule<C>;
   using PairSchedule = MPairSchedule<C>;
@@ -251,7 +265,7 @@ using FormDgrad = FormStore2d<C, true>;
 template <class C, int kGuAhead = 1>
 struct FormDgradSwiGLU {
   static constexpr bool kAMN = false, kBMN = true, kMaskK = false, kSplitN = false, kGateUpB = false;
-  static constexpr bool kCarry = false, kOverlap = false;
+  static constexpr bool kCarry = false;
   using Schedule = MGroupedSchedule<C>;
   using PairSchedule = MPairSchedule<C>;
   __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
@@ -271,7 +285,7 @@ using FormDgradSwiGLU2 = FormDgradSwiGLU<C, 2>;
 template <class C>
 struct FormWgrad {
   static constexpr bool kAMN = true, kBMN = true, kMaskK = true, kSplitN = false, kGateUpB = false;
-  static constexpr bool kCarry = true, kOverlap = false;
+  static constexpr bool kCarry = true;
   using Schedule = KGroupedSchedule<C>;
   using PairSchedule = KPairSchedule<C>;
   // Carry (WgradArgs::carry_in / carry_out): thread ct's accumulators of output tile (m, n) at
@@ -317,52 +331,6 @@ struct FormWgrad {
     }
   }
 };
-
-// The weight gradient with each tile's epilogue overlapped with the next tile's first MMAs
-// (mma_tile_overlapped): two accumulator sets per thread, so 128-wide tiles only (2 x 64
-// registers), no clusters. Same tiles, K order and epilogue as FormWgrad, so the same bits.
-template <class C>
-struct FormWgradOverlap : FormWgrad<C> {
-  static_assert(C::kBlockN == 128, "two accumulator sets fit at BLOCK_N 128 only");
-  static constexpr bool kOverlap = true;
-  static constexpr int kAhead = 4;  // K blocks issued before the previous tile's epilogue (of 6 stages)
-};
-
-// The consumer loop of FormWgradOverlap: tiles alternate between the two accumulator sets, tile t
-// into one while the tile before (tp) is stored from the other inside its MMAs
-// (mma_tile_overlapped), then the roles swap. The body is written twice so that each set is a
-// fixed array (registers), never indexed at run time. t: the schedule's first tile (there is one).
-template <class C, class Form, class Schedule>
-__device__ __forceinline__ void consume_overlapped(const Smem<C>& sm, PipeState<C>& ps, EpiState& es, Schedule& sched,
-                                                   Tile t, int cwg, uint32_t wt, uint32_t ct,
-                                                   float (&acc)[C::kAccRegs], const WaitBound& wb,
-                                                   const CUtensorMap* d0, const CUtensorMap* d1,
-                                                   const KernelParams& p) {
-  float acc2[C::kAccRegs];
-  Tile tp;
-  bool shared = false, dummy = false;
-  auto epi = [&](const Tile& tt, const float (&a)[C::kAccRegs]) { Form::epilogue(sm, es, tt, cwg, wt, a, d0, d1, p); };
-  for (bool first = true;; first = false) {
-    bool accumulate = Form::load_carry(t, ct, acc, p);
-    mma_tile_overlapped<C, Form::kAMN, Form::kBMN, Form::kMaskK, Form::kAhead>(
-        sm, ps, t, cwg, ct, acc, wb, accumulate, [&] {
-          if (!first) epi(tp, acc2);
-        });
-    tp = t;
-    if (!sched.next(t, shared, dummy)) {
-      epi(tp, acc);
-      return;
-    }
-    accumulate = Form::load_carry(t, ct, acc2, p);
-    mma_tile_overlapped<C, Form::kAMN, Form::kBMN, Form::kMaskK, Form::kAhead>(sm, ps, t, cwg, ct, acc2, wb,
-                                                                                accumulate, [&] { epi(tp, acc); });
-    tp = t;
-    if (!sched.next(t, shared, dummy)) {
-      epi(tp, acc2);
-      return;
-    }
-  }
-}
 
 // ------------------------------------------------------------------------------------------------
 // The kernel: one CTA per SM, persistent over the form's schedule.
@@ -425,30 +393,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     Skew<C> skew;
     skew.stages = p.skew_stages;
     float acc[C::kAccRegs];
-    // K-grouped forms (short tiles: K = an expert's rows) decode their next tile before this one's
-    // epilogue, so its loads (the expert's rows) and arithmetic overlap the epilogue's waits
-    // instead of sitting between the epilogue and the next tile's first MMA.
-    constexpr bool kDecodeAhead = Form::kMaskK;
-    bool have = sched.next(t, shared, dummy);
-    if constexpr (Form::kOverlap) {
-      static_assert(!kCluster, "the overlapped weight gradient runs without clusters");
-      if (have) consume_overlapped<C, Form>(sm, ps, es, sched, t, cwg, wt, ct, acc, wb, &map_d0, &map_d1, p);
-    } else {
-    while (have) {
-      if constexpr (kDecodeAhead) {
-        bool accumulate = false;
-        if constexpr (Form::kCarry) accumulate = Form::load_carry(t, ct, acc, p);
-        mma_tile<C, Form::kAMN, Form::kBMN, Form::kMaskK, kCluster>(sm, ps, t, cwg, ct, acc, wb, skew, rank ^ 1u,
-                                                                    NoHook{}, accumulate);
-        Tile tn;
-        bool shared_n = false, dummy_n = false;
-        have = sched.next(tn, shared_n, dummy_n);
-        if (!dummy) Form::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
-        t = tn;
-        shared = shared_n;
-        dummy = dummy_n;
-        continue;
-      }
+    while (sched.next(t, shared, dummy)) {
       if constexpr (Form::kSplitN) {
         // Token rows of the tile (M-grouped forms: t.b_batch is its expert, t.a_m its first row);
         // a begin past the tile (a caller's layout other than the padded one) never splits.
@@ -456,7 +401,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (p.expert_rows != nullptr && t.a_m >= begin && begin + __ldg(p.expert_rows + t.b_batch) - t.a_m <= 64) {
           mma_tile_split_n<C, kCluster>(sm, ps, t, cwg, acc, wb, rank ^ 1u);
           if (!dummy) Form::epilogue_split(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
-          have = sched.next(t, shared, dummy);
           continue;
         }
       }
@@ -465,8 +409,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       mma_tile<C, Form::kAMN, Form::kBMN, Form::kMaskK, kCluster>(sm, ps, t, cwg, ct, acc, wb, skew, rank ^ 1u,
                                                                   NoHook{}, accumulate);
       if (!dummy) Form::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
-      have = sched.next(t, shared, dummy);
-    }
     }
     epi_finish(wt == 0);
   }

@@ -65,13 +65,6 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
                 "must be 'phased', 'merged' or 'static', got '", o, "'");
     bwd_merge = o == "merged" ? 1 : o == "static" ? 2 : 0;
   }
-  // The weight gradients' overlapped form (gemm::Options::wgrad_overlap; an experiment knob until
-  // measured, the same bits either way).
-  if (const char* ov = std::getenv("MOK_WGRAD_OVERLAP")) {
-    const std::string o = ov;
-    MOK_REQUIRE(o == "0" || o == "1", "MOK_WGRAD_OVERLAP", "must be '0' or '1', got '", o, "'");
-    wgrad_overlap = o == "1";
-  }
   rank = comm.rank();
   world = comm.world_size();
   // This rank's own checks first. Their verdict is one field of the cross-rank agreement below:
@@ -470,12 +463,6 @@ gemm::Options Layer::Impl::gemm_options() const {
   gemm::Options o;
   o.error = dc.claim;
   o.wait_limit_s = config.wait_timeout_s;
-  return o;
-}
-
-gemm::Options Layer::Impl::wgrad_options() const {
-  gemm::Options o = gemm_options();
-  o.wgrad_overlap = wgrad_overlap;
   return o;
 }
 

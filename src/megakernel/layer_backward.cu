@@ -155,9 +155,9 @@ void Layer::Impl::backward_resident(void* dw_gate, void* dw_up, void* dw_down, c
   if (program) {
     mark(7, stream);  // the weight gradients ran in the program (the stage "FC2 dgrad" holds it all)
   } else if (cap_rows > 0) {
-    gemm::run(gemm::plan_wgrad(wd, wgrad_options()), stream);
+    gemm::run(gemm::plan_wgrad(wd, gemm_options()), stream);
     mark(7, stream);
-    gemm::run(gemm::plan_wgrad(w1, wgrad_options()), stream);
+    gemm::run(gemm::plan_wgrad(w1, gemm_options()), stream);
   } else {  // no rank has tokens: no rows, zero gradients
     for (void* p : {dw_gate, dw_up, dw_down})
       MOK_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(e_loc * I * H) * 2, stream));
@@ -282,7 +282,7 @@ gemm::Options Layer::Impl::options_as(int64_t width_tiles, int64_t n) const {
 void Layer::Impl::run_wgrad(const void* a, const void* b, void* dw, int64_t m, int64_t n, int64_t experts,
                             int64_t rows_total, const int32_t* row_begin, const int32_t* rows, cudaStream_t stream,
                             void* dw_up) const {
-  gemm::run(gemm::plan_wgrad(wgrad_args(a, b, dw, m, n, experts, rows_total, row_begin, rows, dw_up), wgrad_options()),
+  gemm::run(gemm::plan_wgrad(wgrad_args(a, b, dw, m, n, experts, rows_total, row_begin, rows, dw_up), gemm_options()),
             stream);
 }
 

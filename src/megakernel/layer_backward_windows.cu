@@ -81,9 +81,9 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
       routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false);
       win_mark(w, 3, stream);
       gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, stream);
-      gemm::run(gemm::plan_wgrad(wd, wgrad_options()), stream);
+      gemm::run(gemm::plan_wgrad(wd, gemm_options()), stream);
       win_mark(w, 4, stream);
-      gemm::run(gemm::plan_wgrad(w1, wgrad_options()), stream);
+      gemm::run(gemm::plan_wgrad(w1, gemm_options()), stream);
       win_mark(w, 5, stream);
     }
     lo = hi;

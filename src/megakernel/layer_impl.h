@@ -227,8 +227,6 @@ struct Layer::Impl {
   // Its ticket order (mk::BwdGemmShape::merge; MOK_BWD_ORDER): phased by default, which measured
   // faster than merged (notes/backward.md).
   int32_t bwd_merge = 0;
-  // The unfused backward's bf16 weight gradients in their overlapped form (MOK_WGRAD_OVERLAP).
-  bool wgrad_overlap = false;
   // Windowed: the forward's gate/up rows [saved_rows, 2I] of the schedule's first saved_rows rows
   // (the activation budget; FC1's TMA stores clip the rows past it), which the backward reads
   // instead of recomputing FC1.
@@ -335,7 +333,6 @@ struct Layer::Impl {
   // Every in-kernel wait of the layer's GEMMs bounded by the config's timeout and given up once
   // any rank has failed (the communicator's abort word).
   gemm::Options gemm_options() const;
-  gemm::Options wgrad_options() const;  // gemm_options() for the unfused bf16 weight gradients
   // Checks common to forward() and backward() before anything is enqueued: the routing tensors'
   // shapes and memory (the call's scope has checked the communicator and ordered the stream).
   void check_routing(const RoutingRefs& in) const;

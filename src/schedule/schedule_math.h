@@ -112,6 +112,46 @@ MOK_HD TileMN tile_raster(int32_t r, int32_t num_m, int32_t n_tiles, int32_t gro
   const int32_t size = num_m - first < group_m ? num_m - first : group_m;
   return TileMN{first + in % size, in / size};
 }
+// Division by a divisor fixed for a kernel's lifetime, for the per-tile decode of persistent
+// kernels: 32-bit integer division is ~20 dependent instructions on the GPU (reciprocal, two
+// multiply-highs, corrections), and a weight-gradient tile over few rows pays four of them between
+// its epilogue and its first MMA (notes/gemm.md, "Short weight-gradient tiles"). Here: the float
+// reciprocal's estimate, corrected once. Exact for 0 <= n < 2^22 and 1 <= d < 2^22: n and d are
+// exact in float, the reciprocal and the product are each correctly rounded (no fast math), so the
+// estimate is within n/d * 2^-23 < 0.5 of n/d; truncating a non-negative value floors it, so the
+// quotient is off by at most one and r = n - q d tells which way (CPU test: FastDiv).
+struct Divisor {
+  int32_t d;
+  float inv;
+};
+MOK_HD Divisor divisor(int32_t d) { return Divisor{d, 1.0f / float(d)}; }
+MOK_HD int32_t div_by(int32_t n, Divisor v) {
+  const int32_t q = int32_t(float(n) * v.inv);
+  const int32_t r = n - q * v.d;
+  return q + (r >= v.d ? 1 : 0) - (r < 0 ? 1 : 0);
+}
+
+// tile_raster with its divisors made once (RasterPlan): the same (m, n) for every
+// 0 <= r < num_m * n_tiles < 2^22 (CPU test: FastDiv.RasterPlanIsTileRaster).
+struct RasterPlan {
+  int32_t num_m, group_m, last_first;  // last_first: the first M tile of the last (short) group
+  Divisor per_group, size, last_size;
+};
+MOK_HD RasterPlan raster_plan(int32_t num_m, int32_t n_tiles, int32_t group_m) {
+  const int32_t groups = (num_m + group_m - 1) / group_m;
+  const int32_t last_first = (groups - 1) * group_m;
+  return RasterPlan{num_m, group_m, last_first, divisor(group_m * n_tiles), divisor(group_m),
+                    divisor(num_m - last_first)};
+}
+MOK_HD TileMN tile_raster(int32_t r, const RasterPlan& p) {
+  const int32_t g = div_by(r, p.per_group);
+  const int32_t in = r - g * p.per_group.d;
+  const int32_t first = g * p.group_m;
+  const Divisor size = first == p.last_first ? p.last_size : p.size;
+  const int32_t n = div_by(in, size);
+  return TileMN{first + in - n * size.d, n};
+}
+
 // Whether the expert's token rows go on past row `cut` (it has rows on both sides): its weight
 // gradient's fp32 sums are carried from the window ending at `cut` into the next one.
 MOK_HD bool rows_cross(int64_t begin, int64_t rows, int64_t cut) { return begin < cut && cut < begin + rows; }

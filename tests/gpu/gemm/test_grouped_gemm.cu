@@ -9,7 +9,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <string>
 #include <vector>
 
 #include "gemm_test_util.h"
@@ -438,11 +437,8 @@ TEST(GroupedGemm, DgradSwiGLURejectsBadBuffers) {
 // ---------------------------------------------------------------------------------------------
 // Wgrad: dw[e] = sum_{rows of e} a[r]^T b[r], a [rows, m], b [rows, n]
 // ---------------------------------------------------------------------------------------------
-// overlap: Options::wgrad_overlap (128-wide tiles, each epilogue overlapped with the next tile's
-// MMAs), also compared bit for bit with the plain 128-wide form (same tiles, same K order).
-void wgrad_case(const std::vector<int32_t>& counts, int64_t m, int64_t n, int max_ctas, uint64_t seed,
-                bool overlap = false) {
-  SCOPED_TRACE(testing::Message() << "wgrad m=" << m << " n=" << n << " ctas=" << max_ctas << " overlap=" << overlap);
+void wgrad_case(const std::vector<int32_t>& counts, int64_t m, int64_t n, int max_ctas, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "wgrad m=" << m << " n=" << n << " ctas=" << max_ctas);
   const Routed rt(counts);
   const int64_t E = int64_t(counts.size()), rows = rt.rows;
   const auto a = routed_input(rt, m, seed);      // padding rows NaN: the K mask must drop them
@@ -464,25 +460,11 @@ void wgrad_case(const std::vector<int32_t>& counts, int64_t m, int64_t n, int ma
   g.rows_total = rows;
   g.expert_row_begin = dbeg.as<int32_t>();
   g.expert_rows = dcnt.as<int32_t>();
-  if (overlap) dev.block_n = 0;  // the overlapped form picks 128 itself
-  gemm::Options o = dev.opts(max_ctas);
-  o.wgrad_overlap = overlap;
-  const auto plan = gemm::plan_wgrad(g, o);
+  const auto plan = gemm::plan_wgrad(g, dev.opts(max_ctas));
   std::vector<std::vector<uint16_t>> r1, r2;
   std::vector<DevBuf*> outs{&dw};
   run_twice(plan, dev, outs, r1, r2);
   const auto& w = r1[0];
-  if (overlap) {
-    EXPECT_TRUE(plan.overlap);
-    dev.block_n = 128;
-    const auto plain = gemm::plan_wgrad(g, dev.opts(max_ctas));
-    std::vector<std::vector<uint16_t>> p1, p2;
-    run_twice(plain, dev, outs, p1, p2);
-    int64_t differ = 0;
-    for (int64_t e = 0; e < E; ++e)
-      for (int64_t i = 0; i < m * n; ++i) differ += w[size_t(e * m * n + i)] != p1[0][size_t(e * m * n + i)];
-    EXPECT_EQ(differ, 0) << "the overlapped form must give the plain 128-wide form's bits";
-  }
   const auto ad = to_double(a), bd = to_double(b);
   ErrStat st;
   int64_t nonzero_empty = 0;
@@ -507,9 +489,8 @@ void wgrad_case(const std::vector<int32_t>& counts, int64_t m, int64_t n, int ma
   EXPECT_EQ(st.nonfinite, 0) << "unwritten or NaN outputs (padding rows leaked?)";
   EXPECT_EQ(nonzero_empty, 0) << "experts without rows must get a zero gradient";
   EXPECT_LE(st.rel(), kTol);
-  EXPECT_EQ(plan.block_n, overlap ? 128 : g_block_n);
-  std::printf("[wgrad bn=%d%s] E=%lld M=%lld N=%lld ctas=%d  rel err %.2e (checked %lld)\n", plan.block_n,
-              overlap ? " overlap" : "",
+  EXPECT_EQ(plan.block_n, g_block_n);
+  std::printf("[wgrad bn=%d] E=%lld M=%lld N=%lld ctas=%d  rel err %.2e (checked %lld)\n", plan.block_n,
               (long long)E, (long long)m,
               (long long)n, plan.grid, st.rel(), (long long)st.count);
 }
@@ -519,37 +500,6 @@ TEST(GroupedGemm, WgradKGroupedMaskedPadding) {
   wgrad_case({0, 1, 63, 128, 200, 385}, 200, 328, 7, 401);
   wgrad_case({0, 1, 63, 128, 200, 385}, 200, 328, 0, 402);
   wgrad_case({700, 64, 129}, 512, 768, 0, 403);
-}
-
-// Options::wgrad_overlap: expert without rows, single rows, partial K blocks (masked), tiles of 1-7
-// K blocks (fewer and more than the 4 issued ahead of the epilogue), odd CTA counts (a CTA's last
-// tile in either accumulator set); the refusals name the option.
-TEST(GroupedGemm, WgradOverlappedEpilogue) {
-  MOK_REQUIRE_GPUS(1);
-  wgrad_case({0, 1, 63, 128, 200, 385}, 200, 328, 7, 411, true);
-  wgrad_case({0, 1, 63, 128, 200, 385}, 200, 328, 0, 412, true);
-  wgrad_case({700, 64, 129, 256, 448}, 512, 768, 0, 413, true);
-  wgrad_case({300, 0, 5}, 384, 256, 3, 414, true);
-  gemm::WgradArgs g;
-  DevBuf d(64);
-  g.a = g.b = g.dw = d.p;
-  g.m = g.n = 64;
-  g.experts = 1;
-  g.rows_total = 1;
-  g.expert_row_begin = g.expert_rows = d.as<int32_t>();
-  gemm::Options o;
-  o.wgrad_overlap = true;
-  o.block_n = 256;
-  EXPECT_THROW(
-      {
-        try {
-          gemm::plan_wgrad(g, o);
-        } catch (const std::exception& e) {
-          EXPECT_NE(std::string(e.what()).find("options.wgrad_overlap"), std::string::npos) << e.what();
-          throw;
-        }
-      },
-      std::exception);
 }
 
 TEST(GroupedGemm, NoTilesLaunchesNothing) {

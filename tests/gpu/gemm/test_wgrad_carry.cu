@@ -27,7 +27,6 @@ struct Variant {
   int block_n = 0;
   bool cluster = false;
   bool gate_up = false;  // dw_up given: m is a packed gate/up width
-  bool overlap = false;  // Options::wgrad_overlap (block_n 0 or 128)
 };
 
 // One wgrad over rows [0, rows) of the routed layout, or over the windows `cuts` (row offsets,
@@ -46,7 +45,6 @@ std::vector<uint16_t> wgrad_in_windows(const Routed& rt, const DevBuf& a, const 
   o.error = err.as<unsigned>();
   o.block_n = v.block_n;
   o.cluster = v.cluster;
-  o.wgrad_overlap = v.overlap;
   int64_t lo = 0;
   int32_t carried = -1;  // the expert whose sums the previous window left in the carry
   int slot = 0;          // which half of `carry` the previous window wrote (this one reads it)
@@ -93,8 +91,7 @@ std::vector<uint16_t> wgrad_in_windows(const Routed& rt, const DevBuf& a, const 
 void carry_case(const std::vector<int32_t>& counts, int64_t m, int64_t n, const std::vector<int64_t>& tile_cuts,
                 const Variant& v, uint64_t seed) {
   SCOPED_TRACE(testing::Message() << "wgrad carry m=" << m << " n=" << n << " bn=" << v.block_n
-                                  << " cluster=" << v.cluster << " gate_up=" << v.gate_up
-                                  << " overlap=" << v.overlap);
+                                  << " cluster=" << v.cluster << " gate_up=" << v.gate_up);
   const Routed rt(counts);
   const auto a = routed_input(rt, m, seed), b = routed_input(rt, n, seed + 1);  // padding rows NaN
   DevBuf da(a.size() * 2), db(b.size() * 2);
@@ -124,7 +121,7 @@ TEST(WgradCarry, CallsOverWindowsGiveTheOneCallBits) {
   const std::vector<int32_t> counts = {300, 0, 700, 129, 64};
   const std::vector<int64_t> cuts = {2, 4, 7, 10};
   for (const Variant& v : {Variant{256, false, false}, Variant{128, false, false}, Variant{256, true, false},
-                           Variant{256, false, true}, Variant{128, false, false, true}, Variant{0, false, true, true}})
+                           Variant{256, false, true}})
     carry_case(counts, 192, 328, cuts, v, 1201);
   carry_case({1000}, 256, 512, {1, 3, 5, 6}, Variant{256, true, true}, 1202);  // one expert, five calls
 }
