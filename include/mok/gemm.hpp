@@ -163,6 +163,12 @@ struct WgradArgs {
   // scheduled (the others' gradients left alone): a call over a window of the rows runs the tiles
   // of the experts it touches, not empty tiles of every expert. Clamped to [0, experts).
   const int32_t* expert_range = nullptr;
+  // Gradient accumulation (training stacks keep an fp32 `main_grad` per weight): dw (and dw_up)
+  // are fp32 and each expert's fp32 sums are added to them, dw += a_e^T . b_e, instead of being
+  // written as bf16 (no rounding to bf16 on the way). Each element is read and written once, by
+  // the one tile that owns it: deterministic. With carry, the call that finishes an expert adds
+  // it; an expert without rows is left as it is. dw / dw_up 8-byte aligned.
+  bool accumulate = false;
 };
 
 // What a Plan holds. Its fields are filled by plan_* and read by run(); they are public because a
@@ -218,6 +224,9 @@ struct KernelParams {
   const int32_t* carry_experts = nullptr;
   const int32_t* expert_rows_total = nullptr;
   const int32_t* expert_range = nullptr;      // Wgrad: {first, count} experts scheduled (optional)
+  // Wgrad with WgradArgs::accumulate: the fp32 gradients added to (acc_f32_up: the up rows).
+  float* acc_f32 = nullptr;
+  float* acc_f32_up = nullptr;
   unsigned int* error = nullptr;              // bounded waits: error word (nullptr: unbounded)
   unsigned long long wait_limit_ns = 0;
   // Fp8Plain: fp32 scales of A [rows, k_blocks] and of the weights [experts, n / 128, k_blocks]

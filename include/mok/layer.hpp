@@ -30,9 +30,10 @@ namespace mok {
 // shared expert (ignored when Is = 0); shapes in validate.hpp's WeightRefs
 // (WeightRefs::bf16(shape, w_gate, w_up, w_down, ...) builds them from pointers).
 using DeviceWeights = WeightRefs;
-// Outputs of backward(): device tensors of this rank, overwritten (not accumulated); shapes in
-// validate.hpp's GradRefs (GradRefs::of(shape, rank, ...) builds them from pointers). Every one is
-// required (the shared expert's only when Is > 0). The shared expert's gradients are over this
+// Outputs of backward(): device tensors of this rank, overwritten; shapes in validate.hpp's GradRefs
+// (GradRefs::of(shape, rank, ...) builds them from pointers). Every one is required (the shared
+// expert's only when Is > 0). GradRefs::accumulate: the routed experts' weight gradients are fp32
+// tensors the backward adds to (gradient accumulation into a main_grad; bf16 unfused backward). The shared expert's gradients are over this
 // rank's tokens only (a data-parallel partial: sum them over the ranks as for any replicated
 // weight).
 using DeviceGrads = GradRefs;

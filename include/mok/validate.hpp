@@ -35,16 +35,21 @@ struct WeightRefs {
 };
 
 // One rank's gradients (outputs of the backward, overwritten): the same shapes as the inputs and
-// weights they belong to.
+// weights they belong to. With `accumulate`, the routed experts' weight gradients are fp32 and the
+// backward adds to them (gradient accumulation into a `main_grad`, as training stacks keep one per
+// weight): d_w += the gradient's fp32 sums, never rounded to bf16, each element added once in a
+// fixed order (deterministic). The bf16 unfused backward only (not config.backward_path fused,
+// not FP8 / MXFP8: refused by name).
 struct GradRefs {
   TensorRef d_x;        // [T, H] bf16
   TensorRef d_topk_w;   // [T, k] f32; 0 for empty slots
-  TensorRef d_w_gate;   // [E_loc, I, H] bf16
-  TensorRef d_w_up;     // [E_loc, I, H] bf16
-  TensorRef d_w_down;   // [E_loc, H, I] bf16
+  TensorRef d_w_gate;   // [E_loc, I, H] bf16 (f32 with accumulate)
+  TensorRef d_w_up;     // [E_loc, I, H] bf16 (f32 with accumulate)
+  TensorRef d_w_down;   // [E_loc, H, I] bf16 (f32 with accumulate)
   TensorRef d_ws_gate;  // [Is, H] bf16 (ignored when Is = 0)
   TensorRef d_ws_up;    // [Is, H] bf16
   TensorRef d_ws_down;  // [H, Is] bf16
+  bool accumulate = false;
 
   // Contiguous tensors of the shapes above for rank `rank` at these addresses.
   static GradRefs of(const LayerShape& shape, int rank, void* d_x, float* d_topk_w, void* d_w_gate, void* d_w_up,

@@ -59,9 +59,11 @@ void validate_grads_layout(const LayerShape& shape, int rank, const GradRefs& g)
                 I = shape.intermediate;
   check_tensor("grads.d_x", g.d_x, {DType::BF16}, {T, H});
   check_tensor("grads.d_topk_w", g.d_topk_w, {DType::F32}, {T, k});
-  check_tensor("grads.d_w_gate", g.d_w_gate, {DType::BF16}, {el, I, H});
-  check_tensor("grads.d_w_up", g.d_w_up, {DType::BF16}, {el, I, H});
-  check_tensor("grads.d_w_down", g.d_w_down, {DType::BF16}, {el, H, I});
+  // grads.accumulate: fp32 weight gradients added to (their dtype check names the flag's choice).
+  const DType wd = g.accumulate ? DType::F32 : DType::BF16;
+  check_tensor(g.accumulate ? "grads.d_w_gate (grads.accumulate)" : "grads.d_w_gate", g.d_w_gate, {wd}, {el, I, H});
+  check_tensor(g.accumulate ? "grads.d_w_up (grads.accumulate)" : "grads.d_w_up", g.d_w_up, {wd}, {el, I, H});
+  check_tensor(g.accumulate ? "grads.d_w_down (grads.accumulate)" : "grads.d_w_down", g.d_w_down, {wd}, {el, H, I});
   if (shape.shared_intermediate > 0) {
     const int64_t Is = shape.shared_intermediate;
     check_tensor("grads.d_ws_gate", g.d_ws_gate, {DType::BF16}, {Is, H});

@@ -306,6 +306,9 @@ struct FormWgrad {
     }
     return true;
   }
+  // kAccumulate: the bf16 form's WgradArgs::accumulate path compiled in (the backward program
+  // leaves it out: its consumers would spill; the layer refuses accumulate on that path).
+  template <bool kAccumulate = true>
   __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
                                                   uint32_t wt, const float (&acc)[C::kAccRegs],
                                                   const CUtensorMap* d0, const CUtensorMap* d1,
@@ -320,6 +323,14 @@ struct FormWgrad {
       return;
     }
     if (t.out_row + 64 * cwg >= p.m_out) return;
+    if constexpr (kAccumulate && std::is_same_v<typename C::Operand, OperandBf16>) {
+      if (p.acc_f32 != nullptr) {  // WgradArgs::accumulate: added to the fp32 gradients (none without rows)
+        if (t.k_blocks > 0)
+          epilogue_accumulate_f32<C>(wt, cwg, acc, p.acc_f32, p.acc_f32_up, t.out_row, t.b_n, p.n, p.m_out,
+                                     t.out_batch);
+        return;
+      }
+    }
     if constexpr (!std::is_same_v<typename C::Operand, OperandBf16>) {
       // FP8: chunks in batches of two (measured faster there; slower in BF16: engine_epilogue.cuh).
       epilogue_wgrad_batched<C>(sm, es, cwg, wt, acc, d0, p.split_gate_up ? d1 : nullptr, t.out_row, t.b_n, p.n,

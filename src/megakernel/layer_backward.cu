@@ -47,6 +47,11 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   check_routing(in);
   validate_grad_output_layout(shape, rank, d_out);
   validate_grads_layout(shape, rank, g);
+  MOK_REQUIRE(!g.accumulate || !fp8, "grads.accumulate", "not with config.precision ", prec,
+              " (the FP8 weight gradients are written as bf16 so far)");
+  MOK_REQUIRE(!g.accumulate || config.backward_path == BackwardPath::Unfused, "grads.accumulate",
+              "needs config.backward_path unfused (the backward's GEMM program writes bf16 gradients)");
+  bwd_accumulate = g.accumulate;
   const int dev = comm.device();
   check_device_tensor("d_out", d_out, dev);
   check_device_tensor("grads.d_x", g.d_x, dev);
@@ -147,9 +152,10 @@ void Layer::Impl::backward_resident(void* dw_gate, void* dw_up, void* dw_down, c
   gpu::MoveArgs move = move_args();
   move.sms = sms;
   // Weight gradients: rows in the schedule's order, padding rows masked.
-  const gemm::WgradArgs wd = wgrad_args(dy_routed.p, h.p, dw_down, H, I, e_loc, cap_rows, v.expert_offset, v.expert_rows);
-  const gemm::WgradArgs w1 =
+  gemm::WgradArgs wd = wgrad_args(dy_routed.p, h.p, dw_down, H, I, e_loc, cap_rows, v.expert_offset, v.expert_rows);
+  gemm::WgradArgs w1 =
       wgrad_args(gu.p, x_rows, dw_gate, 2 * I, H, e_loc, cap_rows, v.expert_offset, v.expert_rows, dw_up);
+  wd.accumulate = w1.accumulate = bwd_accumulate;  // GradRefs::accumulate (not on the program's path)
   const bool program = config.backward_path == BackwardPath::Fused && cap_rows > 0;
   routed_dgrads(move, gu.p, v.tile_expert, tiles, 0, stream, true, program ? &wd : nullptr, program ? &w1 : nullptr);
   if (program) {
@@ -158,9 +164,10 @@ void Layer::Impl::backward_resident(void* dw_gate, void* dw_up, void* dw_down, c
     gemm::run(gemm::plan_wgrad(wd, gemm_options()), stream);
     mark(7, stream);
     gemm::run(gemm::plan_wgrad(w1, gemm_options()), stream);
-  } else {  // no rank has tokens: no rows, zero gradients
-    for (void* p : {dw_gate, dw_up, dw_down})
-      MOK_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(e_loc * I * H) * 2, stream));
+  } else {  // no rank has tokens: no rows, zero gradients (nothing to add with accumulate)
+    if (!bwd_accumulate)
+      for (void* p : {dw_gate, dw_up, dw_down})
+        MOK_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(e_loc * I * H) * 2, stream));
     mark(7, stream);
   }
 }

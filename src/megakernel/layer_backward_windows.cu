@@ -69,10 +69,11 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
       gemm::run(gemm::plan_fc1(routed_fc1(x_rows, h.p, gu.p, tile_expert, tiles), options_as(all_tiles, 2 * I)),
                 stream);
     win_mark(w, 2, stream);
-    const gemm::WgradArgs wd = wgrad_args(dy_routed.p, h.p, dw_down, H, I, e_loc, hi - lo, part_begin, part_rows,
-                                          nullptr, carry_down[in], carry_down[out], carried, v.expert_rows, owned);
-    const gemm::WgradArgs w1 = wgrad_args(gu_rows, x_rows, dw_gate, 2 * I, H, e_loc, hi - lo, part_begin, part_rows,
-                                          dw_up, carry_gu[in], carry_gu[out], carried, v.expert_rows, owned);
+    gemm::WgradArgs wd = wgrad_args(dy_routed.p, h.p, dw_down, H, I, e_loc, hi - lo, part_begin, part_rows, nullptr,
+                                    carry_down[in], carry_down[out], carried, v.expert_rows, owned);
+    gemm::WgradArgs w1 = wgrad_args(gu_rows, x_rows, dw_gate, 2 * I, H, e_loc, hi - lo, part_begin, part_rows, dw_up,
+                                    carry_gu[in], carry_gu[out], carried, v.expert_rows, owned);
+    wd.accumulate = w1.accumulate = bwd_accumulate;  // GradRefs::accumulate (not on the program's path)
     if (program) {  // the weight gradients in the dgrads' kernel (the window's parts first)
       gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, stream);
       routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false, &wd, &w1);

@@ -227,6 +227,8 @@ struct Layer::Impl {
   // Its ticket order (mk::BwdGemmShape::merge; MOK_BWD_ORDER): phased by default, which measured
   // faster than merged (notes/backward.md).
   int32_t bwd_merge = 0;
+  // This backward's GradRefs::accumulate: the routed weight gradients added to fp32 tensors.
+  bool bwd_accumulate = false;
   // Windowed: the forward's gate/up rows [saved_rows, 2I] of the schedule's first saved_rows rows
   // (the activation budget; FC1's TMA stores clip the rows past it), which the backward reads
   // instead of recomputing FC1.

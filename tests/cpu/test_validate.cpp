@@ -153,3 +153,27 @@ TEST(Validate, EngineRejectsBadRoutingWithNamedError) {
   mok::ref::Engine eng(shape, mok::Config{});
   expect_arg([&] { eng.forward(wl.inputs, wl.weights); }, "topk_idx[3,1]", "E = 4");
 }
+
+// GradRefs::accumulate: the routed weight gradients are fp32 tensors added to; without it bf16.
+// The refusal names the tensor and the flag.
+TEST(Validate, AccumulatedWeightGradientsAreF32) {
+  const mok::LayerShape shape = mok::LayerShape::uniform(2, 8, 64, 64, 4, 2, 0);
+  const int64_t el = shape.local_experts(), H = shape.hidden, I = shape.intermediate;
+  std::vector<uint16_t> dx(8 * 64), wb(size_t(el * I * H) * 3);
+  std::vector<float> dtw(8 * 2), wf(size_t(el * I * H) * 3);
+  mok::GradRefs g = mok::GradRefs::of(shape, 0, dx.data(), dtw.data(), wb.data(), wb.data() + el * I * H,
+                                      wb.data() + 2 * el * I * H);
+  mok::validate_grads_layout(shape, 0, g);  // bf16, overwritten
+  g.accumulate = true;
+  expect_arg([&] { mok::validate_grads_layout(shape, 0, g); }, "grads.d_w_gate (grads.accumulate)",
+             "dtype must be f32");
+  const auto f32 = [&](int i, std::vector<int64_t> sizes) {
+    return mok::TensorRef::contiguous(wf.data() + i * el * I * H, mok::DType::F32, std::move(sizes));
+  };
+  g.d_w_gate = f32(0, {el, I, H});
+  g.d_w_up = f32(1, {el, I, H});
+  g.d_w_down = f32(2, {el, H, I});
+  mok::validate_grads_layout(shape, 0, g);  // fp32, added to
+  g.accumulate = false;
+  expect_arg([&] { mok::validate_grads_layout(shape, 0, g); }, "grads.d_w_gate", "dtype must be bf16");
+}

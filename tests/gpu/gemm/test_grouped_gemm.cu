@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "gemm_test_util.h"
@@ -500,6 +501,83 @@ TEST(GroupedGemm, WgradKGroupedMaskedPadding) {
   wgrad_case({0, 1, 63, 128, 200, 385}, 200, 328, 7, 401);
   wgrad_case({0, 1, 63, 128, 200, 385}, 200, 328, 0, 402);
   wgrad_case({700, 64, 129}, 512, 768, 0, 403);
+}
+
+// WgradArgs::accumulate: dw (and dw_up) fp32, added to. Into zeros the call leaves the fp32 sums,
+// whose bf16 rounding is the bf16 form's output bit for bit (the same tiles and K order); into
+// random values v it leaves v + those sums, one fp32 add per element, bit for bit; an expert
+// without rows keeps v. gate_up: packed gate/up rows split into dw (gate) and dw_up (up).
+void wgrad_accumulate_case(const std::vector<int32_t>& counts, int64_t m, int64_t n, int max_ctas, uint64_t seed,
+                           bool gate_up) {
+  SCOPED_TRACE(testing::Message() << "wgrad accumulate m=" << m << " n=" << n << " ctas=" << max_ctas
+                                  << " gate_up=" << gate_up << " bn=" << g_block_n);
+  const Routed rt(counts);
+  const int64_t E = int64_t(counts.size()), out = E * m * n;
+  const auto a = routed_input(rt, m, seed);  // padding rows NaN: the K mask must drop them
+  const auto b = routed_input(rt, n, seed + 1);
+  DevBuf da(a.size() * 2), db(b.size() * 2), dw(size_t(out) * 2), df(size_t(out) * 4), dbeg(size_t(E) * 4),
+      dcnt(size_t(E) * 4);
+  upload(da, a);
+  upload(db, b);
+  upload(dbeg, rt.begin);
+  upload(dcnt, rt.counts);
+  Device dev;
+  dev.block_n = g_block_n;
+  gemm::WgradArgs g;
+  g.a = da.p;
+  g.b = db.p;
+  g.m = m;
+  g.n = n;
+  g.experts = E;
+  g.rows_total = rt.rows;
+  g.expert_row_begin = dbeg.as<int32_t>();
+  g.expert_rows = dcnt.as<int32_t>();
+  // The bf16 form (gate_up: the two halves at dw and dw + out / 2).
+  g.dw = dw.p;
+  g.dw_up = gate_up ? static_cast<uint16_t*>(dw.p) + out / 2 : nullptr;
+  gemm::run(gemm::plan_wgrad(g, dev.opts(max_ctas)), nullptr);
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  ASSERT_EQ(dev.error(), 0u) << "a bounded wait expired";
+  const auto ref = download<uint16_t>(dw, size_t(out));
+  // Accumulated into zeros, then into random values.
+  g.accumulate = true;
+  g.dw = df.p;
+  g.dw_up = gate_up ? static_cast<float*>(df.p) + out / 2 : nullptr;
+  const auto plan = gemm::plan_wgrad(g, dev.opts(max_ctas));
+  std::vector<float> v0(size_t(out), 0.0f);
+  upload(df, v0);
+  gemm::run(plan, nullptr);
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  ASSERT_EQ(dev.error(), 0u) << "a bounded wait expired";
+  const auto sums = download<float>(df, size_t(out));
+  const auto vb = random_bf16(size_t(out), seed + 7);
+  std::vector<float> v(static_cast<size_t>(out));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float_of(vb[i]) * float(1 + i % 5);
+  upload(df, v);
+  gemm::run(plan, nullptr);
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  const auto acc = download<float>(df, size_t(out));
+  int64_t round_bad = 0, add_bad = 0;
+  for (size_t i = 0; i < size_t(out); ++i) {
+    round_bad += bits_of(sums[i]) != ref[i];
+    const float want = v[i] + sums[i];
+    add_bad += std::memcmp(&want, &acc[i], 4) != 0;
+  }
+  EXPECT_EQ(round_bad, 0) << "bf16(the accumulated fp32 sums) differs from the bf16 form's output";
+  EXPECT_EQ(add_bad, 0) << "accumulating into v did not give v + the sums";
+  std::printf("[wgrad accumulate bn=%d] E=%lld M=%lld N=%lld gate_up=%d: %lld / %lld differ\n", plan.block_n,
+              (long long)E, (long long)m, (long long)n, int(gate_up), (long long)round_bad, (long long)add_bad);
+}
+
+TEST(GroupedGemm, WgradAccumulatesIntoFp32) {
+  MOK_REQUIRE_GPUS(1);
+  wgrad_accumulate_case({0, 1, 63, 128, 200, 385}, 200, 328, 7, 421, false);
+  wgrad_accumulate_case({700, 64, 129}, 512, 768, 0, 422, false);
+  wgrad_accumulate_case({0, 1, 63, 128, 200, 385}, 256, 328, 5, 423, true);  // gate/up split
+  g_block_n = 128;
+  wgrad_accumulate_case({300, 0, 5, 77}, 192, 200, 3, 424, false);
+  wgrad_accumulate_case({300, 0, 5, 77}, 192, 200, 0, 425, true);
+  g_block_n = 256;
 }
 
 TEST(GroupedGemm, NoTilesLaunchesNothing) {

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <vector>
 
@@ -27,6 +28,7 @@ struct Variant {
   int block_n = 0;
   bool cluster = false;
   bool gate_up = false;  // dw_up given: m is a packed gate/up width
+  bool accumulate = false;  // WgradArgs::accumulate: fp32 dw from zeros (returned as its raw halves)
 };
 
 // One wgrad over rows [0, rows) of the routed layout, or over the windows `cuts` (row offsets,
@@ -36,9 +38,11 @@ std::vector<uint16_t> wgrad_in_windows(const Routed& rt, const DevBuf& a, const 
   const int64_t E = int64_t(rt.counts.size());
   const size_t out = size_t(E * m * n);
   const size_t carry_floats = size_t(gemm::wgrad_carry_floats(m, n));
-  DevBuf dw(out * 2), err(4), carry(carry_floats * 2 * 4), total(size_t(E) * 4 + 4),
+  const size_t elem = v.accumulate ? 4 : 2;
+  DevBuf dw(out * elem), err(4), carry(carry_floats * 2 * 4), total(size_t(E) * 4 + 4),
       beg(size_t(E) * 4 + 4), cnt(size_t(E) * 4 + 4), ce(8);
-  EXPECT_EQ(cudaSuccess, cudaMemset(dw.p, 0xFF, dw.bytes));  // NaN poison: every element is written once
+  // bf16: NaN poison (every element is written once); accumulate: zeros (every element is added to once).
+  EXPECT_EQ(cudaSuccess, cudaMemset(dw.p, v.accumulate ? 0 : 0xFF, dw.bytes));
   EXPECT_EQ(cudaSuccess, cudaMemset(err.p, 0, 4));
   upload(total, rt.counts);
   gemm::Options o;
@@ -71,7 +75,8 @@ std::vector<uint16_t> wgrad_in_windows(const Routed& rt, const DevBuf& a, const 
     w.rows_total = rt.rows;
     w.expert_row_begin = beg.as<int32_t>();
     w.expert_rows = cnt.as<int32_t>();
-    if (v.gate_up) w.dw_up = static_cast<uint16_t*>(dw.p) + out / 2;
+    if (v.gate_up) w.dw_up = static_cast<char*>(dw.p) + out / 2 * elem;
+    w.accumulate = v.accumulate;
     if (cuts.size() > 1) {
       w.carry_in = carry.as<float>() + size_t(slot) * carry_floats;
       w.carry_out = carry.as<float>() + size_t(slot ^ 1) * carry_floats;
@@ -85,13 +90,14 @@ std::vector<uint16_t> wgrad_in_windows(const Routed& rt, const DevBuf& a, const 
     lo = hi;
   }
   EXPECT_EQ(download<unsigned>(err, 1)[0], 0u) << "a bounded wait expired";
-  return download<uint16_t>(dw, out);
+  return download<uint16_t>(dw, out * elem / 2);
 }
 
 void carry_case(const std::vector<int32_t>& counts, int64_t m, int64_t n, const std::vector<int64_t>& tile_cuts,
                 const Variant& v, uint64_t seed) {
   SCOPED_TRACE(testing::Message() << "wgrad carry m=" << m << " n=" << n << " bn=" << v.block_n
-                                  << " cluster=" << v.cluster << " gate_up=" << v.gate_up);
+                                  << " cluster=" << v.cluster << " gate_up=" << v.gate_up
+                                  << " accumulate=" << v.accumulate);
   const Routed rt(counts);
   const auto a = routed_input(rt, m, seed), b = routed_input(rt, n, seed + 1);  // padding rows NaN
   DevBuf da(a.size() * 2), db(b.size() * 2);
@@ -103,9 +109,15 @@ void carry_case(const std::vector<int32_t>& counts, int64_t m, int64_t n, const 
   const auto one = wgrad_in_windows(rt, da, db, m, n, v, {rt.rows});
   const auto split = wgrad_in_windows(rt, da, db, m, n, v, cuts);
   int64_t differ = 0, nonfinite = 0;
-  for (size_t i = 0; i < one.size(); ++i) {
-    differ += one[i] != split[i];
-    nonfinite += !std::isfinite(float_of(one[i]));
+  for (size_t i = 0; i < one.size(); ++i) differ += one[i] != split[i];
+  if (v.accumulate) {
+    for (size_t i = 0; i + 1 < one.size(); i += 2) {
+      float f;
+      std::memcpy(&f, &one[i], 4);
+      nonfinite += !std::isfinite(f);
+    }
+  } else {
+    for (const uint16_t b : one) nonfinite += !std::isfinite(float_of(b));
   }
   EXPECT_EQ(nonfinite, 0) << "the one-call gradient has unwritten or NaN elements";
   EXPECT_EQ(differ, 0) << "of " << one.size() << " elements, split into " << cuts.size() << " calls";
@@ -121,7 +133,8 @@ TEST(WgradCarry, CallsOverWindowsGiveTheOneCallBits) {
   const std::vector<int32_t> counts = {300, 0, 700, 129, 64};
   const std::vector<int64_t> cuts = {2, 4, 7, 10};
   for (const Variant& v : {Variant{256, false, false}, Variant{128, false, false}, Variant{256, true, false},
-                           Variant{256, false, true}})
+                           Variant{256, false, true}, Variant{256, false, false, true},
+                           Variant{128, false, true, true}})
     carry_case(counts, 192, 328, cuts, v, 1201);
   carry_case({1000}, 256, 512, {1, 3, 5, 6}, Variant{256, true, true}, 1202);  // one expert, five calls
 }
