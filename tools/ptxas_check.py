@@ -6,7 +6,8 @@ the object file as <object>.ptxas.log. This script fails when
   * any kernel or device function spills registers (spill stores or loads > 0),
   * any kernel uses a stack frame and is not listed in the allow file,
   * ptxas serialised a kernel's wgmmas (C7515 / C7518 ..., "wgmma.mma_async instructions are
-    serialized") or injected a wait for them (C7517, "warpgroup.wait is injected"): the tensor
+    serialized") or injected a wait or an arrive for them (C7517 / C7519, "warpgroup.wait is
+    injected", "warpgroup.arrive is injected"): the tensor
     cores then wait for MMAs the code meant to overlap, a slowdown that no test notices,
   * a CUDA object has no report, or no report names an sm_90a entry function at all
     (so a broken launcher cannot make the check pass vacuously).
@@ -23,7 +24,8 @@ ENTRY = re.compile(r"ptxas info\s*: Compiling entry function '([^']+)' for '(sm_
 PROPS = re.compile(r"ptxas info\s*: Function properties for (\S+)")
 FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 USED = re.compile(r"ptxas info\s*: Used (\d+) registers")
-SERIAL = re.compile(r"\((C75\d\d)\)[^\n]*?(wgmma\.mma_async instructions are serialized|warpgroup\.wait is injected)"
+SERIAL = re.compile(r"\((C75\d\d)\)[^\n]*?"
+                    r"(wgmma\.mma_async instructions are serialized|warpgroup\.(?:wait|arrive) is injected)"
                     r"[^\n]* in (?:the )?function '([^']+)'")
 
 

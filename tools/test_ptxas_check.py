@@ -48,6 +48,10 @@ cases = [
     ("serialised wgmmas fail (C7518)", run(CLEAN + SERIAL.format("C7518", "program dependence on compiler-"
                                                                "inserted WG.DP in divergent path")), 1),
     ("an injected wgmma wait fails (C7517)", run(CLEAN + INJECTED), 1),
+    ("an injected wgmma arrive fails (C7519)",
+     run(CLEAN + INJECTED.replace("C7517", "C7519").replace("wait", "arrive")), 1),
+    ("another C75xx remark passes", run(CLEAN + "ptxas info    : (C7508) Potential Performance Loss: setmaxnreg "
+                                        "is used in function '_Z6kernelPf'\n"), 0),
 ]
 bad = [name for name, got, want in cases if got != want]
 for name, got, want in cases:

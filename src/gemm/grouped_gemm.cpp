@@ -261,10 +261,6 @@ Plan k_grouped_plan(Form form, int64_t m, int64_t n, int64_t experts, int64_t ro
   p.params.expert_row_begin = row_begin;
   p.params.expert_rows = rows;
   p.params.expert_range = range;
-  // The tile decode divides on the GPU by a float reciprocal, exact below 2^22 (schedule_math.h).
-  MOK_REQUIRE(experts * p.params.num_m_tiles * p.params.n_tiles < (int64_t(1) << 22), "problem size",
-              "fewer than 2^22 weight-gradient tiles (experts x M/128 x N tiles), got ",
-              experts * p.params.num_m_tiles * p.params.n_tiles);
   fill_common(p, o, experts * p.params.num_m_tiles * p.params.n_tiles,
               experts * cdiv(p.params.num_m_tiles, 2) * p.params.n_tiles);
   p.padded_flops = 2.0 * double(rows_total) * double(m) * double(n);
@@ -296,6 +292,11 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
               "a multiple of 64 (whole groups of 32 gate and 32 up rows) with dw_up, got ", a.m);
   Plan p = k_grouped_plan(Form::Wgrad, a.m, a.n, a.experts, a.rows_total, a.expert_row_begin, a.expert_rows,
                           a.expert_range, o);
+  // The bf16 kernel's tile decode divides by float reciprocals, exact below 2^22 (schedule_math.h).
+  const int64_t tiles = a.experts * p.params.num_m_tiles * p.params.n_tiles;
+  MOK_REQUIRE(tiles < (int64_t(1) << 22), "wgrad",
+              "fewer than 2^22 output tiles (the tile decode's exact division), got ", a.experts, " experts x ", p.params.num_m_tiles, " M tiles x ", p.params.n_tiles, " N tiles of ",
+              p.block_n, " = ", tiles);
   const bool carry = a.carry_in != nullptr;
   MOK_REQUIRE(carry == (a.carry_out != nullptr) && carry == (a.carry_experts != nullptr), "wgrad.carry",
               "carry_in, carry_out and carry_experts must be given together (or none)");
@@ -316,6 +317,7 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
   p.map_b_half = p.map_b;
   set_wgrad_outputs(p, a.dw, a.dw_up, a.experts, a.m, a.n);  // (maps unused with accumulate)
   if (a.accumulate) {
+    MOK_REQUIRE(!o.cluster, "options.cluster", "not with wgrad.accumulate (its kernel runs without clusters)");
     MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.dw) % 8 == 0 && reinterpret_cast<uintptr_t>(a.dw_up) % 8 == 0,
                 "wgrad.dw", "8-byte aligned fp32 with accumulate (float2 accesses)");
     p.params.acc_f32 = static_cast<float*>(a.dw);

@@ -282,8 +282,11 @@ using FormDgradSwiGLU2 = FormDgradSwiGLU<C, 2>;
 // Wgrad: dw [E, M, N] (3-D map_d0) of expert e = a_e^T . b_e, where a = [rows, M] and b = [rows, N]
 // (both MN-major operands); the last K block of each expert is masked to its valid rows. With
 // p.split_gate_up, M is a packed gate/up width and the rows go to map_d0 (gate) / map_d1 (up).
-template <class C>
-struct FormWgrad {
+// kAccumulate (FormWgradAccumulate, bf16, WgradArgs::accumulate): the tile's fp32 sums are added to
+// the fp32 gradients p.acc_f32 / p.acc_f32_up instead (a kernel of its own, so the plain form's
+// code stays as it was).
+template <class C, bool kAccumulate = false>
+struct FormWgradT {
   static constexpr bool kAMN = true, kBMN = true, kMaskK = true, kSplitN = false, kGateUpB = false;
   static constexpr bool kCarry = true;
   using Schedule = KGroupedSchedule<C>;
@@ -306,9 +309,6 @@ struct FormWgrad {
     }
     return true;
   }
-  // kAccumulate: the bf16 form's WgradArgs::accumulate path compiled in (the backward program
-  // leaves it out: its consumers would spill; the layer refuses accumulate on that path).
-  template <bool kAccumulate = true>
   __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
                                                   uint32_t wt, const float (&acc)[C::kAccRegs],
                                                   const CUtensorMap* d0, const CUtensorMap* d1,
@@ -323,15 +323,12 @@ struct FormWgrad {
       return;
     }
     if (t.out_row + 64 * cwg >= p.m_out) return;
-    if constexpr (kAccumulate && std::is_same_v<typename C::Operand, OperandBf16>) {
-      if (p.acc_f32 != nullptr) {  // WgradArgs::accumulate: added to the fp32 gradients (none without rows)
-        if (t.k_blocks > 0)
-          epilogue_accumulate_f32<C>(wt, cwg, acc, p.acc_f32, p.acc_f32_up, t.out_row, t.b_n, p.n, p.m_out,
-                                     t.out_batch);
-        return;
-      }
-    }
-    if constexpr (!std::is_same_v<typename C::Operand, OperandBf16>) {
+    if constexpr (kAccumulate) {  // added to the fp32 gradients (nothing to add without rows)
+      static_assert(std::is_same_v<typename C::Operand, OperandBf16>, "the bf16 weight gradient only");
+      if (t.k_blocks > 0)
+        epilogue_accumulate_f32<C>(wt, cwg, acc, p.acc_f32, p.acc_f32_up, t.out_row, t.b_n, p.n, p.m_out,
+                                   t.out_batch);
+    } else if constexpr (!std::is_same_v<typename C::Operand, OperandBf16>) {
       // FP8: chunks in batches of two (measured faster there; slower in BF16: engine_epilogue.cuh).
       epilogue_wgrad_batched<C>(sm, es, cwg, wt, acc, d0, p.split_gate_up ? d1 : nullptr, t.out_row, t.b_n, p.n,
                                 t.out_batch);
@@ -342,6 +339,10 @@ struct FormWgrad {
     }
   }
 };
+template <class C>
+using FormWgrad = FormWgradT<C, false>;
+template <class C>
+using FormWgradAccumulate = FormWgradT<C, true>;
 
 // ------------------------------------------------------------------------------------------------
 // The kernel: one CTA per SM, persistent over the form's schedule.

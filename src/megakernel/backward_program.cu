@@ -195,7 +195,7 @@ __device__ void consumer(const BwdProgramParams& P, const Smem<C>& sm, const Rin
       skew.stages = g.p.skew_stages;
       const bool accumulate = FormWgrad<C>::load_carry(t, th.ct, acc, g.p);
       mma_tile<C, true, true, true>(sm, ps, t, cwg, th.ct, acc, wb, skew, 0u, NoHook{}, accumulate);
-      FormWgrad<C>::template epilogue<false>(sm, es, t, cwg, th.wt, acc, &g.d0, &g.d1, g.p);
+      FormWgrad<C>::epilogue(sm, es, t, cwg, th.wt, acc, &g.d0, &g.d1, g.p);
     };
     switch (kind) {
       case kGemmD2: dgrad(P.d2, FormDgradSwiGLU<C>{}); break;

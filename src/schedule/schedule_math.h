@@ -114,12 +114,12 @@ MOK_HD TileMN tile_raster(int32_t r, int32_t num_m, int32_t n_tiles, int32_t gro
 }
 // Division by a divisor fixed for a kernel's lifetime, for the per-tile decode of persistent
 // kernels: 32-bit integer division is ~20 dependent instructions on the GPU (reciprocal, two
-// multiply-highs, corrections), and a weight-gradient tile over few rows pays four of them between
+// multiply-highs, corrections), and a weight-gradient tile over few rows pays three of them between
 // its epilogue and its first MMA (notes/gemm.md, "Short weight-gradient tiles"). Here: the float
-// reciprocal's estimate, corrected once. Exact for 0 <= n < 2^22 and 1 <= d < 2^22: n and d are
+// reciprocal's estimate, corrected once. Exact for 0 <= n < 2^22 and 1 <= d < 2^22: n, d and q d are
 // exact in float, the reciprocal and the product are each correctly rounded (no fast math), so the
-// estimate is within n/d * 2^-23 < 0.5 of n/d; truncating a non-negative value floors it, so the
-// quotient is off by at most one and r = n - q d tells which way (CPU test: FastDiv).
+// estimate is within n/d (2^-23 + 2^-48) < 0.5 of n/d; truncating a non-negative value floors it,
+// so the quotient is off by at most one and r = n - q d tells which way (CPU test: FastDiv).
 struct Divisor {
   int32_t d;
   float inv;
@@ -132,16 +132,16 @@ MOK_HD int32_t div_by(int32_t n, Divisor v) {
 }
 
 // tile_raster with its divisors made once (RasterPlan): the same (m, n) for every
-// 0 <= r < num_m * n_tiles < 2^22 (CPU test: FastDiv.RasterPlanIsTileRaster).
+// 0 <= r < num_m * n_tiles < 2^22 (CPU test: FastDiv.RasterPlanIsTileRaster). group_m is clamped
+// to num_m (one group either way), so that every divisor is at most num_m * n_tiles.
 struct RasterPlan {
-  int32_t num_m, group_m, last_first;  // last_first: the first M tile of the last (short) group
+  int32_t group_m, last_first;  // last_first: the first M tile of the last (short) group
   Divisor per_group, size, last_size;
 };
 MOK_HD RasterPlan raster_plan(int32_t num_m, int32_t n_tiles, int32_t group_m) {
-  const int32_t groups = (num_m + group_m - 1) / group_m;
-  const int32_t last_first = (groups - 1) * group_m;
-  return RasterPlan{num_m, group_m, last_first, divisor(group_m * n_tiles), divisor(group_m),
-                    divisor(num_m - last_first)};
+  const int32_t g = group_m < num_m ? group_m : num_m;
+  const int32_t last_first = (num_m - 1) / g * g;
+  return RasterPlan{g, last_first, divisor(g * n_tiles), divisor(g), divisor(num_m - last_first)};
 }
 MOK_HD TileMN tile_raster(int32_t r, const RasterPlan& p) {
   const int32_t g = div_by(r, p.per_group);

@@ -265,45 +265,44 @@ TEST(ScheduleEdges, AllTokensToOneExpert) {
 }
 
 // The per-tile decode's division (schedule_math.h's div_by) against integer division: every
-// divisor up to 1024 over a stride of numerators and the neighbours of every multiple near the top
-// of the domain, and larger divisors at their multiples' edges.
+// divisor below 2^22 at its multiples and their neighbours up to the top of the domain, and every
+// divisor up to 1024 over a stride of numerators.
 TEST(FastDiv, EqualsIntegerDivisionOverItsDomain) {
   constexpr int32_t kTop = 1 << 22;
-  int64_t checked = 0;
+  int64_t checked = 0, wrong = 0;
   auto check = [&](int32_t n, const sched::Divisor& v) {
     if (n < 0 || n >= kTop) return;
-    ASSERT_EQ(sched::div_by(n, v), n / v.d) << "n " << n << " d " << v.d;
+    if (sched::div_by(n, v) != n / v.d && ++wrong <= 5) ADD_FAILURE() << "n " << n << " d " << v.d;
     ++checked;
   };
-  for (int32_t d = 1; d <= 1024; ++d) {
+  for (int32_t d = 1; d < kTop; ++d) {
     const sched::Divisor v = sched::divisor(d);
-    for (int32_t n = 0; n < kTop; n += 4093) check(n, v);
-    for (int32_t q = kTop / d - 64; q <= kTop / d; ++q)
+    for (int32_t q = 0; q <= kTop / d; ++q)
       for (int32_t o = -1; o <= 1; ++o) check(q * d + o, v);
+    if (d <= 1024)
+      for (int32_t n = 0; n < kTop; n += 4093) check(n, v);
   }
-  for (int32_t d = 1025; d < kTop; d = d * 3 + 7) {
-    const sched::Divisor v = sched::divisor(d);
-    for (int32_t q = 0; q <= kTop / d; q += 1 + q / 64)
-      for (int32_t o = -1; o <= 1; ++o) check(q * d + o, v);
-    check(kTop - 1, v);
-  }
-  EXPECT_GT(checked, 1000000);
+  EXPECT_EQ(wrong, 0);
+  EXPECT_GT(checked, 100000000);
 }
 
-// The raster over precomputed divisors gives tile_raster's (m, n) for every tile of every shape the
-// weight gradients and the grouped forms use (incl. a short last group and group_m 1).
+// The raster over precomputed divisors gives tile_raster's (m, n) for every tile of a range of
+// grid shapes: the weight gradients' (DeepSeek-V3, Qwen3: 12-56 M tiles, 3-56 N tiles) and small
+// ones, with short last groups, group_m 1 and group_m above num_m.
 TEST(FastDiv, RasterPlanIsTileRaster) {
-  for (int32_t num_m : {1, 2, 3, 7, 8, 16, 32, 56, 57, 112}) {
-    for (int32_t n_tiles : {1, 3, 8, 12, 28, 56}) {
-      for (int32_t group_m : {1, 2, 8, 16}) {
+  int64_t wrong = 0;
+  for (int32_t num_m : {1, 2, 3, 7, 8, 9, 12, 16, 24, 32, 48, 56, 57, 112}) {
+    for (int32_t n_tiles : {1, 3, 6, 8, 12, 16, 28, 32, 56}) {
+      for (int32_t group_m : {1, 2, 3, 8, 16, 100}) {
         const sched::RasterPlan plan = sched::raster_plan(num_m, n_tiles, group_m);
         for (int32_t r = 0; r < num_m * n_tiles; ++r) {
           const sched::TileMN a = sched::tile_raster(r, num_m, n_tiles, group_m);
           const sched::TileMN b = sched::tile_raster(r, plan);
-          ASSERT_EQ(a.m, b.m) << num_m << " x " << n_tiles << " group " << group_m << " r " << r;
-          ASSERT_EQ(a.n, b.n) << num_m << " x " << n_tiles << " group " << group_m << " r " << r;
+          if ((a.m != b.m || a.n != b.n) && ++wrong <= 5)
+            ADD_FAILURE() << num_m << " x " << n_tiles << " group " << group_m << " r " << r;
         }
       }
     }
   }
+  EXPECT_EQ(wrong, 0);
 }

@@ -501,6 +501,9 @@ TEST(GroupedGemm, WgradKGroupedMaskedPadding) {
   wgrad_case({0, 1, 63, 128, 200, 385}, 200, 328, 7, 401);
   wgrad_case({0, 1, 63, 128, 200, 385}, 200, 328, 0, 402);
   wgrad_case({700, 64, 129}, 512, 768, 0, 403);
+  // 9 M tiles: two raster groups of the default group_m 8, the last one short (the decode's
+  // RasterPlan on the GPU).
+  wgrad_case({300, 0, 129}, 1152, 200, 0, 404);
 }
 
 // WgradArgs::accumulate: dw (and dw_up) fp32, added to. Into zeros the call leaves the fp32 sums,
