@@ -438,29 +438,45 @@ TEST(GroupedGemm, DgradSwiGLURejectsBadBuffers) {
 // ---------------------------------------------------------------------------------------------
 // Wgrad: dw[e] = sum_{rows of e} a[r]^T b[r], a [rows, m], b [rows, n]
 // ---------------------------------------------------------------------------------------------
+// A weight gradient's operands on the device: a [rows, m] and b [rows, n] over the routed layout
+// of `counts` (padding rows NaN: the K mask must drop them), the experts' rows, and its args
+// (without outputs).
+struct WgradProblem {
+  Routed rt;
+  int64_t E;
+  std::vector<uint16_t> a, b;
+  DevBuf da, db, dbeg, dcnt;
+  gemm::WgradArgs g;
+  WgradProblem(const std::vector<int32_t>& counts, int64_t m, int64_t n, uint64_t seed)
+      : rt(counts), E(int64_t(counts.size())), a(routed_input(rt, m, seed)), b(routed_input(rt, n, seed + 1)),
+        da(a.size() * 2), db(b.size() * 2), dbeg(size_t(E) * 4), dcnt(size_t(E) * 4) {
+    upload(da, a);
+    upload(db, b);
+    upload(dbeg, rt.begin);
+    upload(dcnt, rt.counts);
+    g.a = da.p;
+    g.b = db.p;
+    g.m = m;
+    g.n = n;
+    g.experts = E;
+    g.rows_total = rt.rows;
+    g.expert_row_begin = dbeg.as<int32_t>();
+    g.expert_rows = dcnt.as<int32_t>();
+  }
+};
+
 void wgrad_case(const std::vector<int32_t>& counts, int64_t m, int64_t n, int max_ctas, uint64_t seed) {
   SCOPED_TRACE(testing::Message() << "wgrad m=" << m << " n=" << n << " ctas=" << max_ctas);
-  const Routed rt(counts);
-  const int64_t E = int64_t(counts.size()), rows = rt.rows;
-  const auto a = routed_input(rt, m, seed);      // padding rows NaN: the K mask must drop them
-  const auto b = routed_input(rt, n, seed + 1);
-  DevBuf da(a.size() * 2), db(b.size() * 2), dw(size_t(E * m * n) * 2), dbeg(size_t(E) * 4), dcnt(size_t(E) * 4);
-  upload(da, a);
-  upload(db, b);
-  upload(dbeg, rt.begin);
-  upload(dcnt, rt.counts);
+  WgradProblem pr(counts, m, n, seed);
+  const Routed& rt = pr.rt;
+  const int64_t E = pr.E;
+  const auto& a = pr.a;
+  const auto& b = pr.b;
+  DevBuf dw(size_t(E * m * n) * 2);
   Device dev;
   dev.block_n = g_block_n;
-  gemm::WgradArgs g;
-  g.a = da.p;
-  g.b = db.p;
+  gemm::WgradArgs g = pr.g;
   g.dw = dw.p;
-  g.m = m;
-  g.n = n;
-  g.experts = E;
-  g.rows_total = rows;
-  g.expert_row_begin = dbeg.as<int32_t>();
-  g.expert_rows = dcnt.as<int32_t>();
   const auto plan = gemm::plan_wgrad(g, dev.opts(max_ctas));
   std::vector<std::vector<uint16_t>> r1, r2;
   std::vector<DevBuf*> outs{&dw};
@@ -514,27 +530,12 @@ void wgrad_accumulate_case(const std::vector<int32_t>& counts, int64_t m, int64_
                            bool gate_up) {
   SCOPED_TRACE(testing::Message() << "wgrad accumulate m=" << m << " n=" << n << " ctas=" << max_ctas
                                   << " gate_up=" << gate_up << " bn=" << g_block_n);
-  const Routed rt(counts);
-  const int64_t E = int64_t(counts.size()), out = E * m * n;
-  const auto a = routed_input(rt, m, seed);  // padding rows NaN: the K mask must drop them
-  const auto b = routed_input(rt, n, seed + 1);
-  DevBuf da(a.size() * 2), db(b.size() * 2), dw(size_t(out) * 2), df(size_t(out) * 4), dbeg(size_t(E) * 4),
-      dcnt(size_t(E) * 4);
-  upload(da, a);
-  upload(db, b);
-  upload(dbeg, rt.begin);
-  upload(dcnt, rt.counts);
+  WgradProblem pr(counts, m, n, seed);
+  const int64_t E = pr.E, out = E * m * n;
+  DevBuf dw(size_t(out) * 2), df(size_t(out) * 4);
   Device dev;
   dev.block_n = g_block_n;
-  gemm::WgradArgs g;
-  g.a = da.p;
-  g.b = db.p;
-  g.m = m;
-  g.n = n;
-  g.experts = E;
-  g.rows_total = rt.rows;
-  g.expert_row_begin = dbeg.as<int32_t>();
-  g.expert_rows = dcnt.as<int32_t>();
+  gemm::WgradArgs g = pr.g;
   // The bf16 form (gate_up: the two halves at dw and dw + out / 2).
   g.dw = dw.p;
   g.dw_up = gate_up ? static_cast<uint16_t*>(dw.p) + out / 2 : nullptr;
