@@ -10,6 +10,7 @@
 //
 //   mok_gemm_bench --out mok.json [--quick] [--filter SUBSTR] [--reps N] [--group-m N] [--max-ctas N]
 //                  [--no-gu] [--skew N] [--block-n 0|128|256] [--cluster 0|1] [--split-n 0|1] [--pdl 0|1]
+//                  [--wgrad-accumulate 0|1] (bf16 wgrad cases added to fp32 gradients: its cost)
 //                  [--rows N,N,... (rows per expert; default 128,512,2048)]
 //   (knobs for experiments: tile raster group, persistent CTAs, FC1 without g/u, consumer stagger,
 //   tile width, 2-CTA clusters, split-N for tiles with <= 64 token rows, programmatic dependent
@@ -71,6 +72,7 @@ struct Knobs {
   bool cluster = gemm::Options{}.cluster;
   bool split_n = gemm::Options{}.split_n;  // FC1/FC2 get the experts' rows (split-N for nearly empty tiles)
   bool pdl = gemm::Options{}.pdl;          // programmatic dependent launch between the timed launches
+  bool wgrad_accumulate = false;           // bf16 wgrad: added to fp32 gradients (WgradArgs::accumulate)
 };
 
 Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, const Knobs& kn) {
@@ -151,7 +153,8 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
       fill(B.back()->p, rows * b_cols, 3000 + s, 1.0f);
     }
   }
-  Buf out(size_t(out_elems) * 2), out2(size_t(std::max<int64_t>(out2_elems, 1)) * 2);
+  const bool acc_f32 = kn.wgrad_accumulate && c.form == "wgrad";  // fp32 output, added to
+  Buf out(size_t(out_elems) * (acc_f32 ? 4 : 2)), out2(size_t(std::max<int64_t>(out2_elems, 1)) * 2);
   Buf err(4);
   MOK_CUDA_CHECK(cudaMemset(err.p, 0, 4));
   gemm::Options o;
@@ -246,11 +249,13 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
       a.rows_total = rows;
       a.expert_row_begin = static_cast<int32_t*>(d_beg.p);
       a.expert_rows = static_cast<int32_t*>(d_cnt.p);
+      a.accumulate = acc_f32;
       plans.push_back(gemm::plan_wgrad(a, o));
     }
   }
 
-  // Correctness first: 256 sampled outputs of set 0 against fp64.
+  // Correctness first: 256 sampled outputs of set 0 against fp64 (accumulated into zeros).
+  if (acc_f32) MOK_CUDA_CHECK(cudaMemset(out.p, 0, size_t(out_elems) * 4));
   gemm::run(plans[0], nullptr);
   MOK_CUDA_CHECK(cudaDeviceSynchronize());
   unsigned e_word = 0;
@@ -395,7 +400,14 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
       const int64_t b0 = begin[size_t(e)], cnt = counts[size_t(e)];
       ref = dot_rows(fetch_strided(A[0]->p, b0 * c.m_or_rows + i, c.m_or_rows, cnt),
                      fetch_strided(B[0]->p, b0 * c.n + j, c.n, cnt));
-      got = host_bf16(fetch(out.p, (e * c.m_or_rows + i) * c.n + j, 1)[0]);
+      const int64_t at = (e * c.m_or_rows + i) * c.n + j;
+      if (acc_f32) {
+        float f = 0;
+        MOK_CUDA_CHECK(cudaMemcpy(&f, static_cast<const float*>(out.p) + at, 4, cudaMemcpyDeviceToHost));
+        got = f;
+      } else {
+        got = host_bf16(fetch(out.p, at, 1)[0]);
+      }
     }
     if (!std::isfinite(got)) ++nonfinite;
     else {
@@ -477,6 +489,8 @@ int main(int argc, char** argv) {
       else if (a == "--cluster" && has) kn.cluster = parse_number("--cluster", argv[++i], 0, 1) != 0;
       else if (a == "--split-n" && has) kn.split_n = parse_number("--split-n", argv[++i], 0, 1) != 0;
       else if (a == "--pdl" && has) kn.pdl = parse_number("--pdl", argv[++i], 0, 1) != 0;
+      else if (a == "--wgrad-accumulate" && has)
+        kn.wgrad_accumulate = parse_number("--wgrad-accumulate", argv[++i], 0, 1) != 0;
       else if (a == "--rows" && has) {  // a comma-separated list of rows per expert
         row_set.clear();
         std::string list = argv[++i];
@@ -489,7 +503,7 @@ int main(int argc, char** argv) {
       else {
         std::fprintf(stderr,
                      "usage: %s [--out FILE] [--filter SUBSTR] [--reps N] [--quick] [--group-m N] [--max-ctas N] "
-                     "[--no-gu] [--skew N] [--block-n 0|128|256] [--cluster 0|1] [--split-n 0|1] [--pdl 0|1] [--rows N,N,...]\n",
+                     "[--no-gu] [--skew N] [--block-n 0|128|256] [--cluster 0|1] [--split-n 0|1] [--pdl 0|1] [--wgrad-accumulate 0|1] [--rows N,N,...]\n",
                      argv[0]);
         return 2;
       }
@@ -587,12 +601,12 @@ int main(int argc, char** argv) {
                  "\"experts\": %lld, \"hidden\": %lld, \"inter\": %lld, \"m\": %lld, \"n\": %lld, \"k\": %lld, "
                  "\"flops\": %.6e, \"mok_ms\": %.6f, \"mok_tflops\": %.3f, \"check_rel_err\": %.3e, "
                  "\"buffer_sets\": %d, \"timed_launches\": %d, \"block_n\": %d, \"skew\": %d, \"group_m\": %d, "
-                 "\"cluster\": %d, \"split_n\": %d, \"pdl\": %d, \"counts\": [",
+                 "\"cluster\": %d, \"split_n\": %d, \"pdl\": %d, \"wgrad_accumulate\": %d, \"counts\": [",
                  first ? "" : ",\n", c.name.c_str(), c.form.c_str(), (long long)c.rows_per_expert,
                  c.routing.c_str(), (long long)c.model->experts, (long long)c.model->hidden,
                  (long long)c.model->inter, (long long)c.m_or_rows, (long long)c.n, (long long)c.k, r.flops,
                  r.ms, r.tflops, std::isfinite(r.err) ? r.err : -1.0, r.sets, r.launches, r.block_n, r.skew, kn.group_m, int(kn.cluster),
-                 int(kn.split_n), int(kn.pdl));
+                 int(kn.split_n), int(kn.pdl), int(kn.wgrad_accumulate && c.form == "wgrad"));
     for (size_t i = 0; i < counts.size(); ++i) std::fprintf(f, "%s%d", i ? ", " : "", counts[i]);
     std::fprintf(f, "]}");
     first = false;
