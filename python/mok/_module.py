@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ._fused_wgrad import FusedWgradMoE
 from ._ops import PRECISIONS, moe, register_gpu_layer, unregister_gpu_layer
 
 # The knobs of mok::Config (include/mok/config.hpp), by the same names. On CPU tensors only
@@ -33,11 +34,14 @@ class MoE(torch.nn.Module):
     (and its ``memory_plan``) gets ``forward_path="unfused"``. ``forward_path="megakernel"`` set
     explicitly is kept, for inference: a call on it whose output needs a gradient raises
     NotImplementedError (so does one with ``backward_path="fused"``, which is bf16 only).
+    ``fuse_wgrad_accumulation=True`` (bf16, eager): the routed experts' weight gradients are added to
+    each weight's fp32 ``main_grad`` (made as zeros when missing) instead of ``.grad``, as training
+    stacks accumulate over microbatches (``mok/_fused_wgrad.py``).
     """
 
     def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, shared_intermediate: int = 0, *,
                  group=None, device=None, dtype: torch.dtype = torch.bfloat16, init_std: float = 0.02,
-                 **config):
+                 fuse_wgrad_accumulation: bool = False, **config):
         super().__init__()
         unknown = sorted(set(config) - set(CONFIG_KNOBS))
         if unknown:
@@ -54,6 +58,13 @@ class MoE(torch.nn.Module):
             raise ValueError(f"mok.MoE: 'precision' must be one of {PRECISIONS}, got {config['precision']!r}")
         if dtype != torch.bfloat16:
             raise ValueError(f"mok.MoE: 'dtype' must be torch.bfloat16 (the layer's precision), got {dtype}")
+        if fuse_wgrad_accumulation and config.get("precision", "bf16") != "bf16":
+            raise ValueError("mok.MoE: 'fuse_wgrad_accumulation' needs precision 'bf16' (the FP8 backward writes bf16 "
+                             f"gradients), got precision {config['precision']!r}")
+        if fuse_wgrad_accumulation and config.get("backward_path", "unfused") != "unfused":
+            raise ValueError("mok.MoE: 'fuse_wgrad_accumulation' needs backward_path 'unfused' (the backward's GEMM "
+                             f"program writes bf16 gradients), got {config['backward_path']!r}")
+        self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
         self.ep_size = 1 if group is None else group.size()
         if self.ep_size != 1:
             raise NotImplementedError(
@@ -86,6 +97,12 @@ class MoE(torch.nn.Module):
         if self.config.get("cpu_threads"):
             torch.set_num_threads(int(self.config["cpu_threads"]))
         layer = self._gpu_layer(x, topk_idx) if x.is_cuda else 0
+        if self.fuse_wgrad_accumulation and torch.is_grad_enabled():
+            if torch.compiler.is_compiling():
+                raise NotImplementedError("mok.MoE: fuse_wgrad_accumulation runs eager (the weights' main_grad is "
+                                          "added to outside the graph); compile a module without it")
+            return FusedWgradMoE.apply(x, topk_idx, topk_w, self.w_gate, self.w_up, self.w_down, self.ws_gate,
+                                       self.ws_up, self.ws_down, layer)[0]
         return moe(x, topk_idx, topk_w, self.w_gate, self.w_up, self.w_down, self.ws_gate, self.ws_up, self.ws_down,
                    layer, str(self.config.get("precision", "bf16")))
 

@@ -63,15 +63,23 @@ class GpuLayer {
                            reinterpret_cast<cudaStream_t>(stream), save);
   }
 
-  // grads: d_x, d_topk_w, d_w_gate, d_w_up, d_w_down[, d_ws_gate, d_ws_up, d_ws_down].
+  // grads: d_x, d_topk_w, d_w_gate, d_w_up, d_w_down[, d_ws_gate, d_ws_up, d_ws_down]. accumulate
+  // (mok::GradRefs::accumulate): d_w_gate, d_w_up, d_w_down are fp32 and the gradients are added to them.
   void backward(uintptr_t x, uintptr_t idx, bool idx_int64, uintptr_t w, uintptr_t d_out,
-                const std::vector<uintptr_t>& grads, uintptr_t stream, int64_t forward_id) {
+                const std::vector<uintptr_t>& grads, uintptr_t stream, int64_t forward_id, bool accumulate) {
     MOK_REQUIRE(grads.size() == (shape_.shared_intermediate > 0 ? 8u : 5u), "grads", "wrong number of addresses (",
                 grads.size(), ")");
     nb::gil_scoped_release release;
     const auto g = [&](size_t i) { return i < grads.size() ? ptr(grads[i]) : nullptr; };
-    const mok::DeviceGrads dg = mok::DeviceGrads::of(shape_, 0, g(0), static_cast<float*>(g(1)), g(2), g(3), g(4),
-                                                     g(5), g(6), g(7));
+    mok::DeviceGrads dg = mok::DeviceGrads::of(shape_, 0, g(0), static_cast<float*>(g(1)), g(2), g(3), g(4), g(5),
+                                               g(6), g(7));
+    if (accumulate) {
+      const int64_t el = shape_.local_experts(), H = shape_.hidden, I = shape_.intermediate;
+      dg.accumulate = true;
+      dg.d_w_gate = tensor(grads[2], mok::DType::F32, {el, I, H});
+      dg.d_w_up = tensor(grads[3], mok::DType::F32, {el, I, H});
+      dg.d_w_down = tensor(grads[4], mok::DType::F32, {el, H, I});
+    }
     layer_->backward(refs(x, idx, idx_int64, w), tensor(d_out, mok::DType::BF16, {T(), shape_.hidden}), dg,
                      reinterpret_cast<cudaStream_t>(stream), forward_id);
   }
@@ -131,7 +139,8 @@ NB_MODULE(_cuda, m) {
       .def("forward", &GpuLayer::forward, nb::arg("x"), nb::arg("topk_idx"), nb::arg("idx_int64"),
            nb::arg("topk_w"), nb::arg("out"), nb::arg("stream"), nb::arg("save_for_backward") = true)
       .def("backward", &GpuLayer::backward, nb::arg("x"), nb::arg("topk_idx"), nb::arg("idx_int64"),
-           nb::arg("topk_w"), nb::arg("d_out"), nb::arg("grads"), nb::arg("stream"), nb::arg("forward_id") = -1)
+           nb::arg("topk_w"), nb::arg("d_out"), nb::arg("grads"), nb::arg("stream"), nb::arg("forward_id") = -1,
+           nb::arg("accumulate") = false)
       .def("set_weights", &GpuLayer::set_weights, nb::arg("weights"))
       .def("check", &GpuLayer::check);
 }

@@ -507,3 +507,43 @@ def test_fp8_modules_default_to_the_unfused_path_which_trains():
         finally:
             _ops.unregister_gpu_layer(handle)
         assert handle not in _ops._gpu_configs
+
+
+def test_fuse_wgrad_accumulation_adds_to_main_grad():
+    """fuse_wgrad_accumulation: two microbatches' routed weight gradients land in the weights'
+    fp32 main_grad (made on the first backward, then added to), their .grad stays None; d_x,
+    d_topk_w and the shared expert's gradients are the plain module's; refusals by name."""
+    torch.manual_seed(5)
+    plain = mok.MoE(H, I, E, K, IS, init_std=0.1)
+    fused = mok.MoE(H, I, E, K, IS, init_std=0.1, fuse_wgrad_accumulation=True)
+    fused.load_state_dict(plain.state_dict())
+    want = [torch.zeros(p.shape, dtype=torch.float32) for p in (plain.w_gate, plain.w_up, plain.w_down)]
+    for s in range(2):
+        x, idx, w = make_inputs(30 + s)
+        outs, gx, gw = [], [], []
+        for m in (plain, fused):
+            m.zero_grad()
+            xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+            out = m(xr, idx, wr)
+            out.float().square().sum().backward()
+            outs.append(out)
+            gx.append(xr.grad)
+            gw.append(wr.grad)
+        assert torch.equal(outs[0], outs[1])
+        assert torch.equal(gx[0], gx[1]) and torch.equal(gw[0], gw[1])
+        for acc, p in zip(want, (plain.w_gate, plain.w_up, plain.w_down)):
+            acc += p.grad.float()
+        for p in (fused.w_gate, fused.w_up, fused.w_down):
+            assert p.grad is None and p.grad_added_to_main_grad
+        for a, b in zip((plain.ws_gate, plain.ws_up, plain.ws_down), (fused.ws_gate, fused.ws_up, fused.ws_down)):
+            assert torch.equal(a.grad, b.grad)
+    for acc, p in zip(want, (fused.w_gate, fused.w_up, fused.w_down)):
+        assert p.main_grad.dtype == torch.float32 and torch.equal(p.main_grad, acc)
+    fused.w_up.main_grad = torch.zeros(3)
+    x, idx, w = make_inputs(40)
+    with pytest.raises(ValueError, match="'w_up.main_grad' must be a contiguous float32"):
+        fused(x, idx, w.clone().requires_grad_()).sum().backward()
+    with pytest.raises(ValueError, match="fuse_wgrad_accumulation' needs precision 'bf16'"):
+        mok.MoE(H, I, E, K, fuse_wgrad_accumulation=True, precision="fp8")
+    with pytest.raises(ValueError, match="fuse_wgrad_accumulation' needs backward_path 'unfused'"):
+        mok.MoE(H, I, E, K, fuse_wgrad_accumulation=True, backward_path="fused")

@@ -226,3 +226,34 @@ def test_fp8_trains_on_cuda_tensors_like_the_cpu_fp8_recipe(precision):
         print(f"[{precision} gpu training] {name}: rel err vs the CPU's recipe {errs[name]:.2e}")
     for name, err in errs.items():
         assert err < 3e-2, (name, err)
+
+
+def test_fuse_wgrad_accumulation_on_cuda_adds_the_fp32_sums():
+    """fuse_wgrad_accumulation on the GPU layer (mok::GradRefs::accumulate): the weights' fp32
+    main_grad after one backward rounds to the plain module's bf16 gradients bit for bit (the same
+    tiles, only the final rounding gone), a second microbatch of the same inputs doubles it exactly,
+    .grad stays None, and d_x, d_topk_w and the shared expert's gradients are the plain module's."""
+    torch.manual_seed(6)
+    plain = mok.MoE(H, I, E, K, IS, device="cuda", init_std=0.05)
+    fused = mok.MoE(H, I, E, K, IS, device="cuda", init_std=0.05, fuse_wgrad_accumulation=True)
+    fused.load_state_dict(plain.state_dict())
+    x, idx, w = inputs(61, "cuda")
+    d_out = torch.randn(T, H, device="cuda").to(torch.bfloat16)
+    want = step(plain, x, idx, w, d_out)
+    first = None
+    for rep in range(2):
+        got = step(fused, x, idx, w, d_out)
+        for a, b in zip(want[:3], got[:3]):
+            assert torch.equal(a, b)
+        for p in (fused.w_gate, fused.w_up, fused.w_down):
+            assert p.grad is None
+        for a, b in zip(want[6:], got[6:]):  # the shared expert's
+            assert torch.equal(a, b)
+        mg = [p.main_grad.clone() for p in (fused.w_gate, fused.w_up, fused.w_down)]
+        if rep == 0:
+            for g, ref in zip(mg, want[3:6]):
+                assert torch.equal(g.to(torch.bfloat16), ref)
+            first = mg
+        else:
+            for g, f in zip(mg, first):
+                assert torch.equal(g, f + f)
