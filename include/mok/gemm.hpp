@@ -167,7 +167,7 @@ struct WgradArgs {
   // are fp32 and each expert's fp32 sums are added to them, dw += a_e^T . b_e, instead of being
   // written as bf16 (no rounding to bf16 on the way). Each element is read and written once, by
   // the one tile that owns it: deterministic. With carry, the call that finishes an expert adds
-  // it; an expert without rows is left as it is. dw / dw_up 8-byte aligned.
+  // it; an expert without rows is left as it is. dw / dw_up 16-byte aligned.
   bool accumulate = false;
 };
 

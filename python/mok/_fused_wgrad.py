@@ -5,14 +5,16 @@ gradient-accumulation fusion, Transformer Engine's ``fuse_wgrad_accumulation``):
 expert weight carries a ``main_grad`` (fp32, its shape, contiguous, on its device) and the backward
 adds the weight's gradient to it instead of returning it; ``.grad`` stays None and the weight gets
 ``grad_added_to_main_grad = True``. A weight without ``main_grad`` gets one, zeros, on its first
-backward. On CUDA tensors the GPU layer adds the gradient's fp32 sums in its weight-gradient
+backward (only a weight that requires grad; note that ``torch.autograd.grad(out, x)`` adds to them
+too, as in the convention). On CUDA tensors the GPU layer adds the gradient's fp32 sums in its weight-gradient
 epilogue (mok::GradRefs::accumulate: never rounded to bf16, each element once, deterministic); on
 CPU tensors the reference engine's bf16 gradient is added (the CPU path is the specification's
 rounding, within half a bf16 step of the GPU's). The shared expert's gradients, d_x and d_topk_w
 are returned as usual.
 
 Eager only: under torch.compile it raises (the op pair mok::moe_forward / mok::moe_backward is the
-compiled path). bf16 only (the GPU layer's FP8 backward writes bf16 gradients).
+compiled path); once differentiable (no double backward). bf16 only (the GPU layer's FP8 backward
+writes bf16 gradients).
 """
 
 from __future__ import annotations
@@ -50,12 +52,18 @@ class FusedWgradMoE(torch.autograd.Function):
         return out, generation
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, d_out, _d_generation):
         saved = list(ctx.saved_tensors)
         generation = saved.pop()
         x, topk_idx, topk_w, w_gate, w_up, w_down = saved[:6]
         ws = saved[6:9] if ctx.shared else [None, None, None]
-        mg = [main_grad_of(w, n) for w, n in ((w_gate, "w_gate"), (w_up, "w_up"), (w_down, "w_down"))]
+        # Only the weights that need a gradient get (and are added to) a main_grad; the GPU layer
+        # writes all three, so a frozen one's sums land in scratch.
+        routed = ((w_gate, "w_gate"), (w_up, "w_up"), (w_down, "w_down"))
+        wants = [ctx.needs_input_grad[3 + i] for i in range(3)]
+        mg = [main_grad_of(w, n) if want else torch.empty(w.shape, dtype=torch.float32, device=w.device)
+              for (w, n), want in zip(routed, wants)]
         _check_device({"d_out": d_out}, x.device)
         c = lambda t: None if t is None else t.detach().contiguous()  # noqa: E731
         d_x = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -73,9 +81,11 @@ class FusedWgradMoE(torch.autograd.Function):
             d_w = [torch.empty(w.shape, dtype=w.dtype, device=w.device) for w in (w_gate, w_up, w_down)]
             _cpu.backward(c(x), c(topk_idx), c(topk_w), c(w_gate), c(w_up), c(w_down), *[c(w) for w in ws], c(d_out),
                           [d_x, d_topk_w, *d_w, *d_ws], threads=_cpu_threads(), precision="bf16")
-            for g, d in zip(mg, d_w):
-                g.add_(d.float())
-        for w in (w_gate, w_up, w_down):
-            w.grad_added_to_main_grad = True
+            for g, d, want in zip(mg, d_w, wants):
+                if want:
+                    g.add_(d.float())
+        for (w, _), want in zip(routed, wants):
+            if want:
+                w.grad_added_to_main_grad = True
         shared = d_ws if ctx.shared else [None, None, None]
         return d_x, None, d_topk_w, None, None, None, *shared, None

@@ -97,7 +97,8 @@ class MoE(torch.nn.Module):
         if self.config.get("cpu_threads"):
             torch.set_num_threads(int(self.config["cpu_threads"]))
         layer = self._gpu_layer(x, topk_idx) if x.is_cuda else 0
-        if self.fuse_wgrad_accumulation and torch.is_grad_enabled():
+        if self.fuse_wgrad_accumulation and torch.is_grad_enabled() and any(
+                w.requires_grad for w in (self.w_gate, self.w_up, self.w_down)):
             if torch.compiler.is_compiling():
                 raise NotImplementedError("mok.MoE: fuse_wgrad_accumulation runs eager (the weights' main_grad is "
                                           "added to outside the graph); compile a module without it")

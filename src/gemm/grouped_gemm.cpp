@@ -315,14 +315,14 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
   p.map_a = make_map_2d(a.a, u, uint64_t(a.m), 64);                 // {m, rows}: MN-major A
   p.map_b = make_map_3d(a.b, 1, u, uint64_t(a.n), 64);              // {n, rows, 1}: MN-major B
   p.map_b_half = p.map_b;
-  set_wgrad_outputs(p, a.dw, a.dw_up, a.experts, a.m, a.n);  // (maps unused with accumulate)
   if (a.accumulate) {
     MOK_REQUIRE(!o.cluster, "options.cluster", "not with wgrad.accumulate (its kernel runs without clusters)");
-    MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.dw) % 8 == 0 && reinterpret_cast<uintptr_t>(a.dw_up) % 8 == 0,
-                "wgrad.dw", "8-byte aligned fp32 with accumulate (float2 accesses)");
+    MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.dw) % 16 == 0 && reinterpret_cast<uintptr_t>(a.dw_up) % 16 == 0,
+                "wgrad.dw", "16-byte aligned fp32 with accumulate");
     p.params.acc_f32 = static_cast<float*>(a.dw);
     p.params.acc_f32_up = static_cast<float*>(a.dw_up);
   }
+  set_wgrad_outputs(p, a.dw, a.dw_up, a.experts, a.m, a.n);  // (maps unused with accumulate)
   return p;
 }
 

@@ -323,9 +323,9 @@ struct FormWgradT {
       return;
     }
     if (t.out_row + 64 * cwg >= p.m_out) return;
-    if constexpr (kAccumulate) {  // added to the fp32 gradients (nothing to add without rows)
+    if constexpr (kAccumulate) {  // added to the fp32 gradients (nothing to add without rows or carry)
       static_assert(std::is_same_v<typename C::Operand, OperandBf16>, "the bf16 weight gradient only");
-      if (t.k_blocks > 0)
+      if (t.k_blocks > 0 || (p.carry_in != nullptr && t.out_batch == __ldg(p.carry_experts)))
         epilogue_accumulate_f32<C>(wt, cwg, acc, p.acc_f32, p.acc_f32_up, t.out_row, t.b_n, p.n, p.m_out,
                                    t.out_batch);
     } else if constexpr (!std::is_same_v<typename C::Operand, OperandBf16>) {

@@ -539,6 +539,14 @@ def test_fuse_wgrad_accumulation_adds_to_main_grad():
             assert torch.equal(a.grad, b.grad)
     for acc, p in zip(want, (fused.w_gate, fused.w_up, fused.w_down)):
         assert p.main_grad.dtype == torch.float32 and torch.equal(p.main_grad, acc)
+    # A frozen weight gets no main_grad (and keeps the one it has); a gradient asked for x only
+    # still adds to the others' (the convention's side effect).
+    fused.w_down.requires_grad_(False)
+    before = fused.w_down.main_grad.clone()
+    x, idx, w = make_inputs(41)
+    fused(x, idx, w.clone().requires_grad_()).float().square().sum().backward()
+    assert torch.equal(fused.w_down.main_grad, before) and fused.w_down.grad is None
+    fused.w_down.requires_grad_(True)
     fused.w_up.main_grad = torch.zeros(3)
     x, idx, w = make_inputs(40)
     with pytest.raises(ValueError, match="'w_up.main_grad' must be a contiguous float32"):
