@@ -116,7 +116,7 @@ __device__ __forceinline__ Tile k_grouped_tile(const KernelParams& p, int32_t e,
 
 // K-grouped tiles (wgrad): per expert, its M x N output tiles; K runs over the expert's rows. The
 // bf16 instance decodes on divisors made once (sched::div_by, sched::RasterPlan: the same tiles as
-// integer division, +2.5% at 256 rows per expert); the FP8 one keeps integer division (3-14%
+// integer division; the forms +0.2..+2.6%, f66f864); the FP8 one keeps integer division (3-14%
 // slower with the divisors, measured at b116aa3: notes/gemm.md).
 template <class C>
 struct KGroupedSchedule {
@@ -297,10 +297,14 @@ struct FormWgradT {
     const int32_t tile = (t.out_row / kBlockM) * p.n_tiles + t.b_n / C::kBlockN;
     return int64_t(tile) * 256 * C::kAccRegs + int64_t(ct) * 4;
   }
+  // Whether the tile's expert continues the sums an earlier call left in carry_in.
+  __device__ __forceinline__ static bool carried_in(const Tile& t, const KernelParams& p) {
+    return p.carry_in != nullptr && t.out_batch == __ldg(p.carry_experts);
+  }
   // Before the tile's MMAs: the expert continued from an earlier call starts from its sums.
   __device__ __forceinline__ static bool load_carry(const Tile& t, uint32_t ct, float (&acc)[C::kAccRegs],
                                                     const KernelParams& p) {
-    if (p.carry_in == nullptr || t.out_batch != __ldg(p.carry_experts)) return false;
+    if (!carried_in(t, p)) return false;
     const float* c = p.carry_in + carry_offset(t, p, ct);
 #pragma unroll
     for (int i = 0; i < C::kAccRegs; i += 4) {
@@ -325,7 +329,7 @@ struct FormWgradT {
     if (t.out_row + 64 * cwg >= p.m_out) return;
     if constexpr (kAccumulate) {  // added to the fp32 gradients (nothing to add without rows or carry)
       static_assert(std::is_same_v<typename C::Operand, OperandBf16>, "the bf16 weight gradient only");
-      if (t.k_blocks > 0 || (p.carry_in != nullptr && t.out_batch == __ldg(p.carry_experts)))
+      if (t.k_blocks > 0 || carried_in(t, p))
         epilogue_accumulate_f32<C>(wt, cwg, acc, p.acc_f32, p.acc_f32_up, t.out_row, t.b_n, p.n, p.m_out,
                                    t.out_batch);
     } else if constexpr (!std::is_same_v<typename C::Operand, OperandBf16>) {
