@@ -224,9 +224,12 @@ struct KernelParams {
   const int32_t* carry_experts = nullptr;
   const int32_t* expert_rows_total = nullptr;
   const int32_t* expert_range = nullptr;      // Wgrad: {first, count} experts scheduled (optional)
-  // Wgrad with WgradArgs::accumulate: the fp32 gradients added to (acc_f32_up: the up rows).
-  float* acc_f32 = nullptr;
-  float* acc_f32_up = nullptr;
+  // Wgrad: the gradients' memory as the registers-to-global epilogues address it (dw_out_up: the up
+  // rows, with split_gate_up): bf16 stored, or with wgrad_accumulate (WgradArgs::accumulate) fp32
+  // added to.
+  void* dw_out = nullptr;
+  void* dw_out_up = nullptr;
+  int32_t wgrad_accumulate = 0;
   unsigned int* error = nullptr;              // bounded waits: error word (nullptr: unbounded)
   unsigned long long wait_limit_ns = 0;
   // Fp8Plain: fp32 scales of A [rows, k_blocks] and of the weights [experts, n / 128, k_blocks]

@@ -195,11 +195,20 @@ __device__ __forceinline__ void epilogue_store(const Smem<C>& sm, EpiState& es, 
   store_chunks<C, C::kAccRegs>(sm, es, cwg, wt, acc, d, row + 64 * cwg, b_n, n, batch);
 }
 
+// The first element of output row r (of expert `batch`) of a weight gradient written straight from
+// the registers: [batch, m, n] in `dst`, or with `up` the packed gate/up rows split as
+// epilogue_store_gate_up does (in each group of 64, rows 0-31 to dst and 32-63 to up, at
+// (r / 64) * 32 + r % 32 of [batch, m / 2, n]).
+template <class T>
+__device__ __forceinline__ T* wgrad_row(T* dst, T* up, int32_t r, int32_t n, int32_t m, int32_t batch) {
+  if (up == nullptr) return dst + (int64_t(batch) * m + r) * n;
+  return ((r % 64) < 32 ? dst : up) + (int64_t(batch) * (m / 2) + (r / 64) * 32 + r % 32) * n;
+}
+
 // The weight gradient's tile added into fp32 gradients (WgradArgs::accumulate): dst[batch][r][c]
 // += acc, straight from the registers (a quad of lanes covers 32 contiguous bytes of a row: whole
 // sectors; no staging, the tile owns its elements). m: rows per expert of the packed (or plain)
-// output. With `up`, the rows are packed gate/up rows split as epilogue_store_gate_up does: in each
-// group of 64 (a warpgroup's rows), rows 0-31 go to dst and 32-63 to up, at (row / 64) * 32 + row % 32.
+// output; `up` as wgrad_row.
 template <class C>
 __device__ __forceinline__ void epilogue_accumulate_f32(uint32_t wt, int cwg, const float (&acc)[C::kAccRegs],
                                                         float* dst, float* up, int32_t row, int32_t b_n, int32_t n,
@@ -212,8 +221,7 @@ __device__ __forceinline__ void epilogue_accumulate_f32(uint32_t wt, int cwg, co
   for (int h = 0; h < 2; ++h) {  // the thread's two rows: r and r + 8
     const int32_t r = row + 64 * cwg + acc_row(wt) + 8 * h;
     if (r >= m) continue;
-    float* base = up == nullptr ? dst + (int64_t(batch) * m + r) * n
-                                : ((r % 64) < 32 ? dst : up) + (int64_t(batch) * (m / 2) + (r / 64) * 32 + r % 32) * n;
+    float* base = wgrad_row(dst, up, r, n, m, batch);
 #pragma unroll
     for (int j0 = 0; j0 < kBlocks; j0 += kBatch) {
       float2 v[kBatch];
@@ -229,6 +237,39 @@ __device__ __forceinline__ void epilogue_accumulate_f32(uint32_t wt, int cwg, co
           *reinterpret_cast<float2*>(base + c) =
               make_float2(v[j].x + acc[4 * (j0 + j) + 2 * h], v[j].y + acc[4 * (j0 + j) + 2 * h + 1]);
       }
+    }
+  }
+}
+
+// The weight gradient's tile stored as bf16 straight from the registers (no shared-memory staging,
+// no TMA, no barrier: the warpgroup goes on to its next tile as soon as the stores are issued).
+// In the accumulator layout a quad holds 4 bytes of each n8 block of a row; one exchange with the
+// neighbouring lane per pair of blocks gives every lane 8 contiguous bytes, so a quad writes 32
+// contiguous bytes (one whole sector) per store. The same rounding (RN) as write_chunk_bf16, so
+// the same bits as the TMA epilogues. `up` as wgrad_row; n a multiple of 8 (the maps' rule).
+template <class C>
+__device__ __forceinline__ void epilogue_wgrad_direct(uint32_t wt, int cwg, const float (&acc)[C::kAccRegs],
+                                                      uint16_t* dst, uint16_t* up, int32_t row, int32_t b_n,
+                                                      int32_t n, int32_t m, int32_t batch) {
+  constexpr int kBlocks = C::kAccRegs / 4;
+  static_assert(kBlocks % 2 == 0, "pairs of n8 blocks");
+  const bool odd = (wt & 1u) != 0;
+  const int32_t q = int32_t(wt & 3u);
+  // Columns of the lane's 8 bytes inside a pair of blocks: lanes 0, 2 take the first block's
+  // 0-3 / 4-7, lanes 1, 3 the second block's 0-3 / 4-7 (8 + 0 / 8 + 4).
+  const int32_t c_lane = odd ? 8 + 2 * (q - 1) : 2 * q;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // the thread's two rows: r and r + 8 (both lanes of a pair alike)
+    const int32_t r = row + 64 * cwg + acc_row(wt) + 8 * h;
+    const bool row_ok = r < m;
+    uint16_t* base = wgrad_row(dst, up, row_ok ? r : 0, n, m, batch);
+#pragma unroll
+    for (int j = 0; j < kBlocks; j += 2) {
+      const uint32_t p0 = pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      const uint32_t p1 = pack_bf16x2(acc[4 * (j + 1) + 2 * h], acc[4 * (j + 1) + 2 * h + 1]);
+      const uint32_t other = __shfl_xor_sync(0xffffffffu, odd ? p0 : p1, 1);  // every lane exchanges
+      const int32_t c = b_n + 8 * j + c_lane;
+      if (row_ok && c < n) *reinterpret_cast<uint2*>(base + c) = odd ? make_uint2(other, p1) : make_uint2(p0, other);
     }
   }
 }

@@ -271,6 +271,8 @@ Plan k_grouped_plan(Form form, int64_t m, int64_t n, int64_t experts, int64_t ro
 // gate/up rows split into the gate rows (dw) and the up rows (dw_up), each [experts, m / 2, n],
 // in 32-row boxes (one warpgroup's 64 packed rows = 32 of each).
 void set_wgrad_outputs(Plan& p, void* dw, void* dw_up, int64_t experts, int64_t m, int64_t n) {
+  p.params.dw_out = dw;
+  p.params.dw_out_up = dw_up;
   if (dw_up == nullptr) {
     p.map_d0 = make_map_3d(dw, uint64_t(experts), uint64_t(m), uint64_t(n), 64);
     p.map_d1 = p.map_d0;
@@ -319,8 +321,7 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
     MOK_REQUIRE(!o.cluster, "options.cluster", "not with wgrad.accumulate (its kernel runs without clusters)");
     MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.dw) % 16 == 0 && reinterpret_cast<uintptr_t>(a.dw_up) % 16 == 0,
                 "wgrad.dw", "16-byte aligned fp32 with accumulate");
-    p.params.acc_f32 = static_cast<float*>(a.dw);
-    p.params.acc_f32_up = static_cast<float*>(a.dw_up);
+    p.params.wgrad_accumulate = 1;
   }
   set_wgrad_outputs(p, a.dw, a.dw_up, a.experts, a.m, a.n);  // (maps unused with accumulate)
   return p;

@@ -283,7 +283,7 @@ using FormDgradSwiGLU2 = FormDgradSwiGLU<C, 2>;
 // (both MN-major operands); the last K block of each expert is masked to its valid rows. With
 // p.split_gate_up, M is a packed gate/up width and the rows go to map_d0 (gate) / map_d1 (up).
 // kAccumulate (FormWgradAccumulate, bf16, WgradArgs::accumulate): the tile's fp32 sums are added to
-// the fp32 gradients p.acc_f32 / p.acc_f32_up instead (a kernel of its own, so the plain form's
+// the fp32 gradients p.dw_out / p.dw_out_up instead (a kernel of its own, so the plain form's
 // code stays as it was).
 template <class C, bool kAccumulate = false>
 struct FormWgradT {
@@ -330,16 +330,18 @@ struct FormWgradT {
     if constexpr (kAccumulate) {  // added to the fp32 gradients (nothing to add without rows or carry)
       static_assert(std::is_same_v<typename C::Operand, OperandBf16>, "the bf16 weight gradient only");
       if (t.k_blocks > 0 || carried_in(t, p))
-        epilogue_accumulate_f32<C>(wt, cwg, acc, p.acc_f32, p.acc_f32_up, t.out_row, t.b_n, p.n, p.m_out,
-                                   t.out_batch);
+        epilogue_accumulate_f32<C>(wt, cwg, acc, static_cast<float*>(p.dw_out), static_cast<float*>(p.dw_out_up),
+                                   t.out_row, t.b_n, p.n, p.m_out, t.out_batch);
     } else if constexpr (!std::is_same_v<typename C::Operand, OperandBf16>) {
       // FP8: chunks in batches of two (measured faster there; slower in BF16: engine_epilogue.cuh).
       epilogue_wgrad_batched<C>(sm, es, cwg, wt, acc, d0, p.split_gate_up ? d1 : nullptr, t.out_row, t.b_n, p.n,
                                 t.out_batch);
-    } else if (p.split_gate_up) {
-      epilogue_store_gate_up<C>(sm, es, cwg, wt, acc, d0, d1, t.out_row, t.b_n, p.n, t.out_batch);
     } else {
-      epilogue_store<C>(sm, es, cwg, wt, acc, d0, t.out_row, t.b_n, p.n, t.out_batch);
+      // BF16: straight from the registers (no staging, barrier or store wait between this tile's
+      // MMAs and the next's).
+      epilogue_wgrad_direct<C>(wt, cwg, acc, static_cast<uint16_t*>(p.dw_out),
+                               static_cast<uint16_t*>(p.split_gate_up ? p.dw_out_up : nullptr), t.out_row, t.b_n,
+                               p.n, p.m_out, t.out_batch);
     }
   }
 };

@@ -4,7 +4,7 @@
 namespace mok::gemm::detail {
 
 void launch_wgrad(const Plan& plan, cudaStream_t stream) {
-  if (plan.params.acc_f32 == nullptr) {
+  if (plan.params.wgrad_accumulate == 0) {
     launch_form<engine::FormWgrad>(plan, stream);
   } else if (plan.grid > 0) {  // WgradArgs::accumulate (no clusters: plan_wgrad refuses them)
     if (plan.block_n == 128)

@@ -238,7 +238,7 @@ BwdGemm bwd_gemm_of(const gemm::Plan& plan, const char* what) {
   MOK_REQUIRE(plan.block_n == C::kBlockN && !plan.cluster, what,
               "the backward program runs 256-wide tiles without clusters (plan it with Options::block_n = 256, "
               "cluster = false), got block_n ", plan.block_n, plan.cluster ? " with clusters" : "");
-  MOK_REQUIRE(plan.params.acc_f32 == nullptr, what,
+  MOK_REQUIRE(plan.params.wgrad_accumulate == 0, what,
               "the backward program writes bf16 weight gradients (not WgradArgs::accumulate)");
   return BwdGemm{plan.map_a, plan.map_b, plan.map_b_half, plan.map_d0, plan.map_d1, plan.params};
 }
