@@ -209,7 +209,7 @@ __device__ __forceinline__ T* wgrad_row(T* dst, T* up, int32_t r, int32_t n, int
 // += acc, straight from the registers (a quad of lanes covers 32 contiguous bytes of a row: whole
 // sectors; no staging, the tile owns its elements). m: rows per expert of the packed (or plain)
 // output; `up` as wgrad_row.
-template <class C>
+template <class C, bool kRed = false>
 __device__ __forceinline__ void epilogue_accumulate_f32(uint32_t wt, int cwg, const float (&acc)[C::kAccRegs],
                                                         float* dst, float* up, int32_t row, int32_t b_n, int32_t n,
                                                         int32_t m, int32_t batch) {
@@ -222,6 +222,16 @@ __device__ __forceinline__ void epilogue_accumulate_f32(uint32_t wt, int cwg, co
     const int32_t r = row + 64 * cwg + acc_row(wt) + 8 * h;
     if (r >= m) continue;
     float* base = wgrad_row(dst, up, r, n, m, batch);
+    if constexpr (kRed) {  // EXPERIMENT: the add done by L2 (red: no load, no wait; FTZ on subnormals)
+#pragma unroll
+      for (int j = 0; j < kBlocks; ++j) {
+        const int32_t c = c0 + 8 * j;
+        if (c < n)
+          asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(base + c), "f"(acc[4 * j + 2 * h]),
+                       "f"(acc[4 * j + 2 * h + 1])
+                       : "memory");
+      }
+    } else {
 #pragma unroll
     for (int j0 = 0; j0 < kBlocks; j0 += kBatch) {
       float2 v[kBatch];
@@ -237,6 +247,7 @@ __device__ __forceinline__ void epilogue_accumulate_f32(uint32_t wt, int cwg, co
           *reinterpret_cast<float2*>(base + c) =
               make_float2(v[j].x + acc[4 * (j0 + j) + 2 * h], v[j].y + acc[4 * (j0 + j) + 2 * h + 1]);
       }
+    }
     }
   }
 }

@@ -285,7 +285,7 @@ using FormDgradSwiGLU2 = FormDgradSwiGLU<C, 2>;
 // kAccumulate (FormWgradAccumulate, bf16, WgradArgs::accumulate): the tile's fp32 sums are added to
 // the fp32 gradients p.dw_out / p.dw_out_up instead (a kernel of its own, so the plain form's
 // code stays as it was).
-template <class C, bool kAccumulate = false>
+template <class C, int kAccumulate = 0>
 struct FormWgradT {
   static constexpr bool kAMN = true, kBMN = true, kMaskK = true, kSplitN = false, kGateUpB = false;
   static constexpr bool kCarry = true;
@@ -330,7 +330,7 @@ struct FormWgradT {
     if constexpr (kAccumulate) {  // added to the fp32 gradients (nothing to add without rows or carry)
       static_assert(std::is_same_v<typename C::Operand, OperandBf16>, "the bf16 weight gradient only");
       if (t.k_blocks > 0 || carried_in(t, p))
-        epilogue_accumulate_f32<C>(wt, cwg, acc, static_cast<float*>(p.dw_out), static_cast<float*>(p.dw_out_up),
+        epilogue_accumulate_f32<C, kAccumulate == 2>(wt, cwg, acc, static_cast<float*>(p.dw_out), static_cast<float*>(p.dw_out_up),
                                    t.out_row, t.b_n, p.n, p.m_out, t.out_batch);
     } else if constexpr (!std::is_same_v<typename C::Operand, OperandBf16>) {
       // FP8: chunks in batches of two (measured faster there; slower in BF16: engine_epilogue.cuh).
@@ -346,9 +346,11 @@ struct FormWgradT {
   }
 };
 template <class C>
-using FormWgrad = FormWgradT<C, false>;
+using FormWgrad = FormWgradT<C, 0>;
 template <class C>
-using FormWgradAccumulate = FormWgradT<C, true>;
+using FormWgradAccumulate = FormWgradT<C, 1>;
+template <class C>
+using FormWgradAccumulateRed = FormWgradT<C, 2>;
 
 // ------------------------------------------------------------------------------------------------
 // The kernel: one CTA per SM, persistent over the form's schedule.
