@@ -252,39 +252,6 @@ __device__ __forceinline__ void epilogue_accumulate_f32(uint32_t wt, int cwg, co
   }
 }
 
-// The weight gradient's tile stored as bf16 straight from the registers (no shared-memory staging,
-// no TMA, no barrier: the warpgroup goes on to its next tile as soon as the stores are issued).
-// In the accumulator layout a quad holds 4 bytes of each n8 block of a row; one exchange with the
-// neighbouring lane per pair of blocks gives every lane 8 contiguous bytes, so a quad writes 32
-// contiguous bytes (one whole sector) per store. The same rounding (RN) as write_chunk_bf16, so
-// the same bits as the TMA epilogues. `up` as wgrad_row; n a multiple of 8 (the maps' rule).
-template <class C>
-__device__ __forceinline__ void epilogue_wgrad_direct(uint32_t wt, int cwg, const float (&acc)[C::kAccRegs],
-                                                      uint16_t* dst, uint16_t* up, int32_t row, int32_t b_n,
-                                                      int32_t n, int32_t m, int32_t batch) {
-  constexpr int kBlocks = C::kAccRegs / 4;
-  static_assert(kBlocks % 2 == 0, "pairs of n8 blocks");
-  const bool odd = (wt & 1u) != 0;
-  const int32_t q = int32_t(wt & 3u);
-  // Columns of the lane's 8 bytes inside a pair of blocks: lanes 0, 2 take the first block's
-  // 0-3 / 4-7, lanes 1, 3 the second block's 0-3 / 4-7 (8 + 0 / 8 + 4).
-  const int32_t c_lane = odd ? 8 + 2 * (q - 1) : 2 * q;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {  // the thread's two rows: r and r + 8 (both lanes of a pair alike)
-    const int32_t r = row + 64 * cwg + acc_row(wt) + 8 * h;
-    const bool row_ok = r < m;
-    uint16_t* base = wgrad_row(dst, up, row_ok ? r : 0, n, m, batch);
-#pragma unroll
-    for (int j = 0; j < kBlocks; j += 2) {
-      const uint32_t p0 = pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-      const uint32_t p1 = pack_bf16x2(acc[4 * (j + 1) + 2 * h], acc[4 * (j + 1) + 2 * h + 1]);
-      const uint32_t other = __shfl_xor_sync(0xffffffffu, odd ? p0 : p1, 1);  // every lane exchanges
-      const int32_t c = b_n + 8 * j + c_lane;
-      if (row_ok && c < n) *reinterpret_cast<uint2*>(base + c) = odd ? make_uint2(other, p1) : make_uint2(p0, other);
-    }
-  }
-}
-
 // Wgrad of packed gate/up rows (64 per warpgroup: in packed order, 32 gate rows then the 32 up
 // rows of the same intermediate indices) stored straight into the two plain-order gradients: each
 // 64-column chunk's first 32 rows to `gate` and the next 32 to `up` ([batch, rows / 2, n] 3-D maps

@@ -336,12 +336,12 @@ struct FormWgradT {
       // FP8: chunks in batches of two (measured faster there; slower in BF16: engine_epilogue.cuh).
       epilogue_wgrad_batched<C>(sm, es, cwg, wt, acc, d0, p.split_gate_up ? d1 : nullptr, t.out_row, t.b_n, p.n,
                                 t.out_batch);
+    } else if (p.split_gate_up) {
+      // BF16: TMA-staged chunks. Stores straight from the registers (8 bytes a lane, whole sectors,
+      // no barrier) measured 3-16% slower (notes/gemm.md).
+      epilogue_store_gate_up<C>(sm, es, cwg, wt, acc, d0, d1, t.out_row, t.b_n, p.n, t.out_batch);
     } else {
-      // BF16: straight from the registers (no staging, barrier or store wait between this tile's
-      // MMAs and the next's).
-      epilogue_wgrad_direct<C>(wt, cwg, acc, static_cast<uint16_t*>(p.dw_out),
-                               static_cast<uint16_t*>(p.split_gate_up ? p.dw_out_up : nullptr), t.out_row, t.b_n,
-                               p.n, p.m_out, t.out_batch);
+      epilogue_store<C>(sm, es, cwg, wt, acc, d0, t.out_row, t.b_n, p.n, t.out_batch);
     }
   }
 };
