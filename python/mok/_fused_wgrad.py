@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from . import _cpu
-from ._ops import _bind_weights, _check_device, _cpu_threads, _gpu_layer, _stream, moe_forward
+from ._ops import _check_device, _cpu_threads, _gpu_layer, gpu_backward, moe_forward
 
 Tensor = torch.Tensor
 
@@ -70,13 +70,8 @@ class FusedWgradMoE(torch.autograd.Function):
         d_topk_w = torch.empty(topk_w.shape, dtype=topk_w.dtype, device=topk_w.device)
         d_ws = [torch.empty(w.shape, dtype=w.dtype, device=w.device) for w in ws if w is not None]
         if x.is_cuda:
-            gl = _gpu_layer(ctx.layer, "the backward")
-            xc, ic, wc, dc = c(x), c(topk_idx), c(topk_w), c(d_out)
-            weights = [c(w) for w in (w_gate, w_up, w_down, *ws)]
-            _bind_weights(gl, ctx.layer, weights)
-            grads = [d_x, d_topk_w, *mg, *d_ws]
-            gl.backward(xc.data_ptr(), ic.data_ptr(), ic.dtype == torch.int64, wc.data_ptr(), dc.data_ptr(),
-                        [g.data_ptr() for g in grads], _stream(x), int(generation), accumulate=True)
+            gpu_backward(_gpu_layer(ctx.layer, "the backward"), ctx.layer, d_out, x, topk_idx, topk_w,
+                         (w_gate, w_up, w_down, *ws), [d_x, d_topk_w, *mg, *d_ws], generation, accumulate=True)
         else:
             d_w = [torch.empty(w.shape, dtype=w.dtype, device=w.device) for w in (w_gate, w_up, w_down)]
             _cpu.backward(c(x), c(topk_idx), c(topk_w), c(w_gate), c(w_up), c(w_down), *[c(w) for w in ws], c(d_out),

@@ -179,20 +179,29 @@ def moe_backward(d_out: Tensor, x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_g
         why = _fp8_training_refusal(layer) if precision != "bf16" else None
         if why:
             raise NotImplementedError(f"mok.moe: this {precision} GPU layer cannot run a backward: {why}")
-        gen = int(generation)  # a CPU scalar: no device sync
-        xc, ic, wc, dc = c(x), c(topk_idx), c(topk_w), c(d_out)
-        ws = [c(w) for w in (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)]
         # As the forward bound them (FP8: the weights' versions too, so that an unchanged weight
         # does not make its codes again here).
-        _bind_weights(gl, layer, ws, cached=precision != "bf16")
-        # The layer holds the saved state of its last saved_forwards forwards and names any other
-        # (mok.Error 'backward.forward_id').
-        gl.backward(xc.data_ptr(), ic.data_ptr(), ic.dtype == torch.int64, wc.data_ptr(), dc.data_ptr(),
-                    [g.data_ptr() for g in grads], _stream(x), gen)
+        gpu_backward(gl, layer, d_out, x, topk_idx, topk_w, (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), grads,
+                     generation, cached=precision != "bf16")
         return grads
     _cpu.backward(c(x), c(topk_idx), c(topk_w), c(w_gate), c(w_up), c(w_down), c(ws_gate), c(ws_up), c(ws_down),
                   c(d_out), grads, threads=_cpu_threads(), precision=precision)
     return grads
+
+
+def gpu_backward(gl, layer: int, d_out: Tensor, x: Tensor, topk_idx: Tensor, topk_w: Tensor, weights, grads,
+                 generation: Tensor, cached: bool = False, accumulate: bool = False) -> None:
+    """The GPU layer's backward into `grads` ([d_x, d_topk_w, the routed weights' three, the shared
+    expert's]): weights bound as the forward bound them (`cached`: by version, FP8), and with
+    `accumulate` the routed weights' fp32 gradients added to (mok::GradRefs::accumulate). The layer
+    holds the saved state of its last saved_forwards forwards and names any other (mok.Error
+    'backward.forward_id')."""
+    c = lambda t: None if t is None else t.detach().contiguous()  # noqa: E731
+    xc, ic, wc, dc = c(x), c(topk_idx), c(topk_w), c(d_out)
+    _bind_weights(gl, layer, [c(w) for w in weights], cached=cached)
+    gen = int(generation)  # a CPU scalar: no device sync
+    gl.backward(xc.data_ptr(), ic.data_ptr(), ic.dtype == torch.int64, wc.data_ptr(), dc.data_ptr(),
+                [g.data_ptr() for g in grads], _stream(x), gen, accumulate=accumulate)
 
 
 def _grad_buffers(x, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down) -> list[Tensor]:
