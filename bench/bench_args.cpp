@@ -139,6 +139,11 @@ const Option kOptions[] = {
      }},
     {"--fp8-keep-weight-codes", false, Mode::Gpu,
      [](BenchArgs& a, const std::string&, const std::string&) { a.gpu.fp8_keep_weight_codes_t = true; }},
+    {"--variants", true, Mode::Gpu,
+     [](BenchArgs& a, const std::string& o, const std::string& v) {
+       a.gpu.variants = split_list(v);
+       MOK_REQUIRE(!a.gpu.variants.empty(), o, "a comma-separated list of ablation variant names, got '", v, "'");
+     }},
     {"--no-ablation", false, Mode::Gpu, [](BenchArgs& a, const std::string&, const std::string&) { a.gpu.ablation = false; }},
     {"--no-backward", false, Mode::Gpu, [](BenchArgs& a, const std::string&, const std::string&) { a.gpu.backward = false; }},
     // CPU options.

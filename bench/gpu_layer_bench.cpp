@@ -226,17 +226,25 @@ std::vector<double> event_times(Layer& layer, const GpuBenchOptions& o, cudaStre
 void time_backward(Layer& layer, const RoutingRefs& refs, void* out, const LayerShape& shape, int rank,
                    const int64_t (&samples)[2], const GpuBenchOptions& o, cudaStream_t s, std::vector<double>& ms,
                    std::vector<float>& sampled, std::vector<float>& dout_sampled, std::vector<cudaEvent_t>& ev,
-                   std::string& profile, int64_t& first_backward_bytes) {
+                   std::string& profile, int64_t& first_backward_bytes, bool accumulate) {
   const int64_t T = shape.tokens_of(rank), H = shape.hidden, k = shape.top_k, I = shape.intermediate,
                 e_loc = shape.local_experts();
   void* d_out = nullptr;
   void* bufs[5] = {};
+  const size_t wb = accumulate ? 4 : 2;  // the weight gradients: fp32 added to, or bf16
   const size_t bytes[5] = {static_cast<size_t>(std::max<int64_t>(1, T * H)) * 2,
-                           static_cast<size_t>(std::max<int64_t>(1, T * k)) * 4, static_cast<size_t>(e_loc * I * H) * 2,
-                           static_cast<size_t>(e_loc * I * H) * 2, static_cast<size_t>(e_loc * H * I) * 2};
+                           static_cast<size_t>(std::max<int64_t>(1, T * k)) * 4, static_cast<size_t>(e_loc * I * H) * wb,
+                           static_cast<size_t>(e_loc * I * H) * wb, static_cast<size_t>(e_loc * H * I) * wb};
   MOK_CUDA_CHECK(cudaMalloc(&d_out, bytes[0]));
   for (int i = 0; i < 5; ++i) MOK_CUDA_CHECK(cudaMalloc(&bufs[i], bytes[i]));
-  const DeviceGrads g = DeviceGrads::of(shape, rank, bufs[0], static_cast<float*>(bufs[1]), bufs[2], bufs[3], bufs[4]);
+  DeviceGrads g = DeviceGrads::of(shape, rank, bufs[0], static_cast<float*>(bufs[1]), bufs[2], bufs[3], bufs[4]);
+  if (accumulate) {
+    for (int i = 2; i < 5; ++i) MOK_CUDA_CHECK(cudaMemsetAsync(bufs[i], 0, bytes[i], s));
+    g.d_w_gate = TensorRef::contiguous(bufs[2], DType::F32, {e_loc, I, H});
+    g.d_w_up = TensorRef::contiguous(bufs[3], DType::F32, {e_loc, I, H});
+    g.d_w_down = TensorRef::contiguous(bufs[4], DType::F32, {e_loc, H, I});
+    g.accumulate = true;
+  }
   const TensorRef oref = TensorRef::contiguous(out, DType::BF16, {T, H});
   gpu::fill_normal_bf16(d_out, T * H, 9001 + static_cast<uint64_t>(rank), 1.0f, s);
   const TensorRef dref = TensorRef::contiguous(d_out, DType::BF16, {T, H});
@@ -393,7 +401,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
             profile[r] = layer.profile_summary();
             if (bwd)
               time_backward(layer, refs, out, shape, static_cast<int>(r), samples, o, s, bwd_ms[r], bwd_sampled[r],
-                            dout_sampled[r], ev, bwd_profile[r], bwd_bytes[r]);
+                            dout_sampled[r], ev, bwd_profile[r], bwd_bytes[r], var.accumulate_wgrad);
             for (auto& e : ev) cudaEventDestroy(e);
           });
           std::string check;
@@ -513,6 +521,10 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
                        memory_json(shape, cfg, built[0], bwd_bytes[0], from_pool[0] != 0);
               if (var.main_backward_twin)
                 main_case += std::string(", \"mok_bwd_") + to_string(cfg.backward_path) + "_ms\": " + std::to_string(b_ms);
+              if (var.accumulate_wgrad) {
+                entry += ", \"wgrad_accumulate\": true";
+                main_case += ", \"mok_bwd_accumulate_ms\": " + std::to_string(b_ms);
+              }
             }
           } else if (o.backward && &var == &variants.front() && cfg.precision != Precision::BF16) {
             std::printf("  backward: not run (the %s megakernel is forward only so far; --path unfused trains)\n",
@@ -558,7 +570,9 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
       << (o.backward ? "; mok_bwd_ms: the main variant's backward (its backward_path: unfused = four GEMM kernels "
                        "in stream order, fused = the backward's GEMM program; over windows of the ring when it is "
                        "below the worst case) after an untimed forward, same statistic, FLOPs twice the forward's; "
-                       "mok_bwd_<path>_ms: the other backward path in the same run (an ablation variant)"
+                       "mok_bwd_<path>_ms: the other backward path in the same run (an ablation variant); "
+                       "mok_bwd_accumulate_ms: the main variant's backward with the routed weights' gradients "
+                       "added into fp32 ones (GradRefs::accumulate; unfused bf16 only; an ablation variant)"
                      : "")
       << (W >= 2 ? "; mok_nvlink_GBps: the busiest rank's NVLink bytes per direction (rows pulled in + rows"
                    " combined in) / the slowest rank's time"

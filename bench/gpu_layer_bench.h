@@ -46,6 +46,9 @@ struct GpuBenchOptions {
   // full recompute), their backward timed and checked against the spec like the main one's; and
   // the other backward path (Config::backward_path) of the main variant and of the saved mode.
   bool ablation = true;
+  // When not empty: the ablation variants kept (by name, e.g. megakernel-bwd-accumulate); the main
+  // variant always runs. A name that matches no variant of a shape is reported, not an error.
+  std::vector<std::string> variants;
   // Sustained rate of the main variant: after all variants of a shape, about `sustain_s` seconds
   // of back-to-back forwards (the count is fixed from the shape's FLOPs, equal on every rank), the
   // slowest rank's mean time per forward over the second half. Under load the GPU runs at its

@@ -130,6 +130,14 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
     twin.main_backward_twin = true;
     v.push_back(twin);
   }
+  // The main variant's backward with the weight gradients accumulated into fp32 (the unfused bf16
+  // backward only: the backward program and FP8 write bf16 gradients).
+  if (o.backward && main.backward_path == BackwardPath::Unfused && main.precision == Precision::BF16) {
+    Variant acc{v.front().name + "-bwd-accumulate", main};
+    acc.time_backward = true;
+    acc.accumulate_wgrad = true;
+    v.push_back(acc);
+  }
   // The training memory model's two modes beside a main variant that has every row resident, their
   // backward timed in the same run (notes/memory.md): one 2 GB workspace shared by the layers and
   // the ring that fits it, with the automatic activation budget (saved) and with none (recompute).
@@ -181,6 +189,15 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   Variant again{v.front().name + "-again", main};
   again.repeat_of_main = true;
   v.push_back(again);
+  if (!o.variants.empty()) {  // --variants: the main one and the named ones
+    for (const auto& want : o.variants)
+      if (std::none_of(v.begin(), v.end(), [&](const Variant& x) { return x.name == want; }))
+        std::printf("  (--variants: no variant '%s' at this shape)\n", want.c_str());
+    std::vector<Variant> kept{v.front()};
+    for (size_t i = 1; i < v.size(); ++i)
+      if (std::find(o.variants.begin(), o.variants.end(), v[i].name) != o.variants.end()) kept.push_back(v[i]);
+    v = std::move(kept);
+  }
   return v;
 }
 

@@ -21,6 +21,9 @@ struct Variant {
   bool repeat_of_main = false;    // the main variant measured again, last (shows the thermal drift)
   bool time_backward = false;     // an ablation variant whose backward is timed too (memory modes)
   bool main_backward_twin = false;  // the main variant with the other backward path (JSON: mok_bwd_<path>_ms)
+  // Its backward adds the routed weights' gradients into fp32 ones (GradRefs::accumulate, the
+  // training stacks' main_grad; JSON: mok_bwd_accumulate_ms).
+  bool accumulate_wgrad = false;
 };
 
 // The variants measured at one shape: the main one first.

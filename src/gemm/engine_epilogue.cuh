@@ -252,6 +252,54 @@ __device__ __forceinline__ void epilogue_accumulate_f32(uint32_t wt, int cwg, co
   }
 }
 
+// The weight gradient's tile added into fp32 gradients through the TMA (WgradArgs::accumulate):
+// each [64 rows][32 columns] fp32 chunk of the warpgroup's accumulators is staged in a chunk buffer
+// (128-byte swizzle, as the F32Tile maps `d` / `up` expect) and reduce-added by one
+// cp.reduce.async.bulk.tensor: whole lines, the adds done by L2, nothing loaded into the SM. Each
+// element gets one add (the tile owns it), so the result is v + sum with one fp32 rounding.
+// With `up`: each chunk's 32 gate rows to `d` and its 32 up rows to `up` at half the row, as
+// epilogue_store_gate_up. Rows and columns past the maps' ends are clipped by the TMA.
+template <class C>
+__device__ __forceinline__ void epilogue_accumulate_tma(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
+                                                        const float (&acc)[C::kAccRegs], const CUtensorMap* d,
+                                                        const CUtensorMap* up, int32_t row, int32_t b_n, int32_t n,
+                                                        int32_t batch) {
+  constexpr int kChunks = C::kAccRegs / 16;  // 32-column chunks (4 n8 blocks each)
+  const bool leader = wt == 0;
+  const int32_t out_row = row + 64 * cwg;
+  const uint32_t q = wt & 3u;
+#pragma unroll
+  for (int ch = 0; ch < kChunks; ++ch) {
+    if (b_n + 32 * ch >= n) break;  // this and the later chunks are past the output's columns
+    uint8_t* buf = epi_begin(sm, cwg, es, leader);
+    const uint32_t base = smem_addr(buf);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t r = uint32_t(acc_row(wt) + 8 * h);
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {  // n8 block 4 ch + jj: bytes 32 jj + 8 q of the row's 128
+        const int j = 4 * ch + jj;
+        const uint32_t unit = (2u * uint32_t(jj) + (q >> 1)) ^ (r & 7u);
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(base + r * 128u + unit * 16u + (q & 1u) * 8u),
+                     "f"(acc[4 * j + 2 * h]), "f"(acc[4 * j + 2 * h + 1])
+                     : "memory");
+      }
+    }
+    fence_async_shared();
+    named_bar_sync(kBarEpilogue + uint32_t(cwg), 128);
+    if (leader) {
+      if (up == nullptr) {
+        tma_reduce_add_3d(d, buf, b_n + 32 * ch, out_row, batch);
+      } else {
+        tma_reduce_add_3d(d, buf, b_n + 32 * ch, out_row / 2, batch);
+        tma_reduce_add_3d(up, buf + 32 * 128, b_n + 32 * ch, out_row / 2, batch);
+      }
+      tma_store_commit();  // one bulk group per chunk, as epi_begin's wait expects
+    }
+    ++es.chunks;
+  }
+}
+
 // Wgrad of packed gate/up rows (64 per warpgroup: in packed order, 32 gate rows then the 32 up
 // rows of the same intermediate indices) stored straight into the two plain-order gradients: each
 // 64-column chunk's first 32 rows to `gate` and the next 32 to `up` ([batch, rows / 2, n] 3-D maps

@@ -270,15 +270,16 @@ Plan k_grouped_plan(Form form, int64_t m, int64_t n, int64_t experts, int64_t ro
 // The weight gradients' outputs (both precisions): dw [experts, m, n], or with dw_up the packed
 // gate/up rows split into the gate rows (dw) and the up rows (dw_up), each [experts, m / 2, n],
 // in 32-row boxes (one warpgroup's 64 packed rows = 32 of each).
-void set_wgrad_outputs(Plan& p, void* dw, void* dw_up, int64_t experts, int64_t m, int64_t n) {
+void set_wgrad_outputs(Plan& p, void* dw, void* dw_up, int64_t experts, int64_t m, int64_t n,
+                       MapType type = MapType::BF16) {
   p.params.dw_out = dw;
   p.params.dw_out_up = dw_up;
   if (dw_up == nullptr) {
-    p.map_d0 = make_map_3d(dw, uint64_t(experts), uint64_t(m), uint64_t(n), 64);
+    p.map_d0 = make_map_3d(dw, uint64_t(experts), uint64_t(m), uint64_t(n), 64, type);
     p.map_d1 = p.map_d0;
   } else {
-    p.map_d0 = make_map_3d(dw, uint64_t(experts), uint64_t(m / 2), uint64_t(n), 32);
-    p.map_d1 = make_map_3d(dw_up, uint64_t(experts), uint64_t(m / 2), uint64_t(n), 32);
+    p.map_d0 = make_map_3d(dw, uint64_t(experts), uint64_t(m / 2), uint64_t(n), 32, type);
+    p.map_d1 = make_map_3d(dw_up, uint64_t(experts), uint64_t(m / 2), uint64_t(n), 32, type);
     p.params.split_gate_up = 1;
   }
 }
@@ -323,7 +324,8 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
                 "wgrad.dw", "16-byte aligned fp32 with accumulate");
     p.params.wgrad_accumulate = 1;
   }
-  set_wgrad_outputs(p, a.dw, a.dw_up, a.experts, a.m, a.n);  // (maps unused with accumulate)
+  // With accumulate the maps are fp32 (the epilogue reduce-adds into them).
+  set_wgrad_outputs(p, a.dw, a.dw_up, a.experts, a.m, a.n, a.accumulate ? MapType::F32Tile : MapType::BF16);
   return p;
 }
 

@@ -329,7 +329,11 @@ struct FormWgradT {
     if (t.out_row + 64 * cwg >= p.m_out) return;
     if constexpr (kAccumulate) {  // added to the fp32 gradients (nothing to add without rows or carry)
       static_assert(std::is_same_v<typename C::Operand, OperandBf16>, "the bf16 weight gradient only");
-      if (t.k_blocks > 0 || carried_in(t, p))
+      if (!(t.k_blocks > 0 || carried_in(t, p))) return;
+      if constexpr (kAccumulate == 1)
+        epilogue_accumulate_tma<C>(sm, es, cwg, wt, acc, d0, p.split_gate_up ? d1 : nullptr, t.out_row, t.b_n, p.n,
+                                   t.out_batch);
+      else
         epilogue_accumulate_f32<C, kAccumulate == 2>(wt, cwg, acc, static_cast<float*>(p.dw_out), static_cast<float*>(p.dw_out_up),
                                    t.out_row, t.b_n, p.n, p.m_out, t.out_batch);
     } else if constexpr (!std::is_same_v<typename C::Operand, OperandBf16>) {
@@ -351,6 +355,8 @@ template <class C>
 using FormWgradAccumulate = FormWgradT<C, 1>;
 template <class C>
 using FormWgradAccumulateRed = FormWgradT<C, 2>;
+template <class C>
+using FormWgradAccumulateRmw = FormWgradT<C, 3>;
 
 // ------------------------------------------------------------------------------------------------
 // The kernel: one CTA per SM, persistent over the form's schedule.

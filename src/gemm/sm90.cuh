@@ -371,6 +371,14 @@ __device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void*
   const int32_t coords[3] = {c0, c1, c2};
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, map, coords, src);
 }
+// The box at (c0, c1, c2) of `map` += the shared-memory tile (element-wise add done by L2; a bulk
+// group like the stores).
+__device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, const void* src, int32_t c0,
+                                                  int32_t c1, int32_t c2) {
+  const int32_t coords[3] = {c0, c1, c2};
+  cuda::ptx::cp_reduce_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add, map,
+                                         coords, src);
+}
 __device__ __forceinline__ void tma_store_commit() { cuda::ptx::cp_async_bulk_commit_group(); }
 // Waits until at most kPending committed store groups still read shared memory.
 template <int kPending>

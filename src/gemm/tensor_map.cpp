@@ -30,7 +30,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 
 }  // namespace
 
-int element_bytes(MapType t) { return t == MapType::E4M3 ? 1 : t == MapType::F32 ? 4 : 2; }
+int element_bytes(MapType t) { return t == MapType::E4M3 ? 1 : (t == MapType::F32 || t == MapType::F32Tile) ? 4 : 2; }
 
 CUtensorMap make_tensor_map(const void* base, int rank, const uint64_t* dims, const uint64_t* strides_elems,
                             const uint32_t* box, MapType type) {
@@ -64,7 +64,7 @@ CUtensorMap make_tensor_map(const void* base, int rank, const uint64_t* dims, co
   }
   CUtensorMap map{};
   const CUtensorMapDataType dt = type == MapType::E4M3  ? CU_TENSOR_MAP_DATA_TYPE_UINT8
-                                 : type == MapType::F32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                 : element_bytes(type) == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                                         : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const CUresult r = encode_fn()(&map, dt, static_cast<cuuint32_t>(rank),
                                  const_cast<void*>(base), gdim, gstride, gbox, estride,

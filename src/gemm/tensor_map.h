@@ -13,8 +13,10 @@ namespace mok::gemm {
 
 // The element type of a map (the engine's operand types, engine_mainloop.cuh): bf16, or FP8
 // E4M3 (one byte, encoded as UINT8: TMA moves bytes); F32: fp32 scales, unswizzled (the FP8
-// wgrad's per-stage scales, read by the consumers' shared-memory loads).
-enum class MapType { BF16, E4M3, F32 };
+// wgrad's per-stage scales, read by the consumers' shared-memory loads); F32Tile: fp32 tiles with the
+// 128-byte swizzle of the operand maps (32 floats per box row: the fp32 weight gradients that the
+// accumulate epilogue reduces into).
+enum class MapType { BF16, E4M3, F32, F32Tile };
 int element_bytes(MapType t);
 
 // A tensor of rank 2 or 3, dims innermost first (dims[0] is contiguous), row strides in
