@@ -165,9 +165,11 @@ struct WgradArgs {
   const int32_t* expert_range = nullptr;
   // Gradient accumulation (training stacks keep an fp32 `main_grad` per weight): dw (and dw_up)
   // are fp32 and each expert's fp32 sums are added to them, dw += a_e^T . b_e, instead of being
-  // written as bf16 (no rounding to bf16 on the way). Each element is read and written once, by
-  // the one tile that owns it: deterministic. With carry, the call that finishes an expert adds
-  // it; an expert without rows is left as it is. dw / dw_up 16-byte aligned.
+  // written as bf16 (no rounding to bf16 on the way). The tile that owns an element adds to it
+  // once, by a TMA reduce-add (the add done in L2: 8 bytes of traffic per element, the fp32
+  // read-modify-write, against the bf16 store's 2): deterministic, v + sum with one fp32
+  // rounding. With carry, the call that finishes an expert adds it; an expert without rows is
+  // left as it is. dw / dw_up 16-byte aligned, n a multiple of 4.
   bool accumulate = false;
 };
 
@@ -224,11 +226,8 @@ struct KernelParams {
   const int32_t* carry_experts = nullptr;
   const int32_t* expert_rows_total = nullptr;
   const int32_t* expert_range = nullptr;      // Wgrad: {first, count} experts scheduled (optional)
-  // Wgrad: the gradients' memory as the registers-to-global epilogues address it (dw_out_up: the up
-  // rows, with split_gate_up): bf16 stored, or with wgrad_accumulate (WgradArgs::accumulate) fp32
-  // added to.
-  void* dw_out = nullptr;
-  void* dw_out_up = nullptr;
+  // Wgrad with WgradArgs::accumulate: map_d0 / map_d1 are fp32 (F32Tile) and the epilogue
+  // reduce-adds into them (FormWgradAccumulate).
   int32_t wgrad_accumulate = 0;
   unsigned int* error = nullptr;              // bounded waits: error word (nullptr: unbounded)
   unsigned long long wait_limit_ns = 0;

@@ -195,63 +195,6 @@ __device__ __forceinline__ void epilogue_store(const Smem<C>& sm, EpiState& es, 
   store_chunks<C, C::kAccRegs>(sm, es, cwg, wt, acc, d, row + 64 * cwg, b_n, n, batch);
 }
 
-// The first element of output row r (of expert `batch`) of a weight gradient written straight from
-// the registers: [batch, m, n] in `dst`, or with `up` the packed gate/up rows split as
-// epilogue_store_gate_up does (in each group of 64, rows 0-31 to dst and 32-63 to up, at
-// (r / 64) * 32 + r % 32 of [batch, m / 2, n]).
-template <class T>
-__device__ __forceinline__ T* wgrad_row(T* dst, T* up, int32_t r, int32_t n, int32_t m, int32_t batch) {
-  if (up == nullptr) return dst + (int64_t(batch) * m + r) * n;
-  return ((r % 64) < 32 ? dst : up) + (int64_t(batch) * (m / 2) + (r / 64) * 32 + r % 32) * n;
-}
-
-// The weight gradient's tile added into fp32 gradients (WgradArgs::accumulate): dst[batch][r][c]
-// += acc, straight from the registers (a quad of lanes covers 32 contiguous bytes of a row: whole
-// sectors; no staging, the tile owns its elements). m: rows per expert of the packed (or plain)
-// output; `up` as wgrad_row.
-template <class C, bool kRed = false>
-__device__ __forceinline__ void epilogue_accumulate_f32(uint32_t wt, int cwg, const float (&acc)[C::kAccRegs],
-                                                        float* dst, float* up, int32_t row, int32_t b_n, int32_t n,
-                                                        int32_t m, int32_t batch) {
-  constexpr int kBlocks = C::kAccRegs / 4;  // n8 blocks per thread row
-  constexpr int kBatch = 8;                 // float2 loads in flight before the adds
-  static_assert(kBlocks % kBatch == 0, "whole batches of n8 blocks");
-  const int32_t c0 = b_n + acc_col(wt);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {  // the thread's two rows: r and r + 8
-    const int32_t r = row + 64 * cwg + acc_row(wt) + 8 * h;
-    if (r >= m) continue;
-    float* base = wgrad_row(dst, up, r, n, m, batch);
-    if constexpr (kRed) {  // EXPERIMENT: the add done by L2 (red: no load, no wait; FTZ on subnormals)
-#pragma unroll
-      for (int j = 0; j < kBlocks; ++j) {
-        const int32_t c = c0 + 8 * j;
-        if (c < n)
-          asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(base + c), "f"(acc[4 * j + 2 * h]),
-                       "f"(acc[4 * j + 2 * h + 1])
-                       : "memory");
-      }
-    } else {
-#pragma unroll
-    for (int j0 = 0; j0 < kBlocks; j0 += kBatch) {
-      float2 v[kBatch];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int32_t c = c0 + 8 * (j0 + j);
-        v[j] = c < n ? *reinterpret_cast<const float2*>(base + c) : make_float2(0.0f, 0.0f);
-      }
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int32_t c = c0 + 8 * (j0 + j);
-        if (c < n)
-          *reinterpret_cast<float2*>(base + c) =
-              make_float2(v[j].x + acc[4 * (j0 + j) + 2 * h], v[j].y + acc[4 * (j0 + j) + 2 * h + 1]);
-      }
-    }
-    }
-  }
-}
-
 // The weight gradient's tile added into fp32 gradients through the TMA (WgradArgs::accumulate):
 // each [64 rows][32 columns] fp32 chunk of the warpgroup's accumulators is staged in a chunk buffer
 // (128-byte swizzle, as the F32Tile maps `d` / `up` expect) and reduce-added by one

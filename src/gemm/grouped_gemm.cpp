@@ -272,8 +272,6 @@ Plan k_grouped_plan(Form form, int64_t m, int64_t n, int64_t experts, int64_t ro
 // in 32-row boxes (one warpgroup's 64 packed rows = 32 of each).
 void set_wgrad_outputs(Plan& p, void* dw, void* dw_up, int64_t experts, int64_t m, int64_t n,
                        MapType type = MapType::BF16) {
-  p.params.dw_out = dw;
-  p.params.dw_out_up = dw_up;
   if (dw_up == nullptr) {
     p.map_d0 = make_map_3d(dw, uint64_t(experts), uint64_t(m), uint64_t(n), 64, type);
     p.map_d1 = p.map_d0;

@@ -283,9 +283,9 @@ using FormDgradSwiGLU2 = FormDgradSwiGLU<C, 2>;
 // (both MN-major operands); the last K block of each expert is masked to its valid rows. With
 // p.split_gate_up, M is a packed gate/up width and the rows go to map_d0 (gate) / map_d1 (up).
 // kAccumulate (FormWgradAccumulate, bf16, WgradArgs::accumulate): the tile's fp32 sums are added to
-// the fp32 gradients p.dw_out / p.dw_out_up instead (a kernel of its own, so the plain form's
-// code stays as it was).
-template <class C, int kAccumulate = 0>
+// the fp32 gradients behind map_d0 / map_d1 (F32Tile maps) by TMA reduce-adds instead (a kernel of
+// its own, so the plain form's code stays as it was).
+template <class C, bool kAccumulate = false>
 struct FormWgradT {
   static constexpr bool kAMN = true, kBMN = true, kMaskK = true, kSplitN = false, kGateUpB = false;
   static constexpr bool kCarry = true;
@@ -329,13 +329,9 @@ struct FormWgradT {
     if (t.out_row + 64 * cwg >= p.m_out) return;
     if constexpr (kAccumulate) {  // added to the fp32 gradients (nothing to add without rows or carry)
       static_assert(std::is_same_v<typename C::Operand, OperandBf16>, "the bf16 weight gradient only");
-      if (!(t.k_blocks > 0 || carried_in(t, p))) return;
-      if constexpr (kAccumulate == 1)
+      if (t.k_blocks > 0 || carried_in(t, p))
         epilogue_accumulate_tma<C>(sm, es, cwg, wt, acc, d0, p.split_gate_up ? d1 : nullptr, t.out_row, t.b_n, p.n,
                                    t.out_batch);
-      else
-        epilogue_accumulate_f32<C, kAccumulate == 2>(wt, cwg, acc, static_cast<float*>(p.dw_out), static_cast<float*>(p.dw_out_up),
-                                   t.out_row, t.b_n, p.n, p.m_out, t.out_batch);
     } else if constexpr (!std::is_same_v<typename C::Operand, OperandBf16>) {
       // FP8: chunks in batches of two (measured faster there; slower in BF16: engine_epilogue.cuh).
       epilogue_wgrad_batched<C>(sm, es, cwg, wt, acc, d0, p.split_gate_up ? d1 : nullptr, t.out_row, t.b_n, p.n,
@@ -350,13 +346,9 @@ struct FormWgradT {
   }
 };
 template <class C>
-using FormWgrad = FormWgradT<C, 0>;
+using FormWgrad = FormWgradT<C, false>;
 template <class C>
-using FormWgradAccumulate = FormWgradT<C, 1>;
-template <class C>
-using FormWgradAccumulateRed = FormWgradT<C, 2>;
-template <class C>
-using FormWgradAccumulateRmw = FormWgradT<C, 3>;
+using FormWgradAccumulate = FormWgradT<C, true>;
 
 // ------------------------------------------------------------------------------------------------
 // The kernel: one CTA per SM, persistent over the form's schedule.
