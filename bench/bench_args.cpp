@@ -142,7 +142,8 @@ const Option kOptions[] = {
     {"--variants", true, Mode::Gpu,
      [](BenchArgs& a, const std::string& o, const std::string& v) {
        a.gpu.variants = split_list(v);
-       MOK_REQUIRE(!a.gpu.variants.empty(), o, "a comma-separated list of ablation variant names, got '", v, "'");
+       for (const auto& n : a.gpu.variants)
+         MOK_REQUIRE(!n.empty(), o, "a comma-separated list of ablation variant names, got '", v, "'");
      }},
     {"--no-ablation", false, Mode::Gpu, [](BenchArgs& a, const std::string&, const std::string&) { a.gpu.ablation = false; }},
     {"--no-backward", false, Mode::Gpu, [](BenchArgs& a, const std::string&, const std::string&) { a.gpu.backward = false; }},

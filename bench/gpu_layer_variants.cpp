@@ -49,9 +49,13 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
                 (main.fp8_keep_weight_codes_t ? "-kept" : "");
     // The FP8 megakernel is forward only (nothing saved); the unfused FP8 forward saves for its backward.
     v[0].save_for_backward = main.forward_path == ForwardPath::Unfused;
+    if (!o.variants.empty()) std::printf("  (--variants ignored: no ablation in %s)\n", to_string(main.precision));
     return v;
   }
-  if (!o.ablation) return v;
+  if (!o.ablation) {
+    if (!o.variants.empty()) std::printf("  (--variants ignored: --no-ablation)\n");
+    return v;
+  }
   // The variants vary one knob each around the main one's resolved ring: a budget would choose
   // another ring for another minibatch or dispatch (or none: the smallest ring is two of its
   // minibatches), so they get the main ring as an explicit one (rounded to their minibatch).
@@ -189,13 +193,14 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   Variant again{v.front().name + "-again", main};
   again.repeat_of_main = true;
   v.push_back(again);
-  if (!o.variants.empty()) {  // --variants: the main one and the named ones
+  if (!o.variants.empty()) {  // --variants: the main one, the named ones and the main one again
     for (const auto& want : o.variants)
       if (std::none_of(v.begin(), v.end(), [&](const Variant& x) { return x.name == want; }))
         std::printf("  (--variants: no variant '%s' at this shape)\n", want.c_str());
     std::vector<Variant> kept{v.front()};
     for (size_t i = 1; i < v.size(); ++i)
-      if (std::find(o.variants.begin(), o.variants.end(), v[i].name) != o.variants.end()) kept.push_back(v[i]);
+      if (v[i].repeat_of_main || std::find(o.variants.begin(), o.variants.end(), v[i].name) != o.variants.end())
+        kept.push_back(v[i]);
     v = std::move(kept);
   }
   return v;

@@ -169,7 +169,7 @@ struct WgradArgs {
   // once, by a TMA reduce-add (the add done in L2: 8 bytes of traffic per element, the fp32
   // read-modify-write, against the bf16 store's 2): deterministic, v + sum with one fp32
   // rounding. With carry, the call that finishes an expert adds it; an expert without rows is
-  // left as it is. dw / dw_up 16-byte aligned, n a multiple of 4.
+  // left as it is. dw / dw_up 16-byte aligned.
   bool accumulate = false;
 };
 

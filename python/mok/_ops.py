@@ -198,10 +198,12 @@ def gpu_backward(gl, layer: int, d_out: Tensor, x: Tensor, topk_idx: Tensor, top
     'backward.forward_id')."""
     c = lambda t: None if t is None else t.detach().contiguous()  # noqa: E731
     xc, ic, wc, dc = c(x), c(topk_idx), c(topk_w), c(d_out)
-    _bind_weights(gl, layer, [c(w) for w in weights], cached=cached)
+    ws = [c(w) for w in weights]  # kept alive until the call is enqueued (a copied weight is a temporary)
+    _bind_weights(gl, layer, ws, cached=cached)
     gen = int(generation)  # a CPU scalar: no device sync
     gl.backward(xc.data_ptr(), ic.data_ptr(), ic.dtype == torch.int64, wc.data_ptr(), dc.data_ptr(),
                 [g.data_ptr() for g in grads], _stream(x), gen, accumulate=accumulate)
+    del ws
 
 
 def _grad_buffers(x, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down) -> list[Tensor]:

@@ -12,7 +12,8 @@ namespace mok::gemm::engine {
 // ------------------------------------------------------------------------------------------------
 // Epilogue building blocks (one consumer warpgroup; wt = thread index inside it, 0..127)
 // ------------------------------------------------------------------------------------------------
-// Chunks of [64 rows][64 columns] bf16 go through two shared-memory buffers per warpgroup:
+// Chunks of [64 rows][64 columns] bf16 (or [64][32] fp32: epilogue_accumulate_tma) go through two
+// shared-memory buffers of kChunkBytes per warpgroup:
 //   buf = epi_begin(...)   waits until the buffer's previous TMA store has read it;
 //   write_chunk...(buf)    stmatrix from registers (128B swizzle, as the output map expects);
 //   epi_end_*(...)         proxy fence + barrier, then one thread issues the TMA store.
@@ -207,12 +208,13 @@ __device__ __forceinline__ void epilogue_accumulate_tma(const Smem<C>& sm, EpiSt
                                                         const float (&acc)[C::kAccRegs], const CUtensorMap* d,
                                                         const CUtensorMap* up, int32_t row, int32_t b_n, int32_t n,
                                                         int32_t batch) {
-  constexpr int kChunks = C::kAccRegs / 16;  // 32-column chunks (4 n8 blocks each)
+  constexpr int kF32Chunks = C::kAccRegs / 16;  // 32-column fp32 chunks (4 n8 blocks each)
+  static_assert(64 * 32 * 4 == kChunkBytes, "an fp32 chunk fills one chunk buffer");
   const bool leader = wt == 0;
   const int32_t out_row = row + 64 * cwg;
   const uint32_t q = wt & 3u;
 #pragma unroll
-  for (int ch = 0; ch < kChunks; ++ch) {
+  for (int ch = 0; ch < kF32Chunks; ++ch) {
     if (b_n + 32 * ch >= n) break;  // this and the later chunks are past the output's columns
     uint8_t* buf = epi_begin(sm, cwg, es, leader);
     const uint32_t base = smem_addr(buf);

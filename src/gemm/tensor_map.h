@@ -21,7 +21,7 @@ int element_bytes(MapType t);
 
 // A tensor of rank 2 or 3, dims innermost first (dims[0] is contiguous), row strides in
 // elements; box dims innermost first. The operand maps use the 128-byte swizzle, so box[0] must be
-// 128 bytes (64 bf16, 128 FP8); F32 maps are unswizzled (box[0] a multiple of 4 floats, <= 256).
+// 128 bytes (64 bf16, 128 FP8, 32 floats for F32Tile); F32 maps are unswizzled (box[0] a multiple of 4 floats, <= 256).
 // Out-of-bounds elements read as zero and are not written by stores.
 CUtensorMap make_tensor_map(const void* base, int rank, const uint64_t* dims, const uint64_t* strides_elems,
                             const uint32_t* box, MapType type = MapType::BF16);
