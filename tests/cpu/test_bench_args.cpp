@@ -94,6 +94,9 @@ TEST(BenchArgs, ParsesEveryOption) {
   EXPECT_EQ(a.gpu.budget_mb, 0);
   EXPECT_EQ(a.gpu.workspace_budget_mb, -1);
   EXPECT_EQ(parse_bench_args({"--workspace-budget", "2000"}).gpu.workspace_budget_mb, 2000);
+  EXPECT_TRUE(a.gpu.variants.empty());  // every ablation variant
+  EXPECT_EQ(parse_bench_args({"--variants", "megakernel-bwd-accumulate,megakernel-resident"}).gpu.variants,
+            (std::vector<std::string>{"megakernel-bwd-accumulate", "megakernel-resident"}));
   EXPECT_EQ(a.gpu.path, mok::ForwardPath::Unfused);
   EXPECT_EQ(a.gpu.clusters, 1);
   EXPECT_EQ(a.gpu.dispatch, mok::DispatchPath::Push);
@@ -130,6 +133,8 @@ TEST(BenchArgs, RejectsBadValuesByName) {
   expect_bad_args({"--clusters", "2"}, "--clusters", "in [0, 1]");
   expect_bad_args({"--sustain", "-1"}, "--sustain", "in [0, 600] seconds");
   expect_bad_args({"--sustain", "4s"}, "--sustain", "got '4s'");
+  expect_bad_args({"--variants", ""}, "--variants", "ablation variant names, got ''");
+  expect_bad_args({"--variants", "megakernel-resident,"}, "--variants", "got 'megakernel-resident,'");
 }
 
 TEST(BenchArgs, RejectsUnknownNames) {
