@@ -188,6 +188,13 @@ class ForwardReportTest(TempDirCase):
         self.assertIn("Backward", run.stdout)
         self.assertIn("| dsv3 | 2048 | uniform | 6.000 | 15.000 | 2.50x | 333 | 50.0% | 133 | 2.0e-03 |", run.stdout)
         self.assertIn("| qwen3-30b-a3b | 8192 | zipf | - | 9.000 | - | - | - | 222 | - |", run.stdout)
+        self.assertNotIn("main_grad", run.stdout)  # no accumulate variant timed: no column
+        # with the fp32 main_grad variant timed: its column
+        mok["cases"][0]["mok_bwd_accumulate_ms"] = 7.5
+        out, run = self.report(mok, base)
+        self.assertIn("| dsv3 | 2048 | uniform | 6.000 | 15.000 | 2.50x | 333 | 50.0% | 133 | 2.0e-03 | 7.500 |",
+                      run.stdout)
+        self.assertIn("| qwen3-30b-a3b | 8192 | zipf | - | 9.000 | - | - | - | 222 | - | - |", run.stdout)
         # neither side timed a backward: no table
         out, run = self.report(synthetic_mok(), synthetic_baseline())
         self.assertNotIn("Backward", run.stdout)
