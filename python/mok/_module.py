@@ -155,6 +155,13 @@ class MoE(torch.nn.Module):
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.parameters())
 
+    def main_grad_bytes(self) -> int:
+        """With fuse_wgrad_accumulation: the fp32 main_grad of the routed weights that train (4 bytes
+        per element, twice their bf16 bytes), per rank; 0 without."""
+        if not self.fuse_wgrad_accumulation:
+            return 0
+        return sum(4 * w.numel() for w in (self.w_gate, self.w_up, self.w_down) if w.requires_grad)
+
     def memory_plan(self, tokens: int) -> dict:
         """The GPU layer's planned device memory for calls of `tokens` tokens per rank, weights and
         inputs not counted (mok::plan_memory, which the layer allocates by): {buffer: bytes} and
@@ -174,8 +181,11 @@ class MoE(torch.nn.Module):
         # The layer memory of the GPU layers built so far (one per token count).
         built = sorted({T for (_, T) in self._gpu})
         layer = "".join(f", layer memory at T={T}: {self.memory_plan(T)['total'] / 2**20:.1f} MiB" for T in built)
+        # fuse_wgrad_accumulation: the routed weights' fp32 main_grad (made on the first backward if missing).
+        fused = (f", fuse_wgrad_accumulation: main_grad {self.main_grad_bytes() / 2**20:.1f} MiB (fp32)"
+                 if self.fuse_wgrad_accumulation else "")
         return (f"hidden={self.hidden}, intermediate={self.intermediate}, experts={self.experts}, top_k={self.top_k}"
-                f"{shared}, ep_size={self.ep_size}, weights={self.weight_bytes() / 2**20:.1f} MiB{layer}")
+                f"{shared}, ep_size={self.ep_size}, weights={self.weight_bytes() / 2**20:.1f} MiB{fused}{layer}")
 
 
 def _knob_text(value) -> str:

@@ -152,7 +152,10 @@ def test_compile_fullgraph_traces_a_block():
 
 def test_module_repr_names_the_shape_and_footprint():
     r = repr(mok.MoE(H, I, E, K, IS))
-    assert "hidden=128" in r and "ep_size=1" in r and "MiB" in r
+    assert "hidden=128" in r and "ep_size=1" in r and "MiB" in r and "main_grad" not in r
+    m = mok.MoE(H, I, E, K, IS, fuse_wgrad_accumulation=True)
+    assert m.main_grad_bytes() == 4 * 3 * E * I * H
+    assert f"main_grad {4 * 3 * E * I * H / 2**20:.1f} MiB (fp32)" in repr(m)
 
 
 def test_memory_plan_is_the_planners():
