@@ -311,17 +311,17 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
   p.params.carry_out = a.carry_out;
   p.params.carry_experts = a.carry_experts;
   p.params.expert_rows_total = a.expert_rows_total;
-  if (p.grid == 0) return p;
-  const auto u = static_cast<uint64_t>(a.rows_total);
-  p.map_a = make_map_2d(a.a, u, uint64_t(a.m), 64);                 // {m, rows}: MN-major A
-  p.map_b = make_map_3d(a.b, 1, u, uint64_t(a.n), 64);              // {n, rows, 1}: MN-major B
-  p.map_b_half = p.map_b;
-  if (a.accumulate) {
+  if (a.accumulate) {  // (refused alike whether or not this call has tiles)
     MOK_REQUIRE(!o.cluster, "options.cluster", "not with wgrad.accumulate (its kernel runs without clusters)");
     MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.dw) % 16 == 0 && reinterpret_cast<uintptr_t>(a.dw_up) % 16 == 0,
                 "wgrad.dw", "16-byte aligned fp32 with accumulate");
     p.params.wgrad_accumulate = 1;
   }
+  if (p.grid == 0) return p;
+  const auto u = static_cast<uint64_t>(a.rows_total);
+  p.map_a = make_map_2d(a.a, u, uint64_t(a.m), 64);                 // {m, rows}: MN-major A
+  p.map_b = make_map_3d(a.b, 1, u, uint64_t(a.n), 64);              // {n, rows, 1}: MN-major B
+  p.map_b_half = p.map_b;
   // With accumulate the maps are fp32 (the epilogue reduce-adds into them).
   set_wgrad_outputs(p, a.dw, a.dw_up, a.experts, a.m, a.n, a.accumulate ? MapType::F32Tile : MapType::BF16);
   return p;
