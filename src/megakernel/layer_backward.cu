@@ -5,7 +5,9 @@
 #include <algorithm>
 
 #include "common/device_check.h"
+#include "gemm/fp8_quantize.h"
 #include "megakernel/backward_program.h"
+#include "megakernel/fp8_backward_layout.h"
 #include "megakernel/layer_impl.h"
 #include "megakernel/merge.h"
 #include "megakernel/reverse.h"
@@ -80,10 +82,18 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   marking = capturing == cudaStreamCaptureStatusNone;
   bwd_marked = false;
   saved = false;  // gu becomes d_gu and the combine slots d_x rows: one backward per forward
+  dy_from_source = fp8 && fp8_bwd::dy_at_source(config) && !fp8_bwd::dy_routed_copy_for_testing().load();
   mark(0, stream);
   if (T > 0) {
     MOK_CUDA_CHECK(cudaMemcpyAsync(win_dout->ptr, d_out.data, static_cast<size_t>(T * H) * 2,
                                    cudaMemcpyDeviceToDevice, stream));
+    // FP8 (recipe 1): d_y's 1 x 128 codes made here, once per token, for the peers to pull.
+    if (dy_from_source) {
+      const fp8_bwd::DoutWindow DW = fp8_bwd::dout_window(sched::pad_rows(shape.max_tokens()), H, true);
+      char* w = static_cast<char*>(win_dout->ptr);
+      gemm::quantize_fp8_blocked(w, T, H, 1, fp8::ScaleRule::Fp32, w + DW.codes, reinterpret_cast<float*>(w + DW.scales),
+                                 stream);
+    }
     // A shared x window holds the last forward's x of any layer, and with several forwards alive
     // ours holds the last one's: this forward's again (the windows' re-pull and the shared expert
     // read it).

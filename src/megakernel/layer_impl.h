@@ -288,6 +288,9 @@ struct Layer::Impl {
   // codes by bind_weights when Config::fp8_keep_weight_codes_t).
   bool fp8 = false;  // FP8 or MXFP8: one runtime (MX quantized, then re-blocked to recipe 1's blocks)
   bool mx = false;   // MXFP8: x, the weights and h quantized as MX, then re-blocked (layer_fp8.cu)
+  // This backward's d_y: 1 x 128 codes made by each rank in its d_out window and pulled, token blocks
+  // gathered from the d_out windows (fp8_bwd::dy_at_source), not from a routed bf16 copy.
+  bool dy_from_source = false;
   DeviceBuffer fp8_weights;
   gemm::Plan fc1_fp8, fc1_fp8_nogu, fc2_fp8;
   DeviceBuffer fp8_bwd_rows, fp8_bwd_weights;
