@@ -328,7 +328,7 @@ gemm::WgradArgs Layer::Impl::wgrad_args(const void* a, const void* b, void* dw, 
 }
 
 void Layer::Impl::allocate_backward() {
-  if (dy_routed.p != nullptr) return;
+  if (row_weights.p != nullptr) return;
   if (profile && bwd_marks.empty()) {
     for (int i = 0; i <= kBwdStages; ++i) {
       cudaEvent_t e = nullptr;
@@ -336,7 +336,10 @@ void Layer::Impl::allocate_backward() {
       bwd_marks.push_back(e);
     }
   }
-  dy_routed = allocate("dy_rows", "backward dy rows");
+  if (mem.has("dy_rows"))
+    dy_routed = allocate("dy_rows", "backward dy rows");
+  else if (fp8_bwd::dy_routed_copy_for_testing().load())  // (FP8 d_y at its source needs none)
+    dy_routed = DeviceBuffer(static_cast<size_t>(std::max<int64_t>(cap_rows, sched::kBlockM) * H * 2), "backward dy rows");
   row_weights = allocate("row_weights", "backward row weights");
   router_partials = allocate("router_partials", "backward router gradient partial sums");
   if (config.backward_path == BackwardPath::Fused)

@@ -71,6 +71,8 @@ void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_dow
     gpu::pull_fp8_rows(move, dout_peers.get<const void* const>(), gpu::Fp8RowsAt{DW.codes, DW.scales, 1.0f},
                        rb + R.q_dy, f32(rb, R.s_dy), stream, weight_peers.get<const float* const>(), row_w);
   } else {
+    MOK_REQUIRE(dy_routed.p != nullptr, "fp8_bwd::dy_routed_copy_for_testing",
+                "set before the layer's first backward (the routed d_y copy is allocated then)");
     gpu::pull_reverse_combine(move, dout_peers.get<const void* const>(), weight_peers.get<const float* const>(),
                               dy_routed.p, stream, row_w);
   }

@@ -203,7 +203,8 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
     if (Is > 0 && T > 0) add("shared_tiles", t_tiles * 4, S::Layer);
   }
   const int64_t dy_rows = windowed ? bwd_rows : cap;
-  add("dy_rows", dy_rows * H * 2, S::Backward);
+  // (FP8 recipe 1 pulls d_y as codes made at its source: no routed bf16 copy; fp8_backward_layout.h)
+  if (!(fp8 && fp8_bwd::dy_at_source(config))) add("dy_rows", dy_rows * H * 2, S::Backward);
   add("row_weights", dy_rows * 4, S::Backward);
   add("router_partials", dy_rows * gemm::router_parts(I) * 4, S::Backward);
   // The backward's GEMM program: its ticket, then per M tile of a window its D2 reports.
