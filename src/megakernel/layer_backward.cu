@@ -75,6 +75,12 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   void* dw_gate = const_cast<void*>(g.d_w_gate.data);
   void* dw_up = const_cast<void*>(g.d_w_up.data);
   void* dw_down = const_cast<void*>(g.d_w_down.data);
+  const bool at_source = fp8 && fp8_bwd::dy_at_source(shape, config);
+  dy_from_source = at_source && !fp8_bwd::dy_routed_copy_for_testing().load();
+  // (Before any collective step: the routed copy's buffer is made by the layer's first backward.)
+  MOK_REQUIRE(!at_source || dy_from_source || dy_routed.p != nullptr || row_weights.p == nullptr,
+              "fp8_bwd::dy_routed_copy_for_testing",
+              "set before the layer's first backward (the routed d_y copy is allocated then)");
   allocate_backward();
   // Stage events only outside stream capture: a plain record adds no node to a graph.
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
@@ -82,7 +88,6 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   marking = capturing == cudaStreamCaptureStatusNone;
   bwd_marked = false;
   saved = false;  // gu becomes d_gu and the combine slots d_x rows: one backward per forward
-  dy_from_source = fp8 && fp8_bwd::dy_at_source(config) && !fp8_bwd::dy_routed_copy_for_testing().load();
   mark(0, stream);
   if (T > 0) {
     MOK_CUDA_CHECK(cudaMemcpyAsync(win_dout->ptr, d_out.data, static_cast<size_t>(T * H) * 2,
@@ -90,6 +95,8 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
     // FP8 (recipe 1): d_y's 1 x 128 codes made here, once per token, for the peers to pull.
     if (dy_from_source) {
       const fp8_bwd::DoutWindow DW = fp8_bwd::dout_window(sched::pad_rows(shape.max_tokens()), H, true);
+      MOK_REQUIRE(static_cast<int64_t>(win_dout->bytes) >= DW.bytes, "window.d_out",
+                  "holds the d_out codes (", DW.bytes, " bytes), got ", win_dout->bytes);
       char* w = static_cast<char*>(win_dout->ptr);
       gemm::quantize_fp8_blocked(w, T, H, 1, fp8::ScaleRule::Fp32, w + DW.codes, reinterpret_cast<float*>(w + DW.scales),
                                  stream);

@@ -3,8 +3,8 @@
 // the bf16 backward (layer_backward.cu), its GEMMs on E4M3 operands:
 //   pulls     d_y's 1 x 128 codes and scales + the router weights (reverse combine): d_y's rows are
 //             d_out's rows unweighted, so each rank quantizes its own T rows in its d_out window
-//             (backward()) and the routed rows are pulled as codes (fp8_bwd::dy_at_source; MXFP8
-//             pulls bf16 rows and quantizes the routed copy); x's rows are not
+//             (backward()) and the routed rows are pulled as codes (fp8_bwd::dy_at_source: EP 1;
+//             at EP > 1 and in MXFP8 bf16 rows are pulled and the routed copy quantized); x's rows are not
 //             pulled: dW_gate/up's operand x^T (128 x 1 token blocks, which the forward's 1 x 128
 //             codes cannot give exactly) is quantized from the bf16 rows where they live, in the
 //             x windows (quantize_fp8_token_blocks_t_gather);
@@ -71,8 +71,6 @@ void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_dow
     gpu::pull_fp8_rows(move, dout_peers.get<const void* const>(), gpu::Fp8RowsAt{DW.codes, DW.scales, 1.0f},
                        rb + R.q_dy, f32(rb, R.s_dy), stream, weight_peers.get<const float* const>(), row_w);
   } else {
-    MOK_REQUIRE(dy_routed.p != nullptr, "fp8_bwd::dy_routed_copy_for_testing",
-                "set before the layer's first backward (the routed d_y copy is allocated then)");
     gpu::pull_reverse_combine(move, dout_peers.get<const void* const>(), weight_peers.get<const float* const>(),
                               dy_routed.p, stream, row_w);
   }

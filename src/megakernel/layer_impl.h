@@ -187,7 +187,9 @@ struct Layer::Impl {
   const comm::Window* win_routing = nullptr;
   const comm::Window* win_x = nullptr;
   const comm::Window* win_combine = nullptr;
-  const comm::Window* win_dout = nullptr;     // backward: d_out [T_pad, H] bf16, pulled by the peers
+  // backward: d_out [T_pad, H] bf16, pulled by the peers (FP8 at EP 1: its 1 x 128 codes and scales
+  // after the rows, fp8_bwd::dout_window)
+  const comm::Window* win_dout = nullptr;
   const comm::Window* win_weights = nullptr;  // backward: router weights [T, k] f32, read by the peers
   const comm::Window* win_dweights = nullptr; // backward: their gradient [T, k] f32, written by the peers
   int64_t layer_number = 0;  // the communicator's window count when the layer was built: the same on every rank
