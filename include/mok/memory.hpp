@@ -10,7 +10,8 @@
 // over windows), the shared expert's gu_s, h_s, y_s,
 // the megakernel's x_ring, h_ring, y_ring, counters (push_peer_tables with push dispatch;
 // cluster_slots with 2-CTA clusters), the unfused path's x_routed, h, y (fp8_weights with
-// Config::precision FP8 or MXFP8), and the backward's dy_rows, row_weights, router_partials
+// Config::precision FP8 or MXFP8), and the backward's dy_rows (not in FP8 at EP 1, which pulls d_y
+// as codes made at the source), row_weights, router_partials
 // (shared_rows, shared_tiles). With Config::saved_forwards = N > 1 the saved state of forward
 // slots 1 .. N-1 is listed under slot_name(): schedule#i, gu_saved#i, gu_s#i, h_s#i, and every
 // slot's copy of its routing, routing#i.

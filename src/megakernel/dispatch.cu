@@ -36,24 +36,32 @@ __global__ void __launch_bounds__(kThreads) move_rows_kernel(ScheduleView s, int
   });
 }
 
-// FP8 pull: a row's H code bytes (H / 16 vectors) and its H / 128 scales.
+// FP8 pull: a row's H code bytes (H / 16 vectors, code_offset bytes into the peer's window) and
+// its H / 128 scales (scale_offset bytes in); padding rows get zero codes and pad_scale. With
+// weight_peers, also the row's router weight into row_weight (0 for padding rows).
 __global__ void __launch_bounds__(kThreads) pull_fp8_kernel(ScheduleView s, int code_vecs, int scales, int top_k,
                                                             int64_t row_begin, int64_t row_end,
-                                                            const uint8_t* const* src_peers, int64_t scale_offset,
-                                                            uint4* codes, float* scale_out, const uint32_t* abort) {
+                                                            const uint8_t* const* src_peers, int64_t code_offset,
+                                                            int64_t scale_offset, float pad_scale, uint4* codes,
+                                                            float* scale_out, const float* const* weight_peers,
+                                                            float* row_weight, const uint32_t* abort) {
   for_each_window_row(s, row_begin, row_end, abort, [&](int64_t row, int lane) {
     const int src = s.src_rank[row];
     const int64_t local = row - row_begin;
     float* to_scales = scale_out + local * scales;
     if (src >= 0) {
-      const int64_t token = s.src_slot[row] / top_k;
+      const int slot = s.src_slot[row];
+      const int64_t token = slot / top_k;
       const uint8_t* peer = src_peers[src];
-      copy_row(reinterpret_cast<const uint4*>(peer) + token * code_vecs, codes + local * code_vecs, code_vecs, lane);
+      copy_row(reinterpret_cast<const uint4*>(peer + code_offset) + token * code_vecs, codes + local * code_vecs,
+               code_vecs, lane);
       const float* from_scales = reinterpret_cast<const float*>(peer + scale_offset) + token * scales;
       for (int i = lane; i < scales; i += 32) to_scales[i] = from_scales[i];
+      if (weight_peers != nullptr && lane == 0) row_weight[local] = weight_peers[src][slot];
     } else {
       zero_row(codes + local * code_vecs, code_vecs, lane);
-      for (int i = lane; i < scales; i += 32) to_scales[i] = 0.0f;
+      for (int i = lane; i < scales; i += 32) to_scales[i] = pad_scale;
+      if (weight_peers != nullptr && lane == 0) row_weight[local] = 0.0f;
     }
   });
 }
@@ -76,18 +84,27 @@ void pull_dispatch(const MoveArgs& a, const void* const* x_peers, void* x_routed
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 
-void pull_dispatch_fp8(const MoveArgs& a, const void* const* x_peers, int64_t scale_offset, void* codes_routed,
-                       float* scales_routed, cudaStream_t stream) {
+void pull_fp8_rows(const MoveArgs& a, const void* const* peers, const Fp8RowsAt& at, void* codes_routed,
+                   float* scales_routed, cudaStream_t stream, const float* const* weight_peers, float* row_weight) {
   check_move_args(a);
   MOK_REQUIRE(a.hidden % 128 == 0, "hidden", "must be a multiple of 128 with FP8 rows (1 x 128 scales), got ",
               a.hidden);
-  MOK_REQUIRE(scale_offset >= 0 && scale_offset % 16 == 0, "scale_offset", "must be a non-negative multiple of 16, got ",
-              scale_offset);
+  MOK_REQUIRE(at.code_offset >= 0 && at.code_offset % 16 == 0, "code_offset",
+              "must be a non-negative multiple of 16, got ", at.code_offset);
+  MOK_REQUIRE(at.scale_offset >= 0 && at.scale_offset % 16 == 0, "scale_offset",
+              "must be a non-negative multiple of 16, got ", at.scale_offset);
+  MOK_REQUIRE((weight_peers == nullptr) == (row_weight == nullptr), "row_weight",
+              "weight_peers and row_weight must be given together (or neither)");
   pull_fp8_kernel<<<a.sms, kThreads, 0, stream>>>(
       a.schedule, static_cast<int>(a.hidden / 16), static_cast<int>(a.hidden / 128), static_cast<int>(a.top_k),
-      a.row_begin, a.row_end, reinterpret_cast<const uint8_t* const*>(x_peers), scale_offset,
-      static_cast<uint4*>(codes_routed), scales_routed, a.abort);
+      a.row_begin, a.row_end, reinterpret_cast<const uint8_t* const*>(peers), at.code_offset, at.scale_offset,
+      at.pad_scale, static_cast<uint4*>(codes_routed), scales_routed, weight_peers, row_weight, a.abort);
   MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+void pull_dispatch_fp8(const MoveArgs& a, const void* const* x_peers, int64_t scale_offset, void* codes_routed,
+                       float* scales_routed, cudaStream_t stream) {
+  pull_fp8_rows(a, x_peers, Fp8RowsAt{0, scale_offset, 0.0f}, codes_routed, scales_routed, stream);
 }
 
 void push_combine(const MoveArgs& a, const void* y_routed, void* const* combine_peers, cudaStream_t stream) {

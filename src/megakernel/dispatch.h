@@ -35,6 +35,19 @@ void pull_dispatch(const MoveArgs& a, const void* const* x_peers, void* x_routed
 // scale 0). H must be a multiple of 128.
 void pull_dispatch_fp8(const MoveArgs& a, const void* const* x_peers, int64_t scale_offset, void* codes_routed,
                        float* scales_routed, cudaStream_t stream);
+// The general FP8 row pull behind it (and behind the FP8 backward's reverse combine at EP 1,
+// layer_fp8_backward.cu):
+// a row's codes `code_offset` bytes into its owner's window, its scales `scale_offset` bytes in
+// (both multiples of 16, the same in every rank's window), padding rows given zero codes and
+// `pad_scale`; with weight_peers (rank r's router weights [T_r, k] f32) also row_weight[row] =
+// the row's weight (0 for padding rows).
+struct Fp8RowsAt {
+  int64_t code_offset = 0, scale_offset = 0;
+  float pad_scale = 0.0f;
+};
+void pull_fp8_rows(const MoveArgs& a, const void* const* peers, const Fp8RowsAt& at, void* codes_routed,
+                   float* scales_routed, cudaStream_t stream, const float* const* weight_peers = nullptr,
+                   float* row_weight = nullptr);
 // y_routed: [rows of the window, H] bf16 (window-relative). combine_peers[r]: [T_r * k, H] bf16.
 void push_combine(const MoveArgs& a, const void* y_routed, void* const* combine_peers, cudaStream_t stream);
 

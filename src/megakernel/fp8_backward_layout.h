@@ -16,7 +16,10 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+
+#include "mok/config.hpp"
 
 namespace mok::fp8_bwd {
 
@@ -59,6 +62,37 @@ inline RowsLayout rows_layout(int64_t rows, int64_t H, int64_t I) {
   region(H, rows / 128 * H * 4, L.t_x, L.ts_x);
   L.bytes = end;
   return L;
+}
+
+// d_y at its source (recipe 1's training path, one rank): d_y's routed rows are d_out's rows
+// unweighted (FC2's dgrad applies the router weight), so the T rows are quantized 1 x 128 once, into
+// the d_out window after the bf16 rows, and pulled as codes and scales into routed order; the token
+// blocks are gathered from the bf16 rows where they live, as x's are. The same values in the same
+// blocks as quantizing a routed bf16 copy, so the same bits, with 1/k of the row quantization and
+// no routed copy. Not at EP > 1: there the token blocks' gather would read the bf16 rows over
+// NVLink besides the codes (3 bytes per element instead of the routed copy's pull of 2), and the
+// link, not HBM, is what the reverse combine waits for. (MXFP8 keeps the routed copy too: its rows
+// are MX-quantized then re-blocked.)
+inline bool dy_at_source(const LayerShape& s, const Config& c) {
+  return c.precision == Precision::FP8 && c.forward_path == ForwardPath::Unfused && s.world_size() == 1;
+}
+// The d_out window: bf16 rows [t_pad, H], then (dy_at_source) codes [t_pad, H] and scales
+// [t_pad, H / 128] f32 at these byte offsets; bytes = the window's size.
+struct DoutWindow {
+  int64_t codes, scales, bytes;
+};
+inline DoutWindow dout_window(int64_t t_pad, int64_t H, bool at_source) {
+  const int64_t rows_bytes = std::max<int64_t>(t_pad * H, 1) * 2;
+  if (!at_source) return DoutWindow{-1, -1, rows_bytes};
+  const auto a16 = [](int64_t b) { return (b + 15) / 16 * 16; };
+  const int64_t codes = a16(rows_bytes), scales = codes + a16(t_pad * H);
+  return DoutWindow{codes, scales, scales + t_pad * (H / 128) * 4};
+}
+// The routed bf16 copy's path instead (the GPU test compares the two bitwise): off unless a test
+// sets it.
+inline std::atomic<bool>& dy_routed_copy_for_testing() {
+  static std::atomic<bool> on{false};
+  return on;
 }
 
 struct WeightsLayout {

@@ -5,7 +5,9 @@
 #include <algorithm>
 
 #include "common/device_check.h"
+#include "gemm/fp8_quantize.h"
 #include "megakernel/backward_program.h"
+#include "megakernel/fp8_backward_layout.h"
 #include "megakernel/layer_impl.h"
 #include "megakernel/merge.h"
 #include "megakernel/reverse.h"
@@ -73,6 +75,12 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   void* dw_gate = const_cast<void*>(g.d_w_gate.data);
   void* dw_up = const_cast<void*>(g.d_w_up.data);
   void* dw_down = const_cast<void*>(g.d_w_down.data);
+  const bool at_source = fp8 && fp8_bwd::dy_at_source(shape, config);
+  dy_from_source = at_source && !fp8_bwd::dy_routed_copy_for_testing().load();
+  // (Before any collective step: the routed copy's buffer is made by the layer's first backward.)
+  MOK_REQUIRE(!at_source || dy_from_source || dy_routed.p != nullptr || row_weights.p == nullptr,
+              "fp8_bwd::dy_routed_copy_for_testing",
+              "set before the layer's first backward (the routed d_y copy is allocated then)");
   allocate_backward();
   // Stage events only outside stream capture: a plain record adds no node to a graph.
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
@@ -84,6 +92,15 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   if (T > 0) {
     MOK_CUDA_CHECK(cudaMemcpyAsync(win_dout->ptr, d_out.data, static_cast<size_t>(T * H) * 2,
                                    cudaMemcpyDeviceToDevice, stream));
+    // FP8 (recipe 1): d_y's 1 x 128 codes made here, once per token, for the peers to pull.
+    if (dy_from_source) {
+      const fp8_bwd::DoutWindow DW = fp8_bwd::dout_window(sched::pad_rows(shape.max_tokens()), H, true);
+      MOK_REQUIRE(static_cast<int64_t>(win_dout->bytes) >= DW.bytes, "window.d_out",
+                  "holds the d_out codes (", DW.bytes, " bytes), got ", win_dout->bytes);
+      char* w = static_cast<char*>(win_dout->ptr);
+      gemm::quantize_fp8_blocked(w, T, H, 1, fp8::ScaleRule::Fp32, w + DW.codes, reinterpret_cast<float*>(w + DW.scales),
+                                 stream);
+    }
     // A shared x window holds the last forward's x of any layer, and with several forwards alive
     // ours holds the last one's: this forward's again (the windows' re-pull and the shared expert
     // read it).
@@ -318,7 +335,7 @@ gemm::WgradArgs Layer::Impl::wgrad_args(const void* a, const void* b, void* dw, 
 }
 
 void Layer::Impl::allocate_backward() {
-  if (dy_routed.p != nullptr) return;
+  if (row_weights.p != nullptr) return;
   if (profile && bwd_marks.empty()) {
     for (int i = 0; i <= kBwdStages; ++i) {
       cudaEvent_t e = nullptr;
@@ -326,7 +343,10 @@ void Layer::Impl::allocate_backward() {
       bwd_marks.push_back(e);
     }
   }
-  dy_routed = allocate("dy_rows", "backward dy rows");
+  if (mem.has("dy_rows"))
+    dy_routed = allocate("dy_rows", "backward dy rows");
+  else if (fp8_bwd::dy_routed_copy_for_testing().load())  // (FP8 d_y at its source needs none)
+    dy_routed = DeviceBuffer(static_cast<size_t>(std::max<int64_t>(cap_rows, sched::kBlockM) * H * 2), "backward dy rows");
   row_weights = allocate("row_weights", "backward row weights");
   router_partials = allocate("router_partials", "backward router gradient partial sums");
   if (config.backward_path == BackwardPath::Fused)

@@ -1,14 +1,18 @@
 // mok — the GPU layer's backward in FP8 (Config::precision FP8, recipe 1, notes/fp8.md "The
 // backward in FP8"), resident, after the unfused path's FP8 forward. The same steps and movement as
 // the bf16 backward (layer_backward.cu), its GEMMs on E4M3 operands:
-//   pulls     d_out rows (unweighted) + their router weights (reverse combine); x's rows are not
+//   pulls     d_y's 1 x 128 codes and scales + the router weights (reverse combine): d_y's rows are
+//             d_out's rows unweighted, so each rank quantizes its own T rows in its d_out window
+//             (backward()) and the routed rows are pulled as codes (fp8_bwd::dy_at_source: EP 1;
+//             at EP > 1 and in MXFP8 bf16 rows are pulled and the routed copy quantized); x's rows are not
 //             pulled: dW_gate/up's operand x^T (128 x 1 token blocks, which the forward's 1 x 128
 //             codes cannot give exactly) is quantized from the bf16 rows where they live, in the
 //             x windows (quantize_fp8_token_blocks_t_gather);
 //   weights   W_down^T and [W_gate; W_up]^T as K-major codes with 128 x 128 scales (the dgrads' B),
 //             made from the bf16 weights by every call (fp8_backward_layout.h says why), or once
 //             per weight binding and kept (Config::fp8_keep_weight_codes_t);
-//   FC2 dgrad d_y per 1 x 128 (and per 128 x 1 token block for dW_down, in the same pass), then
+//   FC2 dgrad d_y's 128 x 1 token blocks for dW_down gathered from the d_out windows (MXFP8: both
+//             forms from the routed copy in one pass), then
 //             the FP8 dgrad + SwiGLU' (d_gu over the saved gate/up rows, the router-weight
 //             gradient's partial sums, the weighted h, all bf16);
 //   FC1 dgrad [d_g d_u] per 1 x 128 (the packed K order; its token blocks in the same pass), the
@@ -18,7 +22,7 @@
 // The CPU reference's FP8 backward (ref::Engine::backward, include/mok/reference.hpp) is this recipe
 // step for step: the two differ by accumulation order and the SFU's exp in SwiGLU'.
 // Each quantization is still a pass over HBM of its own, one per operand (next: d_gu's codes in the
-// dgrad's epilogue, d_y quantized at its source; notes/fp8.md).
+// dgrad's epilogue; notes/fp8.md).
 // MXFP8 (recipe 2, `mx`): the same steps, every operand quantized as MX along its GEMM's K (1 x 32
 // rows, 32 x 1 token blocks, the dgrads' weights by 32 along their transposed K) and re-blocked to
 // recipe 1's blocks at the largest power-of-two scale of each (the quantizers' mx forms), which is
@@ -57,21 +61,37 @@ void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_dow
   move.sms = sms;  // the movement kernels run alone here (as in backward_resident)
   float* row_w = row_weights.get<float>();
   float* partial = router_partials.get<float>();
-  gpu::pull_reverse_combine(move, dout_peers.get<const void* const>(), weight_peers.get<const float* const>(),
-                            dy_routed.p, stream, row_w);
-  mark(3, stream);
   const fp8_bwd::RowsLayout R = fp8_bwd::rows_layout(std::max<int64_t>(rows, sched::kBlockM), H, I);
   const fp8_bwd::WeightsLayout WL = fp8_bwd::weights_layout(e_loc, H, I);
   auto* rb = static_cast<char*>(fp8_bwd_rows.p);
   auto* wb = static_cast<char*>(fp8_bwd_weights.p);
   const auto f32 = [](char* p, int64_t off) { return reinterpret_cast<float*>(p + off); };
+  if (dy_from_source) {  // d_y's codes and scales as their owners made them (padding rows: a zero row's)
+    const fp8_bwd::DoutWindow DW = fp8_bwd::dout_window(sched::pad_rows(shape.max_tokens()), H, true);
+    gpu::pull_fp8_rows(move, dout_peers.get<const void* const>(), gpu::Fp8RowsAt{DW.codes, DW.scales, 1.0f},
+                       rb + R.q_dy, f32(rb, R.s_dy), stream, weight_peers.get<const float* const>(), row_w);
+  } else {
+    gpu::pull_reverse_combine(move, dout_peers.get<const void* const>(), weight_peers.get<const float* const>(),
+                              dy_routed.p, stream, row_w);
+  }
+  mark(3, stream);
   const auto rule = fp8::ScaleRule::Fp32;
   const gemm::Options o = gemm_options();
   const gemm::RoutedSegments seg{v.tile_expert, v.expert_offset, v.expert_rows, tiles};
   if (rows > 0 && e_loc > 0) {
     if (!config.fp8_keep_weight_codes_t) fp8_backward_weight_codes(stream);  // (else made by bind_weights)
-    gemm::quantize_fp8_rows_and_token_blocks_t(dy_routed.p, rows, H, rule, rb + R.q_dy, f32(rb, R.s_dy),
-                                               rb + R.t_dy, f32(rb, R.ts_dy), stream, seg, mx);
+    if (dy_from_source) {  // d_y's token blocks from d_out's rows where they live
+      gemm::RowGather dg;
+      dg.peers = dout_peers.get<const void* const>();
+      dg.src_rank = v.src_rank;
+      dg.src_slot = v.src_slot;
+      dg.top_k = move.top_k;
+      dg.abort = move.abort;
+      gemm::quantize_fp8_token_blocks_t_gather(dg, rows, H, rb + R.t_dy, f32(rb, R.ts_dy), stream, seg);
+    } else {
+      gemm::quantize_fp8_rows_and_token_blocks_t(dy_routed.p, rows, H, rule, rb + R.q_dy, f32(rb, R.s_dy),
+                                                 rb + R.t_dy, f32(rb, R.ts_dy), stream, seg, mx);
+    }
     gemm::Fp8DgradSwiGLUArgs ds;
     ds.dy = rb + R.q_dy;
     ds.dy_scales = f32(rb, R.s_dy);

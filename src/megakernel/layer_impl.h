@@ -187,7 +187,9 @@ struct Layer::Impl {
   const comm::Window* win_routing = nullptr;
   const comm::Window* win_x = nullptr;
   const comm::Window* win_combine = nullptr;
-  const comm::Window* win_dout = nullptr;     // backward: d_out [T_pad, H] bf16, pulled by the peers
+  // backward: d_out [T_pad, H] bf16, pulled by the peers (FP8 at EP 1: its 1 x 128 codes and scales
+  // after the rows, fp8_bwd::dout_window)
+  const comm::Window* win_dout = nullptr;
   const comm::Window* win_weights = nullptr;  // backward: router weights [T, k] f32, read by the peers
   const comm::Window* win_dweights = nullptr; // backward: their gradient [T, k] f32, written by the peers
   int64_t layer_number = 0;  // the communicator's window count when the layer was built: the same on every rank
@@ -288,6 +290,9 @@ struct Layer::Impl {
   // codes by bind_weights when Config::fp8_keep_weight_codes_t).
   bool fp8 = false;  // FP8 or MXFP8: one runtime (MX quantized, then re-blocked to recipe 1's blocks)
   bool mx = false;   // MXFP8: x, the weights and h quantized as MX, then re-blocked (layer_fp8.cu)
+  // This backward's d_y: 1 x 128 codes made by each rank in its d_out window and pulled, token blocks
+  // gathered from the d_out windows (fp8_bwd::dy_at_source), not from a routed bf16 copy.
+  bool dy_from_source = false;
   DeviceBuffer fp8_weights;
   gemm::Plan fc1_fp8, fc1_fp8_nogu, fc2_fp8;
   DeviceBuffer fp8_bwd_rows, fp8_bwd_weights;

@@ -123,7 +123,9 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   add("window.routing", at_least(t_max * k) * 4, config.saved_forwards > 1 ? S::Layer : S::Saved, true);
   add("window.x", at_least(t_max_pad * H) * 2, S::Layer, true);
   add("window.combine", at_least(t_max * k * H) * 2, S::Layer, true);
-  add("window.d_out", at_least(t_max_pad * H) * 2, S::Layer, true);
+  // (recipe 1's training path at EP 1: d_out's 1 x 128 codes and scales after its rows,
+  // fp8_backward_layout.h)
+  add("window.d_out", fp8_bwd::dout_window(t_max_pad, H, fp8_bwd::dy_at_source(shape, config)).bytes, S::Layer, true);
   // The router weights, then (at router_call_offset) the backward's call words: its forward id
   // and the layer's number, which the peers compare (in the same window: no allocation of its own).
   add("window.router_weights", router_call_offset(t_max, k) + 16, S::Layer, true);
@@ -202,7 +204,8 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
     if (Is > 0 && T > 0) add("shared_tiles", t_tiles * 4, S::Layer);
   }
   const int64_t dy_rows = windowed ? bwd_rows : cap;
-  add("dy_rows", dy_rows * H * 2, S::Backward);
+  // (FP8 recipe 1 pulls d_y as codes made at its source: no routed bf16 copy; fp8_backward_layout.h)
+  if (!(fp8 && fp8_bwd::dy_at_source(shape, config))) add("dy_rows", dy_rows * H * 2, S::Backward);
   add("row_weights", dy_rows * 4, S::Backward);
   add("router_partials", dy_rows * gemm::router_parts(I) * 4, S::Backward);
   // The backward's GEMM program: its ticket, then per M tile of a window its D2 reports.

@@ -9,12 +9,15 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "gpu_test_util.h"
 #include "layer_test_util.h"
+#include "megakernel/fp8_backward_layout.h"
 #include "mok/comm.hpp"
 #include "mok/errors.hpp"
 #include "mok/layer.hpp"
@@ -328,6 +331,55 @@ INSTANTIATE_TEST_SUITE_P(
                       Fp8BwdCase{"mx_empty_slots", mok::Routing::EmptySlots, {513}, 256, 128, 8, 3, false, kMx},
                       Fp8BwdCase{"mx_ep2_zipf", mok::Routing::Zipf, {600, 344}, 512, 256, 16, 4, false, kMx}),
     [](const auto& i) { return std::string(i.param.name); });
+
+// d_y at its source (fp8_bwd::dy_at_source: recipe 1 at EP 1): d_out's rows quantized 1 x 128 in the
+// d_out window and pulled as codes and scales, the token blocks gathered from the d_out window, give
+// every gradient the bits of the routed bf16 copy's path (a pulled copy quantized in one pass, what
+// EP > 1 and MXFP8 keep), compared byte for byte.
+TEST(LayerFp8BackwardDy, CodesAtTheSourceGiveTheRoutedCopysBits) {
+  MOK_REQUIRE_GPUS(1);
+  struct Case {
+    const char* name;
+    mok::Routing routing;
+    int64_t tokens, H, I, E, k;
+  };
+  const Case cases[] = {{"zipf", mok::Routing::Zipf, 700, 512, 256, 16, 4},
+                        {"uniform", mok::Routing::Uniform, 700, 512, 256, 16, 4},
+                        {"empty_slots", mok::Routing::EmptySlots, 513, 256, 128, 8, 3},
+                        {"one_expert", mok::Routing::OneExpert, 300, 1024, 384, 8, 2}};
+  const char* names[] = {"d_x", "d_topk_w", "dW_gate", "dW_up", "dW_down"};
+  struct Switch {  // the routed copy's path while alive (also when an assertion throws)
+    Switch() { mok::fp8_bwd::dy_routed_copy_for_testing().store(true); }
+    ~Switch() { mok::fp8_bwd::dy_routed_copy_for_testing().store(false); }
+  };
+  const mok::Config cfg = fp8_config();
+  EXPECT_FALSE(mok::fp8_bwd::dy_at_source(mok::LayerShape{{600, 344}, 512, 256, 16, 4, 0}, cfg));  // EP 2: the copy
+  for (const Case& c : cases) {
+    const mok::LayerShape shape{{c.tokens}, c.H, c.I, c.E, c.k, 0};
+    ASSERT_TRUE(mok::fp8_bwd::dy_at_source(shape, cfg));
+    const auto wl = mok::make_workload(shape, c.routing, 4242);
+    std::vector<std::vector<float>> got[2];
+    for (int routed = 0; routed < 2; ++routed) {
+      std::unique_ptr<Switch> sw = routed == 1 ? std::make_unique<Switch>() : nullptr;
+      auto group = ranks_on_gpus(1, shape, cfg);
+      group.run([&](mok::comm::Communicator& comm, size_t) {
+        RankData d(shape, wl, 0);
+        mok::test::RankGrads gr(shape, 0);
+        mok::bf16* d_out = upload(wl.d_out[0].data(), wl.d_out[0].size());
+        const mok::TensorRef dref = mok::TensorRef::contiguous(d_out, mok::DType::BF16, {d.T, c.H});
+        mok::Layer layer(comm, shape, cfg, d.dw);
+        got[routed] = forward_backward(layer, d, comm, gr, dref);
+        cudaFree(d_out);
+      });
+    }
+    for (size_t o = 0; o < 5; ++o) {
+      ASSERT_EQ(got[0][o].size(), got[1][o].size());
+      EXPECT_EQ(0, std::memcmp(got[0][o].data(), got[1][o].data(), got[0][o].size() * sizeof(float)))
+          << c.name << ": " << names[o] << " differs from the routed copy's path";
+    }
+    std::printf("[layer fp8 d_y] %s: every gradient the routed copy's bytes\n", c.name);
+  }
+}
 
 // Config::fp8_keep_weight_codes_t: the kept codes are the layer's own and follow the weights. A
 // kept layer beside per-call layers (whose codes go through the shared workspace) gives bitwise
