@@ -351,9 +351,8 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
           const bool keep = o.sustain_s > 0 && &var == &variants.front();  // for the sustained run
           // The main variant's backward (over windows when its ring is below the worst case), and
           // the memory-mode variants'.
-          // (FP8: after the unfused path's forward; its megakernel is forward only.)
-          const bool trains = cfg.precision == Precision::BF16 || cfg.forward_path == ForwardPath::Unfused;
-          const bool bwd = o.backward && trains && (&var == &variants.front() || var.time_backward);
+          // (FP8: the megakernel with a resident ring is forward only.)
+          const bool bwd = o.backward && trains(cfg, shape) && (&var == &variants.front() || var.time_backward);
           std::vector<std::vector<double>> bwd_ms(static_cast<size_t>(W));
           std::vector<std::vector<float>> bwd_sampled(static_cast<size_t>(W)), dout_sampled(static_cast<size_t>(W));
           std::vector<std::string> bwd_profile(static_cast<size_t>(W));
@@ -527,7 +526,8 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
               }
             }
           } else if (o.backward && &var == &variants.front() && cfg.precision != Precision::BF16) {
-            std::printf("  backward: not run (the %s megakernel is forward only so far; --path unfused trains)\n",
+            std::printf("  backward: not run (the %s megakernel with a resident ring is forward only so far; --path "
+                        "unfused or a ring below the worst case trains)\n",
                         to_string(cfg.precision));
           } else if (o.backward && &var == &variants.front()) {
             std::printf("  backward: not run (the main variant's ring holds fewer rows than the worst case)\n");

@@ -22,6 +22,11 @@ int device_sms() {
   return n;
 }
 
+bool trains(const Config& cfg, const LayerShape& shape) {
+  return cfg.precision == Precision::BF16 || cfg.forward_path == ForwardPath::Unfused ||
+         cfg.resolved_macrobatch(shape, device_sms()) < shape.worst_case_rows();
+}
+
 std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& shape) {
   Config main;
   main.forward_path = o.path;
@@ -47,8 +52,9 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   if (main.precision != Precision::BF16) {  // no variants to compare bitwise
     v[0].name = std::string(to_string(o.path)) + "-" + to_string(main.precision) +
                 (main.fp8_keep_weight_codes_t ? "-kept" : "");
-    // The FP8 megakernel is forward only (nothing saved); the unfused FP8 forward saves for its backward.
-    v[0].save_for_backward = main.forward_path == ForwardPath::Unfused;
+    // The FP8 megakernel with a resident ring is forward only (nothing saved); the unfused FP8
+    // forward saves for its backward, and the megakernel over windows trains (it saves the routing).
+    v[0].save_for_backward = trains(main, shape);
     if (!o.variants.empty()) std::printf("  (--variants ignored: no ablation in %s)\n", to_string(main.precision));
     return v;
   }

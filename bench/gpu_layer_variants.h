@@ -26,6 +26,10 @@ struct Variant {
   bool accumulate_wgrad = false;
 };
 
+// Whether the config's layer has a backward: bf16 always; FP8 / MXFP8 on the unfused path and on
+// the megakernel with a ring below the worst case (its backward over windows).
+bool trains(const Config& cfg, const LayerShape& shape);
+
 // The variants measured at one shape: the main one first.
 std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& shape);
 

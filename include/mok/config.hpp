@@ -100,7 +100,8 @@ struct Config {
   // ring below the worst case (a resident backward's saved state is the ring itself).
   int saved_forwards = 1;
   Precision precision = Precision::BF16;
-  // FP8 training on the GPU layer (precision FP8 or MXFP8, forward_path unfused): the backward's K-major
+  // FP8 training on the GPU layer (precision FP8 or MXFP8; forward_path unfused, or the megakernel
+  // with a ring below the worst case, whose backward runs over windows): the backward's K-major
   // weight codes (W_down^T and the packed [W_gate; W_up]^T, 128 x 128 blocks: half the bf16
   // weight bytes) are made with the forward's by the weight binding (construction, set_weights)
   // and kept by the layer, instead of by every backward into the shared workspace. Per backward
@@ -125,7 +126,9 @@ struct Config {
   // ring (macrobatch_tokens left 0: mok::ring_for_workspace picks the largest ring whose workspace
   // fits, and the backward runs over windows of it) — the training memory model in one setting
   // (notes/memory.md). -1 = automatic: 2 GB where it applies (share_workspace, the megakernel,
-  // macrobatch_tokens 0), nothing elsewhere; 0 = off (the ring is macrobatch_tokens, or the worst
+  // macrobatch_tokens 0; in FP8 / MXFP8 plus the backward's K-major weight codes, which are
+  // made per call into the workspace and hold the same bytes whatever the ring:
+  // mok::default_workspace_budget), nothing elsewhere; 0 = off (the ring is macrobatch_tokens, or the worst
   // case: every routed row resident).
   int64_t workspace_budget_bytes = -1;
 

@@ -309,6 +309,13 @@ struct Fp8WgradArgs {
   const int32_t* expert_row_begin = nullptr;  // device [experts]: first routed row (a multiple of 128)
   const int32_t* expert_rows = nullptr;       // device [experts]: valid rows
   const int32_t* expert_range = nullptr;      // optional, as WgradArgs::expert_range
+  // Optional, as WgradArgs's (a backward over windows of the routed rows): the carried expert's
+  // fp32 sums, continued from carry_in / left in carry_out, in the same order of K blocks as one
+  // call over all rows (the same bits); expert_rows_total keeps other calls' experts unwritten.
+  const float* carry_in = nullptr;
+  float* carry_out = nullptr;
+  const int32_t* carry_experts = nullptr;
+  const int32_t* expert_rows_total = nullptr;
 };
 // FC2's dgrad fused with the SwiGLU backward in FP8 (issue 22, recipe 1): d_h = d_y . W_down[e]
 // from E4M3 operands — d_y per 1 x 128 along hidden, W_down transposed ([experts, inter, hidden],

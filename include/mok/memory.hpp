@@ -97,4 +97,9 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
 int64_t ring_for_workspace(const LayerShape& shape, const Config& config, int rank, int sm_count,
                            int64_t budget_bytes);
 
+// The automatic workspace budget (Config::workspace_budget_bytes = -1): 2 GB, plus in FP8 / MXFP8
+// the backward's per-call K-major weight codes (a fixed size that no ring makes smaller: without
+// it the budget would leave the FP8 rings a fraction of the bf16 ones').
+int64_t default_workspace_budget(const LayerShape& shape, const Config& config);
+
 }  // namespace mok

@@ -138,14 +138,10 @@ int64_t Config::resolved_minibatch(const LayerShape& shape, int sm_count) const 
   return std::max<int64_t>(unit, std::min(sched::round_up(mb, unit), sched::round_up(shape.worst_case_rows(), unit)));
 }
 
-namespace {
-constexpr int64_t kDefaultWorkspaceBudget = 2000000000;  // Config::workspace_budget_bytes = -1
-}  // namespace
-
 int64_t Config::resolved_macrobatch(const LayerShape& shape, int sm_count) const {
   const int64_t mb = resolved_minibatch(shape, sm_count);
   if (macrobatch_tokens > 0) return macrobatch_tokens;
-  const int64_t budget = workspace_budget_bytes < 0 ? kDefaultWorkspaceBudget : workspace_budget_bytes;
+  const int64_t budget = workspace_budget_bytes < 0 ? default_workspace_budget(shape, *this) : workspace_budget_bytes;
   if (budget > 0 && share_workspace && forward_path == ForwardPath::Megakernel) {
     // (validate() names the other uses.) The ring whose workspace fits on every rank (the ranks
     // compare the resolved ring when a layer is built).
@@ -219,15 +215,19 @@ void Config::validate(const LayerShape& shape, int sm_count) const {
   MOK_REQUIRE(fits_int32(resolved_macrobatch(shape, sm_count), widest), "config.macrobatch_tokens",
               "the ring buffer rows * max(H, 2I) = ", resolved_macrobatch(shape, sm_count), "*", widest,
               " must fit 32-bit indexing (< 2^31)");
-  MOK_REQUIRE(!fp8_keep_weight_codes_t || (precision != Precision::BF16 && forward_path == ForwardPath::Unfused),
+  // FP8 trains on the unfused path and on the megakernel whose ring is below the worst case (its
+  // backward over windows); the megakernel with a resident ring is forward only in FP8.
+  const bool fp8_trains = forward_path == ForwardPath::Unfused ||
+                          resolved_macrobatch(shape, sm_count) < shape.worst_case_rows();
+  MOK_REQUIRE(!fp8_keep_weight_codes_t || (precision != Precision::BF16 && fp8_trains),
               "config.fp8_keep_weight_codes_t",
-              "keeps the FP8 backward's weight codes: needs config.precision fp8 or mxfp8 and forward_path "
-              "unfused (got ",
-              to_string(precision), ", ", to_string(forward_path), ")");
+              "keeps the FP8 backward's weight codes: needs config.precision fp8 or mxfp8 and a path that trains in "
+              "FP8 (forward_path unfused, or the megakernel with a ring below the worst case), got ",
+              to_string(precision), ", ", to_string(forward_path));
   MOK_REQUIRE(saved_forwards >= 1 && saved_forwards <= 64, "config.saved_forwards", "must be in [1, 64], got ",
               saved_forwards);
   MOK_REQUIRE(saved_forwards == 1 || precision == Precision::BF16, "config.saved_forwards",
-              "must be 1 with config.precision ", to_string(precision), " (one saved forward: the FP8 backward is resident), got ",
+              "must be 1 with config.precision ", to_string(precision), " (the FP8 backward keeps one forward's state so far), got ",
               saved_forwards);
   MOK_REQUIRE(saved_forwards == 1 || (forward_path == ForwardPath::Megakernel && dispatch == DispatchPath::Pull),
               "config.saved_forwards", "more than 1 needs forward_path megakernel with dispatch pull, got ",

@@ -65,7 +65,7 @@ struct TileScales {
 template <class C, BScale kB = BScale::Block>
 __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg, uint32_t wt,
                                                 float (&acc)[C::kAccRegs], const WaitBound& wb, const TileScales& sc,
-                                                Skew<C>* skew = nullptr) {
+                                                Skew<C>* skew = nullptr, bool acc_in = false) {
   static_assert(std::is_same_v<typename C::Operand, OperandE4m3>, "block-scaled FP8: E4M3 operands");
   static_assert(kB != BScale::Column || C::kStageScales >= C::kBlockN + 128,
                 "per-column scales come with the stage: its columns' then its rows' (Cfg::kStageScales)");
@@ -77,8 +77,10 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
     ++skew->tiles;
     if (cwg == 1) mbar_wait(skew_bar, skew_parity, wb, kSiteSkew);
   }
+  if (!acc_in) {  // (acc_in: acc holds the sums an earlier call carried, FormWgrad::load_carry)
 #pragma unroll
-  for (int i = 0; i < C::kAccRegs; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < C::kAccRegs; ++i) acc[i] = 0.0f;
+  }
   if (t.k_blocks == 0) return;
   // This thread's rows: r and r + 8 of its warpgroup's 64 (the accumulator layout, acc_row); its
   // columns (Column): 2 adjacent ones per n8 block from acc_col.
@@ -170,12 +172,14 @@ __device__ __forceinline__ void mma_tile_scaled(const Smem<C>& sm, PipeState<C>&
 template <class C>
 __device__ __forceinline__ void mma_tile_columns_pipelined(const Smem<C>& sm, PipeState<C>& ps, const Tile& t,
                                                            int cwg, uint32_t wt, float (&acc)[C::kAccRegs],
-                                                           const WaitBound& wb) {
+                                                           const WaitBound& wb, bool acc_in = false) {
   static_assert(std::is_same_v<typename C::Operand, OperandE4m3> && C::kBlockN == 128 &&
                     C::kStageScales >= C::kBlockN + 128,
                 "128-wide FP8 tiles whose stages carry their scales");
+  if (!acc_in) {
 #pragma unroll
-  for (int i = 0; i < C::kAccRegs; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < C::kAccRegs; ++i) acc[i] = 0.0f;
+  }
   if (t.k_blocks == 0) return;
   const uint32_t a_base = smem_addr(sm.a(0)) + uint32_t(cwg) * kChunkBytes;
   const uint32_t b_base = smem_addr(sm.b(0));

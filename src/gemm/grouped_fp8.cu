@@ -130,10 +130,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (fp8_segment_misaligned(t) && wt == 0 && cwg == 0 && p.error != nullptr)
         atomicCAS(p.error, 0u, kSiteFp8Segment);
       // Scales per 128 x 1 block: with the stages (wgrad_stage_scales); two block accumulators.
+      // The expert a previous call carried (Fp8WgradArgs::carry_in) continues its fp32 sums.
+      const bool acc_in = FormWgrad<CF>::load_carry(t, uint32_t(cwg) * 128u + wt, acc, p);
       if constexpr (CF::kBlockN == 128)
-        mma_tile_columns_pipelined<CF>(sm, ps, t, cwg, wt, acc, wb);
+        mma_tile_columns_pipelined<CF>(sm, ps, t, cwg, wt, acc, wb, acc_in);
       else
-        mma_tile_scaled<CF, BScale::Column>(sm, ps, t, cwg, wt, acc, wb, TileScales{}, &skew);
+        mma_tile_scaled<CF, BScale::Column>(sm, ps, t, cwg, wt, acc, wb, TileScales{}, &skew, acc_in);
       FormWgrad<CF>::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
     } else {
       // The tile's rows' scales and its expert's scales for columns [b_n, b_n + 128).

@@ -282,6 +282,24 @@ void set_wgrad_outputs(Plan& p, void* dw, void* dw_up, int64_t experts, int64_t 
   }
 }
 
+// The weight gradients' carry across calls (both precisions: WgradArgs, Fp8WgradArgs).
+void set_wgrad_carry(Plan& p, const float* in, float* out, const int32_t* experts, const int32_t* rows_total,
+                     int64_t m, int64_t n, const char* what) {
+  const bool carry = in != nullptr;
+  MOK_REQUIRE(carry == (out != nullptr) && carry == (experts != nullptr), mok::detail::concat(what, ".carry"),
+              "carry_in, carry_out and carry_experts must be given together (or none)");
+  MOK_REQUIRE(reinterpret_cast<uintptr_t>(in) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0,
+              mok::detail::concat(what, ".carry"), "16-byte aligned (float4 accesses)");
+  const auto carry_bytes = static_cast<uintptr_t>(wgrad_carry_floats(m, n) * 4);
+  const auto in_lo = reinterpret_cast<uintptr_t>(in), out_lo = reinterpret_cast<uintptr_t>(out);
+  MOK_REQUIRE(!carry || in_lo + carry_bytes <= out_lo || out_lo + carry_bytes <= in_lo,
+              mok::detail::concat(what, ".carry_out"), "must not overlap carry_in (the two are read and written in the same call)");
+  p.params.carry_in = in;
+  p.params.carry_out = out;
+  p.params.carry_experts = experts;
+  p.params.expert_rows_total = rows_total;
+}
+
 Plan plan_wgrad(const WgradArgs& a, const Options& o) {
   require_dims(a.m, a.n, "wgrad");
   MOK_REQUIRE(a.experts >= 1, "wgrad.experts", ">= 1, got ", a.experts);
@@ -298,19 +316,7 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
   MOK_REQUIRE(tiles < (int64_t(1) << 22), "wgrad",
               "fewer than 2^22 output tiles (the tile decode's exact division), got ", a.experts, " experts x ", p.params.num_m_tiles, " M tiles x ", p.params.n_tiles, " N tiles of ",
               p.block_n, " = ", tiles);
-  const bool carry = a.carry_in != nullptr;
-  MOK_REQUIRE(carry == (a.carry_out != nullptr) && carry == (a.carry_experts != nullptr), "wgrad.carry",
-              "carry_in, carry_out and carry_experts must be given together (or none)");
-  MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.carry_in) % 16 == 0 && reinterpret_cast<uintptr_t>(a.carry_out) % 16 == 0,
-              "wgrad.carry", "16-byte aligned (float4 accesses)");
-  const auto carry_bytes = static_cast<uintptr_t>(wgrad_carry_floats(a.m, a.n) * 4);
-  const auto in_lo = reinterpret_cast<uintptr_t>(a.carry_in), out_lo = reinterpret_cast<uintptr_t>(a.carry_out);
-  MOK_REQUIRE(!carry || in_lo + carry_bytes <= out_lo || out_lo + carry_bytes <= in_lo, "wgrad.carry_out",
-              "must not overlap carry_in (the two are read and written in the same call)");
-  p.params.carry_in = a.carry_in;
-  p.params.carry_out = a.carry_out;
-  p.params.carry_experts = a.carry_experts;
-  p.params.expert_rows_total = a.expert_rows_total;
+  set_wgrad_carry(p, a.carry_in, a.carry_out, a.carry_experts, a.expert_rows_total, a.m, a.n, "wgrad");
   if (a.accumulate) {  // (refused alike whether or not this call has tiles)
     MOK_REQUIRE(!o.cluster, "options.cluster", "not with wgrad.accumulate (its kernel runs without clusters)");
     MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.dw) % 16 == 0 && reinterpret_cast<uintptr_t>(a.dw_up) % 16 == 0,
@@ -400,6 +406,7 @@ Plan plan_fp8_wgrad(const Fp8WgradArgs& a, const Options& o) {
   // (The stages carry the tile's scales, engine_fp8.cuh: 5 stages at 128 wide, 3 at 256.)
   Plan p = k_grouped_plan(Form::Fp8Wgrad, a.m_out, a.n, a.experts, a.rows_total, a.expert_row_begin,
                           a.expert_rows, a.expert_range, o);
+  set_wgrad_carry(p, a.carry_in, a.carry_out, a.carry_experts, a.expert_rows_total, a.m_out, a.n, "fp8_wgrad");
   if (p.grid == 0) return p;
   const auto ld = static_cast<uint64_t>(cdiv(a.rows_total, 128) * 128);
   p.map_a = make_map_2d(a.a_t, uint64_t(a.m_out), ld, 128, MapType::E4M3);                       // {rows, m_out}

@@ -183,7 +183,9 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   // by forward(..., save_for_backward = false): a backward must know whether the last forward
   // saved them (track it when the backward lands; a captured graph fixes the flag).
   // (at least one tile of rows, so tensor maps stay valid when no rank has tokens)
-  if (!fp8 || !fused) gu = allocate("gu", "gu");  // the FP8 megakernel: forward only, nothing saved
+  // (The FP8 megakernel's resident ring: forward only, nothing saved; over windows gu holds a
+  // window's gate/up rows of FC1 again.)
+  if (!fp8 || !fused || fs.windowed) gu = allocate("gu", "gu");
   const bool has_shared = Is > 0 && T > 0;
   if (has_shared) {
     gu_s = DeviceBuffer(bytes("gu_s"), "gu_s");
@@ -293,7 +295,7 @@ void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
   x_rows = x_ring;
   ring_rows = R;
   windowed = fs.windowed;  // the backward runs over windows of the ring (layer_backward_windows.cu)
-  saved_rows = fp8 ? 0 : fs.saved_rows;  // FP8: forward only, no gate/up rows kept
+  saved_rows = fp8 ? 0 : fs.saved_rows;  // FP8: no gate/up rows kept (its backward recomputes FC1)
   if (saved_rows > 0) gu_saved = allocate("gu_saved", "saved gate/up rows");
   h = allocate("h_ring", "h ring");
   y = allocate("y_ring", "y ring");
@@ -484,9 +486,10 @@ int64_t Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaSt
   check_routing(in);
   check_tensor("out", out, {DType::BF16}, {T, H});
   check_device_tensor("out", out, comm.device());
-  MOK_REQUIRE(!fp8 || !fused || !save_for_backward, "save_for_backward",
-              "must be false with config.precision fp8 / mxfp8 and config.forward_path megakernel (the FP8 megakernel "
-              "keeps no gate/up rows yet; the unfused path's FP8 forward trains)");
+  MOK_REQUIRE(!fp8 || !fused || windowed || !save_for_backward, "save_for_backward",
+              "must be false with config.precision fp8 / mxfp8 on the megakernel with a resident ring (its backward "
+              "runs over windows of a ring below the worst case: config.workspace_budget_bytes, macrobatch_tokens; "
+              "or the unfused path's FP8 forward trains)");
   MOK_REQUIRE(!fp8 || T == 0 || in.x.data != win_x->ptr, "x",
               "must not be input_buffer() with config.precision fp8 / mxfp8 (the window holds x's E4M3 codes, made "
               "from x)");

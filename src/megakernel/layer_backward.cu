@@ -28,11 +28,14 @@ using layer_detail::upload_array;
 void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const DeviceGrads& g, cudaStream_t stream,
                            int64_t forward_id) {
   const layer_detail::CallScope scope(comm, stream, "backward()");
-  // FP8 / MXFP8 train on the unfused path (layer_fp8_backward.cu); their forward there is the one
-  // that saves.
+  // FP8 / MXFP8 train on the unfused path (layer_fp8_backward.cu, resident) and on the megakernel
+  // over windows of a ring below the worst case (FC1 again for every window).
   const char* prec = to_string(config.precision);
-  MOK_REQUIRE(!fp8 || !fused, "config.forward_path", "must be unfused for a backward with config.precision ", prec,
-              " (the FP8 megakernels are forward only so far)");
+  MOK_REQUIRE(!fp8 || !fused || windowed, "config.forward_path",
+              "must be unfused for a backward with config.precision ", prec,
+              ", or the megakernel's ring below the worst case (config.workspace_budget_bytes, "
+              "macrobatch_tokens: the backward over windows); the FP8 megakernel with a resident ring is forward "
+              "only so far");
   MOK_REQUIRE(!fp8 || config.backward_path == BackwardPath::Unfused, "config.backward_path",
               "must be unfused with config.precision ", prec, " (the backward's GEMM program is bf16 only so far)");
   // Which forward: the last one, or one whose state a slot still holds (Config::saved_forwards).

@@ -50,6 +50,8 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
   const int32_t* owned = parts + 2 * e_loc + 2;  // the window's experts: their tiles only
   windows_marked = 0;
   const bool program = config.backward_path == BackwardPath::Fused;
+  // FP8 / MXFP8: the dgrads' weight codes once for all windows (unless kept), FC1 again in FP8.
+  if (fp8 && e_loc > 0 && !config.fp8_keep_weight_codes_t) fp8_backward_weight_codes(stream);
   for (int64_t lo = 0, w = 0; lo < cap_rows; ++w) {
     const int in = int(w & 1), out = in ^ 1;
     int64_t hi = std::min(lo + R, cap_rows);
@@ -65,10 +67,37 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
     // The window's gate/up rows: the forward's (d_gu is written over them: one backward per
     // forward), or FC1 again (its h output is overwritten unread: FC2's dgrad computes h from gu).
     void* gu_rows = from_saved ? static_cast<char*>(gu_saved.p) + lo * 4 * I : gu.p;
-    if (!from_saved)
+    if (!from_saved && fp8)
+      fp8_fc1_again(x_rows, hi - lo, gu.p, tile_expert, tiles, stream);
+    else if (!from_saved)
       gemm::run(gemm::plan_fc1(routed_fc1(x_rows, h.p, gu.p, tile_expert, tiles), options_as(all_tiles, 2 * I)),
                 stream);
     win_mark(w, 2, stream);
+    if (fp8) {  // the FP8 backward's steps over the window (layer_fp8_backward.cu)
+      gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, stream);  // (its quantizers' segments too)
+      Fp8Window fw;
+      fw.rows = hi - lo;
+      fw.tiles = tiles;
+      fw.width_tiles = all_tiles;
+      fw.tile_expert = tile_expert;
+      fw.row_begin = part_begin;
+      fw.expert_rows = part_rows;
+      fw.gu_rows = gu_rows;
+      fw.x_rows = x_rows;
+      fw.carry_in[0] = carry_down[in];
+      fw.carry_in[1] = carry_gu[in];
+      fw.carry_out[0] = carry_down[out];
+      fw.carry_out[1] = carry_gu[out];
+      fw.carried = carried;
+      fw.rows_total = v.expert_rows;
+      fw.owned = owned;
+      fp8_backward_rows(move, fw, dw_gate, dw_up, dw_down, stream, [&](int i) {
+        if (i >= 3) win_mark(w, i, stream);  // (3: dgrads + pushes, 4: wgrad down)
+      });
+      win_mark(w, 5, stream);
+      lo = hi;
+      continue;
+    }
     gemm::WgradArgs wd = wgrad_args(dy_routed.p, h.p, dw_down, H, I, e_loc, hi - lo, part_begin, part_rows, nullptr,
                                     carry_down[in], carry_down[out], carried, v.expert_rows, owned);
     gemm::WgradArgs w1 = wgrad_args(gu_rows, x_rows, dw_gate, 2 * I, H, e_loc, hi - lo, part_begin, part_rows, dw_up,

@@ -23,6 +23,7 @@
 
 #include "gemm/fp8_quantize.h"
 #include "gemm/tensor_map.h"
+#include "megakernel/fp8_backward_layout.h"
 #include "megakernel/layer_impl.h"
 #include "schedule/schedule_math.h"
 
@@ -142,6 +143,45 @@ void Layer::Impl::bind_weights_fp8() {
   a2.n = H;
   routed(a2);
   fc2_fp8 = gemm::plan_fp8_grouped(a2, gemm_options());
+}
+
+// FC1 again for a window of the FP8 backward over windows: the window's bf16 x rows (pulled into
+// the ring) quantized per 1 x 128 as quantize_x_fp8 quantized them at their source (a row's codes
+// are its own: the forward's bits), into the region of fp8_bwd_rows that d_y's codes take next
+// (fp8_backward_layout.h), then the FP8 FC1 over the window's tiles with the bf16 gate/up rows
+// into gu_rows, as the unfused forward's FC1 stores them (the same sums: the resident backward's
+// bits). h's codes go to the h ring unread (FC2's dgrad computes h from the gate/up rows). Ring
+// rows past the routed ones quantize whatever they hold: their tiles are -1, never read.
+void Layer::Impl::fp8_fc1_again(const void* x_rows, int64_t rows, void* gu_rows, const int32_t* tile_expert,
+                                int64_t tiles, cudaStream_t stream) {
+  const fp8_bwd::RowsLayout RL = fp8_bwd::rows_layout(fp8_bwd_layout_rows(), H, I);
+  auto* rb = static_cast<char*>(fp8_bwd_rows.p);
+  auto* xs = reinterpret_cast<float*>(rb + RL.s_dy);
+  if (mx)
+    gemm::quantize_mxfp8_reblocked(x_rows, rows, H, 1, rb + RL.q_dy, xs, stream);
+  else
+    gemm::quantize_fp8_blocked(x_rows, rows, H, 1, fp8::ScaleRule::Fp32, rb + RL.q_dy, xs, stream);
+  const Fp8WeightLayout L = fp8_weight_layout(e_loc, H, I);
+  auto* base = static_cast<char*>(fp8_weights.p);
+  const auto scales = [&](int64_t off) { return reinterpret_cast<float*>(base + off); };
+  auto* hr = static_cast<char*>(h.p);
+  gemm::Fp8Fc1Args a1;
+  a1.x = rb + RL.q_dy;
+  a1.x_scales = xs;
+  a1.w_gate = base + L.gate;
+  a1.w_gate_scales = scales(L.s_gate);
+  a1.w_up = base + L.up;
+  a1.w_up_scales = scales(L.s_up);
+  a1.h = hr;
+  a1.h_scales = reinterpret_cast<float*>(hr + ring_rows * I);
+  a1.hidden = H;
+  a1.inter = I;
+  a1.h_mx = mx;
+  a1.experts = e_loc;
+  a1.tile_expert = tile_expert;
+  a1.num_m_tiles = tiles;
+  a1.gu = gu_rows;
+  gemm::run(gemm::plan_fp8_fc1(a1, gemm_options()), stream);
 }
 
 // The megakernel's rings in FP8: codes, then their 1 x 128 scales, in the bf16 rings' bytes; the

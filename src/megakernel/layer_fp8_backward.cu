@@ -1,13 +1,17 @@
 // mok — the GPU layer's backward in FP8 (Config::precision FP8, recipe 1, notes/fp8.md "The
-// backward in FP8"), resident, after the unfused path's FP8 forward. The same steps and movement as
-// the bf16 backward (layer_backward.cu), its GEMMs on E4M3 operands:
+// backward in FP8"): resident after the unfused path's FP8 forward, or over windows of the ring
+// after the FP8 megakernel's (layer_backward_windows.cu: per window the x rows pulled again, FC1
+// again in FP8, then these steps over the window's rows, the weight gradients' fp32 sums carried
+// across windows; the same bits). The same steps and movement as the bf16 backward
+// (layer_backward.cu), its GEMMs on E4M3 operands:
 //   pulls     d_y's 1 x 128 codes and scales + the router weights (reverse combine): d_y's rows are
 //             d_out's rows unweighted, so each rank quantizes its own T rows in its d_out window
 //             (backward()) and the routed rows are pulled as codes (fp8_bwd::dy_at_source: EP 1;
 //             at EP > 1 and in MXFP8 bf16 rows are pulled and the routed copy quantized); x's rows are not
 //             pulled: dW_gate/up's operand x^T (128 x 1 token blocks, which the forward's 1 x 128
 //             codes cannot give exactly) is quantized from the bf16 rows where they live, in the
-//             x windows (quantize_fp8_token_blocks_t_gather);
+//             x windows (quantize_fp8_token_blocks_t_gather; over windows from the window's
+//             pulled rows);
 //   weights   W_down^T and [W_gate; W_up]^T as K-major codes with 128 x 128 scales (the dgrads' B),
 //             made from the bf16 weights by every call (fp8_backward_layout.h says why), or once
 //             per weight binding and kept (Config::fp8_keep_weight_codes_t);
@@ -51,17 +55,33 @@ void Layer::Impl::fp8_backward_weight_codes(cudaStream_t stream) {
                                reinterpret_cast<float*>(wb + WL.s_w1), stream, mx);
 }
 
-// Stage marks as the bf16 backward's (kBwdStageNames): 3 the pulls, 4 the weights' codes, d_y's
-// and FC2's dgrad + SwiGLU', 5 d_gu's codes, FC1's dgrad and the router-gradient push, 6 the
-// reverse-dispatch push, 7 the token blocks and dW_down; dW_gate/up ends at backward()'s mark 8.
+// The resident FP8 backward: one window of every routed row, the forward's gate/up rows, x read
+// in the x windows. Stage marks as the bf16 backward's (kBwdStageNames): 3 the pulls, 4 the
+// weights' codes, d_y's and FC2's dgrad + SwiGLU', 5 d_gu's codes, FC1's dgrad and the router-
+// gradient push, 6 the reverse-dispatch push, 7 the token blocks and dW_down; dW_gate/up ends at
+// backward()'s mark 8.
 void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream) {
   const gpu::ScheduleView v = schedule->view();
-  const int64_t rows = cap_rows, tiles = rows / sched::kBlockM;
   gpu::MoveArgs move = move_args();
   move.sms = sms;  // the movement kernels run alone here (as in backward_resident)
+  Fp8Window w;
+  w.rows = cap_rows;
+  w.tiles = cap_rows / sched::kBlockM;
+  w.tile_expert = v.tile_expert;
+  w.row_begin = v.expert_offset;
+  w.expert_rows = v.expert_rows;
+  w.gu_rows = gu.p;
+  w.weight_codes = !config.fp8_keep_weight_codes_t;  // (else made by bind_weights)
+  fp8_backward_rows(move, w, dw_gate, dw_up, dw_down, stream, [&](int i) { mark(3 + i, stream); });
+}
+
+void Layer::Impl::fp8_backward_rows(const gpu::MoveArgs& move, const Fp8Window& w, void* dw_gate, void* dw_up,
+                                    void* dw_down, cudaStream_t stream, const std::function<void(int)>& stage) {
+  const gpu::ScheduleView v = schedule->view();
+  const int64_t rows = w.rows, tiles = w.tiles;
   float* row_w = row_weights.get<float>();
   float* partial = router_partials.get<float>();
-  const fp8_bwd::RowsLayout R = fp8_bwd::rows_layout(std::max<int64_t>(rows, sched::kBlockM), H, I);
+  const fp8_bwd::RowsLayout R = fp8_bwd::rows_layout(fp8_bwd_layout_rows(), H, I);
   const fp8_bwd::WeightsLayout WL = fp8_bwd::weights_layout(e_loc, H, I);
   auto* rb = static_cast<char*>(fp8_bwd_rows.p);
   auto* wb = static_cast<char*>(fp8_bwd_weights.p);
@@ -74,12 +94,12 @@ void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_dow
     gpu::pull_reverse_combine(move, dout_peers.get<const void* const>(), weight_peers.get<const float* const>(),
                               dy_routed.p, stream, row_w);
   }
-  mark(3, stream);
+  stage(0);
   const auto rule = fp8::ScaleRule::Fp32;
   const gemm::Options o = gemm_options();
-  const gemm::RoutedSegments seg{v.tile_expert, v.expert_offset, v.expert_rows, tiles};
+  const gemm::RoutedSegments seg{w.tile_expert, w.row_begin, w.expert_rows, tiles};
   if (rows > 0 && e_loc > 0) {
-    if (!config.fp8_keep_weight_codes_t) fp8_backward_weight_codes(stream);  // (else made by bind_weights)
+    if (w.weight_codes) fp8_backward_weight_codes(stream);
     if (dy_from_source) {  // d_y's token blocks from d_out's rows where they live
       gemm::RowGather dg;
       dg.peers = dout_peers.get<const void* const>();
@@ -97,21 +117,21 @@ void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_dow
     ds.dy_scales = f32(rb, R.s_dy);
     ds.w_down_t = wb + WL.q_wd;
     ds.w_down_t_scales = f32(wb, WL.s_wd);
-    ds.gu = gu.p;
-    ds.d_gu = gu.p;  // d_gu over the gate/up rows (each tile reads what it writes first)
+    ds.gu = w.gu_rows;
+    ds.d_gu = w.gu_rows;  // d_gu over the gate/up rows (each tile reads what it writes first)
     ds.hidden = H;
     ds.inter = I;
     ds.experts = e_loc;
-    ds.tile_expert = v.tile_expert;
+    ds.tile_expert = w.tile_expert;
     ds.num_m_tiles = tiles;
     ds.row_weight = row_w;
     ds.router_partial = partial;
     ds.h = h.p;  // the weighted h, dW_down's operand (the forward's h codes are not read)
     gemm::run(gemm::plan_fp8_dgrad_swiglu(ds, o), stream);
   }
-  mark(4, stream);
+  stage(1);
   if (rows > 0 && e_loc > 0) {
-    gemm::quantize_fp8_rows_and_token_blocks_t(gu.p, rows, 2 * I, rule, rb + R.q_dgu, f32(rb, R.s_dgu),
+    gemm::quantize_fp8_rows_and_token_blocks_t(w.gu_rows, rows, 2 * I, rule, rb + R.q_dgu, f32(rb, R.s_dgu),
                                                rb + R.t_dgu, f32(rb, R.ts_dgu), stream, seg, mx);
     gemm::Fp8GroupedArgs dx;
     dx.a = rb + R.q_dgu;
@@ -122,29 +142,33 @@ void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_dow
     dx.k = 2 * I;
     dx.n = H;
     dx.experts = e_loc;
-    dx.tile_expert = v.tile_expert;
+    dx.tile_expert = w.tile_expert;
     dx.num_m_tiles = tiles;
-    gemm::run(gemm::plan_fp8_grouped(dx, o), stream);
+    gemm::run(gemm::plan_fp8_grouped(dx, options_as(w.width_tiles, H)), stream);
   }
   gpu::push_router_grad(move, partial, gemm::router_parts(I), dweight_peers.get<float* const>(), stream);
-  mark(5, stream);
+  stage(2);
   gpu::push_combine(move, y.p, combine_peers.get<void* const>(), stream);
-  mark(6, stream);
+  stage(3);
   if (rows == 0 || e_loc == 0) {  // no rows: zero gradients
     for (void* p : {dw_gate, dw_up, dw_down})
       MOK_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(e_loc * I * H) * 2, stream));
-    mark(7, stream);
+    stage(4);
     return;
   }
   // The wgrads' other operands; x^T over the bytes of [d_g d_u]'s rows (FC1's dgrad has read them).
   gemm::quantize_fp8_token_blocks_t(h.p, rows, I, rb + R.t_hw, f32(rb, R.ts_hw), stream, seg, mx);
-  gemm::RowGather xg;
-  xg.peers = x_peers.get<const void* const>();
-  xg.src_rank = v.src_rank;
-  xg.src_slot = v.src_slot;
-  xg.top_k = move.top_k;
-  xg.abort = move.abort;
-  gemm::quantize_fp8_token_blocks_t_gather(xg, rows, H, rb + R.t_x, f32(rb, R.ts_x), stream, seg, mx);
+  if (w.x_rows != nullptr) {
+    gemm::quantize_fp8_token_blocks_t(w.x_rows, rows, H, rb + R.t_x, f32(rb, R.ts_x), stream, seg, mx);
+  } else {
+    gemm::RowGather xg;
+    xg.peers = x_peers.get<const void* const>();
+    xg.src_rank = v.src_rank;
+    xg.src_slot = v.src_slot;
+    xg.top_k = move.top_k;
+    xg.abort = move.abort;
+    gemm::quantize_fp8_token_blocks_t_gather(xg, rows, H, rb + R.t_x, f32(rb, R.ts_x), stream, seg, mx);
+  }
   gemm::Fp8WgradArgs w2;
   w2.a_t = rb + R.t_dy;
   w2.a_scales = f32(rb, R.ts_dy);
@@ -155,10 +179,15 @@ void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_dow
   w2.n = I;
   w2.experts = e_loc;
   w2.rows_total = rows;
-  w2.expert_row_begin = v.expert_offset;
-  w2.expert_rows = v.expert_rows;
+  w2.expert_row_begin = w.row_begin;
+  w2.expert_rows = w.expert_rows;
+  w2.expert_range = w.owned;
+  w2.carry_in = w.carry_in[0];
+  w2.carry_out = w.carry_out[0];
+  w2.carry_experts = w.carried;
+  w2.expert_rows_total = w.rows_total;
   gemm::run(gemm::plan_fp8_wgrad(w2, o), stream);
-  mark(7, stream);
+  stage(4);
   gemm::Fp8WgradArgs w1 = w2;
   w1.a_t = rb + R.t_dgu;
   w1.a_scales = f32(rb, R.ts_dgu);
@@ -168,6 +197,8 @@ void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_dow
   w1.dw_up = dw_up;
   w1.m_out = 2 * I;
   w1.n = H;
+  w1.carry_in = w.carry_in[1];
+  w1.carry_out = w.carry_out[1];
   gemm::run(gemm::plan_fp8_wgrad(w1, o), stream);
 }
 

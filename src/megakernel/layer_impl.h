@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -328,6 +329,35 @@ struct Layer::Impl {
   void quantize_weight(const void* w, int64_t rows, int64_t cols, void* q, float* sc, cudaStream_t stream) const;
   void routed_forward_fp8(cudaStream_t stream, bool save);
   void backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream);
+  // The FP8 backward's routed rows of one window (layer_fp8_backward.cu; the resident backward is
+  // one window of every row): where its rows' operands come from, and its weight gradients' parts.
+  struct Fp8Window {
+    int64_t rows = 0, tiles = 0;           // the window's rows (whole tiles) and tiles
+    int64_t width_tiles = 0;               // the whole layout's tiles (the dgrads tile as over it; 0: own)
+    bool weight_codes = false;             // make the dgrads' weight codes first (after the d_out pull)
+    const int32_t* tile_expert = nullptr;  // the window's tiles'
+    const int32_t* row_begin = nullptr;    // device [e_loc]: each expert's first row, window-relative
+    const int32_t* expert_rows = nullptr;  // device [e_loc]: its token rows in the window
+    void* gu_rows = nullptr;               // the window's gate/up rows (d_gu is written over them)
+    const void* x_rows = nullptr;          // its bf16 x rows, or nullptr: read in the x windows
+    // Over windows (Fp8WgradArgs): the carries of the expert cut at either end, the experts with
+    // rows in any window, and the experts this window's wgrads own.
+    const float* carry_in[2] = {nullptr, nullptr};  // {down, gate/up}
+    float* carry_out[2] = {nullptr, nullptr};
+    const int32_t* carried = nullptr;
+    const int32_t* rows_total = nullptr;
+    const int32_t* owned = nullptr;
+  };
+  // stage(i) after each step: 0 the d_out pull, 1 FC2's dgrad, 2 FC1's dgrad and the router-
+  // gradient push, 3 the reverse-dispatch push, 4 dW_down (dW_gate/up is the caller's to mark).
+  void fp8_backward_rows(const gpu::MoveArgs& move, const Fp8Window& w, void* dw_gate, void* dw_up, void* dw_down,
+                         cudaStream_t stream, const std::function<void(int)>& stage);
+  // A window's FP8 FC1 again (layer_fp8.cu): its bf16 x rows quantized as the forward's x was, the
+  // gate/up rows into gu_rows (h's codes into h, not read).
+  void fp8_fc1_again(const void* x_rows, int64_t rows, void* gu_rows, const int32_t* tile_expert, int64_t tiles,
+                     cudaStream_t stream);
+  // The rows fp8_bwd::rows_layout lays fp8_bwd_rows out for (memory_plan.cpp's bwd_rows): a window's.
+  int64_t fp8_bwd_layout_rows() const { return windowed ? ring_rows : std::max<int64_t>(cap_rows, 128); }
   // FC1 of the routed experts over `tiles` 128-row tiles of x rows, with the bound weights.
   gemm::Fc1Args routed_fc1(const void* x, void* h_rows, void* gu_rows, const int32_t* tile_expert,
                            int64_t tiles) const;

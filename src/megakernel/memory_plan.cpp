@@ -103,11 +103,19 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   const int64_t cap = shape.worst_case_rows(), t_tiles = sched::ceil_div(T, sched::kBlockM);
   const auto at_least = [](int64_t v) { return std::max<int64_t>(v, 1); };
   MemoryPlan p;
-  // FP8 / MXFP8 train on the unfused path (layer_fp8_backward.cu); their megakernel is forward only
-  // so far: nothing is saved for a backward there (what a bf16 forward saves is its own working
+  // The megakernel with a ring below the worst case runs the backward over windows of the ring's
+  // size (notes/memory.md): gu and the dy rows hold one window, plus the wgrad carries and the
+  // window arrays; the forward keeps the gate/up rows of the activation budget (gu_saved), the
+  // backward recomputing FC1 for the others.
+  const mk::ForwardSetup fs0 = fused ? mk::plan_forward(shape, config, rank, sm_count) : mk::ForwardSetup{};
+  const bool windowed = fused && fs0.windowed;
+  // FP8 / MXFP8 train on the unfused path (resident, layer_fp8_backward.cu) and on the megakernel
+  // with a ring below the worst case (the backward over windows, FC1 recomputed for every window:
+  // the FP8 megakernel keeps no gate/up rows yet). Their megakernel with a resident ring is forward
+  // only: nothing is saved for a backward there (what a bf16 forward saves is its own working
   // memory, scope Layer) and the backward's own buffers are not planned.
   const bool fp8 = config.precision != Precision::BF16;
-  const bool fp8_forward_only = fp8 && fused;
+  const bool fp8_forward_only = fp8 && fused && !windowed;
   const auto add = [&](std::string name, int64_t bytes, MemoryScope scope, bool symmetric = false) {
     if (fp8_forward_only && scope == MemoryScope::Backward) return;
     if (fp8_forward_only && scope == MemoryScope::Saved) scope = MemoryScope::Layer;
@@ -144,18 +152,12 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   for (int i = 1; i < slots; ++i) add(slot_name("schedule", i), one_schedule, S::Saved);
   if (slots > 1)
     for (int i = 0; i < slots; ++i) add(slot_name("routing", i, true), at_least(T * k) * 4, S::Saved);
-  // The megakernel with a ring below the worst case runs the backward over windows of the ring's
-  // size (notes/memory.md): gu and the dy rows hold one window, plus the wgrad carries and the
-  // window arrays; the forward keeps the gate/up rows of the activation budget (gu_saved), the
-  // backward recomputing FC1 for the others.
-  const mk::ForwardSetup fs0 = fused ? mk::plan_forward(shape, config, rank, sm_count) : mk::ForwardSetup{};
-  const bool windowed = fused && fs0.windowed;
   const int64_t bwd_rows = windowed ? fs0.ring_rows : std::max<int64_t>(cap, sched::kBlockM);
-  // (The FP8 megakernel keeps no gate/up rows: none planned. FP8's FC1 on the unfused path stores
-  // them in bf16 as the bf16 FC1 does.)
+  // (The FP8 megakernel keeps no gate/up rows: none saved. FP8's FC1 on the unfused path stores
+  // them in bf16 as the bf16 FC1 does, and over windows FC1 again does.)
   if (!fp8_forward_only) add("gu", bwd_rows * 2 * I * 2, windowed ? S::Layer : S::Saved);
   for (int i = 0; i < slots; ++i) {
-    if (!fp8_forward_only && windowed && fs0.saved_rows > 0)
+    if (!fp8 && windowed && fs0.saved_rows > 0)
       add(slot_name("gu_saved", i), fs0.saved_rows * 2 * I * 2, S::Saved);
     if (Is > 0 && T > 0) {
       add(slot_name("gu_s", i), t_tiles * 128 * 2 * Is * 2, S::Saved);
@@ -219,7 +221,7 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   // FP8's backward operands (src/megakernel/fp8_backward_layout.h): the routed rows' codes, and the
   // dgrads' K-major weight codes made by each call.
   if (fp8) {
-    add("fp8_bwd_rows", fp8_bwd::rows_layout(std::max<int64_t>(cap, sched::kBlockM), H, I).bytes, S::Backward);
+    add("fp8_bwd_rows", fp8_bwd::rows_layout(bwd_rows, H, I).bytes, S::Backward);
     // Kept (Config::fp8_keep_weight_codes_t): the layer's own, made with the forward's codes.
     add("fp8_bwd_weights", fp8_bwd::weights_layout(e_loc, H, I).bytes,
         config.fp8_keep_weight_codes_t ? S::Layer : S::Backward);
@@ -249,6 +251,12 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
       b.workspace = std::find(shared.begin(), shared.end(), b.name) != shared.end();
   }
   return p;
+}
+
+int64_t default_workspace_budget(const LayerShape& shape, const Config& config) {
+  constexpr int64_t kRows = 2000000000;
+  if (config.precision == Precision::BF16 || config.fp8_keep_weight_codes_t) return kRows;
+  return kRows + fp8_bwd::weights_layout(shape.local_experts(), shape.hidden, shape.intermediate).bytes;
 }
 
 int64_t ring_for_workspace(const LayerShape& shape, const Config& config, int rank, int sm_count,

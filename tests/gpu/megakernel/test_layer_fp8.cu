@@ -21,6 +21,7 @@
 #include "mok/comm.hpp"
 #include "mok/errors.hpp"
 #include "mok/layer.hpp"
+#include "mok/memory.hpp"
 #include "mok/reference.hpp"
 #include "mok/workload.hpp"
 
@@ -416,5 +417,54 @@ TEST(LayerFp8BackwardKept, CodesFollowSetWeights) {
   for (size_t o = 0; o < 5; ++o) EXPECT_TRUE(got_b[o] == want_b[o]) << names[o] << " after set_weights";
   cudaFree(d_out);
 }
+
+// The FP8 megakernel with a ring below the worst case trains: its backward runs over windows of
+// the ring (FC1 again in FP8 for every window, the weight gradients' fp32 sums carried across
+// windows), and every gradient is bitwise the resident FP8 backward's after the unfused path's
+// FP8 forward (the same GEMM sums in the same K order, the same quantization blocks: windows are
+// whole tiles), on uniform, Zipf and one-expert routing (one expert's rows over every window),
+// rings of 2 to 4 minibatches, with the weights' codes kept or made per call, FP8 and MXFP8; a
+// second backward gives the same bits; the plan names the mode.
+struct Fp8WindowCase {
+  const char* name;
+  mok::Routing routing;
+  int64_t minibatch, ring;
+  bool keep = false;
+  mok::Precision precision = mok::Precision::FP8;
+};
+class LayerFp8BackwardWindows : public ::testing::TestWithParam<Fp8WindowCase> {};
+
+TEST_P(LayerFp8BackwardWindows, BitwiseTheResidentFp8Backward) {
+  MOK_REQUIRE_GPUS(1);
+  const Fp8WindowCase& c = GetParam();
+  const mok::LayerShape shape{{1536}, 512, 256, 16, 4, 0};
+  const auto wl = mok::make_workload(shape, c.routing, 78);
+  mok::Config resident = fp8_config();
+  resident.precision = c.precision;
+  mok::Config windows = fp8_config(mok::ForwardPath::Megakernel);
+  windows.precision = c.precision;
+  windows.minibatch_tokens = c.minibatch;
+  windows.macrobatch_tokens = c.ring;
+  windows.fp8_keep_weight_codes_t = c.keep;
+  ASSERT_LT(c.ring, shape.worst_case_rows()) << "the case must run over windows";
+  int sms = 0;
+  ASSERT_EQ(cudaSuccess, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  EXPECT_STREQ(mok::plan_memory(shape, windows, 0, sms).backward_mode(), "recompute");
+  const auto want = mok::test::grads_of(shape, resident, wl, 1);
+  const auto got = mok::test::grads_of(shape, windows, wl, 2);
+  mok::test::expect_same_bits(want, got, c.name);
+  std::printf("[fp8 backward windows] %s: ring %lld of %lld worst-case rows\n", c.name, (long long)c.ring,
+              (long long)shape.worst_case_rows());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Rings, LayerFp8BackwardWindows,
+    ::testing::Values(Fp8WindowCase{"uniform_ring256", mok::Routing::Uniform, 128, 256},
+                      Fp8WindowCase{"zipf_ring384", mok::Routing::Zipf, 128, 384},
+                      Fp8WindowCase{"one_expert_ring512", mok::Routing::OneExpert, 256, 512},
+                      Fp8WindowCase{"zipf_ring384_kept_codes", mok::Routing::Zipf, 128, 384, true},
+                      Fp8WindowCase{"mx_zipf_ring384", mok::Routing::Zipf, 128, 384, false, kMx},
+                      Fp8WindowCase{"mx_one_expert_ring512", mok::Routing::OneExpert, 256, 512, false, kMx}),
+    [](const auto& i) { return std::string(i.param.name); });
 
 }  // namespace
