@@ -34,8 +34,9 @@ void quantize_fp8_blocked(const void* in_bf16, int64_t rows, int64_t cols, int b
 // scales: ceil(rows / 128) x cols floats. Same checks as above.
 // With `seg` (the routed layout of the rows: 128-row tiles, each of one expert, whose segment
 // begins on a tile), only the rows inside their expert's segment are data: the padding rows after
-// a segment's last valid row, and every row of a tile whose tile_expert is -1, quantize as zeros
-// (as the spec's blocks, which hold the expert's rows only; the FP8 wgrad reads them unmasked).
+// a segment's last valid row quantize as zeros (as the spec's blocks, which hold the expert's rows
+// only; the FP8 wgrad reads them unmasked), and a tile whose tile_expert is -1 (or past
+// num_m_tiles) is not written at all, in either form (no GEMM reads it).
 struct RoutedSegments {
   const int32_t* tile_expert = nullptr;       // device [num_m_tiles]; nullptr: every row is data
   const int32_t* expert_row_begin = nullptr;  // device [experts]

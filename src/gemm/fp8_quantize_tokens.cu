@@ -100,7 +100,10 @@ __global__ void __launch_bounds__(kTileThreads, kPairs && !kRowForm ? (kMx ? 3 :
   int64_t row_end = rows;
   if (seg.tile_expert != nullptr) {
     const int32_t e = br < seg.num_m_tiles ? __ldg(seg.tile_expert + br) : -1;
-    row_end = e < 0 ? 0 : min(rows, int64_t(__ldg(seg.expert_row_begin + e)) + __ldg(seg.expert_rows + e));
+    // A tile of no expert (the layout past the routed rows) is read by no GEMM: nothing to write
+    // (at EP 8 the worst-case layout is ~8x the routed rows; over windows most windows are empty).
+    if (e < 0) return;
+    row_end = min(rows, int64_t(__ldg(seg.expert_row_begin + e)) + __ldg(seg.expert_rows + e));
   }
   const int valid = int(max(int64_t(0), min(int64_t(kRows), row_end - r0)));  // the thread's rows of data
   const int loaded = kRowForm ? int(max(int64_t(0), min(int64_t(kRows), rows - r0))) : valid;  // rows read

@@ -567,4 +567,50 @@ TEST(Fp8Quantize, RefusesBadArgumentsByName) {
   EXPECT_EQ(message([&] { mok::gemm::quantize_mxfp8(nullptr, 0, 4, nullptr, nullptr, nullptr); }), "no error");
 }
 
+// Tiles of no expert (tile_expert -1: the layout past the routed rows, most of it at EP 8) are not
+// written in either form; tile 0 is as without them.
+TEST(Fp8Quantize, TilesOfNoExpertAreNotWritten) {
+  MOK_REQUIRE_GPUS(1);
+  const int64_t rows = 384, cols = 512, ld = rows;
+  const std::vector<int32_t> te{0, -1, -1}, begin{0}, count{100};
+  DevBuf dte(te.size() * 4), db(4), dn(4);
+  upload(dte, te);
+  upload(db, begin);
+  upload(dn, count);
+  const mok::gemm::RoutedSegments seg{dte.as<int32_t>(), db.as<int32_t>(), dn.as<int32_t>(), 3};
+  const std::vector<uint16_t> x = random_bf16(size_t(rows * cols), 77, 2.0);
+  DevBuf dx(x.size() * 2), q(size_t(rows * cols)), qs(size_t(rows * cols / 128) * 4), t(size_t(cols * ld)),
+      ts(size_t(ld / 128 * cols) * 4), t1(size_t(cols * ld)), ts1(size_t(ld / 128 * cols) * 4);
+  upload(dx, x);
+  for (DevBuf* b : {&q, &qs, &t, &ts, &t1, &ts1}) MOK_ASSERT_CUDA(cudaMemset(b->p, 0xAB, b->bytes));
+  mok::gemm::quantize_fp8_rows_and_token_blocks_t(dx.p, rows, cols, fp8::ScaleRule::Fp32, q.p, qs.as<float>(), t.p,
+                                                  ts.as<float>(), nullptr, seg);
+  const mok::gemm::RoutedSegments one{dte.as<int32_t>(), db.as<int32_t>(), dn.as<int32_t>(), 1};  // tile 0 only
+  mok::gemm::quantize_fp8_token_blocks_t(dx.p, rows, cols, t1.p, ts1.as<float>(), nullptr, one);
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  const auto codes = download<uint8_t>(t, size_t(cols * ld)), codes1 = download<uint8_t>(t1, size_t(cols * ld));
+  const auto rq = download<uint8_t>(q, size_t(rows * cols));
+  const auto rs = download<float>(qs, size_t(rows * cols / 128)), tsc = download<float>(ts, size_t(ld / 128 * cols));
+  const auto poison = [](float f) {
+    uint32_t u = 0;
+    std::memcpy(&u, &f, 4);
+    return u == 0xABABABABu;
+  };
+  int64_t written = 0, differ = 0;
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t r = 0; r < ld; ++r) {
+      const size_t i = size_t(c * ld + r);
+      if (r >= 128) written += codes[i] != 0xAB;
+      else differ += codes[i] != codes1[i];
+    }
+  for (int64_t r = 128; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) written += rq[size_t(r * cols + c)] != 0xAB;
+  for (int64_t r = 128; r < rows; ++r)
+    for (int64_t b = 0; b < cols / 128; ++b) written += !poison(rs[size_t(r * (cols / 128) + b)]);
+  for (int64_t b = 1; b < ld / 128; ++b)
+    for (int64_t c = 0; c < cols; ++c) written += !poison(tsc[size_t(b * cols + c)]);
+  EXPECT_EQ(written, 0) << "bytes written in the tiles of no expert";
+  EXPECT_EQ(differ, 0) << "tile 0's token-block codes differ from the pass over tile 0 alone";
+}
+
 }  // namespace
