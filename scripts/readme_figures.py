@@ -517,7 +517,7 @@ def fp8_forward_figures(res):
                for c in ab.get("cases")]
     return [
         "**FP8 forward** (the FP8 megakernel: E4M3 operands with 1x128 activation and 128x128 weight "
-        "scales, x quantized on the GPU before the pull; forward only) in the main job's run: "
+        "scales, x quantized on the GPU before the pull) in the main job's run: "
         "**%s** the bf16 megakernel's rate over %s and against the baseline %s; %s: %.2f ms = %.0f TF/s, its EP-8 "
         "slice %.2f ms = %.0f TF/s (%.0f%% of cuBLAS's FP8 8192^3 %.0f TF/s, measured %s). "
         "Sampled outputs match the FP8 spec within %.1e. %s; the FP8 unfused path takes %s the FP8 "
