@@ -40,6 +40,28 @@ Fp8WeightLayout fp8_weight_layout(int64_t e, int64_t H, int64_t I) {
   return {0, codes, 2 * codes, 3 * codes, 3 * codes + scales, 3 * codes + 2 * scales};
 }
 
+// FP8 FC1's arguments over the bound weights' codes (`base`: the fp8_weights buffer), x's codes
+// and h's codes + scales as given: the unfused forward's plans and a window's FC1 again.
+gemm::Fp8Fc1Args fc1_fp8_args(char* base, int64_t e, int64_t H, int64_t I, bool mx, const void* x, const float* xs,
+                              void* h, float* hs) {
+  const Fp8WeightLayout L = fp8_weight_layout(e, H, I);
+  const auto scales = [&](int64_t off) { return reinterpret_cast<float*>(base + off); };
+  gemm::Fp8Fc1Args a;
+  a.x = x;
+  a.x_scales = xs;
+  a.w_gate = base + L.gate;
+  a.w_gate_scales = scales(L.s_gate);
+  a.w_up = base + L.up;
+  a.w_up_scales = scales(L.s_up);
+  a.h = h;
+  a.h_scales = hs;
+  a.hidden = H;
+  a.inter = I;
+  a.h_mx = mx;
+  a.experts = e;
+  return a;
+}
+
 }  // namespace
 
 // The constructor's check of what the FP8 layer supports so far (each refusal names its knob).
@@ -117,18 +139,8 @@ void Layer::Impl::bind_weights_fp8() {
   };
   auto* xr = static_cast<char*>(x_routed.p);
   auto* hr = static_cast<char*>(h.p);
-  gemm::Fp8Fc1Args a1;
-  a1.x = xr;
-  a1.x_scales = reinterpret_cast<const float*>(xr + cap_rows * H);
-  a1.w_gate = base + L.gate;
-  a1.w_gate_scales = scales(L.s_gate);
-  a1.w_up = base + L.up;
-  a1.w_up_scales = scales(L.s_up);
-  a1.h = hr;
-  a1.h_scales = reinterpret_cast<float*>(hr + cap_rows * I);
-  a1.hidden = H;
-  a1.inter = I;
-  a1.h_mx = mx;
+  gemm::Fp8Fc1Args a1 = fc1_fp8_args(base, e_loc, H, I, mx, xr, reinterpret_cast<const float*>(xr + cap_rows * H), hr,
+                                     reinterpret_cast<float*>(hr + cap_rows * I));
   routed(a1);
   fc1_fp8_nogu = gemm::plan_fp8_fc1(a1, gemm_options());
   a1.gu = gu.p;  // forward(..., save_for_backward): the bf16 gate/up rows the backward's SwiGLU' reads
@@ -161,23 +173,9 @@ void Layer::Impl::fp8_fc1_again(const void* x_rows, int64_t rows, void* gu_rows,
     gemm::quantize_mxfp8_reblocked(x_rows, rows, H, 1, rb + RL.q_dy, xs, stream);
   else
     gemm::quantize_fp8_blocked(x_rows, rows, H, 1, fp8::ScaleRule::Fp32, rb + RL.q_dy, xs, stream);
-  const Fp8WeightLayout L = fp8_weight_layout(e_loc, H, I);
-  auto* base = static_cast<char*>(fp8_weights.p);
-  const auto scales = [&](int64_t off) { return reinterpret_cast<float*>(base + off); };
   auto* hr = static_cast<char*>(h.p);
-  gemm::Fp8Fc1Args a1;
-  a1.x = rb + RL.q_dy;
-  a1.x_scales = xs;
-  a1.w_gate = base + L.gate;
-  a1.w_gate_scales = scales(L.s_gate);
-  a1.w_up = base + L.up;
-  a1.w_up_scales = scales(L.s_up);
-  a1.h = hr;
-  a1.h_scales = reinterpret_cast<float*>(hr + ring_rows * I);
-  a1.hidden = H;
-  a1.inter = I;
-  a1.h_mx = mx;
-  a1.experts = e_loc;
+  gemm::Fp8Fc1Args a1 = fc1_fp8_args(static_cast<char*>(fp8_weights.p), e_loc, H, I, mx, rb + RL.q_dy, xs, hr,
+                                     reinterpret_cast<float*>(hr + ring_rows * I));
   a1.tile_expert = tile_expert;
   a1.num_m_tiles = tiles;
   a1.gu = gu_rows;

@@ -98,16 +98,20 @@ void Layer::Impl::fp8_backward_rows(const gpu::MoveArgs& move, const Fp8Window& 
   const auto rule = fp8::ScaleRule::Fp32;
   const gemm::Options o = gemm_options();
   const gemm::RoutedSegments seg{w.tile_expert, w.row_begin, w.expert_rows, tiles};
+  const auto gather = [&](const void* const* peers) {  // routed rows read where they live (whole layout)
+    gemm::RowGather g;
+    g.peers = peers;
+    g.src_rank = v.src_rank;
+    g.src_slot = v.src_slot;
+    g.top_k = move.top_k;
+    g.abort = move.abort;
+    return g;
+  };
   if (rows > 0 && e_loc > 0) {
     if (w.weight_codes) fp8_backward_weight_codes(stream);
     if (dy_from_source) {  // d_y's token blocks from d_out's rows where they live
-      gemm::RowGather dg;
-      dg.peers = dout_peers.get<const void* const>();
-      dg.src_rank = v.src_rank;
-      dg.src_slot = v.src_slot;
-      dg.top_k = move.top_k;
-      dg.abort = move.abort;
-      gemm::quantize_fp8_token_blocks_t_gather(dg, rows, H, rb + R.t_dy, f32(rb, R.ts_dy), stream, seg);
+      gemm::quantize_fp8_token_blocks_t_gather(gather(dout_peers.get<const void* const>()), rows, H, rb + R.t_dy,
+                                               f32(rb, R.ts_dy), stream, seg);
     } else {
       gemm::quantize_fp8_rows_and_token_blocks_t(dy_routed.p, rows, H, rule, rb + R.q_dy, f32(rb, R.s_dy),
                                                  rb + R.t_dy, f32(rb, R.ts_dy), stream, seg, mx);
@@ -161,13 +165,8 @@ void Layer::Impl::fp8_backward_rows(const gpu::MoveArgs& move, const Fp8Window& 
   if (w.x_rows != nullptr) {
     gemm::quantize_fp8_token_blocks_t(w.x_rows, rows, H, rb + R.t_x, f32(rb, R.ts_x), stream, seg, mx);
   } else {
-    gemm::RowGather xg;
-    xg.peers = x_peers.get<const void* const>();
-    xg.src_rank = v.src_rank;
-    xg.src_slot = v.src_slot;
-    xg.top_k = move.top_k;
-    xg.abort = move.abort;
-    gemm::quantize_fp8_token_blocks_t_gather(xg, rows, H, rb + R.t_x, f32(rb, R.ts_x), stream, seg, mx);
+    gemm::quantize_fp8_token_blocks_t_gather(gather(x_peers.get<const void* const>()), rows, H, rb + R.t_x,
+                                             f32(rb, R.ts_x), stream, seg, mx);
   }
   gemm::Fp8WgradArgs w2;
   w2.a_t = rb + R.t_dy;
