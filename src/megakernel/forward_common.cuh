@@ -85,6 +85,9 @@ constexpr int32_t kSlotSharedB = 2;
 // Full: 1 arrival (the producer); empty: 256 (every consumer thread).
 using TaskRing = rt::TaskRing<TaskSlot, kTaskSlots>;
 using SlotCursor = rt::SlotCursor<kTaskSlots>;
+// The consumers' task cursor: the FP8 program's in shared memory (consumer_cursor_words), whose
+// consumers have no register left across the scaled mainloop.
+using SlotCount = rt::SlotCount<kTaskSlots, kFp8>;
 __device__ __forceinline__ TaskRing task_ring(uint8_t* smem_raw) {
   return TaskRing::at(smem_raw + C::kSmemBytes);  // after the engine's region (8-byte aligned)
 }
@@ -102,8 +105,13 @@ __device__ __forceinline__ ClusterLinks cluster_links(uint8_t* smem_raw) {
   auto* b = reinterpret_cast<uint64_t*>(smem_raw + C::kSmemBytes + TaskRing::kBytes);
   return {b, b + kTaskSlots};
 }
-// Task ring, its barriers, the cluster links, then (clusters) the pair's abort word at the end.
-constexpr int kExtraSmem = TaskRing::kBytes + 2 * kTaskSlots * 8 + 16;
+// Task ring, its barriers, the cluster links, (FP8) a cursor word per consumer thread, then
+// (clusters) the pair's abort word at the end.
+constexpr int kCursorSmem = kFp8 ? 256 * 4 : 0;
+constexpr int kExtraSmem = TaskRing::kBytes + 2 * kTaskSlots * 8 + kCursorSmem + 16;
+__device__ __forceinline__ volatile uint32_t* consumer_cursor_words(uint8_t* smem_raw) {
+  return reinterpret_cast<volatile uint32_t*>(smem_raw + C::kSmemBytes + TaskRing::kBytes + 2 * kTaskSlots * 8);
+}
 __device__ __forceinline__ uint32_t* abort_word(uint8_t* smem_raw) {
   return reinterpret_cast<uint32_t*>(smem_raw + C::kSmemBytes + kExtraSmem - 16);
 }

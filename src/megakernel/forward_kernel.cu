@@ -107,7 +107,7 @@ __device__ __forceinline__ void report(const ForwardParams& p, int32_t& pending,
 // slots are its own (rank 1's filled by its follower producer from rank 0's global slots).
 template <bool kCluster>
 __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const Smem<C>& sm, const TaskRing& ring,
-                         const WaitBound& wb, uint32_t rank) {
+                         const WaitBound& wb, uint32_t rank, volatile uint32_t* cursor_words) {
   const uint32_t peer = rank ^ 1u;
   const int cwg = int(threadIdx.x / 128u) - 1;
   const uint32_t wt = threadIdx.x % 128u;
@@ -118,7 +118,8 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
   Skew<C> skew;  // optional stagger of the two warpgroups (ForwardParams::skew_stages)
   float acc[C::kAccRegs];
   int32_t pending = -1;  // leader only: counter of the last stored tile, not yet reported
-  SlotCursor cur;
+  SlotCount cur;  // the task ring's position (FP8: in this thread's shared-memory word)
+  cur.init(cursor_words + ct);
   // (FP8: no profile words from the consumers — their 16 registers of counters are what the scaled
   // mainloop's block accumulator needs; a constant null clock compiles them out.)
   const StatClock clock(!kFp8 && leader && cwg == 0 ? p.stats : nullptr);
@@ -130,16 +131,16 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
 #pragma unroll 1
   for (;;) {
     const uint64_t w0 = clock.now();
-    if (leader && pending >= 0 && !mbar_test(ring.full + cur.i, cur.phase)) report(p, pending, sys_reports);
+    if (leader && pending >= 0 && !mbar_test(ring.full + cur.i(), cur.phase())) report(p, pending, sys_reports);
     // Every thread waits, then a barrier-and makes the warpgroup agree: an expiry seen by some
     // threads only would split the warpgroup at its next wgmma or barrier (an unbounded hang).
     const bool got =
-        named_bar_and(kBarEpilogue + uint32_t(cwg), 128, handoff_wait<false>(ring.full + cur.i, cur.phase, wb));
+        named_bar_and(kBarEpilogue + uint32_t(cwg), 128, handoff_wait<false>(ring.full + cur.i(), cur.phase(), wb));
     const uint64_t w1 = clock.now();
     wait_ns += w1 - w0;
     // The slot is read in place (fewer live registers next to the accumulators) and released
     // after the epilogue; the producer meanwhile fills the next slot.
-    const TaskSlot& slot = ring.slot[cur.i];
+    const TaskSlot& slot = ring.slot[cur.i()];
     const int32_t kind = got ? slot.kind : int32_t(kTaskEnd);
     if (kind == kTaskEnd) break;
     if (leader && pending >= 0 && !mbar_test(sm.full(ps.stage), ps.phase)) report(p, pending, sys_reports);
@@ -170,9 +171,19 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
         sc.b_up = p.w_up_scales + wblock;
         mma_tile_scaled<C, BScale::GateUp>(sm, ps, t, cwg, wt, acc, wb, sc);
         e0 = clock.now();
-        if (!dummy)
+        if (!dummy) {
+          // The activation budget's gate/up rows (a backward over windows reads them): the tile's
+          // rnd(g), rnd(u) in the packed order through maps.gu, whose end clips the rows past the
+          // budget, as the bf16 program's FC1 stores them (and the grouped FP8 FC1's gu: the same
+          // bits). Staged through shared memory: stores from the registers cost the consumers
+          // registers they do not have; the row is a volatile read of the slot, which the
+          // compiler does not hoist above the mainloop (ptxas spilled otherwise).
+          if (p.save_gu)
+            epilogue_store<C>(sm, es, cwg, wt, acc, &maps.gu,
+                              *reinterpret_cast<const volatile int32_t*>(&slot.gu_row), t.b_n, 2 * p.inter);
           epilogue_fc1_fp8<kMxH>(acc, cwg, wt, t.out_row, t.b_n, static_cast<uint8_t*>(p.h_ring), p.h_scales_ring,
                                  p.inter);
+        }
       } else {
         const int64_t kb = t.k_blocks, n_blocks = p.hidden / 128;  // I / 128; H / 128
         const TileScales sc{p.h_scales_ring + int64_t(t.a_m) * kb, kb,
@@ -239,7 +250,7 @@ __device__ void consumer(const ForwardMaps& maps, const ForwardParams& p, const 
     }
     ++tiles;
     mc_tiles += (slot.flags & kSlotSharedB) != 0 ? 1u : 0u;
-    mbar_arrive(ring.empty + cur.i);  // both ranks: the slot is this CTA's own
+    mbar_arrive(ring.empty + cur.i());  // both ranks: the slot is this CTA's own
     cur.advance();
   }
   if (leader) report(p, pending, sys_reports);
@@ -272,7 +283,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       [&] { comm_cta(p, dc, smem_raw, uint32_t(C::kSmemBytes) + uint32_t(kExtraSmem)); },
       [&] { producer<kCluster>(maps, p, dc, sm, ring, links, wb); },
       [&] { follower_producer(maps, p, sm, ring, links, wb); },
-      [&](uint32_t rank) { consumer<kCluster>(maps, p, sm, ring, wb, rank); }, links.full,
+      [&](uint32_t rank) { consumer<kCluster>(maps, p, sm, ring, wb, rank, consumer_cursor_words(smem_raw)); }, links.full,
       kCluster ? 2 * kTaskSlots : 0);
 }
 

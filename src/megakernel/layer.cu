@@ -184,7 +184,7 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   // saved them (track it when the backward lands; a captured graph fixes the flag).
   // (at least one tile of rows, so tensor maps stay valid when no rank has tokens)
   // (The FP8 megakernel's resident ring: forward only, nothing saved; over windows gu holds a
-  // window's gate/up rows of FC1 again.)
+  // window's gate/up rows of FC1 again, gu_saved the activation budget's.)
   if (!fp8 || !fused || fs.windowed) gu = allocate("gu", "gu");
   const bool has_shared = Is > 0 && T > 0;
   if (has_shared) {
@@ -295,7 +295,7 @@ void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
   x_rows = x_ring;
   ring_rows = R;
   windowed = fs.windowed;  // the backward runs over windows of the ring (layer_backward_windows.cu)
-  saved_rows = fp8 ? 0 : fs.saved_rows;  // FP8: no gate/up rows kept (its backward recomputes FC1)
+  saved_rows = fs.saved_rows;
   if (saved_rows > 0) gu_saved = allocate("gu_saved", "saved gate/up rows");
   h = allocate("h_ring", "h ring");
   y = allocate("y_ring", "y ring");
@@ -352,10 +352,10 @@ void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
   maps.x_ring = make_map_2d(x_ring, u(R), u(H), 128);
   // Every routed row's, or with a backward over windows the activation budget's first rows (the
   // stores of rows past them clipped; unused with full recompute).
-  if (fp8)
-    maps.gu = maps.x_ring;  // (never stored: FP8 keeps no gate/up rows; a valid encoding)
-  else if (windowed && saved_rows > 0)
+  if (windowed && saved_rows > 0)
     maps.gu = make_map_2d(gu_saved.p, u(saved_rows), u(2 * I), 64);
+  else if (fp8)
+    maps.gu = maps.x_ring;  // (never stored: the FP8 megakernel with a resident ring saves nothing)
   else
     maps.gu = make_map_2d(gu.p, u(mem.bytes("gu") / (4 * I)), u(2 * I), 64);
   maps.h_out = make_map_2d(h.p, u(R), u(I), 64);

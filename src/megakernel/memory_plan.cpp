@@ -110,10 +110,10 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   const mk::ForwardSetup fs0 = fused ? mk::plan_forward(shape, config, rank, sm_count) : mk::ForwardSetup{};
   const bool windowed = fused && fs0.windowed;
   // FP8 / MXFP8 train on the unfused path (resident, layer_fp8_backward.cu) and on the megakernel
-  // with a ring below the worst case (the backward over windows, FC1 recomputed for every window:
-  // the FP8 megakernel keeps no gate/up rows yet). Their megakernel with a resident ring is forward
-  // only: nothing is saved for a backward there (what a bf16 forward saves is its own working
-  // memory, scope Layer) and the backward's own buffers are not planned.
+  // with a ring below the worst case (the backward over windows, as bf16's: the activation
+  // budget's gate/up rows saved, FC1 again past it). Their megakernel with a resident ring is
+  // forward only: nothing is saved for a backward there (what a bf16 forward saves is its own
+  // working memory, scope Layer) and the backward's own buffers are not planned.
   const bool fp8 = config.precision != Precision::BF16;
   const bool fp8_forward_only = fp8 && fused && !windowed;
   const auto add = [&](std::string name, int64_t bytes, MemoryScope scope, bool symmetric = false) {
@@ -153,11 +153,11 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   if (slots > 1)
     for (int i = 0; i < slots; ++i) add(slot_name("routing", i, true), at_least(T * k) * 4, S::Saved);
   const int64_t bwd_rows = windowed ? fs0.ring_rows : std::max<int64_t>(cap, sched::kBlockM);
-  // (The FP8 megakernel keeps no gate/up rows: none saved. FP8's FC1 on the unfused path stores
-  // them in bf16 as the bf16 FC1 does, and over windows FC1 again does.)
+  // (FP8's FC1 stores them in bf16 as the bf16 FC1 does: on the unfused path all, on the
+  // megakernel the activation budget's, and over windows FC1 again the rest.)
   if (!fp8_forward_only) add("gu", bwd_rows * 2 * I * 2, windowed ? S::Layer : S::Saved);
   for (int i = 0; i < slots; ++i) {
-    if (!fp8 && windowed && fs0.saved_rows > 0)
+    if (windowed && fs0.saved_rows > 0)
       add(slot_name("gu_saved", i), fs0.saved_rows * 2 * I * 2, S::Saved);
     if (Is > 0 && T > 0) {
       add(slot_name("gu_s", i), t_tiles * 128 * 2 * Is * 2, S::Saved);

@@ -117,6 +117,35 @@ struct SlotCursor {
   }
 };
 
+// The same position as one count: slot n % kSlots, phase (n / kSlots) & 1, in one register, or
+// (kInSmem) in a shared-memory word of the thread's own (`word`: no other thread touches it, so no
+// barrier), for a program whose every register is taken across its mainloop: ptxas would spill
+// the count to local memory there (the same traffic, a load and a store per task), which the
+// build refuses. A launch takes far fewer than 2^32 tasks.
+template <int kSlots, bool kInSmem = false>
+struct SlotCount {
+  uint32_t n = 0;
+  volatile uint32_t* word = nullptr;  // kInSmem: this thread's word, zeroed by init()
+  __device__ __forceinline__ void init(volatile uint32_t* w) {
+    if constexpr (kInSmem) {
+      word = w;
+      *word = 0u;
+    }
+  }
+  __device__ __forceinline__ uint32_t count() const {
+    if constexpr (kInSmem) return *word;
+    return n;
+  }
+  __device__ __forceinline__ uint32_t i() const { return count() % uint32_t(kSlots); }
+  __device__ __forceinline__ uint32_t phase() const { return (count() / uint32_t(kSlots)) & 1u; }
+  __device__ __forceinline__ void advance() {
+    if constexpr (kInSmem)
+      *word = *word + 1u;
+    else
+      ++n;
+  }
+};
+
 // Waits of the producer <-> consumer task hand-off. They do not give up when another wait on the
 // GPU expired (unlike mbar_wait): the producer always fills the slot, with END at worst, within
 // its own bounded waits, and the consumers always release slots within theirs, so these waits

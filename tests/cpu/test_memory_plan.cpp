@@ -445,23 +445,33 @@ TEST(MemoryPlan, Fp8AddsTheWeightCodesAndTheBackwardOperands) {
               double(b.bytes("fp8_bwd_weights")) / 1e9, double(b.total()) / 1e9, double(a.total()) / 1e9);
 }
 
-// FP8 trains on the megakernel with a ring below the worst case (the backward over windows, FC1
-// again in FP8 for every window): the default config (a 2 GB shared workspace) at DeepSeek-V3 EP 8,
-// T = 8192, for fp8 and mxfp8. Saved per forward: the routing and the schedule only (no gate/up
-// rows yet); the per-layer rest is the forward's weight codes; the backward's buffers hold one
-// window (gu, dy rows, fp8_bwd_rows for the ring's rows) in the workspace, with the per-call
-// weight codes. Against the resident unfused FP8 plan, which holds the worst case.
+// FP8 trains on the megakernel with a ring below the worst case (the backward over windows, as
+// bf16's: the activation budget's gate/up rows saved by the forward, FC1 again in FP8 past it):
+// the default config (a 2 GB shared workspace) at DeepSeek-V3 EP 8, T = 8192, for fp8 and mxfp8.
+// Saved per forward: the routing, the schedule and the budget's gate/up rows (bf16's); the
+// per-layer rest is the forward's weight codes; the backward's buffers hold one window (gu, dy
+// rows, fp8_bwd_rows for the ring's rows) in the workspace, with the per-call weight codes. With
+// no budget (full recompute) nothing but the routing and schedule is saved. Against the resident
+// unfused FP8 plan, which holds the worst case.
 TEST(MemoryPlan, Fp8TrainsOverWindowsOfTheRing) {
   const mok::LayerShape shape = mok::LayerShape::uniform(8, 8192, 7168, 2048, 256, 8, 0);
   for (const auto prec : {mok::Precision::FP8, mok::Precision::MXFP8}) {
     mok::Config cfg;  // the training default: share_workspace, the automatic 2 GB budget
     cfg.precision = prec;
     const mok::MemoryPlan p = mok::plan_memory(shape, cfg, 0, 132);
-    EXPECT_STREQ(p.backward_mode(), "recompute") << mok::to_string(prec);
+    EXPECT_STREQ(p.backward_mode(), "saved") << mok::to_string(prec);
     const int64_t R = cfg.resolved_macrobatch(shape, 132);
     ASSERT_LT(R, shape.worst_case_rows());
     EXPECT_EQ(p.bytes("gu"), R * 4 * 2048);
-    EXPECT_FALSE(p.has("gu_saved"));
+    mok::Config bf16;
+    EXPECT_EQ(p.bytes("gu_saved"), mok::plan_memory(shape, bf16, 0, 132).bytes("gu_saved"));
+    EXPECT_EQ(p.bytes("gu_saved"), cfg.resolved_saved_rows(shape) * 4 * 2048);
+    mok::Config none = cfg;
+    none.activation_budget_bytes = 0;
+    const mok::MemoryPlan r = mok::plan_memory(shape, none, 0, 132);
+    EXPECT_STREQ(r.backward_mode(), "recompute");
+    EXPECT_FALSE(r.has("gu_saved"));
+    EXPECT_LT(r.total(mok::MemoryScope::Saved), 16 << 20);
     EXPECT_TRUE(p.has("bwd_carry") && p.has("bwd_windows") && p.has("dy_rows"));
     EXPECT_EQ(p.bytes("fp8_bwd_rows"), mok::fp8_bwd::rows_layout(R, 7168, 2048).bytes);
     for (const auto& b : p.buffers) {
@@ -471,7 +481,7 @@ TEST(MemoryPlan, Fp8TrainsOverWindowsOfTheRing) {
       }
     }
     // What a layer holds alone (not in the workspace): the forward's weight codes (Layer) and,
-    // saved, the routing and the schedule (~4 MB at EP 8).
+    // saved, the routing, the schedule (~4 MB at EP 8) and the budget's gate/up rows.
     const auto own = [](const mok::MemoryPlan& m) {
       int64_t b = 0;
       for (const auto& x : m.buffers) b += x.workspace ? 0 : x.bytes;
@@ -479,7 +489,7 @@ TEST(MemoryPlan, Fp8TrainsOverWindowsOfTheRing) {
     };
     EXPECT_EQ(own(p), p.bytes("fp8_weights") + p.total(mok::MemoryScope::Saved) + p.bytes("counters") +
                           p.bytes("peer_tables"));
-    EXPECT_LT(p.total(mok::MemoryScope::Saved), 16 << 20);
+    EXPECT_EQ(p.total(mok::MemoryScope::Saved) - p.bytes("gu_saved"), r.total(mok::MemoryScope::Saved));
     // The automatic budget: 2 GB plus the backward's per-call weight codes (no ring holds fewer),
     // so the FP8 ring is not the smallest one (the fallback when nothing fits).
     const int64_t budget = mok::default_workspace_budget(shape, cfg);
@@ -491,11 +501,13 @@ TEST(MemoryPlan, Fp8TrainsOverWindowsOfTheRing) {
     const mok::MemoryPlan u = mok::plan_memory(shape, unfused, 0, 132);
     EXPECT_GT(own(u) + u.workspace(), 5 * (own(p) + p.workspace()));
     std::printf("[memory fp8 windows] %s DeepSeek-V3 EP 8 T 8192: ring %lld rows of %lld (bf16: %lld); per layer %.3f GB "
-                "(fp8 weight codes %.3f, saved %.4f), workspace %.3f GB (the backward's weight codes %.3f); the "
-                "unfused resident fp8 plan: per layer %.3f GB (saved %.3f), workspace %.3f GB\n",
+                "(fp8 weight codes %.3f, saved %.4f; full recompute %.3f GB, saved %.4f), workspace %.3f GB (the "
+                "backward's weight codes %.3f); the unfused resident fp8 plan: per layer %.3f GB (saved %.3f), "
+                "workspace %.3f GB\n",
                 mok::to_string(prec), (long long)R, (long long)shape.worst_case_rows(),
                 (long long)mok::Config{}.resolved_macrobatch(shape, 132), double(own(p)) * 1e-9,
                 double(p.bytes("fp8_weights")) * 1e-9, double(p.total(mok::MemoryScope::Saved)) * 1e-9,
+                double(own(r)) * 1e-9, double(r.total(mok::MemoryScope::Saved)) * 1e-9,
                 double(p.workspace()) * 1e-9, double(p.bytes("fp8_bwd_weights")) * 1e-9, double(own(u)) * 1e-9,
                 double(u.total(mok::MemoryScope::Saved)) * 1e-9, double(u.workspace()) * 1e-9);
   }

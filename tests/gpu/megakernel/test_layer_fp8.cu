@@ -419,16 +419,19 @@ TEST(LayerFp8BackwardKept, CodesFollowSetWeights) {
 }
 
 // The FP8 megakernel with a ring below the worst case trains: its backward runs over windows of
-// the ring (FC1 again in FP8 for every window, the weight gradients' fp32 sums carried across
-// windows), and every gradient is bitwise the resident FP8 backward's after the unfused path's
-// FP8 forward (the same GEMM sums in the same K order, the same quantization blocks: windows are
-// whole tiles), on uniform, Zipf and one-expert routing (one expert's rows over every window),
-// rings of 2 to 4 minibatches, with the weights' codes kept or made per call, FP8 and MXFP8; a
-// second backward gives the same bits; the plan names the mode.
+// the ring (the gate/up rows of the activation budget saved by the FP8 megakernel's FC1, FC1
+// again in FP8 past it, the weight gradients' fp32 sums carried across windows), and every
+// gradient is bitwise the resident FP8 backward's after the unfused path's FP8 forward (the same
+// GEMM sums in the same K order, the same quantization blocks: windows are whole tiles), on
+// uniform, Zipf and one-expert routing (one expert's rows over every window), rings of 2 to 4
+// minibatches, budgets of every row, of 2944 rows (a window cut there) and of none (full
+// recompute), with the weights' codes kept or made per call, FP8 and MXFP8; a second backward
+// gives the same bits; the plan names the mode.
 struct Fp8WindowCase {
   const char* name;
   mok::Routing routing;
   int64_t minibatch, ring;
+  int64_t budget_bytes;  // Config::activation_budget_bytes
   bool keep = false;
   mok::Precision precision = mok::Precision::FP8;
 };
@@ -446,25 +449,36 @@ TEST_P(LayerFp8BackwardWindows, BitwiseTheResidentFp8Backward) {
   windows.minibatch_tokens = c.minibatch;
   windows.macrobatch_tokens = c.ring;
   windows.fp8_keep_weight_codes_t = c.keep;
+  windows.activation_budget_bytes = c.budget_bytes;
   ASSERT_LT(c.ring, shape.worst_case_rows()) << "the case must run over windows";
   int sms = 0;
   ASSERT_EQ(cudaSuccess, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  EXPECT_STREQ(mok::plan_memory(shape, windows, 0, sms).backward_mode(), "recompute");
+  EXPECT_STREQ(mok::plan_memory(shape, windows, 0, sms).backward_mode(), c.budget_bytes == 0 ? "recompute" : "saved");
   const auto want = mok::test::grads_of(shape, resident, wl, 1);
   const auto got = mok::test::grads_of(shape, windows, wl, 2);
   mok::test::expect_same_bits(want, got, c.name);
-  std::printf("[fp8 backward windows] %s: ring %lld of %lld worst-case rows\n", c.name, (long long)c.ring,
-              (long long)shape.worst_case_rows());
+  std::printf("[fp8 backward windows] %s: ring %lld of %lld worst-case rows, %lld rows saved\n", c.name,
+              (long long)c.ring, (long long)shape.worst_case_rows(), (long long)windows.resolved_saved_rows(shape));
 }
+
+// 4I = 1024 bytes per gate/up row: 2944 rows cut a window (as LayerBackwardWindows's).
+constexpr int64_t kFp8AllRows = int64_t(1) << 40, kFp8PartRows = 2944 * 1024;
 
 INSTANTIATE_TEST_SUITE_P(
     Rings, LayerFp8BackwardWindows,
-    ::testing::Values(Fp8WindowCase{"uniform_ring256", mok::Routing::Uniform, 128, 256},
-                      Fp8WindowCase{"zipf_ring384", mok::Routing::Zipf, 128, 384},
-                      Fp8WindowCase{"one_expert_ring512", mok::Routing::OneExpert, 256, 512},
-                      Fp8WindowCase{"zipf_ring384_kept_codes", mok::Routing::Zipf, 128, 384, true},
-                      Fp8WindowCase{"mx_zipf_ring384", mok::Routing::Zipf, 128, 384, false, kMx},
-                      Fp8WindowCase{"mx_one_expert_ring512", mok::Routing::OneExpert, 256, 512, false, kMx}),
+    ::testing::Values(Fp8WindowCase{"uniform_ring256_saved", mok::Routing::Uniform, 128, 256, kFp8AllRows},
+                      Fp8WindowCase{"uniform_ring256_part", mok::Routing::Uniform, 128, 256, kFp8PartRows},
+                      Fp8WindowCase{"uniform_ring256_recompute", mok::Routing::Uniform, 128, 256, 0},
+                      Fp8WindowCase{"zipf_ring384_auto", mok::Routing::Zipf, 128, 384, -1},
+                      Fp8WindowCase{"zipf_ring384_part", mok::Routing::Zipf, 128, 384, kFp8PartRows},
+                      Fp8WindowCase{"zipf_ring384_recompute", mok::Routing::Zipf, 128, 384, 0},
+                      Fp8WindowCase{"one_expert_ring512_saved", mok::Routing::OneExpert, 256, 512, kFp8AllRows},
+                      Fp8WindowCase{"one_expert_ring512_part", mok::Routing::OneExpert, 256, 512, kFp8PartRows},
+                      Fp8WindowCase{"one_expert_ring512_recompute", mok::Routing::OneExpert, 256, 512, 0},
+                      Fp8WindowCase{"zipf_ring384_part_kept_codes", mok::Routing::Zipf, 128, 384, kFp8PartRows, true},
+                      Fp8WindowCase{"mx_zipf_ring384_part", mok::Routing::Zipf, 128, 384, kFp8PartRows, false, kMx},
+                      Fp8WindowCase{"mx_one_expert_ring512_recompute", mok::Routing::OneExpert, 256, 512, 0, false,
+                                    kMx}),
     [](const auto& i) { return std::string(i.param.name); });
 
 }  // namespace
