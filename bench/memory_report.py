@@ -10,7 +10,7 @@ usage: memory_report.py --out OUT_JSON --device DEVICE --commit COMMIT [--date Y
 The plan is mok_memory_plan's JSON (bench/memory/memory_plan_cli.cpp: mok::plan_memory for rank 0
 of each model at T = 8192 and EP 1, 2, 8, in the modes resident / saved / recompute); without
 --plan-json the binary (default build/release/bench/mok_memory_plan) is run. OUT_JSON is
-  {device, date, commit, sm_count, workspace_budget_bytes, [measured_commit,]
+  {device, date, commit, sm_count, workspace_budget_bytes, precision, [measured_commit,]
    cases: [{model, ep, T, routing, mode, ring_rows, workspace_bytes,
    persistent_bytes_per_layer, saved_bytes_per_forward, baseline_saved_bytes, measured_bytes,
    backward_ok}]}
@@ -25,7 +25,8 @@ zipf, one-expert). From the plan:
                               windows included, and scope Backward, held from the first backward);
   backward_ok                 whether the backward runs on the megakernel path at that shape: since
                               the backward over windows of a ring below the worst case, wherever
-                              the plan has a ring; null when the plan failed.
+                              the plan has a ring and a backward (the FP8 megakernel with a resident
+                              ring has none: backward_mode "none"); null when the plan failed.
 The planner sizes every buffer by the worst case or a budget, so these fields are the same for
 every routing; the routings differ only in the measurements. Measurements are joined, never made
 up (null where absent): measured_bytes from MOK_JSON (mok_bench's cases whose `memory` object holds
@@ -100,7 +101,9 @@ def build_cases(plan, measured, baseline, pool=None):
                     # layer's were reused); "unknown": the results file does not say; null: none.
                     "measured_windows": None if mkey not in measured else
                     {1: "pool", 0: "new"}.get((pool or {}).get(mkey), "unknown"),
-                    "backward_ok": (p.get("ring_rows") is not None) if t else None}
+                    # (the FP8 megakernel with a resident ring plans no backward: mode "none")
+                    "backward_ok": (p.get("ring_rows") is not None and p.get("backward_mode") != "none")
+                    if t else None}
             if "error" in p:
                 case["plan_error"] = p["error"]
             cases.append(case)
@@ -163,6 +166,7 @@ def main(argv=None):
     baseline = measurements(a.baseline_json, lambda c: c.get("saved_bytes"))
     doc = {"device": a.device, "date": a.date, "commit": a.commit, "sm_count": plan.get("sm_count"),
            "workspace_budget_bytes": plan.get("workspace_budget_bytes"),
+           "precision": plan.get("precision", "bf16"),
            "cases": build_cases(plan, measured, baseline, pool)}
     if a.measured_commit:
         doc["measured_commit"] = a.measured_commit

@@ -13,6 +13,10 @@
 //   recompute  the same with activation_budget_bytes = 0 (FC1 recomputed for every row).
 // The planner sizes every buffer by the worst case or by a budget, so the numbers do not depend
 // on the routing. `ring_rows` (rows of the forward's x ring) and `worst_case_rows` are printed.
+// --precision fp8 | mxfp8 plans the FP8 layer (Config::precision): its megakernel trains in the
+// saved and recompute modes (the backward over windows) and is forward only resident; without
+// --workspace-budget its budget is mok::default_workspace_budget (2 GB plus the backward's
+// per-call weight codes, which no ring makes smaller).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -65,11 +69,13 @@ std::string plan_json(const mok::MemoryPlan& p, const mok::LayerShape& shape) {
 
 int usage(int rc) {
   std::fprintf(rc ? stderr : stdout,
-               "usage: mok_memory_plan [--sm-count N] [--workspace-budget MB]\n"
+               "usage: mok_memory_plan [--sm-count N] [--workspace-budget MB] [--precision bf16|fp8|mxfp8]\n"
                "  JSON on stdout: mok::plan_memory for dsv3, qwen3-30b-a3b, qwen3-235b at T = %lld,\n"
                "  EP 1, 2 and 8, rank 0, modes resident (the default mok::Config), saved and recompute\n"
                "  (the shared workspace within MB megabytes, default 2000, with the ring that fits it;\n"
-               "  the automatic or no activation budget). --sm-count: the GPU's SMs (default 132).\n",
+               "  the automatic or no activation budget). --sm-count: the GPU's SMs (default 132).\n"
+               "  --precision: the layer's (default bf16; fp8 / mxfp8 budget 2 GB plus the backward's\n"
+               "  weight codes unless --workspace-budget is given).\n",
                static_cast<long long>(kTokens));
   return rc;
 }
@@ -86,24 +92,35 @@ constexpr Mode kModes[] = {{"resident", false, -1}, {"saved", true, -1}, {"recom
 int main(int argc, char** argv) {
   int sm_count = 132;
   int64_t budget_mb = 2000;
+  bool budget_given = false;
+  mok::Precision precision = mok::Precision::BF16;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return usage(0);
+    if (!std::strcmp(argv[i], "--precision") && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (v == "bf16") precision = mok::Precision::BF16;
+      else if (v == "fp8") precision = mok::Precision::FP8;
+      else if (v == "mxfp8") precision = mok::Precision::MXFP8;
+      else return usage(2);
+      continue;
+    }
     const bool sm = !std::strcmp(argv[i], "--sm-count"), budget = !std::strcmp(argv[i], "--workspace-budget");
     if ((sm || budget) && i + 1 < argc) {
       char* end = nullptr;
       const long long v = std::strtoll(argv[++i], &end, 10);
       if (*end != '\0' || v <= 0 || v > (1LL << 30)) return usage(2);
       if (sm) sm_count = static_cast<int>(v);
-      if (budget) budget_mb = v;
+      if (budget) budget_mb = v, budget_given = true;
       continue;
     }
     return usage(2);
   }
   const mok::Config defaults;  // the megakernel path
   std::printf("{\"what\": \"mok::plan_memory, rank 0, modes resident / saved / recompute\", \"sm_count\": %d, "
-              "\"workspace_budget_bytes\": %lld, \"forward_path\": \"%s\", \"dispatch\": \"%s\", \"cases\": [",
-              sm_count, static_cast<long long>(budget_mb * 1000000), mok::to_string(defaults.forward_path),
-              mok::to_string(defaults.dispatch));
+              "\"workspace_budget_bytes\": %lld, \"precision\": \"%s\", \"forward_path\": \"%s\", \"dispatch\": \"%s\", "
+              "\"cases\": [",
+              sm_count, static_cast<long long>(budget_mb * 1000000), mok::to_string(precision),
+              mok::to_string(defaults.forward_path), mok::to_string(defaults.dispatch));
   bool first = true;
   for (const Model& m : kModels) {
     for (int ep : kEps) {
@@ -113,9 +130,12 @@ int main(int argc, char** argv) {
         // A shape the layer would refuse is reported, not fatal: the other cases still print.
         try {
           mok::Config config;
+          config.precision = precision;
           config.activation_budget_bytes = mode.budget;
           if (mode.windows) {
-            config.macrobatch_tokens = mok::ring_for_workspace(shape, config, 0, sm_count, budget_mb * 1000000);
+            const int64_t budget =
+                budget_given ? budget_mb * 1000000 : mok::default_workspace_budget(shape, config);
+            config.macrobatch_tokens = mok::ring_for_workspace(shape, config, 0, sm_count, budget);
             config.share_workspace = true;
           }
           body = "\"macrobatch_tokens\": " + std::to_string(config.macrobatch_tokens) +
