@@ -557,6 +557,42 @@ def fp8_backward_figures(res):
             count(len(cases), "case"), ", slower in %d" % slower if slower else "", each, kept, r.source())]
 
 
+def fp8_training_figures(res):
+    """FP8 training on the megakernel (its backward over windows of the ring) against the unfused
+    path's (resident), and the FP8 layer's memory per layer at EP 8 (the planner)."""
+    r = res["fp8-train-modes-h200x1.json"]
+    m = res["memory-fp8-h200x1.json"]
+    bwd, fwd = r.get("backward", "cases"), r.get("forward", "cases")
+
+    def fb(variant, i):
+        return r.num(variant, "median", within=fwd[i]) + r.num(variant, "median", within=bwd[i])
+
+    def name(c):  # "dsv3/ep8" -> "DeepSeek-V3 EP-8 slice"
+        base, _, ep = r.get("model", within=c).partition("/")
+        return model_name(base) + (" %s slice" % ep.upper().replace("EP", "EP-") if ep else "")
+
+    each = "; ".join("%s %.1f vs %.1f ms (backward %.2f vs %.2f ms)" % (
+        name(c), fb("windows_saved", i), fb("unfused_resident", i), r.num("windows_saved", "median", within=c),
+        r.num("unfused_resident", "median", within=c)) for i, c in enumerate(bwd))
+
+    def pick(mode):
+        for c in m.get("cases"):
+            if (c.get("model"), c.get("ep"), c.get("routing"), c.get("mode")) == ("dsv3", 8, "uniform", mode):
+                return c
+        raise FigureError("%s: no case dsv3 EP 8 uniform %s" % (m.name, mode))
+    sv, rc = pick("saved"), pick("recompute")
+    gb = lambda c: (m.num("persistent_bytes_per_layer", within=c) + m.num("saved_bytes_per_forward", within=c)) / 1e9  # noqa: E731
+    return [
+        "**FP8 training on the megakernel** (the FP8 megakernel forward keeps the activation budget's gate/up "
+        "rows, its backward runs over windows of the ring, bitwise the resident FP8 backward; T=%d %s): forward + "
+        "backward against the unfused path's (resident) %s. %s; memory (the planner): DeepSeek-V3 EP 8 in FP8 "
+        "%.2f GB per layer (%.2f GB with full recompute; of it the forward's weight codes %.2f GB) and a %.2f GB "
+        "workspace shared by all layers. %s" % (
+            r.num("T", within=bwd[0]), r.get("routing", within=bwd[0]), each, r.source(), gb(sv), gb(rc),
+            m.num("persistent_bytes_per_layer", within=sv) / 1e9, m.num("workspace_bytes", within=sv) / 1e9,
+            m.source())]
+
+
 def mxfp8_figures(res):
     """MXFP8 (recipe 2) on the GPU layer against FP8 (recipe 1), alternated in one call."""
     r = res["mxfp8-h200x1.json"]
@@ -584,7 +620,8 @@ def runtime_ab_figures(res):
             r.source())]
 
 
-FIGURES = [forward_figures, one_gpu_figures, fp8_forward_figures, fp8_backward_figures, mxfp8_figures, gemm_figures, gemm_fp8_figures, comm_figures, schedule_figures,
+FIGURES = [forward_figures, one_gpu_figures, fp8_forward_figures, fp8_backward_figures, fp8_training_figures,
+           mxfp8_figures, gemm_figures, gemm_fp8_figures, comm_figures, schedule_figures,
            sustained_figures, reliability_figures, memory_figures, training_figures, backward_program_figures,
            runtime_ab_figures, torch_figures]
 
