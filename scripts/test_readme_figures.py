@@ -121,7 +121,16 @@ def synthetic():
          "mxfp8": {"runs": [x], "median": x, "over_fp8": x / f}} for m, f, x in ms]}
     mxfp8 = dict(META2, gpus=1, forward=mx_part([("dsv3/ep8", 7.0, 7.07), ("qwen3-235b/ep8", 3.0, 3.18)]),
                  backward=mx_part([("dsv3/ep8", 17.0, 17.0)]))
-    return {"mxfp8-h200x1.json": mxfp8, "fp8-layer-backward-h200x1.json": fp8_bwd, "fp8-forward-h200x1.json": fp8_ab, "peak-fp8-h200x1.json": peak_fp8, "gemm-fp8-h200x1.json": fp8, "runtime-ab-h200x1.json": runtime, "backward-program-h200x1.json": program, "training-h200x1.json": training, "forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
+    tr_part = lambda ms: {"cases": [  # noqa: E731  (FP8 training: unfused vs windows, per case)
+        {"model": m, "T": 8192, "routing": "uniform", "unfused_resident": {"runs": [u], "median": u},
+         "windows_saved": {"runs": [w], "median": w}} for m, u, w in ms]}
+    fp8_train = dict(META2, gpus=1, forward=tr_part([("dsv3/ep8", 11.5, 7.5), ("qwen3-235b/ep8", 5.0, 3.0)]),
+                     backward=tr_part([("dsv3/ep8", 17.0, 20.0), ("qwen3-235b/ep8", 7.5, 8.5)]))
+    fp8_mem = dict(META2, cases=[
+        {"model": "dsv3", "ep": 8, "T": 8192, "routing": "uniform", "mode": mode, "workspace_bytes": 3.4e9,
+         "persistent_bytes_per_layer": 1.41e9, "saved_bytes_per_forward": saved}
+        for mode, saved in (("saved", 0.64e9), ("recompute", 0.005e9))])
+    return {"fp8-train-modes-h200x1.json": fp8_train, "memory-fp8-h200x1.json": fp8_mem, "mxfp8-h200x1.json": mxfp8, "fp8-layer-backward-h200x1.json": fp8_bwd, "fp8-forward-h200x1.json": fp8_ab, "peak-fp8-h200x1.json": peak_fp8, "gemm-fp8-h200x1.json": fp8, "runtime-ab-h200x1.json": runtime, "backward-program-h200x1.json": program, "training-h200x1.json": training, "forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
             "comm-h200x2.json": comm, "schedule-h200x2.json": schedule, "sustained-h200x2.json": sustained,
             "reliability-h200x1.json": reliability, "forward-h200x1.json": forward1, "memory-h200x1.json": memory,
             "torch-h200x1.json": torch_step}
@@ -228,6 +237,11 @@ class Figures(Fixture):
         # the FP8 backward: bf16 over fp8 time per case, a slower case counted, the names spelled out
         self.assertIn("0.80–1.25× the bf16 backward's speed over 2 cases, slower in 1 (FP8 vs bf16: DeepSeek-V3 "
                       "EP-8 slice 16.00 vs 20.00 ms; Qwen3-30B-A3B EP-8 slice 2.50 vs 2.00 ms)", b)
+        # FP8 training: forward + backward of each path, the backward beside it, the planner's memory
+        self.assertIn("DeepSeek-V3 EP-8 slice 27.5 vs 28.5 ms (backward 20.00 vs 17.00 ms); Qwen3-235B EP-8 slice "
+                      "11.5 vs 12.5 ms (backward 8.50 vs 7.50 ms)", b)
+        self.assertIn("DeepSeek-V3 EP 8 in FP8 2.05 GB per layer (1.42 GB with full recompute; of it the forward's "
+                      "weight codes 1.41 GB) and a 3.40 GB workspace", b)
         # MXFP8: its time over FP8's, forward and backward, from the file's two parts
         self.assertIn("the forward megakernel takes 1.01–1.06× FP8's time over 2 cases, the unfused backward 1.00× "
                       "over 1 case", b)
@@ -245,7 +259,7 @@ class Figures(Fixture):
 
     def test_every_line_names_its_results_file_and_run(self):
         lines = rf.render(self.results)[0].split("\n- ")[1:]
-        self.assertEqual(len(lines), 20)
+        self.assertEqual(len(lines), 21)
         for line in lines:
             self.assertRegex(" ".join(line.split()), r"\*\[`[a-z0-9-]+\.json`\]\(bench/results/[a-z0-9-]+\.json\): "
                                                      r"\d× NVIDIA H200, commit (45ca210|not recorded), 2026-11-30\*")
