@@ -28,12 +28,13 @@ class MoE(torch.nn.Module):
     runs one rank on CPU tensors (the CPU reference engine). Config knobs are keyword arguments
     with the names of mok::Config (``CONFIG_KNOBS``). ``precision="fp8"`` (or "mxfp8"): the FP8
     recipe from these bf16 weights — it trains on CPU tensors (the reference engine) and on CUDA
-    tensors (the GPU layer keeps the weights' codes and remakes them when a weight changes). The FP8
-    megakernel is forward only; fp8 and mxfp8 modules default
-    to the unfused path, which trains: without a ``forward_path`` knob an fp8 module's GPU layer
-    (and its ``memory_plan``) gets ``forward_path="unfused"``. ``forward_path="megakernel"`` set
-    explicitly is kept, for inference: a call on it whose output needs a gradient raises
-    NotImplementedError (so does one with ``backward_path="fused"``, which is bf16 only).
+    tensors (the GPU layer keeps the weights' codes and remakes them when a weight changes). fp8 and
+    mxfp8 modules default to the unfused path, which trains: without a ``forward_path`` knob an fp8
+    module's GPU layer (and its ``memory_plan``) gets ``forward_path="unfused"``.
+    ``forward_path="megakernel"`` set explicitly is kept: it trains when its ring is below the worst
+    case (the backward over windows; the memory plan then holds ``fp8_bwd_rows``), and is forward
+    only with a resident ring, where a call whose output needs a gradient raises NotImplementedError
+    (so does one with ``backward_path="fused"``, which is bf16 only).
     ``fuse_wgrad_accumulation=True`` (bf16, eager): the routed experts' weight gradients are added to
     each weight's fp32 ``main_grad`` (made as zeros when missing) instead of ``.grad``, as training
     stacks accumulate over microbatches (``mok/_fused_wgrad.py``).
@@ -129,13 +130,19 @@ class MoE(torch.nn.Module):
             knobs = self._layer_knobs()
             gl = _cuda.Layer(x.device.index, T, self.hidden, self.intermediate, self.experts, self.top_k,
                              self.shared_intermediate, [p.data_ptr() for p in weights], knobs)
-            self._gpu[key] = register_gpu_layer(gl, knobs)
+            # FP8: whether the layer has a backward (the FP8 megakernel over windows of a ring below
+            # the worst case, or the unfused path): its plan holds the FP8 backward's buffers then.
+            trains = None
+            if knobs.get("precision") in ("fp8", "mxfp8"):
+                trains = "fp8_bwd_rows" in self.memory_plan(T)
+            self._gpu[key] = register_gpu_layer(gl, knobs, trains)
         return self._gpu[key]
 
     def _layer_knobs(self) -> dict:
         """The config knobs as the GPU layer and the planner get them (name -> text): the module's,
         and with precision "fp8" / "mxfp8" forward_path "unfused" unless the module sets one (the
-        FP8 megakernels are forward only; FP8 modules default to the unfused path, which trains)."""
+        FP8 megakernel trains only over windows of a ring below the worst case; FP8 modules default to
+        the unfused path, which always trains)."""
         knobs = {name: _knob_text(value) for name, value in self.config.items()}
         if knobs.get("precision") in ("fp8", "mxfp8"):
             knobs.setdefault("forward_path", "unfused")

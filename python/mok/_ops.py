@@ -51,14 +51,18 @@ def _check_device(tensors: dict[str, Optional[Tensor]], device: torch.device) ->
 _gpu_layers: dict[int, object] = {}
 _gpu_weights: dict[int, tuple] = {}  # the weight addresses each GPU layer was last pointed at
 _gpu_configs: dict[int, dict] = {}  # the config knobs (name -> text) each GPU layer was built with
+_gpu_trains: dict[int, bool] = {}   # whether an FP8 GPU layer has a backward (its memory plan says)
 
 
-def register_gpu_layer(layer, config: Optional[dict] = None) -> int:
+def register_gpu_layer(layer, config: Optional[dict] = None, trains: Optional[bool] = None) -> int:
     """A handle for `layer`; `config`: the knobs it was built with (mok::Config's names, values as
-    text; the C++ defaults for those absent), which say whether its FP8 forward can train."""
+    text; the C++ defaults for those absent), which say whether its FP8 forward can train; `trains`:
+    whether its memory plan has the FP8 backward's buffers (None: decided by the knobs alone)."""
     handle = max(_gpu_layers, default=0) + 1
     _gpu_layers[handle] = layer
     _gpu_configs[handle] = dict(config or {})
+    if trains is not None:
+        _gpu_trains[handle] = bool(trains)
     return handle
 
 
@@ -66,12 +70,17 @@ def unregister_gpu_layer(handle: int) -> None:
     _gpu_layers.pop(handle, None)
     _gpu_weights.pop(handle, None)
     _gpu_configs.pop(handle, None)
+    _gpu_trains.pop(handle, None)
 
 
 def _fp8_forward_saves(handle: int) -> bool:
-    """Whether the FP8 forward of GPU layer `handle` can save for a backward: on the unfused path
-    only (the FP8 megakernel keeps no gate/up rows; mok::Layer::forward refuses save_for_backward
-    there). Config::forward_path's default is the megakernel."""
+    """Whether the FP8 forward of GPU layer `handle` can save for a backward: on the unfused path,
+    and on the megakernel when its ring is below the worst case (its backward then runs over windows
+    of the ring; the layer's memory plan has the FP8 backward's buffers: register_gpu_layer's
+    `trains`). The FP8 megakernel with a resident ring is forward only (mok::Layer::forward refuses
+    save_for_backward there). Config::forward_path's default is the megakernel."""
+    if handle in _gpu_trains:
+        return _gpu_trains[handle]
     return _gpu_configs.get(handle, {}).get("forward_path", "megakernel") == "unfused"
 
 
@@ -80,9 +89,10 @@ def _fp8_training_refusal(handle: int) -> Optional[str]:
     mok::Layer::backward ('config.forward_path', 'config.backward_path'), made before the call."""
     config = _gpu_configs.get(handle, {})
     if not _fp8_forward_saves(handle):
-        return (f"its forward_path is '{config.get('forward_path', 'megakernel')}' (the FP8 megakernels are forward "
-                "only): build the mok.MoE with forward_path='unfused' (the FP8 recipes' default when forward_path is "
-                "not set)")
+        return (f"its forward_path is '{config.get('forward_path', 'megakernel')}' with a ring that holds the worst "
+                "case (the FP8 megakernel trains only over windows of a smaller ring: workspace_budget_bytes, "
+                "macrobatch_tokens): build the mok.MoE with forward_path='unfused' (the FP8 recipes' default when "
+                "forward_path is not set) or a ring below the worst case")
     if config.get("backward_path", "unfused") != "unfused":
         return (f"its backward_path is '{config['backward_path']}' (the backward's GEMM program is bf16 only): use "
                 "backward_path='unfused' (the default)")
@@ -144,8 +154,10 @@ def moe_forward(x: Tensor, topk_idx: Tensor, topk_w: Tensor, w_gate: Tensor, w_u
         bf16 = precision == "bf16"
         _bind_weights(gl, layer, ws, cached=not bf16)
         # Saved for a backward as in bf16 (every forward: the op does not know whether a gradient
-        # will be asked for). FP8 saves on the unfused path; the FP8 megakernel is forward only (the
-        # layer refuses to save there), and a call needing a gradient is refused in _setup_context.
+        # will be asked for). FP8 saves where the layer trains (the unfused path, or the megakernel
+        # over windows of a ring below the worst case); the FP8 megakernel with a resident ring is
+        # forward only (the layer refuses to save there), and a call needing a gradient is refused
+        # in _setup_context.
         save = bf16 or _fp8_forward_saves(layer)
         fid = gl.forward(xc.data_ptr(), ic.data_ptr(), ic.dtype == torch.int64, wc.data_ptr(), out.data_ptr(),
                          stream, save)
@@ -219,9 +231,10 @@ def _(d_out, x, topk_idx, topk_w, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
 
 def _setup_context(ctx, inputs, output):
     # (Called only when the output needs a gradient.) FP8: recipe 1 has a backward on CPU tensors
-    # (the reference engine) and on CUDA tensors (the GPU layer's, after an unfused forward: the
-    # FP8 megakernel is forward only and saved nothing); MXFP8 on CPU tensors (the reference's
-    # recipe 2, and on CUDA tensors the GPU layer's, likewise after an unfused forward).
+    # (the reference engine) and on CUDA tensors (the GPU layer's, after an unfused forward or the
+    # FP8 megakernel's over windows of the ring: one with a resident ring is forward only and saved
+    # nothing); MXFP8 on CPU tensors (the reference's recipe 2, and on CUDA tensors the GPU
+    # layer's, likewise).
     precision = inputs[10] if len(inputs) > 10 else "bf16"
     layer = inputs[9] if len(inputs) > 9 else 0
     if precision != "bf16" and inputs[0].is_cuda:

@@ -459,11 +459,13 @@ def test_fp8_weight_codes_are_remade_when_a_weight_changes():
 
 
 def test_fp8_modules_default_to_the_unfused_path_which_trains():
-    """The FP8 megakernel is forward only: an fp8 mok.MoE's GPU layer (and its memory_plan) gets
-    forward_path "unfused" unless the module sets one, and an explicit "megakernel" is kept. The op's
-    checks (host-side, so testable here with stand-in layers): an fp8 forward saves for a backward on
-    the unfused path only, and a call needing a gradient on a megakernel (or backward_path "fused")
-    fp8 layer is refused by NotImplementedError naming the knob, before the GPU layer is called."""
+    """The FP8 megakernel trains only over windows of a ring below the worst case: an fp8 mok.MoE's
+    GPU layer (and its memory_plan) gets forward_path "unfused" unless the module sets one, and an
+    explicit "megakernel" is kept. The op's checks (host-side, so testable here with stand-in
+    layers): an fp8 forward saves for a backward on the unfused path and where the layer's plan has
+    the FP8 backward (register_gpu_layer's `trains`, which mok.MoE takes from its memory plan), and a
+    call needing a gradient on a megakernel with a resident ring (or backward_path "fused") fp8 layer
+    is refused by NotImplementedError naming the knob, before the GPU layer is called."""
     from mok import _ops
 
     m8 = mok.MoE(H8, I8, E8, K8, precision="fp8")
@@ -480,6 +482,11 @@ def test_fp8_modules_default_to_the_unfused_path_which_trains():
     assert plan["saved"] > 0 and plan["gu"] > 0 and plan["fp8_bwd_rows"] > 0 and plan["fp8_bwd_weights"] > 0
     plan_mk = mk.memory_plan(64)
     assert plan_mk["saved"] == 0 and "gu" not in plan_mk and "fp8_bwd_rows" not in plan_mk
+    # A ring below the worst case: the FP8 megakernel's plan has its backward over windows.
+    mk_windows = mok.MoE(512, I8, E8, K8, precision="fp8", forward_path="megakernel", minibatch_tokens=128,
+                         macrobatch_tokens=256)
+    plan_w = mk_windows.memory_plan(700)
+    assert plan_w["fp8_bwd_rows"] > 0 and plan_w["bwd_carry"] > 0 and plan_w["gu_saved"] > 0
 
     class Cuda:  # a stand-in for x on a CUDA device: _setup_context reads is_cuda only before refusing
         is_cuda = True
@@ -494,8 +501,13 @@ def test_fp8_modules_default_to_the_unfused_path_which_trains():
     # MXFP8 runs on the same runtime: the same answers, the refusal naming mxfp8
     cases.update({"mxfp8 " + name: (dict(knobs, precision="mxfp8"), saves, refusal)
                   for name, (knobs, saves, refusal) in list(cases.items())})
-    for name, (knobs, saves, refusal) in cases.items():
-        handle = _ops.register_gpu_layer(object(), knobs)
+    # the megakernel over windows (its plan has the FP8 backward: mok.MoE passes trains=True)
+    cases["megakernel windows"] = ({"precision": "fp8", "forward_path": "megakernel"}, True, None, True)
+    cases["megakernel resident"] = ({"precision": "fp8", "forward_path": "megakernel"}, False,
+                                    "forward_path is 'megakernel'", False)
+    for name, case in cases.items():
+        knobs, saves, refusal = case[:3]
+        handle = _ops.register_gpu_layer(object(), knobs, case[3] if len(case) > 3 else None)
         try:
             assert _ops._fp8_forward_saves(handle) == saves, name
             why = _ops._fp8_training_refusal(handle)
@@ -509,7 +521,7 @@ def test_fp8_modules_default_to_the_unfused_path_which_trains():
                     _ops._setup_context(None, inputs, (None, None))
         finally:
             _ops.unregister_gpu_layer(handle)
-        assert handle not in _ops._gpu_configs
+        assert handle not in _ops._gpu_configs and handle not in _ops._gpu_trains
 
 
 def test_fuse_wgrad_accumulation_adds_to_main_grad():

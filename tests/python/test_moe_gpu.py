@@ -3,7 +3,8 @@ on the same weights and inputs: forward and every gradient; weights changed in p
 optimizer are read by the next call, and weights moved to new tensors are re-bound; bad routing is
 named by check(); a backward of an earlier forward is refused by name, unless the layer holds
 several forwards (saved_forwards); precision="fp8": the forward on both paths and training on the
-unfused one (fp8's default) against the CPU's FP8 recipe. Skipped without a GPU or without mok._cuda."""
+unfused one (fp8's default) against the CPU's FP8 recipe, and on the megakernel over windows of the
+ring bitwise the unfused path's gradients. Skipped without a GPU or without mok._cuda."""
 
 import pytest
 import torch
@@ -227,6 +228,35 @@ def test_fp8_trains_on_cuda_tensors_like_the_cpu_fp8_recipe(precision):
     for name, err in errs.items():
         assert err < 3e-2, (name, err)
 
+
+
+@pytest.mark.parametrize("precision", ["fp8", "mxfp8"])
+def test_fp8_megakernel_over_windows_trains_like_the_unfused_path(precision):
+    """forward_path="megakernel" with a ring below the worst case trains in FP8 (the backward over
+    windows of the ring; its memory plan has the FP8 backward's buffers): the output within the
+    FP8 forward's spread of the unfused path's, and every gradient bitwise the unfused path's (the
+    C++ test LayerFp8BackwardWindows: the same sums in the same order), twice."""
+    pytest.importorskip("mok._cuda")
+    H8, I8, T8 = 512, 256, 700  # the FP8 megakernel: H % 512
+    torch.manual_seed(13)
+    unfused = mok.MoE(H8, I8, E, K, init_std=0.05, precision=precision).cuda()
+    windows = mok.MoE(H8, I8, E, K, precision=precision, forward_path="megakernel", minibatch_tokens=128,
+                      macrobatch_tokens=256).cuda()
+    windows.load_state_dict(unfused.state_dict())
+    assert "fp8_bwd_rows" in windows.memory_plan(T8)
+    g = torch.Generator().manual_seed(14)
+    x = torch.randn(T8, H8, generator=g).to(torch.bfloat16).cuda()
+    w, idx = torch.topk(torch.softmax(torch.randn(T8, E, generator=g), -1), K, -1)
+    idx, w = idx.to(torch.int32).cuda(), w.float().cuda()
+    d_out = torch.randn(T8, H8, generator=g).to(torch.bfloat16).cuda()
+    want = [t.clone() for t in step(unfused, x, idx, w, d_out)]
+    for _ in range(2):
+        got = [t.clone() for t in step(windows, x, idx, w, d_out)]
+        torch.cuda.synchronize()
+        windows.check()
+        assert rel(got[0], want[0]) < 1e-2  # the megakernel's FP8 forward: another summation order
+        for name, a, b in zip(["d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down"], got[1:], want[1:]):
+            assert torch.equal(a, b), name
 
 def test_fuse_wgrad_accumulation_on_cuda_adds_the_fp32_sums():
     """fuse_wgrad_accumulation on the GPU layer (mok::GradRefs::accumulate): the weights' fp32
