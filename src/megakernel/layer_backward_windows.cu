@@ -28,7 +28,10 @@ namespace mok {
 // only (WgradArgs::expert_range, sched::window_owns): at DeepSeek-V3 EP 1 a ring of 8192 rows holds
 // ~32 of 256 experts, and the empty tiles of the other 224 (~300k per window) cost more than the
 // window's MMAs. With Config::backward_path fused a window's dgrads and weight gradients are one
-// kernel (the backward's GEMM program), the same bits.
+// kernel (the backward's GEMM program), the same bits. FP8 / MXFP8 take the same windows, budget
+// and carries: FC1 again in FP8 (fp8_fc1_again), then the FP8 backward's steps over the window
+// (fp8_backward_rows, layer_fp8_backward.cu: d_y's, d_gu's, h's and x's codes from the window's
+// rows), bitwise the resident FP8 backward (LayerFp8BackwardWindows).
 void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream) {
   const gpu::ScheduleView v = schedule->view();
   const int64_t R = ring_rows;
