@@ -163,6 +163,15 @@ struct WgradArgs {
   // scheduled (the others' gradients left alone): a call over a window of the rows runs the tiles
   // of the experts it touches, not empty tiles of every expert. Clamped to [0, experts).
   const int32_t* expert_range = nullptr;
+  // Held rows (the backward over windows: an expert cut by a window's end is run by the next
+  // window over the rows the cutting one kept aside, instead of carrying its fp32 sums): an expert
+  // whose expert_row_begin is negative starts with held rows. Its tiles' K rows k < 0 are read from
+  // hold_a's row hold_a_row + k ([hold_a_rows, m]) and hold_b's row hold_b_row + k ([hold_b_rows,
+  // n]), then its rows here from 0 on: one K order, the sums of one call over all its rows. Held
+  // rows are whole 128-row tiles, at most hold_a_row and hold_b_row of them. All given or none.
+  const void* hold_a = nullptr;
+  const void* hold_b = nullptr;
+  int64_t hold_a_rows = 0, hold_b_rows = 0, hold_a_row = 0, hold_b_row = 0;
   // Gradient accumulation (training stacks keep an fp32 `main_grad` per weight): dw (and dw_up)
   // are fp32 and each expert's fp32 sums are added to them, dw += a_e^T . b_e, instead of being
   // written as bf16 (no rounding to bf16 on the way). The tile that owns an element adds to it
@@ -226,6 +235,9 @@ struct KernelParams {
   const int32_t* carry_experts = nullptr;
   const int32_t* expert_rows_total = nullptr;
   const int32_t* expert_range = nullptr;      // Wgrad: {first, count} experts scheduled (optional)
+  // Wgrad with held rows (WgradArgs::hold_*): K rows k < 0 from map_a_hold / map_b_hold at rows
+  // k + hold_a_row / k + hold_b_row.
+  int32_t hold = 0, hold_a_row = 0, hold_b_row = 0;
   // Wgrad with WgradArgs::accumulate: map_d0 / map_d1 are fp32 (F32Tile) and the epilogue
   // reduce-adds into them (FormWgradAccumulate).
   int32_t wgrad_accumulate = 0;
@@ -351,6 +363,8 @@ struct Plan {
   // The FP8 wgrad's scale maps (fp32, one K block's run of scales per load, loaded with the
   // stage's operands): A's row scales and B's column scales. Unused by the other forms.
   CUtensorMap map_sa{}, map_sb{};
+  // The bf16 weight gradient's held rows (WgradArgs::hold_a / hold_b). Unused by the other forms.
+  CUtensorMap map_a_hold{}, map_b_hold{};
   KernelParams params{};
   int block_n = 256;     // tile width of the kernel that runs
   bool cluster = false;  // 2-CTA clusters (grid is even)

@@ -192,6 +192,15 @@ struct NoStageExtra {
   __device__ __forceinline__ void operator()(uint32_t, int, uint64_t*) const {}
 };
 
+// Held rows (the bf16 weight gradient, KernelParams::hold): a tile's K coordinates k < 0 read A
+// and B from these maps at rows k + a_row / k + b_row instead (rows an earlier call kept aside:
+// schedule_math.h's WindowHold). a == nullptr: none.
+struct HoldMaps {
+  const CUtensorMap* a = nullptr;
+  const CUtensorMap* b = nullptr;
+  int32_t a_row = 0, b_row = 0;
+};
+
 // ------------------------------------------------------------------------------------------------
 // Producer (one thread)
 // ------------------------------------------------------------------------------------------------
@@ -218,21 +227,33 @@ __device__ __forceinline__ bool produce_tile(const Smem<C>& sm, PipeState<C>& ps
                                              const CUtensorMap* map_a, const CUtensorMap* map_b,
                                              const WaitBound& wb, const CUtensorMap* map_b_half = nullptr,
                                              bool shared = false, uint32_t rank = 0, bool gate_up = false,
-                                             const Extra& extra = Extra{}) {
+                                             const Extra& extra = Extra{}, HoldMaps hold = {}) {
   const bool multicast = kCluster && shared;
+  const CUtensorMap* const main_a = map_a;
+  const CUtensorMap* const main_b = map_b;
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     if (!mbar_wait(sm.empty(ps.stage), ps.phase ^ 1u, wb, kSiteProducerEmpty)) return false;
     uint64_t* full = sm.full(ps.stage);
     mbar_arrive_expect_tx(full, C::kStageBytes + extra.bytes());
     extra(ps.stage, kb, full);
-    const int32_t k = t.k_begin + kb * C::kBlockK;
+    // k: B's K coordinate, k_a: A's. A held K block (k < 0; whole blocks, held rows being whole
+    // 128-row tiles) comes from the hold maps, at rows of their own.
+    int32_t k = t.k_begin + kb * C::kBlockK, k_a = k;
+    map_a = main_a;
+    map_b = main_b;
+    if (hold.a != nullptr && k < 0) {
+      map_a = hold.a;
+      map_b = hold.b;
+      k_a = k + hold.a_row;
+      k += hold.b_row;
+    }
     uint8_t* a = sm.a(ps.stage);
     uint8_t* b = sm.b(ps.stage);
     if constexpr (!kAMN) {
-      tma_load_2d(a, map_a, full, k, t.a_m);
+      tma_load_2d(a, map_a, full, k_a, t.a_m);
     } else {
-      tma_load_2d(a, map_a, full, t.a_m, k);
-      tma_load_2d(a + kChunkBytes, map_a, full, t.a_m + 64, k);
+      tma_load_2d(a, map_a, full, t.a_m, k_a);
+      tma_load_2d(a + kChunkBytes, map_a, full, t.a_m + 64, k_a);
     }
     // One box of B into the tile at byte `off`, multicast to both CTAs when shared.
     const auto load_b = [&](uint32_t off, const CUtensorMap* map, int32_t c0, int32_t c1) {

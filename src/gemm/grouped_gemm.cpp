@@ -317,6 +317,19 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
               "fewer than 2^22 output tiles (the tile decode's exact division), got ", a.experts, " experts x ", p.params.num_m_tiles, " M tiles x ", p.params.n_tiles, " N tiles of ",
               p.block_n, " = ", tiles);
   set_wgrad_carry(p, a.carry_in, a.carry_out, a.carry_experts, a.expert_rows_total, a.m, a.n, "wgrad");
+  const bool hold = a.hold_a != nullptr;
+  MOK_REQUIRE(hold == (a.hold_b != nullptr), "wgrad.hold", "hold_a and hold_b must be given together (or none)");
+  MOK_REQUIRE(!hold || !o.cluster, "options.cluster", "not with wgrad.hold_* (its kernel runs without clusters)");
+  MOK_REQUIRE(!hold || (a.hold_a_row >= kBlockM && a.hold_a_row <= a.hold_a_rows && a.hold_b_row >= kBlockM &&
+                        a.hold_b_row <= a.hold_b_rows && a.hold_a_rows < (int64_t(1) << 31) &&
+                        a.hold_b_rows < (int64_t(1) << 31)),
+              "wgrad.hold", "hold_a_row / hold_b_row in [128, the hold buffer's rows] (rows < 2^31), got ",
+              a.hold_a_row, " of ", a.hold_a_rows, " and ", a.hold_b_row, " of ", a.hold_b_rows);
+  MOK_REQUIRE(!hold || a.hold_a_row % kBlockM == 0, "wgrad.hold_a_row", "a multiple of 128, got ", a.hold_a_row);
+  MOK_REQUIRE(!hold || a.hold_b_row % kBlockM == 0, "wgrad.hold_b_row", "a multiple of 128, got ", a.hold_b_row);
+  p.params.hold = hold ? 1 : 0;
+  p.params.hold_a_row = static_cast<int32_t>(a.hold_a_row);
+  p.params.hold_b_row = static_cast<int32_t>(a.hold_b_row);
   if (a.accumulate) {  // (refused alike whether or not this call has tiles)
     MOK_REQUIRE(!o.cluster, "options.cluster", "not with wgrad.accumulate (its kernel runs without clusters)");
     MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.dw) % 16 == 0 && reinterpret_cast<uintptr_t>(a.dw_up) % 16 == 0,
@@ -328,6 +341,10 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
   p.map_a = make_map_2d(a.a, u, uint64_t(a.m), 64);                 // {m, rows}: MN-major A
   p.map_b = make_map_3d(a.b, 1, u, uint64_t(a.n), 64);              // {n, rows, 1}: MN-major B
   p.map_b_half = p.map_b;
+  if (a.hold_a != nullptr) {  // (the same boxes over the hold buffers)
+    p.map_a_hold = make_map_2d(a.hold_a, uint64_t(a.hold_a_rows), uint64_t(a.m), 64);
+    p.map_b_hold = make_map_3d(a.hold_b, 1, uint64_t(a.hold_b_rows), uint64_t(a.n), 64);
+  }
   // With accumulate the maps are fp32 (the epilogue reduce-adds into them).
   set_wgrad_outputs(p, a.dw, a.dw_up, a.experts, a.m, a.n, a.accumulate ? MapType::F32Tile : MapType::BF16);
   return p;

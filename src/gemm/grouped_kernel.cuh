@@ -358,7 +358,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                         const __grid_constant__ CUtensorMap map_b_half,
                         const __grid_constant__ CUtensorMap map_d0,
-                        const __grid_constant__ CUtensorMap map_d1, const KernelParams p) {
+                        const __grid_constant__ CUtensorMap map_d1,
+                        const __grid_constant__ CUtensorMap map_a_hold,
+                        const __grid_constant__ CUtensorMap map_b_hold, const KernelParams p) {
   using Form = FormT<C>;
   using Schedule = std::conditional_t<kCluster, typename Form::PairSchedule, typename Form::Schedule>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -385,12 +387,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       prefetch_tensor_map(&map_a);
       prefetch_tensor_map(&map_b);
       if (Form::kGateUpB && p.b_gate_up != 0) prefetch_tensor_map(&map_b_half);  // the up weights
+      // Held rows (the weight gradients, WgradArgs::hold_*; not with clusters, whose producer has no
+      // registers left for them): K blocks below 0 from the hold maps.
+      HoldMaps held;
+      if (Form::kCarry && !kCluster && p.hold != 0) {
+        held = HoldMaps{&map_a_hold, &map_b_hold, p.hold_a_row, p.hold_b_row};
+        prefetch_tensor_map(&map_a_hold);
+        prefetch_tensor_map(&map_b_hold);
+      }
       PipeState<C> ps;
       Tile t;
       Schedule sched(p);
       while (sched.next(t, shared, dummy))
         if (!produce_tile<C, Form::kAMN, Form::kBMN, kCluster>(sm, ps, t, &map_a, &map_b, wb, &map_b_half, shared,
-                                                               rank, Form::kGateUpB && p.b_gate_up != 0))
+                                                               rank, Form::kGateUpB && p.b_gate_up != 0,
+                                                               NoStageExtra{}, held))
           break;  // a wait expired: issue nothing more
       drain_stages(sm, ps, wb);
       if constexpr (kCluster) producer_tail(sm, ps, wb);

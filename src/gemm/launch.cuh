@@ -63,7 +63,7 @@ void launch_cfg(const Plan& plan, cudaStream_t stream) {
     cfg.numAttrs = ++nattr;
   }
   MOK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, plan.map_a, plan.map_b, plan.map_b_half, plan.map_d0,
-                                    plan.map_d1, plan.params));
+                                    plan.map_d1, plan.map_a_hold, plan.map_b_hold, plan.params));
 }
 
 template <template <class> class FormT>

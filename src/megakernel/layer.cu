@@ -65,6 +65,13 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
                 "must be 'phased', 'merged' or 'static', got '", o, "'");
     bwd_merge = o == "merged" ? 1 : o == "static" ? 2 : 0;
   }
+  // The windows' held rows (layer_backward_windows.cu; an experiment knob, the same bits either
+  // way): MOK_BWD_HOLD=0 carries every cut expert's sums instead.
+  if (const char* hold = std::getenv("MOK_BWD_HOLD")) {
+    const std::string o = hold;
+    MOK_REQUIRE(o == "0" || o == "1", "MOK_BWD_HOLD", "must be 0 or 1, got '", o, "'");
+    bwd_hold = o == "1";
+  }
   rank = comm.rank();
   world = comm.world_size();
   // This rank's own checks first. Their verdict is one field of the cross-rank agreement below:

@@ -53,6 +53,18 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
   const int32_t* owned = parts + 2 * e_loc + 2;  // the window's experts: their tiles only
   windows_marked = 0;
   const bool program = config.backward_path == BackwardPath::Fused;
+  // Held rows instead of carries (bf16, four GEMM kernels, windows inside the activation budget:
+  // schedule_math.h's WindowHold): the held-over expert's x, d_y and weighted h rows go to the end
+  // of hold buffers in the gu scratch, which those windows leave unused (they read the saved rows;
+  // its d_gu rows stay where the saved rows are); at most what the scratch holds, and a window.
+  const int64_t hold_row_bytes = 4 * H + 2 * I;
+  const int64_t hold_rows = bwd_hold && !fp8 && !program && saved_rows > 0 && gu.p != nullptr
+                                ? std::min(R, mem.bytes("gu") / hold_row_bytes / sched::kBlockM * sched::kBlockM)
+                                : 0;
+  char* x_hold = static_cast<char*>(gu.p);
+  char* dy_hold = x_hold + hold_rows * 2 * H;
+  char* h_hold = dy_hold + hold_rows * 2 * H;
+  int64_t prev_lo = 0;
   // FP8 / MXFP8: the dgrads' weight codes once for all windows (unless kept), FC1 again in FP8.
   if (fp8 && e_loc > 0 && !config.fp8_keep_weight_codes_t) fp8_backward_weight_codes(stream);
   for (int64_t lo = 0, w = 0; lo < cap_rows; ++w) {
@@ -106,6 +118,17 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
     gemm::WgradArgs w1 = wgrad_args(gu_rows, x_rows, dw_gate, 2 * I, H, e_loc, hi - lo, part_begin, part_rows, dw_up,
                                     carry_gu[in], carry_gu[out], carried, v.expert_rows, owned);
     wd.accumulate = w1.accumulate = bwd_accumulate;  // GradRefs::accumulate (not on the program's path)
+    const sched::WindowHold hold{hold_rows, prev_lo, hold_rows > 0 ? saved_rows : 0};
+    if (hold_rows > 0 && lo > 0 && from_saved) {  // (an expert held in: its first rows are there)
+      wd.hold_a = dy_hold;
+      wd.hold_b = h_hold;
+      wd.hold_a_rows = wd.hold_b_rows = wd.hold_a_row = wd.hold_b_row = hold_rows;
+      w1.hold_a = gu_saved.p;  // (d_gu over the saved rows: the held rows' are those before lo)
+      w1.hold_a_rows = saved_rows;
+      w1.hold_a_row = lo;
+      w1.hold_b = x_hold;
+      w1.hold_b_rows = w1.hold_b_row = hold_rows;
+    }
     if (program) {  // the weight gradients in the dgrads' kernel (the window's parts first)
       gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, stream);
       routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false, &wd, &w1);
@@ -113,12 +136,28 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
     } else {
       routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false);
       win_mark(w, 3, stream);
-      gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, stream);
+      gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, stream, hold);
       gemm::run(gemm::plan_wgrad(wd, gemm_options()), stream);
       win_mark(w, 4, stream);
       gemm::run(gemm::plan_wgrad(w1, gemm_options()), stream);
+      if (hold_rows > 0 && hi < saved_rows) {  // the expert this window holds over (if any), after its wgrads read the last
+        gpu::HoldCopy c;
+        c.from[0] = x_rows;
+        c.to[0] = x_hold;
+        c.row_bytes[0] = 2 * H;
+        c.from[1] = dy_routed.p;
+        c.to[1] = dy_hold;
+        c.row_bytes[1] = 2 * H;
+        c.from[2] = h.p;
+        c.to[2] = h_hold;
+        c.row_bytes[2] = 2 * I;
+        c.count = 3;
+        c.hold_rows = hold_rows;
+        gpu::hold_rows(parts, e_loc, c, sms, stream);
+      }
       win_mark(w, 5, stream);
     }
+    prev_lo = lo;
     lo = hi;
   }
 }

@@ -270,6 +270,7 @@ struct Layer::Impl {
       "FC1 dgrad + router grad push",
       "reverse-dispatch push", "wgrad down", "wgrad gate/up", "barrier", "shared expert", "d_x merge"};
   bool profile = false;
+  bool bwd_hold = true;  // MOK_BWD_HOLD: the windows hold cut experts' rows (else carry them)
   std::vector<cudaEvent_t> bwd_marks;
   bool marking = false;     // this backward records them (not under stream capture)
   bool bwd_marked = false;  // the last backward recorded all of them

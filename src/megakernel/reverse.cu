@@ -125,41 +125,74 @@ __global__ void check_calls_kernel(const int64_t* const* peers, int world, int64
   }
 }
 
-// One block: every expert's part of window [lo, hi), then (thread 0, in expert order) the experts
-// carried across the window's two ends (schedule_math.h: at most one per cut) and the range of
-// experts the window owns (window_owns: contiguous).
+// One block: every expert's part of window [lo, hi), then (thread 0, in expert order) what the
+// window exchanges with its neighbours (schedule_math.h's window_ends: the carried experts, the
+// owned range, the held rows; the expert held in starts its K held_in_rows rows early).
 __global__ void window_parts_kernel(const int32_t* expert_offset, const int32_t* expert_rows, int32_t experts,
-                                    int64_t lo, int64_t hi, bool last, int32_t* parts) {
+                                    int64_t lo, int64_t hi, bool last, sched::WindowHold hold, int32_t* parts) {
   for (int32_t e = int32_t(threadIdx.x); e < experts; e += int32_t(blockDim.x)) {
     const sched::WindowPart p = sched::window_part(expert_offset[e], expert_rows[e], lo, hi);
     parts[e] = p.begin;
     parts[experts + e] = p.rows;
   }
+  __syncthreads();
   if (threadIdx.x == 0) {
-    int32_t in = -1, out = -1, first = -1, owned = 0;
-    for (int32_t e = 0; e < experts; ++e) {
-      if (sched::rows_cross(expert_offset[e], expert_rows[e], lo)) in = e;
-      if (sched::rows_cross(expert_offset[e], expert_rows[e], hi)) out = e;
-      if (sched::window_owns(expert_offset[e], expert_rows[e], lo, hi, last)) {
-        if (first < 0) first = e;
-        owned = e - first + 1;
-      }
+    const sched::WindowEnds w = sched::window_ends(expert_offset, expert_rows, experts, lo, hi, last, hold);
+    if (w.held_in >= 0) {
+      parts[w.held_in] -= w.held_in_rows;  // (its part starts at 0)
+      parts[experts + w.held_in] += w.held_in_rows;
     }
-    parts[2 * experts] = in;
-    parts[2 * experts + 1] = out;
-    parts[2 * experts + 2] = first < 0 ? 0 : first;
-    parts[2 * experts + 3] = owned;
+    int32_t* t = parts + 2 * experts;
+    t[0] = w.carry_in;
+    t[1] = w.carry_out;
+    t[2] = w.first;
+    t[3] = w.owned;
+    t[4] = w.held_out;
+    t[5] = w.held_out_rows;
+    t[6] = w.held_out_at;
+  }
+}
+
+// The held-over expert's rows of each operand (window-relative, from parts' held-out record) to
+// the end of its hold buffer: rows [held_out_at, + n) -> [hold_rows - n, hold_rows). Nothing when
+// the window holds nothing. Grid-stride over 16-byte vectors.
+__global__ void __launch_bounds__(kThreads) hold_rows_kernel(const int32_t* ends, HoldCopy c) {
+  if (ends[4] < 0) return;
+  const int64_t n = ends[5], at = ends[6];
+#pragma unroll
+  for (int i = 0; i < HoldCopy::kMax; ++i) {  // (unrolled: the struct's arrays stay in the parameter space)
+    if (i >= c.count) break;
+    const int64_t vecs = c.row_bytes[i] / 16, total = n * vecs;
+    const uint4* from = reinterpret_cast<const uint4*>(c.from[i]) + at * vecs;
+    uint4* to = reinterpret_cast<uint4*>(c.to[i]) + (c.hold_rows - n) * vecs;
+    for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < total; v += int64_t(gridDim.x) * blockDim.x)
+      to[v] = from[v];
   }
 }
 
 }  // namespace
 
 void window_parts(const ScheduleView& v, int64_t experts, int64_t lo, int64_t hi, bool last, int32_t* parts,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, const sched::WindowHold& hold) {
   MOK_REQUIRE(experts >= 1 && experts < (int64_t(1) << 24), "window_parts.experts", "in [1, 2^24), got ", experts);
   MOK_REQUIRE(lo >= 0 && hi > lo && lo % sched::kBlockM == 0 && hi % sched::kBlockM == 0, "window_parts.lo/hi",
               "a window of whole ", sched::kBlockM, "-row tiles, got [", lo, ", ", hi, ")");
-  window_parts_kernel<<<1, 256, 0, stream>>>(v.expert_offset, v.expert_rows, int32_t(experts), lo, hi, last, parts);
+  MOK_REQUIRE(hold.rows >= 0 && hold.rows % sched::kBlockM == 0 && hold.prev_lo >= 0 && hold.prev_lo <= lo,
+              "window_parts.hold", "whole tiles of rows, and the previous window's first row at most lo, got ",
+              hold.rows, " rows, previous window at ", hold.prev_lo);
+  window_parts_kernel<<<1, 256, 0, stream>>>(v.expert_offset, v.expert_rows, int32_t(experts), lo, hi, last, hold,
+                                             parts);
+  MOK_CUDA_CHECK(cudaGetLastError());
+}
+
+void hold_rows(const int32_t* parts, int64_t experts, const HoldCopy& c, int sms, cudaStream_t stream) {
+  MOK_REQUIRE(c.count >= 0 && c.count <= HoldCopy::kMax && c.hold_rows > 0, "hold_rows",
+              "1 to ", HoldCopy::kMax, " operands and a hold of rows, got ", c.count, " and ", c.hold_rows);
+  for (int i = 0; i < c.count; ++i)
+    MOK_REQUIRE(c.from[i] && c.to[i] && c.row_bytes[i] > 0 && c.row_bytes[i] % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(c.from[i]) % 16 == 0 && reinterpret_cast<uintptr_t>(c.to[i]) % 16 == 0,
+                "hold_rows", "operand ", i, ": 16-byte aligned rows of whole 16-byte vectors");
+  hold_rows_kernel<<<std::max(1, sms), kThreads, 0, stream>>>(parts + 2 * experts, c);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "megakernel/dispatch.h"
+#include "schedule/schedule_math.h"
 
 namespace mok::gpu {
 
@@ -48,12 +49,29 @@ void check_call_ids(const void* const* peers, int world, int64_t id, int64_t lay
 
 // The backward over windows of the routed layout (notes/memory.md), for window [lo, hi) (whole
 // 128-row tiles) of `v`'s rows: parts[e] = expert e's first token row in the window, relative to
-// lo, parts[experts + e] its token rows there (0: none), parts[2 * experts] / parts[2 * experts + 1]
-// the expert whose token rows cross lo / hi (its weight-gradient sums carry in / out; -1 = none),
-// parts[2 * experts + 2 .. + 3] = {first, count} of the experts the window owns (its wgrads'
-// WgradArgs::expert_range; `last`: the last window, hi = the layout's end).
-// parts: 2 * experts + 4 int32 (device). schedule_math.h's window_part / rows_cross / window_owns.
+// lo, parts[experts + e] its token rows there (0: none; the expert held in from the previous
+// window starts -held rows early, its rows counting them), then at parts + 2 * experts
+// schedule_math.h's WindowEnds: [0] / [1] the expert whose token rows cross lo / hi with their
+// weight-gradient sums carried in / out (-1 = none), [2] / [3] {first, count} of the experts the
+// window owns (its wgrads' WgradArgs::expert_range; `last`: the last window, hi = the layout's
+// end), [4] / [5] / [6] the expert held over to the next window (-1 = none), its rows and their
+// first row (window-relative). `hold`: rows = 0 never holds.
+// parts: 2 * experts + 7 int32 (device).
+constexpr int64_t kWindowPartsExtra = 7;
 void window_parts(const ScheduleView& v, int64_t experts, int64_t lo, int64_t hi, bool last, int32_t* parts,
-                  cudaStream_t stream);
+                  cudaStream_t stream, const sched::WindowHold& hold = {});
+
+// The held rows: the held-over expert's rows of up to kMax operands (from[i], window-relative rows
+// of row_bytes[i]) copied to the last rows of hold buffers (to[i], hold_rows rows each), where the
+// next window's weight gradients read them (WgradArgs::hold_*). parts: window_parts' output.
+struct HoldCopy {
+  static constexpr int kMax = 4;
+  const void* from[kMax] = {};
+  void* to[kMax] = {};
+  int64_t row_bytes[kMax] = {};
+  int count = 0;
+  int64_t hold_rows = 0;
+};
+void hold_rows(const int32_t* parts, int64_t experts, const HoldCopy& c, int sms, cudaStream_t stream);
 
 }  // namespace mok::gpu

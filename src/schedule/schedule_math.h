@@ -164,4 +164,63 @@ MOK_HD bool window_owns(int64_t begin, int64_t rows, int64_t lo, int64_t hi, boo
   return begin >= lo && (begin < hi || last);
 }
 
+// Held rows instead of a carry (the bf16 backward over windows): an expert cut by a window's end
+// whose rows in that window fit `rows` (and which started there) is not run by that window at
+// all; its rows there — the weight gradients' operands — are copied aside and the next window
+// runs the expert over them and its own rows, in that K order (WgradArgs::hold_*): the resident
+// bits without writing and reading one expert's fp32 sums (117 MB for DeepSeek-V3's dW_gate/up)
+// per cut, and without the cut expert's tiles twice at half K. Only where the next window also
+// starts before `end` (the saved gate/up rows' end: those windows read d_gu in place and keep no
+// gate/up rows of their own, so the held rows can live in that scratch). rows = 0: no holding.
+struct WindowHold {
+  int64_t rows = 0;     // most rows held (a multiple of kBlockM)
+  int64_t prev_lo = 0;  // the previous window's first row
+  int64_t end = 0;      // a cut at or past it is carried
+};
+MOK_HD bool held_over(int64_t begin, int64_t rows, int64_t lo, int64_t cut, int64_t hold_rows, int64_t end) {
+  return rows_cross(begin, rows, cut) && begin >= lo && cut - begin <= hold_rows && cut < end;
+}
+
+// What window [lo, hi)'s weight gradients exchange with the windows around it: the experts whose
+// fp32 sums come from / go to the carry buffers (-1 = none), the experts it runs ({first, count}:
+// window_owns, less an expert held over to the next window), the expert the previous window held
+// over (its K then starts held_in_rows rows before the window) and the one this window holds over
+// (its rows from held_out_at, window-relative). offset / rows: the experts' layout (one thread).
+struct WindowEnds {
+  int32_t carry_in = -1, carry_out = -1, first = 0, owned = 0;
+  int32_t held_in = -1, held_in_rows = 0, held_out = -1, held_out_rows = 0, held_out_at = 0;
+};
+MOK_HD WindowEnds window_ends(const int32_t* offset, const int32_t* rows, int32_t experts, int64_t lo, int64_t hi,
+                              bool last, const WindowHold& hold) {
+  WindowEnds w;
+  int32_t first = -1;
+  for (int32_t e = 0; e < experts; ++e) {
+    const int64_t b = offset[e], r = rows[e];
+    if (rows_cross(b, r, lo)) {
+      if (held_over(b, r, hold.prev_lo, lo, hold.rows, hold.end)) {
+        w.held_in = e;
+        w.held_in_rows = int32_t(lo - b);
+      } else {
+        w.carry_in = e;
+      }
+    }
+    if (rows_cross(b, r, hi)) {
+      if (held_over(b, r, lo, hi, hold.rows, hold.end)) {
+        w.held_out = e;
+        w.held_out_rows = int32_t(hi - b);
+        w.held_out_at = int32_t(b - lo);
+      } else {
+        w.carry_out = e;
+      }
+    }
+    if (window_owns(b, r, lo, hi, last)) {
+      if (first < 0) first = e;
+      w.owned = e - first + 1;
+    }
+  }
+  w.first = first < 0 ? 0 : first;
+  if (w.held_out >= 0) w.owned -= 1;  // (the window's last owned expert: nothing after it starts before hi)
+  return w;
+}
+
 }  // namespace mok::sched

@@ -97,6 +97,74 @@ TEST(ScheduleMath, EveryExpertIsOwnedByContiguousWindows) {
   }
 }
 
+// The windows' ends with held rows (window_ends, the bf16 backward over windows): walking the
+// windows as the layer does (a ring of `window` rows, the activation budget's end cutting one),
+// every expert's weight gradient is run over all its token rows exactly once in row order — the
+// rows of each window that runs it, the rows held over from the previous one first, the fp32
+// carries joining windows otherwise — and written by one window; held rows fit the hold, only
+// cuts before its end hold, what a window holds out the next holds in (and carries likewise), and
+// a window's owned experts stay contiguous.
+TEST(ScheduleMath, WindowEndsHoldOrCarryEveryCutExpert) {
+  // 300, 0, 700, 129, 64, 0, 1000, 128 token rows, padded: a full layout of 2944 rows.
+  const std::vector<int32_t> rows = {300, 0, 700, 129, 64, 0, 1000, 128};
+  std::vector<int32_t> offset(rows.size(), 0);
+  for (size_t e = 1; e < rows.size(); ++e) offset[e] = offset[e - 1] + int32_t(sched::pad_rows(rows[e - 1]));
+  const int64_t total = offset.back() + sched::pad_rows(rows.back());
+  const int32_t experts = int32_t(rows.size());
+  int held_cuts = 0, carried_cuts = 0;
+  for (const int64_t window : {int64_t(256), int64_t(384), int64_t(512), int64_t(1024), int64_t(4096)})
+    for (const int64_t hold_rows : {int64_t(0), int64_t(128), int64_t(384), int64_t(1024)})
+      for (const int64_t end : {int64_t(0), int64_t(1280), total}) {
+        const auto where = [&](int64_t lo) {
+          return "window " + std::to_string(window) + " hold " + std::to_string(hold_rows) + " end " +
+                 std::to_string(end) + " at " + std::to_string(lo);
+        };
+        std::vector<int64_t> done(rows.size(), 0);  // rows of each expert summed so far, in order
+        std::vector<int> writes(rows.size(), 0);
+        sched::WindowEnds prev;
+        int64_t prev_lo = 0;
+        for (int64_t lo = 0; lo < total;) {
+          int64_t hi = std::min(lo + window, total);
+          if (lo < end && end < hi) hi = end;  // (the budget's end cuts a window, as in the layer)
+          const sched::WindowEnds w = sched::window_ends(offset.data(), rows.data(), experts, lo, hi, hi == total,
+                                                         sched::WindowHold{hold_rows, prev_lo, end});
+          EXPECT_EQ(w.carry_in, prev.carry_out) << where(lo);
+          EXPECT_EQ(w.held_in, prev.held_out) << where(lo);
+          EXPECT_EQ(w.held_in_rows, prev.held_out >= 0 ? prev.held_out_rows : 0) << where(lo);
+          if (w.held_out >= 0) {
+            ++held_cuts;
+            EXPECT_LE(w.held_out_rows, hold_rows) << where(lo);
+            EXPECT_LT(hi, end) << where(lo);
+            EXPECT_EQ(w.held_out_rows % 128, 0) << where(lo);
+            EXPECT_EQ(lo + w.held_out_at, offset[size_t(w.held_out)]) << "the held expert starts in its window";
+            EXPECT_EQ(w.first + w.owned, w.held_out) << "the held-out expert is next after the owned ones";
+          }
+          if (w.carry_out >= 0) ++carried_cuts;
+          for (int32_t e = w.first; e < w.first + w.owned; ++e) {
+            const sched::WindowPart p = sched::window_part(offset[size_t(e)], rows[size_t(e)], lo, hi);
+            const int64_t held = e == w.held_in ? w.held_in_rows : 0;
+            // K order: this window's run starts where the expert's sums stand (0, or carried in).
+            const int64_t start = p.rows > 0 ? lo + p.begin - offset[size_t(e)] - held : 0;
+            EXPECT_EQ(start, done[size_t(e)]) << "expert " << e << ", " << where(lo);
+            EXPECT_TRUE(e == w.carry_in ? done[size_t(e)] > 0 : held > 0 || done[size_t(e)] == 0)
+                << "expert " << e << ", " << where(lo);
+            done[size_t(e)] = start + held + p.rows;
+            if (e != w.carry_out) ++writes[size_t(e)];
+          }
+          if (w.held_out >= 0) done[size_t(w.held_out)] = 0;  // (not run here: the next window runs it from row 0)
+          prev = w;
+          prev_lo = lo;
+          lo = hi;
+        }
+        for (size_t e = 0; e < rows.size(); ++e) {
+          EXPECT_EQ(done[e], rows[e]) << "expert " << e << ", window " << window << " hold " << hold_rows;
+          EXPECT_EQ(writes[e], 1) << "expert " << e << ", window " << window << " hold " << hold_rows;
+        }
+      }
+  EXPECT_GT(held_cuts, 10);
+  EXPECT_GT(carried_cuts, 10);
+}
+
 TEST(ScheduleMath, InterleavedRowsAreRoundRobin) {
   const int32_t counts[3] = {3, 0, 2};
   // Round 0: rank 0, rank 2; round 1: rank 0, rank 2; round 2: rank 0.
