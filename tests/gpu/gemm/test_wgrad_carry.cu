@@ -210,7 +210,7 @@ TEST(WgradCarry, HeldRowsGiveTheOneCallBits) {
   // Tiles per expert 3, 0, 6, 2, 1, 8: cuts at tiles 2 (inside expert 0: held, 256 rows), 4 and 7
   // (expert 2 spans three windows: its first 128 rows held, then carried out of the window that
   // holds them in), 10 (inside expert 3: held, 128 rows), 15 (inside expert 5: 384 rows, held
-  // with a hold of 384, carried with 256).
+  // with a hold of 384, carried with 256): 3 or 4 cuts held.
   const std::vector<int32_t> counts = {300, 0, 700, 129, 64, 1000};
   const Routed rt(counts);
   std::vector<int64_t> cuts;
@@ -231,7 +231,7 @@ TEST(WgradCarry, HeldRowsGiveTheOneCallBits) {
       const auto split = wgrad_held(rt, da, db, m, n, v, cuts, hold_rows, &held);
       int64_t differ = 0;
       for (size_t i = 0; i < one.size(); ++i) differ += one[i] != split[i];
-      EXPECT_EQ(held, hold_rows == 256 ? 4 : 5) << "cuts held";
+      EXPECT_EQ(held, hold_rows == 256 ? 3 : 4) << "cuts held";
       EXPECT_EQ(differ, 0) << "of " << one.size() << " elements";
       std::printf("[wgrad held] bn=%d gate_up=%d accumulate=%d hold=%lld: %d cuts held, %lld of %zu differ\n",
                   v.block_n, v.gate_up, v.accumulate, (long long)hold_rows, held, (long long)differ, one.size());
