@@ -144,7 +144,9 @@ def versus(values):
 
 
 def model_name(m):
-    return MODEL_NAMES.get(m, m)
+    base, _, slice_ = m.partition("/")  # "dsv3/ep8": the per-rank slice of EP 8 on one GPU
+    name = MODEL_NAMES.get(base, base)
+    return "%s %s slice" % (name, slice_.upper().replace("EP", "EP-")) if slice_ else name
 
 
 def case_name(model, T, routing):
@@ -477,6 +479,24 @@ def backward_program_figures(res):
             "; ".join(parts), b.source())]
 
 
+def window_hold_figures(res):
+    """The backward over windows: cut experts held over to the next window against carried in fp32."""
+    h = res["window-hold-ab-h200x1.json"]
+    variants = h.get("variants")
+    cases = h.get("cases")
+    ref, new = variants[0], variants[-1]
+    ratios = [h.num(new, "over_" + ref, within=c) for c in cases]
+    names = "; ".join("%s %.2f vs %.2f ms" % (case_name(h.get("model", within=c), h.num("T", within=c),
+                                                        h.get("routing", within=c)),
+                                              h.num(new, "median", within=c), h.num(ref, "median", within=c))
+                      for c in cases)
+    return [
+        "**Held rows** (the training default's backward over windows: an expert cut by a window's end is held "
+        "over whole into the next window, its rows kept in scratch the saved windows leave free, instead of "
+        "carrying its fp32 weight-gradient sums; bitwise the same, same binary alternated): backward time "
+        "%s the carry's over %s (%s). %s" % (span(ratios), count(len(cases), "case"), names, h.source())]
+
+
 def gemm_fp8_figures(res):
     """The block-scaled FP8 grouped forms against cuBLAS's FP8 rate and mok's BF16 form, same run."""
     g = res["gemm-fp8-h200x1.json"]
@@ -622,7 +642,8 @@ def runtime_ab_figures(res):
 
 FIGURES = [forward_figures, one_gpu_figures, fp8_forward_figures, fp8_backward_figures, fp8_training_figures,
            mxfp8_figures, gemm_figures, gemm_fp8_figures, comm_figures, schedule_figures,
-           sustained_figures, reliability_figures, memory_figures, training_figures, backward_program_figures,
+           sustained_figures, reliability_figures, memory_figures, training_figures, window_hold_figures,
+           backward_program_figures,
            runtime_ab_figures, torch_figures]
 
 

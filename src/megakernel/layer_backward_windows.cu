@@ -22,9 +22,12 @@ namespace mok {
 // the same sums); the d_out rows pulled, FC2's dgrad + SwiGLU' (h from the gate/up rows with FC1's
 // bits, the router-weight gradient) and FC1's dgrad, the d_x rows pushed into their slots
 // (routed_dgrads), and the weight gradients
-// over each expert's part of the window, the expert cut by the window's end carried to the next in
-// fp32 (WgradArgs::carry_in / carry_out): every gradient the resident backward's bits (windows are
-// whole tiles, so every sum runs in the same K order). The wgrads schedule the window's experts
+// over each expert's part of the window. The expert cut by the window's end is held over (bf16,
+// windows inside the activation budget, rows that fit the hold: schedule_math.h's WindowHold; its
+// x, d_y and h rows copied to hold buffers in the unused gu scratch, its d_gu rows read where
+// they are saved, and the next window's wgrads run it whole: WgradArgs::hold_*), or else carried
+// to the next in fp32 (WgradArgs::carry_in / carry_out): every gradient the resident backward's
+// bits (windows are whole tiles, so every sum runs in the same K order). The wgrads schedule the window's experts
 // only (WgradArgs::expert_range, sched::window_owns): at DeepSeek-V3 EP 1 a ring of 8192 rows holds
 // ~32 of 256 experts, and the empty tiles of the other 224 (~300k per window) cost more than the
 // window's MMAs. With Config::backward_path fused a window's dgrads and weight gradients are one
