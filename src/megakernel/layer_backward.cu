@@ -202,20 +202,26 @@ void Layer::Impl::shared_backward(const DeviceGrads& g, cudaStream_t stream) {
             begin + 1, stream, const_cast<void*>(g.d_ws_up.data));
 }
 
+void Layer::Impl::pull_dy_rows(const gpu::MoveArgs& move, cudaStream_t stream, void* x_to) {
+  gpu::pull_reverse_combine(move, dout_peers.get<const void* const>(), weight_peers.get<const float* const>(),
+                            dy_routed.p, stream, row_weights.get<float>(),
+                            x_to != nullptr ? x_peers.get<const void* const>() : nullptr, x_to);
+}
+
 // The routed rows of move's window, their x rows, gate/up rows (gu_rows) and h (written): the
-// unweighted d_out rows pulled with their router weights (reverse combine), FC2's dgrad + SwiGLU'
-// (d_gu over gu_rows, the router-weight gradient's partial sums, the weighted h from gu: dW_down's
-// operand), the partial sums pushed to the source ranks, FC1's dgrad into y and the d_x rows
-// pushed into their source slots (reverse dispatch). marks: the resident backward's stage marks.
+// unweighted d_out rows pulled with their router weights (reverse combine; `pulled`: the caller
+// did, pull_dy_rows), FC2's dgrad + SwiGLU' (d_gu over gu_rows, the router-weight gradient's
+// partial sums, the weighted h from gu: dW_down's operand), FC1's dgrad into y, then one kernel
+// pushes the partial sums to the source ranks and the d_x rows into their source slots (reverse
+// dispatch). marks: the resident backward's stage marks.
 // wd, w1 (Config::backward_path fused): the window's weight gradients, which then run with the
 // dgrads in one kernel (the backward's GEMM program) before the pushes.
 void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const int32_t* tile_expert, int64_t tiles,
                                 int64_t width_tiles, cudaStream_t stream, bool marks, const gemm::WgradArgs* wd,
-                                const gemm::WgradArgs* w1) {
+                                const gemm::WgradArgs* w1, bool pulled) {
   float* row_w = row_weights.get<float>();
   float* partial = router_partials.get<float>();
-  gpu::pull_reverse_combine(move, dout_peers.get<const void* const>(), weight_peers.get<const float* const>(),
-                            dy_routed.p, stream, row_w);
+  if (!pulled) pull_dy_rows(move, stream);
   if (marks) mark(3, stream);
   if (wd != nullptr && w1 != nullptr) {
     gemm::DgradSwiGLUArgs ds;
@@ -228,9 +234,10 @@ void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const 
     run_dgrads(dy_routed.p, weights.w_down.data, gu_rows, weights.w_gate.data, weights.w_up.data, y.p, I, e_loc,
                tile_expert, tiles, stream, marks ? 4 : -1, width_tiles, row_w, partial, h.p);
   }
-  gpu::push_router_grad(move, partial, gemm::router_parts(I), dweight_peers.get<float* const>(), stream);
   if (marks) mark(5, stream);
-  gpu::push_combine(move, y.p, combine_peers.get<void* const>(), stream);
+  // Both pushes in one kernel: the router-weight gradient's sums and the d_x rows (reverse dispatch).
+  gpu::push_router_grad(move, partial, gemm::router_parts(I), dweight_peers.get<float* const>(), stream, y.p,
+                        combine_peers.get<void* const>());
   if (marks) mark(6, stream);
 }
 

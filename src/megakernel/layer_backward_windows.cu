@@ -80,7 +80,12 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
     move.row_begin = lo;
     move.row_end = hi;
     win_mark(w, 0, stream);
-    gpu::pull_dispatch(move, x_peers.get<const void* const>(), x_rows, stream);
+    // bf16: the window's x rows and d_out rows in one kernel (FC1 again reads the x rows next);
+    // FP8 pulls its d_y rows (or codes) in fp8_backward_rows.
+    if (fp8)
+      gpu::pull_dispatch(move, x_peers.get<const void* const>(), x_rows, stream);
+    else
+      pull_dy_rows(move, stream, x_rows);
     win_mark(w, 1, stream);
     // The window's gate/up rows: the forward's (d_gu is written over them: one backward per
     // forward), or FC1 again (its h output is overwritten unread: FC2's dgrad computes h from gu).
@@ -134,10 +139,10 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
     }
     if (program) {  // the weight gradients in the dgrads' kernel (the window's parts first)
       gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, stream);
-      routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false, &wd, &w1);
+      routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false, &wd, &w1, true);
       for (int i = 3; i <= 5; ++i) win_mark(w, i, stream);
     } else {
-      routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false);
+      routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false, nullptr, nullptr, true);
       win_mark(w, 3, stream);
       gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, stream, hold);
       gemm::run(gemm::plan_wgrad(wd, gemm_options()), stream);

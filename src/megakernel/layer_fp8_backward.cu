@@ -57,9 +57,9 @@ void Layer::Impl::fp8_backward_weight_codes(cudaStream_t stream) {
 
 // The resident FP8 backward: one window of every routed row, the forward's gate/up rows, x read
 // in the x windows. Stage marks as the bf16 backward's (kBwdStageNames): 3 the pulls, 4 the
-// weights' codes, d_y's and FC2's dgrad + SwiGLU', 5 d_gu's codes, FC1's dgrad and the router-
-// gradient push, 6 the reverse-dispatch push, 7 the token blocks and dW_down; dW_gate/up ends at
-// backward()'s mark 8.
+// weights' codes, d_y's and FC2's dgrad + SwiGLU', 5 d_gu's codes and FC1's dgrad, 6 the router-
+// gradient and reverse-dispatch pushes (one kernel), 7 the token blocks and dW_down; dW_gate/up
+// ends at backward()'s mark 8.
 void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream) {
   const gpu::ScheduleView v = schedule->view();
   gpu::MoveArgs move = move_args();
@@ -150,9 +150,10 @@ void Layer::Impl::fp8_backward_rows(const gpu::MoveArgs& move, const Fp8Window& 
     dx.num_m_tiles = tiles;
     gemm::run(gemm::plan_fp8_grouped(dx, options_as(w.width_tiles, H)), stream);
   }
-  gpu::push_router_grad(move, partial, gemm::router_parts(I), dweight_peers.get<float* const>(), stream);
   stage(2);
-  gpu::push_combine(move, y.p, combine_peers.get<void* const>(), stream);
+  // Both pushes in one kernel: the router-weight gradient's sums and the d_x rows (reverse dispatch).
+  gpu::push_router_grad(move, partial, gemm::router_parts(I), dweight_peers.get<float* const>(), stream, y.p,
+                        combine_peers.get<void* const>());
   stage(3);
   if (rows == 0 || e_loc == 0) {  // no rows: zero gradients
     for (void* p : {dw_gate, dw_up, dw_down})

@@ -266,9 +266,8 @@ struct Layer::Impl {
   // MOK_PROFILE=1: events at the backward's stage boundaries (profile_summary reports the last one).
   static constexpr int kBwdStages = 11;
   static constexpr const char* kBwdStageNames[kBwdStages] = {
-      "routing check", "barrier", "reverse-combine pull", "FC2 dgrad + SwiGLU' + router grad",
-      "FC1 dgrad + router grad push",
-      "reverse-dispatch push", "wgrad down", "wgrad gate/up", "barrier", "shared expert", "d_x merge"};
+      "routing check", "barrier", "reverse-combine pull", "FC2 dgrad + SwiGLU' + router grad", "FC1 dgrad",
+      "router-grad + reverse-dispatch push", "wgrad down", "wgrad gate/up", "barrier", "shared expert", "d_x merge"};
   bool profile = false;
   bool bwd_hold = true;  // MOK_BWD_HOLD: the windows hold cut experts' rows (else carry them)
   std::vector<cudaEvent_t> bwd_marks;
@@ -279,7 +278,7 @@ struct Layer::Impl {
   }
   // The backward over windows (one stage above): kWinStages per window, summed over the windows.
   static constexpr int kWinStages = 5;
-  static constexpr const char* kWinStageNames[kWinStages] = {"x pull", "FC1 again (past the budget)", "dgrads + pushes",
+  static constexpr const char* kWinStageNames[kWinStages] = {"pulls (x, d_out)", "FC1 again (past the budget)", "dgrads + pushes",
                                                              "wgrad down", "wgrad gate/up"};
   std::vector<cudaEvent_t> win_marks;  // window w's stage boundaries at [w * (kWinStages + 1), ...]
   int64_t windows_marked = 0;          // windows the last backward recorded
@@ -349,8 +348,8 @@ struct Layer::Impl {
     const int32_t* rows_total = nullptr;
     const int32_t* owned = nullptr;
   };
-  // stage(i) after each step: 0 the d_out pull, 1 FC2's dgrad, 2 FC1's dgrad and the router-
-  // gradient push, 3 the reverse-dispatch push, 4 dW_down (dW_gate/up is the caller's to mark).
+  // stage(i) after each step: 0 the d_out pull, 1 FC2's dgrad, 2 FC1's dgrad, 3 the router-
+  // gradient and reverse-dispatch pushes, 4 dW_down (dW_gate/up is the caller's to mark).
   void fp8_backward_rows(const gpu::MoveArgs& move, const Fp8Window& w, void* dw_gate, void* dw_up, void* dw_down,
                          cudaStream_t stream, const std::function<void(int)>& stage);
   // A window's FP8 FC1 again (layer_fp8.cu): its bf16 x rows quantized as the forward's x was, the
@@ -389,7 +388,10 @@ struct Layer::Impl {
                   gemm::DgradArgs& dx) const;
   void routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const int32_t* tile_expert, int64_t tiles,
                      int64_t width_tiles, cudaStream_t stream, bool marks, const gemm::WgradArgs* wd = nullptr,
-                     const gemm::WgradArgs* w1 = nullptr);
+                     const gemm::WgradArgs* w1 = nullptr, bool pulled = false);
+  // The window's d_out rows and router weights pulled (reverse combine) into dy_routed / row_weights,
+  // and with x_to its x rows into x_to in the same kernel.
+  void pull_dy_rows(const gpu::MoveArgs& move, cudaStream_t stream, void* x_to = nullptr);
   void run_backward_program(const gemm::DgradSwiGLUArgs& ds, const gemm::DgradArgs& dx, const gemm::WgradArgs& wd,
                             const gemm::WgradArgs& w1, cudaStream_t stream);
   // gemm_options() with the tile width a plan over `width_tiles` M tiles and n columns picks

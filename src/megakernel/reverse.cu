@@ -49,24 +49,31 @@ __device__ __forceinline__ void scale_row(const uint4* from, uint4* to, int hidd
 
 // One warp per routed row (warps of all CTAs stride over the window's rows), four 16-byte loads in
 // flight per lane: the rows come over NVLink from the source rank. With row_weight the rows are
-// copied unweighted and their weights written there (0 for padding rows).
+// copied unweighted and their weights written there (0 for padding rows). With x_peers the row's x
+// row is pulled too, into x_rows (zero for padding rows; the pull dispatch's copy): a window's two
+// pulls in one kernel.
 __global__ void __launch_bounds__(kThreads) reverse_combine_kernel(ScheduleView s, int hidden_vecs, int top_k,
                                                                    int64_t row_begin, int64_t row_end,
                                                                    const uint4* const* d_out_peers,
                                                                    const float* const* weight_peers,
                                                                    uint4* __restrict__ dy, float* row_weight,
+                                                                   const uint4* const* x_peers, uint4* x_rows,
                                                                    const uint32_t* abort) {
   for_each_window_row(s, row_begin, row_end, abort, [&](int64_t row, int lane) {
     const int src = s.src_rank[row];
-    uint4* to = dy + (row - row_begin) * hidden_vecs;
+    const int64_t local = (row - row_begin) * hidden_vecs;
+    uint4* to = dy + local;
     if (src < 0) {
       zero_row(to, hidden_vecs, lane);
       if (row_weight != nullptr && lane == 0) row_weight[row - row_begin] = 0.0f;
+      if (x_peers != nullptr) zero_row(x_rows + local, hidden_vecs, lane);
       return;
     }
     const int slot = s.src_slot[row];
     const float w = weight_peers[src][slot];
-    const uint4* from = d_out_peers[src] + static_cast<int64_t>(slot / top_k) * hidden_vecs;
+    const int64_t token = static_cast<int64_t>(slot / top_k) * hidden_vecs;
+    if (x_peers != nullptr) copy_row(x_peers[src] + token, x_rows + local, hidden_vecs, lane);
+    const uint4* from = d_out_peers[src] + token;
     if (row_weight == nullptr) {
       scale_row(from, to, hidden_vecs, lane, w);
       return;
@@ -78,14 +85,18 @@ __global__ void __launch_bounds__(kThreads) reverse_combine_kernel(ScheduleView 
 
 // One warp per routed row: the row's partial sums, 32 loads at a time (one per lane), added in
 // increasing order through shuffles (no serial chain of loads), into its source slot of the
-// source rank's gradient window.
+// source rank's gradient window. With combine_peers the row's d_x row (y_rows) goes to that slot of
+// the source rank's combine window too (the reverse dispatch: push_combine's copy): a window's two
+// pushes in one kernel.
 __global__ void __launch_bounds__(kThreads) router_grad_push_kernel(ScheduleView s, int64_t row_begin,
                                                                     int64_t row_end, const float* __restrict__ part,
                                                                     int parts, float* const* d_weight_peers,
-                                                                    const uint32_t* abort) {
+                                                                    const uint4* y_rows, uint4* const* combine_peers,
+                                                                    int hidden_vecs, const uint32_t* abort) {
   for_each_window_row(s, row_begin, row_end, abort, [&](int64_t row, int lane) {
     const int src = s.src_rank[row];
     if (src < 0) return;  // uniform over the warp
+    const int slot = s.src_slot[row];
     const float* p = part + (row - row_begin) * parts;
     float sum = 0.0f;
     for (int base = 0; base < parts; base += 32) {
@@ -93,7 +104,10 @@ __global__ void __launch_bounds__(kThreads) router_grad_push_kernel(ScheduleView
       const int n = parts - base < 32 ? parts - base : 32;
       for (int i = 0; i < n; ++i) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, v, i));
     }
-    if (lane == 0) d_weight_peers[src][s.src_slot[row]] = sum;
+    if (lane == 0) d_weight_peers[src][slot] = sum;
+    if (combine_peers != nullptr)
+      copy_row(y_rows + (row - row_begin) * hidden_vecs, combine_peers[src] + static_cast<int64_t>(slot) * hidden_vecs,
+               hidden_vecs, lane);
   });
 }
 
@@ -197,14 +211,17 @@ void hold_rows(const int32_t* parts, int64_t experts, const HoldCopy& c, int sms
 }
 
 void pull_reverse_combine(const MoveArgs& a, const void* const* d_out_peers, const float* const* weight_peers,
-                          void* dy_routed, cudaStream_t stream, float* row_weight) {
+                          void* dy_routed, cudaStream_t stream, float* row_weight, const void* const* x_peers,
+                          void* x_rows) {
   check_move_args(a);
   MOK_REQUIRE(d_out_peers && weight_peers && dy_routed, "pull_reverse_combine",
               "d_out_peers, weight_peers and dy_routed must be non-null");
+  MOK_REQUIRE((x_peers == nullptr) == (x_rows == nullptr), "pull_reverse_combine.x_rows",
+              "x_peers and x_rows must be given together (or neither)");
   reverse_combine_kernel<<<a.sms, kThreads, 0, stream>>>(
       a.schedule, static_cast<int>(a.hidden / 8), static_cast<int>(a.top_k), a.row_begin, a.row_end,
       reinterpret_cast<const uint4* const*>(d_out_peers), weight_peers, static_cast<uint4*>(dy_routed), row_weight,
-      a.abort);
+      reinterpret_cast<const uint4* const*>(x_peers), static_cast<uint4*>(x_rows), a.abort);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -224,12 +241,16 @@ void check_call_ids(const void* const* peers, int world, int64_t id, int64_t lay
 }
 
 void push_router_grad(const MoveArgs& a, const float* partial, int64_t parts, float* const* d_weight_peers,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, const void* y_routed, void* const* combine_peers) {
   check_move_args(a);
   MOK_REQUIRE(partial && d_weight_peers, "push_router_grad", "partial and d_weight_peers must be non-null");
   MOK_REQUIRE(parts >= 1 && parts <= 1 << 20, "push_router_grad.parts", "in [1, 2^20], got ", parts);
-  router_grad_push_kernel<<<a.sms, kThreads, 0, stream>>>(a.schedule, a.row_begin, a.row_end, partial,
-                                                          static_cast<int>(parts), d_weight_peers, a.abort);
+  MOK_REQUIRE((y_routed == nullptr) == (combine_peers == nullptr), "push_router_grad.combine_peers",
+              "y_routed and combine_peers must be given together (or neither)");
+  router_grad_push_kernel<<<a.sms, kThreads, 0, stream>>>(
+      a.schedule, a.row_begin, a.row_end, partial, static_cast<int>(parts), d_weight_peers,
+      static_cast<const uint4*>(y_routed), reinterpret_cast<uint4* const*>(combine_peers),
+      static_cast<int>(a.hidden / 8), a.abort);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 

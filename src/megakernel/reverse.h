@@ -23,15 +23,20 @@ namespace mok::gpu {
 // d_out_peers[r]: rank r's d_out [T_r, H] bf16; weight_peers[r]: rank r's router weights [T_r, k]
 // f32 (peer addresses for r != this rank). dy_routed: [rows of the window, H] bf16.
 // row_weight (optional, [rows of the window] f32): the rows are copied unweighted and their
-// router weights written there; without it the rows are weighted, rnd(w * d_out).
+// router weights written there; without it the rows are weighted, rnd(w * d_out). x_peers /
+// x_rows (optional, together): the rows' x rows pulled in the same kernel, as pull_dispatch does
+// (the backward over windows: one kernel for the window's two pulls).
 void pull_reverse_combine(const MoveArgs& a, const void* const* d_out_peers, const float* const* weight_peers,
-                          void* dy_routed, cudaStream_t stream, float* row_weight = nullptr);
+                          void* dy_routed, cudaStream_t stream, float* row_weight = nullptr,
+                          const void* const* x_peers = nullptr, void* x_rows = nullptr);
 
 // The router-weight gradient of the window's routed rows: partial [rows of the window, parts] f32
 // (FC2 dgrad's router_partial) summed in increasing order per row into slot src_slot of rank
-// src_rank's window (d_weight_peers[r]: rank r's [T_r, k] f32).
+// src_rank's window (d_weight_peers[r]: rank r's [T_r, k] f32). y_routed / combine_peers
+// (optional, together): the rows' d_x rows pushed into their source slots in the same kernel, as
+// push_combine does (the backward's two pushes in one kernel).
 void push_router_grad(const MoveArgs& a, const float* partial, int64_t parts, float* const* d_weight_peers,
-                      cudaStream_t stream);
+                      cudaStream_t stream, const void* y_routed = nullptr, void* const* combine_peers = nullptr);
 
 // d_topk_w [slots] = this rank's gradient window (every push into it landed), 0 for the empty
 // slots of topk_idx (the published routing), NaN everywhere once `abort` is set.
