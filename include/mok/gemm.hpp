@@ -24,7 +24,8 @@ struct Options {
   int max_ctas = 0;                // persistent CTAs; 0 = one per SM
   int group_m = 8;                 // tile raster: M tiles per group
   // Device word: nonzero after a bounded wait expired (the wait's site), or kSiteFp8Segment (the
-  // FP8 wgrad's input was not 128-row aligned); the call's outputs are then undefined.
+  // FP8 wgrad's input was not 128-row aligned), or kSiteHeldRows (a wgrad's held rows past its
+  // hold); the call's outputs are then undefined.
   unsigned int* error = nullptr;
   double wait_limit_s = 2.0;       // bound of every in-kernel wait when `error` is set
   // Stagger of the two consumer warpgroups in K blocks (0..4), or -1 = the form's default: 0 for
@@ -354,6 +355,9 @@ struct Fp8DgradSwiGLUArgs {
 
 // The site a K-grouped FP8 kernel records when an expert's segment is not 128-row aligned.
 constexpr unsigned int kSiteFp8Segment = 0x6e04;
+// The site the bf16 weight gradient records when an expert starts more rows before its call's
+// rows than the hold has (WgradArgs::hold_*, or no hold at all): that expert is not computed.
+constexpr unsigned int kSiteHeldRows = 0x6e05;
 
 struct Plan {
   Form form = Form::Plain;

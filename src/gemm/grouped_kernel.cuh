@@ -350,6 +350,17 @@ using FormWgrad = FormWgradT<C, false>;
 template <class C>
 using FormWgradAccumulate = FormWgradT<C, true>;
 
+// A weight-gradient tile whose expert starts before the call's rows (held rows, k_begin < 0) that
+// the hold does not cover (WgradArgs::hold_*: at most hold_a_row / hold_b_row rows, or no hold):
+// not computed, by the producer and the consumers alike (the same stages), and recorded
+// (kSiteHeldRows) rather than read as the zeros a TMA load before a map's first row gives.
+__device__ __forceinline__ bool held_rows_misfit(Tile& t, const KernelParams& p) {
+  if (t.k_blocks == 0 || t.k_begin >= 0) return false;
+  if (p.hold != 0 && -t.k_begin <= p.hold_a_row && -t.k_begin <= p.hold_b_row) return false;
+  t.k_blocks = 0;
+  return true;
+}
+
 // ------------------------------------------------------------------------------------------------
 // The kernel: one CTA per SM, persistent over the form's schedule.
 // ------------------------------------------------------------------------------------------------
@@ -398,11 +409,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       PipeState<C> ps;
       Tile t;
       Schedule sched(p);
-      while (sched.next(t, shared, dummy))
+      while (sched.next(t, shared, dummy)) {
+        if constexpr (Form::kCarry) held_rows_misfit(t, p);
         if (!produce_tile<C, Form::kAMN, Form::kBMN, kCluster>(sm, ps, t, &map_a, &map_b, wb, &map_b_half, shared,
                                                                rank, Form::kGateUpB && p.b_gate_up != 0,
                                                                NoStageExtra{}, held))
           break;  // a wait expired: issue nothing more
+      }
       drain_stages(sm, ps, wb);
       if constexpr (kCluster) producer_tail(sm, ps, wb);
     }
@@ -434,7 +447,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       bool accumulate = false;
-      if constexpr (Form::kCarry) accumulate = Form::load_carry(t, ct, acc, p);
+      if constexpr (Form::kCarry) {
+        if (held_rows_misfit(t, p) && ct == 0 && p.error != nullptr) atomicCAS(p.error, 0u, kSiteHeldRows);
+        accumulate = Form::load_carry(t, ct, acc, p);
+      }
       mma_tile<C, Form::kAMN, Form::kBMN, Form::kMaskK, kCluster>(sm, ps, t, cwg, ct, acc, wb, skew, rank ^ 1u,
                                                                   NoHook{}, accumulate);
       if (!dummy) Form::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);

@@ -466,6 +466,8 @@ void Layer::Impl::register_site_names() {
   comm::register_wait_name(comm::kWaitUserBase + 40, "megakernel.task_dependency");
   comm::register_wait_name(comm::kWaitUserBase + 41, "megakernel.comm_dependency");
   for (const mk::WaitSite& site : mk::kWaitSites) comm::register_wait_name(site.code, site.name);
+  comm::register_wait_name(gemm::kSiteFp8Segment, "gemm.fp8_segment_misaligned");
+  comm::register_wait_name(gemm::kSiteHeldRows, "gemm.held_rows_past_the_hold");
 }
 
 gemm::Options Layer::Impl::gemm_options() const {

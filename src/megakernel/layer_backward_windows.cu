@@ -17,22 +17,23 @@ namespace mok {
 // Window by window (R = the ring's rows, a fixed count of windows covering the worst case: those
 // past the routed rows move and compute nothing, their tiles being -1 and their parts empty, so
 // the host never waits for the row count; the activation budget's end, when inside a window, cuts
-// it in two): the x rows pulled again into the ring; for a window inside the budget the saved
-// gate/up rows, past it FC1 run again (gu; without split-N, whose row test is not window-relative:
-// the same sums); the d_out rows pulled, FC2's dgrad + SwiGLU' (h from the gate/up rows with FC1's
-// bits, the router-weight gradient) and FC1's dgrad, the d_x rows pushed into their slots
-// (routed_dgrads), and the weight gradients
-// over each expert's part of the window. The expert cut by the window's end is held over (bf16,
-// windows inside the activation budget, rows that fit the hold: schedule_math.h's WindowHold; its
-// x, d_y and h rows copied to hold buffers in the unused gu scratch, its d_gu rows read where
-// they are saved, and the next window's wgrads run it whole: WgradArgs::hold_*), or else carried
-// to the next in fp32 (WgradArgs::carry_in / carry_out): every gradient the resident backward's
-// bits (windows are whole tiles, so every sum runs in the same K order). The wgrads schedule the window's experts
-// only (WgradArgs::expert_range, sched::window_owns): at DeepSeek-V3 EP 1 a ring of 8192 rows holds
-// ~32 of 256 experts, and the empty tiles of the other 224 (~300k per window) cost more than the
-// window's MMAs. With Config::backward_path fused a window's dgrads and weight gradients are one
-// kernel (the backward's GEMM program), the same bits. FP8 / MXFP8 take the same windows, budget
-// and carries: FC1 again in FP8 (fp8_fc1_again), then the FP8 backward's steps over the window
+// it in two): the x rows pulled again into the ring with the d_out rows (one kernel); for a
+// window inside the budget the saved gate/up rows, past it FC1 run again (gu; without split-N,
+// whose row test is not window-relative: the same sums); FC2's dgrad + SwiGLU' (h from the gate/up
+// rows with FC1's bits, the router-weight gradient) and FC1's dgrad, the d_x rows pushed into
+// their slots with the router-gradient sums (routed_dgrads), and the weight gradients over each
+// expert's part of the window. The expert cut by the window's end is held over (bf16, windows
+// inside the activation budget, rows that fit the hold: schedule_math.h's WindowHold; its x, d_y
+// and h rows copied to hold buffers in the unused gu scratch, its d_gu rows read where they are
+// saved, and the next window's wgrads run it whole: WgradArgs::hold_*), or else carried to the
+// next in fp32 (WgradArgs::carry_in / carry_out): every gradient the resident backward's bits
+// (windows are whole tiles, so every sum runs in the same K order). The wgrads schedule the
+// window's experts only (WgradArgs::expert_range, sched::window_owns): at DeepSeek-V3 EP 1 a ring
+// of 8192 rows holds ~32 of 256 experts, and the empty tiles of the other 224 (~300k per window)
+// cost more than the window's MMAs. With Config::backward_path fused a window's dgrads and weight
+// gradients are one kernel (the backward's GEMM program, which carries: its producer has no
+// registers for the hold), the same bits. FP8 / MXFP8 take the same windows, budget and carries
+// (no holds: their token-block operands are transposed): FC1 again in FP8 (fp8_fc1_again), then the FP8 backward's steps over the window
 // (fp8_backward_rows, layer_fp8_backward.cu: d_y's, d_gu's, h's and x's codes from the window's
 // rows), bitwise the resident FP8 backward (LayerFp8BackwardWindows).
 void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream) {
@@ -52,8 +53,8 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
   int32_t* parts = bwd_windows.get<int32_t>();
   const int32_t* part_begin = parts;
   const int32_t* part_rows = parts + e_loc;
-  const int32_t* carried = parts + 2 * e_loc;
-  const int32_t* owned = parts + 2 * e_loc + 2;  // the window's experts: their tiles only
+  const int32_t* carried = parts + 2 * e_loc;    // WindowEnds' {carry_in, carry_out}
+  const int32_t* owned = parts + 2 * e_loc + 2;  // {first, owned}: the window's experts, their tiles only
   windows_marked = 0;
   const bool program = config.backward_path == BackwardPath::Fused;
   // Held rows instead of carries (bf16, four GEMM kernels, windows inside the activation budget:
@@ -61,12 +62,12 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
   // of hold buffers in the gu scratch, which those windows leave unused (they read the saved rows;
   // its d_gu rows stay where the saved rows are); at most what the scratch holds, and a window.
   const int64_t hold_row_bytes = 4 * H + 2 * I;
-  const int64_t hold_rows = bwd_hold && !fp8 && !program && saved_rows > 0 && gu.p != nullptr
-                                ? std::min(R, mem.bytes("gu") / hold_row_bytes / sched::kBlockM * sched::kBlockM)
-                                : 0;
+  const int64_t hold_cap = bwd_hold && !fp8 && !program && saved_rows > 0 && gu.p != nullptr
+                               ? std::min(R, mem.bytes("gu") / hold_row_bytes / sched::kBlockM * sched::kBlockM)
+                               : 0;
   char* x_hold = static_cast<char*>(gu.p);
-  char* dy_hold = x_hold + hold_rows * 2 * H;
-  char* h_hold = dy_hold + hold_rows * 2 * H;
+  char* dy_hold = x_hold + hold_cap * 2 * H;
+  char* h_hold = dy_hold + hold_cap * 2 * H;
   int64_t prev_lo = 0;
   // FP8 / MXFP8: the dgrads' weight codes once for all windows (unless kept), FC1 again in FP8.
   if (fp8 && e_loc > 0 && !config.fp8_keep_weight_codes_t) fp8_backward_weight_codes(stream);
@@ -118,6 +119,7 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
         if (i >= 3) win_mark(w, i, stream);  // (3: dgrads + pushes, 4: wgrad down)
       });
       win_mark(w, 5, stream);
+      prev_lo = lo;
       lo = hi;
       continue;
     }
@@ -126,16 +128,16 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
     gemm::WgradArgs w1 = wgrad_args(gu_rows, x_rows, dw_gate, 2 * I, H, e_loc, hi - lo, part_begin, part_rows, dw_up,
                                     carry_gu[in], carry_gu[out], carried, v.expert_rows, owned);
     wd.accumulate = w1.accumulate = bwd_accumulate;  // GradRefs::accumulate (not on the program's path)
-    const sched::WindowHold hold{hold_rows, prev_lo, hold_rows > 0 ? saved_rows : 0};
-    if (hold_rows > 0 && lo > 0 && from_saved) {  // (an expert held in: its first rows are there)
+    const sched::WindowHold hold{hold_cap, prev_lo, hold_cap > 0 ? saved_rows : 0};
+    if (hold_cap > 0 && lo > 0 && from_saved) {  // (an expert held in: its first rows are there)
       wd.hold_a = dy_hold;
       wd.hold_b = h_hold;
-      wd.hold_a_rows = wd.hold_b_rows = wd.hold_a_row = wd.hold_b_row = hold_rows;
+      wd.hold_a_rows = wd.hold_b_rows = wd.hold_a_row = wd.hold_b_row = hold_cap;
       w1.hold_a = gu_saved.p;  // (d_gu over the saved rows: the held rows' are those before lo)
       w1.hold_a_rows = saved_rows;
       w1.hold_a_row = lo;
       w1.hold_b = x_hold;
-      w1.hold_b_rows = w1.hold_b_row = hold_rows;
+      w1.hold_b_rows = w1.hold_b_row = hold_cap;
     }
     if (program) {  // the weight gradients in the dgrads' kernel (the window's parts first)
       gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, stream);
@@ -148,7 +150,9 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
       gemm::run(gemm::plan_wgrad(wd, gemm_options()), stream);
       win_mark(w, 4, stream);
       gemm::run(gemm::plan_wgrad(w1, gemm_options()), stream);
-      if (hold_rows > 0 && hi < saved_rows) {  // the expert this window holds over (if any), after its wgrads read the last
+      // The expert this window holds over (if any) into the hold buffers' ends, after this window's
+      // wgrads, which read the rows the previous window held in the same buffers.
+      if (hold_cap > 0 && hi < saved_rows) {
         gpu::HoldCopy c;
         c.from[0] = x_rows;
         c.to[0] = x_hold;
@@ -160,7 +164,7 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
         c.to[2] = h_hold;
         c.row_bytes[2] = 2 * I;
         c.count = 3;
-        c.hold_rows = hold_rows;
+        c.hold_rows = hold_cap;
         gpu::hold_rows(parts, e_loc, c, sms, stream);
       }
       win_mark(w, 5, stream);

@@ -278,7 +278,8 @@ struct Layer::Impl {
   }
   // The backward over windows (one stage above): kWinStages per window, summed over the windows.
   static constexpr int kWinStages = 5;
-  static constexpr const char* kWinStageNames[kWinStages] = {"pulls (x, d_out)", "FC1 again (past the budget)", "dgrads + pushes",
+  // (Stage 0 pulls the x rows, in bf16 with the d_out rows: FP8 pulls d_y in its dgrads' stage.)
+  static constexpr const char* kWinStageNames[kWinStages] = {"pulls", "FC1 again (past the budget)", "dgrads + pushes",
                                                              "wgrad down", "wgrad gate/up"};
   std::vector<cudaEvent_t> win_marks;  // window w's stage boundaries at [w * (kWinStages + 1), ...]
   int64_t windows_marked = 0;          // windows the last backward recorded

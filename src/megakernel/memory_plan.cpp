@@ -216,7 +216,7 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
   if (windowed) {
     // Two of each (a window reads the previous one's and writes its own: WgradArgs::carry_in / out).
     add("bwd_carry", 2 * (gemm::wgrad_carry_floats(H, I) + gemm::wgrad_carry_floats(2 * I, H)) * 4, S::Backward);
-    add("bwd_windows", (2 * e_loc + 7) * 4, S::Backward);  // (gpu::window_parts: 2 E + kWindowPartsExtra)
+    add("bwd_windows", (2 * e_loc + sched::kWindowEndWords) * 4, S::Backward);  // (gpu::window_parts)
   }
   // FP8's backward operands (src/megakernel/fp8_backward_layout.h): the routed rows' codes, and the
   // dgrads' K-major weight codes made by each call.

@@ -200,7 +200,7 @@ void window_parts(const ScheduleView& v, int64_t experts, int64_t lo, int64_t hi
 }
 
 void hold_rows(const int32_t* parts, int64_t experts, const HoldCopy& c, int sms, cudaStream_t stream) {
-  MOK_REQUIRE(c.count >= 0 && c.count <= HoldCopy::kMax && c.hold_rows > 0, "hold_rows",
+  MOK_REQUIRE(c.count >= 1 && c.count <= HoldCopy::kMax && c.hold_rows > 0, "hold_rows",
               "1 to ", HoldCopy::kMax, " operands and a hold of rows, got ", c.count, " and ", c.hold_rows);
   for (int i = 0; i < c.count; ++i)
     MOK_REQUIRE(c.from[i] && c.to[i] && c.row_bytes[i] > 0 && c.row_bytes[i] % 16 == 0 &&

@@ -7,8 +7,9 @@
 //                            of the row of slot t*k + j (gemm::DgradSwiGLUArgs::router_partial),
 //                            pushed into the source rank's gradient window, then copied out there
 //                            (0 for empty slots)
-// The reverse dispatch (each routed row's d_x pushed to its source slot) is push_combine
-// (dispatch.h) with the d_x rows in place of y. Rounding points: include/mok/reference.hpp.
+// The reverse dispatch (each routed row's d_x pushed to its source slot) is push_combine's copy
+// (dispatch.h) with the d_x rows in place of y; the backward runs it inside push_router_grad (one
+// kernel for both pushes). Rounding points: include/mok/reference.hpp.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -61,8 +62,7 @@ void check_call_ids(const void* const* peers, int world, int64_t id, int64_t lay
 // window owns (its wgrads' WgradArgs::expert_range; `last`: the last window, hi = the layout's
 // end), [4] / [5] / [6] the expert held over to the next window (-1 = none), its rows and their
 // first row (window-relative). `hold`: rows = 0 never holds.
-// parts: 2 * experts + 7 int32 (device).
-constexpr int64_t kWindowPartsExtra = 7;
+// parts: 2 * experts + sched::kWindowEndWords int32 (device).
 void window_parts(const ScheduleView& v, int64_t experts, int64_t lo, int64_t hi, bool last, int32_t* parts,
                   cudaStream_t stream, const sched::WindowHold& hold = {});
 

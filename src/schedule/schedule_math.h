@@ -187,9 +187,11 @@ MOK_HD bool held_over(int64_t begin, int64_t rows, int64_t lo, int64_t cut, int6
 // over (its K then starts held_in_rows rows before the window) and the one this window holds over
 // (its rows from held_out_at, window-relative). offset / rows: the experts' layout (one thread).
 struct WindowEnds {
+  // (in this order the int32 words after a window's parts: gpu::window_parts, kWindowEndWords)
   int32_t carry_in = -1, carry_out = -1, first = 0, owned = 0;
   int32_t held_in = -1, held_in_rows = 0, held_out = -1, held_out_rows = 0, held_out_at = 0;
 };
+inline constexpr int64_t kWindowEndWords = 7;
 MOK_HD WindowEnds window_ends(const int32_t* offset, const int32_t* rows, int32_t experts, int64_t lo, int64_t hi,
                               bool last, const WindowHold& hold) {
   WindowEnds w;

@@ -133,18 +133,21 @@ void carry_case(const std::vector<int32_t>& counts, int64_t m, int64_t n, const 
 }
 
 // The calls over windows [lo, hi) as the layer makes them with held rows: window-relative rows,
-// window_ends' carried, owned and held experts; A's held rows read where they are (a's rows before
-// lo: the layer's saved d_gu), B's copied after the call to the end of a hold buffer of hold_rows
-// rows (the layer's x, d_y and h rows). *held: the cuts held.
+// window_ends' carried, owned and held experts; B's held rows copied after the call to the end of
+// a hold buffer of hold_rows rows (the layer's x, d_y and h rows), A's read where they are (a's
+// rows before lo: the layer's saved d_gu) or, copy_a, copied too (dW_down's d_y). *held: the cuts
+// held.
 std::vector<uint16_t> wgrad_held(const Routed& rt, const DevBuf& a, const DevBuf& b, int64_t m, int64_t n,
-                                 const Variant& v, const std::vector<int64_t>& cuts, int64_t hold_rows, int* held) {
+                                 const Variant& v, const std::vector<int64_t>& cuts, int64_t hold_rows, bool copy_a,
+                                 int* held) {
   const int32_t E = int32_t(rt.counts.size());
   const size_t out = size_t(E * m * n), carry_floats = size_t(gemm::wgrad_carry_floats(m, n));
   const size_t elem = v.accumulate ? 4 : 2;
   DevBuf dw(out * elem), err(4), carry(carry_floats * 2 * 4), total(size_t(E) * 4 + 4), beg(size_t(E) * 4 + 4),
-      cnt(size_t(E) * 4 + 4), ce(8), range(8), hb(size_t(hold_rows * n) * 2);
+      cnt(size_t(E) * 4 + 4), ce(8), range(8), hb(size_t(hold_rows * n) * 2), ha(size_t(hold_rows * m) * 2);
   EXPECT_EQ(cudaSuccess, cudaMemset(dw.p, v.accumulate ? 0 : 0xFF, dw.bytes));
   EXPECT_EQ(cudaSuccess, cudaMemset(hb.p, 0xFF, hb.bytes));  // NaN: a hold row read but not held shows
+  EXPECT_EQ(cudaSuccess, cudaMemset(ha.p, 0xFF, ha.bytes));
   EXPECT_EQ(cudaSuccess, cudaMemset(err.p, 0, 4));
   upload(total, rt.counts);
   gemm::Options o;
@@ -183,9 +186,9 @@ std::vector<uint16_t> wgrad_held(const Routed& rt, const DevBuf& a, const DevBuf
     g.expert_rows_total = total.as<int32_t>();
     g.expert_range = range.as<int32_t>();
     if (lo > 0) {
-      g.hold_a = a.p;
-      g.hold_a_rows = rt.rows;
-      g.hold_a_row = lo;
+      g.hold_a = copy_a ? ha.p : a.p;
+      g.hold_a_rows = copy_a ? hold_rows : rt.rows;
+      g.hold_a_row = copy_a ? hold_rows : lo;
       g.hold_b = hb.p;
       g.hold_b_rows = g.hold_b_row = hold_rows;
     }
@@ -195,6 +198,10 @@ std::vector<uint16_t> wgrad_held(const Routed& rt, const DevBuf& a, const DevBuf
       EXPECT_EQ(cudaSuccess, cudaMemcpy(static_cast<char*>(hb.p) + (hold_rows - w.held_out_rows) * n * 2,
                                         static_cast<const char*>(b.p) + (lo + w.held_out_at) * n * 2,
                                         size_t(w.held_out_rows * n * 2), cudaMemcpyDeviceToDevice));
+      if (copy_a)
+        EXPECT_EQ(cudaSuccess, cudaMemcpy(static_cast<char*>(ha.p) + (hold_rows - w.held_out_rows) * m * 2,
+                                          static_cast<const char*>(a.p) + (lo + w.held_out_at) * m * 2,
+                                          size_t(w.held_out_rows * m * 2), cudaMemcpyDeviceToDevice));
     }
     EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
     slot ^= 1;
@@ -219,8 +226,10 @@ TEST(WgradCarry, HeldRowsGiveTheOneCallBits) {
   for (const Variant& v : {Variant{256, false, false}, Variant{128, false, false}, Variant{256, false, true},
                            Variant{256, false, true, true}})
     for (const int64_t hold_rows : {int64_t(256), int64_t(384)}) {
+      const bool copy_a = hold_rows == 384;  // (A read in place with 256, copied with 384)
       SCOPED_TRACE(testing::Message() << "held rows bn=" << v.block_n << " gate_up=" << v.gate_up
-                                      << " accumulate=" << v.accumulate << " hold=" << hold_rows);
+                                      << " accumulate=" << v.accumulate << " hold=" << hold_rows
+                                      << " copy_a=" << copy_a);
       const int64_t m = 192, n = 328;
       const auto a = routed_input(rt, m, 1301), b = routed_input(rt, n, 1302);
       DevBuf da(a.size() * 2), db(b.size() * 2);
@@ -228,7 +237,7 @@ TEST(WgradCarry, HeldRowsGiveTheOneCallBits) {
       upload(db, b);
       int held = 0;
       const auto one = wgrad_in_windows(rt, da, db, m, n, v, {rt.rows});
-      const auto split = wgrad_held(rt, da, db, m, n, v, cuts, hold_rows, &held);
+      const auto split = wgrad_held(rt, da, db, m, n, v, cuts, hold_rows, copy_a, &held);
       int64_t differ = 0;
       for (size_t i = 0; i < one.size(); ++i) differ += one[i] != split[i];
       EXPECT_EQ(held, hold_rows == 256 ? 3 : 4) << "cuts held";
@@ -253,6 +262,17 @@ TEST(WgradCarry, HeldRowsGiveTheOneCallBits) {
   EXPECT_THROW(gemm::plan_wgrad(g, c), mok::Error);
   g.hold_b_row = 200;
   EXPECT_THROW(gemm::plan_wgrad(g, gemm::Options{}), mok::Error);
+  // An expert starting more rows before the call's than the hold has: not computed, and recorded.
+  upload(rows, std::vector<int32_t>{-256, 384});  // {begin, rows}
+  g.expert_rows = rows.as<int32_t>() + 1;
+  DevBuf err(4);
+  EXPECT_EQ(cudaSuccess, cudaMemset(err.p, 0, 4));
+  gemm::Options o;
+  o.error = err.as<unsigned>();
+  g.hold_b_row = 128;
+  gemm::run(gemm::plan_wgrad(g, o), nullptr);
+  EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  EXPECT_EQ(download<unsigned>(err, 1)[0], gemm::kSiteHeldRows);
 }
 
 TEST(WgradCarry, CallsOverWindowsGiveTheOneCallBits) {

@@ -18,6 +18,7 @@
 #include "mok/layer.hpp"
 #include "mok/memory.hpp"
 #include "mok/workload.hpp"
+#include "schedule/schedule_math.h"
 
 namespace {
 
@@ -186,6 +187,29 @@ struct WindowCase {
 };
 class LayerBackwardWindows : public ::testing::TestWithParam<WindowCase> {};
 
+// The cuts the layer's windows hold over: its walk of the windows (the budget's end cutting one)
+// and schedule_math.h's window_ends over the routed layout of rank 0 at EP 1 (each expert's routes,
+// padded to tiles). The held cases must hold some, or their bits would say nothing about holding.
+int64_t held_cuts(const mok::LayerShape& shape, const mok::Workload& wl, int64_t ring, int64_t saved, int64_t hold) {
+  const auto E = static_cast<size_t>(shape.experts);
+  std::vector<int32_t> rows(E, 0), offset(E, 0);
+  for (const int32_t e : wl.inputs[0].topk_idx)
+    if (e >= 0) ++rows[static_cast<size_t>(e)];
+  for (size_t e = 1; e < E; ++e) offset[e] = offset[e - 1] + int32_t(mok::sched::pad_rows(rows[e - 1]));
+  const int64_t cap = shape.worst_case_rows();
+  int64_t held = 0;
+  for (int64_t lo = 0, prev = 0; lo < cap;) {
+    int64_t hi = std::min(lo + ring, cap);
+    if (lo < saved && saved < hi) hi = saved;
+    const mok::sched::WindowEnds w = mok::sched::window_ends(offset.data(), rows.data(), int32_t(E), lo, hi, hi == cap,
+                                                             mok::sched::WindowHold{hold, prev, saved});
+    held += w.held_out >= 0;
+    prev = lo;
+    lo = hi;
+  }
+  return held;
+}
+
 TEST_P(LayerBackwardWindows, BitwiseTheUnfusedBackward) {
   MOK_REQUIRE_GPUS(1);
   const WindowCase& c = GetParam();
@@ -204,9 +228,11 @@ TEST_P(LayerBackwardWindows, BitwiseTheUnfusedBackward) {
   // (the layer's hold: the rows of x, d_y and h that its gu scratch, ring x 4I bytes, takes)
   const int64_t hold = std::min<int64_t>(c.ring, c.ring * 4 * shape.intermediate /
                                                      (4 * shape.hidden + 2 * shape.intermediate) / 128 * 128);
-  std::printf("[backward windows] %s: ring %lld of %lld worst-case rows, %lld rows saved, hold %lld rows\n", c.name,
-              (long long)c.ring, (long long)shape.worst_case_rows(), (long long)windows.resolved_saved_rows(shape),
-              (long long)hold);
+  const int64_t held = hold > 0 ? held_cuts(shape, wl, c.ring, windows.resolved_saved_rows(shape), hold) : 0;
+  if (hold > 0) EXPECT_GT(held, 0) << c.name << ": a held case that holds nothing";
+  std::printf("[backward windows] %s: ring %lld of %lld worst-case rows, %lld rows saved, hold %lld rows, %lld cuts held\n",
+              c.name, (long long)c.ring, (long long)shape.worst_case_rows(),
+              (long long)windows.resolved_saved_rows(shape), (long long)hold, (long long)held);
 }
 
 // 4I = 1024 bytes per gate/up row: 2944 rows cut a window of 256 and one of 384 rows.
