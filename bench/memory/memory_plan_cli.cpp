@@ -59,7 +59,8 @@ std::string plan_json(const mok::MemoryPlan& p, const mok::LayerShape& shape) {
   const std::string ring =
       p.has("x_ring") ? std::to_string(p.bytes("x_ring") / (2 * shape.hidden)) : std::string("null");
   return "\"worst_case_rows\": " + std::to_string(shape.worst_case_rows()) + ", \"ring_rows\": " + ring +
-         ", \"backward_mode\": " + quoted(p.backward_mode()) + ", \"buffers\": [" + b +
+         ", \"backward_mode\": " + quoted(p.backward_mode()) +
+         ", \"hold_rows\": " + std::to_string(p.hold_rows) + ", \"buffers\": [" + b +
          "], \"totals\": {\"total\": " + std::to_string(p.total()) +
          ", \"layer\": " + std::to_string(p.total(S::Layer)) + ", \"saved\": " + std::to_string(p.total(S::Saved)) +
          ", \"backward\": " + std::to_string(p.total(S::Backward)) +

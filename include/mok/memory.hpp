@@ -72,6 +72,11 @@ struct MemoryPlan {
   // gate/up rows kept), "recompute" (over windows, FC1 recomputed for every row); "none" for the
   // FP8 megakernel, which is forward only (nothing saved, no backward buffers planned).
   const char* backward_mode() const;
+  // The backward over windows: the most rows of an expert cut by a window's end that it holds over
+  // into the next window instead of carrying its fp32 weight-gradient sums (bf16 with the four GEMM
+  // kernels and an activation budget: the rows live in the gu scratch, which the saved windows
+  // leave unused, so they cost no bytes here). 0: every cut expert is carried.
+  int64_t hold_rows = 0;
 };
 
 // Byte offset of the backward's call words (its forward id and the layer's number, two int64)

@@ -61,10 +61,7 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
   // schedule_math.h's WindowHold): the held-over expert's x, d_y and weighted h rows go to the end
   // of hold buffers in the gu scratch, which those windows leave unused (they read the saved rows;
   // its d_gu rows stay where the saved rows are); at most what the scratch holds, and a window.
-  const int64_t hold_row_bytes = 4 * H + 2 * I;
-  const int64_t hold_cap = bwd_hold && !fp8 && !program && saved_rows > 0 && gu.p != nullptr
-                               ? std::min(R, mem.bytes("gu") / hold_row_bytes / sched::kBlockM * sched::kBlockM)
-                               : 0;
+  const int64_t hold_cap = bwd_hold && gu.p != nullptr ? mem.hold_rows : 0;  // (the plan's MemoryPlan::hold_rows)
   char* x_hold = static_cast<char*>(gu.p);
   char* dy_hold = x_hold + hold_cap * 2 * H;
   char* h_hold = dy_hold + hold_cap * 2 * H;

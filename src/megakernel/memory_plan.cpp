@@ -250,6 +250,10 @@ MemoryPlan plan_memory(const LayerShape& shape, const Config& config, int rank, 
     for (BufferBytes& b : p.buffers)
       b.workspace = std::find(shared.begin(), shared.end(), b.name) != shared.end();
   }
+  // (layer_backward_windows.cu: the held expert's x, d_y and weighted h rows, in the gu scratch)
+  if (windowed && fs0.saved_rows > 0 && config.precision == Precision::BF16 &&
+      config.backward_path == BackwardPath::Unfused)
+    p.hold_rows = std::min(fs0.ring_rows, p.bytes("gu") / (4 * H + 2 * I) / sched::kBlockM * sched::kBlockM);
   return p;
 }
 

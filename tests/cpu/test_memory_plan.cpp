@@ -201,6 +201,36 @@ TEST(MemoryPlan, DeepSeekV3AtEp8MeetsTheTrainingBars) {
   EXPECT_EQ(saved.workspace(), recompute.workspace());
 }
 
+// The backward over windows holds the rows of an expert cut by a window's end in the gu scratch
+// (MemoryPlan::hold_rows, layer_backward_windows.cu): 4I / (4H + 2I) of the ring's rows, no bytes
+// of their own; none with full recompute (FC1 again fills the scratch), the backward program or
+// FP8 (they carry), or every row resident (no windows).
+TEST(MemoryPlan, HoldRowsAreWhatTheGateUpScratchTakes) {
+  const auto shape = mok::LayerShape::uniform(8, 8192, 7168, 2048, 256, 8);
+  mok::Config cfg = training_config();
+  const mok::MemoryPlan saved = mok::plan_memory(shape, cfg, 0, 132);
+  ASSERT_STREQ(saved.backward_mode(), "saved");
+  EXPECT_EQ(saved.hold_rows, 2048) << "ring 8192 x 4I / (4H + 2I)";
+  EXPECT_EQ(saved.hold_rows * (4 * 7168 + 2 * 2048), saved.bytes("gu"));
+  mok::Config c = cfg;
+  c.activation_budget_bytes = 0;
+  EXPECT_EQ(mok::plan_memory(shape, c, 0, 132).hold_rows, 0) << "full recompute";
+  c = cfg;
+  c.backward_path = mok::BackwardPath::Fused;
+  EXPECT_EQ(mok::plan_memory(shape, c, 0, 132).hold_rows, 0) << "the backward program";
+  c = cfg;
+  c.precision = mok::Precision::FP8;
+  EXPECT_EQ(mok::plan_memory(shape, c, 0, 132).hold_rows, 0) << "FP8";
+  c = resident_config();  // every row resident at EP 1
+  EXPECT_EQ(mok::plan_memory(mok::LayerShape::uniform(1, 8192, 7168, 2048, 256, 8), c, 0, 132).hold_rows, 0);
+  // Qwen3-30B-A3B at EP 8: the hold is the ring's share, capped by the ring.
+  const auto qwen = mok::LayerShape::uniform(8, 8192, 2048, 768, 128, 8);
+  const mok::MemoryPlan q = mok::plan_memory(qwen, cfg, 0, 132);
+  EXPECT_GT(q.hold_rows, 0);
+  EXPECT_LE(q.hold_rows * (4 * 2048 + 2 * 768), q.bytes("gu"));
+  EXPECT_EQ(q.hold_rows % 128, 0);
+}
+
 // mok::ring_for_workspace: the largest ring below the worst case whose shared workspace fits the
 // budget (one more minibatch would not), the smallest one's need named when nothing fits, and 0
 // when the worst case is within two minibatches (nothing to choose).
