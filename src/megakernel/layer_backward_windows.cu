@@ -70,8 +70,7 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
   if (fp8 && e_loc > 0 && !config.fp8_keep_weight_codes_t) fp8_backward_weight_codes(stream);
   for (int64_t lo = 0, w = 0; lo < cap_rows; ++w) {
     const int in = int(w & 1), out = in ^ 1;
-    int64_t hi = std::min(lo + R, cap_rows);
-    if (lo < saved_rows && saved_rows < hi) hi = saved_rows;  // a multiple of 128: whole tiles
+    const int64_t hi = sched::window_end(lo, R, cap_rows, saved_rows);
     const bool from_saved = hi <= saved_rows;
     const int64_t tiles = (hi - lo) / sched::kBlockM;
     const int32_t* tile_expert = v.tile_expert + lo / sched::kBlockM;

@@ -164,6 +164,14 @@ MOK_HD bool window_owns(int64_t begin, int64_t rows, int64_t lo, int64_t hi, boo
   return begin >= lo && (begin < hi || last);
 }
 
+// The end of the window that starts at row lo of a layout of `total` rows, walked with a ring of
+// `ring` rows (the layer's backward over windows): a ring's worth, cut at the activation budget's
+// end `saved` when that falls inside (both multiples of kBlockM: windows of whole tiles).
+MOK_HD int64_t window_end(int64_t lo, int64_t ring, int64_t total, int64_t saved) {
+  const int64_t hi = lo + ring < total ? lo + ring : total;
+  return lo < saved && saved < hi ? saved : hi;
+}
+
 // Held rows instead of a carry (the bf16 backward over windows): an expert cut by a window's end
 // whose rows in that window fit `rows` (and which started there) is not run by that window at
 // all; its rows there — the weight gradients' operands — are copied aside and the next window

@@ -124,8 +124,7 @@ TEST(ScheduleMath, WindowEndsHoldOrCarryEveryCutExpert) {
         sched::WindowEnds prev;
         int64_t prev_lo = 0;
         for (int64_t lo = 0; lo < total;) {
-          int64_t hi = std::min(lo + window, total);
-          if (lo < end && end < hi) hi = end;  // (the budget's end cuts a window, as in the layer)
+          const int64_t hi = sched::window_end(lo, window, total, end);  // (the layer's walk)
           const sched::WindowEnds w = sched::window_ends(offset.data(), rows.data(), experts, lo, hi, hi == total,
                                                          sched::WindowHold{hold_rows, prev_lo, end});
           EXPECT_EQ(w.carry_in, prev.carry_out) << where(lo);

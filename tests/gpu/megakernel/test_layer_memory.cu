@@ -199,8 +199,7 @@ int64_t held_cuts(const mok::LayerShape& shape, const mok::Workload& wl, int64_t
   const int64_t cap = shape.worst_case_rows();
   int64_t held = 0;
   for (int64_t lo = 0, prev = 0; lo < cap;) {
-    int64_t hi = std::min(lo + ring, cap);
-    if (lo < saved && saved < hi) hi = saved;
+    const int64_t hi = mok::sched::window_end(lo, ring, cap, saved);  // (the layer's walk)
     const mok::sched::WindowEnds w = mok::sched::window_ends(offset.data(), rows.data(), int32_t(E), lo, hi, hi == cap,
                                                              mok::sched::WindowHold{hold, prev, saved});
     held += w.held_out >= 0;
