@@ -177,13 +177,21 @@ void Layer::Impl::backward_resident(void* dw_gate, void* dw_up, void* dw_down, c
       wgrad_args(gu.p, x_rows, dw_gate, 2 * I, H, e_loc, cap_rows, v.expert_offset, v.expert_rows, dw_up);
   wd.accumulate = w1.accumulate = bwd_accumulate;  // GradRefs::accumulate (not on the program's path)
   const bool program = config.backward_path == BackwardPath::Fused && cap_rows > 0;
-  routed_dgrads(move, gu.p, v.tile_expert, tiles, 0, stream, true, program ? &wd : nullptr, program ? &w1 : nullptr);
+  // The weight gradients on the side stream, forked after FC2's dgrad (side_stream.h): beside FC1's
+  // dgrad and the pushes. With the fork their stages' marks are the join's (MOK_BWD_STREAMS=0:
+  // each its own).
+  const bool fork = !program && cap_rows > 0;
+  routed_dgrads(move, gu.p, v.tile_expert, tiles, 0, stream, true, program ? &wd : nullptr, program ? &w1 : nullptr,
+                false, fork ? &side : nullptr);
   if (program) {
     mark(7, stream);  // the weight gradients ran in the program (the stage "FC2 dgrad" holds it all)
   } else if (cap_rows > 0) {
-    gemm::run(gemm::plan_wgrad(wd, gemm_options()), stream);
-    mark(7, stream);
-    gemm::run(gemm::plan_wgrad(w1, gemm_options()), stream);
+    const cudaStream_t ws = side.target(stream);
+    gemm::run(gemm::plan_wgrad(wd, gemm_options()), ws);
+    if (ws == stream) mark(7, stream);
+    gemm::run(gemm::plan_wgrad(w1, gemm_options()), ws);
+    side.join(stream);
+    if (ws != stream) mark(7, stream);
   } else {  // no rank has tokens: no rows, zero gradients (nothing to add with accumulate)
     if (!bwd_accumulate)
       for (void* p : {dw_gate, dw_up, dw_down})
@@ -218,7 +226,7 @@ void Layer::Impl::pull_dy_rows(const gpu::MoveArgs& move, cudaStream_t stream, v
 // dgrads in one kernel (the backward's GEMM program) before the pushes.
 void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const int32_t* tile_expert, int64_t tiles,
                                 int64_t width_tiles, cudaStream_t stream, bool marks, const gemm::WgradArgs* wd,
-                                const gemm::WgradArgs* w1, bool pulled) {
+                                const gemm::WgradArgs* w1, bool pulled, SideStream* fork_after_d2) {
   float* row_w = row_weights.get<float>();
   float* partial = router_partials.get<float>();
   if (!pulled) pull_dy_rows(move, stream);
@@ -232,7 +240,7 @@ void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const 
     if (marks) mark(4, stream);
   } else {
     run_dgrads(dy_routed.p, weights.w_down.data, gu_rows, weights.w_gate.data, weights.w_up.data, y.p, I, e_loc,
-               tile_expert, tiles, stream, marks ? 4 : -1, width_tiles, row_w, partial, h.p);
+               tile_expert, tiles, stream, marks ? 4 : -1, width_tiles, row_w, partial, h.p, fork_after_d2);
   }
   if (marks) mark(5, stream);
   // Both pushes in one kernel: the router-weight gradient's sums and the d_x rows (reverse dispatch).
@@ -242,17 +250,19 @@ void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const 
 }
 
 // the d_x rows = rnd(d_gu . [w_gate; w_up]) into dx_rows; mark_between >= 0 records that stage mark
-// between. row_weight / router_partial / h_rows: unweighted dy rows (gemm::DgradSwiGLUArgs).
+// between, and fork_after_d2 forks there (the weight gradients go to its target()). row_weight /
+// router_partial / h_rows: unweighted dy rows (gemm::DgradSwiGLUArgs).
 void Layer::Impl::run_dgrads(const void* dy, const void* w_down, void* gu_buf, const void* w_gate, const void* w_up,
                              void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
                              cudaStream_t stream, int mark_between, int64_t width_tiles, const float* row_weight,
-                             float* router_partial, void* h_rows) {
+                             float* router_partial, void* h_rows, SideStream* fork_after_d2) {
   gemm::DgradSwiGLUArgs ds;
   gemm::DgradArgs dx;
   dgrad_args(dy, w_down, gu_buf, w_gate, w_up, dx_rows, inter, experts, tile_expert, tiles, row_weight, router_partial,
              h_rows, ds, dx);
   gemm::run(gemm::plan_dgrad_swiglu(ds, options_as(width_tiles, inter)), stream);
   if (mark_between >= 0) mark(mark_between, stream);
+  if (fork_after_d2 != nullptr) fork_after_d2->fork(stream);
   gemm::run(gemm::plan_dgrad(dx, options_as(width_tiles, H)), stream);
 }
 
@@ -346,6 +356,7 @@ gemm::WgradArgs Layer::Impl::wgrad_args(const void* a, const void* b, void* dw, 
 
 void Layer::Impl::allocate_backward() {
   if (row_weights.p != nullptr) return;
+  if (config.backward_path == BackwardPath::Unfused && !fp8) side.create();  // (the first backward: no capture)
   if (profile && bwd_marks.empty()) {
     for (int i = 0; i <= kBwdStages; ++i) {
       cudaEvent_t e = nullptr;

@@ -140,12 +140,17 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
       routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false, &wd, &w1, true);
       for (int i = 3; i <= 5; ++i) win_mark(w, i, stream);
     } else {
-      routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false, nullptr, nullptr, true);
+      // The window's parts and weight gradients (and the hold's copy) on the side stream, forked
+      // after FC2's dgrad: beside FC1's dgrad and the pushes (side_stream.h); joined before the
+      // next window's pulls overwrite the x and d_y rows they read. With the fork, stages 4 and 5
+      // are the join's (their time is in stage 3).
+      routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false, nullptr, nullptr, true, &side);
       win_mark(w, 3, stream);
-      gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, stream, hold);
-      gemm::run(gemm::plan_wgrad(wd, gemm_options()), stream);
-      win_mark(w, 4, stream);
-      gemm::run(gemm::plan_wgrad(w1, gemm_options()), stream);
+      const cudaStream_t ws = side.target(stream);
+      gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, ws, hold);
+      gemm::run(gemm::plan_wgrad(wd, gemm_options()), ws);
+      if (ws == stream) win_mark(w, 4, stream);
+      gemm::run(gemm::plan_wgrad(w1, gemm_options()), ws);
       // The expert this window holds over (if any) into the hold buffers' ends, after this window's
       // wgrads, which read the rows the previous window held in the same buffers.
       if (hold_cap > 0 && hi < saved_rows) {
@@ -161,8 +166,10 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
         c.row_bytes[2] = 2 * I;
         c.count = 3;
         c.hold_rows = hold_cap;
-        gpu::hold_rows(parts, e_loc, c, sms, stream);
+        gpu::hold_rows(parts, e_loc, c, sms, ws);
       }
+      side.join(stream);
+      if (ws != stream) win_mark(w, 4, stream);
       win_mark(w, 5, stream);
     }
     prev_lo = lo;

@@ -18,6 +18,7 @@
 #include "megakernel/dispatch.h"
 #include "megakernel/forward_kernel.h"
 #include "megakernel/forward_setup.h"
+#include "megakernel/side_stream.h"
 #include "mok/errors.hpp"
 #include "mok/gemm.hpp"
 #include "mok/layer.hpp"
@@ -270,6 +271,7 @@ struct Layer::Impl {
       "router-grad + reverse-dispatch push", "wgrad down", "wgrad gate/up", "barrier", "shared expert", "d_x merge"};
   bool profile = false;
   bool bwd_hold = true;  // MOK_BWD_HOLD: the windows hold cut experts' rows (else carry them)
+  SideStream side;       // the weight gradients beside FC1's dgrad and the pushes (side_stream.h)
   std::vector<cudaEvent_t> bwd_marks;
   bool marking = false;     // this backward records them (not under stream capture)
   bool bwd_marked = false;  // the last backward recorded all of them
@@ -382,14 +384,15 @@ struct Layer::Impl {
   void run_dgrads(const void* dy, const void* w_down, void* gu_buf, const void* w_gate, const void* w_up,
                   void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
                   cudaStream_t stream, int mark_between = -1, int64_t width_tiles = 0,
-                  const float* row_weight = nullptr, float* router_partial = nullptr, void* h_rows = nullptr);
+                  const float* row_weight = nullptr, float* router_partial = nullptr, void* h_rows = nullptr,
+                  SideStream* fork_after_d2 = nullptr);
   void dgrad_args(const void* dy, const void* w_down, void* gu_buf, const void* w_gate, const void* w_up,
                   void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
                   const float* row_weight, float* router_partial, void* h_rows, gemm::DgradSwiGLUArgs& ds,
                   gemm::DgradArgs& dx) const;
   void routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const int32_t* tile_expert, int64_t tiles,
                      int64_t width_tiles, cudaStream_t stream, bool marks, const gemm::WgradArgs* wd = nullptr,
-                     const gemm::WgradArgs* w1 = nullptr, bool pulled = false);
+                     const gemm::WgradArgs* w1 = nullptr, bool pulled = false, SideStream* fork_after_d2 = nullptr);
   // The window's d_out rows and router weights pulled (reverse combine) into dy_routed / row_weights,
   // and with x_to its x rows into x_to in the same kernel.
   void pull_dy_rows(const gpu::MoveArgs& move, cudaStream_t stream, void* x_to = nullptr);

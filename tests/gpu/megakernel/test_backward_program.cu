@@ -2,8 +2,9 @@
 // its gradients are bitwise the unfused backward's (the same tiles in the same K order; only the
 // order in which tiles run differs: every ticket order is run), on the resident backward and over windows of a small ring
 // (saved gate/up rows, part of them, FC1 recomputed), for uniform, Zipf and one-expert routing with
-// a shared expert; repeated runs are bitwise identical; forward + backward are captured in one
-// CUDA graph and replayed with the same bits. One GPU.
+// a shared expert; repeated runs are bitwise identical; forward + backward (fused, and unfused
+// over windows: the side stream's fork / join) are captured in one CUDA graph and replayed with
+// the same bits. One GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -50,6 +51,11 @@ TEST_P(LayerBackwardProgram, BitwiseTheUnfusedBackward) {
   mok::Config fused = unfused;
   fused.backward_path = mok::BackwardPath::Fused;
   const auto want = grads_of(shape, unfused, wl, 1);
+  // The unfused backward with its weight gradients on the caller's stream (MOK_BWD_STREAMS=0)
+  // instead of the side stream: the same bits.
+  setenv("MOK_BWD_STREAMS", "0", 1);
+  expect_same_bits(want, grads_of(shape, unfused, wl, 1), std::string(c.name) + " one stream");
+  unsetenv("MOK_BWD_STREAMS");
   // Every ticket order (MOK_BWD_ORDER, read when a layer is built), three backwards each: bitwise
   // equal to each other and to the unfused backward.
   for (const char* order : {"phased", "merged", "static"}) {
@@ -74,13 +80,10 @@ INSTANTIATE_TEST_SUITE_P(
                       ProgramCase{"windows_one_expert_recompute", mok::Routing::OneExpert, 512, 0}),
     [](const auto& i) { return std::string(i.param.name); });
 
-// Forward + backward (fused) in one CUDA graph: each replay gives the eager run's bits.
-TEST(LayerBackwardProgramGraph, ForwardAndBackwardCaptureAndReplay) {
-  MOK_REQUIRE_GPUS(1);
+// Forward + backward in one CUDA graph: each replay gives the eager run's bits.
+void capture_and_replay(const mok::Config& cfg) {
   const mok::LayerShape shape{{1536}, 1024, 256, 16, 4, 256};
   const auto wl = mok::make_workload(shape, mok::Routing::Zipf, 92);
-  mok::Config cfg;
-  cfg.backward_path = mok::BackwardPath::Fused;
   auto group = ranks_on_gpus(1, shape, cfg);
   mok::comm::Communicator& comm = group[0];
   cudaStream_t s = comm.stream();
@@ -116,6 +119,25 @@ TEST(LayerBackwardProgramGraph, ForwardAndBackwardCaptureAndReplay) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaFree(d_out);
+}
+
+TEST(LayerBackwardProgramGraph, ForwardAndBackwardCaptureAndReplay) {
+  MOK_REQUIRE_GPUS(1);
+  mok::Config cfg;
+  cfg.backward_path = mok::BackwardPath::Fused;
+  capture_and_replay(cfg);
+}
+
+// The unfused backward over windows of a small ring: every window forks its weight gradients onto
+// the side stream and joins them (src/megakernel/side_stream.h), which the graph must capture
+// as its fork / join.
+TEST(LayerBackwardProgramGraph, UnfusedWindowsCaptureAndReplay) {
+  MOK_REQUIRE_GPUS(1);
+  mok::Config cfg;
+  cfg.minibatch_tokens = 128;
+  cfg.macrobatch_tokens = 384;
+  cfg.activation_budget_bytes = kPart;
+  capture_and_replay(cfg);
 }
 
 }  // namespace

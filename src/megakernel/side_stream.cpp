@@ -1,0 +1,57 @@
+// mok — the backward's side stream (side_stream.h).
+#include "megakernel/side_stream.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "common/cuda_check.h"
+#include "mok/errors.hpp"
+
+namespace mok {
+
+SideStream::SideStream() {
+  if (const char* v = std::getenv("MOK_BWD_STREAMS")) {
+    const std::string o = v;
+    MOK_REQUIRE(o == "0" || o == "1", "MOK_BWD_STREAMS", "must be 0 or 1, got '", o, "'");
+    on_ = o == "1";
+  }
+}
+
+void SideStream::create() {
+  if (!on_ || side_ != nullptr) return;
+  MOK_CUDA_CHECK(cudaGetDevice(&device_));
+  MOK_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+  MOK_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+  MOK_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+}
+
+void SideStream::fork(cudaStream_t main) {
+  if (!on()) return;
+  // (A wait takes the event's last record at the time of the call: the two events are reused. A
+  // second fork before a join, e.g. after a backward that threw, orders the side again.)
+  MOK_CUDA_CHECK(cudaEventRecord(fork_, main));
+  MOK_CUDA_CHECK(cudaStreamWaitEvent(side_, fork_, 0));
+  forked_ = true;
+}
+
+void SideStream::join(cudaStream_t main) {
+  if (!forked_) return;
+  MOK_CUDA_CHECK(cudaEventRecord(join_, side_));
+  MOK_CUDA_CHECK(cudaStreamWaitEvent(main, join_, 0));
+  forked_ = false;
+}
+
+SideStream::~SideStream() {
+  if (side_ == nullptr) return;
+  int prev = -1;
+  const bool restore = cudaGetDevice(&prev) == cudaSuccess;
+  if (cudaSetDevice(device_) == cudaSuccess) {
+    (void)cudaStreamSynchronize(side_);
+    (void)cudaEventDestroy(fork_);
+    (void)cudaEventDestroy(join_);
+    (void)cudaStreamDestroy(side_);
+  }
+  if (restore) (void)cudaSetDevice(prev);
+}
+
+}  // namespace mok
