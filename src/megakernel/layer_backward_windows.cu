@@ -140,36 +140,37 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
       routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false, &wd, &w1, true);
       for (int i = 3; i <= 5; ++i) win_mark(w, i, stream);
     } else {
-      // The window's parts and weight gradients (and the hold's copy) on the side stream, forked
-      // after FC2's dgrad: beside FC1's dgrad and the pushes (side_stream.h); joined before the
-      // next window's pulls overwrite the x and d_y rows they read. With the fork, stages 4 and 5
-      // are the join's (their time is in stage 3).
-      routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false, nullptr, nullptr, true, &side);
-      win_mark(w, 3, stream);
-      const cudaStream_t ws = side.target(stream);
-      gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, ws, hold);
-      gemm::run(gemm::plan_wgrad(wd, gemm_options()), ws);
-      if (ws == stream) win_mark(w, 4, stream);
-      gemm::run(gemm::plan_wgrad(w1, gemm_options()), ws);
-      // The expert this window holds over (if any) into the hold buffers' ends, after this window's
-      // wgrads, which read the rows the previous window held in the same buffers.
-      if (hold_cap > 0 && hi < saved_rows) {
-        gpu::HoldCopy c;
-        c.from[0] = x_rows;
-        c.to[0] = x_hold;
-        c.row_bytes[0] = 2 * H;
-        c.from[1] = dy_routed.p;
-        c.to[1] = dy_hold;
-        c.row_bytes[1] = 2 * H;
-        c.from[2] = h.p;
-        c.to[2] = h_hold;
-        c.row_bytes[2] = 2 * I;
-        c.count = 3;
-        c.hold_rows = hold_cap;
-        gpu::hold_rows(parts, e_loc, c, sms, ws);
-      }
-      side.join(stream);
-      if (ws != stream) win_mark(w, 4, stream);
+      // The window's parts and weight gradients (and the hold's copy) beside FC1's dgrad, on the
+      // side stream forked after FC2's dgrad and joined before the pushes (side_stream.h), so
+      // before the next window's pulls overwrite the x and d_y rows they read. With the fork
+      // stages 4 and 5 are empty (their time is in stage 3).
+      const auto wgrads = [&](cudaStream_t ws) {
+        if (ws == stream) win_mark(w, 3, stream);
+        gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, ws, hold);
+        gemm::run(gemm::plan_wgrad(wd, gemm_options()), ws);
+        if (ws == stream) win_mark(w, 4, stream);
+        gemm::run(gemm::plan_wgrad(w1, gemm_options()), ws);
+        // The expert this window holds over (if any) into the hold buffers' ends, after this
+        // window's wgrads, which read the rows the previous window held in the same buffers.
+        if (hold_cap > 0 && hi < saved_rows) {
+          gpu::HoldCopy c;
+          c.from[0] = x_rows;
+          c.to[0] = x_hold;
+          c.row_bytes[0] = 2 * H;
+          c.from[1] = dy_routed.p;
+          c.to[1] = dy_hold;
+          c.row_bytes[1] = 2 * H;
+          c.from[2] = h.p;
+          c.to[2] = h_hold;
+          c.row_bytes[2] = 2 * I;
+          c.count = 3;
+          c.hold_rows = hold_cap;
+          gpu::hold_rows(parts, e_loc, c, sms, ws);
+        }
+      };
+      routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false, nullptr, nullptr, true, wgrads);
+      if (side.on())
+        for (int i = 3; i <= 4; ++i) win_mark(w, i, stream);
       win_mark(w, 5, stream);
     }
     prev_lo = lo;

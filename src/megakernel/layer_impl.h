@@ -392,7 +392,8 @@ struct Layer::Impl {
                   gemm::DgradArgs& dx) const;
   void routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const int32_t* tile_expert, int64_t tiles,
                      int64_t width_tiles, cudaStream_t stream, bool marks, const gemm::WgradArgs* wd = nullptr,
-                     const gemm::WgradArgs* w1 = nullptr, bool pulled = false, SideStream* fork_after_d2 = nullptr);
+                     const gemm::WgradArgs* w1 = nullptr, bool pulled = false,
+                     const std::function<void(cudaStream_t)>& beside = {});
   // The window's d_out rows and router weights pulled (reverse combine) into dy_routed / row_weights,
   // and with x_to its x rows into x_to in the same kernel.
   void pull_dy_rows(const gpu::MoveArgs& move, cudaStream_t stream, void* x_to = nullptr);
