@@ -134,6 +134,37 @@ void Layer::Impl::fp8_backward_rows(const gpu::MoveArgs& move, const Fp8Window& 
     gemm::run(gemm::plan_fp8_dgrad_swiglu(ds, o), stream);
   }
   stage(1);
+  // dW_down beside FC1's dgrad (side_stream.h): h's token blocks and the wgrad on the side stream,
+  // joined before the pushes. dW_gate/up stays after them: x^T's token blocks are written over
+  // the bytes of d_gu's codes, which FC1's dgrad reads.
+  const bool beside = rows > 0 && e_loc > 0 && side.on();
+  gemm::Fp8WgradArgs w2;
+  if (rows > 0 && e_loc > 0) {
+    w2.a_t = rb + R.t_dy;
+    w2.a_scales = f32(rb, R.ts_dy);
+    w2.b_t = rb + R.t_hw;
+    w2.b_scales = f32(rb, R.ts_hw);
+    w2.dw = dw_down;
+    w2.m_out = H;
+    w2.n = I;
+    w2.experts = e_loc;
+    w2.rows_total = rows;
+    w2.expert_row_begin = w.row_begin;
+    w2.expert_rows = w.expert_rows;
+    w2.expert_range = w.owned;
+    w2.carry_in = w.carry_in[0];
+    w2.carry_out = w.carry_out[0];
+    w2.carry_experts = w.carried;
+    w2.expert_rows_total = w.rows_total;
+  }
+  const auto w_down = [&](cudaStream_t ws) {
+    gemm::quantize_fp8_token_blocks_t(h.p, rows, I, rb + R.t_hw, f32(rb, R.ts_hw), ws, seg, mx);
+    gemm::run(gemm::plan_fp8_wgrad(w2, o), ws);
+  };
+  if (beside) {
+    side.fork(stream);
+    w_down(side.target(stream));
+  }
   if (rows > 0 && e_loc > 0) {
     gemm::quantize_fp8_rows_and_token_blocks_t(w.gu_rows, rows, 2 * I, rule, rb + R.q_dgu, f32(rb, R.s_dgu),
                                                rb + R.t_dgu, f32(rb, R.ts_dgu), stream, seg, mx);
@@ -150,6 +181,7 @@ void Layer::Impl::fp8_backward_rows(const gpu::MoveArgs& move, const Fp8Window& 
     dx.num_m_tiles = tiles;
     gemm::run(gemm::plan_fp8_grouped(dx, options_as(w.width_tiles, H)), stream);
   }
+  side.join(stream);
   stage(2);
   // Both pushes in one kernel: the router-weight gradient's sums and the d_x rows (reverse dispatch).
   gpu::push_router_grad(move, partial, gemm::router_parts(I), dweight_peers.get<float* const>(), stream, y.p,
@@ -161,32 +193,15 @@ void Layer::Impl::fp8_backward_rows(const gpu::MoveArgs& move, const Fp8Window& 
     stage(4);
     return;
   }
-  // The wgrads' other operands; x^T over the bytes of [d_g d_u]'s rows (FC1's dgrad has read them).
-  gemm::quantize_fp8_token_blocks_t(h.p, rows, I, rb + R.t_hw, f32(rb, R.ts_hw), stream, seg, mx);
+  // The wgrads' other operands (h's: in w_down); x^T over the bytes of [d_g d_u]'s rows (FC1's
+  // dgrad has read them).
   if (w.x_rows != nullptr) {
     gemm::quantize_fp8_token_blocks_t(w.x_rows, rows, H, rb + R.t_x, f32(rb, R.ts_x), stream, seg, mx);
   } else {
     gemm::quantize_fp8_token_blocks_t_gather(gather(x_peers.get<const void* const>()), rows, H, rb + R.t_x,
                                              f32(rb, R.ts_x), stream, seg, mx);
   }
-  gemm::Fp8WgradArgs w2;
-  w2.a_t = rb + R.t_dy;
-  w2.a_scales = f32(rb, R.ts_dy);
-  w2.b_t = rb + R.t_hw;
-  w2.b_scales = f32(rb, R.ts_hw);
-  w2.dw = dw_down;
-  w2.m_out = H;
-  w2.n = I;
-  w2.experts = e_loc;
-  w2.rows_total = rows;
-  w2.expert_row_begin = w.row_begin;
-  w2.expert_rows = w.expert_rows;
-  w2.expert_range = w.owned;
-  w2.carry_in = w.carry_in[0];
-  w2.carry_out = w.carry_out[0];
-  w2.carry_experts = w.carried;
-  w2.expert_rows_total = w.rows_total;
-  gemm::run(gemm::plan_fp8_wgrad(w2, o), stream);
+  if (!beside) w_down(stream);
   stage(4);
   gemm::Fp8WgradArgs w1 = w2;
   w1.a_t = rb + R.t_dgu;
