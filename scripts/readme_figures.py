@@ -497,6 +497,28 @@ def window_hold_figures(res):
         "%s the carry's over %s (%s). %s" % (span(ratios), count(len(cases), "case"), names, h.source())]
 
 
+def side_stream_figures(res):
+    """The bf16 backward's weight gradients on a side stream against one stream, over windows and resident."""
+    b = res["backward-streams-ab-h200x1.json"]
+    variants = b.get("variants")
+    cases = b.get("cases")
+    ref, new = variants[0], variants[-1]
+    parts = []
+    for mode in ordered(b.get("mode", within=c) for c in cases):
+        of = [c for c in cases if b.get("mode", within=c) == mode]
+        names = "; ".join("%s %.2f vs %.2f ms" % (case_name(b.get("model", within=c), b.num("T", within=c),
+                                                            b.get("routing", within=c)),
+                                                  b.num(new, "median", within=c), b.num(ref, "median", within=c))
+                          for c in of)
+        parts.append("%s %s over %s (%s)" % (mode, span([b.num(new, "over_" + ref, within=c) for c in of]),
+                                             count(len(of), "case"), names))
+    return [
+        "**Weight gradients beside FC1's dgrad** (the bf16 backward's weight gradients on a second stream "
+        "forked after FC2's dgrad and joined before the pushes, so that each GEMM's last wave is filled by the "
+        "next; bitwise the same, same binary alternated): backward time over one stream's: %s. %s" % (
+            "; ".join(parts), b.source())]
+
+
 def gemm_fp8_figures(res):
     """The block-scaled FP8 grouped forms against cuBLAS's FP8 rate and mok's BF16 form, same run."""
     g = res["gemm-fp8-h200x1.json"]
@@ -643,7 +665,7 @@ def runtime_ab_figures(res):
 FIGURES = [forward_figures, one_gpu_figures, fp8_forward_figures, fp8_backward_figures, fp8_training_figures,
            mxfp8_figures, gemm_figures, gemm_fp8_figures, comm_figures, schedule_figures,
            sustained_figures, reliability_figures, memory_figures, training_figures, window_hold_figures,
-           backward_program_figures,
+           side_stream_figures, backward_program_figures,
            runtime_ab_figures, torch_figures]
 
 

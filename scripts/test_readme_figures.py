@@ -110,6 +110,10 @@ def synthetic():
         {"model": m, "T": 8192, "routing": "uniform", "carry": {"runs": [20.0], "median": 20.0},
          "hold": {"runs": [r * 20.0], "median": r * 20.0, "over_carry": r}}
         for m, r in (("dsv3", 0.98), ("dsv3/ep8", 0.99))])
+    streams = dict(META2, gpus=1, field="mok_bwd_ms", variants=["one_stream", "side_stream"], cases=[
+        {"model": m, "T": 8192, "routing": "uniform", "mode": mode, "one_stream": {"runs": [20.0], "median": 20.0},
+         "side_stream": {"runs": [r * 20.0], "median": r * 20.0, "over_one_stream": r}}
+        for m, mode, r in (("dsv3", "windows", 0.98), ("dsv3/ep8", "windows", 0.99), ("dsv3", "resident", 1.0))])
     fp8 = dict(META2, gpus=1, peak_fp8_tflops=1400.0, cases=[
         {"name": "dsv3-fc1_fp8", "form": "fc1_fp8", "precision": "fp8", "rows_per_expert": r, "routing": "uniform",
          "mok_tflops": 900.0 + r / 100, "x_bf16": 1.3 + r / 10000} for r in (128, 2048)])
@@ -134,7 +138,7 @@ def synthetic():
         {"model": "dsv3", "ep": 8, "T": 8192, "routing": "uniform", "mode": mode, "workspace_bytes": 3.4e9,
          "persistent_bytes_per_layer": 1.41e9, "saved_bytes_per_forward": saved}
         for mode, saved in (("saved", 0.64e9), ("recompute", 0.005e9))])
-    return {"fp8-train-modes-h200x1.json": fp8_train, "memory-fp8-h200x1.json": fp8_mem, "mxfp8-h200x1.json": mxfp8, "fp8-layer-backward-h200x1.json": fp8_bwd, "fp8-forward-h200x1.json": fp8_ab, "peak-fp8-h200x1.json": peak_fp8, "gemm-fp8-h200x1.json": fp8, "runtime-ab-h200x1.json": runtime, "backward-program-h200x1.json": program, "window-hold-ab-h200x1.json": hold, "training-h200x1.json": training, "forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
+    return {"fp8-train-modes-h200x1.json": fp8_train, "memory-fp8-h200x1.json": fp8_mem, "mxfp8-h200x1.json": mxfp8, "fp8-layer-backward-h200x1.json": fp8_bwd, "fp8-forward-h200x1.json": fp8_ab, "peak-fp8-h200x1.json": peak_fp8, "gemm-fp8-h200x1.json": fp8, "runtime-ab-h200x1.json": runtime, "backward-program-h200x1.json": program, "window-hold-ab-h200x1.json": hold, "backward-streams-ab-h200x1.json": streams, "training-h200x1.json": training, "forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
             "comm-h200x2.json": comm, "schedule-h200x2.json": schedule, "sustained-h200x2.json": sustained,
             "reliability-h200x1.json": reliability, "forward-h200x1.json": forward1, "memory-h200x1.json": memory,
             "torch-h200x1.json": torch_step}
@@ -228,6 +232,12 @@ class Figures(Fixture):
         self.assertIn("backward time 0.98–0.99× the carry's over 2 cases (", b)
         self.assertIn("19.60 vs 20.00 ms", b)
 
+    def test_side_stream_figure(self):
+        b = " ".join(self.block().split())
+        self.assertIn("backward time over one stream's: windows 0.98–0.99× over 2 cases (DeepSeek-V3 T=8192 uniform "
+                      "19.60 vs 20.00 ms; DeepSeek-V3 EP-8 slice T=8192 uniform 19.80 vs 20.00 ms); resident 1.00× "
+                      "over 1 case (DeepSeek-V3 T=8192 uniform 20.00 vs 20.00 ms).", b)
+
     def test_backward_program_figure(self):
         b = " ".join(self.block().split())
         self.assertIn("T = 8192, dsv3 / qwen3-235b): its time over the unfused kernels' fused-merged 1.02–1.04×", b)
@@ -268,7 +278,7 @@ class Figures(Fixture):
 
     def test_every_line_names_its_results_file_and_run(self):
         lines = rf.render(self.results)[0].split("\n- ")[1:]
-        self.assertEqual(len(lines), 22)
+        self.assertEqual(len(lines), 23)
         for line in lines:
             self.assertRegex(" ".join(line.split()), r"\*\[`[a-z0-9-]+\.json`\]\(bench/results/[a-z0-9-]+\.json\): "
                                                      r"\d× NVIDIA H200, commit (45ca210|not recorded), 2026-11-30\*")
