@@ -204,6 +204,7 @@ void Layer::Impl::backward_resident(void* dw_gate, void* dw_up, void* dw_down, c
 // weight gradients beside its FC1 dgrad (the side stream, as the routed experts': side_stream.h).
 void Layer::Impl::shared_backward(const DeviceGrads& g, cudaStream_t stream) {
   const int32_t* begin = shared_rows.get<const int32_t>();
+  const SideStream::Joiner joiner(side, stream);
   run_dgrads(win_dout->ptr, weights.ws_down.data, gu_s.p, weights.ws_gate.data, weights.ws_up.data, y_s.p, Is, 1,
              shared_tiles.get<const int32_t>(), t_tiles, stream, -1, 0, nullptr, nullptr, nullptr, &side);
   const cudaStream_t ws = side.target(stream);
@@ -233,6 +234,8 @@ void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const 
                                 int64_t width_tiles, cudaStream_t stream, bool marks, const gemm::WgradArgs* wd,
                                 const gemm::WgradArgs* w1, bool pulled,
                                 const std::function<void(cudaStream_t)>& beside) {
+  MOK_REQUIRE(beside == nullptr || wd == nullptr, "routed_dgrads", "takes the program's weight gradients or beside's");
+  const SideStream::Joiner joiner(side, stream);  // (a host check that throws after the fork)
   float* row_w = row_weights.get<float>();
   float* partial = router_partials.get<float>();
   if (!pulled) pull_dy_rows(move, stream);
@@ -371,7 +374,7 @@ gemm::WgradArgs Layer::Impl::wgrad_args(const void* a, const void* b, void* dw, 
 
 void Layer::Impl::allocate_backward() {
   if (row_weights.p != nullptr) return;
-  side.create();  // (the first backward: not under stream capture)
+  side.create(comm.device());  // (the first backward: not under stream capture)
   if (profile && bwd_marks.empty()) {
     for (int i = 0; i <= kBwdStages; ++i) {
       cudaEvent_t e = nullptr;

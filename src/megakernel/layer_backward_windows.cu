@@ -20,9 +20,9 @@ namespace mok {
 // it in two): the x rows pulled again into the ring with the d_out rows (one kernel); for a
 // window inside the budget the saved gate/up rows, past it FC1 run again (gu; without split-N,
 // whose row test is not window-relative: the same sums); FC2's dgrad + SwiGLU' (h from the gate/up
-// rows with FC1's bits, the router-weight gradient) and FC1's dgrad, the d_x rows pushed into
-// their slots with the router-gradient sums (routed_dgrads), and the weight gradients over each
-// expert's part of the window. The expert cut by the window's end is held over (bf16, windows
+// rows with FC1's bits, the router-weight gradient), then FC1's dgrad and beside it (the side
+// stream, side_stream.h) the weight gradients over each expert's part of the window, then the
+// d_x rows pushed into their slots with the router-gradient sums (routed_dgrads). The expert cut by the window's end is held over (bf16, windows
 // inside the activation budget, rows that fit the hold: schedule_math.h's WindowHold; its x, d_y
 // and h rows copied to hold buffers in the unused gu scratch, its d_gu rows read where they are
 // saved, and the next window's wgrads run it whole: WgradArgs::hold_*), or else carried to the
@@ -112,7 +112,7 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
       fw.rows_total = v.expert_rows;
       fw.owned = owned;
       fp8_backward_rows(move, fw, dw_gate, dw_up, dw_down, stream, [&](int i) {
-        if (i >= 3) win_mark(w, i, stream);  // (3: dgrads + pushes, 4: wgrad down)
+        if (i >= 3) win_mark(w, i, stream);  // (3: dgrads + pushes, 4: wgrad down, in 3 with the side stream)
       });
       win_mark(w, 5, stream);
       prev_lo = lo;
@@ -142,8 +142,9 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
     } else {
       // The window's parts and weight gradients (and the hold's copy) beside FC1's dgrad, on the
       // side stream forked after FC2's dgrad and joined before the pushes (side_stream.h), so
-      // before the next window's pulls overwrite the x and d_y rows they read. With the fork
-      // stages 4 and 5 are empty (their time is in stage 3).
+      // before the next window's pulls overwrite the x and d_y rows they read. With the fork the
+      // stages "wgrad down" and "wgrad gate/up" (kWinStageNames[3], [4]) read ~0: their time is
+      // in "dgrads + pushes".
       const auto wgrads = [&](cudaStream_t ws) {
         if (ws == stream) win_mark(w, 3, stream);
         gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, ws, hold);

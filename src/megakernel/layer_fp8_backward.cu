@@ -58,8 +58,9 @@ void Layer::Impl::fp8_backward_weight_codes(cudaStream_t stream) {
 // The resident FP8 backward: one window of every routed row, the forward's gate/up rows, x read
 // in the x windows. Stage marks as the bf16 backward's (kBwdStageNames): 3 the pulls, 4 the
 // weights' codes, d_y's and FC2's dgrad + SwiGLU', 5 d_gu's codes and FC1's dgrad, 6 the router-
-// gradient and reverse-dispatch pushes (one kernel), 7 the token blocks and dW_down; dW_gate/up
-// ends at backward()'s mark 8.
+// gradient and reverse-dispatch pushes (one kernel), 7 the token blocks and dW_down (with the side
+// stream h's token blocks and dW_down run beside FC1's dgrad, in stage 5); dW_gate/up ends at
+// backward()'s mark 8.
 void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream) {
   const gpu::ScheduleView v = schedule->view();
   gpu::MoveArgs move = move_args();
@@ -78,6 +79,7 @@ void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_dow
 void Layer::Impl::fp8_backward_rows(const gpu::MoveArgs& move, const Fp8Window& w, void* dw_gate, void* dw_up,
                                     void* dw_down, cudaStream_t stream, const std::function<void(int)>& stage) {
   const gpu::ScheduleView v = schedule->view();
+  const SideStream::Joiner joiner(side, stream);  // (a host check that throws after the fork)
   const int64_t rows = w.rows, tiles = w.tiles;
   float* row_w = row_weights.get<float>();
   float* partial = router_partials.get<float>();

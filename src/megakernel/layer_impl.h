@@ -271,7 +271,7 @@ struct Layer::Impl {
       "router-grad + reverse-dispatch push", "wgrad down", "wgrad gate/up", "barrier", "shared expert", "d_x merge"};
   bool profile = false;
   bool bwd_hold = true;  // MOK_BWD_HOLD: the windows hold cut experts' rows (else carry them)
-  SideStream side;       // the weight gradients beside FC1's dgrad and the pushes (side_stream.h)
+  SideStream side;       // the weight gradients beside FC1's dgrad (side_stream.h)
   std::vector<cudaEvent_t> bwd_marks;
   bool marking = false;     // this backward records them (not under stream capture)
   bool bwd_marked = false;  // the last backward recorded all of them
@@ -351,8 +351,10 @@ struct Layer::Impl {
     const int32_t* rows_total = nullptr;
     const int32_t* owned = nullptr;
   };
-  // stage(i) after each step: 0 the d_out pull, 1 FC2's dgrad, 2 FC1's dgrad, 3 the router-
-  // gradient and reverse-dispatch pushes, 4 dW_down (dW_gate/up is the caller's to mark).
+  // stage(i) after each step: 0 the d_out pull, 1 FC2's dgrad, 2 FC1's dgrad (with the side
+  // stream also h's token blocks and dW_down beside it), 3 the router-gradient and reverse-
+  // dispatch pushes, 4 x^T's token blocks (and without the side stream dW_down; dW_gate/up is the
+  // caller's to mark).
   void fp8_backward_rows(const gpu::MoveArgs& move, const Fp8Window& w, void* dw_gate, void* dw_up, void* dw_down,
                          cudaStream_t stream, const std::function<void(int)>& stage);
   // A window's FP8 FC1 again (layer_fp8.cu): its bf16 x rows quantized as the forward's x was, the

@@ -17,12 +17,16 @@ SideStream::SideStream() {
   }
 }
 
-void SideStream::create() {
+void SideStream::create(int device) {
   if (!on_ || side_ != nullptr) return;
-  MOK_CUDA_CHECK(cudaGetDevice(&device_));
+  int prev = -1;
+  MOK_CUDA_CHECK(cudaGetDevice(&prev));
+  MOK_CUDA_CHECK(cudaSetDevice(device));
+  device_ = device;
   MOK_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   MOK_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   MOK_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+  MOK_CUDA_CHECK(cudaSetDevice(prev));
 }
 
 void SideStream::fork(cudaStream_t main) {
@@ -36,9 +40,15 @@ void SideStream::fork(cudaStream_t main) {
 
 void SideStream::join(cudaStream_t main) {
   if (!forked_) return;
+  forked_ = false;
   MOK_CUDA_CHECK(cudaEventRecord(join_, side_));
   MOK_CUDA_CHECK(cudaStreamWaitEvent(main, join_, 0));
+}
+
+void SideStream::join_quietly(cudaStream_t main) noexcept {
+  if (!forked_) return;
   forked_ = false;
+  if (cudaEventRecord(join_, side_) == cudaSuccess) (void)cudaStreamWaitEvent(main, join_, 0);
 }
 
 SideStream::~SideStream() {

@@ -1,12 +1,14 @@
-// mok — a second stream for the backward's weight gradients (the unfused bf16 backward, resident
-// and over windows). After FC2's dgrad + SwiGLU' nothing orders FC1's dgrad and the pushes
-// against the two weight gradients: the dgrad reads d_gu and writes the d_x rows, the weight
-// gradients read d_gu, x, d_y and h and write dW (and their carries / holds). On one stream each
-// of those persistent GEMMs ends with a partial last wave and a drain; forked, the next kernel's
-// CTAs take the SMs the previous one frees, and at EP > 1 the d_x push over NVLink runs beside
-// the weight gradients. Every kernel is the same, so the bits are the same (the layer's backward
-// tests run with it). The fork is joined before anything that writes what the side reads (the
-// next window's pulls), and under stream capture it is the usual fork / join of a graph.
+// mok — a second stream for the backward's weight gradients. After FC2's dgrad + SwiGLU' nothing
+// orders FC1's dgrad against the weight gradients: the dgrad reads d_gu and writes the d_x rows,
+// the weight gradients read d_gu, x, d_y and h and write dW (and their carries / holds). On one
+// stream each of those persistent GEMMs ends with a partial last wave and a drain; forked, the
+// next kernel's CTAs take the SMs the previous one frees. Used by the bf16 backward (the routed
+// experts' weight gradients, resident and per window with the window's parts and hold copy; the
+// shared expert's) and the FP8 one (dW_down with h's token blocks). The fork is joined before the
+// pushes: behind persistent GEMMs a push's CTAs would start one by one and delay the next GEMM,
+// whose static tile stride gives every CTA the same work (measured: notes/backward.md). Every
+// kernel is the same, so the bits are the same (the layer's backward tests compare one stream
+// with two). Under stream capture it is the usual fork / join of a graph.
 // MOK_BWD_STREAMS=0 keeps everything on the caller's stream (an A/B knob).
 #pragma once
 
@@ -20,9 +22,9 @@ class SideStream {
   ~SideStream();
   SideStream(const SideStream&) = delete;
   SideStream& operator=(const SideStream&) = delete;
-  // The stream and its two events on the current device (not under stream capture: the layer's
-  // first backward, which allocates, calls it). A no-op when off or already made.
-  void create();
+  // The stream and its two events on `device` (not under stream capture: the layer's first
+  // backward, which allocates, calls it). A no-op when off or already made.
+  void create(int device);
   bool on() const { return on_ && side_ != nullptr; }
   // The side waits for what `main` has enqueued so far; target() is the side stream until join().
   void fork(cudaStream_t main);
@@ -30,7 +32,22 @@ class SideStream {
   void join(cudaStream_t main);
   cudaStream_t target(cudaStream_t main) const { return forked_ ? side_ : main; }
 
+  // Joins on scope exit if still forked (a host check that threw between fork and join): the
+  // side's kernels stay ordered before the caller's later work. Errors there are not raised.
+  class Joiner {
+   public:
+    Joiner(SideStream& s, cudaStream_t main) : s_(s), main_(main) {}
+    ~Joiner() { s_.join_quietly(main_); }
+    Joiner(const Joiner&) = delete;
+    Joiner& operator=(const Joiner&) = delete;
+
+   private:
+    SideStream& s_;
+    cudaStream_t main_;
+  };
+
  private:
+  void join_quietly(cudaStream_t main) noexcept;
   bool on_ = true;
   bool forked_ = false;
   int device_ = -1;

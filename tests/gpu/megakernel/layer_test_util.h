@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -19,6 +20,16 @@
 #include "mok/workload.hpp"
 
 namespace mok::test {
+
+// An environment knob set for a scope (the layer reads its MOK_* knobs when built), unset again
+// however the scope ends.
+struct ScopedEnv {
+  const char* name;
+  ScopedEnv(const char* n, const char* value) : name(n) { setenv(n, value, 1); }
+  ~ScopedEnv() { unsetenv(name); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+};
 
 // One rank's device inputs and weights for a workload (freed on destruction).
 struct RankData {

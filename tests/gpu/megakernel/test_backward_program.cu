@@ -53,9 +53,10 @@ TEST_P(LayerBackwardProgram, BitwiseTheUnfusedBackward) {
   const auto want = grads_of(shape, unfused, wl, 1);
   // The unfused backward with its weight gradients on the caller's stream (MOK_BWD_STREAMS=0)
   // instead of the side stream: the same bits.
-  setenv("MOK_BWD_STREAMS", "0", 1);
-  expect_same_bits(want, grads_of(shape, unfused, wl, 1), std::string(c.name) + " one stream");
-  unsetenv("MOK_BWD_STREAMS");
+  {
+    const mok::test::ScopedEnv one_stream("MOK_BWD_STREAMS", "0");
+    expect_same_bits(want, grads_of(shape, unfused, wl, 1), std::string(c.name) + " one stream");
+  }
   // Every ticket order (MOK_BWD_ORDER, read when a layer is built), three backwards each: bitwise
   // equal to each other and to the unfused backward.
   for (const char* order : {"phased", "merged", "static"}) {

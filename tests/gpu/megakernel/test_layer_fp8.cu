@@ -457,6 +457,10 @@ TEST_P(LayerFp8BackwardWindows, BitwiseTheResidentFp8Backward) {
   const auto want = mok::test::grads_of(shape, resident, wl, 1);
   const auto got = mok::test::grads_of(shape, windows, wl, 2);
   mok::test::expect_same_bits(want, got, c.name);
+  {  // dW_down on the caller's stream instead of beside FC1's dgrad (side_stream.h): the same bits
+    const mok::test::ScopedEnv one_stream("MOK_BWD_STREAMS", "0");
+    mok::test::expect_same_bits(want, mok::test::grads_of(shape, windows, wl, 1), std::string(c.name) + " one stream");
+  }
   std::printf("[fp8 backward windows] %s: ring %lld of %lld worst-case rows, %lld rows saved\n", c.name,
               (long long)c.ring, (long long)shape.worst_case_rows(), (long long)windows.resolved_saved_rows(shape));
 }
