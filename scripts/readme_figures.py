@@ -513,7 +513,7 @@ def side_stream_figures(res):
         parts.append("%s %s over %s (%s)" % (mode, span([b.num(new, "over_" + ref, within=c) for c in of]),
                                              count(len(of), "case"), names))
     return [
-        "**Weight gradients beside FC1's dgrad** (the bf16 backward's weight gradients on a second stream "
+        "**Weight gradients beside FC1's dgrad** (the backward's weight gradients, in FP8 dW_down, on a second stream "
         "forked after FC2's dgrad and joined before the pushes, so that each GEMM's last wave is filled by the "
         "next; bitwise the same, same binary alternated): backward time over one stream's: %s. %s" % (
             "; ".join(parts), b.source())]
