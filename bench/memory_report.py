@@ -4,7 +4,7 @@ layer's memory plan, and prints it as a table.
 
 usage: memory_report.py --out OUT_JSON --device DEVICE --commit COMMIT [--date YYYY-MM-DD]
                         [--plan-json PLAN_JSON | --plan-bin MOK_MEMORY_PLAN] [--sm-count N]
-                        [--mok-json MOK_JSON] [--baseline-json BASELINE_JSON] [--layers 58]
+                        [--mok-json MOK_JSON ...] [--baseline-json BASELINE_JSON] [--layers 58]
                         [--measured-commit C]
 
 The plan is mok_memory_plan's JSON (bench/memory/memory_plan_cli.cpp: mok::plan_memory for rank 0
@@ -60,13 +60,22 @@ def load_plan(a):
     return json.loads(run.stdout)
 
 
-def measurements(path, value, skip=lambda case: False, with_mode=False):
-    """{(model, ep, T, routing[, mode]): value(case)} of a results file's cases where value() is not
-    None; {} without a file."""
-    if not path:
+def measurements(paths, value, skip=lambda case: False, with_mode=False):
+    """{(model, ep, T, routing[, mode]): value(case)} of the results files' cases where value() is not
+    None (a path or a list of them; a later file's case replaces an earlier one's); {} without one."""
+    if not paths:
         return {}
-    with open(path) as f:
-        doc = json.load(f)
+    if isinstance(paths, str):
+        paths = [paths]
+    out = {}
+    for path in paths:
+        with open(path) as f:
+            doc = json.load(f)
+        out.update(file_measurements(doc, value, skip, with_mode))
+    return out
+
+
+def file_measurements(doc, value, skip, with_mode):
     out = {}
     for c in doc.get("cases", []):
         if "/" in str(c.get("model", "")) or skip(c):
@@ -148,7 +157,8 @@ def main(argv=None):
     ap.add_argument("--plan-json", help="mok_memory_plan's output (else the binary is run)")
     ap.add_argument("--plan-bin", default=DEFAULT_BIN)
     ap.add_argument("--sm-count", type=int, default=132, help="passed to the binary")
-    ap.add_argument("--mok-json", help="mok_bench results (memory.measured_bytes)")
+    ap.add_argument("--mok-json", action="append", help="mok_bench results (memory.measured_bytes); repeat "
+                    "for several runs (e.g. the training default and --workspace-budget 0's resident mode)")
     ap.add_argument("--baseline-json", help="torch_moe_baseline.py results: saved_bytes")
     ap.add_argument("--layers", type=int, default=58, help="layers of the footprint line (default 58)")
     ap.add_argument("--measured-commit", help="the commit the measurements ran at, when not --commit's "

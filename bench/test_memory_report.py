@@ -49,7 +49,8 @@ class MemoryReportTest(TempDirCase):
         if plan is not None:
             args += ["--plan-json", self.write("plan.json", plan)]
         if mok is not None:
-            args += ["--mok-json", self.write("mok.json", mok)]
+            for i, m in enumerate(mok if isinstance(mok, list) else [mok]):
+                args += ["--mok-json", self.write("mok%d.json" % i, m)]
         if baseline is not None:
             args += ["--baseline-json", self.write("baseline.json", baseline)]
         run = subprocess.run(args, capture_output=True, text=True)
@@ -127,6 +128,22 @@ class MemoryReportTest(TempDirCase):
         self.assertEqual(self.case(doc, "dsv3", 8, "zipf", "recompute")["measured_bytes"], 42)
         # 58 x (2 + 2) + 2 = 234 GB
         self.assertIn("dsv3 (saved): 58 layers at EP 8: 234.000 GB", out)
+
+    def test_several_mok_files_join_each_in_its_mode(self):
+        plan = {"sm_count": 132, "cases": [
+            plan_case("dsv3", 1, 3 * G, 2 * G, G, ring=256, worst=4096, mode="saved", workspace=2 * G),
+            plan_case("dsv3", 1, 5 * G, 2 * G, G, ring=4096, worst=4096, mode="resident")]}
+        saved = {"cases": [{"model": "dsv3", "T": 8192, "routing": "uniform",
+                            "memory": {"mode": "saved", "measured_bytes": 11}}]}
+        resident = {"cases": [{"model": "dsv3", "T": 8192, "routing": "uniform",
+                               "memory": {"mode": "resident", "measured_bytes": 22}},
+                              {"model": "dsv3", "T": 8192, "routing": "zipf",
+                               "memory": {"mode": "saved", "measured_bytes": 33}}]}
+        doc, _ = self.report(plan, [saved, resident])
+        self.assertEqual(self.case(doc, "dsv3", 1, "uniform", "saved")["measured_bytes"], 11)
+        self.assertEqual(self.case(doc, "dsv3", 1, "uniform", "resident")["measured_bytes"], 22)
+        self.assertEqual(self.case(doc, "dsv3", 1, "zipf", "saved")["measured_bytes"], 33)
+        self.assertIsNone(self.case(doc, "dsv3", 1, "zipf", "resident")["measured_bytes"])
 
     @unittest.skipUnless(os.environ.get("MOK_MEMORY_PLAN"), "MOK_MEMORY_PLAN (a built mok_memory_plan) not set")
     def test_real_planner(self):

@@ -4,8 +4,9 @@
 // is what mok::Layer allocates, it needs no GPU, and EP 2 and 8 can be planned where only one GPU
 // (or none) is present. bench/memory_report.py turns this output into the results file. Every case
 // is rank 0 on the megakernel path, in three modes:
-//   resident   the default mok::Config: the ring holds the worst case of the routing (capped by
-//              32-bit offsets), every buffer the layer's own;
+//   resident   mok::Config with workspace_budget_bytes = 0 and share_workspace off (the default
+//              config is the training mode, the saved one below): the ring holds the worst case
+//              of the routing (capped by 32-bit offsets), every buffer the layer's own;
 //   saved      the workspace shared by the layers (Config::share_workspace) within a budget
 //              (--workspace-budget, default 2 GB: mok::ring_for_workspace picks the ring), the
 //              automatic activation budget: the backward runs over windows of the ring, reading
@@ -72,7 +73,7 @@ int usage(int rc) {
   std::fprintf(rc ? stderr : stdout,
                "usage: mok_memory_plan [--sm-count N] [--workspace-budget MB] [--precision bf16|fp8|mxfp8]\n"
                "  JSON on stdout: mok::plan_memory for dsv3, qwen3-30b-a3b, qwen3-235b at T = %lld,\n"
-               "  EP 1, 2 and 8, rank 0, modes resident (the default mok::Config), saved and recompute\n"
+               "  EP 1, 2 and 8, rank 0, modes resident (workspace_budget_bytes 0, no shared workspace), saved (the default mok::Config's training mode) and recompute\n"
                "  (the shared workspace within MB megabytes, default 2000, with the ring that fits it;\n"
                "  the automatic or no activation budget). --sm-count: the GPU's SMs (default 132).\n"
                "  --precision: the layer's (default bf16; fp8 / mxfp8 budget 2 GB plus the backward's\n"
@@ -133,6 +134,10 @@ int main(int argc, char** argv) {
           mok::Config config;
           config.precision = precision;
           config.activation_budget_bytes = mode.budget;
+          if (!mode.windows) {  // (the resident mode is one setting away: mok_bench --workspace-budget 0)
+            config.workspace_budget_bytes = 0;
+            config.share_workspace = false;
+          }
           if (mode.windows) {
             const int64_t budget =
                 budget_given ? budget_mb * 1000000 : mok::default_workspace_budget(shape, config);
