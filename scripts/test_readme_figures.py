@@ -91,7 +91,9 @@ def synthetic():
                                         for ep in (1, 8)] +
                   [dict(mem_case, model=m, ep=8, mode=mode, persistent_bytes_per_layer=v[0], saved_bytes_per_forward=v[1],
                         workspace_bytes=v[2], backward_ok=mode == "saved" or m != "qwen3-235b")
-                   for m in ("dsv3", "qwen3-235b", "qwen3-30b-a3b") for mode, v in training.items()])
+                   for m in ("dsv3", "qwen3-235b", "qwen3-30b-a3b") for mode, v in training.items()] +
+                  [dict(mem_case, model="dsv3", ep=1, mode="saved", persistent_bytes_per_layer=0, saved_bytes_per_forward=0.8e9,
+                        workspace_bytes=2.0e9, measured_bytes=2.81e9, measured_windows="new")])
     torch_case = {"T": 8192, "layers": 2, "compile_ok": True, "graph_ok": True}
     torch_step = dict(META2, gpus=1, cases=[
         dict(torch_case, model="qwen3-30b-a3b", mok_step_ms=14.4, eager_step_ms=30.0, speedup=30.0 / 14.4,
@@ -209,6 +211,8 @@ class Figures(Fixture):
         # forward + backward: (25 + 3) / (10 + 2) .. (9 + 3) / (2 + 2)
         self.assertIn("forward **2.50–4.50× faster** and forward + backward 2.33–3.00× the baseline over 3 cases", b)
         self.assertIn("DeepSeek-V3 EP 1 with every routed row resident (`workspace_budget_bytes = 0`) 6.6 GB, measured 6.6 GB", b)
+        self.assertIn("DeepSeek-V3 EP 1 in the training mode (the training default, the layer with the workspace: 2.80 GB, "
+                      "measured 2.81 GB).", b)
         # EP 8 training modes: 0.6 GB per layer saved, 4 MB recompute; 58 x 0.6 + 1.9 = 36.7 GB
         self.assertIn("at most 1.90 GB per GPU", b)
         self.assertIn("at EP 8 0.60 / 0.60 / 0.60 GB per layer", b)
