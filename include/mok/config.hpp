@@ -81,7 +81,8 @@ struct Config {
   // even. Off: every compute SM loads its own weight tiles.
   bool fwd_clusters = false;
   int fwd_comm_sms = 0;              // CTAs (one per SM) that move tokens in the forward kernel; 0 = from the shape
-  int bwd_comm_sms = 16;             // same for the backward kernel
+  int bwd_comm_sms = 16;             // EP > 1: CTAs of the backward's pushes, run beside its weight
+                                     // gradients (which leave these SMs free)
   int64_t minibatch_tokens = 0;      // routed rows per minibatch; 0 = choose from the shape
   int64_t macrobatch_tokens = 0;     // routed rows held by the ring buffer; 0 = worst case (no ring reuse)
   // Megakernel with a ring below the worst case (the backward then runs over windows of the ring):

@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "common/device_check.h"
 #include "gemm/fp8_quantize.h"
@@ -180,14 +182,14 @@ void Layer::Impl::backward_resident(void* dw_gate, void* dw_up, void* dw_down, c
   // The weight gradients beside FC1's dgrad, on the side stream forked after FC2's dgrad
   // (side_stream.h; MOK_BWD_STREAMS=0: after the pushes, as before). With the fork their stages'
   // time is in "FC1 dgrad".
-  const auto wgrads = [&](cudaStream_t ws) {
-    gemm::run(gemm::plan_wgrad(wd, gemm_options()), ws);
+  const auto wgrads = [&](cudaStream_t ws, const gemm::Options& wo) {
+    gemm::run(gemm::plan_wgrad(wd, wo), ws);
     if (ws == stream) mark(7, stream);
-    gemm::run(gemm::plan_wgrad(w1, gemm_options()), ws);
+    gemm::run(gemm::plan_wgrad(w1, wo), ws);
   };
   const bool beside = !program && cap_rows > 0;
   routed_dgrads(move, gu.p, v.tile_expert, tiles, 0, stream, true, program ? &wd : nullptr, program ? &w1 : nullptr,
-                false, beside ? std::function<void(cudaStream_t)>(wgrads) : nullptr);
+                false, beside ? Beside(wgrads) : nullptr);
   if (program) {
     mark(7, stream);  // the weight gradients ran in the program (the stage "FC2 dgrad" holds it all)
   } else if (cap_rows > 0) {
@@ -233,7 +235,7 @@ void Layer::Impl::pull_dy_rows(const gpu::MoveArgs& move, cudaStream_t stream, v
 void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const int32_t* tile_expert, int64_t tiles,
                                 int64_t width_tiles, cudaStream_t stream, bool marks, const gemm::WgradArgs* wd,
                                 const gemm::WgradArgs* w1, bool pulled,
-                                const std::function<void(cudaStream_t)>& beside) {
+                                const Beside& beside) {
   MOK_REQUIRE(beside == nullptr || wd == nullptr, "routed_dgrads", "takes the program's weight gradients or beside's");
   const SideStream::Joiner joiner(side, stream);  // (a host check that throws after the fork)
   float* row_w = row_weights.get<float>();
@@ -252,19 +254,29 @@ void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const 
                tile_expert, tiles, stream, marks ? 4 : -1, width_tiles, row_w, partial, h.p,
                beside && side.on() ? &side : nullptr);
   }
-  // The side's work beside FC1's dgrad, joined before the pushes: pushed last, their kernel gets
-  // every SM at once (behind persistent GEMMs its CTAs would start staggered and delay the
-  // next GEMM's: measured +2% on the resident backward when the weight gradients followed them).
+  // The side's work beside FC1's dgrad. At EP 1 it is joined before the pushes: pushed last,
+  // their kernel gets every SM at once (behind persistent GEMMs its CTAs would start staggered and
+  // delay the next GEMM's: measured +2% on the resident backward when the weight gradients
+  // followed them). With push_beside_sms (EP > 1: the d_x rows go over NVLink) the weight
+  // gradients run on the other SMs and the pushes on those, beside them, then the join.
+  const bool pushes_beside = beside && side.on() && push_beside_sms > 0;
+  gpu::MoveArgs pm = move;
   if (beside && side.on()) {
-    beside(side.target(stream));
-    side.join(stream);
+    gemm::Options wo = gemm_options();
+    if (pushes_beside) {
+      wo.max_ctas = sms - push_beside_sms;
+      pm.sms = push_beside_sms;
+    }
+    beside(side.target(stream), wo);
+    if (!pushes_beside) side.join(stream);
   }
   if (marks) mark(5, stream);
   // Both pushes in one kernel: the router-weight gradient's sums and the d_x rows (reverse dispatch).
-  gpu::push_router_grad(move, partial, gemm::router_parts(I), dweight_peers.get<float* const>(), stream, y.p,
+  gpu::push_router_grad(pm, partial, gemm::router_parts(I), dweight_peers.get<float* const>(), stream, y.p,
                         combine_peers.get<void* const>());
+  if (pushes_beside) side.join(stream);
   if (marks) mark(6, stream);
-  if (beside && !side.on()) beside(stream);
+  if (beside && !side.on()) beside(stream, gemm_options());
 }
 
 // the d_x rows = rnd(d_gu . [w_gate; w_up]) into dx_rows; mark_between >= 0 records that stage mark
@@ -375,6 +387,14 @@ gemm::WgradArgs Layer::Impl::wgrad_args(const void* a, const void* b, void* dw, 
 void Layer::Impl::allocate_backward() {
   if (row_weights.p != nullptr) return;
   side.create(comm.device());  // (the first backward: not under stream capture)
+  // The pushes beside the weight gradients where they cross NVLink (routed_dgrads).
+  bool beside = world > 1;
+  if (const char* v = std::getenv("MOK_BWD_PUSH_BESIDE")) {
+    const std::string o = v;
+    MOK_REQUIRE(o == "0" || o == "1", "MOK_BWD_PUSH_BESIDE", "must be 0 or 1, got '", o, "'");
+    beside = o == "1";
+  }
+  push_beside_sms = beside && side.on() ? config.bwd_comm_sms : 0;
   if (profile && bwd_marks.empty()) {
     for (int i = 0; i <= kBwdStages; ++i) {
       cudaEvent_t e = nullptr;

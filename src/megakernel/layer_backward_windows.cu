@@ -145,12 +145,12 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
       // before the next window's pulls overwrite the x and d_y rows they read. With the fork the
       // stages "wgrad down" and "wgrad gate/up" (kWinStageNames[3], [4]) read ~0: their time is
       // in "dgrads + pushes".
-      const auto wgrads = [&](cudaStream_t ws) {
+      const auto wgrads = [&](cudaStream_t ws, const gemm::Options& wo) {
         if (ws == stream) win_mark(w, 3, stream);
         gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, ws, hold);
-        gemm::run(gemm::plan_wgrad(wd, gemm_options()), ws);
+        gemm::run(gemm::plan_wgrad(wd, wo), ws);
         if (ws == stream) win_mark(w, 4, stream);
-        gemm::run(gemm::plan_wgrad(w1, gemm_options()), ws);
+        gemm::run(gemm::plan_wgrad(w1, wo), ws);
         // The expert this window holds over (if any) into the hold buffers' ends, after this
         // window's wgrads, which read the rows the previous window held in the same buffers.
         if (hold_cap > 0 && hi < saved_rows) {

@@ -272,6 +272,11 @@ struct Layer::Impl {
   bool profile = false;
   bool bwd_hold = true;  // MOK_BWD_HOLD: the windows hold cut experts' rows (else carry them)
   SideStream side;       // the weight gradients beside FC1's dgrad (side_stream.h)
+  // The pushes beside the weight gradients (EP > 1; MOK_BWD_PUSH_BESIDE=0/1 overrides): on
+  // config.bwd_comm_sms CTAs, which the weight gradients then leave free; 0 = after the join.
+  int push_beside_sms = 0;
+  // routed_dgrads' work on the side stream: the stream, and the options its GEMMs take.
+  using Beside = std::function<void(cudaStream_t, const gemm::Options&)>;
   std::vector<cudaEvent_t> bwd_marks;
   bool marking = false;     // this backward records them (not under stream capture)
   bool bwd_marked = false;  // the last backward recorded all of them
@@ -395,7 +400,7 @@ struct Layer::Impl {
   void routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const int32_t* tile_expert, int64_t tiles,
                      int64_t width_tiles, cudaStream_t stream, bool marks, const gemm::WgradArgs* wd = nullptr,
                      const gemm::WgradArgs* w1 = nullptr, bool pulled = false,
-                     const std::function<void(cudaStream_t)>& beside = {});
+                     const Beside& beside = {});
   // The window's d_out rows and router weights pulled (reverse combine) into dy_routed / row_weights,
   // and with x_to its x rows into x_to in the same kernel.
   void pull_dy_rows(const gpu::MoveArgs& move, cudaStream_t stream, void* x_to = nullptr);

@@ -57,6 +57,10 @@ TEST_P(LayerBackwardProgram, BitwiseTheUnfusedBackward) {
     const mok::test::ScopedEnv one_stream("MOK_BWD_STREAMS", "0");
     expect_same_bits(want, grads_of(shape, unfused, wl, 1), std::string(c.name) + " one stream");
   }
+  {  // the pushes beside the weight gradients (the EP > 1 default) at EP 1: the same bits
+    const mok::test::ScopedEnv pushes_beside("MOK_BWD_PUSH_BESIDE", "1");
+    expect_same_bits(want, grads_of(shape, unfused, wl, 1), std::string(c.name) + " pushes beside");
+  }
   // Every ticket order (MOK_BWD_ORDER, read when a layer is built), three backwards each: bitwise
   // equal to each other and to the unfused backward.
   for (const char* order : {"phased", "merged", "static"}) {
@@ -138,6 +142,9 @@ TEST(LayerBackwardProgramGraph, UnfusedWindowsCaptureAndReplay) {
   cfg.minibatch_tokens = 128;
   cfg.macrobatch_tokens = 384;
   cfg.activation_budget_bytes = kPart;
+  capture_and_replay(cfg);
+  // The pushes beside the weight gradients (the EP > 1 default), joined after them.
+  const mok::test::ScopedEnv pushes_beside("MOK_BWD_PUSH_BESIDE", "1");
   capture_and_replay(cfg);
 }
 
