@@ -137,9 +137,18 @@ void Layer::Impl::fp8_backward_rows(const gpu::MoveArgs& move, const Fp8Window& 
   }
   stage(1);
   // dW_down beside FC1's dgrad (side_stream.h): h's token blocks and the wgrad on the side stream,
-  // joined before the pushes. dW_gate/up stays after them: x^T's token blocks are written over
-  // the bytes of d_gu's codes, which FC1's dgrad reads.
+  // joined before the pushes, or at EP > 1 after them (push_beside_sms: the pushes on those CTAs
+  // beside dW_down, which leaves them free; routed_dgrads does the same in bf16). dW_gate/up stays
+  // after them: x^T's token blocks are written over the bytes of d_gu's codes, which FC1's dgrad
+  // reads.
   const bool beside = rows > 0 && e_loc > 0 && side.on();
+  const bool pushes_beside = beside && push_beside_sms > 0;
+  gemm::Options wo = o;
+  gpu::MoveArgs pm = move;
+  if (pushes_beside) {
+    wo.max_ctas = sms - push_beside_sms;
+    pm.sms = push_beside_sms;
+  }
   gemm::Fp8WgradArgs w2;
   if (rows > 0 && e_loc > 0) {
     w2.a_t = rb + R.t_dy;
@@ -161,7 +170,7 @@ void Layer::Impl::fp8_backward_rows(const gpu::MoveArgs& move, const Fp8Window& 
   }
   const auto w_down = [&](cudaStream_t ws) {
     gemm::quantize_fp8_token_blocks_t(h.p, rows, I, rb + R.t_hw, f32(rb, R.ts_hw), ws, seg, mx);
-    gemm::run(gemm::plan_fp8_wgrad(w2, o), ws);
+    gemm::run(gemm::plan_fp8_wgrad(w2, wo), ws);
   };
   if (beside) {
     side.fork(stream);
@@ -183,11 +192,12 @@ void Layer::Impl::fp8_backward_rows(const gpu::MoveArgs& move, const Fp8Window& 
     dx.num_m_tiles = tiles;
     gemm::run(gemm::plan_fp8_grouped(dx, options_as(w.width_tiles, H)), stream);
   }
-  side.join(stream);
+  if (!pushes_beside) side.join(stream);
   stage(2);
   // Both pushes in one kernel: the router-weight gradient's sums and the d_x rows (reverse dispatch).
-  gpu::push_router_grad(move, partial, gemm::router_parts(I), dweight_peers.get<float* const>(), stream, y.p,
+  gpu::push_router_grad(pm, partial, gemm::router_parts(I), dweight_peers.get<float* const>(), stream, y.p,
                         combine_peers.get<void* const>());
+  side.join(stream);
   stage(3);
   if (rows == 0 || e_loc == 0) {  // no rows: zero gradients
     for (void* p : {dw_gate, dw_up, dw_down})
