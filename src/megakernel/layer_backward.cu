@@ -258,22 +258,35 @@ void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const 
   // their kernel gets every SM at once (behind persistent GEMMs its CTAs would start staggered and
   // delay the next GEMM's: measured +2% on the resident backward when the weight gradients
   // followed them). With push_beside_sms (EP > 1: the d_x rows go over NVLink) the weight
-  // gradients run on the other SMs and the pushes on those, beside them, then the join.
-  const bool pushes_beside = beside && side.on() && push_beside_sms > 0;
+  // gradients run on the other SMs and the pushes on those, beside them, then the join. Pulling
+  // ahead (push_on_lane, layer_backward_windows.cu) the pushes go on the lane before the next
+  // window's pulls, so that the lane never takes more than its CTAs' SMs; the caller's stream
+  // waits for them through the next window's d_out rows (or the lane's join after the last).
+  const bool lane_push = beside && side.on() && push_on_lane;
+  const bool pushes_beside = beside && side.on() && push_beside_sms > 0 && !lane_push;
   gpu::MoveArgs pm = move;
+  const auto push = [&](cudaStream_t s) {  // both pushes in one kernel: the router-weight
+    // gradient's sums and the d_x rows (reverse dispatch)
+    gpu::push_router_grad(pm, partial, gemm::router_parts(I), dweight_peers.get<float* const>(), s, y.p,
+                          combine_peers.get<void* const>());
+  };
   if (beside && side.on()) {
     gemm::Options wo = gemm_options();
-    if (pushes_beside) {
-      wo.max_ctas = sms - push_beside_sms;
-      pm.sms = push_beside_sms;
+    wo.max_ctas = bwd_gemm_ctas;
+    if (pushes_beside || lane_push) {
+      wo.max_ctas = sms - config.bwd_comm_sms;
+      pm.sms = config.bwd_comm_sms;
+    }
+    if (lane_push) {
+      d1_done.record(stream);
+      d1_done.wait(lane.target(stream));
+      push(lane.target(stream));
     }
     beside(side.target(stream), wo);
     if (!pushes_beside) side.join(stream);
   }
   if (marks) mark(5, stream);
-  // Both pushes in one kernel: the router-weight gradient's sums and the d_x rows (reverse dispatch).
-  gpu::push_router_grad(pm, partial, gemm::router_parts(I), dweight_peers.get<float* const>(), stream, y.p,
-                        combine_peers.get<void* const>());
+  if (!lane_push) push(stream);
   if (pushes_beside) side.join(stream);
   if (marks) mark(6, stream);
   if (beside && !side.on()) beside(stream, gemm_options());
@@ -350,6 +363,7 @@ void Layer::Impl::run_backward_program(const gemm::DgradSwiGLUArgs& ds, const ge
 gemm::Options Layer::Impl::options_as(int64_t width_tiles, int64_t n) const {
   gemm::Options o = gemm_options();
   if (width_tiles > 0) o.block_n = gemm::choose_block_n(width_tiles, n, sms);
+  o.max_ctas = bwd_gemm_ctas;  // (the tile width is chosen for every SM either way: the same tiles)
   return o;
 }
 
@@ -395,6 +409,17 @@ void Layer::Impl::allocate_backward() {
     beside = o == "1";
   }
   push_beside_sms = beside && side.on() ? config.bwd_comm_sms : 0;
+  pull_ahead = world > 1;
+  if (const char* v = std::getenv("MOK_BWD_PULL_AHEAD")) {
+    const std::string o = v;
+    MOK_REQUIRE(o == "0" || o == "1", "MOK_BWD_PULL_AHEAD", "must be 0 or 1, got '", o, "'");
+    pull_ahead = o == "1";
+  }
+  pull_ahead = pull_ahead && windowed && !fp8 && config.backward_path == BackwardPath::Unfused && side.on();
+  if (pull_ahead) {
+    lane.create(comm.device());
+    for (StreamMark* m : {&dy_pulled, &x_pulled, &dy_read, &x_read, &d1_done}) m->create(comm.device());
+  }
   if (profile && bwd_marks.empty()) {
     for (int i = 0; i <= kBwdStages; ++i) {
       cudaEvent_t e = nullptr;

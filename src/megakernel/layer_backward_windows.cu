@@ -68,6 +68,40 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
   int64_t prev_lo = 0;
   // FP8 / MXFP8: the dgrads' weight codes once for all windows (unless kept), FC1 again in FP8.
   if (fp8 && e_loc > 0 && !config.fp8_keep_weight_codes_t) fp8_backward_weight_codes(stream);
+  // EP > 1 (pull_ahead, layer_impl.h): the pulls a window ahead on the lane, on bwd_comm_sms CTAs
+  // beside the GEMMs, which leave those SMs free. Window w + 1's d_out rows once window w's dW_down
+  // (and the hold's copy) have read d_y, its x rows once dW_gate/up has read x: no buffer is
+  // doubled. The caller's stream waits for the d_out rows before FC2's dgrad (for the x rows too
+  // before FC1 again), the side stream for the x rows before dW_gate/up.
+  const bool ahead = pull_ahead && !program && cap_rows > 0;
+  struct AheadReset {  // (however the loop ends)
+    int& ctas;
+    bool& lane_push;
+    ~AheadReset() { ctas = 0, lane_push = false; }
+  } ahead_reset{bwd_gemm_ctas, push_on_lane};
+  const SideStream::Joiner lane_joiner(lane, stream);
+  gpu::MoveArgs lane_move = move;
+  lane_move.sms = config.bwd_comm_sms;
+  const auto pull_ahead_rows = [&](int64_t plo, int64_t phi, bool x) {  // (on the lane)
+    lane_move.row_begin = plo;
+    lane_move.row_end = phi;
+    const cudaStream_t ls = lane.target(stream);
+    if (x) {
+      gpu::pull_dispatch(lane_move, x_peers.get<const void* const>(), x_rows, ls);
+      x_pulled.record(ls);
+    } else {
+      pull_dy_rows(lane_move, ls);
+      dy_pulled.record(ls);
+    }
+  };
+  if (ahead) {
+    bwd_gemm_ctas = sms - config.bwd_comm_sms;
+    push_on_lane = true;
+    lane.fork(stream);
+    const int64_t hi0 = sched::window_end(0, R, cap_rows, saved_rows);
+    pull_ahead_rows(0, hi0, false);
+    pull_ahead_rows(0, hi0, true);
+  }
   for (int64_t lo = 0, w = 0; lo < cap_rows; ++w) {
     const int in = int(w & 1), out = in ^ 1;
     const int64_t hi = sched::window_end(lo, R, cap_rows, saved_rows);
@@ -79,10 +113,14 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
     win_mark(w, 0, stream);
     // bf16: the window's x rows and d_out rows in one kernel (FC1 again reads the x rows next);
     // FP8 pulls its d_y rows (or codes) in fp8_backward_rows.
-    if (fp8)
+    if (fp8) {
       gpu::pull_dispatch(move, x_peers.get<const void* const>(), x_rows, stream);
-    else
+    } else if (ahead) {  // (pulled on the lane: FC1 again reads the x rows)
+      dy_pulled.wait(stream);
+      if (!from_saved) x_pulled.wait(stream);
+    } else {
       pull_dy_rows(move, stream, x_rows);
+    }
     win_mark(w, 1, stream);
     // The window's gate/up rows: the forward's (d_gu is written over them: one backward per
     // forward), or FC1 again (its h output is overwritten unread: FC2's dgrad computes h from gu).
@@ -147,26 +185,43 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
       // in "dgrads + pushes".
       const auto wgrads = [&](cudaStream_t ws, const gemm::Options& wo) {
         if (ws == stream) win_mark(w, 3, stream);
+        // The expert this window holds over (if any) into the hold buffers' ends, after this
+        // window's wgrads, which read the rows the previous window held in the same buffers:
+        // its x rows after dW_gate/up, its d_y and h rows after dW_down (pulling ahead) or with
+        // the x rows.
+        const bool holds = hold_cap > 0 && hi < saved_rows;
+        gpu::HoldCopy c;
+        c.hold_rows = hold_cap;
+        const auto hold_copy = [&](const void* from, void* to, int64_t row_bytes) {
+          c.from[c.count] = from;
+          c.to[c.count] = to;
+          c.row_bytes[c.count] = row_bytes;
+          ++c.count;
+        };
+        const bool next = hi < cap_rows;
+        const int64_t next_hi = next ? sched::window_end(hi, R, cap_rows, saved_rows) : hi;
         gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, ws, hold);
         gemm::run(gemm::plan_wgrad(wd, wo), ws);
         if (ws == stream) win_mark(w, 4, stream);
+        if (holds) {
+          hold_copy(dy_routed.p, dy_hold, 2 * H);
+          hold_copy(h.p, h_hold, 2 * I);
+        }
+        if (ahead) {
+          if (holds) gpu::hold_rows(parts, e_loc, c, sms, ws);
+          c.count = 0;
+          dy_read.record(ws);  // the next window's d_out rows over this one's d_y
+          dy_read.wait(lane.target(stream));
+          if (next) pull_ahead_rows(hi, next_hi, false);
+          x_pulled.wait(ws);
+        }
         gemm::run(gemm::plan_wgrad(w1, wo), ws);
-        // The expert this window holds over (if any) into the hold buffers' ends, after this
-        // window's wgrads, which read the rows the previous window held in the same buffers.
-        if (hold_cap > 0 && hi < saved_rows) {
-          gpu::HoldCopy c;
-          c.from[0] = x_rows;
-          c.to[0] = x_hold;
-          c.row_bytes[0] = 2 * H;
-          c.from[1] = dy_routed.p;
-          c.to[1] = dy_hold;
-          c.row_bytes[1] = 2 * H;
-          c.from[2] = h.p;
-          c.to[2] = h_hold;
-          c.row_bytes[2] = 2 * I;
-          c.count = 3;
-          c.hold_rows = hold_cap;
-          gpu::hold_rows(parts, e_loc, c, sms, ws);
+        if (holds) hold_copy(x_rows, x_hold, 2 * H);
+        if (holds) gpu::hold_rows(parts, e_loc, c, sms, ws);
+        if (ahead) {
+          x_read.record(ws);  // and its x rows over this one's
+          x_read.wait(lane.target(stream));
+          if (next) pull_ahead_rows(hi, next_hi, true);
         }
       };
       routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false, nullptr, nullptr, true, wgrads);
@@ -177,6 +232,7 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
     prev_lo = lo;
     lo = hi;
   }
+  lane.join(stream);
 }
 
 // MOK_PROFILE=1, outside capture: the events of window w (created on first use; a backward records

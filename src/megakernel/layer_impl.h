@@ -275,6 +275,15 @@ struct Layer::Impl {
   // The pushes beside the weight gradients (EP > 1; MOK_BWD_PUSH_BESIDE=0/1 overrides): on
   // config.bwd_comm_sms CTAs, which the weight gradients then leave free; 0 = after the join.
   int push_beside_sms = 0;
+  // The windows' pulls ahead (EP > 1; MOK_BWD_PULL_AHEAD=0/1 overrides): window w + 1's d_out
+  // rows pulled on `lane` once window w's dW_down has read its own, its x rows once dW_gate/up has,
+  // on config.bwd_comm_sms CTAs beside the GEMMs, which then leave those SMs free
+  // (layer_backward_windows.cu). The marks order the three streams.
+  bool pull_ahead = false;
+  SideStream lane;
+  StreamMark dy_pulled, x_pulled, dy_read, x_read, d1_done;
+  int bwd_gemm_ctas = 0;      // the backward's GEMMs' CTAs (0 = one per SM; options_as)
+  bool push_on_lane = false;  // routed_dgrads pushes on the lane (pulling ahead)
   // routed_dgrads' work on the side stream: the stream, and the options its GEMMs take.
   using Beside = std::function<void(cudaStream_t, const gemm::Options&)>;
   std::vector<cudaEvent_t> bwd_marks;

@@ -51,6 +51,28 @@ void SideStream::join_quietly(cudaStream_t main) noexcept {
   if (cudaEventRecord(join_, side_) == cudaSuccess) (void)cudaStreamWaitEvent(main, join_, 0);
 }
 
+void StreamMark::create(int device) {
+  if (e_ != nullptr) return;
+  int prev = -1;
+  MOK_CUDA_CHECK(cudaGetDevice(&prev));
+  MOK_CUDA_CHECK(cudaSetDevice(device));
+  device_ = device;
+  MOK_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming));
+  MOK_CUDA_CHECK(cudaSetDevice(prev));
+}
+
+void StreamMark::record(cudaStream_t s) { MOK_CUDA_CHECK(cudaEventRecord(e_, s)); }
+
+void StreamMark::wait(cudaStream_t s) const { MOK_CUDA_CHECK(cudaStreamWaitEvent(s, e_, 0)); }
+
+StreamMark::~StreamMark() {
+  if (e_ == nullptr) return;
+  int prev = -1;
+  const bool restore = cudaGetDevice(&prev) == cudaSuccess;
+  if (cudaSetDevice(device_) == cudaSuccess) (void)cudaEventDestroy(e_);
+  if (restore) (void)cudaSetDevice(prev);
+}
+
 SideStream::~SideStream() {
   if (side_ == nullptr) return;
   int prev = -1;

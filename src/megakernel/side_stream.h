@@ -16,6 +16,23 @@
 
 namespace mok {
 
+// One event that orders a stream after the work another has enqueued so far (record, then wait);
+// reused: a wait takes the record before it in host order.
+class StreamMark {
+ public:
+  StreamMark() = default;
+  ~StreamMark();
+  StreamMark(const StreamMark&) = delete;
+  StreamMark& operator=(const StreamMark&) = delete;
+  void create(int device);  // (not under stream capture)
+  void record(cudaStream_t s);
+  void wait(cudaStream_t s) const;
+
+ private:
+  int device_ = -1;
+  cudaEvent_t e_ = nullptr;
+};
+
 class SideStream {
  public:
   SideStream();  // reads MOK_BWD_STREAMS (0 or 1; named error otherwise)

@@ -143,8 +143,13 @@ TEST(LayerBackwardProgramGraph, UnfusedWindowsCaptureAndReplay) {
   cfg.macrobatch_tokens = 384;
   cfg.activation_budget_bytes = kPart;
   capture_and_replay(cfg);
-  // The pushes beside the weight gradients (the EP > 1 default), joined after them.
-  const mok::test::ScopedEnv pushes_beside("MOK_BWD_PUSH_BESIDE", "1");
+  // The pushes beside the weight gradients, joined after them, and the EP > 1 default: the pulls
+  // a window ahead on a third stream (layer_backward_windows.cu).
+  {
+    const mok::test::ScopedEnv pushes_beside("MOK_BWD_PUSH_BESIDE", "1");
+    capture_and_replay(cfg);
+  }
+  const mok::test::ScopedEnv ahead("MOK_BWD_PULL_AHEAD", "1");
   capture_and_replay(cfg);
 }
 

@@ -224,6 +224,10 @@ TEST_P(LayerBackwardWindows, BitwiseTheUnfusedBackward) {
   const auto want = grads_of(shape, unfused, wl, 1);
   const auto got = grads_of(shape, windows, wl, 2);
   expect_same_bits(want, got, c.name);
+  {  // the pulls a window ahead on the lane with the pushes (the EP > 1 default) at EP 1: the same bits
+    const mok::test::ScopedEnv ahead("MOK_BWD_PULL_AHEAD", "1");
+    expect_same_bits(want, grads_of(shape, windows, wl, 2), std::string(c.name) + " pulls ahead");
+  }
   // (the layer's hold: the rows of x, d_y and h that its gu scratch, ring x 4I bytes, takes)
   const int64_t hold = std::min<int64_t>(c.ring, c.ring * 4 * shape.intermediate /
                                                      (4 * shape.hidden + 2 * shape.intermediate) / 128 * 128);
