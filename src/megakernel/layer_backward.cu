@@ -168,9 +168,10 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
 void Layer::Impl::backward_resident(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream) {
   const gpu::ScheduleView v = schedule->view();
   const int64_t tiles = cap_rows / sched::kBlockM;
-  // The movement kernels run alone here (nothing to share the GPU with): every SM. With the
-  // forward's comm SM count (8 at DeepSeek-V3) the pull took 5.9 ms and the push 3.2 ms of a
-  // 31 ms backward (MOK_PROFILE, 2 H200s, T = 8192): ~160 and ~290 GB/s for 0.94 GB each.
+  // The pull runs alone here: every SM (the push too at EP 1; at EP > 1 it runs beside the weight
+  // gradients on bwd_comm_sms CTAs: routed_dgrads). With the forward's comm SM count (8 at
+  // DeepSeek-V3) the pull took 5.9 ms and the push 3.2 ms of a 31 ms backward (MOK_PROFILE, 2 H200s,
+  // T = 8192, before the movers were rewritten): ~160 and ~290 GB/s for 0.94 GB each.
   gpu::MoveArgs move = move_args();
   move.sms = sms;
   // Weight gradients: rows in the schedule's order, padding rows masked.
@@ -181,7 +182,7 @@ void Layer::Impl::backward_resident(void* dw_gate, void* dw_up, void* dw_down, c
   const bool program = config.backward_path == BackwardPath::Fused && cap_rows > 0;
   // The weight gradients beside FC1's dgrad, on the side stream forked after FC2's dgrad
   // (side_stream.h; MOK_BWD_STREAMS=0: after the pushes, as before). With the fork their stages'
-  // time is in "FC1 dgrad".
+  // time is in "FC1 dgrad", with the pushes beside them (EP > 1) in the push's stage.
   const auto wgrads = [&](cudaStream_t ws, const gemm::Options& wo) {
     gemm::run(gemm::plan_wgrad(wd, wo), ws);
     if (ws == stream) mark(7, stream);
@@ -231,7 +232,9 @@ void Layer::Impl::pull_dy_rows(const gpu::MoveArgs& move, cudaStream_t stream, v
 // wd, w1 (Config::backward_path fused): the window's weight gradients, which then run with the
 // dgrads in one kernel (the backward's GEMM program) before the pushes. beside (the unfused
 // weight gradients): enqueued on the stream it is given, the side stream forked after FC2's
-// dgrad and joined before the pushes (side_stream.h), or the caller's after the pushes.
+// dgrad and joined before the pushes (side_stream.h), after them where they run beside it (EP >
+// 1, push_beside_sms; or on the lane when pulling ahead, push_on_lane), or the caller's after the
+// pushes without a side stream.
 void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const int32_t* tile_expert, int64_t tiles,
                                 int64_t width_tiles, cudaStream_t stream, bool marks, const gemm::WgradArgs* wd,
                                 const gemm::WgradArgs* w1, bool pulled,

@@ -40,7 +40,7 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
   const gpu::ScheduleView v = schedule->view();
   const int64_t R = ring_rows;
   gpu::MoveArgs move = move_args();
-  move.sms = sms;  // the movement kernels run alone here
+  move.sms = sms;  // the movement kernels run alone here (pulling ahead: on the lane, lane_move)
   // Carries: [down 0][down 1][gate/up 0][gate/up 1]; window w reads slot w & 1 (what window w - 1
   // wrote) and writes the other (the tiles of the expert carried in and of the one carried out
   // run unordered in one call).
@@ -179,10 +179,12 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
       for (int i = 3; i <= 5; ++i) win_mark(w, i, stream);
     } else {
       // The window's parts and weight gradients (and the hold's copy) beside FC1's dgrad, on the
-      // side stream forked after FC2's dgrad and joined before the pushes (side_stream.h), so
-      // before the next window's pulls overwrite the x and d_y rows they read. With the fork the
-      // stages "wgrad down" and "wgrad gate/up" (kWinStageNames[3], [4]) read ~0: their time is
-      // in "dgrads + pushes".
+      // side stream forked after FC2's dgrad and joined before the pushes (side_stream.h), or
+      // after them at EP > 1; so before the next window's pulls overwrite the x and d_y rows they
+      // read, or pulling ahead through dy_read / x_read. With the fork the stages "wgrad down"
+      // and "wgrad gate/up" (kWinStageNames[3], [4]) read ~0: their time is in "dgrads + pushes".
+      // Pulling ahead, window w's pushes run on the lane, so their time shows in window w + 1's
+      // "pulls" (the last window's after its marks).
       const auto wgrads = [&](cudaStream_t ws, const gemm::Options& wo) {
         if (ws == stream) win_mark(w, 3, stream);
         // The expert this window holds over (if any) into the hold buffers' ends, after this

@@ -59,12 +59,12 @@ void Layer::Impl::fp8_backward_weight_codes(cudaStream_t stream) {
 // in the x windows. Stage marks as the bf16 backward's (kBwdStageNames): 3 the pulls, 4 the
 // weights' codes, d_y's and FC2's dgrad + SwiGLU', 5 d_gu's codes and FC1's dgrad, 6 the router-
 // gradient and reverse-dispatch pushes (one kernel), 7 the token blocks and dW_down (with the side
-// stream h's token blocks and dW_down run beside FC1's dgrad, in stage 5); dW_gate/up ends at
-// backward()'s mark 8.
+// stream h's token blocks and dW_down run beside FC1's dgrad, in stage 5, or with the pushes beside
+// them at EP > 1 in stage 6); dW_gate/up ends at backward()'s mark 8.
 void Layer::Impl::backward_resident_fp8(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream) {
   const gpu::ScheduleView v = schedule->view();
   gpu::MoveArgs move = move_args();
-  move.sms = sms;  // the movement kernels run alone here (as in backward_resident)
+  move.sms = sms;  // the pull runs alone here (as in backward_resident; the pushes at EP > 1 beside dW_down)
   Fp8Window w;
   w.rows = cap_rows;
   w.tiles = cap_rows / sched::kBlockM;
@@ -146,8 +146,8 @@ void Layer::Impl::fp8_backward_rows(const gpu::MoveArgs& move, const Fp8Window& 
   gemm::Options wo = o;
   gpu::MoveArgs pm = move;
   if (pushes_beside) {
-    wo.max_ctas = sms - push_beside_sms;
-    pm.sms = push_beside_sms;
+    wo.max_ctas = sms - config.bwd_comm_sms;  // (push_beside_sms is this knob: as routed_dgrads)
+    pm.sms = config.bwd_comm_sms;
   }
   gemm::Fp8WgradArgs w2;
   if (rows > 0 && e_loc > 0) {

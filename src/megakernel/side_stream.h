@@ -4,9 +4,11 @@
 // stream each of those persistent GEMMs ends with a partial last wave and a drain; forked, the
 // next kernel's CTAs take the SMs the previous one frees. Used by the bf16 backward (the routed
 // experts' weight gradients, resident and per window with the window's parts and hold copy; the
-// shared expert's) and the FP8 one (dW_down with h's token blocks). The fork is joined before the
-// pushes: behind persistent GEMMs a push's CTAs would start one by one and delay the next GEMM,
-// whose static tile stride gives every CTA the same work (measured: notes/backward.md). Every
+// shared expert's) and the FP8 one (dW_down with h's token blocks). At EP 1 the fork is joined
+// before the pushes: behind persistent GEMMs a push's CTAs would start one by one and delay the
+// next GEMM, whose static tile stride gives every CTA the same work (measured: notes/backward.md).
+// At EP > 1 the pushes run beside the weight gradients on SMs those leave free, and the join
+// follows them (routed_dgrads; over windows also the pulls a window ahead on a third stream). Every
 // kernel is the same, so the bits are the same (the layer's backward tests compare one stream
 // with two). Under stream capture it is the usual fork / join of a graph.
 // MOK_BWD_STREAMS=0 keeps everything on the caller's stream (an A/B knob).

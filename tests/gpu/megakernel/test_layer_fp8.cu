@@ -465,6 +465,8 @@ TEST_P(LayerFp8BackwardWindows, BitwiseTheResidentFp8Backward) {
     const mok::test::ScopedEnv pushes_beside("MOK_BWD_PUSH_BESIDE", "1");
     mok::test::expect_same_bits(want, mok::test::grads_of(shape, windows, wl, 1),
                                 std::string(c.name) + " pushes beside");
+    mok::test::expect_same_bits(want, mok::test::grads_of(shape, resident, wl, 1),
+                                std::string(c.name) + " resident, pushes beside");
   }
   std::printf("[fp8 backward windows] %s: ring %lld of %lld worst-case rows, %lld rows saved\n", c.name,
               (long long)c.ring, (long long)shape.worst_case_rows(), (long long)windows.resolved_saved_rows(shape));

@@ -227,6 +227,8 @@ TEST_P(LayerBackwardWindows, BitwiseTheUnfusedBackward) {
   {  // the pulls a window ahead on the lane with the pushes (the EP > 1 default) at EP 1: the same bits
     const mok::test::ScopedEnv ahead("MOK_BWD_PULL_AHEAD", "1");
     expect_same_bits(want, grads_of(shape, windows, wl, 2), std::string(c.name) + " pulls ahead");
+    const mok::test::ScopedEnv carry("MOK_BWD_HOLD", "0");  // (every cut expert carried instead)
+    expect_same_bits(want, grads_of(shape, windows, wl, 1), std::string(c.name) + " pulls ahead, carries");
   }
   // (the layer's hold: the rows of x, d_y and h that its gu scratch, ring x 4I bytes, takes)
   const int64_t hold = std::min<int64_t>(c.ring, c.ring * 4 * shape.intermediate /
