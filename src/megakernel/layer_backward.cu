@@ -59,6 +59,7 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   MOK_REQUIRE(!g.accumulate || config.backward_path == BackwardPath::Unfused, "grads.accumulate",
               "needs config.backward_path unfused (the backward's GEMM program writes bf16 gradients)");
   bwd_accumulate = g.accumulate;
+  bool shared_done = false;  // (the shared expert's backward ran during the windows' first pulls)
   const int dev = comm.device();
   check_device_tensor("d_out", d_out, dev);
   check_device_tensor("grads.d_x", g.d_x, dev);
@@ -128,7 +129,11 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
                       stream);
   mark(2, stream);
   if (windowed) {
-    backward_windows(dw_gate, dw_up, dw_down, stream);  // one stage in the profile: marks 3-7 follow it
+    // (Pulling ahead, the shared expert's backward runs while the lane pulls the first window: it
+    // reads only this rank's rows.)
+    shared_done = backward_windows(dw_gate, dw_up, dw_down, stream, [&] {
+      if (Is > 0 && T > 0) shared_backward(g, stream);
+    });  // one stage in the profile: marks 3-7 follow it
     for (int i = 3; i <= 7; ++i) mark(i, stream);
   } else if (fp8) {
     backward_resident_fp8(dw_gate, dw_up, dw_down, stream);
@@ -148,7 +153,7 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
     mark(11, stream);
     return;
   }
-  if (Is > 0) shared_backward(g, stream);
+  if (Is > 0 && !shared_done) shared_backward(g, stream);
   mark(10, stream);
   gpu::MergeArgs m;
   m.shared = Is > 0 ? y_s.p : nullptr;
@@ -373,7 +378,8 @@ gemm::Options Layer::Impl::options_as(int64_t width_tiles, int64_t n) const {
 void Layer::Impl::run_wgrad(const void* a, const void* b, void* dw, int64_t m, int64_t n, int64_t experts,
                             int64_t rows_total, const int32_t* row_begin, const int32_t* rows, cudaStream_t stream,
                             void* dw_up) const {
-  gemm::run(gemm::plan_wgrad(wgrad_args(a, b, dw, m, n, experts, rows_total, row_begin, rows, dw_up), gemm_options()),
+  gemm::run(gemm::plan_wgrad(wgrad_args(a, b, dw, m, n, experts, rows_total, row_begin, rows, dw_up),
+                             options_as(0, n)),  // (bwd_gemm_ctas: beside the lane's pulls)
             stream);
 }
 

@@ -36,7 +36,8 @@ namespace mok {
 // (no holds: their token-block operands are transposed): FC1 again in FP8 (fp8_fc1_again), then the FP8 backward's steps over the window
 // (fp8_backward_rows, layer_fp8_backward.cu: d_y's, d_gu's, h's and x's codes from the window's
 // rows), bitwise the resident FP8 backward (LayerFp8BackwardWindows).
-void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream) {
+bool Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream,
+                                   const std::function<void()>& while_pulling) {
   const gpu::ScheduleView v = schedule->view();
   const int64_t R = ring_rows;
   gpu::MoveArgs move = move_args();
@@ -102,6 +103,10 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
     pull_ahead_rows(0, hi0, false);
     pull_ahead_rows(0, hi0, true);
   }
+  // The caller's work that reads no routed row (the shared expert's backward), on the GEMMs' SMs
+  // while the lane pulls the first window.
+  const bool called = ahead && while_pulling;
+  if (called) while_pulling();
   for (int64_t lo = 0, w = 0; lo < cap_rows; ++w) {
     const int in = int(w & 1), out = in ^ 1;
     const int64_t hi = sched::window_end(lo, R, cap_rows, saved_rows);
@@ -235,6 +240,7 @@ void Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
     lo = hi;
   }
   lane.join(stream);
+  return called;
 }
 
 // MOK_PROFILE=1, outside capture: the events of window w (created on first use; a backward records

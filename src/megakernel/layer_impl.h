@@ -427,7 +427,10 @@ struct Layer::Impl {
                              const int32_t* expert_range = nullptr) const;
 
   void backward_resident(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream);
-  void backward_windows(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream);
+  // while_pulling: enqueued on `stream` while the lane pulls the first window's rows, when pulling
+  // ahead (returns whether it was called; the shared expert's backward, at EP > 1).
+  bool backward_windows(void* dw_gate, void* dw_up, void* dw_down, cudaStream_t stream,
+                        const std::function<void()>& while_pulling = {});
   void allocate_backward();
   // The FP8 backward's K-major weight codes into fp8_bwd_weights (layer_fp8_backward.cu): by every
   // backward, or once per weight binding with Config::fp8_keep_weight_codes_t.
