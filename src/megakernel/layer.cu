@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/env_flag.h"
 #include "common/device_check.h"
 #include "gemm/tensor_map.h"
 #include "megakernel/forward_setup.h"
@@ -67,11 +68,7 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   }
   // The windows' held rows (layer_backward_windows.cu; an experiment knob, the same bits either
   // way): MOK_BWD_HOLD=0 carries every cut expert's sums instead.
-  if (const char* hold = std::getenv("MOK_BWD_HOLD")) {
-    const std::string o = hold;
-    MOK_REQUIRE(o == "0" || o == "1", "MOK_BWD_HOLD", "must be 0 or 1, got '", o, "'");
-    bwd_hold = o == "1";
-  }
+  bwd_hold = env_flag("MOK_BWD_HOLD", true);
   rank = comm.rank();
   world = comm.world_size();
   // This rank's own checks first. Their verdict is one field of the cross-rank agreement below:

@@ -3,10 +3,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "common/device_check.h"
+#include "common/env_flag.h"
 #include "gemm/fp8_quantize.h"
 #include "megakernel/backward_program.h"
 #include "megakernel/fp8_backward_layout.h"
@@ -238,7 +237,7 @@ void Layer::Impl::pull_dy_rows(const gpu::MoveArgs& move, cudaStream_t stream, v
 // dgrads in one kernel (the backward's GEMM program) before the pushes. beside (the unfused
 // weight gradients): enqueued on the stream it is given, the side stream forked after FC2's
 // dgrad and joined before the pushes (side_stream.h), after them where they run beside it (EP >
-// 1, push_beside_sms; or on the lane when pulling ahead, push_on_lane), or the caller's after the
+// 1, push_beside; or on the lane when pulling ahead, push_on_lane), or the caller's after the
 // pushes without a side stream.
 void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const int32_t* tile_expert, int64_t tiles,
                                 int64_t width_tiles, cudaStream_t stream, bool marks, const gemm::WgradArgs* wd,
@@ -265,13 +264,13 @@ void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const 
   // The side's work beside FC1's dgrad. At EP 1 it is joined before the pushes: pushed last,
   // their kernel gets every SM at once (behind persistent GEMMs its CTAs would start staggered and
   // delay the next GEMM's: measured +2% on the resident backward when the weight gradients
-  // followed them). With push_beside_sms (EP > 1: the d_x rows go over NVLink) the weight
+  // followed them). With push_beside (EP > 1: the d_x rows go over NVLink) the weight
   // gradients run on the other SMs and the pushes on those, beside them, then the join. Pulling
   // ahead (push_on_lane, layer_backward_windows.cu) the pushes go on the lane before the next
   // window's pulls, so that the lane never takes more than its CTAs' SMs; the caller's stream
   // waits for them through the next window's d_out rows (or the lane's join after the last).
   const bool lane_push = beside && side.on() && push_on_lane;
-  const bool pushes_beside = beside && side.on() && push_beside_sms > 0 && !lane_push;
+  const bool pushes_beside = beside && side.on() && push_beside && !lane_push;
   gpu::MoveArgs pm = move;
   const auto push = [&](cudaStream_t s) {  // both pushes in one kernel: the router-weight
     // gradient's sums and the d_x rows (reverse dispatch)
@@ -411,20 +410,8 @@ void Layer::Impl::allocate_backward() {
   if (row_weights.p != nullptr) return;
   side.create(comm.device());  // (the first backward: not under stream capture)
   // The pushes beside the weight gradients where they cross NVLink (routed_dgrads).
-  bool beside = world > 1;
-  if (const char* v = std::getenv("MOK_BWD_PUSH_BESIDE")) {
-    const std::string o = v;
-    MOK_REQUIRE(o == "0" || o == "1", "MOK_BWD_PUSH_BESIDE", "must be 0 or 1, got '", o, "'");
-    beside = o == "1";
-  }
-  push_beside_sms = beside && side.on() ? config.bwd_comm_sms : 0;
-  pull_ahead = world > 1;
-  if (const char* v = std::getenv("MOK_BWD_PULL_AHEAD")) {
-    const std::string o = v;
-    MOK_REQUIRE(o == "0" || o == "1", "MOK_BWD_PULL_AHEAD", "must be 0 or 1, got '", o, "'");
-    pull_ahead = o == "1";
-  }
-  pull_ahead = pull_ahead && windowed && !fp8 && config.backward_path == BackwardPath::Unfused && side.on();
+  push_beside = env_flag("MOK_BWD_PUSH_BESIDE", world > 1) && side.on();
+  pull_ahead = env_flag("MOK_BWD_PULL_AHEAD", world > 1) && windowed && !fp8 && config.backward_path == BackwardPath::Unfused && side.on();
   if (pull_ahead) {
     lane.create(comm.device());
     for (StreamMark* m : {&dy_pulled, &x_pulled, &dy_read, &x_read, &d1_done}) m->create(comm.device());

@@ -137,16 +137,16 @@ void Layer::Impl::fp8_backward_rows(const gpu::MoveArgs& move, const Fp8Window& 
   }
   stage(1);
   // dW_down beside FC1's dgrad (side_stream.h): h's token blocks and the wgrad on the side stream,
-  // joined before the pushes, or at EP > 1 after them (push_beside_sms: the pushes on those CTAs
+  // joined before the pushes, or at EP > 1 after them (push_beside: the pushes on those CTAs
   // beside dW_down, which leaves them free; routed_dgrads does the same in bf16). dW_gate/up stays
   // after them: x^T's token blocks are written over the bytes of d_gu's codes, which FC1's dgrad
   // reads.
   const bool beside = rows > 0 && e_loc > 0 && side.on();
-  const bool pushes_beside = beside && push_beside_sms > 0;
+  const bool pushes_beside = beside && push_beside;
   gemm::Options wo = o;
   gpu::MoveArgs pm = move;
   if (pushes_beside) {
-    wo.max_ctas = sms - config.bwd_comm_sms;  // (push_beside_sms is this knob: as routed_dgrads)
+    wo.max_ctas = sms - config.bwd_comm_sms;  // (as routed_dgrads)
     pm.sms = config.bwd_comm_sms;
   }
   gemm::Fp8WgradArgs w2;

@@ -273,8 +273,8 @@ struct Layer::Impl {
   bool bwd_hold = true;  // MOK_BWD_HOLD: the windows hold cut experts' rows (else carry them)
   SideStream side;       // the weight gradients beside FC1's dgrad (side_stream.h)
   // The pushes beside the weight gradients (EP > 1; MOK_BWD_PUSH_BESIDE=0/1 overrides): on
-  // config.bwd_comm_sms CTAs, which the weight gradients then leave free; 0 = after the join.
-  int push_beside_sms = 0;
+  // config.bwd_comm_sms CTAs, which the weight gradients then leave free (else after the join).
+  bool push_beside = false;
   // The windows' pulls ahead (EP > 1; MOK_BWD_PULL_AHEAD=0/1 overrides): window w + 1's d_out
   // rows pulled on `lane` once window w's dW_down has read its own, its x rows once dW_gate/up has,
   // on config.bwd_comm_sms CTAs beside the GEMMs, which then leave those SMs free

@@ -1,21 +1,13 @@
 // mok — the backward's side stream (side_stream.h).
 #include "megakernel/side_stream.h"
 
-#include <cstdlib>
-#include <string>
-
 #include "common/cuda_check.h"
+#include "common/env_flag.h"
 #include "mok/errors.hpp"
 
 namespace mok {
 
-SideStream::SideStream() {
-  if (const char* v = std::getenv("MOK_BWD_STREAMS")) {
-    const std::string o = v;
-    MOK_REQUIRE(o == "0" || o == "1", "MOK_BWD_STREAMS", "must be 0 or 1, got '", o, "'");
-    on_ = o == "1";
-  }
-}
+SideStream::SideStream() : on_(env_flag("MOK_BWD_STREAMS", true)) {}
 
 void SideStream::create(int device) {
   if (!on_ || side_ != nullptr) return;

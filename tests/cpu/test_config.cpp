@@ -1,9 +1,11 @@
 // Shape and config validation: each violated constraint gives an error naming the argument.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <functional>
 #include <string>
 
+#include "common/env_flag.h"
 #include "mok/config.hpp"
 #include "mok/errors.hpp"
 
@@ -186,4 +188,19 @@ TEST(ConfigValidation, RingTooLargeFor32BitOffsets) {
   c.macrobatch_tokens = 0;  // automatic: clamps to the 32-bit limit
   EXPECT_NO_THROW(c.validate(s));
   EXPECT_LT(c.resolved_macrobatch(s) * 7168, int64_t{1} << 31);
+}
+
+// The layer's A/B knobs (MOK_BWD_*): 0 / 1, the fallback when unset, anything else refused by name.
+TEST(EnvFlag, ZeroOneFallbackAndNamedRefusal) {
+  const char* name = "MOK_TEST_ENV_FLAG";
+  unsetenv(name);
+  EXPECT_TRUE(mok::env_flag(name, true));
+  EXPECT_FALSE(mok::env_flag(name, false));
+  setenv(name, "0", 1);
+  EXPECT_FALSE(mok::env_flag(name, true));
+  setenv(name, "1", 1);
+  EXPECT_TRUE(mok::env_flag(name, false));
+  setenv(name, "yes", 1);
+  expect_error([&] { mok::env_flag(name, true); }, name, "must be 0 or 1, got 'yes'");
+  unsetenv(name);
 }
