@@ -8,6 +8,9 @@
 // Three ways to create one:
 //   * Communicator::from_nccl_comm(comm, ...)   an existing ncclComm_t it does not own (a torch
 //                                                ProcessGroupNCCL's, `pg._get_backend(dev)._comm_ptr()`);
+//   * Communicator::from_unique_id(id, ...)      an NCCL unique id the caller passed to every rank
+//                                                (e.g. over a torch ProcessGroup: mok.MoE's group);
+//                                                mok creates and owns the NCCL communicator;
 //   * Communicator::from_env(...)                torchrun / mpirun variables (RANK, WORLD_SIZE,
 //                                                LOCAL_RANK, MASTER_ADDR, MASTER_PORT, or OMPI_*);
 //                                                the NCCL unique id travels over a small TCP exchange
@@ -181,6 +184,12 @@ class Communicator {
   static std::unique_ptr<Communicator> from_nccl_comm(ncclComm_t comm, const CommOptions& options);
   // Collective over the processes started by torchrun/mpirun; uses GPU LOCAL_RANK.
   static std::unique_ptr<Communicator> from_env(const CommOptions& options);
+  // Collective over `world_size` ranks that all pass the same `id` (made by ncclGetUniqueId on one
+  // of them and sent to the others by the caller); this rank is `rank` on GPU `device`. Creates a
+  // non-blocking NCCL communicator mok owns (bounded like from_env's). Throws
+  // mok::Error(InvalidArgument) naming `rank`, `world_size` or `device` before any NCCL call.
+  static std::unique_ptr<Communicator> from_unique_id(const ncclUniqueId& id, int rank, int world_size, int device,
+                                                      const CommOptions& options);
 
   ~Communicator();
   Communicator(const Communicator&) = delete;

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from . import _comm
 from ._fused_wgrad import FusedWgradMoE
 from ._ops import PRECISIONS, moe, register_gpu_layer, unregister_gpu_layer
 
@@ -24,8 +25,18 @@ class MoE(torch.nn.Module):
     slot, and the weights) and returns ``shared(x) + sum_j topk_w[:, j] * FFN_{topk_idx[:, j]}(x)``.
     The weights are Parameters: ``w_gate``, ``w_up`` [E_loc, I, H], ``w_down`` [E_loc, H, I] and, with
     ``shared_intermediate > 0``, ``ws_gate``, ``ws_up`` [Is, H], ``ws_down`` [H, Is], in ``dtype``
-    (bf16, the layer's precision). ``group``: the EP process group (None = one rank); this build
-    runs one rank on CPU tensors (the CPU reference engine). Config knobs are keyword arguments
+    (bf16, the layer's precision). ``group``: the EP process group (a torch.distributed
+    ProcessGroup; None = one rank). With a group of W ranks each rank's module holds its E / W
+    experts (rank r: experts [r E/W, (r+1) E/W)), every rank calls the module with the same token
+    count T (pad with topk_idx = -1 rows, which cost no expert work) and ``topk_idx`` holds global
+    expert ids; the routed weights' gradients are complete (every rank's tokens), the shared
+    expert's cover this rank's tokens only (sum them over the group, as for any replicated weight).
+    Calls are collective over the group: every rank runs the same modules in the same order. An
+    EP group runs on CUDA tensors; CPU tensors run the reference engine on one rank (group None or
+    of one rank). ``nccl_comm``: "own" (default: mok's own NCCL communicator over the group's
+    ranks) or "group" (the group's NCCL communicator; see mok/_comm.py). Every module on one group
+    and GPU shares one mok communicator, and so one workspace (the layers' transient buffers, up to
+    ``workspace_budget_bytes``), whatever the number of layers. Config knobs are keyword arguments
     with the names of mok::Config (``CONFIG_KNOBS``). ``precision="fp8"`` (or "mxfp8"): the FP8
     recipe from these bf16 weights — it trains on CPU tensors (the reference engine) and on CUDA
     tensors (the GPU layer keeps the weights' codes and remakes them when a weight changes). fp8 and
@@ -42,7 +53,7 @@ class MoE(torch.nn.Module):
 
     def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, shared_intermediate: int = 0, *,
                  group=None, device=None, dtype: torch.dtype = torch.bfloat16, init_std: float = 0.02,
-                 fuse_wgrad_accumulation: bool = False, **config):
+                 fuse_wgrad_accumulation: bool = False, nccl_comm: str = "own", **config):
         super().__init__()
         unknown = sorted(set(config) - set(CONFIG_KNOBS))
         if unknown:
@@ -66,11 +77,15 @@ class MoE(torch.nn.Module):
             raise ValueError("mok.MoE: 'fuse_wgrad_accumulation' needs backward_path 'unfused' (the backward's GEMM "
                              f"program writes bf16 gradients), got {config['backward_path']!r}")
         self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
-        self.ep_size = 1 if group is None else group.size()
-        if self.ep_size != 1:
-            raise NotImplementedError(
-                f"mok.MoE: an EP group of {self.ep_size} ranks needs the GPU layer, which is not in the Python "
-                "package yet; use group=None (one rank)")
+        if nccl_comm not in _comm.NCCL_COMMS:
+            raise ValueError(f"mok.MoE: 'nccl_comm' must be one of {_comm.NCCL_COMMS}, got {nccl_comm!r}")
+        if group is not None and not (hasattr(group, "size") and hasattr(group, "rank")):
+            raise TypeError(f"mok.MoE: 'group' must be a torch.distributed ProcessGroup or None, got {type(group)}")
+        self.ep_size = 1 if group is None else int(group.size())
+        self.ep_rank = 0 if group is None else int(group.rank())
+        if self.ep_size > 1 and self.ep_rank < 0:
+            raise ValueError("mok.MoE: this process is not a member of 'group' (its rank there is -1)")
+        self.nccl_comm = nccl_comm
         if experts % self.ep_size:
             raise ValueError(f"mok.MoE: 'experts' ({experts}) must be divisible by the EP size ({self.ep_size})")
         self.hidden, self.intermediate, self.experts, self.top_k = hidden, intermediate, experts, top_k
@@ -97,6 +112,9 @@ class MoE(torch.nn.Module):
     def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
         if self.config.get("cpu_threads"):
             torch.set_num_threads(int(self.config["cpu_threads"]))
+        if not x.is_cuda and self.ep_size > 1:
+            raise ValueError(f"mok.MoE: an EP group of {self.ep_size} ranks ('group') runs on CUDA tensors; CPU "
+                             "tensors run the reference engine on one rank (group=None)")
         layer = self._gpu_layer(x, topk_idx) if x.is_cuda else 0
         if self.fuse_wgrad_accumulation and torch.is_grad_enabled() and any(
                 w.requires_grad for w in (self.w_gate, self.w_up, self.w_down)):
@@ -113,9 +131,10 @@ class MoE(torch.nn.Module):
             [self.ws_gate, self.ws_up, self.ws_down] if self.shared_intermediate else [])
 
     def _gpu_layer(self, x: torch.Tensor, topk_idx: torch.Tensor) -> int:
-        """The GPU layer for x's device and token count (built on first use: a one-rank communicator,
-        the layer's buffers and windows). It reads the weights where they are; when they move to new
-        storage (``.to()``, ``load_state_dict(assign=True)``) the op re-binds it (``_bind_weights``)."""
+        """The GPU layer for x's device and token count (built on first use, collectively over the
+        group: its buffers and windows, on the communicator every module of this group and device
+        shares). It reads the weights where they are; when they move to new storage (``.to()``,
+        ``load_state_dict(assign=True)``) the op re-binds it (``_bind_weights``)."""
         T = x.shape[0]
         if x.dim() != 2 or x.shape[1] != self.hidden or tuple(topk_idx.shape) != (T, self.top_k):
             raise ValueError(f"mok.MoE: x must be [T, {self.hidden}] and topk_idx [T, {self.top_k}], got "
@@ -128,7 +147,9 @@ class MoE(torch.nn.Module):
         if key not in self._gpu:
             _cuda = _import_cuda()
             knobs = self._layer_knobs()
-            gl = _cuda.Layer(x.device.index, T, self.hidden, self.intermediate, self.experts, self.top_k,
+            wait_s = float(self.config.get("wait_timeout_s", _DEFAULT_WAIT_S))
+            comm = _comm.communicator(_cuda, self.group, x.device.index, wait_s, self.nccl_comm)
+            gl = _cuda.Layer(comm, T, self.hidden, self.intermediate, self.experts, self.top_k,
                              self.shared_intermediate, [p.data_ptr() for p in weights], knobs)
             # FP8: whether the layer has a backward (the FP8 megakernel over windows of a ring below
             # the worst case, or the unfused path): its plan holds the FP8 backward's buffers then.
@@ -193,6 +214,9 @@ class MoE(torch.nn.Module):
                  if self.fuse_wgrad_accumulation else "")
         return (f"hidden={self.hidden}, intermediate={self.intermediate}, experts={self.experts}, top_k={self.top_k}"
                 f"{shared}, ep_size={self.ep_size}, weights={self.weight_bytes() / 2**20:.1f} MiB{fused}{layer}")
+
+
+_DEFAULT_WAIT_S = 5.0  # mok::Config::wait_timeout_s's default (the communicator's bound of device waits)
 
 
 def _knob_text(value) -> str:

@@ -175,10 +175,26 @@ std::unique_ptr<Communicator> Communicator::from_env(const CommOptions& options)
                   options.bootstrap_timeout_s);
     std::memcpy(&id, blob.data(), sizeof(id));
   }
+  return from_unique_id(id, env.rank, env.world_size, env.local_rank, options);
+}
+
+std::unique_ptr<Communicator> Communicator::from_unique_id(const ncclUniqueId& id, int rank, int world_size,
+                                                           int device, const CommOptions& options) {
+  MOK_REQUIRE(world_size >= 1, "world_size", "must be >= 1, got ", world_size);
+  MOK_REQUIRE(rank >= 0 && rank < world_size, "rank", "must be in [0, world_size = ", world_size, "), got ", rank);
+  MOK_REQUIRE(device >= 0, "device", "must be a GPU index >= 0, got ", device);
+  validate_options(options, world_size);
+  int runtime = 0;
+  MOK_NCCL_CHECK(ncclGetVersion(&runtime), nullptr, "ncclGetVersion");
+  check_nccl_version(runtime, NCCL_VERSION_CODE);
+  int ndev = 0;
+  MOK_CUDA_CHECK(cudaGetDeviceCount(&ndev));
+  MOK_REQUIRE(device < ndev, "device", "must be < the number of visible GPUs (", ndev, "), got ", device);
+  DeviceGuard guard(device);  // NCCL binds the communicator to the current device
   ncclComm_t comm = nullptr;
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;  // so that every later call on it can be bounded (nccl_complete)
-  const ncclResult_t issued = ncclCommInitRankConfig(&comm, env.world_size, id, env.rank, &cfg);
+  const ncclResult_t issued = ncclCommInitRankConfig(&comm, world_size, id, rank, &cfg);
   try {
     nccl_complete(issued, comm, options.bootstrap_timeout_s, "ncclCommInitRankConfig");
   } catch (...) {

@@ -570,3 +570,43 @@ def test_fuse_wgrad_accumulation_adds_to_main_grad():
         mok.MoE(H, I, E, K, fuse_wgrad_accumulation=True, precision="fp8")
     with pytest.raises(ValueError, match="fuse_wgrad_accumulation' needs backward_path 'unfused'"):
         mok.MoE(H, I, E, K, fuse_wgrad_accumulation=True, backward_path="fused")
+
+
+def test_ep_group_arguments_are_named():
+    from ep_util import FakeGroup
+    m = mok.MoE(H, I, E, K, IS, group=FakeGroup(2, 1))
+    assert (m.ep_size, m.ep_rank) == (2, 1)
+    assert tuple(m.w_gate.shape) == (E // 2, I, H) and tuple(m.w_down.shape) == (E // 2, H, I)
+    assert "ep_size=2" in repr(m)
+    assert m.memory_plan(64)["total"] > 0  # the planner at EP 2 (no GPU)
+    x, idx, w = make_inputs(0)[:3]
+    with pytest.raises(ValueError, match="'group'.*CUDA tensors"):
+        m(x, idx, w)
+    with pytest.raises(ValueError, match="'experts'.*divisible by the EP size"):
+        mok.MoE(H, I, 6, K, group=FakeGroup(4, 0))
+    with pytest.raises(ValueError, match="'nccl_comm'"):
+        mok.MoE(H, I, E, K, nccl_comm="mine")
+    with pytest.raises(TypeError, match="'group'"):
+        mok.MoE(H, I, E, K, group=object())
+    with pytest.raises(ValueError, match="not a member of 'group'"):
+        mok.MoE(H, I, E, K, group=FakeGroup(2, -1))
+
+
+def test_group_of_one_rank_is_the_module_without_group_on_cpu():
+    # A real torch.distributed group of one rank (gloo): the module is the one-rank module.
+    from ep_util import world_of_one
+    group = world_of_one()
+    torch.manual_seed(0)
+    a = mok.MoE(H, I, E, K, IS, init_std=0.05)
+    b = mok.MoE(H, I, E, K, IS, group=group)
+    b.load_state_dict(a.state_dict())
+    assert b.ep_size == 1 and b.ep_rank == 0
+    x, idx, w = make_inputs(2)[:3]
+    outs = []
+    for m in (a, b):
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+        out = m(xr, idx, wr)
+        out.float().square().sum().backward()
+        outs.append([out, xr.grad, wr.grad] + [p.grad for p in m.parameters()])
+    for u, v in zip(*outs):
+        assert torch.equal(u, v)

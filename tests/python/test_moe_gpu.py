@@ -290,3 +290,78 @@ def test_fuse_wgrad_accumulation_on_cuda_adds_the_fp32_sums():
                 assert torch.equal(g, f + f)
     plain.check()
     fused.check()
+
+
+def _mok_device_bytes() -> int:
+    """Device memory in use outside PyTorch's caching allocator (mok's buffers, windows and NCCL's)."""
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return total - free - torch.cuda.memory_reserved()
+
+
+def test_modules_share_one_communicator_and_its_workspace():
+    """Eight layers alive at once (Qwen3-30B-A3B's dims with 32 experts, T = 8192, the default
+    training memory model): forward all, then backward. Every mok.MoE on one GPU uses one
+    communicator, so the layers share one workspace: the seven layers after the first add their
+    own buffers only (the planner's total less its workspace, within 2%), not a workspace each."""
+    pytest.importorskip("mok._cuda")
+    import gc
+    from mok import _comm
+    h, i, e, k, t, n = 2048, 768, 32, 8, 8192, 8
+    gc.collect()
+    torch.cuda.empty_cache()
+    comms_before = _comm.live_communicators()
+    base = _mok_device_bytes()
+    torch.manual_seed(11)
+    mods = [mok.MoE(h, i, e, k, device="cuda") for _ in range(n)]
+    g = torch.Generator(device="cuda").manual_seed(12)
+    x = torch.randn(t, h, device="cuda", generator=g).bfloat16()
+    w, idx = torch.topk(torch.softmax(torch.randn(t, e, device="cuda", generator=g), -1), k, -1)
+    idx, w = idx.int(), w.float()
+    xs = [x.clone().requires_grad_() for _ in range(n)]
+    outs = [mods[0](xs[0], idx, w)]
+    outs[0].float().sum().backward()
+    one = _mok_device_bytes() - base  # the communicator, the workspace and one layer's own buffers
+    outs += [m(xx, idx, w) for m, xx in zip(mods[1:], xs[1:])]
+    torch.stack([o.float().sum() for o in outs[1:]]).sum().backward()  # the backwards, last layer first
+    all_n = _mok_device_bytes() - base
+    assert _comm.live_communicators() - comms_before == 1
+    plan = mods[0].memory_plan(t)
+    own = plan["total"] - plan["workspace"]
+    added = all_n - one
+    print(f"[mok] {n} layers: first {one / 2**20:.1f} MiB (plan {plan['total'] / 2**20:.1f} MiB, of it workspace "
+          f"{plan['workspace'] / 2**20:.1f}), each further {added / (n - 1) / 2**20:.1f} MiB (plan {own / 2**20:.1f} "
+          f"MiB); all {all_n / 2**20:.1f} MiB vs {n * plan['total'] / 2**20:.1f} MiB with a workspace per layer")
+    assert abs(added - (n - 1) * own) <= 0.02 * (n - 1) * own, (added, (n - 1) * own)
+    assert one >= plan["total"]
+    for m in mods:
+        m.check()
+    del mods, outs, xs
+    gc.collect()
+    assert _comm.live_communicators() == comms_before  # the last layer's going frees the communicator
+    assert _mok_device_bytes() - base < 64 * 2**20  # and its memory
+
+
+@pytest.mark.parametrize("nccl_comm", ["own", "group"])
+def test_group_of_one_rank_gives_the_bits_of_no_group(nccl_comm):
+    """mok.MoE on a torch.distributed group (one rank here, NCCL): the communicator made over the
+    group (its NCCL unique id broadcast over the group, or the group's own NCCL communicator)
+    gives the output and gradients of the module without a group, bit for bit."""
+    pytest.importorskip("mok._cuda")
+    import gc
+    from ep_util import world_of_one
+    group = world_of_one()
+    torch.manual_seed(13)
+    plain = mok.MoE(H, I, E, K, IS, device="cuda", init_std=0.05)
+    grouped = mok.MoE(H, I, E, K, IS, device="cuda", group=group, nccl_comm=nccl_comm)
+    grouped.load_state_dict(plain.state_dict())
+    x, idx, w = inputs(14, "cuda")
+    d_out = torch.randn(T, H, device="cuda", generator=torch.Generator(device="cuda").manual_seed(15)).bfloat16()
+    want = step(plain, x, idx, w, d_out)
+    got = step(grouped, x, idx, w, d_out)
+    torch.cuda.synchronize()
+    grouped.check()
+    for j, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), j
+    del plain, grouped  # before the group (nccl_comm="group": its NCCL communicator is the group's)
+    gc.collect()

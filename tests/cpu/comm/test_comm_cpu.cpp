@@ -89,6 +89,24 @@ TEST(CommBootstrapEnv, SingleRankNeedsNoMaster) {
   EXPECT_EQ(env.world_size, 1);
 }
 
+// from_unique_id refuses a rank outside the world, an empty world and a negative device by name,
+// before any NCCL or CUDA call (so this runs without a GPU).
+TEST(CommFromUniqueId, ArgumentsAreNamedBeforeAnyNcclCall) {
+  using K = mok::ErrorKind;
+  ncclUniqueId id{};
+  mc::CommOptions opt;
+  expect_error([&] { mc::Communicator::from_unique_id(id, 0, 0, 0, opt); }, K::InvalidArgument, "world_size",
+               {">= 1", "got 0"});
+  expect_error([&] { mc::Communicator::from_unique_id(id, 2, 2, 0, opt); }, K::InvalidArgument, "rank",
+               {"[0, world_size = 2)", "got 2"});
+  expect_error([&] { mc::Communicator::from_unique_id(id, -1, 2, 0, opt); }, K::InvalidArgument, "rank", {"got -1"});
+  expect_error([&] { mc::Communicator::from_unique_id(id, 0, 2, -3, opt); }, K::InvalidArgument, "device",
+               {"got -3"});
+  opt.config.wait_timeout_s = 0;
+  expect_error([&] { mc::Communicator::from_unique_id(id, 0, 1, 0, opt); }, K::InvalidArgument,
+               "config.wait_timeout_s", {"(0, 3600]"});
+}
+
 TEST(CommBootstrapEnv, ErrorsNameTheVariable) {
   using K = mok::ErrorKind;
   expect_error([] { mc::parse_bootstrap_env(env_of({})); }, K::InvalidArgument, "RANK",
