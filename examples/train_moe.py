@@ -6,10 +6,19 @@ Each block: x + MoE(RMSNorm(x)) with a linear + softmax top-k router. On CPU ten
 CPU reference engine (the spec), so this runs anywhere; sizes are small by default.
 
     python examples/train_moe.py --steps 5 --tokens 256
+    python examples/train_moe.py --device cuda                        # the GPU layer, EP 1
+    torchrun --nproc-per-node 8 examples/train_moe.py --experts 64    # EP 8: one rank per GPU
+
+Under torchrun (WORLD_SIZE > 1) the ranks form one EP group: each rank's mok.MoE holds E / W of
+the experts and its own batch of tokens, while the eager model holds every expert on every rank.
+Both train data-parallel over the group: the gradients of what every rank holds a copy of (the
+norms, the routers, the shared expert; in the eager model the experts too) are summed over the
+ranks before each step, and mok's routed experts' gradients already hold every rank's tokens. So
+the two models train the same weights from the same start, rank by rank.
 """
 
 import argparse
-import copy
+import os
 import time
 
 import torch
@@ -53,16 +62,53 @@ class Block(torch.nn.Module):
         return x + self.moe(h, idx, w)
 
 
-def build(args, eager: bool, seed: int):
-    torch.manual_seed(seed)
+def ep_group():
+    """(group, rank, world): torchrun's ranks as one EP group (NCCL, one GPU each), or (None, 0, 1)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return None, 0, 1
+    import torch.distributed as dist
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    dist.init_process_group("cpu:gloo,cuda:nccl", device_id=torch.device("cuda", local))
+    return dist.group.WORLD, dist.get_rank(), world
+
+
+def build(args, eager: bool, group=None, rank: int = 0, world: int = 1):
+    """The model from seed 0, the same on every rank and for both kinds: each layer's experts made
+    in full on the CPU, mok's rank taking its E / world of them."""
+    torch.manual_seed(0)
     blocks = []
+    el = args.experts // world
     for _ in range(args.layers):
-        layer = mok.MoE(args.hidden, args.intermediate, args.experts, args.top_k, args.shared, init_std=0.05)
-        blocks.append(Block(EagerMoE(layer) if eager else layer, args.hidden, args.experts, args.top_k))
-    return torch.nn.Sequential(*blocks)
+        full = mok.MoE(args.hidden, args.intermediate, args.experts, args.top_k, args.shared, init_std=0.05)
+        if eager:
+            moe = EagerMoE(full)
+        elif world == 1 and args.device == "cpu":
+            moe = full
+        else:
+            moe = mok.MoE(args.hidden, args.intermediate, args.experts, args.top_k, args.shared, group=group,
+                          device=args.device)
+            with torch.no_grad():
+                for name, p in moe.named_parameters():
+                    src = getattr(full, name)
+                    p.copy_(src[rank * el:(rank + 1) * el] if name in ("w_gate", "w_up", "w_down") else src)
+        blocks.append(Block(moe, args.hidden, args.experts, args.top_k))
+    return torch.nn.Sequential(*blocks).to(args.device)
 
 
-def train(model, data, steps, lr):
+def sum_gradients(model, group, routed_too: bool):
+    """Data parallelism over the EP group: the gradients of the weights every rank holds a copy of
+    summed over the ranks (mok's routed experts' are complete already: routed_too False)."""
+    if group is None:
+        return
+    import torch.distributed as dist
+    for name, p in model.named_parameters():
+        if p.grad is not None and (routed_too or name.rsplit(".", 1)[-1] not in ("w_gate", "w_up", "w_down")):
+            dist.all_reduce(p.grad, group=group)
+
+
+def train(model, data, steps, lr, group=None, routed_too=False):
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses, t0 = [], time.perf_counter()
     for step in range(steps):
@@ -70,8 +116,11 @@ def train(model, data, steps, lr):
         loss = F.mse_loss(model(x).float(), target)
         opt.zero_grad()
         loss.backward()
+        sum_gradients(model, group, routed_too)
         opt.step()
         losses.append(loss.item())
+    if data[0][0].is_cuda:
+        torch.cuda.synchronize()
     return losses, time.perf_counter() - t0
 
 
@@ -83,24 +132,40 @@ def main(argv=None):
     p.add_argument("--experts", type=int, default=8)
     p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--shared", type=int, default=64)
-    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--tokens", type=int, default=256, help="tokens per rank and step")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (under torchrun: cuda, each rank's GPU)")
     args = p.parse_args(argv)
-    g = torch.Generator().manual_seed(1)
-    data = [(torch.randn(args.tokens, args.hidden, generator=g).to(torch.bfloat16),
-             torch.randn(args.tokens, args.hidden, generator=g)) for _ in range(4)]
-    mok_model = build(args, eager=False, seed=0)
-    eager_model = build(args, eager=True, seed=0)
-    eager_model.load_state_dict(copy.deepcopy(mok_model.state_dict()))  # the same start
-    mok_losses, mok_s = train(mok_model, data, args.steps, args.lr)
-    eager_losses, eager_s = train(eager_model, data, args.steps, args.lr)
+    group, rank, world = ep_group()
+    if world > 1:
+        args.device = "cuda"
+        if args.experts % world:
+            p.error(f"--experts ({args.experts}) must be divisible by the number of ranks ({world})")
+    g = torch.Generator().manual_seed(1 + rank)  # each rank its own tokens
+    data = [(torch.randn(args.tokens, args.hidden, generator=g).to(torch.bfloat16).to(args.device),
+             torch.randn(args.tokens, args.hidden, generator=g).to(args.device)) for _ in range(4)]
+    mok_model = build(args, eager=False, group=group, rank=rank, world=world)
+    eager_model = build(args, eager=True, group=group, rank=rank, world=world)
+    mok_losses, mok_s = train(mok_model, data, args.steps, args.lr, group)
+    eager_losses, eager_s = train(eager_model, data, args.steps, args.lr, group, routed_too=True)
     diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(mok_losses, eager_losses))
-    for s, (a, b) in enumerate(zip(mok_losses, eager_losses)):
-        print(f"step {s}: loss mok {a:.6f}  eager {b:.6f}")
-    n = args.tokens * args.steps
-    print(f"tokens/s: mok {n / mok_s:.0f}, eager {n / eager_s:.0f} (device: cpu)")
-    print(f"largest relative loss difference: {diff:.2e}")
+    if group is not None:  # the largest over the ranks
+        import torch.distributed as dist
+        t = torch.tensor([diff], device=args.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        diff = t.item()
+    n = args.tokens * args.steps * world
+    if rank == 0:
+        for s, (a, b) in enumerate(zip(mok_losses, eager_losses)):
+            print(f"step {s}: loss mok {a:.6f}  eager {b:.6f}" + (" (rank 0)" if world > 1 else ""))
+        where = f"{args.device}, EP {world}" if world > 1 else args.device
+        print(f"tokens/s: mok {n / mok_s:.0f}, eager {n / eager_s:.0f} (device: {where})")
+        print(f"largest relative loss difference: {diff:.2e}" + (" (over the ranks)" if world > 1 else ""))
+    if group is not None:
+        del mok_model  # mok's layers before the group
+        import torch.distributed as dist
+        dist.destroy_process_group()
     return mok_losses, eager_losses, diff
 
 
