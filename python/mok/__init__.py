@@ -5,7 +5,7 @@
 ``torch.compile``). CPU tensors run on the CPU reference engine, the layer's executable
 specification (``mok._cpu``), so a model using ``mok.MoE`` can be developed and unit tested
 without a GPU; CUDA tensors run on the GPU layer (``mok._cuda``: the megakernel forward and the
-backward, one rank per process for now).
+backward; one rank of an EP group, a torch.distributed ProcessGroup, per process).
 PyTorch is needed for ``mok.moe`` / ``mok.MoE`` only: ``import mok`` works without it.
 """
 
