@@ -108,6 +108,7 @@ class MoE(torch.nn.Module):
             self.ws_gate = self.ws_up = self.ws_down = None
 
         self._gpu = {}  # (device, T) -> handle of the GPU layer built for them (it reads the weights in place)
+        self._gpu_comms = {}  # (device, T) -> the mok communicator that layer is on (shared by the group's modules)
 
     def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
         if self.config.get("cpu_threads"):
@@ -157,6 +158,7 @@ class MoE(torch.nn.Module):
             if knobs.get("precision") in ("fp8", "mxfp8"):
                 trains = "fp8_bwd_rows" in self.memory_plan(T)
             self._gpu[key] = register_gpu_layer(gl, knobs, trains)
+            self._gpu_comms[key] = comm  # (the layer keeps it alive too; kept here to be looked at)
         return self._gpu[key]
 
     def _layer_knobs(self) -> dict:

@@ -325,7 +325,8 @@ def test_modules_share_one_communicator_and_its_workspace():
     outs += [m(xx, idx, w) for m, xx in zip(mods[1:], xs[1:])]
     torch.stack([o.float().sum() for o in outs[1:]]).sum().backward()  # the backwards, last layer first
     all_n = _mok_device_bytes() - base
-    assert _comm.live_communicators() - comms_before == 1
+    assert len({id(c) for m in mods for c in m._gpu_comms.values()}) == 1  # one communicator for all
+    assert _comm.live_communicators() - comms_before <= 1
     plan = mods[0].memory_plan(t)
     own = plan["total"] - plan["workspace"]
     added = all_n - one
