@@ -136,6 +136,8 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--device", default="cpu", help="cpu or cuda (under torchrun: cuda, each rank's GPU)")
+    p.add_argument("--check", type=float, default=0.0,
+                   help="exit with status 1 when the largest relative loss difference exceeds this (0: never)")
     args = p.parse_args(argv)
     group, rank, world = ep_group()
     if world > 1:
@@ -162,10 +164,15 @@ def main(argv=None):
         where = f"{args.device}, EP {world}" if world > 1 else args.device
         print(f"tokens/s: mok {n / mok_s:.0f}, eager {n / eager_s:.0f} (device: {where})")
         print(f"largest relative loss difference: {diff:.2e}" + (" (over the ranks)" if world > 1 else ""))
+    failed = args.check > 0 and not diff <= args.check
+    if failed and rank == 0:
+        print(f"FAIL: the losses differ by more than {args.check:.1e}")
     if group is not None:
         del mok_model  # mok's layers before the group
         import torch.distributed as dist
         dist.destroy_process_group()
+    if failed:
+        raise SystemExit(1)
     return mok_losses, eager_losses, diff
 
 

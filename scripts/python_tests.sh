@@ -40,3 +40,12 @@ mok_log "pip install . (extensions: mok._cpu; mok._cuda: $cuda)"
 (cd "$MOK_ROOT/build" && "$py" -c "import mok; print('[mok] import mok:', mok.__version__, mok.__file__)")
 mok_log "running the Python tests (tests/python)"
 "$py" -m pytest -q "$MOK_ROOT/tests/python"
+# Several GPUs: the training example as one EP group of one process per GPU (torchrun), mok.MoE
+# against the eager model with every expert; it prints the largest loss difference over the ranks.
+gpus="$(mok_gpu_count)"
+if [ "$gpus" -ge 2 ]; then
+  n=$(( gpus > 8 ? 8 : gpus ))
+  mok_log "the training example on an EP group of $n GPUs (torchrun)"
+  (cd "$MOK_ROOT/build" && NCCL_NVLS_ENABLE=0 timeout 600 "$py" -m torch.distributed.run --standalone \
+    --nproc-per-node "$n" "$MOK_ROOT/examples/train_moe.py" --experts $(( 4 * n )) --steps 5 --tokens 1024 --check 2e-2)
+fi
