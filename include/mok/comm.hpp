@@ -187,7 +187,8 @@ class Communicator {
   // Collective over `world_size` ranks that all pass the same `id` (made by ncclGetUniqueId on one
   // of them and sent to the others by the caller); this rank is `rank` on GPU `device`. Creates a
   // non-blocking NCCL communicator mok owns (bounded like from_env's). Throws
-  // mok::Error(InvalidArgument) naming `rank`, `world_size` or `device` before any NCCL call.
+  // mok::Error(InvalidArgument) naming `rank`, `world_size` or a negative `device` (and bad
+  // options) before any NCCL or CUDA call; a device past the visible ones is named after.
   static std::unique_ptr<Communicator> from_unique_id(const ncclUniqueId& id, int rank, int world_size, int device,
                                                       const CommOptions& options);
 

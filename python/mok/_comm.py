@@ -21,7 +21,11 @@ How a communicator is made (``nccl_comm``):
 
 Without a group (``group=None``) the communicator is a one-rank one of its own per device (EP 1).
 Creating a communicator is collective over the group: every rank builds its modules' GPU layers in
-the same order, which a model does by running the same forward on every rank.
+the same order, which a model does by running the same forward on every rank, from one thread. A
+communicator lives while a module's GPU layer on it does, so delete modules on every rank at the
+same point (``del model; gc.collect()``), or one rank makes a new communicator that its peers do not
+(the peers' waits for it end after ``bootstrap_timeout_s`` with a named error). One that a failure
+poisoned (an expired wait: failure is collective, every rank's is poisoned) is replaced.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import torch
 
 NCCL_COMMS = ("own", "group")
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: a weakref callback may run inside (garbage collection)
 # key -> (weak reference to the mok._cuda.Communicator, the group). The group is held so that its id()
 # is not reused by another group while the entry exists; the entry goes with the communicator.
 _registry: dict[tuple, tuple] = {}
@@ -45,15 +49,14 @@ def communicator(cuda, group, device: int, wait_timeout_s: float, nccl_comm: str
     if nccl_comm not in NCCL_COMMS:
         raise ValueError(f"mok.MoE: 'nccl_comm' must be one of {NCCL_COMMS}, got {nccl_comm!r}")
     key = (None if group is None else id(group), int(device), float(wait_timeout_s), nccl_comm)
-    with _lock:
+    with _lock:  # held while making one, so that two threads never make two (collective) communicators
         entry = _registry.get(key)
         comm = entry[0]() if entry is not None else None
-        if comm is not None:
+        if comm is not None and not comm.poisoned:
             return comm
-    comm = _make(cuda, group, int(device), float(wait_timeout_s), nccl_comm)
-    with _lock:
+        comm = _make(cuda, group, int(device), float(wait_timeout_s), nccl_comm)
         _registry[key] = (weakref.ref(comm, lambda _ref, k=key: _forget(k, _ref)), group)
-    return comm
+        return comm
 
 
 def _forget(key, ref) -> None:
@@ -82,7 +85,11 @@ def _make(cuda, group, device: int, wait_timeout_s: float, nccl_comm: str):
     if rank < 0:
         raise ValueError("mok.MoE: this process is not a member of 'group' (its rank there is -1)")
     if nccl_comm == "group":
-        return cuda.Communicator.adopt(_group_nccl_comm(group, device), wait_timeout_s)
+        comm = cuda.Communicator.adopt(_group_nccl_comm(group, device), wait_timeout_s)
+        if comm.device != device:
+            raise RuntimeError(f"mok.MoE: the group's NCCL communicator is on cuda:{comm.device}, the module's "
+                               f"tensors on cuda:{device}")
+        return comm
     # mok's own communicator: the group's first rank makes the id, the group carries it.
     payload = [cuda.unique_id() if rank == 0 else None]
     with torch.cuda.device(device):  # an NCCL group sends the object through this device
@@ -105,13 +112,15 @@ def _group_nccl_comm(group, device: int) -> int:
         raise ValueError(f"mok.MoE: nccl_comm='group' needs an NCCL process group; this one has none for {dev} "
                          f"({e}); use nccl_comm='own'") from e
     if not hasattr(backend, "_comm_ptr"):
-        raise ValueError(f"mok.MoE: nccl_comm='group' needs an NCCL process group, got a {type(backend).__name__} "
-                         "backend; use nccl_comm='own' (the default), which works over any backend")
-    ptr = backend._comm_ptr()
-    if not ptr:
-        dist.all_reduce(torch.zeros(1, device=dev), group=group)
-        torch.cuda.synchronize(dev)
+        raise ValueError(f"mok.MoE: nccl_comm='group' needs the group's NCCL communicator, which this torch's "
+                         f"{type(backend).__name__} backend does not expose (_comm_ptr); use nccl_comm='own' (the "
+                         "default), which works over any backend")
+    with torch.cuda.device(dev):  # torch looks its communicator up by the current device
         ptr = backend._comm_ptr()
+        if not ptr:
+            dist.all_reduce(torch.zeros(1, device=dev), group=group)
+            torch.cuda.synchronize(dev)
+            ptr = backend._comm_ptr()
     if not ptr:
         raise RuntimeError(f"mok.MoE: the group's NCCL communicator on {dev} does not exist after a collective")
     return int(ptr)

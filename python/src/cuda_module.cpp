@@ -37,6 +37,27 @@ namespace {
 
 void* ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
 
+// Destroys `p` without the GIL (a layer's teardown synchronizes its device, a communicator's may
+// wait for its peers), except while the interpreter finalizes (no thread may take it back then).
+bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+template <typename T>
+void release_gil_and_reset(std::unique_ptr<T>& p) {
+  if (!p) return;
+  if (interpreter_finalizing()) {
+    p.reset();
+    return;
+  }
+  nb::gil_scoped_release release;
+  p.reset();
+}
+
 mok::comm::CommOptions comm_options(double wait_timeout_s, double bootstrap_timeout_s) {
   mok::comm::CommOptions opt;  // no shape: the layers on it have theirs (compared when each is built)
   opt.config.wait_timeout_s = wait_timeout_s;
@@ -66,7 +87,10 @@ class GpuComm {
     nb::gil_scoped_release release;
     comm_ = mok::comm::Communicator::from_nccl_comm(reinterpret_cast<ncclComm_t>(nccl_comm), opt);
   }
+  // Teardown may wait for the peers (bounded): without the GIL, which their threads may need.
+  ~GpuComm() { release_gil_and_reset(comm_); }
   mok::comm::Communicator& get() { return *comm_; }
+  bool poisoned() const { return comm_->poisoned(); }
   int rank() const { return comm_->rank(); }
   int world_size() const { return comm_->world_size(); }
   int device() const { return comm_->device(); }
@@ -95,6 +119,7 @@ class GpuLayer {
     nb::gil_scoped_release release;  // collective (window registration, the handshake)
     layer_ = std::make_unique<mok::Layer>(comm.get(), shape_, config_, dw);
   }
+  ~GpuLayer() { release_gil_and_reset(layer_); }
 
   // Returns the forward's number (mok::Layer::forward), which backward() takes.
   int64_t forward(uintptr_t x, uintptr_t idx, bool idx_int64, uintptr_t w, uintptr_t out, uintptr_t stream,
@@ -189,7 +214,8 @@ NB_MODULE(_cuda, m) {
       .def_prop_ro("rank", &GpuComm::rank)
       .def_prop_ro("world_size", &GpuComm::world_size)
       .def_prop_ro("device", &GpuComm::device)
-      .def_prop_ro("owns_nccl_comm", &GpuComm::owns_nccl_comm);
+      .def_prop_ro("owns_nccl_comm", &GpuComm::owns_nccl_comm)
+      .def_prop_ro("poisoned", &GpuComm::poisoned);
   nb::class_<GpuLayer>(m, "Layer")
       .def(nb::init<GpuComm&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const std::vector<uintptr_t>&,
                     const std::map<std::string, std::string>&>(),

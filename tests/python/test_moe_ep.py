@@ -36,9 +36,12 @@ def rel(a, b):
 
 
 def _rank_main(rank, store, nccl_comm, result):
+    import gc
+
     import torch.distributed as dist
 
     import mok
+    m = None
     torch.cuda.set_device(rank)
     dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"file://{store}", rank=rank, world_size=W,
                             device_id=torch.device("cuda", rank))
@@ -78,8 +81,9 @@ def _rank_main(rank, store, nccl_comm, result):
         errors = {n: rel(a, b) for n, a, b in zip(NAMES, steps[0], want)}
         same = all(torch.equal(a, b) for a, b in zip(steps[0], steps[1]))
         torch.save({"errors": errors, "bitwise_second_step": same, "ep_size": m.ep_size}, f"{result}.{rank}")
-        del m
     finally:
+        m = None  # mok's layer and communicator before the group (nccl_comm="group": the group's NCCL one)
+        gc.collect()
         dist.destroy_process_group()
 
 

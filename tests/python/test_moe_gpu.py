@@ -333,7 +333,10 @@ def test_modules_share_one_communicator_and_its_workspace():
     print(f"[mok] {n} layers: first {one / 2**20:.1f} MiB (plan {plan['total'] / 2**20:.1f} MiB, of it workspace "
           f"{plan['workspace'] / 2**20:.1f}), each further {added / (n - 1) / 2**20:.1f} MiB (plan {own / 2**20:.1f} "
           f"MiB); all {all_n / 2**20:.1f} MiB vs {n * plan['total'] / 2**20:.1f} MiB with a workspace per layer")
-    assert abs(added - (n - 1) * own) <= 0.02 * (n - 1) * own, (added, (n - 1) * own)
+    # 2% of the plan, and 8 MiB a layer for what allocation granularity adds (a window of a few KB
+    # takes 2 MiB of ncclMemAlloc)
+    assert abs(added - (n - 1) * own) <= (n - 1) * (0.02 * own + 8 * 2**20), (added, (n - 1) * own)
+    assert all_n < 0.5 * n * plan["total"]  # far below a workspace per layer
     assert one >= plan["total"]
     for m in mods:
         m.check()
