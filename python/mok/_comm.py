@@ -45,9 +45,8 @@ _registry: dict[tuple, tuple] = {}
 
 def communicator(cuda, group, device: int, wait_timeout_s: float, nccl_comm: str = "own"):
     """The mok._cuda.Communicator of `group` (None: one rank) on GPU `device` (collective when it
-    is made: every rank of the group must ask for it in the same order)."""
-    if nccl_comm not in NCCL_COMMS:
-        raise ValueError(f"mok.MoE: 'nccl_comm' must be one of {NCCL_COMMS}, got {nccl_comm!r}")
+    is made: every rank of the group must ask for it in the same order). mok.MoE has checked its
+    arguments (nccl_comm one of NCCL_COMMS, this process a member of the group)."""
     key = (None if group is None else id(group), int(device), float(wait_timeout_s), nccl_comm)
     with _lock:  # held while making one, so that two threads never make two (collective) communicators
         entry = _registry.get(key)
@@ -82,8 +81,6 @@ def _make(cuda, group, device: int, wait_timeout_s: float, nccl_comm: str):
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("mok.MoE: 'group' needs torch.distributed initialized (init_process_group) in this process")
     rank, world = group.rank(), group.size()
-    if rank < 0:
-        raise ValueError("mok.MoE: this process is not a member of 'group' (its rank there is -1)")
     if nccl_comm == "group":
         comm = cuda.Communicator.adopt(_group_nccl_comm(group, device), wait_timeout_s)
         if comm.device != device:

@@ -83,7 +83,7 @@ class MoE(torch.nn.Module):
             raise TypeError(f"mok.MoE: 'group' must be a torch.distributed ProcessGroup or None, got {type(group)}")
         self.ep_size = 1 if group is None else int(group.size())
         self.ep_rank = 0 if group is None else int(group.rank())
-        if self.ep_size > 1 and self.ep_rank < 0:
+        if group is not None and self.ep_rank < 0:
             raise ValueError("mok.MoE: this process is not a member of 'group' (its rank there is -1)")
         self.nccl_comm = nccl_comm
         if experts % self.ep_size:
@@ -148,7 +148,8 @@ class MoE(torch.nn.Module):
         if key not in self._gpu:
             _cuda = _import_cuda()
             knobs = self._layer_knobs()
-            wait_s = float(self.config.get("wait_timeout_s", _DEFAULT_WAIT_S))
+            from . import _cpu
+            wait_s = float(self.config.get("wait_timeout_s", _cpu.DEFAULT_WAIT_TIMEOUT_S))
             comm = _comm.communicator(_cuda, self.group, x.device.index, wait_s, self.nccl_comm)
             gl = _cuda.Layer(comm, T, self.hidden, self.intermediate, self.experts, self.top_k,
                              self.shared_intermediate, [p.data_ptr() for p in weights], knobs)
@@ -216,9 +217,6 @@ class MoE(torch.nn.Module):
                  if self.fuse_wgrad_accumulation else "")
         return (f"hidden={self.hidden}, intermediate={self.intermediate}, experts={self.experts}, top_k={self.top_k}"
                 f"{shared}, ep_size={self.ep_size}, weights={self.weight_bytes() / 2**20:.1f} MiB{fused}{layer}")
-
-
-_DEFAULT_WAIT_S = 5.0  # mok::Config::wait_timeout_s's default (the communicator's bound of device waits)
 
 
 def _knob_text(value) -> str:

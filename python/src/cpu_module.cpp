@@ -195,6 +195,9 @@ NB_MODULE(_cpu, m) {
         nb::arg("precision") = "bf16",
         "Writes d_x, d_topk_w, d_w_gate, d_w_up, d_w_down (and the shared expert's) into `grads`; "
         "precision: bf16, fp8 (recipe 1's backward) or mxfp8 (recipe 2's).");
+  // mok::Config's bound of device waits when the wait_timeout_s knob is not given (mok.MoE keys its
+  // shared communicators by it).
+  m.attr("DEFAULT_WAIT_TIMEOUT_S") = mok::Config{}.wait_timeout_s;
   m.def("plan_memory", &plan_memory, nb::arg("tokens"), nb::arg("hidden"), nb::arg("intermediate"),
         nb::arg("experts"), nb::arg("top_k"), nb::arg("shared_intermediate") = 0, nb::arg("world") = 1,
         nb::arg("config") = std::map<std::string, std::string>{}, nb::arg("sm_count") = 132,
