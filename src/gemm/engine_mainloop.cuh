@@ -331,7 +331,23 @@ __device__ __forceinline__ bool produce_tile_gather_b(const Smem<C>& sm, PipeSta
   const int64_t row_bytes = int64_t(g.n) * 2;
   const uint32_t unit = lane % 8u, chunk_off = (lane / 8u) * kChunkBytes;
   const bool in_n = t.b_n + int32_t(lane) * 8 < g.n;  // (a partial last N tile: zeros past n, no read)
+  // Lane j < 16 loads row (warp + 4j)'s rank and slot of K block kb + 1 while block kb is copied (the
+  // loads' latency off the stage's path); rank -1 past the expert's rows.
+  int32_t rank = -1, slot = 0;
+  const auto load_index = [&](int32_t k) {
+    const int32_t row = k + int32_t(warp) + 4 * int32_t(lane);
+    rank = -1;
+    if (lane < 16u && row < end) {
+      rank = __ldg(g.rank + row);
+      slot = __ldg(g.slot + row);
+    }
+  };
+  if (t.k_blocks > 0) load_index(t.k_begin);
   for (int kb = 0; kb < t.k_blocks; ++kb) {
+    // Lane j < 16: the token of row warp + 4j (-1: past the expert, -2: a padding row).
+    const int32_t row = t.k_begin + kb * C::kBlockK + int32_t(warp) + 4 * int32_t(lane);
+    const int32_t token = lane >= 16u || row >= end ? -1 : rank >= 0 ? slot / g.top_k : -2;
+    if (kb + 1 < t.k_blocks) load_index(t.k_begin + (kb + 1) * C::kBlockK);
     if (!mbar_wait(sm.empty(ps.stage), ps.phase ^ 1u, wb, kSiteProducerEmpty)) return false;
     uint64_t* full = sm.full(ps.stage);
     const int32_t k = t.k_begin + kb * C::kBlockK;
@@ -343,13 +359,6 @@ __device__ __forceinline__ bool produce_tile_gather_b(const Smem<C>& sm, PipeSta
       uint8_t* a = sm.a(ps.stage);
       tma_load_2d(a, ma, full, t.a_m, ka);
       tma_load_2d(a + kChunkBytes, ma, full, t.a_m + 64, ka);
-    }
-    // Lane j < 16: the token of row warp + 4j (-1: past the expert, -2: a padding row).
-    int32_t token = -1;
-    const int32_t my_row = k + int32_t(warp) + 4 * int32_t(lane);
-    if (lane < 16u && my_row < end) {
-      const int32_t rank = __ldg(g.rank + my_row);
-      token = rank >= 0 ? __ldg(g.slot + my_row) / g.top_k : -2;
     }
     uint8_t* b = sm.b(ps.stage) + chunk_off;
 #pragma unroll 4

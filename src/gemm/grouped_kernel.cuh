@@ -287,11 +287,12 @@ using FormDgradSwiGLU2 = FormDgradSwiGLU<C, 2>;
 // its own, so the plain form's code stays as it was).
 // kGatherB (WgradArgs::gather_b, kernels of their own too): B's rows gathered by index by the whole
 // producer warpgroup (produce_tile_gather_b) instead of one TMA box per chunk.
-template <class C, bool kAccumulate = false, bool kGather = false>
+template <class C, bool kAccumulate = false, bool kGather = false, bool kFence = true>
 struct FormWgradT {
   static constexpr bool kAMN = true, kBMN = true, kMaskK = true, kSplitN = false, kGateUpB = false;
   static constexpr bool kCarry = true;
   static constexpr bool kGatherB = kGather;
+  static constexpr bool kGatherFence = kGather && kFence;  // (experiment: MOK_EXP_GATHER_FENCE=0)
   using Schedule = KGroupedSchedule<C>;
   using PairSchedule = KPairSchedule<C>;
   // Carry (WgradArgs::carry_in / carry_out): thread ct's accumulators of output tile (m, n) at
@@ -356,12 +357,22 @@ template <class C>
 using FormWgradGather = FormWgradT<C, false, true>;
 template <class C>
 using FormWgradAccumulateGather = FormWgradT<C, true, true>;
+template <class C>
+using FormWgradGatherNoFence = FormWgradT<C, false, true, false>;
 
-// Whether a form's producer gathers B's rows (only the weight gradient's can).
+// Whether a form's producer gathers B's rows (only the weight gradient's can), and whether its
+// consumers then fence before the wgmmas read them.
 template <class Form>
 __device__ constexpr bool gathers_b() {
   if constexpr (requires { Form::kGatherB; })
     return Form::kGatherB;
+  else
+    return false;
+}
+template <class Form>
+__device__ constexpr bool gather_fence() {
+  if constexpr (requires { Form::kGatherFence; })
+    return Form::kGatherFence;
   else
     return false;
 }
@@ -488,7 +499,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (held_rows_misfit(t, p) && ct == 0 && p.error != nullptr) atomicCAS(p.error, 0u, kSiteHeldRows);
         accumulate = Form::load_carry(t, ct, acc, p);
       }
-      mma_tile<C, Form::kAMN, Form::kBMN, Form::kMaskK, kCluster, NoHook, kGatherB>(
+      mma_tile<C, Form::kAMN, Form::kBMN, Form::kMaskK, kCluster, NoHook, gather_fence<Form>()>(
           sm, ps, t, cwg, ct, acc, wb, skew, rank ^ 1u, NoHook{}, accumulate);
       if (!dummy) Form::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
     }

@@ -1,13 +1,17 @@
 // mok — grouped GEMM kernel, the weight gradient with gathered B rows (WgradArgs::gather_b): forms
 // FormWgradGather and FormWgradAccumulateGather (256-wide tiles, no clusters; a translation unit of
 // their own, so the other wgrad kernels build as before).
+#include "common/env_flag.h"
 #include "gemm/launch.cuh"
 
 namespace mok::gemm::detail {
 
 void launch_wgrad_gather(const Plan& plan, cudaStream_t stream) {
   if (plan.grid == 0) return;
-  if (plan.params.wgrad_accumulate == 0)
+  static const bool fence = env_flag("MOK_EXP_GATHER_FENCE", true);  // (experiment)
+  if (plan.params.wgrad_accumulate == 0 && !fence)
+    launch_cfg<256, engine::FormWgradGatherNoFence, false>(plan, stream);
+  else if (plan.params.wgrad_accumulate == 0)
     launch_cfg<256, engine::FormWgradGather, false>(plan, stream);
   else
     launch_cfg<256, engine::FormWgradAccumulateGather, false>(plan, stream);

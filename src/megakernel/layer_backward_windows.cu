@@ -229,16 +229,20 @@ bool Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
           hold_copy(h.p, h_hold, 2 * I);
         }
         if (ahead) {
-          if (holds) gpu::hold_rows(parts, e_loc, c, sms, ws);
+          if (holds && c.count > 0) gpu::hold_rows(parts, e_loc, c, sms, ws);
           c.count = 0;
           dy_read.record(ws);  // the next window's d_out rows over this one's d_y
           dy_read.wait(lane.target(stream));
           if (next) pull_ahead_rows(hi, next_hi, false);
           x_pulled.wait(ws);
         }
-        gemm::run(gemm::plan_wgrad(w1, wo), ws);
+        // (Gathering, every window's dW_gate/up tiles 256 wide, as the gather's are: a carried
+        // expert's fp32 sums are laid out per tile width.)
+        gemm::Options w1o = wo;
+        if (gather_x) w1o.block_n = 256;
+        gemm::run(gemm::plan_wgrad(w1, w1o), ws);
         if (holds && !gather_x) hold_copy(x_rows, x_hold, 2 * H);  // (the next window gathers them)
-        if (holds) gpu::hold_rows(parts, e_loc, c, sms, ws);
+        if (holds && c.count > 0) gpu::hold_rows(parts, e_loc, c, sms, ws);
         if (ahead) {
           x_read.record(ws);  // and its x rows over this one's
           x_read.wait(lane.target(stream));

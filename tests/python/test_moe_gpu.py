@@ -340,7 +340,7 @@ def test_modules_share_one_communicator_and_its_workspace():
     assert one >= plan["total"]
     for m in mods:
         m.check()
-    del mods, outs, xs
+    del mods, outs, xs, m  # (the loop's name holds the last module, and through it the communicator)
     gc.collect()
     assert _comm.live_communicators() == comms_before  # the last layer's going frees the communicator
     assert _mok_device_bytes() - base < 64 * 2**20  # and its memory
