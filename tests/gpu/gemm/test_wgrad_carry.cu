@@ -234,6 +234,18 @@ std::vector<uint16_t> wgrad_held(const Routed& rt, const DevBuf& a, const DevBuf
   return download<uint16_t>(dw, out * elem / 2);
 }
 
+// A one-expert 256 x 64 x 64 weight gradient over `x` (a and b) for the plan's refusals.
+gemm::WgradArgs small_wgrad(const DevBuf& x, const DevBuf& rows, const DevBuf& dw) {
+  gemm::WgradArgs g;
+  g.a = g.b = x.p;
+  g.dw = dw.p;
+  g.m = g.n = 64;
+  g.experts = 1;
+  g.rows_total = 256;
+  g.expert_row_begin = g.expert_rows = rows.as<int32_t>();
+  return g;
+}
+
 TEST(WgradCarry, HeldRowsGiveTheOneCallBits) {
   MOK_REQUIRE_GPUS(1);
   // Tiles per expert 3, 0, 6, 2, 1, 8: cuts at tiles 2 (inside expert 0: held, 256 rows), 4 and 7
@@ -268,14 +280,8 @@ TEST(WgradCarry, HeldRowsGiveTheOneCallBits) {
                   v.block_n, v.gate_up, v.accumulate, (long long)hold_rows, held, (long long)differ, one.size());
     }
   // Refused: held rows with clusters, a hold row that is not a whole tile.
-  gemm::WgradArgs g;
   DevBuf x(size_t(256 * 64) * 2), rows(8), dw(size_t(64 * 64) * 2);
-  g.a = g.b = x.p;
-  g.dw = dw.p;
-  g.m = g.n = 64;
-  g.experts = 1;
-  g.rows_total = 256;
-  g.expert_row_begin = g.expert_rows = rows.as<int32_t>();
+  gemm::WgradArgs g = small_wgrad(x, rows, dw);
   g.hold_a = g.hold_b = x.p;
   g.hold_a_rows = g.hold_b_rows = 256;
   g.hold_a_row = g.hold_b_row = 128;
@@ -373,14 +379,10 @@ TEST(WgradCarry, GatheredRowsGiveThePulledBits) {
     }
   }
   // Refused by name: no indices, clusters, 128-wide tiles.
-  gemm::WgradArgs w;
   DevBuf xx(size_t(256 * 64) * 2), rows(8), dw(size_t(64 * 64) * 2);
-  w.a = w.gather_b = xx.p;
-  w.dw = dw.p;
-  w.m = w.n = 64;
-  w.experts = 1;
-  w.rows_total = 256;
-  w.expert_row_begin = w.expert_rows = rows.as<int32_t>();
+  gemm::WgradArgs w = small_wgrad(xx, rows, dw);
+  w.b = nullptr;
+  w.gather_b = xx.p;
   w.gather_top_k = 1;
   EXPECT_THROW(gemm::plan_wgrad(w, gemm::Options{}), mok::Error);
   w.gather_rank = w.gather_slot = rows.as<int32_t>();
