@@ -291,8 +291,7 @@ template <class C, bool kAccumulate = false, bool kGather = false, bool kFence =
 struct FormWgradT {
   static constexpr bool kAMN = true, kBMN = true, kMaskK = true, kSplitN = false, kGateUpB = false;
   static constexpr bool kCarry = true;
-  static constexpr bool kGatherB = kGather;
-  static constexpr bool kGatherFence = kGather && kFence;  // (experiment: MOK_EXP_GATHER_FENCE=0)
+  // (kFence false: the experiment MOK_EXP_GATHER_FENCE=0; GatherOf below reads both.)
   using Schedule = KGroupedSchedule<C>;
   using PairSchedule = KPairSchedule<C>;
   // Carry (WgradArgs::carry_in / carry_out): thread ct's accumulators of output tile (m, n) at
@@ -363,19 +362,13 @@ using FormWgradGatherNoFence = FormWgradT<C, false, true, false>;
 // Whether a form's producer gathers B's rows (only the weight gradient's can), and whether its
 // consumers then fence before the wgmmas read them.
 template <class Form>
-__device__ constexpr bool gathers_b() {
-  if constexpr (requires { Form::kGatherB; })
-    return Form::kGatherB;
-  else
-    return false;
-}
-template <class Form>
-__device__ constexpr bool gather_fence() {
-  if constexpr (requires { Form::kGatherFence; })
-    return Form::kGatherFence;
-  else
-    return false;
-}
+struct GatherOf {
+  static constexpr bool b = false, fence = false;
+};
+template <class C, bool kAccumulate, bool kGather, bool kFence>
+struct GatherOf<FormWgradT<C, kAccumulate, kGather, kFence>> {
+  static constexpr bool b = kGather, fence = kGather && kFence;
+};
 
 // A weight-gradient tile whose expert starts before the call's rows (held rows, k_begin < 0) that
 // the hold does not cover (WgradArgs::hold_*: at most hold_a_row / hold_b_row rows, or no hold):
@@ -403,7 +396,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using Schedule = std::conditional_t<kCluster, typename Form::PairSchedule, typename Form::Schedule>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const Smem<C> sm = smem_view<C>(smem_raw);
-  constexpr bool kGatherB = gathers_b<Form>();
+  constexpr bool kGatherB = GatherOf<Form>::b;
   static_assert(!kGatherB || (!kCluster && C::kBlockN == 256), "gathered B rows: 256-wide tiles, no clusters");
   // Gathered B: every producer thread's cp.async copies arrive on the full barrier too.
   if (threadIdx.x == 0) init_barriers(sm, kCluster ? 2u : 1u, kGatherB ? 1u + 128u : 1u);
@@ -499,7 +492,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (held_rows_misfit(t, p) && ct == 0 && p.error != nullptr) atomicCAS(p.error, 0u, kSiteHeldRows);
         accumulate = Form::load_carry(t, ct, acc, p);
       }
-      mma_tile<C, Form::kAMN, Form::kBMN, Form::kMaskK, kCluster, NoHook, gather_fence<Form>()>(
+      mma_tile<C, Form::kAMN, Form::kBMN, Form::kMaskK, kCluster, NoHook, GatherOf<Form>::fence>(
           sm, ps, t, cwg, ct, acc, wb, skew, rank ^ 1u, NoHook{}, accumulate);
       if (!dummy) Form::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
     }

@@ -6,6 +6,12 @@
 
 namespace mok::gemm::detail {
 
+static_assert(engine::GatherOf<engine::FormWgradGather<engine::Cfg<256>>>::b &&
+                  engine::GatherOf<engine::FormWgradGather<engine::Cfg<256>>>::fence &&
+                  !engine::GatherOf<engine::FormWgradGatherNoFence<engine::Cfg<256>>>::fence &&
+                  !engine::GatherOf<engine::FormWgrad<engine::Cfg<256>>>::b,
+              "the gather forms are recognised as such (and the plain wgrad is not)");
+
 void launch_wgrad_gather(const Plan& plan, cudaStream_t stream) {
   if (plan.grid == 0) return;
   static const bool fence = env_flag("MOK_EXP_GATHER_FENCE", true);  // (experiment)
