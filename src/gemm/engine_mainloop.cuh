@@ -344,15 +344,15 @@ __device__ __forceinline__ bool produce_tile_gather_b(const Smem<C>& sm, PipeSta
   };
   if (t.k_blocks > 0) load_index(t.k_begin);
   for (int kb = 0; kb < t.k_blocks; ++kb) {
+    const int32_t k = t.k_begin + kb * C::kBlockK;
     // Lane j < 16: the token of row warp + 4j (-1: past the expert, -2: a padding row).
-    const int32_t row = t.k_begin + kb * C::kBlockK + int32_t(warp) + 4 * int32_t(lane);
+    const int32_t row = k + int32_t(warp) + 4 * int32_t(lane);
     const int32_t token = lane >= 16u || row >= end ? -1 : rank >= 0 ? slot / g.top_k : -2;
-    if (kb + 1 < t.k_blocks) load_index(t.k_begin + (kb + 1) * C::kBlockK);
+    if (kb + 1 < t.k_blocks) load_index(k + C::kBlockK);
     // (The warp stops together when a lane's wait expired: the shuffles below need every lane.)
     const bool free = mbar_wait(sm.empty(ps.stage), ps.phase ^ 1u, wb, kSiteProducerEmpty);
     if (!__all_sync(0xffffffffu, free)) return false;
     uint64_t* full = sm.full(ps.stage);
-    const int32_t k = t.k_begin + kb * C::kBlockK;
     if (pt == 0) {
       mbar_arrive_expect_tx(full, kATileBytes);
       const bool held = map_a_hold != nullptr && k < 0;

@@ -340,7 +340,7 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
                         hold_b_row <= hold_b_rows && a.hold_a_rows < (int64_t(1) << 31) &&
                         hold_b_rows < (int64_t(1) << 31)),
               "wgrad.hold", "hold_a_row / hold_b_row in [128, the hold buffer's rows] (rows < 2^31), got ",
-              a.hold_a_row, " of ", a.hold_a_rows, " and ", a.hold_b_row, " of ", a.hold_b_rows);
+              a.hold_a_row, " of ", a.hold_a_rows, " and ", hold_b_row, " of ", hold_b_rows);
   MOK_REQUIRE(!hold || a.hold_a_row % kBlockM == 0, "wgrad.hold_a_row", "a multiple of 128, got ", a.hold_a_row);
   MOK_REQUIRE(!hold || hold_b_row % kBlockM == 0, "wgrad.hold_b_row", "a multiple of 128, got ", hold_b_row);
   p.params.hold = hold ? 1 : 0;

@@ -1,6 +1,7 @@
 // mok — grouped GEMM kernel, the weight gradient with gathered B rows (WgradArgs::gather_b): forms
 // FormWgradGather and FormWgradAccumulateGather (256-wide tiles, no clusters; a translation unit of
-// their own, so the other wgrad kernels build as before).
+// their own, so the other wgrad kernels build as before), and FormWgradGatherNoFence for the
+// experiment MOK_EXP_GATHER_FENCE=0 (the consumers' proxy fence off; notes/memory.md).
 #include "common/env_flag.h"
 #include "gemm/launch.cuh"
 
