@@ -62,8 +62,8 @@ bool Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
   // EP 1 (every routed row is this rank's own token): dW_gate/up reads the x rows where they are,
   // in x's window (WgradArgs::gather_b), instead of a copy pulled into the ring, so the windows
   // inside the activation budget pull only their d_out rows (and hold no x rows). Past the budget
-  // FC1 runs again on pulled x rows, and dW_gate/up reads those. The same bits (MOK_BWD_X_GATHER=0:
-  // pulled as before, for A/B runs and the tests' comparison).
+  // FC1 runs again on pulled x rows, and dW_gate/up reads those. The same bits. Off unless
+  // MOK_BWD_X_GATHER=1: measured slower than the pull it saves (notes/memory.md).
   const bool gather_x = x_gather && world == 1 && !fp8 && !program;
   // Held rows instead of carries (bf16, four GEMM kernels, windows inside the activation budget:
   // schedule_math.h's WindowHold): the held-over expert's x, d_y and weighted h rows go to the end
