@@ -4,8 +4,7 @@
 # knob setting in turn, ROUNDS times, then bench/ab_report.py joins the runs by case. The knobs
 # (read when a layer is built; notes/backward.md): MOK_BWD_PULL_AHEAD and MOK_BWD_PUSH_BESIDE (the
 # movement beside the GEMMs, default on at EP > 1), MOK_BWD_STREAMS (the side stream),
-# MOK_BWD_HOLD (held rows), MOK_BWD_X_GATHER (EP 1: dW_gate/up gathers x's rows). The first variant
-# is the reference.
+# MOK_BWD_HOLD (held rows). The first variant is the reference.
 #   VARIANTS="ahead_off:MOK_BWD_PULL_AHEAD=0 ahead_on:MOK_BWD_PULL_AHEAD=1" [ROUNDS=2] \
 #   [MODELS=dsv3,qwen3-235b] [TOKENS=8192] [ROUTINGS=uniform] [MOK_COMMIT=<sha>] \
 #   [OUT_NAME=backward-knobs-ab] bench/backward_knobs_ab.sh

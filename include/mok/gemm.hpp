@@ -181,16 +181,6 @@ struct WgradArgs {
   // rounding. With carry, the call that finishes an expert adds it; an expert without rows is
   // left as it is. dw / dw_up 16-byte aligned.
   bool accumulate = false;
-  // Gathered B rows (the backward over windows where the x rows are this rank's own, EP 1: read
-  // where they are instead of pulled into the ring first): B's row k, for every K row k of the call
-  // (held rows k < 0 too), is row gather_slot[k] / gather_top_k of gather_b ([*, n] bf16, 16-byte
-  // aligned, n a multiple of 8); gather_rank[k] < 0 (a padding row): zeros. `b` and `hold_b` are
-  // then not read (may be null). The same bits as B's rows copied into `b` first (the pull's zeros
-  // for padding rows included). Tiles 256 wide, no clusters.
-  const void* gather_b = nullptr;
-  const int32_t* gather_rank = nullptr;
-  const int32_t* gather_slot = nullptr;
-  int64_t gather_top_k = 0;
 };
 
 // What a Plan holds. Its fields are filled by plan_* and read by run(); they are public because a
@@ -252,12 +242,6 @@ struct KernelParams {
   // Wgrad with WgradArgs::accumulate: map_d0 / map_d1 are fp32 (F32Tile) and the epilogue
   // reduce-adds into them (FormWgradAccumulate).
   int32_t wgrad_accumulate = 0;
-  // Wgrad with gathered B rows (WgradArgs::gather_b): B's K row k is row gather_slot[k] / gather_top_k
-  // of gather_b ([*, n] bf16; gather_rank[k] < 0: zeros), k < 0 (held rows) included.
-  const void* gather_b = nullptr;
-  const int32_t* gather_rank = nullptr;
-  const int32_t* gather_slot = nullptr;
-  int32_t gather_top_k = 0;
   unsigned int* error = nullptr;              // bounded waits: error word (nullptr: unbounded)
   unsigned long long wait_limit_ns = 0;
   // Fp8Plain: fp32 scales of A [rows, k_blocks] and of the weights [experts, n / 128, k_blocks]

@@ -145,12 +145,10 @@ __device__ __forceinline__ Smem<C> smem_view(uint8_t* raw) {
 // One thread initialises the ring's barriers; a CTA-wide barrier must follow.
 // With 2-CTA clusters every stage is released by the consumer warps of both CTAs (16 arrivals):
 // a multicast B load writes into the partner's stage too.
-// full_count: arrivals that complete a stage's full barrier besides its bytes (the producer's
-// expect-tx; with gathered B rows also each producer thread's cp.async arrival).
 template <class C>
-__device__ __forceinline__ void init_barriers(const Smem<C>& sm, uint32_t cluster_size = 1, uint32_t full_count = 1) {
+__device__ __forceinline__ void init_barriers(const Smem<C>& sm, uint32_t cluster_size = 1) {
   for (uint32_t s = 0; s < uint32_t(C::kStages); ++s) {
-    mbar_init(sm.full(s), full_count);
+    mbar_init(sm.full(s), 1);
     mbar_init(sm.empty(s), 8 * cluster_size);  // one arrival per consumer warp of the cluster
   }
   mbar_init(sm.skew(0), 1);
@@ -301,83 +299,6 @@ __device__ __forceinline__ bool produce_tile(const Smem<C>& sm, PipeState<C>& ps
   return true;
 }
 
-// Producer with gathered B rows (the weight gradient's WgradArgs::gather_b; 256-wide tiles, no
-// clusters), run by all 128 producer threads pt: thread 0 loads A as produce_tile does (K rows
-// k < 0 from the hold map); B's K row k of the stage, 512 bytes, is copied by one warp, a 16-byte
-// unit per lane (lane = unit u: chunk u / 8, swizzled position (u % 8) ^ (k % 8), the layout the TMA
-// boxes write), from row gather_slot[k] / gather_top_k of gather_b (zeros where gather_rank[k] < 0:
-// the pull's padding rows; and columns past n, as TMA's bounds give). Warp w copies rows w, w + 4,
-// ...; lane j < 16 looks up row w + 4j's token once per stage and the warp shares it by shuffles
-// (the loop 4-unrolled: fully unrolled it spills at the producer's 40 registers). Rows past the
-// expert's last are not copied (mask_k_rows zeroes them). Each thread's copies arrive on the full
-// barrier (.noinc: it counts 1 + 128 arrivals); the consumers fence before their wgmmas read them
-// (mma_tile's kProxyFence). Returns false when a wait expired, as produce_tile does.
-struct GatherB {
-  const void* rows = nullptr;     // [*, n] bf16
-  const int32_t* rank = nullptr;  // per K row (indexable at k < 0 for held rows); < 0: zeros
-  const int32_t* slot = nullptr;  // per K row: the row is slot / top_k
-  int32_t top_k = 1;
-  int32_t n = 0;
-};
-template <class C>
-__device__ __forceinline__ bool produce_tile_gather_b(const Smem<C>& sm, PipeState<C>& ps, const Tile& t,
-                                                      const CUtensorMap* map_a, const CUtensorMap* map_a_hold,
-                                                      int32_t hold_a_row, const GatherB& g, uint32_t pt,
-                                                      const WaitBound& wb) {
-  static_assert(C::kChunks == 4, "a warp gathers one 512-byte row (256 columns)");
-  const uint32_t lane = pt % 32u, warp = pt / 32u;
-  const int32_t end = t.k_begin + (t.k_blocks - 1) * C::kBlockK + t.k_last_valid;  // past the expert's rows
-  const char* src = static_cast<const char*>(g.rows) + (int64_t(t.b_n) + int64_t(lane) * 8) * 2;
-  const int64_t row_bytes = int64_t(g.n) * 2;
-  const uint32_t unit = lane % 8u, chunk_off = (lane / 8u) * kChunkBytes;
-  const bool in_n = t.b_n + int32_t(lane) * 8 < g.n;  // (a partial last N tile: zeros past n, no read)
-  // Lane j < 16 loads row (warp + 4j)'s rank and slot of K block kb + 1 while block kb is copied (the
-  // loads' latency off the stage's path); rank -1 past the expert's rows.
-  int32_t rank = -1, slot = 0;
-  const auto load_index = [&](int32_t k) {
-    const int32_t row = k + int32_t(warp) + 4 * int32_t(lane);
-    rank = -1;
-    if (lane < 16u && row < end) {
-      rank = __ldg(g.rank + row);
-      slot = __ldg(g.slot + row);
-    }
-  };
-  if (t.k_blocks > 0) load_index(t.k_begin);
-  for (int kb = 0; kb < t.k_blocks; ++kb) {
-    const int32_t k = t.k_begin + kb * C::kBlockK;
-    // Lane j < 16: the token of row warp + 4j (-1: past the expert, -2: a padding row).
-    const int32_t row = k + int32_t(warp) + 4 * int32_t(lane);
-    const int32_t token = lane >= 16u || row >= end ? -1 : rank >= 0 ? slot / g.top_k : -2;
-    if (kb + 1 < t.k_blocks) load_index(k + C::kBlockK);
-    // (The warp stops together when a lane's wait expired: the shuffles below need every lane.)
-    const bool free = mbar_wait(sm.empty(ps.stage), ps.phase ^ 1u, wb, kSiteProducerEmpty);
-    if (!__all_sync(0xffffffffu, free)) return false;
-    uint64_t* full = sm.full(ps.stage);
-    if (pt == 0) {
-      mbar_arrive_expect_tx(full, kATileBytes);
-      const bool held = map_a_hold != nullptr && k < 0;
-      const CUtensorMap* ma = held ? map_a_hold : map_a;
-      const int32_t ka = held ? k + hold_a_row : k;
-      uint8_t* a = sm.a(ps.stage);
-      tma_load_2d(a, ma, full, t.a_m, ka);
-      tma_load_2d(a + kChunkBytes, ma, full, t.a_m + 64, ka);
-    }
-    uint8_t* b = sm.b(ps.stage) + chunk_off;
-#pragma unroll 4
-    for (int j = 0; j < 16; ++j) {
-      const int32_t tok = __shfl_sync(0xffffffffu, token, j);
-      const uint32_t r = warp + 4u * uint32_t(j);
-      const bool read = tok >= 0 && in_n;
-      if (tok != -1)
-        cp_async_16(b + r * 128u + ((unit ^ (r % 8u)) << 4), read ? src + int64_t(tok) * row_bytes : g.rows,
-                    read ? 16u : 0u);
-    }
-    cp_async_arrive_noinc(full);
-    ps.advance();
-  }
-  return true;
-}
-
 // Producer, before the CTA exits: wait until the loads of the last kStages issues (one per stage,
 // never-armed stages pass at once) have landed: in a normal run a few µs for the last loads (the
 // consumers wait for them anyway); after an expired wait the consumers stop early, and without
@@ -458,10 +379,7 @@ struct Skew {
 // critical path. accumulate: the accumulators hold partial sums already (a wgrad carried over
 // from an earlier call) and the MMAs add to them instead of starting from 0.
 
-// kProxyFence: the stages' B rows were written by cp.async (generic proxy: gathered rows), so each
-// consumer thread fences before its wgmma (async proxy) reads them.
-template <class C, bool kAMN, bool kBMN, bool kMaskK, bool kCluster = false, class Hook = NoHook,
-          bool kProxyFence = false>
+template <class C, bool kAMN, bool kBMN, bool kMaskK, bool kCluster = false, class Hook = NoHook>
 __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg,
                                          uint32_t ct, float (&acc)[C::kAccRegs], const WaitBound& wb,
                                          Skew<C>& skew, uint32_t peer = 0, const Hook& on_first_block = Hook{},
@@ -489,7 +407,6 @@ __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, co
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     const uint32_t s = ps.stage;
     mbar_wait(sm.full(s), ps.phase, wb, kSiteConsumerFull);
-    if constexpr (kProxyFence) fence_async_shared();
     if constexpr (kMaskK) {
       if (kb == t.k_blocks - 1 && t.k_last_valid < C::kBlockK) mask_k_rows(sm, s, t.k_last_valid, ct);
     }

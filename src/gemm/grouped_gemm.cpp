@@ -305,25 +305,12 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
   MOK_REQUIRE(a.experts >= 1, "wgrad.experts", ">= 1, got ", a.experts);
   MOK_REQUIRE(a.rows_total >= 1 && a.rows_total < (int64_t(1) << 31), "wgrad.rows_total",
               "1 <= rows_total < 2^31, got ", a.rows_total);
-  const bool gather = a.gather_b != nullptr;
-  MOK_REQUIRE(a.a && (a.b || gather) && a.dw && a.expert_row_begin && a.expert_rows, "wgrad",
-              "a, b (or gather_b), dw, expert_row_begin and expert_rows must be given");
-  if (gather) {
-    MOK_REQUIRE(a.gather_rank && a.gather_slot, "wgrad.gather_b", "gather_rank and gather_slot must be given with it");
-    MOK_REQUIRE(a.gather_top_k >= 1 && a.gather_top_k < (int64_t(1) << 31), "wgrad.gather_top_k", ">= 1, got ",
-                a.gather_top_k);
-    MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.gather_b) % 16 == 0 && a.n % 8 == 0, "wgrad.gather_b",
-                "16-byte aligned rows (gather_b 16-byte aligned, n a multiple of 8), got n = ", a.n);
-    MOK_REQUIRE(!o.cluster, "options.cluster", "not with wgrad.gather_b (its kernel runs without clusters)");
-    MOK_REQUIRE(o.block_n == 0 || o.block_n == 256, "options.block_n",
-                "0 or 256 with wgrad.gather_b (a warp gathers one 512-byte row of the tile), got ", o.block_n);
-  }
-  Options og = o;
-  if (gather) og.block_n = 256;
+  MOK_REQUIRE(a.a && a.b && a.dw && a.expert_row_begin && a.expert_rows, "wgrad",
+              "a, b, dw, expert_row_begin and expert_rows must be given");
   MOK_REQUIRE(a.dw_up == nullptr || a.m % (2 * kGateUpGroup) == 0, "wgrad.m",
               "a multiple of 64 (whole groups of 32 gate and 32 up rows) with dw_up, got ", a.m);
   Plan p = k_grouped_plan(Form::Wgrad, a.m, a.n, a.experts, a.rows_total, a.expert_row_begin, a.expert_rows,
-                          a.expert_range, og);
+                          a.expert_range, o);
   // The bf16 kernel's tile decode divides by float reciprocals, exact below 2^22 (schedule_math.h).
   const int64_t tiles = a.experts * p.params.num_m_tiles * p.params.n_tiles;
   MOK_REQUIRE(tiles < (int64_t(1) << 22), "wgrad",
@@ -331,27 +318,18 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
               p.block_n, " = ", tiles);
   set_wgrad_carry(p, a.carry_in, a.carry_out, a.carry_experts, a.expert_rows_total, a.m, a.n, "wgrad");
   const bool hold = a.hold_a != nullptr;
-  MOK_REQUIRE(gather || hold == (a.hold_b != nullptr), "wgrad.hold",
-              "hold_a and hold_b must be given together (or none)");
+  MOK_REQUIRE(hold == (a.hold_b != nullptr), "wgrad.hold", "hold_a and hold_b must be given together (or none)");
   MOK_REQUIRE(!hold || !o.cluster, "options.cluster", "not with wgrad.hold_* (its kernel runs without clusters)");
-  // (Gathered B rows: k < 0 are rows of the gather's indices too; hold_b is not read.)
-  const int64_t hold_b_row = gather ? a.hold_a_row : a.hold_b_row, hold_b_rows = gather ? a.hold_a_rows : a.hold_b_rows;
-  MOK_REQUIRE(!hold || (a.hold_a_row >= kBlockM && a.hold_a_row <= a.hold_a_rows && hold_b_row >= kBlockM &&
-                        hold_b_row <= hold_b_rows && a.hold_a_rows < (int64_t(1) << 31) &&
-                        hold_b_rows < (int64_t(1) << 31)),
+  MOK_REQUIRE(!hold || (a.hold_a_row >= kBlockM && a.hold_a_row <= a.hold_a_rows && a.hold_b_row >= kBlockM &&
+                        a.hold_b_row <= a.hold_b_rows && a.hold_a_rows < (int64_t(1) << 31) &&
+                        a.hold_b_rows < (int64_t(1) << 31)),
               "wgrad.hold", "hold_a_row / hold_b_row in [128, the hold buffer's rows] (rows < 2^31), got ",
-              a.hold_a_row, " of ", a.hold_a_rows, " and ", hold_b_row, " of ", hold_b_rows);
+              a.hold_a_row, " of ", a.hold_a_rows, " and ", a.hold_b_row, " of ", a.hold_b_rows);
   MOK_REQUIRE(!hold || a.hold_a_row % kBlockM == 0, "wgrad.hold_a_row", "a multiple of 128, got ", a.hold_a_row);
-  MOK_REQUIRE(!hold || hold_b_row % kBlockM == 0, "wgrad.hold_b_row", "a multiple of 128, got ", hold_b_row);
+  MOK_REQUIRE(!hold || a.hold_b_row % kBlockM == 0, "wgrad.hold_b_row", "a multiple of 128, got ", a.hold_b_row);
   p.params.hold = hold ? 1 : 0;
   p.params.hold_a_row = static_cast<int32_t>(a.hold_a_row);
-  p.params.hold_b_row = static_cast<int32_t>(hold_b_row);
-  if (gather) {
-    p.params.gather_b = a.gather_b;
-    p.params.gather_rank = a.gather_rank;
-    p.params.gather_slot = a.gather_slot;
-    p.params.gather_top_k = static_cast<int32_t>(a.gather_top_k);
-  }
+  p.params.hold_b_row = static_cast<int32_t>(a.hold_b_row);
   if (a.accumulate) {  // (refused alike whether or not this call has tiles)
     MOK_REQUIRE(!o.cluster, "options.cluster", "not with wgrad.accumulate (its kernel runs without clusters)");
     MOK_REQUIRE(reinterpret_cast<uintptr_t>(a.dw) % 16 == 0 && reinterpret_cast<uintptr_t>(a.dw_up) % 16 == 0,
@@ -361,13 +339,11 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(a.rows_total);
   p.map_a = make_map_2d(a.a, u, uint64_t(a.m), 64);                 // {m, rows}: MN-major A
-  if (!gather) {
-    p.map_b = make_map_3d(a.b, 1, u, uint64_t(a.n), 64);  // {n, rows, 1}: MN-major B
-    p.map_b_half = p.map_b;
-  }
+  p.map_b = make_map_3d(a.b, 1, u, uint64_t(a.n), 64);              // {n, rows, 1}: MN-major B
+  p.map_b_half = p.map_b;
   if (a.hold_a != nullptr) {  // (the same boxes over the hold buffers)
     p.map_a_hold = make_map_2d(a.hold_a, uint64_t(a.hold_a_rows), uint64_t(a.m), 64);
-    if (!gather) p.map_b_hold = make_map_3d(a.hold_b, 1, uint64_t(a.hold_b_rows), uint64_t(a.n), 64);
+    p.map_b_hold = make_map_3d(a.hold_b, 1, uint64_t(a.hold_b_rows), uint64_t(a.n), 64);
   }
   // With accumulate the maps are fp32 (the epilogue reduce-adds into them).
   set_wgrad_outputs(p, a.dw, a.dw_up, a.experts, a.m, a.n, a.accumulate ? MapType::F32Tile : MapType::BF16);

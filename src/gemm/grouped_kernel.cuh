@@ -285,13 +285,10 @@ using FormDgradSwiGLU2 = FormDgradSwiGLU<C, 2>;
 // kAccumulate (FormWgradAccumulate, bf16, WgradArgs::accumulate): the tile's fp32 sums are added to
 // the fp32 gradients behind map_d0 / map_d1 (F32Tile maps) by TMA reduce-adds instead (a kernel of
 // its own, so the plain form's code stays as it was).
-// kGatherB (WgradArgs::gather_b, kernels of their own too): B's rows gathered by index by the whole
-// producer warpgroup (produce_tile_gather_b) instead of one TMA box per chunk.
-template <class C, bool kAccumulate = false, bool kGather = false, bool kFence = true>
+template <class C, bool kAccumulate = false>
 struct FormWgradT {
   static constexpr bool kAMN = true, kBMN = true, kMaskK = true, kSplitN = false, kGateUpB = false;
   static constexpr bool kCarry = true;
-  // (kFence false: the experiment MOK_EXP_GATHER_FENCE=0; GatherOf below reads both.)
   using Schedule = KGroupedSchedule<C>;
   using PairSchedule = KPairSchedule<C>;
   // Carry (WgradArgs::carry_in / carry_out): thread ct's accumulators of output tile (m, n) at
@@ -352,23 +349,6 @@ template <class C>
 using FormWgrad = FormWgradT<C, false>;
 template <class C>
 using FormWgradAccumulate = FormWgradT<C, true>;
-template <class C>
-using FormWgradGather = FormWgradT<C, false, true>;
-template <class C>
-using FormWgradAccumulateGather = FormWgradT<C, true, true>;
-template <class C>
-using FormWgradGatherNoFence = FormWgradT<C, false, true, false>;
-
-// Whether a form's producer gathers B's rows (only the weight gradient's can), and whether its
-// consumers then fence before the wgmmas read them.
-template <class Form>
-struct GatherOf {
-  static constexpr bool b = false, fence = false;
-};
-template <class C, bool kAccumulate, bool kGather, bool kFence>
-struct GatherOf<FormWgradT<C, kAccumulate, kGather, kFence>> {
-  static constexpr bool b = kGather, fence = kGather && kFence;
-};
 
 // A weight-gradient tile whose expert starts before the call's rows (held rows, k_begin < 0) that
 // the hold does not cover (WgradArgs::hold_*: at most hold_a_row / hold_b_row rows, or no hold):
@@ -396,10 +376,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using Schedule = std::conditional_t<kCluster, typename Form::PairSchedule, typename Form::Schedule>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const Smem<C> sm = smem_view<C>(smem_raw);
-  constexpr bool kGatherB = GatherOf<Form>::b;
-  static_assert(!kGatherB || (!kCluster && C::kBlockN == 256), "gathered B rows: 256-wide tiles, no clusters");
-  // Gathered B: every producer thread's cp.async copies arrive on the full barrier too.
-  if (threadIdx.x == 0) init_barriers(sm, kCluster ? 2u : 1u, kGatherB ? 1u + 128u : 1u);
+  if (threadIdx.x == 0) init_barriers(sm, kCluster ? 2u : 1u);
   if constexpr (kCluster)
     cluster_sync();  // the partner's barriers are initialised before any remote arrival
   else
@@ -415,27 +392,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   bool shared = false, dummy = false;
 
   if (threadIdx.x < 128) {
-    // Producer warpgroup: one thread issues every load (gathered B: all 128, produce_tile_gather_b).
+    // Producer warpgroup: one thread issues every load.
     setmaxnreg_dec<kProducerRegs>();
-    if constexpr (kGatherB) {
-      // Thread 0 loads A (TMA) and every thread copies its units of B's rows.
-      const uint32_t pt = threadIdx.x;
-      if (pt == 0) {
-        prefetch_tensor_map(&map_a);
-        if (p.hold != 0) prefetch_tensor_map(&map_a_hold);
-      }
-      PipeState<C> ps;
-      Tile t;
-      Schedule sched(p);
-      const CUtensorMap* a_hold = p.hold != 0 ? &map_a_hold : nullptr;
-      const GatherB g{p.gather_b, p.gather_rank, p.gather_slot, p.gather_top_k, p.n};
-      while (sched.next(t, shared, dummy)) {
-        held_rows_misfit(t, p);
-        if (!produce_tile_gather_b<C>(sm, ps, t, &map_a, a_hold, p.hold_a_row, g, pt, wb)) break;
-      }
-      cp_async_wait_all();  // (no copy left in flight by a thread that is done)
-      if (pt == 0) drain_stages(sm, ps, wb);
-    } else if (warp == 0 && elect_one()) {
+    if (warp == 0 && elect_one()) {
       prefetch_tensor_map(&map_a);
       prefetch_tensor_map(&map_b);
       if (Form::kGateUpB && p.b_gate_up != 0) prefetch_tensor_map(&map_b_half);  // the up weights
@@ -492,8 +451,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (held_rows_misfit(t, p) && ct == 0 && p.error != nullptr) atomicCAS(p.error, 0u, kSiteHeldRows);
         accumulate = Form::load_carry(t, ct, acc, p);
       }
-      mma_tile<C, Form::kAMN, Form::kBMN, Form::kMaskK, kCluster, NoHook, GatherOf<Form>::fence>(
-          sm, ps, t, cwg, ct, acc, wb, skew, rank ^ 1u, NoHook{}, accumulate);
+      mma_tile<C, Form::kAMN, Form::kBMN, Form::kMaskK, kCluster>(sm, ps, t, cwg, ct, acc, wb, skew, rank ^ 1u,
+                                                                  NoHook{}, accumulate);
       if (!dummy) Form::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
     }
     epi_finish(wt == 0);

@@ -4,9 +4,7 @@
 namespace mok::gemm::detail {
 
 void launch_wgrad(const Plan& plan, cudaStream_t stream) {
-  if (plan.params.gather_b != nullptr) {
-    launch_wgrad_gather(plan, stream);
-  } else if (plan.params.wgrad_accumulate == 0) {
+  if (plan.params.wgrad_accumulate == 0) {
     launch_form<engine::FormWgrad>(plan, stream);
   } else if (plan.grid > 0) {  // WgradArgs::accumulate (no clusters: plan_wgrad refuses them)
     if (plan.block_n == 128)

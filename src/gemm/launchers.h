@@ -12,6 +12,5 @@ void launch_plain(const Plan& plan, cudaStream_t stream);
 void launch_dgrad(const Plan& plan, cudaStream_t stream);
 void launch_dgrad_swiglu(const Plan& plan, cudaStream_t stream);
 void launch_wgrad(const Plan& plan, cudaStream_t stream);
-void launch_wgrad_gather(const Plan& plan, cudaStream_t stream);  // (from launch_wgrad)
 void launch_fp8_grouped(const Plan& plan, cudaStream_t stream);
 }  // namespace mok::gemm::detail

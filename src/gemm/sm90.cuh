@@ -351,22 +351,6 @@ __device__ __forceinline__ void bulk_load(void* smem_dst, const void* gmem_src, 
 __device__ __forceinline__ void bulk_store(void* gmem_dst, const void* smem_src, uint32_t bytes) {
   cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, gmem_dst, smem_src, bytes);
 }
-// Per-thread 16-byte global -> shared copy (cp.async, L2 only): `src_bytes` of them read, the rest
-// of the 16 zero-filled (0: no read, 16 zeros). Used where rows are gathered by index, which one
-// TMA box cannot do on sm_90 (the weight gradient's x rows: gemm::WgradArgs::gather_b). Generic
-// proxy writes: a reader through the async proxy (wgmma) fences first (fence_async_shared).
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, uint32_t src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem_dst)), "l"(gmem_src),
-               "r"(src_bytes)
-               : "memory");
-}
-// An arrival on `bar` once this thread's earlier cp.async copies have landed (.noinc: the barrier's
-// expected count includes it).
-__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-// Waits until this thread's cp.async copies have landed.
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 // Multicast load: the box lands at the same shared-memory offset in every CTA of `cta_mask`, and
 // completes bytes on the mbarrier at the same offset in each of them.
 __device__ __forceinline__ void tma_load_3d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar,

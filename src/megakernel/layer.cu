@@ -69,7 +69,6 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   // The windows' held rows (layer_backward_windows.cu; an experiment knob, the same bits either
   // way): MOK_BWD_HOLD=0 carries every cut expert's sums instead.
   bwd_hold = env_flag("MOK_BWD_HOLD", true);
-  x_gather = env_flag("MOK_BWD_X_GATHER", false);  // (off: slower than the pull, notes/memory.md)
   rank = comm.rank();
   world = comm.world_size();
   // This rank's own checks first. Their verdict is one field of the cross-rank agreement below:

@@ -17,8 +17,7 @@ namespace mok {
 // Window by window (R = the ring's rows, a fixed count of windows covering the worst case: those
 // past the routed rows move and compute nothing, their tiles being -1 and their parts empty, so
 // the host never waits for the row count; the activation budget's end, when inside a window, cuts
-// it in two): the x rows pulled again into the ring with the d_out rows (one kernel; at EP 1 only
-// past the budget, dW_gate/up gathering them from x's window otherwise: gather_x below); for a
+// it in two): the x rows pulled again into the ring with the d_out rows (one kernel); for a
 // window inside the budget the saved gate/up rows, past it FC1 run again (gu; without split-N,
 // whose row test is not window-relative: the same sums); FC2's dgrad + SwiGLU' (h from the gate/up
 // rows with FC1's bits, the router-weight gradient), then FC1's dgrad and beside it (the side
@@ -59,12 +58,6 @@ bool Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
   const int32_t* owned = parts + 2 * e_loc + 2;  // {first, owned}: the window's experts, their tiles only
   windows_marked = 0;
   const bool program = config.backward_path == BackwardPath::Fused;
-  // EP 1 (every routed row is this rank's own token): dW_gate/up reads the x rows where they are,
-  // in x's window (WgradArgs::gather_b), instead of a copy pulled into the ring, so the windows
-  // inside the activation budget pull only their d_out rows (and hold no x rows). Past the budget
-  // FC1 runs again on pulled x rows, and dW_gate/up reads those. The same bits. Off unless
-  // MOK_BWD_X_GATHER=1: measured slower than the pull it saves (notes/memory.md).
-  const bool gather_x = x_gather && world == 1 && !fp8 && !program;
   // Held rows instead of carries (bf16, four GEMM kernels, windows inside the activation budget:
   // schedule_math.h's WindowHold): the held-over expert's x, d_y and weighted h rows go to the end
   // of hold buffers in the gu scratch, which those windows leave unused (they read the saved rows;
@@ -131,7 +124,7 @@ bool Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
       dy_pulled.wait(stream);
       if (!from_saved) x_pulled.wait(stream);
     } else {
-      pull_dy_rows(move, stream, gather_x && from_saved ? nullptr : x_rows);
+      pull_dy_rows(move, stream, x_rows);
     }
     win_mark(w, 1, stream);
     // The window's gate/up rows: the forward's (d_gu is written over them: one backward per
@@ -185,13 +178,6 @@ bool Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
       w1.hold_b = x_hold;
       w1.hold_b_rows = w1.hold_b_row = hold_cap;
     }
-    if (gather_x && from_saved) {  // (held rows, k < 0, are the rows before lo there too)
-      w1.gather_b = win_x->ptr;
-      w1.gather_rank = v.src_rank + lo;
-      w1.gather_slot = v.src_slot + lo;
-      w1.gather_top_k = k;
-      w1.hold_b = nullptr;
-    }
     if (program) {  // the weight gradients in the dgrads' kernel (the window's parts first)
       gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, stream);
       routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false, &wd, &w1, true);
@@ -229,20 +215,16 @@ bool Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
           hold_copy(h.p, h_hold, 2 * I);
         }
         if (ahead) {
-          if (holds && c.count > 0) gpu::hold_rows(parts, e_loc, c, sms, ws);
+          if (holds) gpu::hold_rows(parts, e_loc, c, sms, ws);
           c.count = 0;
           dy_read.record(ws);  // the next window's d_out rows over this one's d_y
           dy_read.wait(lane.target(stream));
           if (next) pull_ahead_rows(hi, next_hi, false);
           x_pulled.wait(ws);
         }
-        // (Gathering, every window's dW_gate/up tiles 256 wide, as the gather's are: a carried
-        // expert's fp32 sums are laid out per tile width.)
-        gemm::Options w1o = wo;
-        if (gather_x) w1o.block_n = 256;
-        gemm::run(gemm::plan_wgrad(w1, w1o), ws);
-        if (holds && !gather_x) hold_copy(x_rows, x_hold, 2 * H);  // (the next window gathers them)
-        if (holds && c.count > 0) gpu::hold_rows(parts, e_loc, c, sms, ws);
+        gemm::run(gemm::plan_wgrad(w1, wo), ws);
+        if (holds) hold_copy(x_rows, x_hold, 2 * H);
+        if (holds) gpu::hold_rows(parts, e_loc, c, sms, ws);
         if (ahead) {
           x_read.record(ws);  // and its x rows over this one's
           x_read.wait(lane.target(stream));

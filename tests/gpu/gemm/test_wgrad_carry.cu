@@ -37,29 +37,10 @@ struct Variant {
   bool accumulate = false;  // WgradArgs::accumulate: fp32 dw from zeros (returned as its raw halves)
 };
 
-// B's rows gathered by index (WgradArgs::gather_b) instead of read from b: routed row r is row
-// slot[r] / top_k of x, zeros where rank[r] < 0.
-struct Gather {
-  const DevBuf* x = nullptr;
-  const DevBuf* rank = nullptr;
-  const DevBuf* slot = nullptr;
-  int64_t top_k = 1;
-};
-void set_gather(gemm::WgradArgs& w, const Gather* g, int64_t lo) {
-  if (g == nullptr) return;
-  w.gather_b = g->x->p;
-  w.gather_rank = g->rank->as<int32_t>() + lo;
-  w.gather_slot = g->slot->as<int32_t>() + lo;
-  w.gather_top_k = g->top_k;
-  w.b = nullptr;
-  w.hold_b = nullptr;
-}
-
 // One wgrad over rows [0, rows) of the routed layout, or over the windows `cuts` (row offsets,
 // multiples of 128, ascending, ending at rows) with the carry. Returns dw (and dw_up).
 std::vector<uint16_t> wgrad_in_windows(const Routed& rt, const DevBuf& a, const DevBuf& b, int64_t m, int64_t n,
-                                       const Variant& v, const std::vector<int64_t>& cuts,
-                                       const Gather* gather = nullptr) {
+                                       const Variant& v, const std::vector<int64_t>& cuts) {
   const int64_t E = int64_t(rt.counts.size());
   const size_t out = size_t(E * m * n);
   const size_t carry_floats = size_t(gemm::wgrad_carry_floats(m, n));
@@ -108,7 +89,6 @@ std::vector<uint16_t> wgrad_in_windows(const Routed& rt, const DevBuf& a, const 
       w.carry_experts = ce.as<int32_t>();
       w.expert_rows_total = total.as<int32_t>();
     }
-    set_gather(w, gather, 0);  // (this form's rows are of the whole layout)
     gemm::run(gemm::plan_wgrad(w, o), nullptr);
     EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());  // the per-call arrays are refilled next
     carried = out_e;
@@ -159,7 +139,7 @@ void carry_case(const std::vector<int32_t>& counts, int64_t m, int64_t n, const 
 // held.
 std::vector<uint16_t> wgrad_held(const Routed& rt, const DevBuf& a, const DevBuf& b, int64_t m, int64_t n,
                                  const Variant& v, const std::vector<int64_t>& cuts, int64_t hold_rows, bool copy_a,
-                                 int* held, const Gather* gather = nullptr) {
+                                 int* held) {
   const int32_t E = int32_t(rt.counts.size());
   const size_t out = size_t(E * m * n), carry_floats = size_t(gemm::wgrad_carry_floats(m, n));
   const size_t elem = v.accumulate ? 4 : 2;
@@ -212,14 +192,12 @@ std::vector<uint16_t> wgrad_held(const Routed& rt, const DevBuf& a, const DevBuf
       g.hold_b = hb.p;
       g.hold_b_rows = g.hold_b_row = hold_rows;
     }
-    set_gather(g, gather, lo);  // (held rows: the gather's rows before lo; nothing copied for B)
     gemm::run(gemm::plan_wgrad(g, o), nullptr);
     if (w.held_out >= 0) {  // (after the call, as the layer's copy: rows [at, at + held) of the window)
       ++*held;
-      if (gather == nullptr)
-        EXPECT_EQ(cudaSuccess, cudaMemcpy(static_cast<char*>(hb.p) + (hold_rows - w.held_out_rows) * n * 2,
-                                          static_cast<const char*>(b.p) + (lo + w.held_out_at) * n * 2,
-                                          size_t(w.held_out_rows * n * 2), cudaMemcpyDeviceToDevice));
+      EXPECT_EQ(cudaSuccess, cudaMemcpy(static_cast<char*>(hb.p) + (hold_rows - w.held_out_rows) * n * 2,
+                                        static_cast<const char*>(b.p) + (lo + w.held_out_at) * n * 2,
+                                        size_t(w.held_out_rows * n * 2), cudaMemcpyDeviceToDevice));
       if (copy_a)
         EXPECT_EQ(cudaSuccess, cudaMemcpy(static_cast<char*>(ha.p) + (hold_rows - w.held_out_rows) * m * 2,
                                           static_cast<const char*>(a.p) + (lo + w.held_out_at) * m * 2,
@@ -232,18 +210,6 @@ std::vector<uint16_t> wgrad_held(const Routed& rt, const DevBuf& a, const DevBuf
   }
   EXPECT_EQ(download<unsigned>(err, 1)[0], 0u) << "a bounded wait expired";
   return download<uint16_t>(dw, out * elem / 2);
-}
-
-// A one-expert 256 x 64 x 64 weight gradient over `x` (a and b) for the plan's refusals.
-gemm::WgradArgs small_wgrad(const DevBuf& x, const DevBuf& rows, const DevBuf& dw) {
-  gemm::WgradArgs g;
-  g.a = g.b = x.p;
-  g.dw = dw.p;
-  g.m = g.n = 64;
-  g.experts = 1;
-  g.rows_total = 256;
-  g.expert_row_begin = g.expert_rows = rows.as<int32_t>();
-  return g;
 }
 
 TEST(WgradCarry, HeldRowsGiveTheOneCallBits) {
@@ -280,8 +246,14 @@ TEST(WgradCarry, HeldRowsGiveTheOneCallBits) {
                   v.block_n, v.gate_up, v.accumulate, (long long)hold_rows, held, (long long)differ, one.size());
     }
   // Refused: held rows with clusters, a hold row that is not a whole tile.
+  gemm::WgradArgs g;
   DevBuf x(size_t(256 * 64) * 2), rows(8), dw(size_t(64 * 64) * 2);
-  gemm::WgradArgs g = small_wgrad(x, rows, dw);
+  g.a = g.b = x.p;
+  g.dw = dw.p;
+  g.m = g.n = 64;
+  g.experts = 1;
+  g.rows_total = 256;
+  g.expert_row_begin = g.expert_rows = rows.as<int32_t>();
   g.hold_a = g.hold_b = x.p;
   g.hold_a_rows = g.hold_b_rows = 256;
   g.hold_a_row = g.hold_b_row = 128;
@@ -314,85 +286,6 @@ TEST(WgradCarry, CallsOverWindowsGiveTheOneCallBits) {
                            Variant{128, false, true, true}})
     carry_case(counts, 192, 328, cuts, v, 1201);
   carry_case({1000}, 256, 512, {1, 3, 5, 6}, Variant{256, true, true}, 1202);  // one expert, five calls
-}
-
-// Gathered B rows (WgradArgs::gather_b, the layer's backward over windows at EP 1: x's rows read
-// where they are) give the bits of B's rows copied into the routed layout first, as the pull
-// copies them (padding rows zero): one call, calls over windows with the carry, and with held
-// rows (whose B rows are then gathered too, from before the window); gate/up split, fp32
-// accumulate; a partial last N tile (n = 328: columns past n are not read). The routed rows take
-// tokens of x in random order, some tokens twice (top-k slots), some not at all.
-TEST(WgradCarry, GatheredRowsGiveThePulledBits) {
-  MOK_REQUIRE_GPUS(1);
-  const std::vector<int32_t> counts = {300, 0, 700, 129, 64, 1000};
-  const Routed rt(counts);
-  const int64_t top_k = 3, T = 1100;
-  std::vector<int32_t> rank(size_t(rt.rows)), slot(size_t(rt.rows));
-  uint64_t state = 88172645463325252ull;
-  for (int64_t r = 0; r < rt.rows; ++r) {
-    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
-    const bool real = rt.expert_of(r) >= 0;
-    rank[size_t(r)] = real ? 0 : -1;
-    slot[size_t(r)] = real ? int32_t(state % uint64_t(T * top_k)) : int32_t(state % 977);  // (padding: ignored)
-  }
-  std::vector<int64_t> cuts;
-  for (const int64_t t : {2, 4, 7, 10, 15}) cuts.push_back(t * 128);
-  cuts.push_back(rt.rows);
-  DevBuf drank(rank.size() * 4), dslot(slot.size() * 4);
-  upload(drank, rank);
-  upload(dslot, slot);
-  for (const int64_t n : {int64_t(328), int64_t(512)}) {
-    const int64_t m = 192;
-    auto a = routed_input(rt, m, 1401);
-    for (int64_t r = 0; r < rt.rows; ++r)  // (padding rows of A zero: the products stay finite)
-      if (rank[size_t(r)] < 0) std::fill(a.begin() + r * m, a.begin() + (r + 1) * m, uint16_t(0));
-    const auto x = random_bf16(size_t(T * n), 1402);
-    std::vector<uint16_t> b(size_t(rt.rows * n), 0);  // the pull's copy
-    for (int64_t r = 0; r < rt.rows; ++r)
-      if (rank[size_t(r)] >= 0)
-        std::copy_n(x.begin() + int64_t(slot[size_t(r)] / top_k) * n, n, b.begin() + r * n);
-    DevBuf da(a.size() * 2), db(b.size() * 2), dx(x.size() * 2);
-    upload(da, a);
-    upload(db, b);
-    upload(dx, x);
-    const Gather g{&dx, &drank, &dslot, top_k};
-    for (const Variant& v : {Variant{256, false, false}, Variant{256, false, true}, Variant{256, false, true, true}}) {
-      SCOPED_TRACE(testing::Message() << "gather n=" << n << " gate_up=" << v.gate_up << " accumulate=" << v.accumulate);
-      const auto pulled = wgrad_in_windows(rt, da, db, m, n, v, {rt.rows});
-      const auto one = wgrad_in_windows(rt, da, db, m, n, v, {rt.rows}, &g);
-      int held = 0;
-      const auto windows = wgrad_held(rt, da, db, m, n, v, cuts, 256, false, &held, &g);
-      int64_t differ_one = 0, differ_windows = 0, nonfinite = 0;
-      for (size_t i = 0; i < pulled.size(); ++i) {
-        differ_one += pulled[i] != one[i];
-        differ_windows += pulled[i] != windows[i];
-      }
-      if (!v.accumulate)
-        for (const uint16_t e : pulled) nonfinite += !std::isfinite(float_of(e));
-      EXPECT_EQ(nonfinite, 0);
-      EXPECT_EQ(held, 3) << "cuts held";
-      EXPECT_EQ(differ_one, 0) << "one call, of " << pulled.size();
-      EXPECT_EQ(differ_windows, 0) << "windows with held rows, of " << pulled.size();
-      std::printf("[wgrad gather] n=%lld gate_up=%d accumulate=%d: one call %lld, windows (%d held) %lld of %zu differ\n",
-                  (long long)n, v.gate_up, v.accumulate, (long long)differ_one, held, (long long)differ_windows,
-                  pulled.size());
-    }
-  }
-  // Refused by name: no indices, clusters, 128-wide tiles.
-  DevBuf xx(size_t(256 * 64) * 2), rows(8), dw(size_t(64 * 64) * 2);
-  gemm::WgradArgs w = small_wgrad(xx, rows, dw);
-  w.b = nullptr;
-  w.gather_b = xx.p;
-  w.gather_top_k = 1;
-  EXPECT_THROW(gemm::plan_wgrad(w, gemm::Options{}), mok::Error);
-  w.gather_rank = w.gather_slot = rows.as<int32_t>();
-  gemm::Options c;
-  c.cluster = true;
-  EXPECT_THROW(gemm::plan_wgrad(w, c), mok::Error);
-  gemm::Options b128;
-  b128.block_n = 128;
-  EXPECT_THROW(gemm::plan_wgrad(w, b128), mok::Error);
-  EXPECT_NO_THROW(gemm::plan_wgrad(w, gemm::Options{}));
 }
 
 }  // namespace
