@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# A/B of mok_bench settings in one device call (METHOD.md: same binary, the variants alternated):
+# mok_bench on every visible GPU (EP = the GPU count, one rank per GPU) with each variant in turn,
+# ROUNDS times, then bench/ab_report.py joins the runs by case on FIELD. A variant is
+# NAME:ITEM[,ITEM...], each ITEM either VAR=VALUE, an environment knob (read when a layer is
+# built; notes/backward.md: MOK_BWD_PULL_AHEAD and MOK_BWD_PUSH_BESIDE, the movement beside the
+# GEMMs, default on at EP > 1; MOK_BWD_STREAMS, the side stream; MOK_BWD_HOLD, held rows), or
+# --option=VALUE, a mok_bench option (e.g. --comm-sms=16, --bwd-path=fused). The first variant is
+# the reference.
+#   VARIANTS="ahead_off:MOK_BWD_PULL_AHEAD=0 ahead_on:MOK_BWD_PULL_AHEAD=1" [ROUNDS=2] \
+#   [MODELS=dsv3,qwen3-235b] [TOKENS=8192] [ROUTINGS=uniform] [FIELD=mok_bwd_ms] \
+#   [EXTRA="--no-backward"] [BENCH=<a built mok_bench>] [MOK_COMMIT=<sha>] [OUT_NAME=knobs-ab] \
+#   bench/knobs_ab.sh
+# e.g. the forward's comm SMs at EP 1, alternated:
+#   VARIANTS="c24:--comm-sms=24 c16:--comm-sms=16" FIELD=mok_ms EXTRA=--no-backward \
+#   MODELS=qwen3-30b-a3b,qwen3-235b TOKENS=2048,8192 ROUNDS=3 bench/knobs_ab.sh
+# Writes $OUT/<name>_r<round>.json per run, $OUT/$OUT_NAME.json (the joined report) and prints
+# its table.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-/tmp/knobs-ab-out}"
+mkdir -p "$OUT"
+: "${VARIANTS:?VARIANTS=\"name:ITEM[,ITEM] ...\" with ITEM VAR=VALUE or --option=VALUE (the first is the reference)}"
+ROUNDS="${ROUNDS:-2}"
+if [[ -n "${BENCH:-}" ]]; then
+  bench="$BENCH"
+else
+  source scripts/common.sh
+  mok_ensure_deps
+  mok_build --target mok_bench >"$OUT/build.log" 2>&1 || { echo "knobs_ab: build failed (see $OUT/build.log)" >&2; exit 1; }
+  bench="$MOK_BUILD/bench/mok_bench"
+fi
+read -r -a extra <<<"${EXTRA:-}"
+args=(--models "${MODELS:-dsv3,qwen3-235b}" --tokens "${TOKENS:-8192}" --routings "${ROUTINGS:-uniform}"
+      --no-ablation --sustain 0 "${extra[@]}")
+report=()
+for v in $VARIANTS; do
+  [[ "$v" == *:* && -n "${v%%:*}" ]] || { echo "knobs_ab: variant '$v' is not NAME:ITEM[,ITEM...]" >&2; exit 2; }
+  report+=(--variant "${v%%:*}=$OUT/${v%%:*}_r*.json")
+done
+for r in $(seq 1 "$ROUNDS"); do
+  for v in $VARIANTS; do
+    name="${v%%:*}"
+    IFS=',' read -r -a items <<<"${v#*:}"
+    sets=() opts=()
+    for it in "${items[@]}"; do
+      if [[ "$it" == --* ]]; then
+        opts+=("${it%%=*}")
+        [[ "$it" == *=* ]] && opts+=("${it#*=}")
+      else
+        sets+=("$it")
+      fi
+    done
+    echo "[knobs_ab] round $r: $name (${items[*]})"
+    env "${sets[@]}" "$bench" "${args[@]}" "${opts[@]}" --json "$OUT/${name}_r$r.json" >"$OUT/${name}_r$r.log" 2>&1 ||
+      { echo "knobs_ab: $name round $r failed (see $OUT/${name}_r$r.log)" >&2; exit 1; }
+  done
+done
+python3 bench/ab_report.py --out "$OUT/${OUT_NAME:-knobs-ab}.json" --commit "${MOK_COMMIT:-unknown}" \
+  --field "${FIELD:-mok_bwd_ms}" "${report[@]}" --what "knobs_ab.sh: VARIANTS='$VARIANTS', ROUNDS=$ROUNDS, mok_bench ${args[*]}"
