@@ -98,6 +98,13 @@ const Option kOptions[] = {
      [](BenchArgs& a, const std::string& o, const std::string& v) {
        a.gpu.comm_sms = parse_number(o, v, 0, kMaxCommSms, " (0 = chosen from the shape)");
      }},
+    {"--minibatch", true, Mode::Gpu,
+     [](BenchArgs& a, const std::string& o, const std::string& v) {
+       a.gpu.minibatch = parse_number<int64_t>(o, v, 0, kMaxTokens * 32, " routed rows (0 = chosen from the shape)");
+       if (a.gpu.minibatch % 128 != 0)
+         throw Error(ErrorKind::InvalidArgument, o, "must be a multiple of 128 (one M tile of routed rows)",
+                     "got '" + v + "'");
+     }},
     {"--macrobatch", true, Mode::Gpu,
      [](BenchArgs& a, const std::string& o, const std::string& v) {
        a.gpu.macrobatch = parse_number<int64_t>(o, v, 0, kMaxTokens * 32, " routed rows (0 = the default ring)");

@@ -20,6 +20,7 @@ struct GpuBenchOptions {
   int warmup = 5;
   int iters = 20;
   int comm_sms = 0;  // 0 = chosen from the shape (Config::resolved_fwd_comm_sms)
+  int64_t minibatch = 0;  // the main variant's Config::minibatch_tokens (0 = chosen from the shape)
   // The main variant's ring (Config::macrobatch_tokens, routed rows; 0 = the default; rounded up
   // to a multiple of each case's minibatch). Below the worst case its backward runs over windows.
   int64_t macrobatch = 0;

@@ -31,6 +31,7 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   Config main;
   main.forward_path = o.path;
   main.fwd_comm_sms = o.comm_sms;
+  main.minibatch_tokens = o.minibatch;
   if (o.clusters >= 0) main.fwd_clusters = o.clusters != 0;
   main.dispatch = o.dispatch;
   main.backward_path = o.backward_path;

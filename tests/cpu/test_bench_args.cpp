@@ -81,7 +81,7 @@ TEST(BenchArgs, Defaults) {
 TEST(BenchArgs, ParsesEveryOption) {
   const BenchArgs a = parse_bench_args(
       {"--models", "qwen3-235b,dsv3", "--tokens", "64,4096", "--routings", "zipf,one-rank", "--iters", "25",
-       "--warmup", "0", "--comm-sms", "12", "--macrobatch", "32768", "--budget", "0", "--path", "unfused", "--clusters", "1", "--dispatch", "push", "--bwd-path", "fused",
+       "--warmup", "0", "--comm-sms", "12", "--minibatch", "2048", "--macrobatch", "32768", "--budget", "0", "--path", "unfused", "--clusters", "1", "--dispatch", "push", "--bwd-path", "fused",
        "--sustain", "1.5", "--no-ablation", "--no-backward", "--json", "out.json", "--preset", "tiny",
        "--ranks", "8", "--routing", "empty-slots", "--threads", "2", "--reps", "1", "--cpu"});
   EXPECT_EQ(a.gpu.models, (std::vector<std::string>{"qwen3-235b", "dsv3"}));
@@ -90,6 +90,7 @@ TEST(BenchArgs, ParsesEveryOption) {
   EXPECT_EQ(a.gpu.iters, 25);
   EXPECT_EQ(a.gpu.warmup, 0);
   EXPECT_EQ(a.gpu.comm_sms, 12);
+  EXPECT_EQ(a.gpu.minibatch, 2048);
   EXPECT_EQ(a.gpu.macrobatch, 32768);
   EXPECT_EQ(a.gpu.budget_mb, 0);
   EXPECT_EQ(a.gpu.workspace_budget_mb, -1);
@@ -125,6 +126,7 @@ TEST(BenchArgs, RejectsBadValuesByName) {
   expect_bad_args({"--tokens", "2048,,8192"}, "--tokens", "got ''");
   expect_bad_args({"--iters", "19"}, "--iters", "in [20, 100000]");
   expect_bad_args({"--comm-sms", "8.0"}, "--comm-sms", "got '8.0'");
+  expect_bad_args({"--minibatch", "1000"}, "--minibatch", "got '1000'");
   expect_bad_args({"--macrobatch", "-1"}, "--macrobatch", "got '-1'");
   expect_bad_args({"--budget", "-2"}, "--budget", "got '-2'");
   expect_bad_args({"--workspace-budget", "-2"}, "--workspace-budget", "got '-2'");
