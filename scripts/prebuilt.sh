@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Binaries built on this (GPU-less) machine and carried to a device call, so that the call spends
+# its minutes on tests and timings instead of a build (the full tree takes ~4 min there).
+#
+#   scripts/prebuilt.sh pack [binary ...]   here: build the GPU test binaries and mok_bench (or the
+#                                           named ones) in build/release, strip copies into devrun/
+#                                           (git-ignored) with devrun/commit; and, where a build
+#                                           dir for the device's Python (3.12) exists
+#                                           (MOK_PREBUILT_PY_BUILD, default build/py312: configured
+#                                           with -DMOK_BUILD_PYTHON=ON by a 3.12 interpreter), the
+#                                           extension modules into devrun/pk/.
+#   source scripts/prebuilt.sh env          there, in the call (carry ["devrun"]): NCCL's wheel
+#                                           library (torch's, which the binaries must load, not the
+#                                           system's older one) on LD_LIBRARY_PATH, the package
+#                                           (python/mok + devrun/pk) on PYTHONPATH, MOK_COMMIT.
+#
+# A call's carry is at most 64 MiB: the default set is 44 MiB stripped, 56 with the Python
+# extension (c31bf43). Build and device share nvcc 13.0 and NCCL 2.28.9 (notes/device-env.md); a binary
+# built against other NCCL headers than the device's would fail its version check at start.
+[[ "${BASH_SOURCE[0]}" != "$0" ]] || set -uo pipefail  # (sourced: the caller's shell options stay)
+MOK_PREBUILT_DEFAULT=(mok_bench mok_gpu_gemm_primitive_tests mok_gpu_gemm_tests mok_gpu_layer_tests
+                      mok_gpu_reliability_tests mok_gpu_movement_tests mok_gpu_merge_tests mok_gpu_schedule_tests)
+
+mok_prebuilt_pack() {
+  local root build py_build bins=("$@") out
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  build="${MOK_BUILD:-$root/build/release}"
+  py_build="${MOK_PREBUILT_PY_BUILD:-$root/build/py312}"
+  [ ${#bins[@]} -gt 0 ] || bins=("${MOK_PREBUILT_DEFAULT[@]}")
+  (
+    export MOK_BUILD="$build"
+    source "$root/scripts/common.sh"
+    mok_ensure_deps
+    mok_build --target "${bins[@]}"
+  ) || { echo "prebuilt: the build failed" >&2; return 1; }
+  out="$root/devrun"
+  rm -rf "$out/bin" "$out/pk"
+  mkdir -p "$out/bin"
+  local b f
+  for b in "${bins[@]}"; do
+    f="$(find "$build" -type f -name "$b" -perm -u+x | head -1)"
+    [ -n "$f" ] || { echo "prebuilt: no built binary named $b under $build" >&2; return 1; }
+    cp "$f" "$out/bin/" && strip "$out/bin/$b"
+  done
+  if [ -f "$py_build/build.ninja" ]; then
+    local mods
+    mods="$(cd "$py_build" && ninja -t targets all | sed -n 's|^\(python/_[a-z]*\.cpython-[^:]*\.so\):.*|\1|p')"
+    if [ -n "$mods" ]; then
+      # shellcheck disable=SC2086
+      ninja -C "$py_build" $mods >/dev/null || { echo "prebuilt: the Python extension build failed" >&2; return 1; }
+      mkdir -p "$out/pk"
+      for f in $mods; do cp "$py_build/$f" "$out/pk/" && strip "$out/pk/$(basename "$f")"; done
+    fi
+  fi
+  git -C "$root" rev-parse --short HEAD >"$out/commit"
+  git -C "$root" diff --quiet HEAD -- src include bench tests python || echo "+local changes" >>"$out/commit"
+  du -sh "$out" | sed 's/^/prebuilt: /'
+  local kib
+  kib="$(du -sk "$out" | cut -f1)"
+  [ "$kib" -le $((64 * 1024)) ] || echo "prebuilt: devrun/ is over a call's 64 MiB carry: name fewer binaries" >&2
+}
+
+mok_prebuilt_env() {
+  local root nccl
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+  nccl="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)"
+  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64${nccl:+:$nccl}"
+  export MOK_COMMIT="$(head -1 "$root/devrun/commit" 2>/dev/null || echo unknown)"
+  chmod +x "$root"/devrun/bin/* 2>/dev/null
+  if [ -d "$root/devrun/pk" ]; then
+    local pk=/tmp/mok-prebuilt-pk
+    rm -rf "$pk" && mkdir -p "$pk/mok" && cp "$root"/python/mok/*.py "$pk/mok/" && cp "$root"/devrun/pk/*.so "$pk/mok/"
+    export PYTHONPATH="$pk${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+}
+
+case "${1:-}" in
+  pack) shift; mok_prebuilt_pack "$@" ;;
+  env) mok_prebuilt_env ;;
+  *) sed -n '2,20p' "${BASH_SOURCE[0]}"; [ "${1:-}" = --help ] || [ "${1:-}" = -h ] ;;
+esac
