@@ -2,11 +2,11 @@
 # A/B of mok_bench settings in one device call (METHOD.md: same binary, the variants alternated):
 # mok_bench on every visible GPU (EP = the GPU count, one rank per GPU) with each variant in turn,
 # ROUNDS times, then bench/ab_report.py joins the runs by case on FIELD. A variant is
-# NAME:ITEM[,ITEM...], each ITEM either VAR=VALUE, an environment knob (read when a layer is
-# built; notes/backward.md: MOK_BWD_PULL_AHEAD and MOK_BWD_PUSH_BESIDE, the movement beside the
-# GEMMs, default on at EP > 1; MOK_BWD_STREAMS, the side stream; MOK_BWD_HOLD, held rows), or
-# --option=VALUE, a mok_bench option (e.g. --comm-sms=16, --bwd-path=fused). The first variant is
-# the reference.
+# NAME:ITEM[,ITEM...] (NAME: alone runs the defaults), each ITEM either VAR=VALUE, an environment
+# knob (read when a layer is built; notes/backward.md: MOK_BWD_PULL_AHEAD and MOK_BWD_PUSH_BESIDE,
+# the movement beside the GEMMs, default on at EP > 1; MOK_BWD_STREAMS, the side stream;
+# MOK_BWD_HOLD, held rows), or --option=VALUE, a mok_bench option (e.g. --comm-sms=16,
+# --minibatch=2048, --bwd-path=fused). The first variant is the reference.
 #   VARIANTS="ahead_off:MOK_BWD_PULL_AHEAD=0 ahead_on:MOK_BWD_PULL_AHEAD=1" [ROUNDS=2] \
 #   [MODELS=dsv3,qwen3-235b] [TOKENS=8192] [ROUTINGS=uniform] [FIELD=mok_bwd_ms] \
 #   [EXTRA="--no-backward"] [BENCH=<a built mok_bench>] [MOK_COMMIT=<sha>] [OUT_NAME=knobs-ab] \
@@ -46,7 +46,9 @@ for r in $(seq 1 "$ROUNDS"); do
     IFS=',' read -r -a items <<<"${v#*:}"
     sets=() opts=()
     for it in "${items[@]}"; do
-      if [[ "$it" == --* ]]; then
+      if [[ -z "$it" ]]; then
+        continue  # (NAME: alone: the defaults)
+      elif [[ "$it" == --* ]]; then
         opts+=("${it%%=*}")
         [[ "$it" == *=* ]] && opts+=("${it#*=}")
       else
