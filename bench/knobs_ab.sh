@@ -22,8 +22,16 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 OUT="${OUT:-/tmp/knobs-ab-out}"
 mkdir -p "$OUT"
-: "${VARIANTS:?VARIANTS=\"name:ITEM[,ITEM] ...\" with ITEM VAR=VALUE or --option=VALUE (the first is the reference)}"
+[ -n "${VARIANTS:-}" ] || {
+  echo "knobs_ab: set VARIANTS=\"NAME:ITEM[,ITEM] ...\", ITEM VAR=VALUE or --option=VALUE (the first is the reference)" >&2
+  exit 2
+}
 ROUNDS="${ROUNDS:-2}"
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "knobs_ab: ROUNDS must be a positive whole number, got '$ROUNDS'" >&2; exit 2; }
+[[ -z "${BENCH:-}" || -x "$BENCH" ]] || { echo "knobs_ab: BENCH '$BENCH' is not an executable file" >&2; exit 2; }
+for v in $VARIANTS; do
+  [[ "$v" == *:* && -n "${v%%:*}" ]] || { echo "knobs_ab: variant '$v' is not NAME:ITEM[,ITEM...]" >&2; exit 2; }
+done
 if [[ -n "${BENCH:-}" ]]; then
   bench="$BENCH"
 else
@@ -37,7 +45,6 @@ args=(--models "${MODELS:-dsv3,qwen3-235b}" --tokens "${TOKENS:-8192}" --routing
       --no-ablation --sustain 0 "${extra[@]}")
 report=()
 for v in $VARIANTS; do
-  [[ "$v" == *:* && -n "${v%%:*}" ]] || { echo "knobs_ab: variant '$v' is not NAME:ITEM[,ITEM...]" >&2; exit 2; }
   report+=(--variant "${v%%:*}=$OUT/${v%%:*}_r*.json")
 done
 for r in $(seq 1 "$ROUNDS"); do

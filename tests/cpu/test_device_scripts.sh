@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The scripts that run on the GPU machine must not fail there on a syntax error or a missing
 # argument (a device call is minutes of a budget of 30): every shell script of bench/, scripts/
-# and tools/ parses (bash -n), and bench/gemm/ab_device.sh without its base tarball stops at once,
-# naming BASE_TAR, before building anything.   Usage: test_device_scripts.sh REPO_ROOT
+# and tools/ parses (bash -n), bench/gemm/ab_device.sh without its base tarball stops at once,
+# naming BASE_TAR, before building anything, and bench/knobs_ab.sh runs its variants as asked
+# (below).   Usage: test_device_scripts.sh REPO_ROOT
 set -uo pipefail
 root="$1"
 # shellcheck source=tests/cpu/cli_check.sh
@@ -16,4 +17,41 @@ done < <(find "$root/bench" "$root/scripts" "$root/tools" -name '*.sh' -print0)
 echo "$count scripts parse"
 OUT="$tmp/ab" BASE_TAR="" expect_refused "BASE_TAR" bash "$root/bench/gemm/ab_device.sh"
 OUT="$tmp/ab" BASE_TAR="$tmp/missing.tar" expect_refused "not found" bash "$root/bench/gemm/ab_device.sh"
+
+# bench/knobs_ab.sh with a stand-in for mok_bench (BENCH): each variant's environment knobs and
+# mok_bench options reach its runs, NAME: alone runs the defaults, the runs alternate, and the
+# joined report has every run under its variant; bad settings stop it (exit 2) before any run.
+cat >"$tmp/bench" <<'STAND_IN'
+#!/usr/bin/env bash
+# Writes a results file whose mok_ms is 1 + comm SMs / 100 + KNOB / 1000 (so the report can be checked).
+json="" sms=0 prev=""
+for a in "$@"; do
+  [ "$prev" = --json ] && json="$a"
+  [ "$prev" = --comm-sms ] && sms="$a"
+  prev="$a"
+done
+echo "$*" >>"$(dirname "$json")/argv.log"
+python3 -c "import json, sys; json.dump({'device': 'stand-in', 'gpus': 1, 'date': 'd', 'cases': [{'model': 'm', 'T': 8192, 'routing': 'uniform', 'mok_ms': 1 + int(sys.argv[2]) / 100 + int(sys.argv[3]) / 1000}]}, open(sys.argv[1], 'w'))" "$json" "$sms" "${KNOB:-0}"
+STAND_IN
+chmod +x "$tmp/bench"
+if OUT="$tmp/kab" BENCH="$tmp/bench" VARIANTS="base: c16:--comm-sms=16,KNOB=3" FIELD=mok_ms EXTRA=--no-backward \
+    ROUNDS=2 MOK_COMMIT=abc bash "$root/bench/knobs_ab.sh" >"$tmp/kab.out" 2>&1; then
+  python3 - "$tmp/kab/knobs-ab.json" <<'CHECK' || fail "knobs_ab.sh: the joined report is wrong: $(cat "$tmp/kab.out")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+c = d["cases"][0]
+assert d["variants"] == ["base", "c16"] and d["commit"] == "abc", d
+assert c["base"]["runs"] == [1.0, 1.0], c
+assert len(c["c16"]["runs"]) == 2 and all(abs(r - 1.163) < 1e-9 for r in c["c16"]["runs"]), c  # KNOB=3 too
+assert abs(c["c16"]["over_base"] - 1.163) < 1e-9, c
+CHECK
+  order="$(grep -o -- '--comm-sms 16' "$tmp/kab/argv.log" | wc -l) $(grep -c -- '--no-backward' "$tmp/kab/argv.log")"
+  [ "$order" = "2 4" ] || fail "knobs_ab.sh: expected 2 runs with --comm-sms 16 and 4 with --no-backward, got $order"
+else
+  fail "knobs_ab.sh with a stand-in bench failed: $(cat "$tmp/kab.out")"
+fi
+OUT="$tmp/kab2" BENCH="$tmp/bench" VARIANTS="nocolon" expect_refused "variant 'nocolon'" bash "$root/bench/knobs_ab.sh"
+OUT="$tmp/kab2" BENCH="$tmp/bench" VARIANTS="a:" ROUNDS=0 expect_refused "ROUNDS" bash "$root/bench/knobs_ab.sh"
+OUT="$tmp/kab2" BENCH="$tmp/missing" VARIANTS="a:" expect_refused "BENCH" bash "$root/bench/knobs_ab.sh"
+OUT="$tmp/kab2" VARIANTS="" expect_refused "set VARIANTS" bash "$root/bench/knobs_ab.sh"
 finish "device-script"
