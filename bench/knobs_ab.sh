@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# A/B of mok_bench settings in one device call (METHOD.md: same binary, the variants alternated):
+# A/B of mok_bench settings in one device call (METHOD.md: the variants alternated in one call):
 # mok_bench on every visible GPU (EP = the GPU count, one rank per GPU) with each variant in turn,
 # ROUNDS times, then bench/ab_report.py joins the runs by case on FIELD. A variant is
 # NAME:ITEM[,ITEM...] (NAME: alone runs the defaults), each ITEM either VAR=VALUE, an environment
 # knob (read when a layer is built; notes/backward.md: MOK_BWD_PULL_AHEAD and MOK_BWD_PUSH_BESIDE,
 # the movement beside the GEMMs, default on at EP > 1; MOK_BWD_STREAMS, the side stream;
 # MOK_BWD_HOLD, held rows), or --option=VALUE, a mok_bench option (e.g. --comm-sms=16,
-# --minibatch=2048, --bwd-path=fused). The first variant is the reference.
+# --minibatch=2048, --bwd-path=fused), or BENCH=<path>, another mok_bench for this variant (a
+# build of another commit: scripts/prebuilt.sh pack-base; give only options both builds know; with
+# two variants, the base build's
+# first, BASE_COMMIT=<sha> makes the report's base_ms / new_ms, as runtime-ab-h200x1.json). The
+# first variant is the reference.
 #   VARIANTS="ahead_off:MOK_BWD_PULL_AHEAD=0 ahead_on:MOK_BWD_PULL_AHEAD=1" [ROUNDS=2] \
 #   [MODELS=dsv3,qwen3-235b] [TOKENS=8192] [ROUTINGS=uniform] [FIELD=mok_bwd_ms] \
 #   [EXTRA="--no-backward"] [BENCH=<a built mok_bench>] [MOK_COMMIT=<sha>] [OUT_NAME=knobs-ab] \
@@ -31,6 +35,11 @@ ROUNDS="${ROUNDS:-2}"
 [[ -z "${BENCH:-}" || -x "$BENCH" ]] || { echo "knobs_ab: BENCH '$BENCH' is not an executable file" >&2; exit 2; }
 for v in $VARIANTS; do
   [[ "$v" == *:* && -n "${v%%:*}" ]] || { echo "knobs_ab: variant '$v' is not NAME:ITEM[,ITEM...]" >&2; exit 2; }
+  IFS=',' read -r -a items <<<"${v#*:}"
+  for it in "${items[@]}"; do
+    [[ "$it" != BENCH=* || -x "${it#BENCH=}" ]] ||
+      { echo "knobs_ab: variant '${v%%:*}': ${it#BENCH=} is not an executable file" >&2; exit 2; }
+  done
 done
 if [[ -n "${BENCH:-}" ]]; then
   bench="$BENCH"
@@ -51,10 +60,12 @@ for r in $(seq 1 "$ROUNDS"); do
   for v in $VARIANTS; do
     name="${v%%:*}"
     IFS=',' read -r -a items <<<"${v#*:}"
-    sets=() opts=()
+    sets=() opts=() vbench="$bench"
     for it in "${items[@]}"; do
       if [[ -z "$it" ]]; then
         continue  # (NAME: alone: the defaults)
+      elif [[ "$it" == BENCH=* ]]; then
+        vbench="${it#BENCH=}"  # this variant's binary (another build: scripts/prebuilt.sh pack-base)
       elif [[ "$it" == --* ]]; then
         opts+=("${it%%=*}")
         [[ "$it" == *=* ]] && opts+=("${it#*=}")
@@ -63,9 +74,11 @@ for r in $(seq 1 "$ROUNDS"); do
       fi
     done
     echo "[knobs_ab] round $r: $name (${items[*]})"
-    env "${sets[@]}" "$bench" "${args[@]}" "${opts[@]}" --json "$OUT/${name}_r$r.json" >"$OUT/${name}_r$r.log" 2>&1 ||
+    env "${sets[@]}" "$vbench" "${args[@]}" "${opts[@]}" --json "$OUT/${name}_r$r.json" >"$OUT/${name}_r$r.log" 2>&1 ||
       { echo "knobs_ab: $name round $r failed (see $OUT/${name}_r$r.log)" >&2; exit 1; }
   done
 done
+base=()
+[[ -z "${BASE_COMMIT:-}" ]] || base=(--base-commit "$BASE_COMMIT")
 python3 bench/ab_report.py --out "$OUT/${OUT_NAME:-knobs-ab}.json" --commit "${MOK_COMMIT:-unknown}" \
-  --field "${FIELD:-mok_bwd_ms}" "${report[@]}" --what "knobs_ab.sh: VARIANTS='$VARIANTS', ROUNDS=$ROUNDS, mok_bench ${args[*]}"
+  --field "${FIELD:-mok_bwd_ms}" "${base[@]}" "${report[@]}" --what "knobs_ab.sh: VARIANTS='$VARIANTS', ROUNDS=$ROUNDS, mok_bench ${args[*]}"

@@ -9,14 +9,18 @@
 #                                           (MOK_PREBUILT_PY_BUILD, default build/py312: configured
 #                                           with -DMOK_BUILD_PYTHON=ON by a 3.12 interpreter), the
 #                                           extension modules into devrun/pk/.
+#   scripts/prebuilt.sh pack-base <commit>  here: mok_bench of another commit (a worktree built in
+#                                           /tmp) into devrun/base/, for an A/B of two builds in one
+#                                           call (bench/knobs_ab.sh, a variant's BENCH= item).
 #   source scripts/prebuilt.sh env          there, in the call (carry ["devrun"]): NCCL's wheel
 #                                           library (torch's, which the binaries must load, not the
 #                                           system's older one) on LD_LIBRARY_PATH, the package
 #                                           (python/mok + devrun/pk) on PYTHONPATH, MOK_COMMIT.
 #
 # A call's carry is at most 64 MiB: the default set is 44 MiB stripped, 56 with the Python
-# extension (c31bf43). Build and device share nvcc 13.0 and NCCL 2.28.9 (notes/device-env.md); a binary
-# built against other NCCL headers than the device's would fail its version check at start.
+# extension (c31bf43); a base mok_bench adds 11 (name fewer binaries then). Build and device share
+# nvcc 13.0 and NCCL 2.28.9 (notes/device-env.md); a binary built against other NCCL headers than
+# the device's would fail its version check at start.
 [[ "${BASH_SOURCE[0]}" != "$0" ]] || set -uo pipefail  # (sourced: the caller's shell options stay)
 MOK_PREBUILT_DEFAULT=(mok_bench mok_gpu_gemm_primitive_tests mok_gpu_gemm_tests mok_gpu_layer_tests
                       mok_gpu_reliability_tests mok_gpu_movement_tests mok_gpu_merge_tests mok_gpu_schedule_tests)
@@ -34,7 +38,7 @@ mok_prebuilt_pack() {
     mok_build --target "${bins[@]}"
   ) || { echo "prebuilt: the build failed" >&2; return 1; }
   out="$root/devrun"
-  rm -rf "$out/bin" "$out/pk"
+  rm -rf "$out/bin" "$out/pk"  # (a pack-base binary in devrun/base stays)
   mkdir -p "$out/bin"
   local b f
   for b in "${bins[@]}"; do
@@ -60,6 +64,24 @@ mok_prebuilt_pack() {
   [ "$kib" -le $((64 * 1024)) ] || echo "prebuilt: devrun/ is over a call's 64 MiB carry: name fewer binaries" >&2
 }
 
+mok_prebuilt_pack_base() {
+  local root commit wt
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  commit="$(git -C "$root" rev-parse --short "${1:?pack-base: name the base commit}")" || return 2
+  wt="${MOK_PREBUILT_BASE_TREE:-/tmp/mok-base-$commit}"
+  [ -d "$wt" ] || git -C "$root" worktree add --detach "$wt" "$commit" >/dev/null || return 1
+  (
+    export MOK_BUILD="$wt/build/release"
+    source "$wt/scripts/common.sh"
+    mok_ensure_deps
+    mok_build --target mok_bench
+  ) || { echo "prebuilt: the base build failed" >&2; return 1; }
+  mkdir -p "$root/devrun/base"
+  cp "$wt/build/release/bench/mok_bench" "$root/devrun/base/" && strip "$root/devrun/base/mok_bench"
+  echo "$commit" >"$root/devrun/base/commit"
+  du -sh "$root/devrun" | sed 's/^/prebuilt: /'
+}
+
 mok_prebuilt_env() {
   local root nccl
   root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -67,7 +89,7 @@ mok_prebuilt_env() {
   nccl="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)"
   export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64${nccl:+:$nccl}"
   export MOK_COMMIT="$(head -1 "$root/devrun/commit" 2>/dev/null || echo unknown)"
-  chmod +x "$root"/devrun/bin/* 2>/dev/null
+  chmod +x "$root"/devrun/bin/* "$root"/devrun/base/* 2>/dev/null
   if [ -d "$root/devrun/pk" ]; then
     local pk=/tmp/mok-prebuilt-pk
     rm -rf "$pk" && mkdir -p "$pk/mok" && cp "$root"/python/mok/*.py "$pk/mok/" && cp "$root"/devrun/pk/*.so "$pk/mok/"
@@ -77,6 +99,7 @@ mok_prebuilt_env() {
 
 case "${1:-}" in
   pack) shift; mok_prebuilt_pack "$@" ;;
+  pack-base) shift; mok_prebuilt_pack_base "$@" ;;
   env) mok_prebuilt_env ;;
-  *) sed -n '2,20p' "${BASH_SOURCE[0]}"; [ "${1:-}" = --help ] || [ "${1:-}" = -h ] ;;
+  *) sed -n '2,/^[^#]/p' "${BASH_SOURCE[0]}" | grep '^#'; [ "${1:-}" = --help ] || [ "${1:-}" = -h ] ;;
 esac

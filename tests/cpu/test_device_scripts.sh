@@ -50,6 +50,16 @@ CHECK
 else
   fail "knobs_ab.sh with a stand-in bench failed: $(cat "$tmp/kab.out")"
 fi
+# Two builds alternated (a variant's BENCH= item) with BASE_COMMIT: the report's base_ms / new_ms.
+cp "$tmp/bench" "$tmp/bench_base"
+if OUT="$tmp/kab3" BENCH="$tmp/bench" VARIANTS="base:BENCH=$tmp/bench_base,--comm-sms=10 new:" FIELD=mok_ms \
+    BASE_COMMIT=b0 ROUNDS=1 bash "$root/bench/knobs_ab.sh" >"$tmp/kab3.out" 2>&1; then
+  python3 -c "import json, sys; c = json.load(open(sys.argv[1]))['cases'][0]; assert abs(c['base_ms'] - 1.1) < 1e-9 and c['new_ms'] == 1.0, c" \
+    "$tmp/kab3/knobs-ab.json" || fail "knobs_ab.sh: the two-build report is wrong"
+else
+  fail "knobs_ab.sh with two builds failed: $(cat "$tmp/kab3.out")"
+fi
+OUT="$tmp/kab2" BENCH="$tmp/bench" VARIANTS="a:BENCH=$tmp/missing" expect_refused "is not an executable" bash "$root/bench/knobs_ab.sh"
 OUT="$tmp/kab2" BENCH="$tmp/bench" VARIANTS="nocolon" expect_refused "variant 'nocolon'" bash "$root/bench/knobs_ab.sh"
 OUT="$tmp/kab2" BENCH="$tmp/bench" VARIANTS="a:" ROUNDS=0 expect_refused "ROUNDS" bash "$root/bench/knobs_ab.sh"
 OUT="$tmp/kab2" BENCH="$tmp/missing" VARIANTS="a:" expect_refused "BENCH" bash "$root/bench/knobs_ab.sh"
