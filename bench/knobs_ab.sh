@@ -7,10 +7,9 @@
 # the movement beside the GEMMs, default on at EP > 1; MOK_BWD_STREAMS, the side stream;
 # MOK_BWD_HOLD, held rows), or --option=VALUE, a mok_bench option (e.g. --comm-sms=16,
 # --minibatch=2048, --bwd-path=fused), or BENCH=<path>, another mok_bench for this variant (a
-# build of another commit: scripts/prebuilt.sh pack-base; give only options both builds know; with
-# two variants, the base build's
-# first, BASE_COMMIT=<sha> makes the report's base_ms / new_ms, as runtime-ab-h200x1.json). The
-# first variant is the reference.
+# build of another commit: scripts/prebuilt.sh pack-base; give only options both builds know;
+# with two variants, the base build's first, BASE_COMMIT=<sha> makes the report's base_ms /
+# new_ms, as runtime-ab-h200x1.json). The first variant is the reference.
 #   VARIANTS="ahead_off:MOK_BWD_PULL_AHEAD=0 ahead_on:MOK_BWD_PULL_AHEAD=1" [ROUNDS=2] \
 #   [MODELS=dsv3,qwen3-235b] [TOKENS=8192] [ROUTINGS=uniform] [FIELD=mok_bwd_ms] \
 #   [EXTRA="--no-backward"] [BENCH=<a built mok_bench>] [MOK_COMMIT=<sha>] [OUT_NAME=knobs-ab] \
@@ -33,13 +32,29 @@ mkdir -p "$OUT"
 ROUNDS="${ROUNDS:-2}"
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "knobs_ab: ROUNDS must be a positive whole number, got '$ROUNDS'" >&2; exit 2; }
 [[ -z "${BENCH:-}" || -x "$BENCH" ]] || { echo "knobs_ab: BENCH '$BENCH' is not an executable file" >&2; exit 2; }
+# One variant's items into sets (environment), opts (mok_bench options) and vbench (its binary,
+# "" = the common one).
+parse_variant() {
+  local it items
+  IFS=',' read -r -a items <<<"${1#*:}"
+  sets=() opts=() vbench=""
+  for it in "${items[@]}"; do
+    if [[ -z "$it" ]]; then
+      continue  # (NAME: alone: the defaults)
+    elif [[ "$it" == BENCH=* ]]; then
+      vbench="${it#BENCH=}"  # this variant's binary (another build: scripts/prebuilt.sh pack-base)
+    elif [[ "$it" == --* ]]; then
+      opts+=("${it%%=*}")
+      [[ "$it" == *=* ]] && opts+=("${it#*=}")
+    else
+      sets+=("$it")
+    fi
+  done
+}
 for v in $VARIANTS; do
   [[ "$v" == *:* && -n "${v%%:*}" ]] || { echo "knobs_ab: variant '$v' is not NAME:ITEM[,ITEM...]" >&2; exit 2; }
-  IFS=',' read -r -a items <<<"${v#*:}"
-  for it in "${items[@]}"; do
-    [[ "$it" != BENCH=* || -x "${it#BENCH=}" ]] ||
-      { echo "knobs_ab: variant '${v%%:*}': ${it#BENCH=} is not an executable file" >&2; exit 2; }
-  done
+  parse_variant "$v"
+  [[ -z "$vbench" || -x "$vbench" ]] || { echo "knobs_ab: variant '${v%%:*}': $vbench is not an executable file" >&2; exit 2; }
 done
 if [[ -n "${BENCH:-}" ]]; then
   bench="$BENCH"
@@ -59,22 +74,9 @@ done
 for r in $(seq 1 "$ROUNDS"); do
   for v in $VARIANTS; do
     name="${v%%:*}"
-    IFS=',' read -r -a items <<<"${v#*:}"
-    sets=() opts=() vbench="$bench"
-    for it in "${items[@]}"; do
-      if [[ -z "$it" ]]; then
-        continue  # (NAME: alone: the defaults)
-      elif [[ "$it" == BENCH=* ]]; then
-        vbench="${it#BENCH=}"  # this variant's binary (another build: scripts/prebuilt.sh pack-base)
-      elif [[ "$it" == --* ]]; then
-        opts+=("${it%%=*}")
-        [[ "$it" == *=* ]] && opts+=("${it#*=}")
-      else
-        sets+=("$it")
-      fi
-    done
-    echo "[knobs_ab] round $r: $name (${items[*]})"
-    env "${sets[@]}" "$vbench" "${args[@]}" "${opts[@]}" --json "$OUT/${name}_r$r.json" >"$OUT/${name}_r$r.log" 2>&1 ||
+    parse_variant "$v"
+    echo "[knobs_ab] round $r: $name (${v#*:})"
+    env "${sets[@]}" "${vbench:-$bench}" "${args[@]}" "${opts[@]}" --json "$OUT/${name}_r$r.json" >"$OUT/${name}_r$r.log" 2>&1 ||
       { echo "knobs_ab: $name round $r failed (see $OUT/${name}_r$r.log)" >&2; exit 1; }
   done
 done

@@ -18,12 +18,24 @@
 #                                           (python/mok + devrun/pk) on PYTHONPATH, MOK_COMMIT.
 #
 # A call's carry is at most 64 MiB: the default set is 44 MiB stripped, 56 with the Python
-# extension (c31bf43); a base mok_bench adds 11 (name fewer binaries then). Build and device share
+# extension (c31bf43); a base mok_bench adds 2 (c5c4276's) to 11 (name fewer binaries then). Build and device share
 # nvcc 13.0 and NCCL 2.28.9 (notes/device-env.md); a binary built against other NCCL headers than
 # the device's would fail its version check at start.
 [[ "${BASH_SOURCE[0]}" != "$0" ]] || set -uo pipefail  # (sourced: the caller's shell options stay)
 MOK_PREBUILT_DEFAULT=(mok_bench mok_gpu_gemm_primitive_tests mok_gpu_gemm_tests mok_gpu_layer_tests
                       mok_gpu_reliability_tests mok_gpu_movement_tests mok_gpu_merge_tests mok_gpu_schedule_tests)
+
+# Builds targets in a build dir of the tree at $1 (scripts/common.sh's configure and build).
+mok_prebuilt_build() {
+  local tree="$1" build="$2"
+  shift 2
+  (
+    export MOK_BUILD="$build"
+    source "$tree/scripts/common.sh"
+    mok_ensure_deps
+    mok_build --target "$@"
+  )
+}
 
 mok_prebuilt_pack() {
   local root build py_build bins=("$@") out
@@ -31,12 +43,7 @@ mok_prebuilt_pack() {
   build="${MOK_BUILD:-$root/build/release}"
   py_build="${MOK_PREBUILT_PY_BUILD:-$root/build/py312}"
   [ ${#bins[@]} -gt 0 ] || bins=("${MOK_PREBUILT_DEFAULT[@]}")
-  (
-    export MOK_BUILD="$build"
-    source "$root/scripts/common.sh"
-    mok_ensure_deps
-    mok_build --target "${bins[@]}"
-  ) || { echo "prebuilt: the build failed" >&2; return 1; }
+  mok_prebuilt_build "$root" "$build" "${bins[@]}" || { echo "prebuilt: the build failed" >&2; return 1; }
   out="$root/devrun"
   rm -rf "$out/bin" "$out/pk"  # (a pack-base binary in devrun/base stays)
   mkdir -p "$out/bin"
@@ -70,12 +77,7 @@ mok_prebuilt_pack_base() {
   commit="$(git -C "$root" rev-parse --short "${1:?pack-base: name the base commit}")" || return 2
   wt="${MOK_PREBUILT_BASE_TREE:-/tmp/mok-base-$commit}"
   [ -d "$wt" ] || git -C "$root" worktree add --detach "$wt" "$commit" >/dev/null || return 1
-  (
-    export MOK_BUILD="$wt/build/release"
-    source "$wt/scripts/common.sh"
-    mok_ensure_deps
-    mok_build --target mok_bench
-  ) || { echo "prebuilt: the base build failed" >&2; return 1; }
+  mok_prebuilt_build "$wt" "$wt/build/release" mok_bench || { echo "prebuilt: the base build failed" >&2; return 1; }
   mkdir -p "$root/devrun/base"
   cp "$wt/build/release/bench/mok_bench" "$root/devrun/base/" && strip "$root/devrun/base/mok_bench"
   echo "$commit" >"$root/devrun/base/commit"
