@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from . import _comm
+from ._cpu import Error
 from ._fused_wgrad import FusedWgradMoE
 from ._ops import PRECISIONS, moe, register_gpu_layer, unregister_gpu_layer
 
@@ -22,7 +23,8 @@ class MoE(torch.nn.Module):
     """One rank's routed experts (and an optional shared expert) of an expert-parallel MoE layer.
 
     ``forward(x, topk_idx, topk_w)`` takes the router's choice (global expert ids, -1 = empty
-    slot, and the weights) and returns ``shared(x) + sum_j topk_w[:, j] * FFN_{topk_idx[:, j]}(x)``.
+    slot, and the weights) and returns ``shared(x) + sum_j topk_w[:, j] * FFN_{topk_idx[:, j]}(x)``;
+    x is [..., H] (e.g. [B, S, H]) and the router's tensors [..., top_k] with x's leading dimensions.
     The weights are Parameters: ``w_gate``, ``w_up`` [E_loc, I, H], ``w_down`` [E_loc, H, I] and, with
     ``shared_intermediate > 0``, ``ws_gate``, ``ws_up`` [Is, H], ``ws_down`` [H, Is], in ``dtype``
     (bf16, the layer's precision). ``group``: the EP process group (a torch.distributed
@@ -111,6 +113,21 @@ class MoE(torch.nn.Module):
         self._gpu_comms = {}  # (device, T) -> the mok communicator that layer is on (shared by the group's modules)
 
     def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
+        """x [..., H], topk_idx and topk_w [..., top_k] with x's leading dimensions (e.g. [B, S, H]
+        as a training stack holds its activations: the tokens are the flattened leading
+        dimensions); returns [..., H]. The op below takes the flattened [T, H] form."""
+        lead = tuple(x.shape[:-1])
+        want = list(lead) + [self.top_k]
+        if x.dim() < 1 or x.shape[-1] != self.hidden:
+            raise Error(f"mok: invalid argument 'x': must be [..., H] with H = {self.hidden}, got {list(x.shape)}")
+        for name, t in (("topk_idx", topk_idx), ("topk_w", topk_w)):
+            if list(t.shape) != want:
+                raise Error(f"mok: invalid argument '{name}': shape must be x's leading dimensions + [top_k] = "
+                            f"{want}, got {list(t.shape)}")
+        if x.dim() != 2:
+            out = self.forward(x.reshape(-1, self.hidden), topk_idx.reshape(-1, self.top_k),
+                               topk_w.reshape(-1, self.top_k))
+            return out.reshape(*lead, self.hidden)
         if self.config.get("cpu_threads"):
             torch.set_num_threads(int(self.config["cpu_threads"]))
         if not x.is_cuda and self.ep_size > 1:

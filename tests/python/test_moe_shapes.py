@@ -1,0 +1,60 @@
+"""mok.MoE's input shapes on CPU tensors: activations with leading dimensions ([B, S, H], as a
+training stack holds them) are the flattened tokens, and the router's tensors must match x's
+leading dimensions and the module's top_k, with errors that name the argument on CPU as on CUDA
+(a model unit-tested on CPU must not meet a new shape error on the GPU)."""
+
+import pytest
+import torch
+
+import mok
+
+H, I, E, K = 128, 64, 8, 2
+B, S = 3, 5
+
+
+def inputs(seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, S, H, generator=g).to(torch.bfloat16)
+    w, idx = torch.topk(torch.softmax(torch.randn(B, S, E, generator=g), -1), K, -1)
+    return x, idx.to(torch.int32), w.float()
+
+
+def test_leading_dimensions_are_the_flattened_tokens():
+    torch.manual_seed(0)
+    m = mok.MoE(H, I, E, K, init_std=0.1)
+    x, idx, w = inputs(1)
+    d_out = torch.randn(B, S, H, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+
+    def run(xs, ids, ws, d):
+        m.zero_grad()
+        xs = xs.clone().requires_grad_()
+        ws = ws.clone().requires_grad_()
+        out = m(xs, ids, ws)
+        out.backward(d)
+        return out, xs.grad, ws.grad, [p.grad.clone() for p in m.parameters()]
+
+    out3, dx3, dw3, grads3 = run(x, idx, w, d_out)
+    out2, dx2, dw2, grads2 = run(x.reshape(-1, H), idx.reshape(-1, K), w.reshape(-1, K), d_out.reshape(-1, H))
+    assert out3.shape == (B, S, H) and dx3.shape == (B, S, H) and dw3.shape == (B, S, K)
+    assert torch.equal(out3.reshape(-1, H), out2)
+    assert torch.equal(dx3.reshape(-1, H), dx2)
+    assert torch.equal(dw3.reshape(-1, K), dw2)
+    for a, b in zip(grads3, grads2):
+        assert torch.equal(a, b)
+    # One token on its own ([H], no leading dimension) is a batch of one.
+    one = m(x[0, 0], idx[0, 0], w[0, 0])
+    assert one.shape == (H,) and torch.equal(one, out2[0].detach())
+
+
+def test_shape_errors_name_the_argument():
+    m = mok.MoE(H, I, E, K)
+    x, idx, w = inputs(3)
+    with pytest.raises(mok.Error, match=r"'x': must be \[\.\.\., H\] with H = 128"):
+        m(x[..., :64], idx, w)
+    # A top_k other than the module's is refused on CPU as the GPU layer refuses it.
+    with pytest.raises(mok.Error, match=r"'topk_idx': .*\[3, 5, 2\], got \[3, 5, 1\]"):
+        m(x, idx[..., :1], w[..., :1])
+    with pytest.raises(mok.Error, match=r"'topk_w': .*got \[15, 2\]"):
+        m(x, idx, w.reshape(-1, K))
+    with pytest.raises(mok.Error, match=r"'topk_idx': .*got \[3, 4, 2\]"):
+        m(x, idx[:, :4], w)
