@@ -24,7 +24,8 @@ class MoE(torch.nn.Module):
 
     ``forward(x, topk_idx, topk_w)`` takes the router's choice (global expert ids, -1 = empty
     slot, and the weights) and returns ``shared(x) + sum_j topk_w[:, j] * FFN_{topk_idx[:, j]}(x)``;
-    x is [..., H] (e.g. [B, S, H]) and the router's tensors [..., top_k] with x's leading dimensions.
+    x is [..., H] (e.g. [B, S, H]) and the router's tensors [..., top_k] with x's leading dimensions
+    (``topk_w`` in fp32, or bf16 / fp16, taken as fp32).
     The weights are Parameters: ``w_gate``, ``w_up`` [E_loc, I, H], ``w_down`` [E_loc, H, I] and, with
     ``shared_intermediate > 0``, ``ws_gate``, ``ws_up`` [Is, H], ``ws_down`` [H, Is], in ``dtype``
     (bf16, the layer's precision). ``group``: the EP process group (a torch.distributed
@@ -124,6 +125,10 @@ class MoE(torch.nn.Module):
             if list(t.shape) != want:
                 raise Error(f"mok: invalid argument '{name}': shape must be x's leading dimensions + [top_k] = "
                             f"{want}, got {list(t.shape)}")
+        if topk_w.dtype in (torch.bfloat16, torch.float16):
+            # A router in the model's dtype gives its weights in bf16 / fp16; the layer takes them in
+            # fp32 (exact: a widening cast), and autograd casts their gradient back.
+            topk_w = topk_w.float()
         if x.dim() != 2:
             out = self.forward(x.reshape(-1, self.hidden), topk_idx.reshape(-1, self.top_k),
                                topk_w.reshape(-1, self.top_k))

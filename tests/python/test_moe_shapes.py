@@ -1,7 +1,8 @@
-"""mok.MoE's input shapes on CPU tensors: activations with leading dimensions ([B, S, H], as a
-training stack holds them) are the flattened tokens, and the router's tensors must match x's
-leading dimensions and the module's top_k, with errors that name the argument on CPU as on CUDA
-(a model unit-tested on CPU must not meet a new shape error on the GPU)."""
+"""mok.MoE's inputs on CPU tensors: activations with leading dimensions ([B, S, H], as a training
+stack holds them) are the flattened tokens; router weights in bf16 are taken as fp32; the
+router's tensors must match x's leading dimensions and the module's top_k, with errors that name
+the argument on CPU as on CUDA (a model unit-tested on CPU must not meet a new shape error on the
+GPU)."""
 
 import pytest
 import torch
@@ -44,6 +45,21 @@ def test_leading_dimensions_are_the_flattened_tokens():
     # One token on its own ([H], no leading dimension) is a batch of one.
     one = m(x[0, 0], idx[0, 0], w[0, 0])
     assert one.shape == (H,) and torch.equal(one, out2[0].detach())
+
+
+def test_router_weights_in_bf16_are_taken_as_fp32():
+    torch.manual_seed(0)
+    m = mok.MoE(H, I, E, K, init_std=0.1)
+    x, idx, w = inputs(4)
+    w16 = w.to(torch.bfloat16).requires_grad_()
+    out16 = m(x, idx, w16)
+    w32 = w16.detach().float().requires_grad_()
+    out32 = m(x, idx, w32)
+    assert torch.equal(out16, out32)
+    d_out = torch.randn(B, S, H, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    out16.backward(d_out)
+    out32.backward(d_out)
+    assert w16.grad.dtype == torch.bfloat16 and torch.equal(w16.grad, w32.grad.to(torch.bfloat16))
 
 
 def test_shape_errors_name_the_argument():
