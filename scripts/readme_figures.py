@@ -52,7 +52,7 @@ FIGURES = [layer.forward_figures, layer.one_gpu_figures, layer.fp8_forward_figur
            layer.fp8_training_figures, layer.mxfp8_figures, parts.gemm_figures, parts.gemm_fp8_figures,
            parts.comm_figures, parts.schedule_figures, parts.sustained_figures, parts.reliability_figures,
            layer.memory_figures, layer.training_figures, layer.window_hold_figures, layer.side_stream_figures,
-           layer.backward_program_figures, layer.runtime_ab_figures, layer.torch_figures]
+           layer.backward_program_figures, layer.runtime_ab_figures, layer.movers_figures, layer.torch_figures]
 
 
 def render(results_dir):

@@ -381,3 +381,22 @@ def runtime_ab_figures(res):
         "the Qwen3-30B cost is the no-packed-copy FC1 and the racecheck-clean movers). %s" % (
             r.get("base_commit"), same, count(len(cases), "case"), span(nums(r, cases, "new_over_base")),
             r.source())]
+
+
+def movers_figures(res):
+    """The forward comm CTAs with and without the round barrier (racecheck's), same call."""
+    r = res["movers-rounds-ab-h100x1.json"]
+    runs = r.get("runs")
+    # The first run has c5c4276's build beside both settings, the second only the two settings.
+    with_base, alone = r.get("cases", within=runs[0]), r.get("cases", within=runs[1])
+    cases = with_base + alone
+    ratio = lambda c: r.num("free", "median", within=c) / r.num("rounds", "median", within=c)  # noqa: E731
+    over_rounds = [ratio(c) for c in cases]
+    worst = min(cases, key=ratio)
+    return [
+        "**Comm movers without the round barrier** (the forward's comm CTAs each move rows through their "
+        "own buffers; the barrier between rounds is one racecheck can see and now runs only under it; "
+        "EP 1, every row resident): forward time %s the barrier's over %s (%s %s); against c5c4276's "
+        "build in the same rounds %s, same bits. %s" % (
+            span(over_rounds), count(len(cases), "case"), case_name(worst["model"], worst["T"], worst["routing"]),
+            times(ratio(worst)), span([r.num("free", "over_base", within=c) for c in with_base]), r.source())]

@@ -122,6 +122,11 @@ def synthetic():
     runtime = dict(META2, gpus=1, base_commit="c5c4276", cases=[
         {"model": m, "T": 8192, "routing": "uniform", "base_ms": 1.0, "new_ms": x, "new_over_base": x,
          "bitwise_same": True} for m, x in (("dsv3", 1.0), ("qwen3-30b-a3b", 1.028))])
+    movers = dict(META2, gpus=1, runs=[
+        {"cases": [{"model": "dsv3", "T": 8192, "routing": "uniform", "rounds": {"median": 1.0},
+                    "free": {"median": 1.0, "over_base": 1.0}}]},
+        {"cases": [{"model": "qwen3-30b-a3b/ep8", "T": 8192, "routing": "zipf", "rounds": {"median": 2.0},
+                    "free": {"median": 1.88, "over_rounds": 0.94}}]}])
     fp8_bwd = dict(META2, gpus=1, field="mok_bwd_ms", variants=["bf16", "fp8"], cases=[
         {"model": m, "T": 8192, "routing": "uniform", "bf16": {"runs": [b], "median": b},
          "fp8": {"runs": [f], "median": f, "over_bf16": f / b}}
@@ -140,7 +145,7 @@ def synthetic():
         {"model": "dsv3", "ep": 8, "T": 8192, "routing": "uniform", "mode": mode, "workspace_bytes": 3.4e9,
          "persistent_bytes_per_layer": 1.41e9, "saved_bytes_per_forward": saved}
         for mode, saved in (("saved", 0.64e9), ("recompute", 0.005e9))])
-    return {"fp8-train-modes-h200x1.json": fp8_train, "memory-fp8-h200x1.json": fp8_mem, "mxfp8-h200x1.json": mxfp8, "fp8-layer-backward-h200x1.json": fp8_bwd, "fp8-forward-h200x1.json": fp8_ab, "peak-fp8-h200x1.json": peak_fp8, "gemm-fp8-h200x1.json": fp8, "runtime-ab-h200x1.json": runtime, "backward-program-h200x1.json": program, "window-hold-ab-h200x1.json": hold, "backward-streams-ab-h200x1.json": streams, "training-h200x1.json": training, "forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
+    return {"fp8-train-modes-h200x1.json": fp8_train, "memory-fp8-h200x1.json": fp8_mem, "mxfp8-h200x1.json": mxfp8, "fp8-layer-backward-h200x1.json": fp8_bwd, "fp8-forward-h200x1.json": fp8_ab, "peak-fp8-h200x1.json": peak_fp8, "gemm-fp8-h200x1.json": fp8, "runtime-ab-h200x1.json": runtime, "movers-rounds-ab-h100x1.json": movers, "backward-program-h200x1.json": program, "window-hold-ab-h200x1.json": hold, "backward-streams-ab-h200x1.json": streams, "training-h200x1.json": training, "forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
             "comm-h200x2.json": comm, "schedule-h200x2.json": schedule, "sustained-h200x2.json": sustained,
             "reliability-h200x1.json": reliability, "forward-h200x1.json": forward1, "memory-h200x1.json": memory,
             "torch-h200x1.json": torch_step}
@@ -236,6 +241,11 @@ class Figures(Fixture):
         self.assertIn("backward time 0.98–0.99× the carry's over 2 cases (", b)
         self.assertIn("19.60 vs 20.00 ms", b)
 
+    def test_movers_figure(self):
+        b = " ".join(self.block().split())
+        self.assertIn("forward time 0.94–1.00× the barrier's over 2 cases (Qwen3-30B-A3B EP-8 slice T=8192 zipf "
+                      "0.94×); against c5c4276's build in the same rounds 1.00×, same bits.", b)
+
     def test_side_stream_figure(self):
         b = " ".join(self.block().split())
         self.assertIn("backward time over one stream's: windows 0.98–0.99× over 2 cases (DeepSeek-V3 T=8192 uniform "
@@ -282,7 +292,7 @@ class Figures(Fixture):
 
     def test_every_line_names_its_results_file_and_run(self):
         lines = rf.render(self.results)[0].split("\n- ")[1:]
-        self.assertEqual(len(lines), 23)
+        self.assertEqual(len(lines), 24)
         for line in lines:
             self.assertRegex(" ".join(line.split()), r"\*\[`[a-z0-9-]+\.json`\]\(bench/results/[a-z0-9-]+\.json\): "
                                                      r"\d× NVIDIA H200, commit (45ca210|not recorded), 2026-11-30\*")

@@ -153,13 +153,18 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
   mbar_fence_init();
   __syncthreads();
   const bool mover = t < cs.slots;
-  // Movers go in rounds of one row each, a CTA barrier between rounds (every thread takes part:
-  // the round count is uniform). Each slot's reuse is already ordered by its mbarrier and the bulk
-  // store's read wait; the barrier is for compute-sanitizer's racecheck, which does not see that
-  // ordering for bulk copies and reported every refill of a slot as a write-after-write race
-  // (attributed to other threads) whenever a mover took two rows in one step. (A named barrier
-  // over the movers' warps silenced those, but racecheck then reported the action word, written
-  // by thread 0 after the step's closing __syncthreads, as racing with the step's reads.)
+  // Each mover takes its rows one after another through its own slot, whose reuse is ordered by
+  // the slot's mbarrier and the bulk store's read wait. With p.mover_rounds (racecheck runs:
+  // scripts/sanitize.sh) the movers go in rounds of one row each with a CTA barrier between rounds
+  // (every thread takes part: the round count is uniform). compute-sanitizer's racecheck does not
+  // see the ordering above for bulk copies and reports every refill of a slot as a write-after-write
+  // race (attributed to other threads) whenever a mover takes two rows in one step; the barrier is
+  // one it models. It orders nothing the copies rely on, and it costs: each round waits for its
+  // slowest load (one H100, EP 1: +2-3.5% at Qwen3-30B-A3B, +6% at its EP-8 slice;
+  // bench/results/movers-rounds-ab-h100x1.json), so the layer runs without it. (A named barrier
+  // over the movers' warps silenced those reports too, but racecheck then reported the action
+  // word, written by thread 0 after the step's closing __syncthreads, as racing with the step's
+  // reads.)
   uint8_t* my_row = cs.rows + size_t(t) * row_bytes;
   uint64_t* my_bar = cs.bars + t;
   uint32_t parity = 0;
@@ -228,9 +233,10 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
       const uint8_t* staged = cs.zero;
       if (slot_dead) return;  // a load into the slot may still be in flight
       if (from != nullptr) {
-        // The slot's previous row has been read out by its bulk store (issued by this thread in
-        // an earlier round): waited for here, where the slot is refilled, rather than right after
-        // the store, so the store's read overlaps the round barrier and the next round's start.
+        // The slot's previous row has been read out by its bulk store (issued by this thread for
+        // its previous row): waited for here, where the slot is refilled, rather than right after
+        // the store, so the store's read overlaps the next row's address math (and, in rounds, the
+        // round barrier).
         tma_store_wait_read<0>();
         mbar_arrive_expect_tx(my_bar, bytes + (from_scales != nullptr ? scale_bytes : 0u));
         bulk_load(my_row, from, bytes, my_bar);
@@ -274,7 +280,7 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
         const int32_t n = *cs.count;
         for (int32_t i0 = 0; i0 < n; i0 += cs.slots) {
           if (mover && i0 + t < n) move_row(cs.list[i0 + t]);
-          __syncthreads();
+          if (p.mover_rounds) __syncthreads();
         }
         __syncthreads();  // the list is refilled next
       }
@@ -282,7 +288,7 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
 #pragma unroll 1
       for (int32_t base = r.begin + first - t; base < r.end; base += stride) {
         if (mover && base + t < r.end) move_row(base + t);
-        __syncthreads();
+        if (p.mover_rounds) __syncthreads();
       }
     }
     if (mover) {

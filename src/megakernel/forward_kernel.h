@@ -64,6 +64,8 @@ struct ForwardParams {
   int32_t skew_stages = 0;  // stagger of the consumer warpgroups in K blocks (engine's Skew; 0 = off)
   int32_t split_n = 1;      // tiles with <= 64 token rows: both warpgroups on those rows (0: warpgroup 0 alone)
   int32_t cluster = 0;      // 1: 2-CTA clusters, tickets are pairs of M tiles (plan.pair), B multicast
+  int32_t mover_rounds = 0;  // 1: the comm CTAs' movers take one row per round, a CTA barrier between
+                             // rounds (forward_comm.cuh: for racecheck); 0: each mover runs on alone
   // Clusters: rank 0 hands rank 1 its tasks through global memory, kForwardTaskSlots slots of
   // kForwardTaskSlotBytes per cluster (cluster c = blockIdx.x / 2), kForwardClusterSlotBytes(grid).
   void* cluster_slots = nullptr;

@@ -334,6 +334,8 @@ void Layer::Impl::setup_megakernel(const mk::ForwardSetup& fs) {
   if (const char* sn = std::getenv("MOK_MK_SPLIT_N")) mkp.split_n = std::atoi(sn) != 0 ? 1 : 0;
   // MOK_MK_GROUP_M=n: raster groups of n tickets along M inside a minibatch's block (0: all).
   if (const char* gm = std::getenv("MOK_MK_GROUP_M")) ps.group_m = std::max(0, std::atoi(gm));
+  // MOK_MK_MOVER_ROUNDS=1: the comm CTAs' movers in rounds (for racecheck; scripts/sanitize.sh).
+  mkp.mover_rounds = env_flag("MOK_MK_MOVER_ROUNDS", false) ? 1 : 0;
   if (profile) {
     stats = DeviceBuffer(static_cast<size_t>(sms) * mk::kForwardStatWords * 8, "megakernel profile");
     MOK_CUDA_CHECK(cudaMemset(stats.p, 0, static_cast<size_t>(sms) * mk::kForwardStatWords * 8));
