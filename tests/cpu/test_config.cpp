@@ -131,6 +131,15 @@ TEST(ConfigValidation, CommSmsFromTheShape) {
   EXPECT_EQ(sms(8192, 8192), 4);   // clamped
   c.fwd_comm_sms = 20;
   EXPECT_EQ(sms(7168, 2048), 20);  // explicit value wins
+  // One GPU (local copies): at most 16; the shapes below 16 keep their value.
+  c.fwd_comm_sms = 0;
+  const auto one = [&](int64_t H, int64_t I) {
+    return c.resolved_fwd_comm_sms(mok::LayerShape::uniform(1, 8192, H, I, 128, 8));
+  };
+  EXPECT_EQ(one(2048, 768), 16);   // Qwen3-30B-A3B (24 at EP > 1)
+  EXPECT_EQ(one(4096, 1536), 12);  // Qwen3-235B
+  EXPECT_EQ(one(7168, 2048), 8);   // DeepSeek-V3
+  EXPECT_EQ(one(1024, 128), 16);
 }
 
 TEST(ConfigValidation, MinibatchNotMultipleOf128) {
