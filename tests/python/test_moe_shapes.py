@@ -74,3 +74,19 @@ def test_shape_errors_name_the_argument():
         m(x, idx, w.reshape(-1, K))
     with pytest.raises(mok.Error, match=r"'topk_idx': .*got \[3, 4, 2\]"):
         m(x, idx[:, :4], w)
+
+
+def test_compile_fullgraph_traces_a_block_on_batch_and_sequence():
+    # The shape a training stack's block has: [B, S, H] activations, a bf16 router.
+    torch.manual_seed(7)
+    m = mok.MoE(H, I, E, K)
+    router = torch.nn.Linear(H, E, dtype=torch.bfloat16)
+
+    def block(x):
+        idx, w = mok.route(router(x), K)
+        return x + m(x, idx, w.to(torch.bfloat16))
+
+    x = inputs(8)[0]
+    eager = block(x)
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")(x)
+    assert compiled.shape == (B, S, H) and torch.equal(eager, compiled)
