@@ -10,19 +10,27 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 for a in "$@"; do
   case "$a" in --help|-h)
     echo "usage: scripts/run.sh [mok_bench options]"
-    echo "Builds mok_bench in \$MOK_BUILD (default build/release) and runs it with these options; on GPUs"
-    echo "it also runs the PyTorch+NCCL baseline. Results as JSON under \$MOK_OUT (default build/results):"
-    echo "forward-<gpu>x<n>.json on GPUs, mok-cpu.json (with the verdict) on the CPU. On GPUs the same cases"
-    echo "run again in FP8 and MXFP8 (--precision fp8 / mxfp8: the FP8 megakernels, forward only; MOK_FP8=0"
-    echo "skips both, MOK_MXFP8=0 the MXFP8 one, and so does giving --precision or --path)."
+    echo "Builds mok_bench in \$MOK_BUILD (default build/release; MOK_BENCH=<path>: that binary, no build) and"
+    echo "runs it with these options; on GPUs it also runs the PyTorch+NCCL baseline. Results as JSON under"
+    echo "\$MOK_OUT (default build/results): forward-<gpu>x<n>.json on GPUs, mok-cpu.json (with the verdict)"
+    echo "on the CPU. On GPUs the same cases run again in FP8 and MXFP8 (--precision fp8 / mxfp8: the FP8"
+    echo "megakernels, forward only; MOK_FP8=0 skips both, MOK_MXFP8=0 the MXFP8 one, and so does giving"
+    echo "--precision or --path)."
     echo
     cat "$MOK_ROOT/bench/mok_bench_usage.txt"
     exit 0 ;;
   esac
 done
-mok_ensure_deps
-mok_build --target mok_bench
-bench="$MOK_BUILD/bench/mok_bench"
+# MOK_BENCH=<a built mok_bench>: run that one, build nothing (a GPU machine's call with prebuilt
+# binaries: scripts/prebuilt.sh, scripts/ep_device.sh).
+if [ -n "${MOK_BENCH:-}" ]; then
+  [ -x "$MOK_BENCH" ] || { mok_log "MOK_BENCH=$MOK_BENCH is not an executable file"; exit 2; }
+  bench="$MOK_BENCH"
+else
+  mok_ensure_deps
+  mok_build --target mok_bench
+  bench="$MOK_BUILD/bench/mok_bench"
+fi
 out="${MOK_OUT:-$MOK_ROOT/build/results}"
 mkdir -p "$out"
 # The commit the results files record (the GPU machines get a tree without .git and pass it in).

@@ -81,5 +81,17 @@ MOK_BUILD="$tmp/no-build" bash "$root/scripts/run.sh" --cpu -h >"$tmp/help" 2>"$
 grep -qF -- "--comm-sms N" "$tmp/help" || fail "scripts/run.sh --help lacks mok_bench's options: $(cat "$tmp/help")"
 [ ! -e "$tmp/no-build" ] || fail "scripts/run.sh --help created its build folder"
 [ ! -s "$tmp/err" ] || fail "scripts/run.sh --help wrote to stderr (built?): $(cat "$tmp/err")"
+# MOK_BENCH: scripts/run.sh runs that binary and builds nothing (a GPU call with prebuilt binaries).
+rc=0
+MOK_BUILD="$tmp/no-build" MOK_BENCH="$bench" MOK_OUT="$tmp/run-out" bash "$root/scripts/run.sh" --cpu --preset tiny \
+  --reps 1 >"$tmp/out" 2>"$tmp/err" || rc=$?
+[ "$rc" -eq 0 ] || fail "MOK_BENCH=mok_bench scripts/run.sh --cpu: exit code $rc: $(cat "$tmp/err")"
+[ -s "$tmp/run-out/mok-cpu.json" ] || fail "MOK_BENCH=mok_bench scripts/run.sh --cpu wrote no mok-cpu.json"
+[ ! -e "$tmp/no-build" ] || fail "MOK_BENCH=mok_bench scripts/run.sh created its build folder"
+rc=0
+MOK_BUILD="$tmp/no-build" MOK_BENCH="$tmp/no-such-bench" bash "$root/scripts/run.sh" --cpu >"$tmp/out" 2>"$tmp/err" || rc=$?
+[ "$rc" -eq 2 ] || fail "scripts/run.sh with a missing MOK_BENCH: exit code $rc, expected 2"
+grep -qF "MOK_BENCH=$tmp/no-such-bench is not an executable file" "$tmp/err" "$tmp/out" ||
+  fail "scripts/run.sh with a missing MOK_BENCH: no message naming it: $(cat "$tmp/err" "$tmp/out")"
 
 finish mok_bench

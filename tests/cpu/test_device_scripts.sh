@@ -2,8 +2,8 @@
 # The scripts that run on the GPU machine must not fail there on a syntax error or a missing
 # argument (a device call is minutes of a budget of 30): every shell script of bench/, scripts/
 # and tools/ parses (bash -n), bench/gemm/ab_device.sh without its base tarball stops at once,
-# naming BASE_TAR, before building anything, and bench/knobs_ab.sh runs its variants as asked
-# (below).   Usage: test_device_scripts.sh REPO_ROOT
+# naming BASE_TAR, before building anything, bench/knobs_ab.sh runs its variants as asked and
+# scripts/ep_device.sh its steps (below).   Usage: test_device_scripts.sh REPO_ROOT
 set -uo pipefail
 root="$1"
 # shellcheck source=tests/cpu/cli_check.sh
@@ -64,4 +64,20 @@ OUT="$tmp/kab2" BENCH="$tmp/bench" VARIANTS="nocolon" expect_refused "variant 'n
 OUT="$tmp/kab2" BENCH="$tmp/bench" VARIANTS="a:" ROUNDS=0 expect_refused "ROUNDS" bash "$root/bench/knobs_ab.sh"
 OUT="$tmp/kab2" BENCH="$tmp/missing" VARIANTS="a:" expect_refused "BENCH" bash "$root/bench/knobs_ab.sh"
 OUT="$tmp/kab2" VARIANTS="" expect_refused "set VARIANTS" bash "$root/bench/knobs_ab.sh"
+
+# scripts/ep_device.sh (the multi-GPU call) in its dry run: the steps asked for, in order, with the
+# prebuilt binaries (the main job through run.sh's MOK_BENCH, the knobs through knobs_ab.sh's BENCH);
+# bad settings stop it (exit 2).
+if OUT="$tmp/ep" EP_DRY_RUN=1 EP_STEPS="main knobs" bash "$root/scripts/ep_device.sh" >"$tmp/ep.out" 2>&1; then
+  grep -q '^main: env MOK_BENCH=devrun/bin/mok_bench .*scripts/run.sh --tokens 8192 --routings uniform --no-ablation$' "$tmp/ep/summary.txt" ||
+    fail "ep_device.sh: the main step is not run.sh with the prebuilt mok_bench: $(cat "$tmp/ep/summary.txt")"
+  grep -q '^knobs: env BENCH=devrun/bin/mok_bench .*MOK_BWD_PULL_AHEAD=0.*bench/knobs_ab.sh$' "$tmp/ep/summary.txt" ||
+    fail "ep_device.sh: the knobs step is not knobs_ab.sh: $(cat "$tmp/ep/summary.txt")"
+  [ "$(cut -d: -f1 "$tmp/ep/summary.txt" | tr '\n' ' ')" = "main knobs " ] ||
+    fail "ep_device.sh: steps other than those asked for: $(cat "$tmp/ep/summary.txt")"
+else
+  fail "ep_device.sh dry run failed: $(cat "$tmp/ep.out")"
+fi
+OUT="$tmp/ep2" EP_DRY_RUN=1 EP_STEPS="main bogus" expect_refused "unknown step 'bogus'" bash "$root/scripts/ep_device.sh"
+OUT="$tmp/ep2" EP_DRY_RUN=1 EP_BUDGET_S=10m expect_refused "EP_BUDGET_S" bash "$root/scripts/ep_device.sh"
 finish "device-script"
