@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 
+import warnings
+
 import torch
 
 from . import _comm
@@ -31,7 +33,8 @@ class MoE(torch.nn.Module):
     (bf16, the layer's precision). ``group``: the EP process group (a torch.distributed
     ProcessGroup; None = one rank). With a group of W ranks each rank's module holds its E / W
     experts (rank r: experts [r E/W, (r+1) E/W)), every rank calls the module with the same token
-    count T (pad with topk_idx = -1 rows, which cost no expert work) and ``topk_idx`` holds global
+    count T (pad with topk_idx = -1 rows, which cost no expert work; ``max_tokens`` does it) and
+    ``topk_idx`` holds global
     expert ids; the routed weights' gradients are complete (every rank's tokens), the shared
     expert's cover this rank's tokens only (sum them over the group, as for any replicated weight).
     Calls are collective over the group: every rank runs the same modules in the same order. An
@@ -52,11 +55,20 @@ class MoE(torch.nn.Module):
     ``fuse_wgrad_accumulation=True`` (bf16, eager): the routed experts' weight gradients are added to
     each weight's fp32 ``main_grad`` (made as zeros when missing) instead of ``.grad``, as training
     stacks accumulate over microbatches (``mok/_fused_wgrad.py``).
+    The GPU layer is built for a token count: one per distinct T a module is called with, each with
+    its own buffers (a warning past ``MANY_LAYERS``). ``max_tokens=N`` runs every call of up to N
+    tokens on one layer built for N (the call padded with rows of no route, the output cut back;
+    the same bits as the unpadded call): the memory of a model whose token count varies (the last
+    batch, evaluation, variable packing) stays that of one T, and with an EP group the ranks may
+    then call with different T.
     """
+
+    MANY_LAYERS = 4  # GPU layers (token counts) one module builds before it warns
 
     def __init__(self, hidden: int, intermediate: int, experts: int, top_k: int, shared_intermediate: int = 0, *,
                  group=None, device=None, dtype: torch.dtype = torch.bfloat16, init_std: float = 0.02,
-                 fuse_wgrad_accumulation: bool = False, nccl_comm: str = "own", **config):
+                 fuse_wgrad_accumulation: bool = False, nccl_comm: str = "own", max_tokens: int | None = None,
+                 **config):
         super().__init__()
         unknown = sorted(set(config) - set(CONFIG_KNOBS))
         if unknown:
@@ -67,6 +79,10 @@ class MoE(torch.nn.Module):
                 raise ValueError(f"mok.MoE: '{name}' must be a positive multiple of {step}, got {value!r}")
         if top_k > experts:
             raise ValueError(f"mok.MoE: 'top_k' must be <= experts ({experts}), got {top_k}")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or
+                                       max_tokens < 1):
+            raise ValueError(f"mok.MoE: 'max_tokens' must be a positive int or None, got {max_tokens!r}")
+        self.max_tokens = max_tokens
         if not isinstance(shared_intermediate, int) or shared_intermediate < 0:
             raise ValueError(f"mok.MoE: 'shared_intermediate' must be an int >= 0, got {shared_intermediate!r}")
         if config.get("precision", "bf16") not in PRECISIONS:
@@ -133,6 +149,18 @@ class MoE(torch.nn.Module):
             out = self.forward(x.reshape(-1, self.hidden), topk_idx.reshape(-1, self.top_k),
                                topk_w.reshape(-1, self.top_k))
             return out.reshape(*lead, self.hidden)
+        if self.max_tokens is not None and x.shape[0] != self.max_tokens:
+            T, pad = x.shape[0], self.max_tokens - x.shape[0]
+            if pad < 0:
+                raise Error(f"mok: invalid argument 'x': {T} tokens, more than the module's max_tokens = "
+                            f"{self.max_tokens}")
+            # Every call runs on the one layer built for max_tokens: the tokens padded with rows of
+            # no route (topk_idx -1: no expert work, a zero output), the output cut back to T.
+            # A token's result does not depend on the others', so the bits are the unpadded call's.
+            out = self.forward(torch.cat([x, x.new_zeros(pad, self.hidden)]),
+                               torch.cat([topk_idx, topk_idx.new_full((pad, self.top_k), -1)]),
+                               torch.cat([topk_w, topk_w.new_zeros(pad, self.top_k)]))
+            return out[:T]
         if self.config.get("cpu_threads"):
             torch.set_num_threads(int(self.config["cpu_threads"]))
         if not x.is_cuda and self.ep_size > 1:
@@ -168,6 +196,12 @@ class MoE(torch.nn.Module):
                 raise ValueError(f"mok.MoE: the weights must be contiguous on {x.device} (move the module there)")
         key = (x.device.index, T)
         if key not in self._gpu:
+            if len(self._gpu) == self.MANY_LAYERS and self.max_tokens is None:
+                warnings.warn(
+                    f"mok.MoE: a GPU layer for a {len(self._gpu) + 1}th token count (T = {T}; built so far: "
+                    f"{sorted(t for (_, t) in self._gpu)}): each holds its own buffers, and every module of "
+                    "the model does the same; pass max_tokens= to run every call on one layer (calls padded "
+                    "with rows of no route)", stacklevel=3)
             _cuda = _import_cuda()
             knobs = self._layer_knobs()
             from . import _cpu
@@ -237,8 +271,9 @@ class MoE(torch.nn.Module):
         # fuse_wgrad_accumulation: the routed weights' fp32 main_grad (made on the first backward if missing).
         fused = (f", fuse_wgrad_accumulation: main_grad {self.main_grad_bytes() / 2**20:.1f} MiB (fp32)"
                  if self.fuse_wgrad_accumulation else "")
+        cap = f", max_tokens={self.max_tokens}" if self.max_tokens is not None else ""
         return (f"hidden={self.hidden}, intermediate={self.intermediate}, experts={self.experts}, top_k={self.top_k}"
-                f"{shared}, ep_size={self.ep_size}, weights={self.weight_bytes() / 2**20:.1f} MiB{fused}{layer}")
+                f"{shared}, ep_size={self.ep_size}{cap}, weights={self.weight_bytes() / 2**20:.1f} MiB{fused}{layer}")
 
 
 def _knob_text(value) -> str:

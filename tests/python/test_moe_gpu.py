@@ -377,3 +377,25 @@ def test_group_of_one_rank_gives_the_bits_of_no_group(nccl_comm):
         assert torch.equal(a, b), j
     del plain, grouped  # before the group (nccl_comm="group": its NCCL communicator is the group's)
     gc.collect()
+
+
+def test_gpu_max_tokens_builds_one_layer_for_every_token_count():
+    # Calls of 256, 200 and 64 tokens: one GPU layer on the capped module, three on the free one
+    # (and a warning once a module has built MANY_LAYERS); the capped calls give the free ones' bits.
+    pytest.importorskip("mok._cuda")
+    torch.manual_seed(4)
+    free = mok.MoE(H, I, E, K, IS).cuda()
+    capped = mok.MoE(H, I, E, K, IS, max_tokens=T).cuda()
+    capped.load_state_dict(free.state_dict())
+    x, idx, w = inputs(5, "cuda")
+    for n in (T, 200, 64):
+        d_out = torch.randn(n, H, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16).cuda()
+        a = step(free, x[:n], idx[:n], w[:n], d_out)
+        b = step(capped, x[:n], idx[:n], w[:n], d_out)
+        for u, v in zip(a, b):
+            assert torch.equal(u, v)
+    torch.cuda.synchronize()
+    assert len(capped._gpu) == 1 and len(free._gpu) == 3
+    with pytest.warns(UserWarning, match="max_tokens="):
+        for n in range(8, 8 + 8 * mok.MoE.MANY_LAYERS, 8):
+            free(x[:n], idx[:n], w[:n])

@@ -90,3 +90,38 @@ def test_compile_fullgraph_traces_a_block_on_batch_and_sequence():
     eager = block(x)
     compiled = torch.compile(block, fullgraph=True, backend="aot_eager")(x)
     assert compiled.shape == (B, S, H) and torch.equal(eager, compiled)
+
+
+def test_max_tokens_runs_every_call_padded_with_the_unpadded_bits():
+    # One module per setting, the same weights: calls of 15 and 10 tokens (and [B, S] ones) on the
+    # module capped at 24 tokens give the uncapped module's output and gradients, bit for bit.
+    torch.manual_seed(3)
+    free = mok.MoE(H, I, E, K, 64, init_std=0.1)
+    capped = mok.MoE(H, I, E, K, 64, max_tokens=24)
+    capped.load_state_dict(free.state_dict())
+    assert "max_tokens=24" in repr(capped)
+    x3, idx3, w3 = inputs(6)
+    for x, idx, w in ((x3.reshape(-1, H), idx3.reshape(-1, K), w3.reshape(-1, K)),
+                      (x3.reshape(-1, H)[:10], idx3.reshape(-1, K)[:10], w3.reshape(-1, K)[:10]),
+                      (x3, idx3, w3)):
+        d_out = torch.randn(x.shape, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+        got = []
+        for m in (free, capped):
+            m.zero_grad()
+            xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+            out = m(xs, idx, ws)
+            out.backward(d_out)
+            got.append([out, xs.grad, ws.grad] + [p.grad for p in m.parameters()])
+        assert got[1][0].shape == x.shape
+        for a, b in zip(*got):
+            assert torch.equal(a, b)
+
+
+def test_max_tokens_is_checked():
+    x, idx, w = inputs(9)
+    m = mok.MoE(H, I, E, K, max_tokens=14)
+    with pytest.raises(mok.Error, match=r"'x': 15 tokens, more than the module's max_tokens = 14"):
+        m(x, idx, w)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="'max_tokens'"):
+            mok.MoE(H, I, E, K, max_tokens=bad)
