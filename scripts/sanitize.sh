@@ -189,12 +189,12 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 export MOK_TEST_WAIT_TIMEOUT_S=120
-# The forward's comm CTAs in rounds with a CTA barrier between them (forward_comm.cuh): racecheck
-# does not see how one thread's consecutive bulk copies through its own row buffer are ordered (the
-# mbarrier, the bulk store's read wait) and reports each refill as a race unless a barrier it models
-# separates them. The barrier adds no ordering the code relies on (every buffer has one owner), and
-# it costs up to 6% of the forward at small H, so the layer runs without it unless this asks for it.
-export MOK_MK_MOVER_ROUNDS=1
+# racecheck runs get the forward's comm CTAs in rounds with a CTA barrier between them
+# (MOK_MK_MOVER_ROUNDS=1, forward_comm.cuh): racecheck does not see how one thread's consecutive bulk
+# copies through its own row buffer are ordered (the mbarrier, the bulk store's read wait) and
+# reports each refill as a race unless a barrier it models separates them. The barrier adds no
+# ordering the code relies on (every buffer has one owner) and costs up to 6% of the forward at
+# small H, so the layer runs without it, and so do the other tools' runs: they check that path.
 # Two repetitions per layer case (still a run-to-run bit comparison): every launch is slow under
 # the tools, and the layer cases repeat three to twenty times otherwise.
 export MOK_TEST_REPS="${MOK_TEST_REPS:-2}"
@@ -204,10 +204,12 @@ run_one() {  # index: writes $results/<index>.tsv
   local bin="${path_of[${run_key[$1]}]}" log="$OUT/${run_tool[$1]}-${run_test[$1]}.log"
   local id rc t0 t1 seconds errors passed failed clean
   id="$(printf '%03d' "$i")"
-  local cmd=(timeout -k 30 "$timeout_s" "$cs" --tool "$tool" --report-api-errors no
+  local rounds=0
+  [ "$tool" = racecheck ] && rounds=1
+  local cmd=(env MOK_MK_MOVER_ROUNDS="$rounds" timeout -k 30 "$timeout_s" "$cs" --tool "$tool" --report-api-errors no
              --print-limit 100 "$bin" --gtest_filter="$filter")
   if [ "$dry_run" = 1 ]; then
-    printf 'MOK_TEST_WAIT_TIMEOUT_S=120 MOK_MK_MOVER_ROUNDS=1'; printf ' %q' "${cmd[@]}"; printf ' >%q 2>&1\n' "$log"
+    printf 'MOK_TEST_WAIT_TIMEOUT_S=120'; printf ' %q' "${cmd[@]}"; printf ' >%q 2>&1\n' "$log"
     printf '%s\t%s\t%s\t%s\tnull\t0.0\tnull\tnull\tnull\tfalse\n' \
       "$tool" "$test" "$bin" "$filter" >"$results/$id.tsv"
     return
