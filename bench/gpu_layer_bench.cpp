@@ -316,11 +316,9 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
     MOK_REQUIRE(E % W == 0, "GPUs", name, " has ", E, " experts, not divisible by ", W, " ranks");
     const std::string model = name;
     const int64_t H = m->H, I = m->I, k = m->k, e_loc = E / W;
-    // A slice stands for one rank of EP `slice`: it gets the comm SMs that rank would choose
-    // (Config::resolved_fwd_comm_sms has a rule of its own for one GPU, whose copies are local).
-    GpuBenchOptions mo = o;
-    if (slice > 0 && mo.comm_sms == 0)
-      mo.comm_sms = Config{}.resolved_fwd_comm_sms(LayerShape::uniform(slice, 8192, H, I, m->E, k, 0));
+    // A slice stands for one rank of EP `slice`: its variants get the comm SMs that rank would
+    // choose (Config::resolved_fwd_comm_sms has a rule of its own for the megakernel on one GPU).
+    const LayerShape ep_shape = LayerShape::uniform(std::max(slice, 1), 8192, H, I, m->E, k, 0);
     std::vector<RankWeights> weights(static_cast<size_t>(W));
     group.run([&](comm::Communicator& c, size_t r) {
       RankWeights& rw = weights[r];
@@ -346,7 +344,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
         double main_ms = 0;     // the main variant's median, for the drift line of its repeat
         std::vector<std::unique_ptr<RankRun>> main_runs(static_cast<size_t>(W));
         double rel = 0;
-        const std::vector<Variant> variants = variants_for(mo, shape);
+        const std::vector<Variant> variants = variants_for(o, shape, slice > 0 ? &ep_shape : nullptr);
         for (const Variant& var : variants) {
           const Config& cfg = var.cfg;
           std::vector<std::vector<double>> ms(static_cast<size_t>(W));

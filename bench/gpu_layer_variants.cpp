@@ -27,7 +27,12 @@ bool trains(const Config& cfg, const LayerShape& shape) {
          cfg.resolved_macrobatch(shape, device_sms()) < shape.worst_case_rows();
 }
 
-std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& shape) {
+std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& shape, const LayerShape* stands_for) {
+  // Comm SMs chosen from the shape: a slice's are its EP-S rank's, resolved with the variant's own
+  // settings (the combine path halves them).
+  const auto shape_sms = [&](Config& c) {
+    if (o.comm_sms == 0 && stands_for != nullptr) c.fwd_comm_sms = c.resolved_fwd_comm_sms(*stands_for);
+  };
   Config main;
   main.forward_path = o.path;
   main.fwd_comm_sms = o.comm_sms;
@@ -49,6 +54,7 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
     main.share_workspace = true;
     main.workspace_budget_bytes = o.workspace_budget_mb * 1000000;
   }
+  shape_sms(main);
   std::vector<Variant> v{{to_string(o.path), main}};
   if (main.precision != Precision::BF16) {  // no variants to compare bitwise
     v[0].name = std::string(to_string(o.path)) + "-" + to_string(main.precision) +
@@ -101,6 +107,8 @@ std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& sh
   {
     Config c = mk;
     c.combine = CombinePath::Fc2Epilogue;
+    c.fwd_comm_sms = o.comm_sms;
+    shape_sms(c);
     v.push_back({"megakernel-epilogue-combine", at_main_ring(c)});
   }
   {

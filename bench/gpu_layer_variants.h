@@ -30,7 +30,10 @@ struct Variant {
 // the megakernel with a ring below the worst case (its backward over windows).
 bool trains(const Config& cfg, const LayerShape& shape);
 
-// The variants measured at one shape: the main one first.
-std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& shape);
+// The variants measured at one shape: the main one first. `stands_for` (an EP-S slice run on
+// fewer GPUs: the EP-S shape) gives the variants whose comm SMs are chosen from the shape the
+// value an EP-S rank would choose (the rule for one GPU differs).
+std::vector<Variant> variants_for(const GpuBenchOptions& o, const LayerShape& shape,
+                                  const LayerShape* stands_for = nullptr);
 
 }  // namespace mok::bench

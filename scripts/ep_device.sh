@@ -5,7 +5,8 @@
 # steps go most important first and each is bounded by what is left of EP_BUDGET_S, leaving time
 # to pack the logs:
 #   env      GPUs, topology, the prebuilt commit
-#   tests    every prebuilt GPU test binary (their multi-GPU cases run when the GPUs are visible)
+#   tests    the prebuilt GPU test binaries with multi-GPU cases (EP_TESTS, default the layer and
+#            reliability suites; the others have one-GPU cases only)
 #   python   the package's EP tests (tests/python/test_moe_ep.py: one process per GPU) and its
 #            other GPU tests
 #   main     the main job: scripts/run.sh with MOK_BENCH (mok_bench on every GPU, the PyTorch+NCCL
@@ -16,10 +17,12 @@
 #            MOK_BWD_PULL_AHEAD, MOK_BWD_PUSH_BESIDE off vs the default on), DeepSeek-V3 and
 #            Qwen3-235B at T 8192
 # Environment: OUT (default /tmp/ep-device-out; the device sets it), EP_STEPS (default
-# "env tests python main knobs"), EP_BUDGET_S (default 560 s for all of it), EP_DRY_RUN=1 (print
-# each step's command and run nothing: checked by ctest device_scripts).
+# "env tests python main knobs"), EP_BUDGET_S (default 560 s for all of it), EP_STEP_MAX_S (default
+# 240 s: no step takes all that is left), EP_DRY_RUN=1 (print each step's command and run nothing:
+# checked by ctest device_scripts).
 # Writes $OUT/summary.txt (one line per step: exit status, seconds, the tests' tallies), the JSON
-# results under $OUT/results/ and everything else in $OUT/logs.tgz.
+# results under $OUT/results/ and everything else in $OUT/logs.tgz. Exit status 1 when a step
+# failed or timed out, 2 on a bad setting.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,6 +32,8 @@ LOGS="$OUT/logs"
 mkdir -p "$LOGS" "$OUT/results"
 budget="${EP_BUDGET_S:-560}"
 [[ "$budget" =~ ^[1-9][0-9]*$ ]] || { echo "ep_device: EP_BUDGET_S must be a positive whole number, got '$budget'" >&2; exit 2; }
+step_max="${EP_STEP_MAX_S:-240}"
+[[ "$step_max" =~ ^[1-9][0-9]*$ ]] || { echo "ep_device: EP_STEP_MAX_S must be a positive whole number, got '$step_max'" >&2; exit 2; }
 steps="${EP_STEPS:-env tests python main knobs}"
 for s in $steps; do
   case "$s" in env|tests|python|main|knobs) ;;
@@ -44,9 +49,10 @@ fi
 start=$SECONDS
 summary="$OUT/summary.txt"
 : >"$summary"
+failed=0
 
-# step NAME CMD...: CMD bounded by what is left (keeping 20 s to pack), its output in logs/NAME.log,
-# a summary line. A step with less than 30 s left is skipped, and says so.
+# step NAME CMD...: CMD bounded by EP_STEP_MAX_S and by what is left (keeping 20 s to pack), its
+# output in logs/NAME.log, a summary line. A step with less than 30 s left is skipped, and says so.
 step() {
   local name="$1" left rc t0
   shift
@@ -61,13 +67,17 @@ step() {
     echo "$name: skipped (${left}s left of ${budget}s)" | tee -a "$summary"
     return 0
   fi
+  [ "$left" -le "$step_max" ] || left="$step_max"
   t0=$SECONDS
   timeout -k 10 "$left" "$@" >"$LOGS/$name.log" 2>&1
   rc=$?
-  local tally
-  tally="$(grep -hE '^\[  (PASSED|FAILED|SKIPPED) ' "$LOGS/$name.log" | tr -s ' ' | tr '\n' ' ')"
-  [ -n "$tally" ] || tally="$(grep -hE '^[0-9]+ (passed|failed)|[0-9]+ passed' "$LOGS/$name.log" | tail -1)"
-  echo "$name: exit $rc$([ "$rc" -eq 124 ] && echo ' (timed out)'), $((SECONDS - t0)) s. $tally" | tee -a "$summary"
+  [ "$rc" -eq 0 ] || failed=1
+  local tally late=""
+  # gtest's closing tallies, or pytest's last line ("3 passed, 1 skipped in 9.1s", "no tests ran").
+  tally="$(grep -hE '^\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ tests?' "$LOGS/$name.log" | tr -s ' ' | tr '\n' ' ')"
+  [ -n "$tally" ] || tally="$(grep -hE '(passed|failed|skipped|error|no tests ran)' "$LOGS/$name.log" | tail -1)"
+  { [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; } && late=" (timed out after ${left} s)"
+  echo "$name: exit $rc$late, $((SECONDS - t0)) s. $tally" | tee -a "$summary"
 }
 
 for s in $steps; do
@@ -76,9 +86,8 @@ for s in $steps; do
       step env bash -c 'nvidia-smi --query-gpu=index,name,memory.total,clocks.max.sm,power.limit --format=csv;
         nvidia-smi topo -m; cat devrun/commit 2>/dev/null; python3 -c "import torch; print(torch.__version__, torch.cuda.device_count())"' ;;
     tests)
-      for b in devrun/bin/mok_gpu_*_tests; do
-        [ -x "$b" ] || [ "$dry" = 1 ] || continue
-        step "$(basename "$b")" "$b"
+      for b in ${EP_TESTS:-mok_gpu_layer_tests mok_gpu_reliability_tests}; do
+        step "$b" "devrun/bin/$b"
       done ;;
     python)
       step python_ep python3 -m pytest -q tests/python/test_moe_ep.py
@@ -91,7 +100,8 @@ for s in $steps; do
       step knobs env BENCH=devrun/bin/mok_bench OUT="$LOGS/knobs" OUT_NAME=bwd-movement-ab FIELD=mok_bwd_ms \
         VARIANTS="default: ahead_off:MOK_BWD_PULL_AHEAD=0 beside_off:MOK_BWD_PUSH_BESIDE=0" \
         MODELS=dsv3,qwen3-235b TOKENS=8192 ROUNDS=2 bash bench/knobs_ab.sh
-      [ "$dry" = 1 ] || cp "$LOGS/knobs/bwd-movement-ab.json" "$OUT/results/" 2>/dev/null ;;
+      [ "$dry" = 1 ] || cp "$LOGS/knobs/bwd-movement-ab.json" "$OUT/results/" ||
+        echo "knobs: no joined report (see logs/knobs.log)" | tee -a "$summary" ;;
   esac
 done
 if [ "$dry" != 1 ]; then
@@ -99,3 +109,4 @@ if [ "$dry" != 1 ]; then
   echo "ep_device: $((SECONDS - start)) s; summary $summary, results $OUT/results, logs $OUT/logs.tgz"
 fi
 cat "$summary"
+exit "$failed"

@@ -24,7 +24,7 @@ done
 # MOK_BENCH=<a built mok_bench>: run that one, build nothing (a GPU machine's call with prebuilt
 # binaries: scripts/prebuilt.sh, scripts/ep_device.sh).
 if [ -n "${MOK_BENCH:-}" ]; then
-  [ -x "$MOK_BENCH" ] || { mok_log "MOK_BENCH=$MOK_BENCH is not an executable file"; exit 2; }
+  [ -f "$MOK_BENCH" ] && [ -x "$MOK_BENCH" ] || { mok_log "MOK_BENCH=$MOK_BENCH is not an executable file"; exit 2; }
   bench="$MOK_BENCH"
 else
   mok_ensure_deps

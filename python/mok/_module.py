@@ -25,7 +25,7 @@ class MoE(torch.nn.Module):
     """One rank's routed experts (and an optional shared expert) of an expert-parallel MoE layer.
 
     ``forward(x, topk_idx, topk_w)`` takes the router's choice (global expert ids, -1 = empty
-    slot, and the weights) and returns ``shared(x) + sum_j topk_w[:, j] * FFN_{topk_idx[:, j]}(x)``;
+    slot, and the weights) and returns ``shared(x) + sum_j topk_w[..., j] * FFN_{topk_idx[..., j]}(x)``;
     x is [..., H] (e.g. [B, S, H]) and the router's tensors [..., top_k] with x's leading dimensions
     (``topk_w`` in fp32, or bf16 / fp16, taken as fp32).
     The weights are Parameters: ``w_gate``, ``w_up`` [E_loc, I, H], ``w_down`` [E_loc, H, I] and, with
@@ -59,8 +59,10 @@ class MoE(torch.nn.Module):
     its own buffers (a warning past ``MANY_LAYERS``). ``max_tokens=N`` runs every call of up to N
     tokens on one layer built for N (the call padded with rows of no route, the output cut back;
     the same bits as the unpadded call): the memory of a model whose token count varies (the last
-    batch, evaluation, variable packing) stays that of one T, and with an EP group the ranks may
-    then call with different T.
+    batch, evaluation, variable packing) stays that of one T. The padding costs no routed expert
+    work, but the shared expert, the merge and autograd's saved x run at N rows. With an EP group
+    and the same max_tokens on every rank, the ranks may call with different T (every rank still
+    calls, 0 tokens included).
     """
 
     MANY_LAYERS = 4  # GPU layers (token counts) one module builds before it warns
@@ -145,22 +147,25 @@ class MoE(torch.nn.Module):
             # A router in the model's dtype gives its weights in bf16 / fp16; the layer takes them in
             # fp32 (exact: a widening cast), and autograd casts their gradient back.
             topk_w = topk_w.float()
-        if x.dim() != 2:
-            out = self.forward(x.reshape(-1, self.hidden), topk_idx.reshape(-1, self.top_k),
-                               topk_w.reshape(-1, self.top_k))
-            return out.reshape(*lead, self.hidden)
-        if self.max_tokens is not None and x.shape[0] != self.max_tokens:
-            T, pad = x.shape[0], self.max_tokens - x.shape[0]
+        T = x.numel() // self.hidden
+        x, topk_idx, topk_w = x.reshape(T, self.hidden), topk_idx.reshape(T, self.top_k), topk_w.reshape(T, self.top_k)
+        if self.max_tokens is not None and T != self.max_tokens:
+            pad = self.max_tokens - T
             if pad < 0:
                 raise Error(f"mok: invalid argument 'x': {T} tokens, more than the module's max_tokens = "
                             f"{self.max_tokens}")
             # Every call runs on the one layer built for max_tokens: the tokens padded with rows of
-            # no route (topk_idx -1: no expert work, a zero output), the output cut back to T.
-            # A token's result does not depend on the others', so the bits are the unpadded call's.
-            out = self.forward(torch.cat([x, x.new_zeros(pad, self.hidden)]),
-                               torch.cat([topk_idx, topk_idx.new_full((pad, self.top_k), -1)]),
-                               torch.cat([topk_w, topk_w.new_zeros(pad, self.top_k)]))
-            return out[:T]
+            # no route (topk_idx -1: no routed expert work, a zero routed output), the output cut
+            # back to T. A token's result does not depend on the others', so the bits are the
+            # unpadded call's.
+            x = torch.cat([x, x.new_zeros(pad, self.hidden)])
+            topk_idx = torch.cat([topk_idx, topk_idx.new_full((pad, self.top_k), -1)])
+            topk_w = torch.cat([topk_w, topk_w.new_zeros(pad, self.top_k)])
+        return self._forward_tokens(x, topk_idx, topk_w)[:T].reshape(*lead, self.hidden)
+
+    def _forward_tokens(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
+        """The layer over x [T, H], topk_idx and topk_w [T, top_k] (forward's checked, flattened and
+        padded arguments)."""
         if self.config.get("cpu_threads"):
             torch.set_num_threads(int(self.config["cpu_threads"]))
         if not x.is_cuda and self.ep_size > 1:
@@ -198,10 +203,10 @@ class MoE(torch.nn.Module):
         if key not in self._gpu:
             if len(self._gpu) == self.MANY_LAYERS and self.max_tokens is None:
                 warnings.warn(
-                    f"mok.MoE: a GPU layer for a {len(self._gpu) + 1}th token count (T = {T}; built so far: "
+                    f"mok.MoE: one more GPU layer, for T = {T} (built so far for T = "
                     f"{sorted(t for (_, t) in self._gpu)}): each holds its own buffers, and every module of "
                     "the model does the same; pass max_tokens= to run every call on one layer (calls padded "
-                    "with rows of no route)", stacklevel=3)
+                    "with rows of no route)", stacklevel=2)
             _cuda = _import_cuda()
             knobs = self._layer_knobs()
             from . import _cpu

@@ -116,12 +116,14 @@ int Config::resolved_fwd_comm_sms(const LayerShape& shape) const {
   // With the combine in the FC2 epilogue the comm CTAs only pull: half the bytes.
   const int64_t per = combine == CombinePath::Fc2Epilogue ? 8192 : 16384;
   const int64_t sms = sched::round_up(per / std::max<int64_t>(1, shape.intermediate), 4);
-  // On one GPU the pull and the push are local copies, with no link latency to cover by bytes in
-  // flight: at most 16. Measured on one H100 (EP 1, movers without rounds; bench/results/
-  // fwd-comm-sms-ep1-h100x1.json): Qwen3-30B-A3B T 8192 0.967x / 0.974x with 16 instead of 24
-  // (uniform / Zipf; T 2048 1.007x), 12 worse (1.04-1.12x); DeepSeek-V3's 8 and Qwen3-235B's 12
-  // (8: 1.039x) stay. (mok_bench's EP-8 slices on one GPU keep the EP-8 rank's value.)
-  const int64_t cap = shape.world_size() == 1 ? 16 : 32;
+  // The megakernel on one GPU: its comm CTAs' pulls and pushes are local copies, with no link
+  // latency to cover by bytes in flight, and the SMs they leave compute: at most 16. Measured on one
+  // H100 (EP 1, every row resident, movers without rounds; bench/results/fwd-comm-sms-ep1-h100x1.json):
+  // Qwen3-30B-A3B T 8192 0.967x / 0.974x with 16 instead of 24 (uniform / Zipf; T 2048 1.007x), 12
+  // worse (1.04-1.12x); DeepSeek-V3's 8 and Qwen3-235B's 12 (8: 1.039x) stay. The unfused path's
+  // movement kernels, which run alone, keep the rule's grid; so do mok_bench's EP-8 slices (the
+  // EP-8 rank's value).
+  const int64_t cap = shape.world_size() == 1 && forward_path == ForwardPath::Megakernel ? 16 : 32;
   return static_cast<int>(std::clamp<int64_t>(sms, 4, cap));
 }
 

@@ -131,7 +131,7 @@ TEST(ConfigValidation, CommSmsFromTheShape) {
   EXPECT_EQ(sms(8192, 8192), 4);   // clamped
   c.fwd_comm_sms = 20;
   EXPECT_EQ(sms(7168, 2048), 20);  // explicit value wins
-  // One GPU (local copies): at most 16; the shapes below 16 keep their value.
+  // The megakernel on one GPU (local copies): at most 16; the shapes below 16 keep their value.
   c.fwd_comm_sms = 0;
   const auto one = [&](int64_t H, int64_t I) {
     return c.resolved_fwd_comm_sms(mok::LayerShape::uniform(1, 8192, H, I, 128, 8));
@@ -140,6 +140,9 @@ TEST(ConfigValidation, CommSmsFromTheShape) {
   EXPECT_EQ(one(4096, 1536), 12);  // Qwen3-235B
   EXPECT_EQ(one(7168, 2048), 8);   // DeepSeek-V3
   EXPECT_EQ(one(1024, 128), 16);
+  // The unfused path's movement kernels run alone: the rule's grid.
+  c.forward_path = mok::ForwardPath::Unfused;
+  EXPECT_EQ(one(2048, 768), 24);
 }
 
 TEST(ConfigValidation, MinibatchNotMultipleOf128) {

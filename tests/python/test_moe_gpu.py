@@ -381,7 +381,8 @@ def test_group_of_one_rank_gives_the_bits_of_no_group(nccl_comm):
 
 def test_gpu_max_tokens_builds_one_layer_for_every_token_count():
     # Calls of 256, 200 and 64 tokens: one GPU layer on the capped module, three on the free one
-    # (and a warning once a module has built MANY_LAYERS); the capped calls give the free ones' bits.
+    # (and a warning when a module builds layer MANY_LAYERS + 1); the capped calls give the free
+    # ones' bits.
     pytest.importorskip("mok._cuda")
     torch.manual_seed(4)
     free = mok.MoE(H, I, E, K, IS).cuda()

@@ -47,6 +47,21 @@ def test_leading_dimensions_are_the_flattened_tokens():
     assert one.shape == (H,) and torch.equal(one, out2[0].detach())
 
 
+def test_a_subclass_forward_runs_once_per_call():
+    # The flattening and the padding must not go through forward again (a subclass's or a hook's).
+    class Scaled(mok.MoE):
+        def forward(self, x, topk_idx, topk_w):
+            return 0.5 * super().forward(x, topk_idx, topk_w)
+
+    torch.manual_seed(0)
+    plain = mok.MoE(H, I, E, K, init_std=0.1)
+    for kw in ({}, {"max_tokens": 20}):
+        scaled = Scaled(H, I, E, K, **kw)
+        scaled.load_state_dict(plain.state_dict())
+        x, idx, w = inputs(2)
+        assert torch.equal(scaled(x, idx, w), 0.5 * plain(x, idx, w))
+
+
 def test_router_weights_in_bf16_are_taken_as_fp32():
     torch.manual_seed(0)
     m = mok.MoE(H, I, E, K, init_std=0.1)
