@@ -308,7 +308,8 @@ def _import_cuda():
 
 
 def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A plain softmax top-k router: (topk_idx int32 [T, k], topk_w float32 [T, k])."""
+    """A plain softmax top-k router over logits [..., E]: (topk_idx int32 [..., k], topk_w float32
+    [..., k]), the shapes mok.MoE takes beside x [..., H]."""
     probs = torch.softmax(logits.float(), dim=-1)
     w, idx = torch.topk(probs, top_k, dim=-1)
     return idx.to(torch.int32), w
