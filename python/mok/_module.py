@@ -26,8 +26,9 @@ class MoE(torch.nn.Module):
 
     ``forward(x, topk_idx, topk_w)`` takes the router's choice (global expert ids, -1 = empty
     slot, and the weights) and returns ``shared(x) + sum_j topk_w[..., j] * FFN_{topk_idx[..., j]}(x)``;
-    x is [..., H] (e.g. [B, S, H]) and the router's tensors [..., top_k] with x's leading dimensions
-    (``topk_w`` in fp32, or bf16 / fp16, taken as fp32).
+    x is [..., H] (e.g. [B, S, H]; bf16, or fp32 / fp16 under a bf16 autocast) and the router's
+    tensors [..., top_k] with x's leading dimensions (``topk_w`` in fp32, or bf16 / fp16, taken as
+    fp32).
     The weights are Parameters: ``w_gate``, ``w_up`` [E_loc, I, H], ``w_down`` [E_loc, H, I] and, with
     ``shared_intermediate > 0``, ``ws_gate``, ``ws_up`` [Is, H], ``ws_down`` [H, Is], in ``dtype``
     (bf16, the layer's precision). ``group``: the EP process group (a torch.distributed
@@ -143,6 +144,12 @@ class MoE(torch.nn.Module):
             if list(t.shape) != want:
                 raise Error(f"mok: invalid argument '{name}': shape must be x's leading dimensions + [top_k] = "
                             f"{want}, got {list(t.shape)}")
+        dev = x.device.type
+        if x.dtype in (torch.float32, torch.float16) and torch.is_autocast_enabled(dev) and \
+                torch.get_autocast_dtype(dev) == torch.bfloat16:
+            # Under bf16 autocast activations may arrive in fp32 (a norm computed in fp32): the layer
+            # runs in bf16, as a Linear would; autograd casts x's gradient back.
+            x = x.to(torch.bfloat16)
         if topk_w.dtype in (torch.bfloat16, torch.float16):
             # A router in the model's dtype gives its weights in bf16 / fp16; the layer takes them in
             # fp32 (exact: a widening cast), and autograd casts their gradient back.

@@ -1,8 +1,8 @@
-"""mok.MoE's inputs on CPU tensors: activations with leading dimensions ([B, S, H], as a training
-stack holds them) are the flattened tokens; router weights in bf16 are taken as fp32; the
-router's tensors must match x's leading dimensions and the module's top_k, with errors that name
-the argument on CPU as on CUDA (a model unit-tested on CPU must not meet a new shape error on the
-GPU)."""
+"""mok.MoE's inputs on CPU tensors: activations with leading dimensions ([B, S, H], as a training stack
+holds them) are the flattened tokens; fp32 activations under a bf16 autocast and router weights in
+bf16 are taken as the layer takes them; the router's tensors must match x's leading dimensions and
+the module's top_k, with errors that name the argument on CPU as on CUDA (a model unit-tested on CPU
+must not meet a new shape error on the GPU)."""
 
 import pytest
 import torch
@@ -75,6 +75,25 @@ def test_router_weights_in_bf16_are_taken_as_fp32():
     out16.backward(d_out)
     out32.backward(d_out)
     assert w16.grad.dtype == torch.bfloat16 and torch.equal(w16.grad, w32.grad.to(torch.bfloat16))
+
+
+def test_fp32_activations_under_bf16_autocast_run_in_bf16():
+    torch.manual_seed(0)
+    m = mok.MoE(H, I, E, K, init_std=0.1)
+    x, idx, w = inputs(11)
+    x32 = x.float().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = m(x32, idx, w)
+    x16 = x.clone().requires_grad_()
+    want = m(x16, idx, w)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, want)
+    d_out = torch.randn(B, S, H, generator=torch.Generator().manual_seed(12)).to(torch.bfloat16)
+    out.backward(d_out)
+    want.backward(d_out)
+    assert x32.grad.dtype == torch.float32 and torch.equal(x32.grad, x16.grad.float())
+    # Outside autocast an fp32 x is refused by name.
+    with pytest.raises(mok.Error, match="'x'"):
+        m(x.float(), idx, w)
 
 
 def test_shape_errors_name_the_argument():
