@@ -34,9 +34,9 @@ class MoE(torch.nn.Module):
     (bf16, the layer's precision). ``group``: the EP process group (a torch.distributed
     ProcessGroup; None = one rank). With a group of W ranks each rank's module holds its E / W
     experts (rank r: experts [r E/W, (r+1) E/W)), every rank calls the module with the same token
-    count T (pad with topk_idx = -1 rows, which cost no expert work; ``max_tokens`` does it) and
-    ``topk_idx`` holds global
-    expert ids; the routed weights' gradients are complete (every rank's tokens), the shared
+    count T (pad with topk_idx = -1 rows, which cost no routed expert work; ``max_tokens`` does
+    it) and ``topk_idx`` holds global expert ids; the routed weights' gradients are complete
+    (every rank's tokens), the shared
     expert's cover this rank's tokens only (sum them over the group, as for any replicated weight).
     Calls are collective over the group: every rank runs the same modules in the same order. An
     EP group runs on CUDA tensors; CPU tensors run the reference engine on one rank (group None or
