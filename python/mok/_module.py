@@ -36,8 +36,8 @@ class MoE(torch.nn.Module):
     experts (rank r: experts [r E/W, (r+1) E/W)), every rank calls the module with the same token
     count T (pad with topk_idx = -1 rows, which cost no routed expert work; ``max_tokens`` does
     it) and ``topk_idx`` holds global expert ids; the routed weights' gradients are complete
-    (every rank's tokens), the shared
-    expert's cover this rank's tokens only (sum them over the group, as for any replicated weight).
+    (every rank's tokens), the shared expert's cover this rank's tokens only (sum them over the
+    group, as for any replicated weight).
     Calls are collective over the group: every rank runs the same modules in the same order. An
     EP group runs on CUDA tensors; CPU tensors run the reference engine on one rank (group None or
     of one rank). ``nccl_comm``: "own" (default: mok's own NCCL communicator over the group's
