@@ -80,7 +80,10 @@ struct Config {
   // share each weight tile (TMA multicast), halving weight traffic from L2; fwd_comm_sms must be
   // even. Off: every compute SM loads its own weight tiles.
   bool fwd_clusters = false;
-  int fwd_comm_sms = 0;              // CTAs (one per SM) that move tokens in the forward kernel; 0 = from the shape
+  // CTAs (one per SM) that move tokens in the forward kernel; 0 = from the shape: ~16384 / I,
+  // rounded to 4 in [4, 32] (halved with the FC2-epilogue combine), at most 16 for the megakernel
+  // on one GPU (local copies); the unfused path's movement kernels take it as their grid.
+  int fwd_comm_sms = 0;
   int bwd_comm_sms = 16;             // EP > 1: CTAs of the backward's pushes, run beside its weight
                                      // gradients (which leave these SMs free)
   int64_t minibatch_tokens = 0;      // routed rows per minibatch; 0 = choose from the shape
