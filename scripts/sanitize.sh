@@ -22,6 +22,8 @@
 #   MOK_SANITIZE_TIMEOUT_S  wall-clock bound per run (default 240); a timeout is a failure
 #   MOK_SANITIZE_DRY_RUN=1  print the commands, build and run nothing, write sanitize.json with
 #                           null results (for checking the selection without a GPU)
+#   MOK_SANITIZE_BIN_DIR    take the test binaries from this folder (prebuilt: devrun/bin,
+#                           scripts/prebuilt.sh), build nothing
 #   MOK_SANITIZE_NO_BUILD=1 use the binaries already built (a second pass over one build; the CPU
 #                           test's stub runs); a missing binary fails its runs
 #   MOK_COMMIT              commit recorded in sanitize.json (default: git rev-parse HEAD)
@@ -94,6 +96,10 @@ declare -A path_of=([layer]="$MOK_BUILD/tests/gpu/megakernel/mok_gpu_layer_tests
                     [gemm]="$MOK_BUILD/tests/gpu/gemm/mok_gpu_gemm_tests"
                     [primitives]="$MOK_BUILD/tests/gpu/gemm/mok_gpu_gemm_primitive_tests"
                     [reliability]="$MOK_BUILD/tests/gpu/megakernel/mok_gpu_reliability_tests")
+if [ -n "${MOK_SANITIZE_BIN_DIR:-}" ]; then
+  for k in "${!target_of[@]}"; do path_of[$k]="$MOK_SANITIZE_BIN_DIR/${target_of[$k]}"; done
+  no_build=1
+fi
 gemm_tests='WgradCarry.*:DgradSwiGLURouter.*:GroupedGemm.Fc1SwiGLUSmallExpertsPartialBlocks:GroupedGemm.Fc2SmallExpertsPartialBlocks:GroupedGemm.SplitNForNearlyEmptyTiles:GroupedGemm.WgradKGroupedMaskedPadding:GroupedGemm.DgradMNMajorWeights:GroupedGemm.ClustersMulticastB:FfnBackward.FormsComposeIntoTheSpecifiedBackward'
 all_tools="memcheck racecheck synccheck initcheck"
 # label | binary key | gtest filter | tools it is run under
@@ -151,7 +157,7 @@ cs=compute-sanitizer
 if [ "$dry_run" = 1 ]; then
   mok_log "dry run: would build $(for k in $(printf '%s\n' "${!needed[@]}" | sort); do printf '%s ' "${target_of[$k]}"; done)"
 elif [ "$no_build" = 1 ]; then
-  mok_log "MOK_SANITIZE_NO_BUILD=1: running the binaries found under $MOK_BUILD"
+  mok_log "no build: running the binaries found under ${MOK_SANITIZE_BIN_DIR:-$MOK_BUILD}"
 else
   mok_ensure_deps
   # Configures when needed and regenerates a stale build.ninja, so that the query below sees the
