@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 
@@ -318,7 +319,8 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
     const int64_t H = m->H, I = m->I, k = m->k, e_loc = E / W;
     // A slice stands for one rank of EP `slice`: its variants get the comm SMs that rank would
     // choose (Config::resolved_fwd_comm_sms has a rule of its own for the megakernel on one GPU).
-    const LayerShape ep_shape = LayerShape::uniform(std::max(slice, 1), 8192, H, I, m->E, k, 0);
+    std::optional<LayerShape> ep_shape;
+    if (slice > 0) ep_shape = LayerShape::uniform(slice, 8192, H, I, m->E, k, 0);
     std::vector<RankWeights> weights(static_cast<size_t>(W));
     group.run([&](comm::Communicator& c, size_t r) {
       RankWeights& rw = weights[r];
@@ -344,7 +346,7 @@ int run_gpu_layer_bench(const GpuBenchOptions& o) {
         double main_ms = 0;     // the main variant's median, for the drift line of its repeat
         std::vector<std::unique_ptr<RankRun>> main_runs(static_cast<size_t>(W));
         double rel = 0;
-        const std::vector<Variant> variants = variants_for(o, shape, slice > 0 ? &ep_shape : nullptr);
+        const std::vector<Variant> variants = variants_for(o, shape, ep_shape ? &*ep_shape : nullptr);
         for (const Variant& var : variants) {
           const Config& cfg = var.cfg;
           std::vector<std::vector<double>> ms(static_cast<size_t>(W));

@@ -178,7 +178,7 @@ class MoE(torch.nn.Module):
         if not x.is_cuda and self.ep_size > 1:
             raise ValueError(f"mok.MoE: an EP group of {self.ep_size} ranks ('group') runs on CUDA tensors; CPU "
                              "tensors run the reference engine on one rank (group=None)")
-        layer = self._gpu_layer(x, topk_idx) if x.is_cuda else 0
+        layer = self._gpu_layer(x) if x.is_cuda else 0
         if self.fuse_wgrad_accumulation and torch.is_grad_enabled() and any(
                 w.requires_grad for w in (self.w_gate, self.w_up, self.w_down)):
             if torch.compiler.is_compiling():
@@ -193,15 +193,12 @@ class MoE(torch.nn.Module):
         return [self.w_gate, self.w_up, self.w_down] + (
             [self.ws_gate, self.ws_up, self.ws_down] if self.shared_intermediate else [])
 
-    def _gpu_layer(self, x: torch.Tensor, topk_idx: torch.Tensor) -> int:
-        """The GPU layer for x's device and token count (built on first use, collectively over the
-        group: its buffers and windows, on the communicator every module of this group and device
-        shares). It reads the weights where they are; when they move to new storage (``.to()``,
-        ``load_state_dict(assign=True)``) the op re-binds it (``_bind_weights``)."""
+    def _gpu_layer(self, x: torch.Tensor) -> int:
+        """The GPU layer for x's device and token count (x [T, H], checked by forward; built on first
+        use, collectively over the group: its buffers and windows, on the communicator every module
+        of this group and device shares). It reads the weights where they are; when they move to new
+        storage (``.to()``, ``load_state_dict(assign=True)``) the op re-binds it (``_bind_weights``)."""
         T = x.shape[0]
-        if x.dim() != 2 or x.shape[1] != self.hidden or tuple(topk_idx.shape) != (T, self.top_k):
-            raise ValueError(f"mok.MoE: x must be [T, {self.hidden}] and topk_idx [T, {self.top_k}], got "
-                             f"{tuple(x.shape)} and {tuple(topk_idx.shape)}")
         weights = self._weights()
         for p in weights:
             if not p.is_cuda or p.device != x.device or not p.is_contiguous():
