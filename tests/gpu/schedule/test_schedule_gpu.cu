@@ -93,7 +93,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"ep8_k16_empty_slots", {1000, 0, 513, 2048, 1, 77, 4000, 64}, 64, 16, mok::Routing::EmptySlots},
         Case{"ep1_t32768_one_expert", {32768}, 64, 8, mok::Routing::OneExpert},
         Case{"ep2_t32768_one_rank", {32768, 32768}, 128, 8, mok::Routing::OneRank},
-        Case{"ep8_one_rank", {512, 512, 512, 512, 512, 512, 512, 512}, 256, 8, mok::Routing::OneRank}),
+        Case{"ep8_one_rank", {512, 512, 512, 512, 512, 512, 512, 512}, 256, 8, mok::Routing::OneRank},
+        // More local experts than the offsets kernel's 1024 threads: its scan runs in two chunks.
+        Case{"ep1_e1200_zipf", {6000}, 1200, 8, mok::Routing::Zipf}),
     [](const auto& p) { return std::string(p.param.name); });
 
 // Two GPUs: each builds its table reading the peer's published routing over NVLink.
