@@ -145,7 +145,7 @@ def synthetic():
         {"model": "dsv3", "ep": 8, "T": 8192, "routing": "uniform", "mode": mode, "workspace_bytes": 3.4e9,
          "persistent_bytes_per_layer": 1.41e9, "saved_bytes_per_forward": saved}
         for mode, saved in (("saved", 0.64e9), ("recompute", 0.005e9))])
-    return {"fp8-train-modes-h200x1.json": fp8_train, "memory-fp8-h200x1.json": fp8_mem, "mxfp8-h200x1.json": mxfp8, "fp8-layer-backward-h200x1.json": fp8_bwd, "fp8-forward-h200x1.json": fp8_ab, "peak-fp8-h200x1.json": peak_fp8, "gemm-fp8-h200x1.json": fp8, "runtime-ab-h200x1.json": runtime, "movers-rounds-ab-h100x1.json": movers, "backward-program-h200x1.json": program, "window-hold-ab-h200x1.json": hold, "backward-streams-ab-h200x1.json": streams, "training-h200x1.json": training, "forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
+    return {"fp8-train-modes-h200x1.json": fp8_train, "memory-fp8-h200x1.json": fp8_mem, "mxfp8-h200x1.json": mxfp8, "fp8-layer-backward-h200x1.json": fp8_bwd, "fp8-forward-h200x1.json": fp8_ab, "peak-fp8-h200x1.json": peak_fp8, "gemm-fp8-h200x1.json": fp8, "runtime-ab-h100x1.json": runtime, "movers-rounds-ab-h100x1.json": movers, "backward-program-h200x1.json": program, "window-hold-ab-h200x1.json": hold, "backward-streams-ab-h200x1.json": streams, "training-h200x1.json": training, "forward-h200x2.json": forward, "baseline-h200x2.json": base, "gemm-h200x1.json": gemm,
             "comm-h200x2.json": comm, "schedule-h200x2.json": schedule, "sustained-h200x2.json": sustained,
             "reliability-h200x1.json": reliability, "forward-h200x1.json": forward1, "memory-h200x1.json": memory,
             "torch-h200x1.json": torch_step}
