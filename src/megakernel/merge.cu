@@ -28,10 +28,9 @@ __global__ void __launch_bounds__(256) merge_kernel(const uint4* __restrict__ sh
                                                     uint4* __restrict__ out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(tokens) * hidden_vecs) return;
-  if (abort != nullptr && *reinterpret_cast<const volatile uint32_t*>(abort) != 0u) {
-    out[i] = make_uint4(0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u);  // bf16 quiet NaN
-    return;
-  }
+  // Read now, used at the end: the row loads below do not wait for this load's round trip (the
+  // slots are valid memory either way; an aborted merge only discards what it read).
+  const uint32_t aborted = abort != nullptr ? *reinterpret_cast<const volatile uint32_t*>(abort) : 0u;
   const int t = static_cast<int>(i / hidden_vecs);
   const int v = static_cast<int>(i % hidden_vecs);
   float acc[kVec];
@@ -69,7 +68,7 @@ __global__ void __launch_bounds__(256) merge_kernel(const uint4* __restrict__ sh
   Pack8 o;
 #pragma unroll
   for (int q = 0; q < 4; ++q) o.h2[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-  out[i] = o.raw;
+  out[i] = aborted != 0u ? make_uint4(0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u) : o.raw;  // bf16 quiet NaN
 }
 
 template <bool kWeighted>
