@@ -173,6 +173,7 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
   const int32_t stride = p.plan.comm_ctas * cs.slots;
   const int32_t nsteps = dispatch_steps(p, dc, npos);
   const char* const* x_peers = reinterpret_cast<const char* const*>(p.x_peers);
+  const char* const x_local = static_cast<const char*>(p.x_local);  // (set only where every src is this rank)
   char* const* combine = reinterpret_cast<char* const*>(p.combine_peers);
   char* x_ring = static_cast<char*>(p.x_ring);
   const char* y_ring = static_cast<const char*>(p.y_ring);
@@ -222,7 +223,7 @@ __device__ void comm_cta(const ForwardParams& p, const dev::DeviceComm& dc, uint
           to = ring + ring_row * bytes;
           to_scales = reinterpret_cast<char*>(p.x_scales_ring) + ring_row * scale_bytes;
         } else {
-          from = src >= 0 ? x_peers[src] + token * rb : nullptr;
+          from = src >= 0 ? (x_local != nullptr ? x_local : x_peers[src]) + token * rb : nullptr;
           to = ring + ring_row * rb;
         }
       } else {

@@ -51,6 +51,9 @@ struct ForwardParams {
   uint32_t* counters = nullptr;  // layout.words() words, zero at launch
   gpu::ScheduleView schedule;
   const void* const* x_peers = nullptr;  // [W] rank r's x [T_r, H] (flat peer aliases)
+  // One GPU, bf16, no shared expert: the caller's x [T, H], read in place of the x window (no
+  // peer reads the window, so the forward copies nothing there); null otherwise.
+  const void* x_local = nullptr;
   void* const* combine_peers = nullptr;  // [W] rank r's combine slots [T_r * k, H]
   void* x_ring = nullptr;                // [R, H] (written by the comm CTAs)
   const void* y_ring = nullptr;          // [R, H] (read by the comm CTAs)

@@ -509,9 +509,13 @@ int64_t Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaSt
   if (slots.size() > 1) activate(static_cast<int>(id % static_cast<int64_t>(slots.size())));
   active_generation = id;
   saved = false;  // until this forward has enqueued everything: a throw below leaves nothing to use
+  // One GPU, bf16 megakernel, no shared expert (its tiles read x through a map of the window): the
+  // comm CTAs read the caller's x (16-byte aligned for their bulk copies); no 2 T H byte copy.
+  x_from_caller = fused && !fp8 && shape.world_size() == 1 && Is == 0 && T > 0 && in.x.data != win_x->ptr &&
+                  reinterpret_cast<uintptr_t>(in.x.data) % 16 == 0;
   if (fp8) {
     quantize_x_fp8(in.x.data, stream);  // x's codes and scales where the peers pull them
-  } else if (T > 0 && in.x.data != win_x->ptr) {  // x written into input_buffer(): nothing to copy
+  } else if (T > 0 && in.x.data != win_x->ptr && !x_from_caller) {  // input_buffer(): nothing to copy
     MOK_CUDA_CHECK(cudaMemcpyAsync(win_x->ptr, in.x.data, static_cast<size_t>(T * H) * 2,
                                    cudaMemcpyDeviceToDevice, stream));
   }
@@ -528,6 +532,7 @@ int64_t Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaSt
   if (fused) {
     mk::ForwardParams params = mkp;
     params.schedule = schedule->view();  // the active slot's (several forwards alive)
+    params.x_local = x_from_caller ? in.x.data : nullptr;
     // Windowed: the rows of the activation budget (none with full recompute: FC1 recomputed).
     params.save_gu = save_for_backward && (!windowed || saved_rows > 0) ? 1 : 0;
     params.save_gu_shared = save_for_backward ? 1 : 0;
@@ -550,17 +555,11 @@ int64_t Layer::Impl::forward(const RoutingRefs& in, const TensorRef& out, cudaSt
     gemm::run(save_for_backward ? fc1_s : fc1_s_nogu, stream);
     gemm::run(fc2_s, stream);
   }
-  gpu::MergeArgs m;
-  m.shared = (Is > 0 && T > 0) ? y_s.p : nullptr;
-  m.slots = win_combine->ptr;
-  m.weights = static_cast<const float*>(in.topk_w.data);
-  m.topk_idx = published();  // checked: an invalid entry of the caller's is an empty slot here
-  m.abort = dc.claim;
-  m.tokens = T;
-  m.top_k = k;
-  m.hidden = H;
-  m.out = const_cast<void*>(out.data);
-  gpu::merge_forward(m, stream);
+  // (topk_idx: the checked routing, where an invalid entry of the caller's is an empty slot)
+  gpu::merge_forward({.shared = (Is > 0 && T > 0) ? y_s.p : nullptr, .slots = win_combine->ptr,
+                      .weights = static_cast<const float*>(in.topk_w.data), .topk_idx = published(),
+                      .abort = dc.claim, .tokens = T, .top_k = k, .hidden = H, .out = const_cast<void*>(out.data)},
+                     stream);
   // The routing window is the next forward's: the backward of this one reads its own copy.
   if (slots.size() > 1 && T > 0)
     MOK_CUDA_CHECK(cudaMemcpyAsync(saved_routing.p, win_routing->ptr, static_cast<size_t>(T * k) * 4,

@@ -110,7 +110,9 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
     // ours holds the last one's: this forward's again (the windows' re-pull and the shared expert
     // read it).
     // In FP8 / MXFP8 the window holds x's codes: the backward reads the bf16 rows (x^T's token blocks).
-    if (x_window_shared || slots.size() > 1 || fp8)
+    // Over windows the x rows are pulled again from the window, which a forward that read the
+    // caller's x did not fill (the resident backward does not read it: no shared expert there).
+    if (x_window_shared || slots.size() > 1 || fp8 || (x_from_caller && windowed))
       MOK_CUDA_CHECK(cudaMemcpyAsync(win_x->ptr, in.x.data, static_cast<size_t>(T * H) * 2,
                                      cudaMemcpyDeviceToDevice, stream));
     // The router weights the peers read for the reverse combine: the caller's, checked again

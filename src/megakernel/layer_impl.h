@@ -199,6 +199,9 @@ struct Layer::Impl {
   // are the workspace's, held here.
   std::vector<std::shared_ptr<layer_detail::SharedWindow>> shared_windows;
   bool x_window_shared = false;  // win_x is the workspace's: backward() stages RoutingRefs::x again
+  // The last forward read the caller's x in place (ForwardParams::x_local): win_x does not hold it,
+  // so a backward that re-pulls x rows (over windows) stages it there first.
+  bool x_from_caller = false;
   // A window of the plan's buffer `name`: the workspace's when the plan puts it there, else this
   // layer's own lease.
   const comm::Window* acquire_window(const std::string& tag, const char* name);

@@ -258,6 +258,31 @@ INSTANTIATE_TEST_SUITE_P(
                       WindowCase{"one_expert_ring2048_saved", mok::Routing::OneExpert, 256, 2048, kAllRows}),
     [](const auto& i) { return std::string(i.param.name); });
 
+// One GPU without a shared expert: the megakernel's comm CTAs read the caller's x, so the forward
+// leaves the x window as it was, and a backward over windows stages x there before it pulls the
+// rows again (with a workspace of its own; a shared one is staged anyway). Resident and both
+// windowed modes give the unfused path's gradients, bit for bit.
+TEST(LayerCallersX, WindowsStageXTheForwardDidNotCopy) {
+  MOK_REQUIRE_GPUS(1);
+  const mok::LayerShape shape{{1536}, 1024, 256, 16, 4, 0};
+  const auto wl = mok::make_workload(shape, mok::Routing::Zipf, 78);
+  mok::Config unfused;
+  unfused.forward_path = kUnfused;
+  const auto want = grads_of(shape, unfused, wl, 1);
+  mok::Config resident;
+  resident.workspace_budget_bytes = 0;
+  expect_same_bits(want, grads_of(shape, resident, wl, 2), "resident");
+  for (const bool shared : {false, true}) {
+    mok::Config windows;
+    windows.minibatch_tokens = 128;
+    windows.macrobatch_tokens = 384;
+    windows.share_workspace = shared;
+    windows.workspace_budget_bytes = shared ? -1 : 0;
+    ASSERT_LT(windows.macrobatch_tokens, shape.worst_case_rows());
+    expect_same_bits(want, grads_of(shape, windows, wl, 2), shared ? "windows, shared workspace" : "windows, own workspace");
+  }
+}
+
 // Config::saved_forwards = 3 with a ring below the worst case: three forwards of one layer (the
 // same weights, microbatches of other tokens and routings) before their backwards, which run in
 // reverse order: each microbatch's output and gradients are bitwise those of the layer run on it
