@@ -73,7 +73,8 @@ class Layer {
   // except with config.share_workspace, config.saved_forwards > 1 or config.precision fp8 / mxfp8, where
   // the backward stages `in.x` again (the x window is the workspace's, the last forward's, or holds
   // the forward's E4M3 codes): it must then be the forward's x in the caller's tensor, not
-  // input_buffer() (refused by name).
+  // input_buffer() (refused by name). So does a backward over windows after a forward that read
+  // the caller's x in place (see input_buffer()).
   // Needs the last forward() to have run with save_for_backward = true, once per forward (it
   // overwrites what the forward saved). With a megakernel ring below the worst case it runs over
   // windows of the ring: the routed x rows pulled again, FC1 recomputed for the rows past the
@@ -93,7 +94,8 @@ class Layer {
   // This rank's x buffer [T, H] bf16 (device) inside the layer's symmetric window, which the
   // peers read during forward() (and backward() reads for the shared expert's weight gradients).
   // forward() copies RoutingRefs::x there unless x already points at it: write x here (rows
-  // [0, T) only, ordered before forward() on its stream) to skip that copy. Valid for the layer's
+  // [0, T) only, ordered before forward() on its stream) to skip that copy. On one GPU (EP 1) the
+  // bf16 megakernel without a shared expert reads a 16-byte aligned x in place and copies nothing. Valid for the layer's
   // lifetime; nullptr when T = 0. With config.share_workspace the window is shared by the layers
   // on the communicator (each forward and backward overwrites it).
   void* input_buffer() const;
