@@ -17,13 +17,14 @@
 #                                           system's older one) on LD_LIBRARY_PATH, the package
 #                                           (python/mok + devrun/pk) on PYTHONPATH, MOK_COMMIT.
 #
-# A call's carry is at most 64 MiB: the default set is 44 MiB stripped, 56 with the Python
+# A call's carry is at most 64 MiB: the default set is ~47 MiB stripped (a04cb88), ~58 with the Python
 # extension (c31bf43); a base mok_bench adds 2 (c5c4276's) to 11 (name fewer binaries then). Build and device share
 # nvcc 13.0 and NCCL 2.28.9 (notes/device-env.md); a binary built against other NCCL headers than
 # the device's would fail its version check at start.
 [[ "${BASH_SOURCE[0]}" != "$0" ]] || set -uo pipefail  # (sourced: the caller's shell options stay)
 MOK_PREBUILT_DEFAULT=(mok_bench mok_gpu_gemm_primitive_tests mok_gpu_gemm_tests mok_gpu_layer_tests
-                      mok_gpu_reliability_tests mok_gpu_movement_tests mok_gpu_merge_tests mok_gpu_schedule_tests)
+                      mok_gpu_reliability_tests mok_gpu_movement_tests mok_gpu_merge_tests mok_gpu_schedule_tests
+                      mok_wgmma_rate)
 
 # Builds targets in a build dir of the tree at $1 (scripts/common.sh's configure and build).
 mok_prebuilt_build() {
