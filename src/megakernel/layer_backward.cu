@@ -65,11 +65,12 @@ void Layer::Impl::backward(const RoutingRefs& in, const TensorRef& d_out, const 
   check_device_tensor("grads.d_topk_w", g.d_topk_w, dev, 4);
   check_device_weight_set("grads.d_w", g.d_w_gate, g.d_w_up, g.d_w_down, g.d_ws_gate, g.d_ws_up, g.d_ws_down, Is > 0,
                           dev);
-  MOK_REQUIRE((!x_window_shared && slots.size() <= 1 && !fp8) || T == 0 || in.x.data != win_x->ptr, "x",
-              "with config.share_workspace, config.saved_forwards > 1 or config.precision fp8 / mxfp8, backward() "
-              "reads x "
-              "from the caller's tensor: input_buffer() holds the last forward's x (of any layer, with a shared "
-              "workspace; in FP8 its E4M3 codes)");
+  MOK_REQUIRE((!x_window_shared && slots.size() <= 1 && !fp8 && !(x_from_caller && windowed)) || T == 0 ||
+                  in.x.data != win_x->ptr,
+              "x",
+              "with config.share_workspace, config.saved_forwards > 1, config.precision fp8 / mxfp8, or over windows "
+              "after a forward that read x in place, backward() reads x from the caller's tensor: input_buffer() "
+              "holds the last forward's x (of any layer, with a shared workspace; in FP8 its E4M3 codes)");
   MOK_REQUIRE(saved, "forward(save_for_backward)",
               "backward() needs the last forward() to have saved the gate/up pre-activations "
               "(save_for_backward = true), and runs once per forward (it overwrites them with d_gu "
