@@ -281,6 +281,27 @@ TEST(LayerCallersX, WindowsStageXTheForwardDidNotCopy) {
     ASSERT_LT(windows.macrobatch_tokens, shape.worst_case_rows());
     expect_same_bits(want, grads_of(shape, windows, wl, 2), shared ? "windows, shared workspace" : "windows, own workspace");
   }
+  {  // Over windows after such a forward the backward reads in.x: the window itself is refused by name.
+    mok::Config own;
+    own.minibatch_tokens = 128;
+    own.macrobatch_tokens = 384;
+    own.share_workspace = false;
+    own.workspace_budget_bytes = 0;
+    auto group = ranks_on_gpus(1, shape, own);
+    RankData d(shape, wl, 0);
+    RankGrads gr(shape, 0);
+    mok::Layer layer(group[0], shape, own, d.dw);
+    d.forward_once(layer, group[0]);
+    mok::RoutingRefs in_window = d.refs;
+    in_window.x.data = layer.input_buffer();
+    std::string arg = "(accepted)";
+    try {
+      layer.backward(in_window, d.out_ref(), gr.g, group[0].stream());
+    } catch (const mok::Error& e) {
+      arg = e.argument();
+    }
+    EXPECT_EQ(arg, "x");
+  }
 }
 
 // Config::saved_forwards = 3 with a ring below the worst case: three forwards of one layer (the
