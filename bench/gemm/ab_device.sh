@@ -7,6 +7,10 @@
 # On the device (repo root), e.g. the FP8 weight gradients:
 #   BASE_TAR=devrun/base.tar [ROUNDS=3] [FILTER=dsv3-wgrad-fc] [BENCH_ARGS="--reps 10"] \
 #     bench/gemm/ab_device.sh
+# A knob instead of a build: BENCH=<a built mok_gemm_bench> (e.g. devrun/bin/mok_gemm_bench from
+# scripts/prebuilt.sh) runs that binary as both, the base with BASE_ARGS, the new with NEW_ARGS:
+#   BENCH=devrun/bin/mok_gemm_bench BASE_ARGS="--skew-short 0" NEW_ARGS="--skew-short 1" \
+#     FILTER=wgrad-fc bench/gemm/ab_device.sh
 # Writes $OUT/gemm-ab.json ({device, base, rounds, cases: [{case, rows_per_expert, base, new}]}, the
 # TF/s of every run and their medians) and prints the table. The base's mok_gemm_bench must accept
 # the same BENCH_ARGS (options added since the base are for the new build only: NEW_ARGS).
@@ -16,28 +20,35 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 OUT="${OUT:-/tmp/gemm-ab-out}"
 mkdir -p "$OUT"
-[ -f "${BASE_TAR:-}" ] || { echo "ab_device: BASE_TAR (a git archive of the base commit) not found: '${BASE_TAR:-}'" >&2; exit 2; }
-gtest=()
-[ -f "$ROOT/.deps/googletest/CMakeLists.txt" ] && gtest=(-DMOK_GTEST_SOURCE="$ROOT/.deps/googletest")
-base_src=/tmp/mok-ab-base
-rm -rf "$base_src" && mkdir -p "$base_src" && tar xf "$BASE_TAR" -C "$base_src"
 t0=$(date +%s)
-jobs=$(( $(nproc) / 2 ))
-(cmake -S "$base_src" -B "$base_src/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${gtest[@]}" >"$OUT/base_build.log" 2>&1 &&
-  cmake --build "$base_src/build" -j "$jobs" --target mok_gemm_bench >>"$OUT/base_build.log" 2>&1) &
-cmake -S . -B build/gemm-ab -G Ninja -DCMAKE_BUILD_TYPE=Release "${gtest[@]}" >"$OUT/build.log" 2>&1 &&
-  cmake --build build/gemm-ab -j "$jobs" --target mok_gemm_bench >>"$OUT/build.log" 2>&1
-wait
-for b in "$base_src/build" build/gemm-ab; do
-  [ -x "$b/bench/gemm/mok_gemm_bench" ] || { echo "ab_device: $b did not build (see $OUT/*build.log)" >&2; exit 1; }
-done
-echo "builds: $(( $(date +%s) - t0 )) s"
+if [ -n "${BENCH:-}" ]; then
+  [ -x "$BENCH" ] || { echo "ab_device: BENCH '$BENCH' is not an executable file" >&2; exit 2; }
+  base_bin="$BENCH" new_bin="$BENCH"
+else
+  [ -f "${BASE_TAR:-}" ] || { echo "ab_device: BASE_TAR (a git archive of the base commit) not found: '${BASE_TAR:-}'" >&2; exit 2; }
+  gtest=()
+  [ -f "$ROOT/.deps/googletest/CMakeLists.txt" ] && gtest=(-DMOK_GTEST_SOURCE="$ROOT/.deps/googletest")
+  base_src=/tmp/mok-ab-base
+  rm -rf "$base_src" && mkdir -p "$base_src" && tar xf "$BASE_TAR" -C "$base_src"
+  jobs=$(( $(nproc) / 2 ))
+  (cmake -S "$base_src" -B "$base_src/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${gtest[@]}" >"$OUT/base_build.log" 2>&1 &&
+    cmake --build "$base_src/build" -j "$jobs" --target mok_gemm_bench >>"$OUT/base_build.log" 2>&1) &
+  cmake -S . -B build/gemm-ab -G Ninja -DCMAKE_BUILD_TYPE=Release "${gtest[@]}" >"$OUT/build.log" 2>&1 &&
+    cmake --build build/gemm-ab -j "$jobs" --target mok_gemm_bench >>"$OUT/build.log" 2>&1
+  wait
+  for b in "$base_src/build" build/gemm-ab; do
+    [ -x "$b/bench/gemm/mok_gemm_bench" ] || { echo "ab_device: $b did not build (see $OUT/*build.log)" >&2; exit 1; }
+  done
+  echo "builds: $(( $(date +%s) - t0 )) s"
+  base_bin="$base_src/build/bench/gemm/mok_gemm_bench" new_bin=build/gemm-ab/bench/gemm/mok_gemm_bench
+fi
 read -r -a bench_args <<<"${BENCH_ARGS:---reps 10}"
+read -r -a base_args <<<"${BASE_ARGS:-}"
 read -r -a new_args <<<"${NEW_ARGS:-}"
 for round in $(seq 1 "${ROUNDS:-3}"); do
-  "$base_src/build/bench/gemm/mok_gemm_bench" --filter "${FILTER:-wgrad}" "${bench_args[@]}" \
+  "$base_bin" --filter "${FILTER:-wgrad}" "${bench_args[@]}" "${base_args[@]}" \
     --out "$OUT/base_$round.json" >"$OUT/base_$round.txt" 2>&1 || echo "ab_device: base round $round failed" >&2
-  build/gemm-ab/bench/gemm/mok_gemm_bench --filter "${FILTER:-wgrad}" "${bench_args[@]}" "${new_args[@]}" \
+  "$new_bin" --filter "${FILTER:-wgrad}" "${bench_args[@]}" "${new_args[@]}" \
     --out "$OUT/new_$round.json" >"$OUT/new_$round.txt" 2>&1 || echo "ab_device: new round $round failed" >&2
   echo "round $round: $(( $(date +%s) - t0 )) s"
 done

@@ -432,8 +432,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     EpiState es;
     Tile t;
     Schedule sched(p);
-    Skew<C> skew;
+    Skew<C, Form::kMaskK> skew;  // (short tiles: the weight gradient's)
     skew.stages = p.skew_stages;
+    skew.short_tiles = p.skew_short != 0;
     float acc[C::kAccRegs];
     while (sched.next(t, shared, dummy)) {
       if constexpr (Form::kSplitN) {
