@@ -9,7 +9,7 @@
 // problems in the same device call.
 //
 //   mok_gemm_bench --out mok.json [--quick] [--filter SUBSTR] [--reps N] [--group-m N] [--max-ctas N]
-//                  [--no-gu] [--skew N] [--skew-short -1|0|1] [--block-n 0|128|256] [--cluster 0|1] [--split-n 0|1] [--pdl 0|1]
+//                  [--no-gu] [--skew N] [--block-n 0|128|256] [--cluster 0|1] [--split-n 0|1] [--pdl 0|1]
 //                  [--wgrad-accumulate 0|1] (bf16 wgrad cases added to fp32 gradients: its cost)
 //                  [--rows N,N,... (rows per expert; default 128,512,2048)]
 //   (knobs for experiments: tile raster group, persistent CTAs, FC1 without g/u, consumer stagger,
@@ -60,7 +60,7 @@ struct Case {
 struct Result {
   double ms = 0, tflops = 0, err = 0;
   double flops = 0;
-  int sets = 1, launches = 0, block_n = 0, skew = 0, skew_short = 0;
+  int sets = 1, launches = 0, block_n = 0, skew = 0;
 };
 
 struct Knobs {
@@ -68,7 +68,6 @@ struct Knobs {
   int max_ctas = 0;
   bool store_gu = true;
   int skew = gemm::Options{}.skew_stages;  // the library's defaults unless a knob says otherwise
-  int skew_short = gemm::Options{}.skew_short;
   int block_n = gemm::Options{}.block_n;
   bool cluster = gemm::Options{}.cluster;
   bool split_n = gemm::Options{}.split_n;  // FC1/FC2 get the experts' rows (split-N for nearly empty tiles)
@@ -164,7 +163,6 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
   o.group_m = kn.group_m;
   o.max_ctas = kn.max_ctas;
   o.skew_stages = kn.skew;
-  o.skew_short = kn.skew_short;
   o.block_n = kn.block_n;
   o.cluster = kn.cluster;
   o.split_n = kn.split_n;
@@ -420,7 +418,6 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
   Result res;
   res.block_n = plans[0].block_n;
   res.skew = plans[0].params.skew_stages;  // the stagger it ran (-1 resolved to the form's default)
-  res.skew_short = plans[0].params.skew_short;
   res.err = nonfinite ? INFINITY : std::sqrt(d2 / std::max(r2, 1e-300));
   res.sets = sets;
   if (e_word != 0) {  // a broken pipeline: do not spend seconds per launch timing it
@@ -488,7 +485,6 @@ int main(int argc, char** argv) {
       else if (a == "--max-ctas" && has) kn.max_ctas = parse_number("--max-ctas", argv[++i], 0, 1 << 20, " (0 = all SMs)");
       else if (a == "--no-gu") kn.store_gu = false;
       else if (a == "--skew" && has) kn.skew = parse_number("--skew", argv[++i], -1, 64, " (-1 = the library's default)");
-      else if (a == "--skew-short" && has) kn.skew_short = parse_number("--skew-short", argv[++i], -1, 1, " (-1 = the library's default)");
       else if (a == "--block-n" && has) kn.block_n = parse_number("--block-n", argv[++i], 0, 256, " (0, 128 or 256)");
       else if (a == "--cluster" && has) kn.cluster = parse_number("--cluster", argv[++i], 0, 1) != 0;
       else if (a == "--split-n" && has) kn.split_n = parse_number("--split-n", argv[++i], 0, 1) != 0;
@@ -507,7 +503,7 @@ int main(int argc, char** argv) {
       else {
         std::fprintf(stderr,
                      "usage: %s [--out FILE] [--filter SUBSTR] [--reps N] [--quick] [--group-m N] [--max-ctas N] "
-                     "[--no-gu] [--skew N] [--skew-short -1|0|1] [--block-n 0|128|256] [--cluster 0|1] [--split-n 0|1] [--pdl 0|1] [--wgrad-accumulate 0|1] [--rows N,N,...]\n",
+                     "[--no-gu] [--skew N] [--block-n 0|128|256] [--cluster 0|1] [--split-n 0|1] [--pdl 0|1] [--wgrad-accumulate 0|1] [--rows N,N,...]\n",
                      argv[0]);
         return 2;
       }
@@ -604,13 +600,12 @@ int main(int argc, char** argv) {
     std::fprintf(f, "%s  {\"name\": \"%s\", \"form\": \"%s\", \"rows_per_expert\": %lld, \"routing\": \"%s\", "
                  "\"experts\": %lld, \"hidden\": %lld, \"inter\": %lld, \"m\": %lld, \"n\": %lld, \"k\": %lld, "
                  "\"flops\": %.6e, \"mok_ms\": %.6f, \"mok_tflops\": %.3f, \"check_rel_err\": %.3e, "
-                 "\"buffer_sets\": %d, \"timed_launches\": %d, \"block_n\": %d, \"skew\": %d, \"skew_short\": %d, \"group_m\": %d, "
+                 "\"buffer_sets\": %d, \"timed_launches\": %d, \"block_n\": %d, \"skew\": %d, \"group_m\": %d, "
                  "\"cluster\": %d, \"split_n\": %d, \"pdl\": %d, \"wgrad_accumulate\": %d, \"counts\": [",
                  first ? "" : ",\n", c.name.c_str(), c.form.c_str(), (long long)c.rows_per_expert,
                  c.routing.c_str(), (long long)c.model->experts, (long long)c.model->hidden,
                  (long long)c.model->inter, (long long)c.m_or_rows, (long long)c.n, (long long)c.k, r.flops,
-                 r.ms, r.tflops, std::isfinite(r.err) ? r.err : -1.0, r.sets, r.launches, r.block_n, r.skew, r.skew_short, kn.group_m,
-                 int(kn.cluster),
+                 r.ms, r.tflops, std::isfinite(r.err) ? r.err : -1.0, r.sets, r.launches, r.block_n, r.skew, kn.group_m, int(kn.cluster),
                  int(kn.split_n), int(kn.pdl), int(kn.wgrad_accumulate && c.form == "wgrad"));
     for (size_t i = 0; i < counts.size(); ++i) std::fprintf(f, "%s%d", i ? ", " : "", counts[i]);
     std::fprintf(f, "]}");

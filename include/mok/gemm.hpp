@@ -33,11 +33,6 @@ struct Options {
   // above 0 in every FP8 case, bench/results/gemm-fp8-skew-h200x1.json). The 128-wide FP8 wgrad
   // has none (each warpgroup keeps two block accumulators instead).
   int skew_stages = -1;
-  // Stagger of the two consumer warpgroups over short tiles (2..4 K blocks: a weight gradient over
-  // 128-256 rows per expert), 0 = off, 1 = on, -1 = the library's default (off until measured):
-  // warpgroup 1 starts such a tile once warpgroup 0 has issued all of it, so one warpgroup's
-  // epilogue runs beside the other's MMAs. Same K order, same bits.
-  int skew_short = -1;
   int block_n = 0;                 // output tile width: 256, 128, or 0 = choose by tile count
   bool cluster = false;            // 2-CTA clusters sharing (multicasting) the B operand
   // FC1/FC2 with expert rows given: tiles whose tokens fit in their first 64 rows run in split-N
@@ -214,7 +209,6 @@ struct KernelParams {
   int32_t group_m = 8;      // tile raster: M tiles per group (N outer, M inner inside a group)
   int32_t store_gu = 1;     // FC1: also store the gate/up pre-activations
   int32_t skew_stages = 0;  // stagger of the consumer warpgroups in K blocks (0: off, <= 4)
-  int32_t skew_short = 0;   // stagger of short tiles (Options::skew_short; 0: off)
   const int32_t* tile_expert = nullptr;       // M-grouped: [num_m_tiles], -1 = skip the tile
   // Wgrad: [experts] first routed row and valid rows of each expert. FC1/FC2 (optional): with
   // them, a tile whose tokens fit in its first 64 rows runs in split-N form.

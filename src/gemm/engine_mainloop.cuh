@@ -23,8 +23,8 @@
 // helpers) are device functions over an Smem view, a PipeState and a Tile: a megakernel that owns
 // its own task list calls them directly (see notes/gemm.md, "Using the engine in a megakernel").
 //
-// Named barriers used: 1 + consumer warpgroup index (epilogue, and the K mask of a staggered short
-// tile; 128 threads), 3 (both consumer warpgroups, 256 threads; only for K-masked tiles).
+// Named barriers used: 1 + consumer warpgroup index (epilogue, 128 threads), 3 (both consumer
+// warpgroups, 256 threads; only for K-masked tiles).
 #pragma once
 
 #include <cuda.h>
@@ -337,77 +337,41 @@ __device__ __forceinline__ void release_stage(const Smem<C>& sm, uint32_t s, uin
   }
 }
 
-// Zeroes K rows [valid, 64) of stage s's operands (MN-major A and B only): rows past an expert's
-// last token are padding whose contents are unspecified (possibly NaN). mask_k_rows: both A chunks
-// and the B chunks, by all 256 consumer threads (ct = 0..255), which meet at a barrier.
-// mask_k_rows_own: warpgroup cwg's A chunk, and the B chunks too when `with_b`, by its 128 threads
-// (wt) alone (a staggered short tile, see Skew: warpgroup 0 masks B, warpgroup 1 reads it after the
-// stagger's barrier).
+// Zeroes K rows [valid, 64) of both operands of stage s (MN-major A and B only): rows past an
+// expert's last token are padding whose contents are unspecified (possibly NaN). Called by all
+// 256 consumer threads (ct = 0..255).
 template <class C>
-__device__ __forceinline__ void zero_k_rows(uint8_t* chunk, int valid, uint32_t tid, uint32_t threads) {
+__device__ __forceinline__ void mask_k_rows(const Smem<C>& sm, uint32_t s, int valid, uint32_t ct) {
+  static_assert(C::Operand::kMNMajor, "K masking is of MN-major stages (128-byte rows of 64 bf16)");
   // Rows [valid, 64) of a chunk are one contiguous run of 16-byte units (128-byte rows; the swizzle
   // permutes units inside a row only), so each chunk's run is a strided loop without the division
   // per unit the flat loop over all chunks needed (with the bf16 decode on reciprocal divisors,
   // the layer's backward 0.981x at DeepSeek-V3, where almost every expert's last K block is
   // partial: notes/gemm.md).
   const uint32_t first = uint32_t(valid) * 8u, end = uint32_t(C::kBlockK) * 8u;  // 16-byte units
-  for (uint32_t u = first + tid; u < end; u += threads)
-    *reinterpret_cast<uint4*>(chunk + u * 16u) = make_uint4(0u, 0u, 0u, 0u);
-}
-template <class C>
-__device__ __forceinline__ void mask_k_rows(const Smem<C>& sm, uint32_t s, int valid, uint32_t ct) {
-  static_assert(C::Operand::kMNMajor, "K masking is of MN-major stages (128-byte rows of 64 bf16)");
 #pragma unroll
-  for (int chunk = 0; chunk < 2 + C::kChunks; ++chunk)  // 2 A chunks + the B chunks
-    zero_k_rows<C>(chunk < 2 ? sm.a(s) + chunk * kChunkBytes : sm.b(s) + (chunk - 2) * kChunkBytes, valid, ct, 256u);
+  for (int chunk = 0; chunk < 2 + C::kChunks; ++chunk) {  // 2 A chunks + the B chunks
+    uint8_t* base = chunk < 2 ? sm.a(s) + chunk * kChunkBytes : sm.b(s) + (chunk - 2) * kChunkBytes;
+    for (uint32_t u = first + ct; u < end; u += 256u)
+      *reinterpret_cast<uint4*>(base + u * 16u) = make_uint4(0u, 0u, 0u, 0u);
+  }
   fence_async_shared();
   named_bar_sync(kBarConsumers, 256);
 }
-template <class C>
-__device__ __forceinline__ void mask_k_rows_own(const Smem<C>& sm, uint32_t s, int valid, int cwg, uint32_t wt,
-                                                bool with_b) {
-  static_assert(C::Operand::kMNMajor, "K masking is of MN-major stages (128-byte rows of 64 bf16)");
-  zero_k_rows<C>(sm.a(s) + uint32_t(cwg) * kChunkBytes, valid, wt, 128u);
-  if (with_b) {
-#pragma unroll
-    for (int chunk = 0; chunk < C::kChunks; ++chunk) zero_k_rows<C>(sm.b(s) + chunk * kChunkBytes, valid, wt, 128u);
-  }
-  fence_async_shared();
-  named_bar_sync(kBarEpilogue + uint32_t(cwg), 128);
-}
 
 // Optional stagger of the two consumer warpgroups: warpgroup 1 starts a tile only after warpgroup
-// 0 has issued its first at(t) K blocks of it, so their epilogues (which leave the tensor cores
-// idle when both run them at once) overlap the other warpgroup's MMAs.
-// * Long tiles (`stages`, Options::skew_stages): at(t) = stages. Warpgroup 0 can run at most
-//   kStages blocks ahead (the ring), so with stages <= kStages and tiles longer than kStages +
-//   stages blocks neither waits on the other in a cycle, and a barrier never completes twice
-//   before it is waited on (two barriers alternate per tile).
-// * Short tiles (`short_tiles`, Options::skew_short: kShortMin..kStages K blocks, a weight
-//   gradient over 128-256 rows per expert at BLOCK_N 256): at(t) = all of the tile's blocks.
-//   Warpgroup 0's blocks of the tile reuse stages of earlier tiles only, which warpgroup 1 released
-//   before its wait, so neither waits in a cycle. Warpgroup 0 arrives for staggered tile n + 2
-//   only after issuing >= 2 * kShortMin >= kStages blocks from tile n's first on, and the stage of
-//   the last of them is free only once warpgroup 1 has released tile n's first block, i.e. waited
-//   for tile n: so the two alternating barriers stay in step (shorter tiles would break that: not
-//   staggered). The last block's K mask is per warpgroup here: warpgroup 0 zeroes B's padding rows
-//   before its arrival, so warpgroup 1, which reads B after the barrier, needs no 256-thread barrier.
-// Tiles that fit neither are not staggered. The same decision in both warpgroups. kShort: whether
-// the kernel has the short tiles' code at all (without it the backward program's consumers spill).
-template <class C, bool kShort = false>
+// 0 has issued its first `stages` K blocks of it, so their epilogues (which leave the tensor cores
+// idle when both run them at once) overlap the other warpgroup's MMAs. Warpgroup 0 can run at most
+// kStages blocks ahead (the ring), so with stages <= kStages and tiles longer than kStages +
+// stages blocks neither waits on the other in a cycle, and a barrier never completes twice before
+// it is waited on (two barriers alternate per tile). Tiles too short for that are not staggered.
+template <class C>
 struct Skew {
-  int32_t stages = 0;        // long tiles: 0 = off
-  bool short_tiles = false;  // short tiles (kShort only): off
-  uint32_t tiles = 0;        // staggered tiles so far (same count in both warpgroups)
-  static constexpr int32_t kShortMin = (C::kStages + 1) / 2 > 2 ? (C::kStages + 1) / 2 : 2;  // 2 * kShortMin >= kStages
-  __device__ int32_t at(const Tile& t) const {
-    if (stages > 0 && stages <= C::kStages && t.k_blocks > C::kStages + stages) return stages;
-    if constexpr (kShort) {
-      if (short_tiles && t.k_blocks >= kShortMin && t.k_blocks <= C::kStages) return t.k_blocks;
-    }
-    return 0;
+  int32_t stages = 0;  // 0: off
+  uint32_t tiles = 0;  // staggered tiles so far (same count in both warpgroups)
+  __device__ bool applies(const Tile& t) const {
+    return stages > 0 && stages <= C::kStages && t.k_blocks > C::kStages + stages;
   }
-  __device__ bool applies(const Tile& t) const { return at(t) > 0; }
 };
 
 // mma_tile's hook is called once per tile, right after the first K block's MMAs were issued (they
@@ -415,16 +379,13 @@ struct Skew {
 // critical path. accumulate: the accumulators hold partial sums already (a wgrad carried over
 // from an earlier call) and the MMAs add to them instead of starting from 0.
 
-template <class C, bool kAMN, bool kBMN, bool kMaskK, bool kCluster = false, class Hook = NoHook,
-          bool kShort = false>
+template <class C, bool kAMN, bool kBMN, bool kMaskK, bool kCluster = false, class Hook = NoHook>
 __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, const Tile& t, int cwg,
                                          uint32_t ct, float (&acc)[C::kAccRegs], const WaitBound& wb,
-                                         Skew<C, kShort>& skew, uint32_t peer = 0, const Hook& on_first_block = Hook{},
+                                         Skew<C>& skew, uint32_t peer = 0, const Hook& on_first_block = Hook{},
                                          bool accumulate = false) {
   static_assert(C::Operand::kMNMajor || (!kAMN && !kBMN), "this operand type is K-major only");
-  const int32_t skew_at = skew.at(t);
-  const bool staggered = skew_at > 0;
-  const bool whole = kShort && staggered && skew_at == t.k_blocks;  // a short tile: the K mask per warpgroup
+  const bool staggered = skew.applies(t);
   uint64_t* skew_bar = sm.skew(skew.tiles & 1u);
   const uint32_t skew_parity = (skew.tiles >> 1) & 1u;
   if (staggered) {
@@ -447,12 +408,7 @@ __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, co
     const uint32_t s = ps.stage;
     mbar_wait(sm.full(s), ps.phase, wb, kSiteConsumerFull);
     if constexpr (kMaskK) {
-      if (kb == t.k_blocks - 1 && t.k_last_valid < C::kBlockK) {
-        if (whole)
-          mask_k_rows_own(sm, s, t.k_last_valid, cwg, ct % 128u, cwg == 0);
-        else
-          mask_k_rows(sm, s, t.k_last_valid, ct);
-      }
+      if (kb == t.k_blocks - 1 && t.k_last_valid < C::kBlockK) mask_k_rows(sm, s, t.k_last_valid, ct);
     }
     const uint32_t as = a0 + s * kATileBytes;
     const uint32_t bs = b0 + s * C::kBTileBytes;
@@ -470,7 +426,7 @@ __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, co
     wgmma_wait<1>();  // the previous block's group is done: its stage can be refilled
     fence_operands(acc);
     if (kb > 0) release_stage<C, kCluster>(sm, prev, peer);
-    if (staggered && cwg == 0 && kb == skew_at - 1 && ct == 0) mbar_arrive(skew_bar);
+    if (staggered && cwg == 0 && kb == skew.stages - 1 && ct == 0) mbar_arrive(skew_bar);
     prev = s;
     ps.advance();
   }

@@ -44,9 +44,6 @@ void fill_common(Plan& p, const Options& o, int64_t tiles, int64_t pair_units) {
   const bool fp8 = p.form == Form::Fp8Plain || p.form == Form::Fp8Fc1 || p.form == Form::Fp8Wgrad ||
                    p.form == Form::Fp8DgradSwiGLU;
   p.params.skew_stages = o.skew_stages >= 0 ? o.skew_stages : (fp8 ? kFp8DefaultSkew : 0);
-  MOK_REQUIRE(o.skew_short >= -1 && o.skew_short <= 1, "options.skew_short", "0, 1 or -1 (the default), got ",
-              o.skew_short);
-  p.params.skew_short = o.skew_short > 0 && !fp8 ? 1 : 0;  // (the FP8 mainloop has its own stagger)
   p.params.error = o.error;
   p.params.wait_limit_ns = static_cast<unsigned long long>(o.wait_limit_s * 1e9);
   const int64_t ctas = o.max_ctas > 0 ? o.max_ctas : sm_count();

@@ -432,9 +432,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     EpiState es;
     Tile t;
     Schedule sched(p);
-    Skew<C, Form::kMaskK> skew;  // (short tiles: the weight gradient's)
+    Skew<C> skew;
     skew.stages = p.skew_stages;
-    skew.short_tiles = p.skew_short != 0;
     float acc[C::kAccRegs];
     while (sched.next(t, shared, dummy)) {
       if constexpr (Form::kSplitN) {

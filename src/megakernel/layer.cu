@@ -473,7 +473,6 @@ gemm::Options Layer::Impl::gemm_options() const {
   gemm::Options o;
   o.error = dc.claim;
   o.wait_limit_s = config.wait_timeout_s;
-  o.skew_short = env_flag("MOK_WGRAD_SKEW", false) ? 1 : -1;  // (A/B knob: the short wgrad tiles' stagger)
   return o;
 }
 

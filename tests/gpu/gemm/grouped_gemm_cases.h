@@ -26,14 +26,12 @@ inline bool g_cluster = false;  // 2-CTA clusters with B multicast
 struct Device {
   DevBuf err{sizeof(unsigned)};
   int skew = 0;
-  int skew_short = 0;
   int block_n = 256;
   gemm::Options opts(int max_ctas) {
     cudaMemset(err.p, 0, sizeof(unsigned));
     gemm::Options o;
     o.max_ctas = max_ctas;
     o.skew_stages = skew;
-    o.skew_short = skew_short;
     o.block_n = block_n;
     o.cluster = g_cluster;
     o.error = err.as<unsigned>();
