@@ -1,4 +1,5 @@
-// mok_read_ceiling — the fastest read-only DRAM stream this GPU sustains, measured three ways.
+// mok_read_ceiling — the fastest read-only DRAM stream this GPU sustains, measured three ways, and
+// the fastest write-only stream (three writers, below).
 //
 // The grouped GEMM at 128 rows per expert is a weight-streaming problem: every weight byte is read
 // once and used for only 128 rows. Its time is bounded below by (bytes it must read) / (the best
@@ -17,6 +18,14 @@
 // The loaded data is folded into a value that is stored, so nothing is optimised away; shared
 // memory targets are simply overwritten. Every wait is bounded (2 s; a timeout is reported as an
 // error, not a number).
+// The write ceiling bounds the weight gradient over few rows per expert, whose bf16 dW is 2 bytes
+// per 2K FLOPs (notes/gemm.md): at 256 rows per expert a 600 TF/s wgrad writes 2.3 TB/s. Writers:
+//   * stg:       every thread streams 16-byte stores, grid-stride (whole lines per warp);
+//   * memset:    cudaMemsetAsync over the buffer (the driver's own write stream);
+//   * tma_store: the bf16 wgrad's output stream without the MMAs: TMA stores of {64 cols, 64 rows}
+//                boxes (8 KB, from shared memory) into dW [32, 4096, 7168], 128 x 256 tiles of 8
+//                boxes in the K-grouped raster (expert-major, groups of 8 M tiles, N outer), one
+//                thread per CTA with `inflight` store groups reading shared memory at most.
 //
 //   mok_read_ceiling [--out read.json] [--reps N] [--gib G]
 #include <cuda.h>
@@ -106,9 +115,40 @@ __global__ void tma_read(const __grid_constant__ CUtensorMap map, int experts, i
   });
 }
 
+__global__ void stg_write(uint4* __restrict__ dst, int64_t n16) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const uint4 v = make_uint4(threadIdx.x, blockIdx.x, 0x5a5a5a5au, 0u);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n16; i += stride) dst[i] = v;
+}
+
+template <int kInflight>
+__global__ void tma_store_write(const __grid_constant__ CUtensorMap map, int experts, int m_tiles, int n_tiles) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  if (threadIdx.x != 0) return;
+  unsigned char* smem = smem_raw + ((1024u - (sm90::smem_addr(smem_raw) & 1023u)) & 1023u);  // (the swizzle's atom)
+  const int64_t per_e = int64_t(m_tiles) * n_tiles, tiles = int64_t(experts) * per_e;
+  int box = 0;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int e = int(t / per_e);
+    const int64_t local = t % per_e;
+    const int64_t group = local / (8 * n_tiles), in_group = local % (8 * n_tiles);
+    const int g_size = m_tiles - group * 8 < 8 ? int(m_tiles - group * 8) : 8;
+    const int n = int(in_group / g_size), m = int(group * 8 + in_group % g_size);
+    for (int half = 0; half < 2; ++half)
+      for (int c = 0; c < 4; ++c) {
+        sm90::tma_store_3d(&map, smem + size_t(box % (2 * kInflight)) * 8192, n * 256 + c * 64, m * 128 + half * 64, e);
+        sm90::tma_store_commit();
+        sm90::tma_store_wait_read<kInflight>();
+        ++box;
+      }
+  }
+  sm90::tma_store_wait_all<0>();
+}
+
 struct Result {
   std::string kind, shape;
   double tbps = 0;
+  bool write = false;
 };
 
 }  // namespace
@@ -175,7 +215,7 @@ int main(int argc, char** argv) {
     }
     std::sort(ms.begin(), ms.end());
     const double tbps = double(read) / (double(ms[ms.size() / 2]) * 1e-3) / 1e12;
-    results.push_back({kind, shape, tbps});
+    results.push_back({kind, shape, tbps, kind == "stg" || kind == "memset" || kind == "tma_store"});
     std::printf("%-5s %-34s %6.3f TB/s  (median of %d, %.3f ms)\n", kind.c_str(), shape.c_str(), tbps, reps,
                 ms[ms.size() / 2]);
   };
@@ -221,27 +261,64 @@ int main(int argc, char** argv) {
            });
     }
   }
+  // Writers (the same median of `reps` launches; TB/s of bytes written).
+  for (int per_sm : {1, 2, 4}) {
+    for (int threads : {256, 512}) {
+      time("stg", std::to_string(per_sm) + " CTAs/SM x " + std::to_string(threads) + " thr", bytes, [&] {
+        stg_write<<<sms * per_sm, threads>>>(static_cast<uint4*>(buf), n16);
+      });
+    }
+  }
+  time("memset", "cudaMemsetAsync", bytes, [&] { MOK_CUDA_CHECK(cudaMemsetAsync(buf, 0x3c, bytes)); });
+  const CUtensorMap dw_map = mok::gemm::make_map_3d(buf, experts, n_rows, k, 64);
+  const auto tma_store = [&](auto kernel, int inflight) {
+    for (int per_sm : {1, 2}) {
+      const int smem = 2 * inflight * 8192 + 1024;
+      MOK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      time("tma_store", "dW [32,4096,7168] 64x64 boxes, " + std::to_string(inflight) + " in flight, " +
+                            std::to_string(per_sm) + " CTA/SM",
+           w_bytes, [&] { kernel<<<sms * per_sm, 32, smem>>>(dw_map, experts, n_rows / 128, k / 256); });
+    }
+  };
+  tma_store(tma_store_write<1>, 1);
+  tma_store(tma_store_write<4>, 4);
   MOK_CUDA_CHECK(cudaDeviceSynchronize());
-  if (results.empty()) {
-    std::fprintf(stderr, "mok_read_ceiling: no reader finished\n");
+  const auto best_of = [&](bool write) {
+    Result b;
+    for (const Result& r : results)
+      if (r.write == write && r.tbps > b.tbps) b = r;
+    return b;
+  };
+  const Result best = best_of(false), best_w = best_of(true);
+  if (best.tbps <= 0 || best_w.tbps <= 0) {
+    std::fprintf(stderr, "mok_read_ceiling: no reader or no writer finished\n");
     return 1;
   }
-  const auto best = *std::max_element(results.begin(), results.end(),
-                                      [](const Result& a, const Result& b) { return a.tbps < b.tbps; });
   std::printf("read ceiling: %.3f TB/s (%s %s), %s, %d SMs\n", best.tbps, best.kind.c_str(), best.shape.c_str(),
               prop.name, sms);
+  std::printf("write ceiling: %.3f TB/s (%s %s)\n", best_w.tbps, best_w.kind.c_str(), best_w.shape.c_str());
   if (!out_path.empty()) {
     FILE* f = std::fopen(out_path.c_str(), "w");
     if (f == nullptr) {
       std::fprintf(stderr, "mok_read_ceiling: cannot write %s\n", out_path.c_str());
       return 1;
     }
-    std::fprintf(f, "{\"device\": \"%s\", \"read_tbps\": %.4f, \"best\": \"%s %s\", \"bytes\": %zu, \"readers\": [\n",
-                 prop.name, best.tbps, best.kind.c_str(), best.shape.c_str(), bytes);
-    for (size_t i = 0; i < results.size(); ++i)
-      std::fprintf(f, "%s  {\"kind\": \"%s\", \"shape\": \"%s\", \"tbps\": %.4f}", i ? ",\n" : "",
-                   results[i].kind.c_str(), results[i].shape.c_str(), results[i].tbps);
-    std::fprintf(f, "\n]}\n");
+    std::fprintf(f, "{\"device\": \"%s\", \"read_tbps\": %.4f, \"best\": \"%s %s\", \"write_tbps\": %.4f, "
+                 "\"best_write\": \"%s %s\", \"bytes\": %zu",
+                 prop.name, best.tbps, best.kind.c_str(), best.shape.c_str(), best_w.tbps, best_w.kind.c_str(),
+                 best_w.shape.c_str(), bytes);
+    for (bool write : {false, true}) {
+      std::fprintf(f, ", \"%s\": [\n", write ? "writers" : "readers");
+      bool first = true;
+      for (const Result& r : results) {
+        if (r.write != write) continue;
+        std::fprintf(f, "%s  {\"kind\": \"%s\", \"shape\": \"%s\", \"tbps\": %.4f}", first ? "" : ",\n",
+                     r.kind.c_str(), r.shape.c_str(), r.tbps);
+        first = false;
+      }
+      std::fprintf(f, "\n]");
+    }
+    std::fprintf(f, "}\n");
     std::fclose(f);
   }
   cudaFree(buf);
