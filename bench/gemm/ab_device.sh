@@ -11,6 +11,8 @@
 # scripts/prebuilt.sh) runs that binary as both, the base with BASE_ARGS, the new with NEW_ARGS:
 #   BENCH=devrun/bin/mok_gemm_bench BASE_ARGS="--skew-short 0" NEW_ARGS="--skew-short 1" \
 #     FILTER=wgrad-fc bench/gemm/ab_device.sh
+# and with BASE_BENCH=<another build's mok_gemm_bench> (e.g. copied aside before a rebuild) the two
+# builds without building either.
 # Writes $OUT/gemm-ab.json ({device, base, rounds, cases: [{case, rows_per_expert, base, new}]}, the
 # TF/s of every run and their medians) and prints the table. The base's mok_gemm_bench must accept
 # the same BENCH_ARGS (options added since the base are for the new build only: NEW_ARGS).
@@ -22,8 +24,10 @@ OUT="${OUT:-/tmp/gemm-ab-out}"
 mkdir -p "$OUT"
 t0=$(date +%s)
 if [ -n "${BENCH:-}" ]; then
-  [ -x "$BENCH" ] || { echo "ab_device: BENCH '$BENCH' is not an executable file" >&2; exit 2; }
-  base_bin="$BENCH" new_bin="$BENCH"
+  base_bin="${BASE_BENCH:-$BENCH}" new_bin="$BENCH"
+  for b in "$base_bin" "$new_bin"; do
+    [ -x "$b" ] || { echo "ab_device: '$b' (BENCH / BASE_BENCH) is not an executable file" >&2; exit 2; }
+  done
 else
   [ -f "${BASE_TAR:-}" ] || { echo "ab_device: BASE_TAR (a git archive of the base commit) not found: '${BASE_TAR:-}'" >&2; exit 2; }
   gtest=()

@@ -8,7 +8,8 @@
 // split-N and skipped tiles, which are bound by their loads, so it was never measured alone.
 //
 // Variants: m64nNk16 with N = 256 or 128; 1, 2 or 3 warpgroups; every warpgroup reading the same B
-// tile (as the cooperative 128 x 256 tile does) or each its own (as ping-pong tiles do). Operands
+// tile (as the cooperative 128 x 256 tile does) or each its own (as ping-pong tiles do); operands
+// K-major (the forward's) or both MN-major (the weight gradient's: transposed in the tensor cores). Operands
 // stay in shared memory (per warpgroup an A tile [64 x 64], B [N x 64], K-major, 128-byte
 // swizzle, zeros: the values do not change the rate per cycle, only the power). Each warpgroup
 // runs `iters` K blocks of four wgmmas, one commit group each with one group in flight (the
@@ -40,7 +41,7 @@ constexpr int smem_bytes() {
   return kWarpgroups * 8192 + (kOwnB ? kWarpgroups : 1) * N * 128;
 }
 
-template <int N, int kWarpgroups, bool kOwnB>
+template <int N, int kWarpgroups, bool kOwnB, bool kMN>
 __global__ void __launch_bounds__(128 * kWarpgroups, 1)
     rate_kernel(int iters, long long* cycles, float* sink) {
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -62,7 +63,12 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1)
   for (int it = 0; it < iters; ++it) {
     sm90::wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < 4; ++k) sm90::wgmma_bf16<N, 0, 0>(acc, sm90::desc_k_major(a, k), sm90::desc_k_major(b, k), 1u);
+    for (int k = 0; k < 4; ++k) {
+      if constexpr (kMN)  // both operands MN-major (transposed), as the weight gradient reads them
+        sm90::wgmma_bf16<N, 1, 1>(acc, sm90::desc_mn_major(a, k, 8192u), sm90::desc_mn_major(b, k, 8192u), 1u);
+      else
+        sm90::wgmma_bf16<N, 0, 0>(acc, sm90::desc_k_major(a, k), sm90::desc_k_major(b, k), 1u);
+    }
     sm90::wgmma_commit();
     sm90::wgmma_wait<1>();
     sm90::fence_operands(acc);
@@ -79,15 +85,15 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1)
 
 struct Result {
   int n, warpgroups;
-  bool own_b;
+  bool own_b, mn;
   double macs_per_clk;  // median over SMs
   double min_macs_per_clk, max_macs_per_clk;
 };
 
-template <int N, int kWarpgroups, bool kOwnB>
+template <int N, int kWarpgroups, bool kOwnB, bool kMN = false>
 Result run(int sms, int iters, long long* d_cycles, float* d_sink) {
   constexpr int kBytes = smem_bytes<N, kWarpgroups, kOwnB>();
-  auto* k = rate_kernel<N, kWarpgroups, kOwnB>;
+  auto* k = rate_kernel<N, kWarpgroups, kOwnB, kMN>;
   MOK_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
   // A warm-up launch (clocks up, the module loaded), then the measured one.
   for (int rep = 0; rep < 2; ++rep) {
@@ -106,7 +112,7 @@ Result run(int sms, int iters, long long* d_cycles, float* d_sink) {
     if (slowest > 0) rate.push_back(macs / double(slowest));
   }
   std::sort(rate.begin(), rate.end());
-  Result r{N, kWarpgroups, kOwnB, 0.0, 0.0, 0.0};
+  Result r{N, kWarpgroups, kOwnB, kMN, 0.0, 0.0, 0.0};
   if (!rate.empty()) {
     r.macs_per_clk = rate[rate.size() / 2];
     r.min_macs_per_clk = rate.front();
@@ -149,14 +155,18 @@ int main(int argc, char** argv) {
       run<256, 1, false>(sms, iters, d_cycles, d_sink), run<256, 2, false>(sms, iters, d_cycles, d_sink),
       run<256, 2, true>(sms, iters, d_cycles, d_sink),  run<256, 3, false>(sms, iters, d_cycles, d_sink),
       run<128, 1, false>(sms, iters, d_cycles, d_sink), run<128, 2, false>(sms, iters, d_cycles, d_sink),
-      run<128, 2, true>(sms, iters, d_cycles, d_sink),  run<128, 3, true>(sms, iters, d_cycles, d_sink)};
+      run<128, 2, true>(sms, iters, d_cycles, d_sink),  run<128, 3, true>(sms, iters, d_cycles, d_sink),
+      run<256, 1, false, true>(sms, iters, d_cycles, d_sink), run<256, 2, false, true>(sms, iters, d_cycles, d_sink),
+      run<128, 2, false, true>(sms, iters, d_cycles, d_sink)};
   cudaFree(d_cycles);
   cudaFree(d_sink);
   std::printf("mok_wgmma_rate on %s (%d SMs), %d K blocks of 4 wgmmas per warpgroup\n", prop.name, sms, iters);
-  std::printf("| wgmma | warpgroups | B | MACs / SM cycle (median; min-max over SMs) | %% of 2048 |\n|---|---|---|---|---|\n");
+  std::printf("| wgmma | operands | warpgroups | B | MACs / SM cycle (median; min-max over SMs) | %% of 2048 |\n"
+              "|---|---|---|---|---|---|\n");
   for (const Result& r : res)
-    std::printf("| m64n%dk16 | %d | %s | %.0f (%.0f-%.0f) | %.1f%% |\n", r.n, r.warpgroups, r.own_b ? "own" : "shared",
-                r.macs_per_clk, r.min_macs_per_clk, r.max_macs_per_clk, 100.0 * r.macs_per_clk / kPeakMacsPerClk);
+    std::printf("| m64n%dk16 | %s | %d | %s | %.0f (%.0f-%.0f) | %.1f%% |\n", r.n, r.mn ? "MN-major" : "K-major",
+                r.warpgroups, r.own_b ? "own" : "shared", r.macs_per_clk, r.min_macs_per_clk, r.max_macs_per_clk,
+                100.0 * r.macs_per_clk / kPeakMacsPerClk);
   if (!out.empty()) {
     FILE* f = std::fopen(out.c_str(), "w");
     if (f == nullptr) {
@@ -168,9 +178,10 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < res.size(); ++i) {
       const Result& r = res[i];
       std::fprintf(f,
-                   "  {\"wgmma\": \"m64n%dk16\", \"warpgroups\": %d, \"b\": \"%s\", \"macs_per_clk\": %.1f, "
-                   "\"min_macs_per_clk\": %.1f, \"max_macs_per_clk\": %.1f, \"pct_of_peak\": %.2f}%s\n",
-                   r.n, r.warpgroups, r.own_b ? "own" : "shared", r.macs_per_clk, r.min_macs_per_clk,
+                   "  {\"wgmma\": \"m64n%dk16\", \"operands\": \"%s\", \"warpgroups\": %d, \"b\": \"%s\", "
+                   "\"macs_per_clk\": %.1f, \"min_macs_per_clk\": %.1f, \"max_macs_per_clk\": %.1f, "
+                   "\"pct_of_peak\": %.2f}%s\n",
+                   r.n, r.mn ? "MN-major" : "K-major", r.warpgroups, r.own_b ? "own" : "shared", r.macs_per_clk, r.min_macs_per_clk,
                    r.max_macs_per_clk, 100.0 * r.macs_per_clk / kPeakMacsPerClk, i + 1 < res.size() ? "," : "");
     }
     std::fprintf(f, " ]\n}\n");

@@ -297,6 +297,9 @@ TEST(GroupedGemm, WgradKGroupedMaskedPadding) {
   // 9 M tiles: two raster groups of the default group_m 8, the last one short (the decode's
   // RasterPlan on the GPU).
   wgrad_case({300, 0, 129}, 1152, 200, 0, 404);
+  // Last K blocks of every step count (1-16, 17-32, 33-48, 49-63 valid rows: 1 to 4 of the block's
+  // K steps issued, mma_tile), next to full ones, NaN padding behind each.
+  wgrad_case({16, 17, 32, 33, 48, 49, 63, 64, 80, 97, 113, 127, 250, 0, 1}, 200, 328, 5, 405);
 }
 
 TEST(GroupedGemm, NoTilesLaunchesNothing) {
