@@ -9,6 +9,7 @@
 
 #include "gpu_test_util.h"
 #include "megakernel/dispatch.h"
+#include "megakernel/reverse.h"
 #include "mok/schedule.hpp"
 #include "mok/workload.hpp"
 
@@ -129,4 +130,62 @@ TEST(Movement, TwoGpusOverNvlink) {
   }
   const auto shape = mok::LayerShape::uniform(2, 1024, 7168, 64, 16, 8);
   run(shape, mok::Routing::Uniform, own_gpu, -1);
+}
+
+// gpu::window_parts (the backward over windows: every expert's part of a window, then what the
+// window holds and carries) against the host spec it implements (schedule_math.h's window_part per
+// expert, window_ends, the held-in expert's part starting held_in_rows early): layouts of 8 and 600
+// experts (more than the kernel's 256 threads), padded, some empty, walked as the layer walks them
+// (rings of 256 to 4096 rows, holds of 0 and 384 rows, the activation budget's end cutting one).
+TEST(Movement, WindowPartsMatchTheHostSpec) {
+  MOK_REQUIRE_GPUS(1);
+  namespace sched = mok::sched;
+  for (const int32_t experts : {8, 600}) {
+    std::vector<int32_t> rows(static_cast<size_t>(experts)), offset(static_cast<size_t>(experts) + 1, 0);
+    for (int32_t e = 0; e < experts; ++e) {
+      rows[size_t(e)] = e % 7 == 3 ? 0 : int32_t((int64_t(e) * 7919 + 13) % 400);
+      offset[size_t(e) + 1] = offset[size_t(e)] + int32_t(sched::pad_rows(rows[size_t(e)]));
+    }
+    const int64_t total = offset.back();
+    const int64_t words = 2 * int64_t(experts) + sched::kWindowEndWords;
+    int32_t* d_rows = upload(rows);
+    int32_t* d_offset = upload(offset);
+    int32_t* d_parts = upload(std::vector<int32_t>(size_t(words), -7));
+    mok::gpu::ScheduleView v{};
+    v.expert_rows = d_rows;
+    v.expert_offset = d_offset;
+    int windows = 0;
+    for (const int64_t ring : {int64_t(256), int64_t(1024), int64_t(4096)})
+      for (const int64_t hold_rows : {int64_t(0), int64_t(384)})
+        for (const int64_t end : {int64_t(0), total / 2 / 128 * 128, total}) {
+          int64_t prev_lo = 0;
+          for (int64_t lo = 0; lo < total; ++windows) {
+            const int64_t hi = sched::window_end(lo, ring, total, end);
+            const sched::WindowHold hold{hold_rows, prev_lo, end};
+            mok::gpu::window_parts(v, experts, lo, hi, hi == total, d_parts, nullptr, hold);
+            MOK_ASSERT_CUDA(cudaDeviceSynchronize());
+            std::vector<int32_t> want(static_cast<size_t>(words));
+            for (int32_t e = 0; e < experts; ++e) {
+              const sched::WindowPart p = sched::window_part(offset[size_t(e)], rows[size_t(e)], lo, hi);
+              want[size_t(e)] = int32_t(p.begin);
+              want[size_t(experts + e)] = int32_t(p.rows);
+            }
+            const sched::WindowEnds w = sched::window_ends(offset.data(), rows.data(), experts, lo, hi, hi == total, hold);
+            if (w.held_in >= 0) {
+              want[size_t(w.held_in)] -= w.held_in_rows;
+              want[size_t(experts + w.held_in)] += w.held_in_rows;
+            }
+            const int32_t tail[] = {w.carry_in, w.carry_out, w.first, w.owned, w.held_out, w.held_out_rows, w.held_out_at};
+            std::copy(std::begin(tail), std::end(tail), want.begin() + 2 * experts);
+            ASSERT_EQ(download(d_parts, words), want) << experts << " experts, ring " << ring << ", hold " << hold_rows
+                                                      << ", end " << end << ", window [" << lo << ", " << hi << ")";
+            prev_lo = lo;
+            lo = hi;
+          }
+        }
+    EXPECT_GT(windows, 20);
+    cudaFree(d_rows);
+    cudaFree(d_offset);
+    cudaFree(d_parts);
+  }
 }
