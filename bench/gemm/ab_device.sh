@@ -9,7 +9,7 @@
 #     bench/gemm/ab_device.sh
 # A knob instead of a build: BENCH=<a built mok_gemm_bench> (e.g. devrun/bin/mok_gemm_bench from
 # scripts/prebuilt.sh) runs that binary as both, the base with BASE_ARGS, the new with NEW_ARGS:
-#   BENCH=devrun/bin/mok_gemm_bench BASE_ARGS="--skew-short 0" NEW_ARGS="--skew-short 1" \
+#   BENCH=devrun/bin/mok_gemm_bench BASE_ARGS="--cluster 0" NEW_ARGS="--cluster 1" \
 #     FILTER=wgrad-fc bench/gemm/ab_device.sh
 # and with BASE_BENCH=<another build's mok_gemm_bench> (e.g. copied aside before a rebuild) the two
 # builds without building either.

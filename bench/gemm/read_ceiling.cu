@@ -41,6 +41,7 @@
 #include "common/cuda_check.h"
 #include "gemm/sm90.cuh"
 #include "gemm/tensor_map.h"
+#include "schedule/schedule_math.h"
 
 namespace {
 
@@ -108,10 +109,8 @@ __global__ void tma_read(const __grid_constant__ CUtensorMap map, int experts, i
   ring_read(boxes, stages, 256u * 128u, error, sink, [&](int64_t i, void* dst, uint64_t* bar) {
     const int64_t tile = i / k_blocks;
     const int kb = int(i % k_blocks);
-    const int64_t group = tile / (8 * n_tiles), in_group = tile % (8 * n_tiles);
-    const int g_size = experts - group * 8 < 8 ? int(experts - group * 8) : 8;
-    const int n = int(in_group / g_size), e = int(group * 8 + in_group % g_size);
-    sm90::tma_load_3d(dst, &map, bar, kb * 64, n * 256, e);
+    const mok::sched::TileMN en = mok::sched::tile_raster(int32_t(tile), experts, n_tiles, 8);  // (m: the expert)
+    sm90::tma_load_3d(dst, &map, bar, kb * 64, en.n * 256, en.m);
   });
 }
 
@@ -130,13 +129,11 @@ __global__ void tma_store_write(const __grid_constant__ CUtensorMap map, int exp
   int box = 0;
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int e = int(t / per_e);
-    const int64_t local = t % per_e;
-    const int64_t group = local / (8 * n_tiles), in_group = local % (8 * n_tiles);
-    const int g_size = m_tiles - group * 8 < 8 ? int(m_tiles - group * 8) : 8;
-    const int n = int(in_group / g_size), m = int(group * 8 + in_group % g_size);
+    const mok::sched::TileMN mn = mok::sched::tile_raster(int32_t(t % per_e), m_tiles, n_tiles, 8);
     for (int half = 0; half < 2; ++half)
       for (int c = 0; c < 4; ++c) {
-        sm90::tma_store_3d(&map, smem + size_t(box % (2 * kInflight)) * 8192, n * 256 + c * 64, m * 128 + half * 64, e);
+        sm90::tma_store_3d(&map, smem + size_t(box % (2 * kInflight)) * 8192, mn.n * 256 + c * 64,
+                           mn.m * 128 + half * 64, e);
         sm90::tma_store_commit();
         sm90::tma_store_wait_read<kInflight>();
         ++box;
@@ -192,7 +189,7 @@ int main(int argc, char** argv) {
 
   std::vector<Result> results;
   // Median of `reps` single launches after 3 warm-ups, as TB/s of `read` bytes.
-  auto time = [&](const std::string& kind, const std::string& shape, size_t read, auto launch) {
+  auto time = [&](const std::string& kind, const std::string& shape, size_t read, auto launch, bool write = false) {
     for (int w = 0; w < 3; ++w) launch();
     std::vector<float> ms;
     for (int r = 0; r < reps; ++r) {
@@ -215,7 +212,7 @@ int main(int argc, char** argv) {
     }
     std::sort(ms.begin(), ms.end());
     const double tbps = double(read) / (double(ms[ms.size() / 2]) * 1e-3) / 1e12;
-    results.push_back({kind, shape, tbps, kind == "stg" || kind == "memset" || kind == "tma_store"});
+    results.push_back({kind, shape, tbps, write});
     std::printf("%-5s %-34s %6.3f TB/s  (median of %d, %.3f ms)\n", kind.c_str(), shape.c_str(), tbps, reps,
                 ms[ms.size() / 2]);
   };
@@ -266,10 +263,10 @@ int main(int argc, char** argv) {
     for (int threads : {256, 512}) {
       time("stg", std::to_string(per_sm) + " CTAs/SM x " + std::to_string(threads) + " thr", bytes, [&] {
         stg_write<<<sms * per_sm, threads>>>(static_cast<uint4*>(buf), n16);
-      });
+      }, true);
     }
   }
-  time("memset", "cudaMemsetAsync", bytes, [&] { MOK_CUDA_CHECK(cudaMemsetAsync(buf, 0x3c, bytes)); });
+  time("memset", "cudaMemsetAsync", bytes, [&] { MOK_CUDA_CHECK(cudaMemsetAsync(buf, 0x3c, bytes)); }, true);
   const CUtensorMap dw_map = mok::gemm::make_map_3d(buf, experts, n_rows, k, 64);
   const auto tma_store = [&](auto kernel, int inflight) {
     for (int per_sm : {1, 2}) {
@@ -277,7 +274,7 @@ int main(int argc, char** argv) {
       MOK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       time("tma_store", "dW [32,4096,7168] 64x64 boxes, " + std::to_string(inflight) + " in flight, " +
                             std::to_string(per_sm) + " CTA/SM",
-           w_bytes, [&] { kernel<<<sms * per_sm, 32, smem>>>(dw_map, experts, n_rows / 128, k / 256); });
+           w_bytes, [&] { kernel<<<sms * per_sm, 32, smem>>>(dw_map, experts, n_rows / 128, k / 256); }, true);
     }
   };
   tma_store(tma_store_write<1>, 1);
