@@ -139,33 +139,35 @@ __global__ void check_calls_kernel(const int64_t* const* peers, int world, int64
   }
 }
 
-// One block: every expert's part of window [lo, hi), then (thread 0, in expert order) what the
-// window exchanges with its neighbours (schedule_math.h's window_ends: the carried experts, the
-// owned range, the held rows; the expert held in starts its K held_in_rows rows early). Thread 0's
-// walk reads the experts' offsets and rows from shared memory where they fit (kStagedExperts):
-// from global memory it took 28 us per window at 256 experts (one dependent L2 round trip per
-// expert; ncu, one H100, bench/results/backward-kernels-ncu-h100x1.json), 0.34 ms of a DeepSeek-V3
-// backward over 12 windows; from shared memory 21.7 us (same ncu count, e12a65b). A block-parallel
-// search (branch exp/wgrad-last-block, not yet run on a GPU) would take the walk off thread 0.
-constexpr int32_t kStagedExperts = 6144;  // 2 x 4 bytes each: 48 KB of dynamic shared memory at most
+// One block: every expert's part of window [lo, hi) and what the window exchanges with its
+// neighbours (schedule_math.h's window_ends: the carried experts, the owned range, the held rows;
+// the expert held in starts its K held_in_rows rows early). Each thread tests its experts (the
+// last crossing lo / hi, the first and last owned: shared-memory atomics, so the same experts as
+// the ordered walk), thread 0 derives the rest (window_ends_of). Thread 0 walking all experts took
+// 28 us per window at 256 experts (one L2 round trip per expert; ncu, one H100,
+// bench/results/backward-kernels-ncu-h100x1.json), still 22 us from shared memory; this block-
+// parallel search 3.2 us (ncu, one H100: 12 windows of a DeepSeek-V3 EP 1 backward in 38 us).
 __global__ void window_parts_kernel(const int32_t* expert_offset, const int32_t* expert_rows, int32_t experts,
                                     int64_t lo, int64_t hi, bool last, sched::WindowHold hold, int32_t* parts) {
-  extern __shared__ int32_t staged[];  // [offsets | rows] when experts <= kStagedExperts
-  const bool stage = experts <= kStagedExperts;
+  __shared__ int32_t found[4];  // cross lo, cross hi, first owned, last owned
+  if (threadIdx.x < 4) found[threadIdx.x] = threadIdx.x == 2 ? INT32_MAX : -1;
+  __syncthreads();
   for (int32_t e = int32_t(threadIdx.x); e < experts; e += int32_t(blockDim.x)) {
     const int32_t b = expert_offset[e], r = expert_rows[e];
     const sched::WindowPart p = sched::window_part(b, r, lo, hi);
     parts[e] = p.begin;
     parts[experts + e] = p.rows;
-    if (stage) {
-      staged[e] = b;
-      staged[experts + e] = r;
+    if (sched::rows_cross(b, r, lo)) atomicMax(&found[0], e);
+    if (sched::rows_cross(b, r, hi)) atomicMax(&found[1], e);
+    if (sched::window_owns(b, r, lo, hi, last)) {
+      atomicMin(&found[2], e);
+      atomicMax(&found[3], e);
     }
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    const sched::WindowEnds w = stage ? sched::window_ends(staged, staged + experts, experts, lo, hi, last, hold)
-                                      : sched::window_ends(expert_offset, expert_rows, experts, lo, hi, last, hold);
+    const sched::WindowEnds w = sched::window_ends_of(expert_offset, expert_rows, found[0], found[1],
+                                                      found[3] < 0 ? -1 : found[2], found[3], lo, hi, hold);
     if (w.held_in >= 0) {
       parts[w.held_in] -= w.held_in_rows;  // (its part starts at 0)
       parts[experts + w.held_in] += w.held_in_rows;
@@ -208,9 +210,8 @@ void window_parts(const ScheduleView& v, int64_t experts, int64_t lo, int64_t hi
   MOK_REQUIRE(hold.rows >= 0 && hold.rows % sched::kBlockM == 0 && hold.prev_lo >= 0 && hold.prev_lo <= lo,
               "window_parts.hold", "whole tiles of rows, and the previous window's first row at most lo, got ",
               hold.rows, " rows, previous window at ", hold.prev_lo);
-  const size_t smem = experts <= kStagedExperts ? size_t(experts) * 2 * sizeof(int32_t) : 0;
-  window_parts_kernel<<<1, 256, smem, stream>>>(v.expert_offset, v.expert_rows, int32_t(experts), lo, hi, last, hold,
-                                                parts);
+  window_parts_kernel<<<1, 256, 0, stream>>>(v.expert_offset, v.expert_rows, int32_t(experts), lo, hi, last, hold,
+                                             parts);
   MOK_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -200,37 +200,50 @@ struct WindowEnds {
   int32_t held_in = -1, held_in_rows = 0, held_out = -1, held_out_rows = 0, held_out_at = 0;
 };
 inline constexpr int64_t kWindowEndWords = 7;
-MOK_HD WindowEnds window_ends(const int32_t* offset, const int32_t* rows, int32_t experts, int64_t lo, int64_t hi,
-                              bool last, const WindowHold& hold) {
+// window_ends from what a walk over the experts found: the (last) expert whose rows cross lo and
+// the one crossing hi (-1: none), the first and last expert the window owns (-1: none). A GPU
+// finds them with one thread per expert (gpu::window_parts); window_ends below walks in order.
+MOK_HD WindowEnds window_ends_of(const int32_t* offset, const int32_t* rows, int32_t cross_lo, int32_t cross_hi,
+                                 int32_t first, int32_t last_owned, int64_t lo, int64_t hi, const WindowHold& hold) {
   WindowEnds w;
-  int32_t first = -1;
-  for (int32_t e = 0; e < experts; ++e) {
-    const int64_t b = offset[e], r = rows[e];
-    if (rows_cross(b, r, lo)) {
-      if (held_over(b, r, hold.prev_lo, lo, hold.rows, hold.end)) {
-        w.held_in = e;
-        w.held_in_rows = int32_t(lo - b);
-      } else {
-        w.carry_in = e;
-      }
+  if (cross_lo >= 0) {
+    const int64_t b = offset[cross_lo], r = rows[cross_lo];
+    if (held_over(b, r, hold.prev_lo, lo, hold.rows, hold.end)) {
+      w.held_in = cross_lo;
+      w.held_in_rows = int32_t(lo - b);
+    } else {
+      w.carry_in = cross_lo;
     }
-    if (rows_cross(b, r, hi)) {
-      if (held_over(b, r, lo, hi, hold.rows, hold.end)) {
-        w.held_out = e;
-        w.held_out_rows = int32_t(hi - b);
-        w.held_out_at = int32_t(b - lo);
-      } else {
-        w.carry_out = e;
-      }
-    }
-    if (window_owns(b, r, lo, hi, last)) {
-      if (first < 0) first = e;
-      w.owned = e - first + 1;
+  }
+  if (cross_hi >= 0) {
+    const int64_t b = offset[cross_hi], r = rows[cross_hi];
+    if (held_over(b, r, lo, hi, hold.rows, hold.end)) {
+      w.held_out = cross_hi;
+      w.held_out_rows = int32_t(hi - b);
+      w.held_out_at = int32_t(b - lo);
+    } else {
+      w.carry_out = cross_hi;
     }
   }
   w.first = first < 0 ? 0 : first;
+  w.owned = first < 0 ? 0 : last_owned - first + 1;
   if (w.held_out >= 0) w.owned -= 1;  // (the window's last owned expert: nothing after it starts before hi)
   return w;
+}
+
+MOK_HD WindowEnds window_ends(const int32_t* offset, const int32_t* rows, int32_t experts, int64_t lo, int64_t hi,
+                              bool last, const WindowHold& hold) {
+  int32_t cross_lo = -1, cross_hi = -1, first = -1, last_owned = -1;
+  for (int32_t e = 0; e < experts; ++e) {
+    const int64_t b = offset[e], r = rows[e];
+    if (rows_cross(b, r, lo)) cross_lo = e;
+    if (rows_cross(b, r, hi)) cross_hi = e;
+    if (window_owns(b, r, lo, hi, last)) {
+      if (first < 0) first = e;
+      last_owned = e;
+    }
+  }
+  return window_ends_of(offset, rows, cross_lo, cross_hi, first, last_owned, lo, hi, hold);
 }
 
 }  // namespace mok::sched
