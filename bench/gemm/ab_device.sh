@@ -13,6 +13,8 @@
 #     FILTER=wgrad-fc bench/gemm/ab_device.sh
 # and with BASE_BENCH=<another build's mok_gemm_bench> (e.g. copied aside before a rebuild) the two
 # builds without building either.
+# More builds in the same rounds: EXTRA_BENCHES="name=<path> ..." (each run after base and new, with
+# NEW_ARGS; a column each, its ratio to the base).
 # Writes $OUT/gemm-ab.json ({device, base, rounds, cases: [{case, rows_per_expert, base, new}]}, the
 # TF/s of every run and their medians) and prints the table. The base's mok_gemm_bench must accept
 # the same BENCH_ARGS (options added since the base are for the new build only: NEW_ARGS).
@@ -54,14 +56,22 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
     --out "$OUT/base_$round.json" >"$OUT/base_$round.txt" 2>&1 || echo "ab_device: base round $round failed" >&2
   "$new_bin" --filter "${FILTER:-wgrad}" "${bench_args[@]}" "${new_args[@]}" \
     --out "$OUT/new_$round.json" >"$OUT/new_$round.txt" 2>&1 || echo "ab_device: new round $round failed" >&2
+  for x in ${EXTRA_BENCHES:-}; do
+    "${x#*=}" --filter "${FILTER:-wgrad}" "${bench_args[@]}" "${new_args[@]}" \
+      --out "$OUT/${x%%=*}_$round.json" >"$OUT/${x%%=*}_$round.txt" 2>&1 || echo "ab_device: ${x%%=*} round $round failed" >&2
+  done
   echo "round $round: $(( $(date +%s) - t0 )) s"
 done
-python3 - "$OUT" "${ROUNDS:-3}" <<'PY'
+for x in ${EXTRA_BENCHES:-}; do
+  [[ "$x" == *=* && -x "${x#*=}" ]] || { echo "ab_device: EXTRA_BENCHES item '$x' is not name=<an executable>" >&2; exit 2; }
+done
+python3 - "$OUT" "${ROUNDS:-3}" ${EXTRA_BENCHES:-} <<'PY'
 import collections, glob, json, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
-runs = collections.defaultdict(lambda: {"base": [], "new": []})
+names = ["base", "new"] + [x.split("=", 1)[0] for x in sys.argv[3:]]
+runs = collections.defaultdict(lambda: {v: [] for v in names})
 device = None
-for v in ("base", "new"):
+for v in names:
     for f in sorted(glob.glob(f"{out}/{v}_*.json")):
         try:
             d = json.load(open(f))
@@ -72,14 +82,19 @@ for v in ("base", "new"):
         for c in d["cases"]:
             runs[(c["name"], c["routing"], c["rows_per_expert"])][v].append(c["mok_tflops"])
 cases = []
-print(f"| case | routing | rows | base TF/s | new TF/s | new/base |\n|---|---|---|---|---|---|")
+others = names[1:]
+print("| case | routing | rows | base TF/s | " + " | ".join(f"{v} TF/s | {v}/base" for v in others) + " |")
+print("|---|---|---|---|" + "---|---|" * len(others))
+fmt = lambda x: f"{x:.1f}" if x else "-"
 for (name, routing, rows), r in sorted(runs.items()):
     med = {v: statistics.median(r[v]) if r[v] else None for v in r}
-    ratio = med["new"] / med["base"] if med["base"] and med["new"] else None
-    cases.append({"case": name, "routing": routing, "rows_per_expert": rows,
-                  "base": {"tflops_runs": r["base"], "median": med["base"]},
-                  "new": {"tflops_runs": r["new"], "median": med["new"]}, "new_over_base": ratio})
-    fmt = lambda x: f"{x:.1f}" if x else "-"
-    print(f"| {name} | {routing} | {rows} | {fmt(med['base'])} | {fmt(med['new'])} | {f'{ratio:.3f}' if ratio else '-'} |")
+    ratio = {v: med[v] / med["base"] if med["base"] and med[v] else None for v in others}
+    case = {"case": name, "routing": routing, "rows_per_expert": rows}
+    for v in names:
+        case[v] = {"tflops_runs": r[v], "median": med[v]}
+    case.update({f"{v}_over_base": ratio[v] for v in others})
+    cases.append(case)
+    cols = " | ".join(f"{fmt(med[v])} | {f'{ratio[v]:.3f}' if ratio[v] else '-'}" for v in others)
+    print(f"| {name} | {routing} | {rows} | {fmt(med['base'])} | {cols} |")
 json.dump({"device": device, "rounds": rounds, "cases": cases}, open(f"{out}/gemm-ab.json", "w"), indent=1)
 PY

@@ -337,18 +337,19 @@ __device__ __forceinline__ void release_stage(const Smem<C>& sm, uint32_t s, uin
   }
 }
 
-// Zeroes K rows [valid, 64) of both operands of stage s (MN-major A and B only): rows past an
-// expert's last token are padding whose contents are unspecified (possibly NaN). Called by all
-// 256 consumer threads (ct = 0..255).
+// Zeroes K rows [valid, end) of both operands of stage s (MN-major A and B only): rows past an
+// expert's last token are padding whose contents are unspecified (possibly NaN); rows from `end`
+// on are not read (mma_tile issues only the K steps below it). Called by all 256 consumer threads
+// (ct = 0..255).
 template <class C>
-__device__ __forceinline__ void mask_k_rows(const Smem<C>& sm, uint32_t s, int valid, uint32_t ct) {
+__device__ __forceinline__ void mask_k_rows(const Smem<C>& sm, uint32_t s, int valid, int end_rows, uint32_t ct) {
   static_assert(C::Operand::kMNMajor, "K masking is of MN-major stages (128-byte rows of 64 bf16)");
-  // Rows [valid, 64) of a chunk are one contiguous run of 16-byte units (128-byte rows; the swizzle
+  // Rows [valid, end) of a chunk are one contiguous run of 16-byte units (128-byte rows; the swizzle
   // permutes units inside a row only), so each chunk's run is a strided loop without the division
   // per unit the flat loop over all chunks needed (with the bf16 decode on reciprocal divisors,
   // the layer's backward 0.981x at DeepSeek-V3, where almost every expert's last K block is
   // partial: notes/gemm.md).
-  const uint32_t first = uint32_t(valid) * 8u, end = uint32_t(C::kBlockK) * 8u;  // 16-byte units
+  const uint32_t first = uint32_t(valid) * 8u, end = uint32_t(end_rows) * 8u;  // 16-byte units
 #pragma unroll
   for (int chunk = 0; chunk < 2 + C::kChunks; ++chunk) {  // 2 A chunks + the B chunks
     uint8_t* base = chunk < 2 ? sm.a(s) + chunk * kChunkBytes : sm.b(s) + (chunk - 2) * kChunkBytes;
@@ -373,6 +374,43 @@ struct Skew {
     return stages > 0 && stages <= C::kStages && t.k_blocks > C::kStages + stages;
   }
 };
+
+// The first kSteps K steps (32 bytes of K each) of a stage as one committed group of wgmmas, with
+// the fence that orders the accumulators' register writes before them; `more`: the accumulators
+// already hold sums (scale-d 1 from the first step on). A full stage computes each step's
+// descriptors between the wgmmas, as every form did before the short runs existed: computing them
+// all before the fence (the runs' form) cost the bf16 wgrad 1-1.3% at 256 rows per expert (one
+// H100, bench/results/wgrad-last-block-ab-h100x1.json). A short run (an expert's K-masked last
+// block) computes its descriptors and first scale before the fence: there a register the wgmmas
+// read that is written after it made ptxas inject another warpgroup.arrive (C7519). The commit is
+// inside both: after the join of mma_tile's branches ptxas injected an arrive there too.
+template <class C, bool kAMN, bool kBMN, int kSteps>
+__device__ __forceinline__ void mma_k_steps(float (&acc)[C::kAccRegs], uint32_t as, uint32_t bs, bool more) {
+  if constexpr (kSteps == C::kBlockK / C::Operand::kStepK) {
+    fence_operands(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int k16 = 0; k16 < kSteps; ++k16) {
+      const uint64_t da = kAMN ? desc_mn_major(as, k16, kChunkBytes) : desc_k_major(as, k16);
+      const uint64_t db = kBMN ? desc_mn_major(bs, k16, kChunkBytes) : desc_k_major(bs, k16);
+      C::Operand::template mma<C::kBlockN, kAMN, kBMN>(acc, da, db, (more || k16 > 0) ? 1u : 0u);
+    }
+  } else {
+    uint64_t da[kSteps], db[kSteps];
+#pragma unroll
+    for (int k16 = 0; k16 < kSteps; ++k16) {
+      da[k16] = kAMN ? desc_mn_major(as, k16, kChunkBytes) : desc_k_major(as, k16);
+      db[k16] = kBMN ? desc_mn_major(bs, k16, kChunkBytes) : desc_k_major(bs, k16);
+    }
+    const uint32_t first_scale = more ? 1u : 0u;
+    fence_operands(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int k16 = 0; k16 < kSteps; ++k16)
+      C::Operand::template mma<C::kBlockN, kAMN, kBMN>(acc, da[k16], db[k16], k16 > 0 ? 1u : first_scale);
+  }
+  wgmma_commit();
+}
 
 // mma_tile's hook is called once per tile, right after the first K block's MMAs were issued (they
 // run asynchronously): a megakernel uses it to publish the previous tile's completion off the
@@ -407,20 +445,38 @@ __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, co
   for (int kb = 0; kb < t.k_blocks; ++kb) {
     const uint32_t s = ps.stage;
     mbar_wait(sm.full(s), ps.phase, wb, kSiteConsumerFull);
+    // K steps of this block: all four, or in an expert's K-masked last block only those holding
+    // valid rows (a weight gradient's expert of 260 rows ran as slowly as one of 320: one H100,
+    // notes/gemm.md), with the mask up to the last issued step's end.
+    int steps = C::kBlockK / C::Operand::kStepK;
     if constexpr (kMaskK) {
-      if (kb == t.k_blocks - 1 && t.k_last_valid < C::kBlockK) mask_k_rows(sm, s, t.k_last_valid, ct);
+      if (kb == t.k_blocks - 1 && t.k_last_valid < C::kBlockK) {
+        const int valid = max(t.k_last_valid, 0);  // (k_grouped_tile gives 1..63 here)
+        steps = max(1, (valid + C::Operand::kStepK - 1) / C::Operand::kStepK);
+        mask_k_rows(sm, s, valid, steps * C::Operand::kStepK, ct);
+      }
     }
     const uint32_t as = a0 + s * kATileBytes;
     const uint32_t bs = b0 + s * C::kBTileBytes;
-    fence_operands(acc);
-    wgmma_fence();
-#pragma unroll
-    for (int k16 = 0; k16 < C::kBlockK / C::Operand::kStepK; ++k16) {  // 32-byte K steps
-      const uint64_t da = kAMN ? desc_mn_major(as, k16, kChunkBytes) : desc_k_major(as, k16);
-      const uint64_t db = kBMN ? desc_mn_major(bs, k16, kChunkBytes) : desc_k_major(bs, k16);
-      C::Operand::template mma<C::kBlockN, kAMN, kBMN>(acc, da, db, (accumulate || kb > 0 || k16 > 0) ? 1u : 0u);
+    const bool more = accumulate || kb > 0;
+    static_assert(C::kBlockK / C::Operand::kStepK == 4, "four K steps per stage");
+    if constexpr (kMaskK) {
+      // Each count a static run of wgmmas (a runtime test between two wgmmas of a group makes
+      // ptxas serialise them: notes/gemm.md), chosen by warp votes so that ptxas sees a uniform
+      // branch (on the per-thread count it serialised every wgmma of the kernel: C7520). Full
+      // blocks first, so they pay one vote: with the short counts tested first the wgrad at 256
+      // rows per expert was 3-4% slower (same A/B file).
+      if (__all_sync(0xffffffffu, steps == 4))
+        mma_k_steps<C, kAMN, kBMN, 4>(acc, as, bs, more);
+      else if (__all_sync(0xffffffffu, steps == 1))
+        mma_k_steps<C, kAMN, kBMN, 1>(acc, as, bs, more);
+      else if (__all_sync(0xffffffffu, steps == 2))
+        mma_k_steps<C, kAMN, kBMN, 2>(acc, as, bs, more);
+      else
+        mma_k_steps<C, kAMN, kBMN, 3>(acc, as, bs, more);
+    } else {
+      mma_k_steps<C, kAMN, kBMN, 4>(acc, as, bs, more);
     }
-    wgmma_commit();
     if (kb == 0) on_first_block();
     fence_operands(acc);
     wgmma_wait<1>();  // the previous block's group is done: its stage can be refilled
