@@ -8,7 +8,7 @@
 // per-expert row counts, which torch_baseline.py reads to time torch._grouped_mm on the same
 // problems in the same device call.
 //
-//   mok_gemm_bench --out mok.json [--quick] [--filter SUBSTR] [--reps N] [--group-m N] [--max-ctas N]
+//   mok_gemm_bench --out mok.json [--quick] [--filter SUBSTR] [--reps N] [--group-m N] [--group-experts 0|1] [--max-ctas N]
 //                  [--no-gu] [--skew N] [--block-n 0|128|256] [--cluster 0|1] [--split-n 0|1] [--pdl 0|1]
 //                  [--wgrad-accumulate 0|1] (bf16 wgrad cases added to fp32 gradients: its cost)
 //                  [--rows N,N,... (rows per expert; default 128,512,2048)]
@@ -65,6 +65,7 @@ struct Result {
 
 struct Knobs {
   int group_m = gemm::Options{}.group_m;
+  bool group_experts = gemm::Options{}.group_experts;  // M-grouped raster groups split at experts
   int max_ctas = 0;
   bool store_gu = true;
   int skew = gemm::Options{}.skew_stages;  // the library's defaults unless a knob says otherwise
@@ -161,6 +162,7 @@ Result run_case(const Case& c, const std::vector<int32_t>& counts, int reps, con
   o.error = static_cast<unsigned*>(err.p);
   o.wait_limit_s = 2.0;
   o.group_m = kn.group_m;
+  o.group_experts = kn.group_experts;
   o.max_ctas = kn.max_ctas;
   o.skew_stages = kn.skew;
   o.block_n = kn.block_n;
@@ -482,6 +484,8 @@ int main(int argc, char** argv) {
       else if (a == "--reps" && has) reps = parse_number("--reps", argv[++i], 1, 100000);
       else if (a == "--quick") quick = true;
       else if (a == "--group-m" && has) kn.group_m = parse_number("--group-m", argv[++i], 1, 1 << 20);
+      else if (a == "--group-experts" && has)
+        kn.group_experts = parse_number("--group-experts", argv[++i], 0, 1) != 0;
       else if (a == "--max-ctas" && has) kn.max_ctas = parse_number("--max-ctas", argv[++i], 0, 1 << 20, " (0 = all SMs)");
       else if (a == "--no-gu") kn.store_gu = false;
       else if (a == "--skew" && has) kn.skew = parse_number("--skew", argv[++i], -1, 64, " (-1 = the library's default)");
@@ -502,7 +506,7 @@ int main(int argc, char** argv) {
       }
       else {
         std::fprintf(stderr,
-                     "usage: %s [--out FILE] [--filter SUBSTR] [--reps N] [--quick] [--group-m N] [--max-ctas N] "
+                     "usage: %s [--out FILE] [--filter SUBSTR] [--reps N] [--quick] [--group-m N] [--group-experts 0|1] [--max-ctas N] "
                      "[--no-gu] [--skew N] [--block-n 0|128|256] [--cluster 0|1] [--split-n 0|1] [--pdl 0|1] [--wgrad-accumulate 0|1] [--rows N,N,...]\n",
                      argv[0]);
         return 2;
@@ -601,11 +605,11 @@ int main(int argc, char** argv) {
                  "\"experts\": %lld, \"hidden\": %lld, \"inter\": %lld, \"m\": %lld, \"n\": %lld, \"k\": %lld, "
                  "\"flops\": %.6e, \"mok_ms\": %.6f, \"mok_tflops\": %.3f, \"check_rel_err\": %.3e, "
                  "\"buffer_sets\": %d, \"timed_launches\": %d, \"block_n\": %d, \"skew\": %d, \"group_m\": %d, "
-                 "\"cluster\": %d, \"split_n\": %d, \"pdl\": %d, \"wgrad_accumulate\": %d, \"counts\": [",
+                 "\"group_experts\": %d, \"cluster\": %d, \"split_n\": %d, \"pdl\": %d, \"wgrad_accumulate\": %d, \"counts\": [",
                  first ? "" : ",\n", c.name.c_str(), c.form.c_str(), (long long)c.rows_per_expert,
                  c.routing.c_str(), (long long)c.model->experts, (long long)c.model->hidden,
                  (long long)c.model->inter, (long long)c.m_or_rows, (long long)c.n, (long long)c.k, r.flops,
-                 r.ms, r.tflops, std::isfinite(r.err) ? r.err : -1.0, r.sets, r.launches, r.block_n, r.skew, kn.group_m, int(kn.cluster),
+                 r.ms, r.tflops, std::isfinite(r.err) ? r.err : -1.0, r.sets, r.launches, r.block_n, r.skew, kn.group_m, int(kn.group_experts), int(kn.cluster),
                  int(kn.split_n), int(kn.pdl), int(kn.wgrad_accumulate && c.form == "wgrad"));
     for (size_t i = 0; i < counts.size(); ++i) std::fprintf(f, "%s%d", i ? ", " : "", counts[i]);
     std::fprintf(f, "]}");

@@ -23,6 +23,10 @@ namespace mok::gemm {
 struct Options {
   int max_ctas = 0;                // persistent CTAs; 0 = one per SM
   int group_m = 8;                 // tile raster: M tiles per group
+  // M-grouped forms (FC1, FC2, dgrads; not with clusters): raster groups split where the expert
+  // changes, so no expert's weight tiles are read by two groups (schedule_math.h's
+  // expert_tile_raster). The same tiles and bits in another order.
+  bool group_experts = false;
   // Device word: nonzero after a bounded wait expired (the wait's site), or kSiteFp8Segment (the
   // FP8 wgrad's input was not 128-row aligned), or kSiteHeldRows (a wgrad's held rows past its
   // hold); the call's outputs are then undefined.
@@ -207,6 +211,7 @@ struct KernelParams {
   int32_t m_out = 0;        // Wgrad: output rows per expert
   int32_t experts = 0;      // Wgrad: experts
   int32_t group_m = 8;      // tile raster: M tiles per group (N outer, M inner inside a group)
+  int32_t group_experts = 0;  // M-grouped: groups split at expert boundaries (Options::group_experts)
   int32_t store_gu = 1;     // FC1: also store the gate/up pre-activations
   int32_t skew_stages = 0;  // stagger of the consumer warpgroups in K blocks (0: off, <= 4)
   const int32_t* tile_expert = nullptr;       // M-grouped: [num_m_tiles], -1 = skip the tile

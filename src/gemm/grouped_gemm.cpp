@@ -41,6 +41,7 @@ void fill_common(Plan& p, const Options& o, int64_t tiles, int64_t pair_units) {
               o.skew_stages);
   MOK_REQUIRE(p.params.n_tiles > 0, "plan", "n_tiles must be set before fill_common");
   p.params.group_m = o.group_m;
+  p.params.group_experts = o.group_experts ? 1 : 0;
   const bool fp8 = p.form == Form::Fp8Plain || p.form == Form::Fp8Fc1 || p.form == Form::Fp8Wgrad ||
                    p.form == Form::Fp8DgradSwiGLU;
   p.params.skew_stages = o.skew_stages >= 0 ? o.skew_stages : (fp8 ? kFp8DefaultSkew : 0);

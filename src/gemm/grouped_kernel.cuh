@@ -26,7 +26,8 @@ __device__ __forceinline__ void raster(int32_t r, int32_t num_m, int32_t n_tiles
 }
 
 // M-grouped tiles (forward, dgrad): the routed buffer's 128-row tiles x the N tiles; the expert of
-// each M tile comes from tile_expert (the schedule's table). Static round-robin over CTAs.
+// each M tile comes from tile_expert (the schedule's table). Static round-robin over CTAs, in
+// tile_raster's order or, with group_experts, expert_tile_raster's.
 template <class C>
 struct MGroupedSchedule {
   int32_t t;
@@ -40,7 +41,13 @@ struct MGroupedSchedule {
       t += int32_t(gridDim.x);
       if (t >= total) return false;
       int32_t m, n;
-      raster(t, p->num_m_tiles, p->n_tiles, p->group_m, m, n);
+      if (p->group_experts) {
+        const sched::TileMN mn = sched::expert_tile_raster(t, p->num_m_tiles, p->n_tiles, p->group_m, p->tile_expert);
+        m = mn.m;
+        n = mn.n;
+      } else {
+        raster(t, p->num_m_tiles, p->n_tiles, p->group_m, m, n);
+      }
       const int32_t e = __ldg(p->tile_expert + m);
       if (e < 0) continue;
       out = Tile{m * kBlockM, n * C::kBlockN, e, 0, p->k_blocks, kBlockK, m * kBlockM, 0};

@@ -69,6 +69,9 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   // The windows' held rows (layer_backward_windows.cu; an experiment knob, the same bits either
   // way): MOK_BWD_HOLD=0 carries every cut expert's sums instead.
   bwd_hold = env_flag("MOK_BWD_HOLD", true);
+  // The M-grouped GEMMs' raster groups split where the expert changes (gemm::Options::group_experts;
+  // an experiment knob, the same bits either way): MOK_GROUP_EXPERTS=1. Off until measured.
+  group_experts = env_flag("MOK_GROUP_EXPERTS", false);
   rank = comm.rank();
   world = comm.world_size();
   // This rank's own checks first. Their verdict is one field of the cross-rank agreement below:
@@ -473,6 +476,7 @@ gemm::Options Layer::Impl::gemm_options() const {
   gemm::Options o;
   o.error = dc.claim;
   o.wait_limit_s = config.wait_timeout_s;
+  o.group_experts = group_experts;
   return o;
 }
 

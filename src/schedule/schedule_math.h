@@ -112,6 +112,27 @@ MOK_HD TileMN tile_raster(int32_t r, int32_t num_m, int32_t n_tiles, int32_t gro
   const int32_t size = num_m - first < group_m ? num_m - first : group_m;
   return TileMN{first + in % size, in / size};
 }
+// tile_raster with groups that never hold two experts: each group_m group split where the expert
+// changes (tile_expert[m]: the expert of M tile m, each expert's tiles contiguous; -1 tiles are
+// their own run). Why: inside a group the CTAs running at once read an expert's weight tile
+// together, once from DRAM; an expert whose tiles straddle two plain groups is read again a whole
+// group later. At DeepSeek-V3 EP 1 (256 +- 16 rows per expert: 2 or 3 tiles) that is a third of
+// the experts, and FC1's dgrad over the backward's 12 windows read 20 GB where the weights are
+// 15 (ncu, one H100, bench/results/backward-kernels-ncu-h100x1.json); by a model of 132 tiles in
+// flight (bench/gemm/raster_model.py), 17.3 GB of weight tiles with plain groups of 8, 16.0 split.
+// The groups are contiguous ranges of M tiles, so M tile r / n_tiles lies in r's group.
+MOK_HD TileMN expert_tile_raster(int32_t r, int32_t num_m, int32_t n_tiles, int32_t group_m,
+                                 const int32_t* tile_expert) {
+  const int32_t mp = r / n_tiles;
+  const int32_t b = mp - mp % group_m;
+  const int32_t end = num_m - b < group_m ? num_m : b + group_m;
+  const int32_t e = tile_expert[mp];
+  int32_t lo = mp, hi = mp + 1;
+  while (lo > b && tile_expert[lo - 1] == e) --lo;
+  while (hi < end && tile_expert[hi] == e) ++hi;
+  const int32_t in = r - lo * n_tiles, size = hi - lo;
+  return TileMN{lo + in % size, in / size};
+}
 // Division by a divisor fixed for a kernel's lifetime, for the per-tile decode of persistent
 // kernels: 32-bit integer division is ~20 dependent instructions on the GPU (reciprocal, two
 // multiply-highs, corrections), and a weight-gradient tile over few rows pays three of them between

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -370,6 +371,68 @@ TEST(FastDiv, RasterPlanIsTileRaster) {
           if ((a.m != b.m || a.n != b.n) && ++wrong <= 5)
             ADD_FAILURE() << num_m << " x " << n_tiles << " group " << group_m << " r " << r;
         }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+}
+
+// expert_tile_raster: every tile exactly once; each expert's tiles take the contiguous range of
+// the order that its M tiles span (tile_raster's groups of 8 interleave the two experts at a group
+// boundary with a whole group between their halves); an expert's tiles of one N column inside one
+// group_m block are consecutive (its weight tile is read together); and where no group holds two
+// experts it is tile_raster's order.
+TEST(ExpertRaster, EachTileOnceAndNoGroupHoldsTwoExperts) {
+  std::mt19937 rng(77);
+  int64_t wrong = 0;
+  for (int layout = 0; layout < 60; ++layout) {
+    std::vector<int32_t> tile_expert;
+    const int experts = 1 + int(rng() % 40);
+    for (int e = 0; e < experts; ++e)
+      for (int t = int(rng() % (layout % 3 == 0 ? 4 : 13)); t > 0; --t) tile_expert.push_back(e);  // (0-tile experts too)
+    for (int t = int(rng() % 6); t > 0; --t) tile_expert.push_back(-1);  // the buffer's unused tail
+    if (tile_expert.empty()) continue;
+    const int32_t num_m = int32_t(tile_expert.size());
+    for (int32_t n_tiles : {1, 3, 8, 28}) {
+      for (int32_t group_m : {1, 3, 8, 16}) {
+        std::vector<int32_t> seen(size_t(num_m) * n_tiles, 0);
+        std::vector<int64_t> last_r(size_t(num_m) * n_tiles, -1);  // per (expert run, n): the previous r
+        for (int32_t r = 0; r < num_m * n_tiles; ++r) {
+          const sched::TileMN t = sched::expert_tile_raster(r, num_m, n_tiles, group_m, tile_expert.data());
+          if (t.m < 0 || t.m >= num_m || t.n < 0 || t.n >= n_tiles) {
+            if (++wrong <= 5) ADD_FAILURE() << "tile out of range at r " << r;
+            continue;
+          }
+          ++seen[size_t(t.m) * n_tiles + t.n];
+          // Each expert's tiles fill the range of r its rows of M tiles span: no group holds
+          // two experts, and an expert cut by a group_m boundary runs on across it.
+          if (tile_expert[t.m] != tile_expert[r / n_tiles] && ++wrong <= 5)
+            ADD_FAILURE() << "r " << r << " ran expert " << tile_expert[t.m] << "'s tile amid expert "
+                          << tile_expert[r / n_tiles] << "'s";
+          // The previous tile of the same expert and block in this column came right before.
+          const int32_t block_first = t.m - t.m % group_m;
+          if (t.m > block_first && tile_expert[t.m - 1] == tile_expert[t.m]) {
+            const int64_t prev = last_r[size_t(t.m - 1) * n_tiles + t.n];
+            if (prev != r - 1 && ++wrong <= 5)
+              ADD_FAILURE() << "tile " << t.m << " column " << t.n << " at r " << r << ", its neighbour at " << prev;
+          }
+          last_r[size_t(t.m) * n_tiles + t.n] = r;
+        }
+        for (int32_t c : seen)
+          if (c != 1 && ++wrong <= 5) ADD_FAILURE() << "a tile ran " << c << " times";
+      }
+    }
+  }
+  // One expert everywhere, or experts of exactly group_m tiles: tile_raster's order.
+  for (int32_t group_m : {1, 4, 8}) {
+    std::vector<int32_t> one(37, 5), aligned;
+    for (int e = 0; e < 6; ++e) aligned.insert(aligned.end(), size_t(group_m), e);
+    for (const std::vector<int32_t>& te : {one, aligned}) {
+      const int32_t num_m = int32_t(te.size());
+      for (int32_t r = 0; r < num_m * 28; ++r) {
+        const sched::TileMN a = sched::expert_tile_raster(r, num_m, 28, group_m, te.data());
+        const sched::TileMN b = sched::tile_raster(r, num_m, 28, group_m);
+        if ((a.m != b.m || a.n != b.n) && ++wrong <= 5) ADD_FAILURE() << "group_m " << group_m << " r " << r;
       }
     }
   }

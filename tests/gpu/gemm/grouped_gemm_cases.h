@@ -20,8 +20,9 @@ constexpr double kTol = 1e-2;
 // variables: one of each in the test binary, which both files' tests set and their cases read.
 inline int g_block_n = 256;
 inline bool g_cluster = false;  // 2-CTA clusters with B multicast
+inline bool g_group_experts = false;  // raster groups split at experts (Options::group_experts)
 
-// A case's gemm::Options (tile width, stagger, clusters) and the flag its bounded waits raise when
+// A case's gemm::Options (tile width, stagger, clusters, expert-split raster groups) and the flag its bounded waits raise when
 // one expires, cleared for each plan.
 struct Device {
   DevBuf err{sizeof(unsigned)};
@@ -34,6 +35,7 @@ struct Device {
     o.skew_stages = skew;
     o.block_n = block_n;
     o.cluster = g_cluster;
+    o.group_experts = g_group_experts;
     o.error = err.as<unsigned>();
     o.wait_limit_s = 5.0;
     return o;

@@ -1,5 +1,6 @@
 // Grouped GEMM forms (FC1 + SwiGLU, FC2, dgrad, wgrad) vs fp64 computations on random data, and the
-// tile options across forms (consumer stagger, BLOCK_N 128, split-N, 2-CTA clusters).
+// tile options across forms (consumer stagger, BLOCK_N 128, split-N, 2-CTA clusters, raster groups
+// split at experts).
 //
 // Every case: random bf16 inputs (padding rows of the routed buffer hold NaN, so a leak of a
 // padding row into a real one fails), outputs poisoned with NaN before the run, every element of
@@ -395,6 +396,38 @@ TEST(GroupedGemm, SplitNForNearlyEmptyTiles) {
   g_block_n = 256;
   g_cluster = false;
   g_split = false;
+}
+
+// Raster groups split where the expert changes (Options::group_experts): experts of 2-4 tiles
+// that straddle the groups of 8, a zero-row expert and a one-row one, few CTAs and all SMs. The
+// same tiles in another order: the token rows' bits equal the plain raster's, and the reference
+// holds.
+TEST(GroupedGemm, ExpertSplitRasterGroups) {
+  MOK_REQUIRE_GPUS(1);
+  const std::vector<int32_t> counts{260, 300, 129, 257, 0, 385, 200, 1, 260, 260};  // 24 tiles
+  const Routed rt(counts);
+  for (int bn : {256, 128}) {
+    g_block_n = bn;
+    Outputs off, on;
+    g_group_experts = false;
+    fc1_case(counts, 1024, 512, 0, 801, 7, 0, &off);
+    g_group_experts = true;
+    fc1_case(counts, 1024, 512, 0, 801, 7, 0, &on);
+    same_token_rows(rt, off, on, {512, 1024});
+    fc1_case(counts, 328, 224, 5, 802);
+    g_group_experts = false;
+    plain_case(false, counts, 1024, 512, 0, 803, 5, 0, &off);
+    g_group_experts = true;
+    plain_case(false, counts, 1024, 512, 0, 803, 5, 0, &on);
+    same_token_rows(rt, off, on, {512});
+    g_group_experts = false;
+    plain_case(true, counts, 512, 1024, 9, 804, 5, 0, &off);
+    g_group_experts = true;
+    plain_case(true, counts, 512, 1024, 9, 804, 5, 0, &on);
+    same_token_rows(rt, off, on, {1024});
+  }
+  g_block_n = 256;
+  g_group_experts = false;
 }
 
 TEST(GroupedGemm, ClustersMulticastB) {
