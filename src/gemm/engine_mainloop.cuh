@@ -378,9 +378,10 @@ struct Skew {
 // The first kSteps K steps (32 bytes of K each) of a stage as one committed group of wgmmas, with
 // the fence that orders the accumulators' register writes before them; `more`: the accumulators
 // already hold sums (scale-d 1 from the first step on). A full stage computes each step's
-// descriptors between the wgmmas, as every form did before the short runs existed: computing them
-// all before the fence (the runs' form) cost the bf16 wgrad 1-1.3% at 256 rows per expert (one
-// H100, bench/results/wgrad-last-block-ab-h100x1.json). A short run (an expert's K-masked last
+// descriptors between the wgmmas, as every form did before the short runs existed: with them all
+// computed before the fence (the runs' form) the bf16 wgrad was 0.2-0.6% slower at 256 rows per
+// expert and 2.3-2.5% at 260 (one H100, bench/results/wgrad-last-block-ab-h100x1.json; unchanged
+// code in the same runs spread +-2%). A short run (an expert's K-masked last
 // block) computes its descriptors and first scale before the fence: there a register the wgmmas
 // read that is written after it made ptxas inject another warpgroup.arrive (C7519). The commit is
 // inside both: after the join of mma_tile's branches ptxas injected an arrive there too.
@@ -465,7 +466,7 @@ __device__ __forceinline__ void mma_tile(const Smem<C>& sm, PipeState<C>& ps, co
       // ptxas serialise them: notes/gemm.md), chosen by warp votes so that ptxas sees a uniform
       // branch (on the per-thread count it serialised every wgmma of the kernel: C7520). Full
       // blocks first, so they pay one vote: with the short counts tested first the wgrad at 256
-      // rows per expert was 3-4% slower (same A/B file).
+      // rows per expert was ~4% slower (same A/B file).
       if (__all_sync(0xffffffffu, steps == 4))
         mma_k_steps<C, kAMN, kBMN, 4>(acc, as, bs, more);
       else if (__all_sync(0xffffffffu, steps == 1))
