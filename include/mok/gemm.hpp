@@ -23,9 +23,10 @@ namespace mok::gemm {
 struct Options {
   int max_ctas = 0;                // persistent CTAs; 0 = one per SM
   int group_m = 8;                 // tile raster: M tiles per group
-  // M-grouped forms (FC1, FC2, dgrads; not with clusters): raster groups split where the expert
-  // changes, so no expert's weight tiles are read by two groups (schedule_math.h's
-  // expert_tile_raster). The same tiles and bits in another order.
+  // M-grouped forms (FC1, FC2, the dgrads, their FP8 forms; not with clusters, and not in the
+  // megakernels, which order their own tickets): raster groups split where the expert changes, so
+  // no expert's weight tiles are read by two groups (schedule_math.h's expert_tile_raster). The
+  // same tiles and bits in another order.
   bool group_experts = false;
   // Device word: nonzero after a bounded wait expired (the wait's site), or kSiteFp8Segment (the
   // FP8 wgrad's input was not 128-row aligned), or kSiteHeldRows (a wgrad's held rows past its

@@ -70,7 +70,9 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   // way): MOK_BWD_HOLD=0 carries every cut expert's sums instead.
   bwd_hold = env_flag("MOK_BWD_HOLD", true);
   // The M-grouped GEMMs' raster groups split where the expert changes (gemm::Options::group_experts;
-  // an experiment knob, the same bits either way): MOK_GROUP_EXPERTS=1. Off until measured.
+  // an experiment knob, the same bits either way): MOK_GROUP_EXPERTS=1. Off until measured. The
+  // unfused paths only (the backward's dgrads, the unfused forward): the megakernels and the fused
+  // backward program order their own tickets.
   group_experts = env_flag("MOK_GROUP_EXPERTS", false);
   rank = comm.rank();
   world = comm.world_size();
