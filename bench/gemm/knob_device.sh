@@ -16,7 +16,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 source scripts/prebuilt.sh env
 case "${KNOB:-}" in
   group_experts) opt=--group-experts env=MOK_GROUP_EXPERTS
-    tests=${TESTS:-GroupedGemm.ExpertSplitRasterGroups} filter=${GEMM_FILTER:-dsv3-dgrad} rows=${ROWS:-256,260,2048} ;;
+    tests=${TESTS:-GroupedGemm.ExpertSplitRasterGroups:GroupedGemm.DgradSwiGLUExpertSplitRaster} filter=${GEMM_FILTER:-dsv3-dgrad} rows=${ROWS:-256,260,2048} ;;
   tile_handoff) opt=--tile-handoff env=MOK_TILE_HANDOFF
     tests=${TESTS:-GroupedGemm.WgradTileHandoff:GroupedGemm.Wgrad*} filter=${GEMM_FILTER:-dsv3-wgrad-fc}
     rows=${ROWS:-128,256,260,512,2048} ;;

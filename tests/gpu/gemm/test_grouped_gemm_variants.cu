@@ -132,6 +132,21 @@ TEST(GroupedGemm, DgradSwiGLUFusedBackward) {
   g_cluster = false;
 }
 
+// The same with the raster groups split where the expert changes (Options::group_experts): experts
+// of 2-4 tiles straddling the groups of 8, zero- and one-row experts; both the fused form and the
+// unfused dgrad it is compared with take the split order.
+TEST(GroupedGemm, DgradSwiGLUExpertSplitRaster) {
+  MOK_REQUIRE_GPUS(1);
+  g_group_experts = true;
+  for (int bn : {256, 128}) {
+    g_block_n = bn;
+    dswiglu_case({260, 300, 129, 257, 0, 385, 200, 1, 260, 260}, 512, 256, 0, 811);
+    dswiglu_case({260, 300, 129, 257, 0, 385, 200, 1, 260, 260}, 328, 160, 7, 812);
+  }
+  g_block_n = 256;
+  g_group_experts = false;
+}
+
 // Bad buffers are named: gu misaligned, d_gu overlapping gu other than exactly (in place is fine),
 // inter not a multiple of 32 (the gate/up order's group).
 TEST(GroupedGemm, DgradSwiGLURejectsBadBuffers) {
