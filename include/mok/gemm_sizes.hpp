@@ -13,4 +13,12 @@ constexpr int64_t wgrad_carry_floats(int64_t m, int64_t n) { return (m + 127) / 
 // Partial sums per row of DgradSwiGLUArgs::router_partial: one per 64 intermediate columns.
 constexpr int64_t router_parts(int64_t inter) { return (inter + 63) / 64; }
 
+// Shared memory of the engine's kernels per CTA (every form but the FP8 wgrad, whose stages also
+// carry scales): the stages of A and B, 4 epilogue chunks of 8 KB, the barriers, 1 KB of
+// alignment slack. engine::Cfg (src/gemm/engine_mainloop.cuh) asserts that this is its own sum.
+constexpr int engine_smem_bytes(int block_n) {
+  const int stages = block_n == 128 ? 6 : 4;
+  return stages * (16384 + block_n * 128) + 4 * 8192 + (2 * stages + 2) * 8 + 1024;
+}
+
 }  // namespace mok::gemm

@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "gemm/sm90.cuh"
+#include "mok/gemm_sizes.hpp"  // engine_smem_bytes
 
 namespace mok::gemm::engine {
 
@@ -101,6 +102,8 @@ struct Cfg {
   static constexpr uint32_t kNumBars = 2 * kStages + 2;  // full[], empty[], skew[2]
   static constexpr uint32_t kSmemBytes = kBarOffset + kNumBars * 8 + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of shared memory a CTA may use");
+  static_assert(kScaleFloats > 0 || kSmemBytes == uint32_t(engine_smem_bytes(kBN)),
+                "mok/gemm_sizes.hpp's engine_smem_bytes (gemm::smem_bytes) must be this sum");
 };
 
 inline constexpr uint32_t kBarEpilogue = 1;   // + consumer warpgroup index

@@ -73,12 +73,7 @@ void require_routed(const int32_t* tile_expert, int64_t num_m_tiles, int64_t exp
 
 }  // namespace
 
-int smem_bytes(int block_n) {
-  // Must match engine::Cfg (kept here so this file needs no CUDA device headers) without stage
-  // scales: every form but the FP8 wgrad, whose stages carry scales (3 or 5 stages + their areas).
-  const int stages = block_n == 128 ? 6 : 4;
-  return stages * (16384 + block_n * 128) + 4 * 8192 + (2 * stages + 2) * 8 + 1024;
-}
+int smem_bytes(int block_n) { return engine_smem_bytes(block_n); }  // (engine::Cfg asserts it)
 
 int choose_block_n(int64_t m_tiles, int64_t n, int sms) {
   // Time in units of one 256-wide tile: whole waves of tiles; a 128-wide tile costs a bit more
