@@ -69,11 +69,13 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   // The windows' held rows (layer_backward_windows.cu; an experiment knob, the same bits either
   // way): MOK_BWD_HOLD=0 carries every cut expert's sums instead.
   bwd_hold = env_flag("MOK_BWD_HOLD", true);
-  // The M-grouped GEMMs' raster groups split where the expert changes (gemm::Options::group_experts;
-  // an experiment knob, the same bits either way): MOK_GROUP_EXPERTS=1. Off until measured. The
-  // unfused paths only (the backward's dgrads, the unfused forward): the megakernels and the fused
-  // backward program order their own tickets.
-  group_experts = env_flag("MOK_GROUP_EXPERTS", false);
+  // The backward's M-grouped GEMMs (the dgrads, full recompute's FC1) split their raster
+  // groups where the expert changes (gemm::Options::group_experts; the same tiles and bits in
+  // another order): at DeepSeek-V3 EP 1 FC1's dgrad read 20.0 -> 17.2 GB and took 7.55 -> 6.85 ms
+  // (ncu), the layer's backward 0.98x (one H100, bench/results/group-experts-ab-h100x1.json).
+  // The FP8 dgrads gained 1-2% in the GEMM bench at 256 and 260 rows per expert. MOK_GROUP_EXPERTS=0
+  // turns it off. Not the megakernels or the fused backward program: they order their own tickets.
+  group_experts = env_flag("MOK_GROUP_EXPERTS", true);
   rank = comm.rank();
   world = comm.world_size();
   // This rank's own checks first. Their verdict is one field of the cross-rank agreement below:
@@ -478,7 +480,6 @@ gemm::Options Layer::Impl::gemm_options() const {
   gemm::Options o;
   o.error = dc.claim;
   o.wait_limit_s = config.wait_timeout_s;
-  o.group_experts = group_experts;
   return o;
 }
 

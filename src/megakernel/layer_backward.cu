@@ -372,6 +372,7 @@ void Layer::Impl::run_backward_program(const gemm::DgradSwiGLUArgs& ds, const ge
 
 gemm::Options Layer::Impl::options_as(int64_t width_tiles, int64_t n) const {
   gemm::Options o = gemm_options();
+  o.group_experts = group_experts;  // (the backward's M-grouped forms; layer.cu)
   if (width_tiles > 0) o.block_n = gemm::choose_block_n(width_tiles, n, sms);
   o.max_ctas = bwd_gemm_ctas;  // (the tile width is chosen for every SM either way: the same tiles)
   return o;

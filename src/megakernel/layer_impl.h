@@ -274,7 +274,7 @@ struct Layer::Impl {
       "router-grad + reverse-dispatch push", "wgrad down", "wgrad gate/up", "barrier", "shared expert", "d_x merge"};
   bool profile = false;
   bool bwd_hold = true;  // MOK_BWD_HOLD: the windows hold cut experts' rows (else carry them)
-  bool group_experts = false;  // MOK_GROUP_EXPERTS: the M-grouped GEMMs' groups split at experts (gemm::Options)
+  bool group_experts = true;  // MOK_GROUP_EXPERTS: the backward's M-grouped GEMMs' groups split at experts (options_as)
   SideStream side;       // the weight gradients beside FC1's dgrad (side_stream.h)
   // The pushes beside the weight gradients (EP > 1; MOK_BWD_PUSH_BESIDE=0/1 overrides): on
   // config.bwd_comm_sms CTAs, which the weight gradients then leave free (else after the join).
