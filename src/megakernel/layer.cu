@@ -57,25 +57,7 @@ Layer::Impl::Impl(comm::Communicator& c, const LayerShape& s, const Config& cfg,
   MOK_CUDA_CHECK(cudaSetDevice(comm.device()));
   MOK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, comm.device()));
   fused = config.forward_path == ForwardPath::Megakernel;
-  const char* prof = std::getenv("MOK_PROFILE");
-  profile = prof != nullptr && std::string(prof) == "1";
-  // The backward program's ticket order (an experiment knob, the same bits either way).
-  if (const char* order = std::getenv("MOK_BWD_ORDER")) {
-    const std::string o = order;
-    MOK_REQUIRE(o == "phased" || o == "merged" || o == "static", "MOK_BWD_ORDER",
-                "must be 'phased', 'merged' or 'static', got '", o, "'");
-    bwd_merge = o == "merged" ? 1 : o == "static" ? 2 : 0;
-  }
-  // The windows' held rows (layer_backward_windows.cu; an experiment knob, the same bits either
-  // way): MOK_BWD_HOLD=0 carries every cut expert's sums instead.
-  bwd_hold = env_flag("MOK_BWD_HOLD", true);
-  // The backward's M-grouped GEMMs (the dgrads, full recompute's FC1) split their raster
-  // groups where the expert changes (gemm::Options::group_experts; the same tiles and bits in
-  // another order): at DeepSeek-V3 EP 1 FC1's dgrad read 20.0 -> 17.2 GB and took 7.55 -> 6.85 ms
-  // (ncu), the layer's backward 0.98x (one H100, bench/results/group-experts-ab-h100x1.json).
-  // The FP8 dgrads gained 1-2% in the GEMM bench at 256 and 260 rows per expert. MOK_GROUP_EXPERTS=0
-  // turns it off. Not the megakernels or the fused backward program: they order their own tickets.
-  group_experts = env_flag("MOK_GROUP_EXPERTS", true);
+  read_knobs();
   rank = comm.rank();
   world = comm.world_size();
   // This rank's own checks first. Their verdict is one field of the cross-rank agreement below:

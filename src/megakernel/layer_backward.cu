@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "common/device_check.h"
 #include "common/env_flag.h"
@@ -370,9 +372,32 @@ void Layer::Impl::run_backward_program(const gemm::DgradSwiGLUArgs& ds, const ge
   mk::launch_backward_program(p, dc, sms, stream);
 }
 
+// The environment's experiment knobs (MOK_PROFILE, the backward's; the same bits either way).
+void Layer::Impl::read_knobs() {
+  const char* prof = std::getenv("MOK_PROFILE");
+  profile = prof != nullptr && std::string(prof) == "1";
+  // The backward program's ticket order (an experiment knob, the same bits either way).
+  if (const char* order = std::getenv("MOK_BWD_ORDER")) {
+    const std::string o = order;
+    MOK_REQUIRE(o == "phased" || o == "merged" || o == "static", "MOK_BWD_ORDER",
+                "must be 'phased', 'merged' or 'static', got '", o, "'");
+    bwd_merge = o == "merged" ? 1 : o == "static" ? 2 : 0;
+  }
+  // The windows' held rows (layer_backward_windows.cu; an experiment knob, the same bits either
+  // way): MOK_BWD_HOLD=0 carries every cut expert's sums instead.
+  bwd_hold = env_flag("MOK_BWD_HOLD", true);
+  // The backward's M-grouped GEMMs (the dgrads, full recompute's FC1) split their raster
+  // groups where the expert changes (gemm::Options::group_experts; the same tiles and bits in
+  // another order): at DeepSeek-V3 EP 1 FC1's dgrad read 20.0 -> 17.2 GB and took 7.55 -> 6.85 ms
+  // (ncu), the layer's backward 0.98x (one H100, bench/results/group-experts-ab-h100x1.json).
+  // The FP8 dgrads gained 1-2% in the GEMM bench at 256 and 260 rows per expert. MOK_GROUP_EXPERTS=0
+  // turns it off. Not the megakernels or the fused backward program: they order their own tickets.
+  group_experts = env_flag("MOK_GROUP_EXPERTS", true);
+}
+
 gemm::Options Layer::Impl::options_as(int64_t width_tiles, int64_t n) const {
   gemm::Options o = gemm_options();
-  o.group_experts = group_experts;  // (the backward's M-grouped forms; layer.cu)
+  o.group_experts = group_experts;  // (the backward's M-grouped forms; read_knobs)
   if (width_tiles > 0) o.block_n = gemm::choose_block_n(width_tiles, n, sms);
   o.max_ctas = bwd_gemm_ctas;  // (the tile width is chosen for every SM either way: the same tiles)
   return o;

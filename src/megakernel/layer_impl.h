@@ -274,7 +274,7 @@ struct Layer::Impl {
       "router-grad + reverse-dispatch push", "wgrad down", "wgrad gate/up", "barrier", "shared expert", "d_x merge"};
   bool profile = false;
   bool bwd_hold = true;  // MOK_BWD_HOLD: the windows hold cut experts' rows (else carry them)
-  bool group_experts = true;  // MOK_GROUP_EXPERTS: the backward's M-grouped GEMMs' groups split at experts (options_as)
+  bool group_experts = true;  // MOK_GROUP_EXPERTS (read_knobs): the backward's M-grouped GEMMs' groups split at experts
   SideStream side;       // the weight gradients beside FC1's dgrad (side_stream.h)
   // The pushes beside the weight gradients (EP > 1; MOK_BWD_PUSH_BESIDE=0/1 overrides): on
   // config.bwd_comm_sms CTAs, which the weight gradients then leave free (else after the join).
@@ -386,6 +386,7 @@ struct Layer::Impl {
                            int64_t tiles) const;
   void setup_megakernel(const mk::ForwardSetup& fs);
   static void register_site_names();
+  void read_knobs();  // the environment's experiment knobs (layer_backward.cu)
   void setup_push_dispatch();
   void bind_weights();
   void set_weights(const DeviceWeights& w);
