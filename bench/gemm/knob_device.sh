@@ -11,6 +11,7 @@
 #                                     with the knob on; needs mok_gpu_layer_tests)
 #   MODELS, ROUNDS                    the layer A/B (default dsv3,qwen3-235b; 2 rounds)
 #   LIMIT                             the seconds the call may take (600); NCU_S: kept for ncu (0: none)
+#   KEEP_LOOSE                        1: leave every log and JSON loose in $OUT (else logs.tgz + 2 summaries)
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 source scripts/prebuilt.sh env
@@ -58,3 +59,10 @@ if [ "${NCU_S:-0}" -gt 0 ]; then
   done
 fi
 el done
+# The device call brings back a limited number of files: everything is in logs.tgz, so only it and
+# the two A/B summaries stay loose (KEEP_LOOSE=1 keeps all).
+if [ -z "${KEEP_LOOSE:-}" ]; then
+  cp "$OUT/gab/gemm-ab.json" "$OUT/$KNOB-gemm-ab.json" 2>/dev/null
+  cp "$OUT/lab/$KNOB-layer-ab.json" "$OUT/" 2>/dev/null
+  rm -rf "$OUT/l" "$OUT/gab" "$OUT/lab"
+fi
