@@ -97,10 +97,26 @@ struct Fc2Args {
 // FC2's dgrad: dy = d_y, W = w_down [E, hidden, inter] -> d_h. FC1's: dy = d_gu (packed order,
 // k = 2*inter), w = w_gate and w_up = w_up (each [E, inter, hidden]) -> d_x: the K blocks of the
 // packed order are read from the two tensors where they are.
+// The reverse dispatch fused into a dgrad's epilogue (plan_dgrad_scatter; the layer's FC1 dgrad):
+// output row r of the call (schedule row g = row_base + r) is stored at to[src_rank[g]] +
+// src_slot[g] * n (bf16) instead of into dx, i.e. straight into its token's slot of the owner's
+// combine window, which may be a peer's memory over NVLink (mok::gpu::push_combine's copy without
+// the dense rows in between). src_rank / src_slot are the routed schedule's device tables; rows
+// with src_rank < 0 (padding) are not stored. Nothing is stored once *abort (optional, the
+// communicator's abort word) is nonzero. to: device array of the ranks' windows, each 16-byte
+// aligned; n a multiple of 8.
+struct RowScatter {
+  const int32_t* src_rank = nullptr;
+  const int32_t* src_slot = nullptr;
+  void* const* to = nullptr;  // active when given
+  int64_t row_base = 0;
+  const uint32_t* abort = nullptr;
+};
+
 struct DgradArgs {
   const void* dy = nullptr;  // [num_m_tiles*128, k]
   const void* w = nullptr;   // [experts, k, n], or with w_up: w_gate [experts, k/2, n]
-  void* dx = nullptr;        // [num_m_tiles*128, n]
+  void* dx = nullptr;        // [num_m_tiles*128, n] (unused by plan_dgrad_scatter: may be null)
   int64_t k = 0, n = 0, experts = 0;
   const int32_t* tile_expert = nullptr;
   int64_t num_m_tiles = 0;
@@ -202,6 +218,7 @@ enum class Form : int {
   Fp8Fc1 = 6,       // FC1 + SwiGLU with block-scaled E4M3 operands, h out as E4M3 1x128 (Fp8Fc1Args)
   Fp8Wgrad = 7,     // dw[e] = a_e^T . b_e from token-block-scaled E4M3 operands (Fp8WgradArgs)
   Fp8DgradSwiGLU = 8,  // DgradSwiGLU with block-scaled E4M3 d_y and W_down^T (Fp8DgradSwiGLUArgs)
+  DgradScatter = 9,    // Dgrad whose rows go to their slots (plan_dgrad_scatter)
 };
 
 struct KernelParams {
@@ -248,6 +265,12 @@ struct KernelParams {
   // Wgrad with WgradArgs::accumulate: map_d0 / map_d1 are fp32 (F32Tile) and the epilogue
   // reduce-adds into them (FormWgradAccumulate).
   int32_t wgrad_accumulate = 0;
+  // DgradScatter (plan_dgrad_scatter): the rows' destinations, as RowScatter.
+  const int32_t* scatter_rank = nullptr;
+  const int32_t* scatter_slot = nullptr;
+  void* const* scatter_to = nullptr;
+  const uint32_t* scatter_abort = nullptr;
+  int64_t scatter_row_base = 0;
   unsigned int* error = nullptr;              // bounded waits: error word (nullptr: unbounded)
   unsigned long long wait_limit_ns = 0;
   // Fp8Plain: fp32 scales of A [rows, k_blocks] and of the weights [experts, n / 128, k_blocks]
@@ -387,6 +410,7 @@ struct Plan {
 Plan plan_fc1(const Fc1Args& a, const Options& o = {});
 Plan plan_fc2(const Fc2Args& a, const Options& o = {});
 Plan plan_dgrad(const DgradArgs& a, const Options& o = {});
+Plan plan_dgrad_scatter(const DgradArgs& a, const RowScatter& to, const Options& o = {});  // (a.dx unused)
 Plan plan_dgrad_swiglu(const DgradSwiGLUArgs& a, const Options& o = {});
 Plan plan_wgrad(const WgradArgs& a, const Options& o = {});
 Plan plan_fp8_grouped(const Fp8GroupedArgs& a, const Options& o = {});

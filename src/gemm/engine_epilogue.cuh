@@ -196,6 +196,65 @@ __device__ __forceinline__ void epilogue_store(const Smem<C>& sm, EpiState& es, 
   store_chunks<C, C::kAccRegs>(sm, es, cwg, wt, acc, d, row + 64 * cwg, b_n, n, batch);
 }
 
+// FC1's dgrad with the reverse dispatch fused (FormDgradScatter, plan_dgrad_scatter): each
+// 64-column chunk is staged in a chunk buffer as epilogue_store stages it, then read back 16 bytes
+// a thread (8 threads cover a row's 128 bytes: whole lines) and stored at the row's token slot,
+// this rank's or a peer's (st.global: a tensor map addresses one array, and the slots are the
+// ranks' windows, row by row). So the dense d_x rows are neither written here nor read back by a
+// push kernel. Padding rows (src_rank < 0) are not stored, nor anything once the abort word is set
+// (read once a tile). Two chunk buffers alternate and epi_begin's barrier precedes each chunk's
+// stmatrix: a buffer is written again only after every thread has read it back.
+template <class C>
+__device__ __forceinline__ void epilogue_scatter_rows(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
+                                                      const float (&acc)[C::kAccRegs], const int32_t* src_rank,
+                                                      const int32_t* src_slot, void* const* to_ranks,
+                                                      const uint32_t* abort, int64_t row_base, int32_t row,
+                                                      int32_t b_n, int32_t n) {
+  const bool leader = wt == 0;
+  const uint32_t unit = wt & 7u, r0 = wt >> 3;  // this thread's rows: r0 + 16 i of the warpgroup's 64
+  uint32_t stop = 0;
+  if (abort != nullptr) asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(stop) : "l"(abort));
+  uint16_t* to[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t g = row_base + row + 64 * cwg + int32_t(r0) + 16 * i;
+    const int32_t rank = __ldg(src_rank + g);
+    to[i] = nullptr;
+    if (rank >= 0 && stop == 0u) {
+      const auto at = __ldg(reinterpret_cast<const unsigned long long*>(to_ranks) + rank);
+      to[i] = reinterpret_cast<uint16_t*>(at) + int64_t(__ldg(src_slot + g)) * n;
+    }
+  }
+  const auto chunk = [&](auto kch) {
+    constexpr int kCH = decltype(kch)::value;
+    if constexpr (kCH < C::kAccRegs / 32) {
+      const int32_t col = b_n + 64 * kCH + 8 * int32_t(unit);
+      if (b_n + 64 * kCH >= n) return;
+      uint8_t* buf = epi_begin(sm, cwg, es, leader);
+      write_chunk_bf16<8 * kCH, C::kAccRegs>(buf, acc, wt);
+      named_bar_sync(kBarEpilogue + uint32_t(cwg), 128);
+      const uint32_t base = smem_addr(buf);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t r = r0 + 16u * uint32_t(i);
+        uint32_t v0, v1, v2, v3;
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+                     : "r"(base + r * 128u + ((unit ^ (r & 7u)) << 4)));
+        if (to[i] != nullptr && col < n)
+          asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(to[i] + col), "r"(v0), "r"(v1), "r"(v2),
+                       "r"(v3)
+                       : "memory");
+      }
+      ++es.chunks;
+    }
+  };
+  chunk(std::integral_constant<int, 0>{});
+  chunk(std::integral_constant<int, 1>{});
+  chunk(std::integral_constant<int, 2>{});
+  chunk(std::integral_constant<int, 3>{});
+}
+
 // The weight gradient's tile added into fp32 gradients through the TMA (WgradArgs::accumulate):
 // each [64 rows][32 columns] fp32 chunk of the warpgroup's accumulators is staged in a chunk buffer
 // (128-byte swizzle, as the F32Tile maps `d` / `up` expect) and reduce-added by one

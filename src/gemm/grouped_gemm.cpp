@@ -152,12 +152,28 @@ Plan plan_fc2(const Fc2Args& a, const Options& o) {
   return p;
 }
 
-Plan plan_dgrad(const DgradArgs& a, const Options& o) {
-  MOK_REQUIRE(a.dy && a.w && a.dx, "dgrad", "dy, w and dx must be given");
+namespace {
+// plan_dgrad and plan_dgrad_scatter: sc null for the dense rows.
+Plan dgrad_plan(const DgradArgs& a, const RowScatter* sc, const Options& o) {
+  const bool scatter = sc != nullptr;
+  MOK_REQUIRE(a.dy && a.w && (a.dx || scatter), "dgrad", "dy and w (and dx, unless scattered) must be given");
   MOK_REQUIRE(a.w_up == nullptr || a.k % (2 * kGateUpGroup) == 0, "dgrad.k",
               "a multiple of 64 with w_up (whole groups of the gate/up order), got ", a.k);
+  if (scatter) {
+    MOK_REQUIRE(sc->to != nullptr && sc->src_rank != nullptr && sc->src_slot != nullptr, "dgrad_scatter.to",
+                "to, src_rank and src_slot must be given");
+    MOK_REQUIRE(sc->row_base >= 0, "dgrad_scatter.row_base", ">= 0, got ", sc->row_base);
+  }
   const int64_t rows = a.num_m_tiles * kBlockM;
-  Plan p = m_grouped_plan(Form::Dgrad, a.k, a.n, a.experts, a.tile_expert, a.num_m_tiles, o, "dgrad");
+  Plan p = m_grouped_plan(scatter ? Form::DgradScatter : Form::Dgrad, a.k, a.n, a.experts, a.tile_expert,
+                          a.num_m_tiles, o, scatter ? "dgrad_scatter" : "dgrad");
+  if (scatter) {
+    p.params.scatter_rank = sc->src_rank;
+    p.params.scatter_slot = sc->src_slot;
+    p.params.scatter_to = sc->to;
+    p.params.scatter_abort = sc->abort;
+    p.params.scatter_row_base = sc->row_base;
+  }
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(rows);
   p.map_a = make_map_2d(a.dy, u, uint64_t(a.k), 128);
@@ -168,10 +184,14 @@ Plan plan_dgrad(const DgradArgs& a, const Options& o) {
     p.map_b = make_map_3d(a.w, uint64_t(a.experts), uint64_t(a.k), uint64_t(a.n), 64);  // {n, k, e}
     p.map_b_half = p.map_b;  // MN-major B is loaded in 64-column chunks either way
   }
-  p.map_d0 = make_map_2d(a.dx, u, uint64_t(a.n), 64);
+  if (!scatter) p.map_d0 = make_map_2d(a.dx, u, uint64_t(a.n), 64);
   p.map_d1 = p.map_d0;
   return p;
 }
+}  // namespace
+
+Plan plan_dgrad(const DgradArgs& a, const Options& o) { return dgrad_plan(a, nullptr, o); }
+Plan plan_dgrad_scatter(const DgradArgs& a, const RowScatter& to, const Options& o) { return dgrad_plan(a, &to, o); }
 
 // The dgrad + SwiGLU backward epilogue's operands (both precisions): checks and parameters.
 void set_dgrad_swiglu(Plan& p, const void* gu, const void* d_gu, const float* row_weight, float* router_partial,
@@ -436,6 +456,7 @@ void run(const Plan& plan, cudaStream_t stream) {
     case Form::Fc1SwiGLU: detail::launch_fc1(plan, stream); break;
     case Form::Plain: detail::launch_plain(plan, stream); break;
     case Form::Dgrad: detail::launch_dgrad(plan, stream); break;
+    case Form::DgradScatter: detail::launch_dgrad_scatter(plan, stream); break;
     case Form::DgradSwiGLU: detail::launch_dgrad_swiglu(plan, stream); break;
     case Form::Wgrad: detail::launch_wgrad(plan, stream); break;
     case Form::Fp8Plain:

@@ -262,6 +262,22 @@ using FormPlain = FormStore2d<C, false>;
 template <class C>
 using FormDgrad = FormStore2d<C, true>;
 
+// FC1's dgrad with the reverse dispatch in its epilogue (plan_dgrad_scatter): FormDgrad's
+// mainloop, each row stored at its token's slot (epilogue_scatter_rows) instead of to map_d0.
+template <class C>
+struct FormDgradScatter {
+  static constexpr bool kAMN = false, kBMN = true, kMaskK = false, kSplitN = false, kGateUpB = true;
+  static constexpr bool kCarry = false;
+  using Schedule = MGroupedSchedule<C>;
+  using PairSchedule = MPairSchedule<C>;
+  __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
+                                                  uint32_t wt, const float (&acc)[C::kAccRegs],
+                                                  const CUtensorMap*, const CUtensorMap*, const KernelParams& p) {
+    epilogue_scatter_rows<C>(sm, es, cwg, wt, acc, p.scatter_rank, p.scatter_slot, p.scatter_to, p.scatter_abort,
+                             p.scatter_row_base, t.out_row, t.b_n, p.n);
+  }
+};
+
 // FC2's dgrad fused with the SwiGLU backward: A = d_y [rows, hidden] (K-major), B = W_down
 // [E, hidden, inter] (MN-major, as Dgrad); the epilogue turns d_h (registers only) and the
 // forward's packed gate/up pre-activations p.gu into d_gu [rows, 2 * inter] at map_d0 (packed);

@@ -10,6 +10,7 @@ namespace mok::gemm::detail {
 void launch_fc1(const Plan& plan, cudaStream_t stream);
 void launch_plain(const Plan& plan, cudaStream_t stream);
 void launch_dgrad(const Plan& plan, cudaStream_t stream);
+void launch_dgrad_scatter(const Plan& plan, cudaStream_t stream);
 void launch_dgrad_swiglu(const Plan& plan, cudaStream_t stream);
 void launch_wgrad(const Plan& plan, cudaStream_t stream);
 void launch_fp8_grouped(const Plan& plan, cudaStream_t stream);

@@ -241,6 +241,8 @@ BwdGemm bwd_gemm_of(const gemm::Plan& plan, const char* what) {
   MOK_REQUIRE(plan.params.wgrad_accumulate == 0, what,
               "the backward program writes bf16 weight gradients (not WgradArgs::accumulate)");
   MOK_REQUIRE(plan.params.hold == 0, what, "the backward program carries its weight gradients (not WgradArgs::hold_*)");
+  MOK_REQUIRE(plan.form != gemm::Form::DgradScatter, what,
+              "the backward program stores FC1's dgrad rows densely (not plan_dgrad_scatter)");
   return BwdGemm{plan.map_a, plan.map_b, plan.map_b_half, plan.map_d0, plan.map_d1, plan.params};
 }
 

@@ -254,6 +254,7 @@ void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const 
   float* partial = router_partials.get<float>();
   if (!pulled) pull_dy_rows(move, stream);
   if (marks) mark(3, stream);
+  gemm::RowScatter scatter;  // (FC1's dgrad outside the program: the reverse dispatch in its epilogue)
   if (wd != nullptr && w1 != nullptr) {
     gemm::DgradSwiGLUArgs ds;
     gemm::DgradArgs dx;
@@ -262,9 +263,16 @@ void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const 
     run_backward_program(ds, dx, *wd, *w1, stream);
     if (marks) mark(4, stream);
   } else {
+    if (dx_scatter) {  // the d_x rows into their slots from FC1's dgrad (read_knobs' MOK_DX_SCATTER)
+      scatter.src_rank = move.schedule.src_rank;
+      scatter.src_slot = move.schedule.src_slot;
+      scatter.to = combine_peers.get<void* const>();
+      scatter.row_base = move.row_begin;
+      scatter.abort = move.abort;
+    }
     run_dgrads(dy_routed.p, weights.w_down.data, gu_rows, weights.w_gate.data, weights.w_up.data, y.p, I, e_loc,
                tile_expert, tiles, stream, marks ? 4 : -1, width_tiles, row_w, partial, h.p,
-               beside && side.on() ? &side : nullptr);
+               beside && side.on() ? &side : nullptr, &scatter);
   }
   // The side's work beside FC1's dgrad. At EP 1 it is joined before the pushes: pushed last,
   // their kernel gets every SM at once (behind persistent GEMMs its CTAs would start staggered and
@@ -277,10 +285,11 @@ void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const 
   const bool lane_push = beside && side.on() && push_on_lane;
   const bool pushes_beside = beside && side.on() && push_beside && !lane_push;
   gpu::MoveArgs pm = move;
+  const bool scattered = scatter.to != nullptr;
   const auto push = [&](cudaStream_t s) {  // both pushes in one kernel: the router-weight
-    // gradient's sums and the d_x rows (reverse dispatch)
-    gpu::push_router_grad(pm, partial, gemm::router_parts(I), dweight_peers.get<float* const>(), s, y.p,
-                          combine_peers.get<void* const>());
+    // gradient's sums and the d_x rows (reverse dispatch; FC1's dgrad stored them if scattered)
+    gpu::push_router_grad(pm, partial, gemm::router_parts(I), dweight_peers.get<float* const>(), s,
+                          scattered ? nullptr : y.p, scattered ? nullptr : combine_peers.get<void* const>());
   };
   if (beside && side.on()) {
     gemm::Options wo = gemm_options();
@@ -310,7 +319,8 @@ void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const 
 void Layer::Impl::run_dgrads(const void* dy, const void* w_down, void* gu_buf, const void* w_gate, const void* w_up,
                              void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
                              cudaStream_t stream, int mark_between, int64_t width_tiles, const float* row_weight,
-                             float* router_partial, void* h_rows, SideStream* fork_after_d2) {
+                             float* router_partial, void* h_rows, SideStream* fork_after_d2,
+                             const gemm::RowScatter* scatter) {
   gemm::DgradSwiGLUArgs ds;
   gemm::DgradArgs dx;
   dgrad_args(dy, w_down, gu_buf, w_gate, w_up, dx_rows, inter, experts, tile_expert, tiles, row_weight, router_partial,
@@ -318,7 +328,10 @@ void Layer::Impl::run_dgrads(const void* dy, const void* w_down, void* gu_buf, c
   gemm::run(gemm::plan_dgrad_swiglu(ds, options_as(width_tiles, inter)), stream);
   if (mark_between >= 0) mark(mark_between, stream);
   if (fork_after_d2 != nullptr) fork_after_d2->fork(stream);
-  gemm::run(gemm::plan_dgrad(dx, options_as(width_tiles, H)), stream);
+  const gemm::Options o1 = options_as(width_tiles, H);
+  gemm::run(scatter != nullptr && scatter->to != nullptr ? gemm::plan_dgrad_scatter(dx, *scatter, o1)
+                                                          : gemm::plan_dgrad(dx, o1),
+            stream);
 }
 
 void Layer::Impl::dgrad_args(const void* dy, const void* w_down, void* gu_buf, const void* w_gate, const void* w_up,
@@ -393,6 +406,10 @@ void Layer::Impl::read_knobs() {
   // The FP8 dgrads gained 1-2% in the GEMM bench at 256 and 260 rows per expert. MOK_GROUP_EXPERTS=0
   // turns it off. Not the megakernels or the fused backward program: they order their own tickets.
   group_experts = env_flag("MOK_GROUP_EXPERTS", true);
+  // The reverse dispatch in FC1's dgrad epilogue (gemm::RowScatter; the same bits): the d_x rows
+  // go straight to their slots instead of through dense rows and a push kernel, which at EP 1
+  // read and wrote 0.94 GB each (0.74 ms under ncu at DeepSeek-V3). MOK_DX_SCATTER=0 turns it off.
+  dx_scatter = env_flag("MOK_DX_SCATTER", true);
 }
 
 gemm::Options Layer::Impl::options_as(int64_t width_tiles, int64_t n) const {

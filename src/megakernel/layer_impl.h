@@ -275,6 +275,7 @@ struct Layer::Impl {
   bool profile = false;
   bool bwd_hold = true;  // MOK_BWD_HOLD: the windows hold cut experts' rows (else carry them)
   bool group_experts = true;  // MOK_GROUP_EXPERTS (read_knobs): the backward's M-grouped GEMMs' groups split at experts
+  bool dx_scatter = true;     // MOK_DX_SCATTER (read_knobs): FC1's dgrad stores the d_x rows into their slots
   SideStream side;       // the weight gradients beside FC1's dgrad (side_stream.h)
   // The pushes beside the weight gradients (EP > 1; MOK_BWD_PUSH_BESIDE=0/1 overrides): on
   // config.bwd_comm_sms CTAs, which the weight gradients then leave free (else after the join).
@@ -406,7 +407,7 @@ struct Layer::Impl {
                   void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
                   cudaStream_t stream, int mark_between = -1, int64_t width_tiles = 0,
                   const float* row_weight = nullptr, float* router_partial = nullptr, void* h_rows = nullptr,
-                  SideStream* fork_after_d2 = nullptr);
+                  SideStream* fork_after_d2 = nullptr, const gemm::RowScatter* scatter = nullptr);
   void dgrad_args(const void* dy, const void* w_down, void* gu_buf, const void* w_gate, const void* w_up,
                   void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
                   const float* row_weight, float* router_partial, void* h_rows, gemm::DgradSwiGLUArgs& ds,
