@@ -406,10 +406,6 @@ void Layer::Impl::read_knobs() {
   // The FP8 dgrads gained 1-2% in the GEMM bench at 256 and 260 rows per expert. MOK_GROUP_EXPERTS=0
   // turns it off. Not the megakernels or the fused backward program: they order their own tickets.
   group_experts = env_flag("MOK_GROUP_EXPERTS", true);
-  // The reverse dispatch in FC1's dgrad epilogue (gemm::RowScatter; the same bits): the d_x rows
-  // go straight to their slots instead of through dense rows and a push kernel, which at EP 1
-  // read and wrote 0.94 GB each (0.74 ms under ncu at DeepSeek-V3). MOK_DX_SCATTER=0 turns it off.
-  dx_scatter = env_flag("MOK_DX_SCATTER", true);
 }
 
 gemm::Options Layer::Impl::options_as(int64_t width_tiles, int64_t n) const {
@@ -457,6 +453,12 @@ void Layer::Impl::allocate_backward() {
   side.create(comm.device());  // (the first backward: not under stream capture)
   // The pushes beside the weight gradients where they cross NVLink (routed_dgrads).
   push_beside = env_flag("MOK_BWD_PUSH_BESIDE", world > 1) && side.on();
+  // The reverse dispatch in FC1's dgrad epilogue (gemm::plan_dgrad_scatter; the same bits): the
+  // d_x rows go straight to their slots instead of through dense rows and a push kernel, which
+  // at DeepSeek-V3 EP 1 read and wrote 0.94 GB each (0.74 ms under ncu). On by default where it
+  // was measured, EP 1; at EP > 1 its stores cross NVLink from the GEMM's epilogue instead of the
+  // pushes' comm SMs beside the weight gradients, not yet measured: MOK_DX_SCATTER=1 there.
+  dx_scatter = env_flag("MOK_DX_SCATTER", world == 1);
   pull_ahead = env_flag("MOK_BWD_PULL_AHEAD", world > 1) && windowed && !fp8 && config.backward_path == BackwardPath::Unfused && side.on();
   if (pull_ahead) {
     lane.create(comm.device());
