@@ -97,7 +97,8 @@ struct Fc2Args {
 // FC2's dgrad: dy = d_y, W = w_down [E, hidden, inter] -> d_h. FC1's: dy = d_gu (packed order,
 // k = 2*inter), w = w_gate and w_up = w_up (each [E, inter, hidden]) -> d_x: the K blocks of the
 // packed order are read from the two tensors where they are.
-// The reverse dispatch fused into a dgrad's epilogue (plan_dgrad_scatter; the layer's FC1 dgrad):
+// The reverse dispatch fused into a dgrad's epilogue (plan_dgrad_scatter, plan_fp8_grouped_scatter;
+// the layer's FC1 dgrad in bf16 and FP8):
 // output row r of the call (schedule row g = row_base + r) is stored at to[src_rank[g]] +
 // src_slot[g] * n (bf16) instead of into dx, i.e. straight into its token's slot of the owner's
 // combine window, which may be a peer's memory over NVLink (mok::gpu::push_combine's copy without
@@ -414,6 +415,7 @@ Plan plan_dgrad_scatter(const DgradArgs& a, const RowScatter& to, const Options&
 Plan plan_dgrad_swiglu(const DgradSwiGLUArgs& a, const Options& o = {});
 Plan plan_wgrad(const WgradArgs& a, const Options& o = {});
 Plan plan_fp8_grouped(const Fp8GroupedArgs& a, const Options& o = {});
+Plan plan_fp8_grouped_scatter(const Fp8GroupedArgs& a, const RowScatter& to, const Options& o = {});  // (a.y unused)
 Plan plan_fp8_fc1(const Fp8Fc1Args& a, const Options& o = {});
 Plan plan_fp8_wgrad(const Fp8WgradArgs& a, const Options& o = {});
 Plan plan_fp8_dgrad_swiglu(const Fp8DgradSwiGLUArgs& a, const Options& o = {});

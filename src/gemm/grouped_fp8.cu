@@ -1,6 +1,7 @@
 // mok — grouped GEMMs with block-scaled FP8 operands, one persistent kernel over
 // Cfg<128 | 256, OperandE4m3> whose consumers run the scaled mainloop (engine_fp8.cuh), in four
-// modes: Form::Fp8Plain (gemm::plan_fp8_grouped; the bf16 tile stored by engine_epilogue.cuh) and
+// modes: Form::Fp8Plain (gemm::plan_fp8_grouped; the bf16 tile stored by engine_epilogue.cuh, or
+// with plan_fp8_grouped_scatter each row at its token's slot: the FP8 backward's FC1 dgrad) and
 // Form::Fp8DgradSwiGLU (gemm::plan_fp8_dgrad_swiglu: FormDgradSwiGLU's epilogue on the FP8 tile),
 // Form::Fp8Fc1 (gemm::plan_fp8_fc1; B = the gate and up weights in the packed order, SwiGLU and h
 // quantized per 1 x 128 by engine_fp8.cuh's FC1 epilogue) — all on grouped_kernel.cuh's
@@ -18,7 +19,9 @@ namespace mok::gemm {
 namespace engine {
 namespace {
 
-enum class Fp8Mode { Plain, Fc1, Wgrad, DgradSwiGLU, Fc1Mx };  // Fc1Mx: FC1 with h as re-blocked MXFP8 (last: scripts name the others by number)
+// Fc1Mx: FC1 with h as re-blocked MXFP8; PlainScatter: Plain whose rows go to their slots
+// (plan_fp8_grouped_scatter). New modes go last: scripts name the others by number.
+enum class Fp8Mode { Plain, Fc1, Wgrad, DgradSwiGLU, Fc1Mx, PlainScatter };
 
 // The K-grouped tiles' scales sit per 128-row block of the routed rows, so an expert's segment
 // with rows must start on a block: one that does not is not computed (producer and consumers
@@ -145,6 +148,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       mma_tile_scaled<CF, BScale::Block>(sm, ps, t, cwg, wt, acc, wb, sc, &skew);
       if constexpr (kMode == Fp8Mode::DgradSwiGLU)
         FormDgradSwiGLU<CF>::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
+      else if constexpr (kMode == Fp8Mode::PlainScatter)
+        epilogue_scatter_rows<CF>(sm, es, cwg, wt, acc, p.scatter_rank, p.scatter_slot, p.scatter_to,
+                                  p.scatter_abort, p.scatter_row_base, t.out_row, t.b_n, p.n);
       else
         epilogue_store<CF>(sm, es, cwg, wt, acc, &map_d0, t.out_row, t.b_n, p.n);
     }
@@ -182,6 +188,10 @@ void detail::launch_fp8_grouped(const Plan& plan, cudaStream_t stream) {
     launch_fp8_cfg<256, Fp8Mode::Wgrad, 384>(plan, stream);  // (3 stages beside the scales' areas)
   else if (plan.form == Form::Fp8Wgrad)
     launch_fp8_cfg<128, Fp8Mode::Wgrad, 256>(plan, stream);
+  else if (plan.params.scatter_to != nullptr && plan.block_n == 256)
+    launch_fp8_cfg<256, Fp8Mode::PlainScatter>(plan, stream);
+  else if (plan.params.scatter_to != nullptr)
+    launch_fp8_cfg<128, Fp8Mode::PlainScatter>(plan, stream);
   else if (plan.block_n == 256)
     launch_fp8_cfg<256, Fp8Mode::Plain>(plan, stream);
   else

@@ -71,6 +71,18 @@ void require_routed(const int32_t* tile_expert, int64_t num_m_tiles, int64_t exp
   MOK_REQUIRE(experts >= 1, what, "experts >= 1, got ", experts);
 }
 
+// The reverse dispatch's destinations (plan_dgrad_scatter, plan_fp8_grouped_scatter) into p.
+void set_scatter(Plan& p, const RowScatter& sc, const std::string& what) {
+  MOK_REQUIRE(sc.to != nullptr && sc.src_rank != nullptr && sc.src_slot != nullptr, what + ".to",
+              "to, src_rank and src_slot must be given");
+  MOK_REQUIRE(sc.row_base >= 0, what + ".row_base", ">= 0, got ", sc.row_base);
+  p.params.scatter_rank = sc.src_rank;
+  p.params.scatter_slot = sc.src_slot;
+  p.params.scatter_to = sc.to;
+  p.params.scatter_abort = sc.abort;
+  p.params.scatter_row_base = sc.row_base;
+}
+
 }  // namespace
 
 int smem_bytes(int block_n) { return engine_smem_bytes(block_n); }  // (engine::Cfg asserts it)
@@ -159,21 +171,10 @@ Plan dgrad_plan(const DgradArgs& a, const RowScatter* sc, const Options& o) {
   MOK_REQUIRE(a.dy && a.w && (a.dx || scatter), "dgrad", "dy and w (and dx, unless scattered) must be given");
   MOK_REQUIRE(a.w_up == nullptr || a.k % (2 * kGateUpGroup) == 0, "dgrad.k",
               "a multiple of 64 with w_up (whole groups of the gate/up order), got ", a.k);
-  if (scatter) {
-    MOK_REQUIRE(sc->to != nullptr && sc->src_rank != nullptr && sc->src_slot != nullptr, "dgrad_scatter.to",
-                "to, src_rank and src_slot must be given");
-    MOK_REQUIRE(sc->row_base >= 0, "dgrad_scatter.row_base", ">= 0, got ", sc->row_base);
-  }
   const int64_t rows = a.num_m_tiles * kBlockM;
   Plan p = m_grouped_plan(scatter ? Form::DgradScatter : Form::Dgrad, a.k, a.n, a.experts, a.tile_expert,
                           a.num_m_tiles, o, scatter ? "dgrad_scatter" : "dgrad");
-  if (scatter) {
-    p.params.scatter_rank = sc->src_rank;
-    p.params.scatter_slot = sc->src_slot;
-    p.params.scatter_to = sc->to;
-    p.params.scatter_abort = sc->abort;
-    p.params.scatter_row_base = sc->row_base;
-  }
+  if (scatter) set_scatter(p, *sc, "dgrad_scatter");
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(rows);
   p.map_a = make_map_2d(a.dy, u, uint64_t(a.k), 128);
@@ -366,15 +367,17 @@ Plan plan_wgrad(const WgradArgs& a, const Options& o) {
   return p;
 }
 
-Plan plan_fp8_grouped(const Fp8GroupedArgs& a, const Options& o) {
-  MOK_REQUIRE(a.a && a.a_scales && a.w && a.w_scales && a.y, "fp8_grouped",
-              "a, a_scales, w, w_scales and y must be given");
+namespace {
+Plan fp8_grouped_plan(const Fp8GroupedArgs& a, const RowScatter* sc, const Options& o) {
+  MOK_REQUIRE(a.a && a.a_scales && a.w && a.w_scales && (a.y || sc), "fp8_grouped",
+              "a, a_scales, w, w_scales and y (unless scattered) must be given");
   MOK_REQUIRE(a.k > 0 && a.k % 128 == 0, "fp8_grouped.k", "a positive multiple of 128 (one scale block per 128 of K), got ",
               a.k);
   MOK_REQUIRE(a.n > 0 && a.n % 128 == 0, "fp8_grouped.n", "a positive multiple of 128 (the weights' 128 x 128 scale blocks), got ",
               a.n);
   MOK_REQUIRE(!o.cluster, "options.cluster", "not with FP8 (2-CTA clusters are BF16 only so far)");
   Plan p = m_grouped_plan(Form::Fp8Plain, a.k, a.n, a.experts, a.tile_expert, a.num_m_tiles, o, "fp8_grouped");
+  if (sc != nullptr) set_scatter(p, *sc, "fp8_grouped_scatter");
   p.params.k_blocks = static_cast<int32_t>(a.k / 128);  // FP8 stages hold 128 K elements
   p.params.scale_a = a.a_scales;
   p.params.scale_b = a.w_scales;
@@ -383,9 +386,15 @@ Plan plan_fp8_grouped(const Fp8GroupedArgs& a, const Options& o) {
   p.map_a = make_map_2d(a.a, u, uint64_t(a.k), 128, MapType::E4M3);
   p.map_b = make_map_3d(a.w, uint64_t(a.experts), uint64_t(a.n), uint64_t(a.k), uint32_t(p.block_n), MapType::E4M3);
   p.map_b_half = p.map_b;
-  p.map_d0 = make_map_2d(a.y, u, uint64_t(a.n), 64);
+  if (sc == nullptr) p.map_d0 = make_map_2d(a.y, u, uint64_t(a.n), 64);
   p.map_d1 = p.map_d0;
   return p;
+}
+}  // namespace
+
+Plan plan_fp8_grouped(const Fp8GroupedArgs& a, const Options& o) { return fp8_grouped_plan(a, nullptr, o); }
+Plan plan_fp8_grouped_scatter(const Fp8GroupedArgs& a, const RowScatter& to, const Options& o) {
+  return fp8_grouped_plan(a, &to, o);
 }
 
 Plan plan_fp8_fc1(const Fp8Fc1Args& a, const Options& o) {

@@ -263,13 +263,7 @@ void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const 
     run_backward_program(ds, dx, *wd, *w1, stream);
     if (marks) mark(4, stream);
   } else {
-    if (dx_scatter) {  // the d_x rows into their slots from FC1's dgrad (read_knobs' MOK_DX_SCATTER)
-      scatter.src_rank = move.schedule.src_rank;
-      scatter.src_slot = move.schedule.src_slot;
-      scatter.to = combine_peers.get<void* const>();
-      scatter.row_base = move.row_begin;
-      scatter.abort = move.abort;
-    }
+    if (dx_scatter) scatter = row_scatter(move);  // the d_x rows into their slots from FC1's dgrad
     run_dgrads(dy_routed.p, weights.w_down.data, gu_rows, weights.w_gate.data, weights.w_up.data, y.p, I, e_loc,
                tile_expert, tiles, stream, marks ? 4 : -1, width_tiles, row_w, partial, h.p,
                beside && side.on() ? &side : nullptr, &scatter);
@@ -311,6 +305,18 @@ void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const 
   if (pushes_beside) side.join(stream);
   if (marks) mark(6, stream);
   if (beside && !side.on()) beside(stream, gemm_options());
+}
+
+// FC1's dgrad's rows of move's window into their slots of the owners' combine windows, where the
+// reverse dispatch's push would copy them (gemm::RowScatter; dx_scatter).
+gemm::RowScatter Layer::Impl::row_scatter(const gpu::MoveArgs& move) const {
+  gemm::RowScatter s;
+  s.src_rank = move.schedule.src_rank;
+  s.src_slot = move.schedule.src_slot;
+  s.to = combine_peers.get<void* const>();
+  s.row_base = move.row_begin;
+  s.abort = move.abort;
+  return s;
 }
 
 // the d_x rows = rnd(d_gu . [w_gate; w_up]) into dx_rows; mark_between >= 0 records that stage mark

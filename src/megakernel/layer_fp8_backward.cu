@@ -190,13 +190,16 @@ void Layer::Impl::fp8_backward_rows(const gpu::MoveArgs& move, const Fp8Window& 
     dx.experts = e_loc;
     dx.tile_expert = w.tile_expert;
     dx.num_m_tiles = tiles;
-    gemm::run(gemm::plan_fp8_grouped(dx, options_as(w.width_tiles, H)), stream);
+    const gemm::Options o1 = options_as(w.width_tiles, H);
+    gemm::run(dx_scatter ? gemm::plan_fp8_grouped_scatter(dx, row_scatter(move), o1) : gemm::plan_fp8_grouped(dx, o1),
+              stream);
   }
   if (!pushes_beside) side.join(stream);
   stage(2);
-  // Both pushes in one kernel: the router-weight gradient's sums and the d_x rows (reverse dispatch).
-  gpu::push_router_grad(pm, partial, gemm::router_parts(I), dweight_peers.get<float* const>(), stream, y.p,
-                        combine_peers.get<void* const>());
+  // Both pushes in one kernel: the router-weight gradient's sums and the d_x rows (reverse dispatch;
+  // FC1's dgrad stored them in their slots with dx_scatter).
+  gpu::push_router_grad(pm, partial, gemm::router_parts(I), dweight_peers.get<float* const>(), stream,
+                        dx_scatter ? nullptr : y.p, dx_scatter ? nullptr : combine_peers.get<void* const>());
   side.join(stream);
   stage(3);
   if (rows == 0 || e_loc == 0) {  // no rows: zero gradients

@@ -408,6 +408,7 @@ struct Layer::Impl {
                   cudaStream_t stream, int mark_between = -1, int64_t width_tiles = 0,
                   const float* row_weight = nullptr, float* router_partial = nullptr, void* h_rows = nullptr,
                   SideStream* fork_after_d2 = nullptr, const gemm::RowScatter* scatter = nullptr);
+  gemm::RowScatter row_scatter(const gpu::MoveArgs& move) const;
   void dgrad_args(const void* dy, const void* w_down, void* gu_buf, const void* w_gate, const void* w_up,
                   void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
                   const float* row_weight, float* router_partial, void* h_rows, gemm::DgradSwiGLUArgs& ds,
