@@ -12,7 +12,12 @@
 #   scripts/prebuilt.sh pack-base <commit>  here: mok_bench of another commit (a worktree built in
 #                                           /tmp) into devrun/base/, for an A/B of two builds in one
 #                                           call (bench/knobs_ab.sh, a variant's BENCH= item).
-#   source scripts/prebuilt.sh env          there, in the call (carry ["devrun"]): NCCL's wheel
+#   scripts/prebuilt.sh squeeze [dir ...]   here: devrun/<dir> (default: every folder in devrun/)
+#                                           into devrun/<dir>.txz (xz) and the folder removed: the
+#                                           stripped binaries shrink ~7x (31 MiB -> 4.4), so one
+#                                           call can carry several builds; `env` unpacks them.
+#   source scripts/prebuilt.sh env          there, in the call (carry ["devrun"]): devrun/*.txz
+#                                           unpacked (where its folder is absent), NCCL's wheel
 #                                           library (torch's, which the binaries must load, not the
 #                                           system's older one) on LD_LIBRARY_PATH, the package
 #                                           (python/mok + devrun/pk) on PYTHONPATH, MOK_COMMIT.
@@ -85,9 +90,25 @@ mok_prebuilt_pack_base() {
   du -sh "$root/devrun" | sed 's/^/prebuilt: /'
 }
 
-mok_prebuilt_env() {
-  local root nccl
+mok_prebuilt_squeeze() {
+  local root dirs=("$@") d
   root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  if [ ${#dirs[@]} -eq 0 ]; then
+    for d in "$root"/devrun/*/; do [ -d "$d" ] && dirs+=("$(basename "$d")"); done
+  fi
+  for d in "${dirs[@]}"; do
+    [ -d "$root/devrun/$d" ] || { echo "prebuilt: no folder devrun/$d" >&2; return 1; }
+    tar cJf "$root/devrun/$d.txz" -C "$root/devrun" "$d" && rm -rf "${root:?}/devrun/$d" || return 1
+  done
+  du -sh "$root/devrun" | sed 's/^/prebuilt: /'
+}
+
+mok_prebuilt_env() {
+  local root nccl t
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  for t in "$root"/devrun/*.txz; do  # (squeeze's archives)
+    [ -f "$t" ] && [ ! -d "${t%.txz}" ] && tar xJf "$t" -C "$root/devrun"
+  done
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
   nccl="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)"
   export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64${nccl:+:$nccl}"
@@ -103,6 +124,7 @@ mok_prebuilt_env() {
 case "${1:-}" in
   pack) shift; mok_prebuilt_pack "$@" ;;
   pack-base) shift; mok_prebuilt_pack_base "$@" ;;
+  squeeze) shift; mok_prebuilt_squeeze "$@" ;;
   env) mok_prebuilt_env ;;
   *) sed -n '2,/^[^#]/p' "${BASH_SOURCE[0]}" | grep '^#'; [ "${1:-}" = --help ] || [ "${1:-}" = -h ] ;;
 esac
