@@ -107,7 +107,9 @@ mok_prebuilt_env() {
   local root nccl t
   root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
   for t in "$root"/devrun/*.txz; do  # (squeeze's archives)
-    [ -f "$t" ] && [ ! -d "${t%.txz}" ] && tar xJf "$t" -C "$root/devrun"
+    [ -f "$t" ] && [ ! -d "${t%.txz}" ] || continue
+    tar xJf "$t" -C "$root/devrun" 2>/dev/null ||  # (no xz there: Python's lzma)
+      python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$t" "$root/devrun"
   done
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
   nccl="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)"
