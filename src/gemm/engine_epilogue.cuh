@@ -208,12 +208,17 @@ template <class C>
 __device__ __forceinline__ void epilogue_scatter_rows(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,
                                                       const float (&acc)[C::kAccRegs], const int32_t* src_rank,
                                                       const int32_t* src_slot, void* const* to_ranks,
-                                                      const uint32_t* abort, int64_t row_base, int32_t row,
-                                                      int32_t b_n, int32_t n) {
+                                                      const uint32_t* abort, const unsigned int* error,
+                                                      int64_t row_base, int32_t row, int32_t b_n, int32_t n) {
   const bool leader = wt == 0;
   const uint32_t unit = wt & 7u, r0 = wt >> 3;  // this thread's rows: r0 + 16 i of the warpgroup's 64
-  uint32_t stop = 0;
+  // Neither after an abort nor after one of this kernel's bounded waits expired (its accumulators
+  // are then garbage, which the dense form would leave in its own rows, but this one would put
+  // into the owners' windows).
+  uint32_t stop = 0, failed = 0;
   if (abort != nullptr) asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(stop) : "l"(abort));
+  if (error != nullptr) asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(failed) : "l"(error));
+  stop |= failed;
   uint16_t* to[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {

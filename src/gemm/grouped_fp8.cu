@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         FormDgradSwiGLU<CF>::epilogue(sm, es, t, cwg, wt, acc, &map_d0, &map_d1, p);
       else if constexpr (kMode == Fp8Mode::PlainScatter)
         epilogue_scatter_rows<CF>(sm, es, cwg, wt, acc, p.scatter_rank, p.scatter_slot, p.scatter_to,
-                                  p.scatter_abort, p.scatter_row_base, t.out_row, t.b_n, p.n);
+                                  p.scatter_abort, p.error, p.scatter_row_base, t.out_row, t.b_n, p.n);
       else
         epilogue_store<CF>(sm, es, cwg, wt, acc, &map_d0, t.out_row, t.b_n, p.n);
     }

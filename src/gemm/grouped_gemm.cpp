@@ -185,7 +185,8 @@ Plan dgrad_plan(const DgradArgs& a, const RowScatter* sc, const Options& o) {
     p.map_b = make_map_3d(a.w, uint64_t(a.experts), uint64_t(a.k), uint64_t(a.n), 64);  // {n, k, e}
     p.map_b_half = p.map_b;  // MN-major B is loaded in 64-column chunks either way
   }
-  if (!scatter) p.map_d0 = make_map_2d(a.dx, u, uint64_t(a.n), 64);
+  // (scattered: no output map; the consumers' prefetch gets a valid one)
+  p.map_d0 = scatter ? p.map_a : make_map_2d(a.dx, u, uint64_t(a.n), 64);
   p.map_d1 = p.map_d0;
   return p;
 }
@@ -386,7 +387,7 @@ Plan fp8_grouped_plan(const Fp8GroupedArgs& a, const RowScatter* sc, const Optio
   p.map_a = make_map_2d(a.a, u, uint64_t(a.k), 128, MapType::E4M3);
   p.map_b = make_map_3d(a.w, uint64_t(a.experts), uint64_t(a.n), uint64_t(a.k), uint32_t(p.block_n), MapType::E4M3);
   p.map_b_half = p.map_b;
-  if (sc == nullptr) p.map_d0 = make_map_2d(a.y, u, uint64_t(a.n), 64);
+  p.map_d0 = sc == nullptr ? make_map_2d(a.y, u, uint64_t(a.n), 64) : p.map_a;  // (prefetched: a valid map)
   p.map_d1 = p.map_d0;
   return p;
 }

@@ -274,7 +274,7 @@ struct FormDgradScatter {
                                                   uint32_t wt, const float (&acc)[C::kAccRegs],
                                                   const CUtensorMap*, const CUtensorMap*, const KernelParams& p) {
     epilogue_scatter_rows<C>(sm, es, cwg, wt, acc, p.scatter_rank, p.scatter_slot, p.scatter_to, p.scatter_abort,
-                             p.scatter_row_base, t.out_row, t.b_n, p.n);
+                             p.error, p.scatter_row_base, t.out_row, t.b_n, p.n);
   }
 };
 

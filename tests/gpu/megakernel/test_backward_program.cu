@@ -61,6 +61,13 @@ TEST_P(LayerBackwardProgram, BitwiseTheUnfusedBackward) {
     const mok::test::ScopedEnv pushes_beside("MOK_BWD_PUSH_BESIDE", "1");
     expect_same_bits(want, grads_of(shape, unfused, wl, 1), std::string(c.name) + " pushes beside");
   }
+  {  // the d_x rows stored into their slots by FC1's dgrad (gemm::plan_dgrad_scatter), alone and
+     // with the pushes beside: the same bits
+    const mok::test::ScopedEnv scatter("MOK_DX_SCATTER", "1");
+    expect_same_bits(want, grads_of(shape, unfused, wl, 2), std::string(c.name) + " d_x scatter");
+    const mok::test::ScopedEnv pushes_beside("MOK_BWD_PUSH_BESIDE", "1");
+    expect_same_bits(want, grads_of(shape, unfused, wl, 1), std::string(c.name) + " d_x scatter, pushes beside");
+  }
   // Every ticket order (MOK_BWD_ORDER, read when a layer is built), three backwards each: bitwise
   // equal to each other and to the unfused backward.
   for (const char* order : {"phased", "merged", "static"}) {
@@ -147,6 +154,10 @@ TEST(LayerBackwardProgramGraph, UnfusedWindowsCaptureAndReplay) {
   // a window ahead on a third stream (layer_backward_windows.cu).
   {
     const mok::test::ScopedEnv pushes_beside("MOK_BWD_PUSH_BESIDE", "1");
+    capture_and_replay(cfg);
+  }
+  {  // the d_x rows stored by FC1's dgrad into their slots
+    const mok::test::ScopedEnv scatter("MOK_DX_SCATTER", "1");
     capture_and_replay(cfg);
   }
   const mok::test::ScopedEnv ahead("MOK_BWD_PULL_AHEAD", "1");

@@ -468,6 +468,12 @@ TEST_P(LayerFp8BackwardWindows, BitwiseTheResidentFp8Backward) {
     mok::test::expect_same_bits(want, mok::test::grads_of(shape, resident, wl, 1),
                                 std::string(c.name) + " resident, pushes beside");
   }
+  {  // the d_x rows stored into their slots by FC1's dgrad (gemm::plan_fp8_grouped_scatter)
+    const mok::test::ScopedEnv scatter("MOK_DX_SCATTER", "1");
+    mok::test::expect_same_bits(want, mok::test::grads_of(shape, windows, wl, 1), std::string(c.name) + " d_x scatter");
+    mok::test::expect_same_bits(want, mok::test::grads_of(shape, resident, wl, 1),
+                                std::string(c.name) + " resident, d_x scatter");
+  }
   std::printf("[fp8 backward windows] %s: ring %lld of %lld worst-case rows, %lld rows saved\n", c.name,
               (long long)c.ring, (long long)shape.worst_case_rows(), (long long)windows.resolved_saved_rows(shape));
 }
