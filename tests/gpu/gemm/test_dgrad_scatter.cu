@@ -165,17 +165,9 @@ void fp8_scatter_case(const std::vector<int32_t>& counts, int64_t k, int64_t n, 
   upload(d_qw, qw);
   upload(d_sw, sw);
   upload(d_te, rt.tile_expert);
-  gemm::Fp8GroupedArgs a;
-  a.a = d_qa.p;
-  a.a_scales = d_sa.as<float>();
-  a.w = d_qw.p;
-  a.w_scales = d_sw.as<float>();
-  a.y = d_y.p;
-  a.k = k;
-  a.n = n;
-  a.experts = E;
-  a.tile_expert = d_te.as<int32_t>();
-  a.num_m_tiles = rt.num_m_tiles();
+  gemm::Fp8GroupedArgs a{.a = d_qa.p, .a_scales = d_sa.as<float>(), .w = d_qw.p, .w_scales = d_sw.as<float>(),
+                         .y = d_y.p, .k = k, .n = n, .experts = E, .tile_expert = d_te.as<int32_t>(),
+                         .num_m_tiles = rt.num_m_tiles()};
   Device dev;
   dev.block_n = block_n;
   gemm::run(gemm::plan_fp8_grouped(a, dev.opts(0)), nullptr);
