@@ -461,10 +461,12 @@ void Layer::Impl::allocate_backward() {
   push_beside = env_flag("MOK_BWD_PUSH_BESIDE", world > 1) && side.on();
   // The reverse dispatch in FC1's dgrad epilogue (gemm::plan_dgrad_scatter; the same bits): the
   // d_x rows go straight to their slots instead of through dense rows and a push kernel, which
-  // at DeepSeek-V3 EP 1 read and wrote 0.94 GB each (0.74 ms under ncu). Off until a GPU has
-  // run it (MOK_DX_SCATTER=1 turns it on: notes/backward.md); at EP > 1 its stores would cross
-  // NVLink from the GEMM's epilogue instead of the pushes' comm SMs beside the weight gradients.
-  dx_scatter = env_flag("MOK_DX_SCATTER", false);
+  // at DeepSeek-V3 EP 1 read and wrote 0.94 GB each (0.74 ms under ncu). Measured on one H100
+  // (bench/results/dx-scatter-*ab-h100x1.json): the backward 0.983x at DeepSeek-V3 and Qwen3-235B,
+  // 0.992x in FP8. On by default at EP 1; at EP > 1 its stores would cross NVLink from the GEMM's
+  // consumer warps instead of the pushes' comm SMs beside the weight gradients, not yet measured:
+  // MOK_DX_SCATTER=1 there (=0 turns it off anywhere).
+  dx_scatter = env_flag("MOK_DX_SCATTER", world == 1);
   pull_ahead = env_flag("MOK_BWD_PULL_AHEAD", world > 1) && windowed && !fp8 && config.backward_path == BackwardPath::Unfused && side.on();
   if (pull_ahead) {
     lane.create(comm.device());

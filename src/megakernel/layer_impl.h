@@ -275,7 +275,7 @@ struct Layer::Impl {
   bool profile = false;
   bool bwd_hold = true;  // MOK_BWD_HOLD: the windows hold cut experts' rows (else carry them)
   bool group_experts = true;  // MOK_GROUP_EXPERTS (read_knobs): the backward's M-grouped GEMMs' groups split at experts
-  bool dx_scatter = false;    // MOK_DX_SCATTER (allocate_backward): FC1's dgrad stores the d_x rows into their slots
+  bool dx_scatter = true;     // MOK_DX_SCATTER (allocate_backward): FC1's dgrad stores the d_x rows into their slots
   SideStream side;       // the weight gradients beside FC1's dgrad (side_stream.h)
   // The pushes beside the weight gradients (EP > 1; MOK_BWD_PUSH_BESIDE=0/1 overrides): on
   // config.bwd_comm_sms CTAs, which the weight gradients then leave free (else after the join).
