@@ -201,8 +201,8 @@ __device__ __forceinline__ void epilogue_store(const Smem<C>& sm, EpiState& es, 
 // a thread (8 threads cover a row's 128 bytes: whole lines) and stored at the row's token slot,
 // this rank's or a peer's (st.global: a tensor map addresses one array, and the slots are the
 // ranks' windows, row by row). So the dense d_x rows are neither written here nor read back by a
-// push kernel. Padding rows (src_rank < 0) are not stored, nor anything once the abort word is set
-// (read once a tile). Two chunk buffers alternate and epi_begin's barrier precedes each chunk's
+// push kernel. Padding rows (src_rank < 0) are not stored, nor anything once the abort word or the
+// kernel's error word is set (read once a tile). Two chunk buffers alternate and epi_begin's barrier precedes each chunk's
 // stmatrix: a buffer is written again only after every thread has read it back.
 template <class C>
 __device__ __forceinline__ void epilogue_scatter_rows(const Smem<C>& sm, EpiState& es, int cwg, uint32_t wt,

@@ -266,7 +266,7 @@ void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const 
     if (dx_scatter) scatter = row_scatter(move);  // the d_x rows into their slots from FC1's dgrad
     run_dgrads(dy_routed.p, weights.w_down.data, gu_rows, weights.w_gate.data, weights.w_up.data, y.p, I, e_loc,
                tile_expert, tiles, stream, marks ? 4 : -1, width_tiles, row_w, partial, h.p,
-               beside && side.on() ? &side : nullptr, &scatter);
+               beside && side.on() ? &side : nullptr, dx_scatter ? &scatter : nullptr);
   }
   // The side's work beside FC1's dgrad. At EP 1 it is joined before the pushes: pushed last,
   // their kernel gets every SM at once (behind persistent GEMMs its CTAs would start staggered and
@@ -335,9 +335,7 @@ void Layer::Impl::run_dgrads(const void* dy, const void* w_down, void* gu_buf, c
   if (mark_between >= 0) mark(mark_between, stream);
   if (fork_after_d2 != nullptr) fork_after_d2->fork(stream);
   const gemm::Options o1 = options_as(width_tiles, H);
-  gemm::run(scatter != nullptr && scatter->to != nullptr ? gemm::plan_dgrad_scatter(dx, *scatter, o1)
-                                                          : gemm::plan_dgrad(dx, o1),
-            stream);
+  gemm::run(scatter != nullptr ? gemm::plan_dgrad_scatter(dx, *scatter, o1) : gemm::plan_dgrad(dx, o1), stream);
 }
 
 void Layer::Impl::dgrad_args(const void* dy, const void* w_down, void* gu_buf, const void* w_gate, const void* w_up,
