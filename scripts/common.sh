@@ -71,9 +71,22 @@ mok_gpu_count() {
 }
 
 # e.g. "h200x2": the GPU model's last word and the count, for results file names.
+# The GPU's model as results files name it, from nvidia-smi's name: the first word that is letters
+# then digits ("NVIDIA H100 80GB HBM3" -> h100, "NVIDIA H200" -> h200, "NVIDIA GH200 480GB" -> gh200, "NVIDIA A100-SXM4-80GB" -> a100),
+# else the first word with a digit, else "gpu". (The name's last word gave "hbm3" on an H100.)
+mok_gpu_model() {
+  local w first_digit=""
+  for w in $(echo "$1" | tr '[:upper:]-' '[:lower:] '); do
+    [ "$w" = nvidia ] && continue
+    if [[ "$w" =~ ^[a-z]+[0-9]+[a-z]*$ ]]; then echo "$w"; return; fi
+    [[ -z "$first_digit" && "$w" =~ [0-9] ]] && first_digit="$w"
+  done
+  echo "${first_digit:-gpu}"
+}
+
 mok_gpu_tag() {
   local n name
   n="$(mok_gpu_count)"
-  name="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | awk '{print tolower($NF)}')"
-  echo "${name:-gpu}x$n"
+  name="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+  echo "$(mok_gpu_model "$name")x$n"
 }
