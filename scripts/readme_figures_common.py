@@ -81,6 +81,14 @@ class Results:
             self.docs[name] = Doc(name, data)
         return self.docs[name]
 
+    def newest(self, *names):
+        """Of the results files named that exist (the same job measured on other cards, e.g.
+        forward-h200x1.json and forward-h100x1.json), the one whose run is the latest by its date."""
+        present = [n for n in names if os.path.isfile(os.path.join(self.directory, n))]
+        if not present:
+            raise FigureError("none of %s in %s" % (", ".join(names), self.directory))
+        return max((self[n] for n in present), key=lambda d: str(d.data.get("date")))
+
     def unquoted(self):
         present = sorted(os.path.basename(p) for p in glob.glob(os.path.join(self.directory, "*.json")))
         return [n for n in present if n not in self.docs]
