@@ -70,10 +70,10 @@ mok_gpu_count() {
   fi
 }
 
-# e.g. "h200x2": the GPU model's last word and the count, for results file names.
 # The GPU's model as results files name it, from nvidia-smi's name: the first word that is letters
-# then digits ("NVIDIA H100 80GB HBM3" -> h100, "NVIDIA H200" -> h200, "NVIDIA GH200 480GB" -> gh200, "NVIDIA A100-SXM4-80GB" -> a100),
-# else the first word with a digit, else "gpu". (The name's last word gave "hbm3" on an H100.)
+# then digits ("NVIDIA H100 80GB HBM3" -> h100, "NVIDIA H200" -> h200, "NVIDIA GH200 480GB" -> gh200,
+# "NVIDIA A100-SXM4-80GB" -> a100), else the first word with a digit, else "gpu". (The name's last
+# word, used before, gave "hbm3" on an H100.)
 mok_gpu_model() {
   local w first_digit=""
   for w in $(echo "$1" | tr '[:upper:]-' '[:lower:] '); do
@@ -84,6 +84,7 @@ mok_gpu_model() {
   echo "${first_digit:-gpu}"
 }
 
+# e.g. "h200x2": the GPU's model word and the count, for results file names.
 mok_gpu_tag() {
   local n name
   n="$(mok_gpu_count)"

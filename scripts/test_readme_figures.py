@@ -290,6 +290,22 @@ class Figures(Fixture):
         self.assertIn("(50% of cuBLAS's FP8 8192^3 1400 TF/s, measured in that run)", line)
         self.assertNotIn("peak-fp8-h200x1.json", line)
 
+    def test_one_gpu_figures_quote_the_newest_main_job(self):
+        """forward-h200x1.json and forward-h100x1.json: the run with the later date is quoted."""
+        docs = synthetic()
+        h100 = json.loads(json.dumps(docs["forward-h200x1.json"]))
+        h100.update(device="NVIDIA H100 80GB HBM3", date="2026-12-07T23:06:34Z", commit="d726e33")
+        self.write_results({"forward-h100x1.json": h100})
+
+        def one_gpu_line():
+            return [" ".join(l.split()) for l in rf.render(self.results)[0].split("\n- ")
+                    if l.startswith("**One GPU**")][0]
+        self.assertIn("[`forward-h100x1.json`](bench/results/forward-h100x1.json): 1× NVIDIA H100 80GB HBM3, commit "
+                      "d726e33, 2026-12-07*", one_gpu_line())
+        h100["date"] = "2026-11-01"  # older than the H200's run: that one is quoted
+        self.write_results({"forward-h100x1.json": h100})
+        self.assertIn("[`forward-h200x1.json`]", one_gpu_line())
+
     def test_every_line_names_its_results_file_and_run(self):
         lines = rf.render(self.results)[0].split("\n- ")[1:]
         self.assertEqual(len(lines), 24)
