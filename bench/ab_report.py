@@ -8,9 +8,11 @@ of every run of every variant, their median, and each variant's median over the 
       [--what 'text']
 
 Prints the table (markdown) as well. The device, GPU count and date come from the first file.
-With --base-commit (two variants: the base build, then this one) every case also gets base_ms and
-new_ms (the two medians), new_over_base, and where the runs recorded the forward's output hash
-(mok_bench's out_hash) whether every run of both builds gave the same bits (runtime-ab-<gpu>.json)."""
+With --base-commit (the first variant is the base build, the second this one; more variants may
+follow, e.g. an experiment's build, each with its ratio to the first as always) every case also
+gets base_ms and new_ms (the first two medians), new_over_base, and where the runs recorded the
+forward's output hash (mok_bench's out_hash) whether every run of the variants gave the same bits
+(runtime-ab-<gpu>.json)."""
 import argparse
 import glob
 import json
@@ -29,8 +31,8 @@ def main(argv=None):
     ap.add_argument("--base-commit", help="the first variant is a build of this commit (base_ms / new_ms per case)")
     a = ap.parse_args(argv)
     variants = []
-    if a.base_commit and len(a.variant) != 2:
-        ap.error("--base-commit takes exactly two variants: the base build, then the new one")
+    if a.base_commit and len(a.variant) < 2:
+        ap.error("--base-commit takes at least two variants: the base build, then the new one")
     for v in a.variant:
         name, sep, pattern = v.partition("=")
         files = sorted(glob.glob(pattern))
@@ -72,7 +74,7 @@ def main(argv=None):
             if h:
                 seen = set().union(*h.values())
                 entry["out_hashes"] = sorted(list(x) for x in seen)
-                entry["bitwise_same"] = len(seen) == 1 and len(h) == 2
+                entry["bitwise_same"] = len(seen) == 1 and len(h) == len(variants)
         out_cases.append(entry)
         print(f"| {model} | {T} | {routing} | " + " | ".join(cells) + " |")
     doc = {"device": meta.get("device"), "gpus": meta.get("gpus"), "date": meta.get("date"), "commit": a.commit,

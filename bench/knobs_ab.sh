@@ -8,8 +8,8 @@
 # MOK_BWD_HOLD, held rows), or --option=VALUE, a mok_bench option (e.g. --comm-sms=16,
 # --minibatch=2048, --bwd-path=fused), or BENCH=<path>, another mok_bench for this variant (a
 # build of another commit: scripts/prebuilt.sh pack-base; give only options both builds know;
-# with two variants, the base build's first, BASE_COMMIT=<sha> makes the report's base_ms /
-# new_ms, as runtime-ab-h200x1.json). The first variant is the reference.
+# with the base build's variant first and the new one second (more may follow), BASE_COMMIT=<sha>
+# makes the report's base_ms / new_ms, as runtime-ab-h200x1.json). The first variant is the reference.
 #   VARIANTS="ahead_off:MOK_BWD_PULL_AHEAD=0 ahead_on:MOK_BWD_PULL_AHEAD=1" [ROUNDS=2] \
 #   [MODELS=dsv3,qwen3-235b] [TOKENS=8192] [ROUTINGS=uniform] [FIELD=mok_bwd_ms] \
 #   [EXTRA="--no-backward"] [BENCH=<a built mok_bench>] [MOK_COMMIT=<sha>] [OUT_NAME=knobs-ab] \
