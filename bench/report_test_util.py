@@ -1,5 +1,5 @@
 """What the report generators' self-tests share (test_forward_report.py, test_reliability_report.py,
-test_memory_report.py): a test case with a temporary directory and a writer of input files."""
+test_memory_report.py, test_ab_report.py): a test case with a temporary directory and a writer of input files."""
 import json
 import os
 import tempfile

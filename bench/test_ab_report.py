@@ -6,12 +6,12 @@ import io
 import json
 import os
 import sys
-import tempfile
 import unittest
 from contextlib import redirect_stdout
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ab_report  # noqa: E402
+from report_test_util import TempDirCase  # noqa: E402
 
 
 def run_file(ms, out_hash=None):
@@ -21,27 +21,16 @@ def run_file(ms, out_hash=None):
     return {"device": "NVIDIA H100 80GB HBM3", "gpus": 1, "date": "2026-12-07", "cases": [case]}
 
 
-class AbReport(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        self.dir = self.tmp.name
-
-    def tearDown(self):
-        self.tmp.cleanup()
-
-    def write(self, name, doc):
-        with open(os.path.join(self.dir, name), "w") as f:
-            json.dump(doc, f)
-
+class AbReport(TempDirCase):
     def report(self, *args):
-        out = os.path.join(self.dir, "report.json")
+        out = os.path.join(self.tmp, "report.json")
         with redirect_stdout(io.StringIO()):
             ab_report.main(["--out", out, "--commit", "abc1234"] + list(args))
         with open(out) as f:
             return json.load(f)
 
     def variant(self, name):
-        return "%s=%s" % (name, os.path.join(self.dir, name + "_r*.json"))
+        return "%s=%s" % (name, os.path.join(self.tmp, name + "_r*.json"))
 
     def test_three_variants_with_a_base_commit(self):
         for r, (b, n, e) in enumerate([(35.0, 30.0, 31.0), (36.0, 30.2, 30.8), (35.5, 30.1, 30.9)], 1):
@@ -74,7 +63,7 @@ class AbReport(unittest.TestCase):
                 open(os.devnull, "w") as devnull:
             old, sys.stderr = sys.stderr, devnull
             try:
-                ab_report.main(["--out", os.path.join(self.dir, "r.json"), "--commit", "x", "--base-commit", "y",
+                ab_report.main(["--out", os.path.join(self.tmp, "r.json"), "--commit", "x", "--base-commit", "y",
                                 "--variant", self.variant("base")])
             finally:
                 sys.stderr = old
