@@ -403,6 +403,9 @@ void Layer::Impl::read_knobs() {
   // The windows' held rows (layer_backward_windows.cu; an experiment knob, the same bits either
   // way): MOK_BWD_HOLD=0 carries every cut expert's sums instead.
   bwd_hold = env_flag("MOK_BWD_HOLD", true);
+  // The windows past the routed rows skipped after a host wait for the row count (a measurement
+  // knob: prices the empty windows, layer_backward_windows.cu; the same bits either way).
+  sync_windows = env_flag("MOK_BWD_SYNC_WINDOWS", false);
   // The backward's M-grouped GEMMs (the dgrads, full recompute's FC1) split their raster
   // groups where the expert changes (gemm::Options::group_experts; the same tiles and bits in
   // another order): at DeepSeek-V3 EP 1 FC1's dgrad read 20.0 -> 17.2 GB and took 7.55 -> 6.85 ms

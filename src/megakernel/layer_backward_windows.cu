@@ -107,7 +107,19 @@ bool Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
   // while the lane pulls the first window.
   const bool called = ahead && while_pulling;
   if (called) while_pulling();
-  for (int64_t lo = 0, w = 0; lo < cap_rows; ++w) {
+  // The windows cover the worst case: those past the routed rows compute nothing, and the host
+  // never waits for the row count. MOK_BWD_SYNC_WINDOWS=1 (a measurement knob, not under capture;
+  // the same bits) waits for the schedule's padded row count and issues only the windows up to it,
+  // the last of them owning what the last window owns: an A/B against the default prices the
+  // empty windows, most of the windows at EP 8 (notes/memory.md).
+  int64_t end = cap_rows;
+  if (sync_windows && marking) {
+    gpu::ScheduleTotals totals{};
+    MOK_CUDA_CHECK(cudaMemcpyAsync(&totals, v.totals, sizeof totals, cudaMemcpyDeviceToHost, stream));
+    MOK_CUDA_CHECK(cudaStreamSynchronize(stream));
+    end = std::clamp<int64_t>(totals.total_rows, sched::kBlockM, cap_rows);
+  }
+  for (int64_t lo = 0, w = 0; lo < end; ++w) {
     const int in = int(w & 1), out = in ^ 1;
     const int64_t hi = sched::window_end(lo, R, cap_rows, saved_rows);
     const bool from_saved = hi <= saved_rows;
@@ -137,7 +149,7 @@ bool Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
                 stream);
     win_mark(w, 2, stream);
     if (fp8) {  // the FP8 backward's steps over the window (layer_fp8_backward.cu)
-      gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, stream);  // (its quantizers' segments too)
+      gpu::window_parts(v, e_loc, lo, hi, hi >= end, parts, stream);  // (its quantizers' segments too)
       Fp8Window fw;
       fw.rows = hi - lo;
       fw.tiles = tiles;
@@ -179,7 +191,7 @@ bool Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
       w1.hold_b_rows = w1.hold_b_row = hold_cap;
     }
     if (program) {  // the weight gradients in the dgrads' kernel (the window's parts first)
-      gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, stream);
+      gpu::window_parts(v, e_loc, lo, hi, hi >= end, parts, stream);
       routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false, &wd, &w1, true);
       for (int i = 3; i <= 5; ++i) win_mark(w, i, stream);
     } else {
@@ -205,9 +217,9 @@ bool Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
           c.row_bytes[c.count] = row_bytes;
           ++c.count;
         };
-        const bool next = hi < cap_rows;
+        const bool next = hi < end;
         const int64_t next_hi = next ? sched::window_end(hi, R, cap_rows, saved_rows) : hi;
-        gpu::window_parts(v, e_loc, lo, hi, hi == cap_rows, parts, ws, hold);
+        gpu::window_parts(v, e_loc, lo, hi, hi >= end, parts, ws, hold);
         gemm::run(gemm::plan_wgrad(wd, wo), ws);
         if (ws == stream) win_mark(w, 4, stream);
         if (holds) {

@@ -474,6 +474,11 @@ TEST_P(LayerFp8BackwardWindows, BitwiseTheResidentFp8Backward) {
     mok::test::expect_same_bits(want, mok::test::grads_of(shape, resident, wl, 1),
                                 std::string(c.name) + " resident, d_x scatter");
   }
+  {  // only the windows up to the routed rows (MOK_BWD_SYNC_WINDOWS, a measurement knob)
+    const mok::test::ScopedEnv sync("MOK_BWD_SYNC_WINDOWS", "1");
+    mok::test::expect_same_bits(want, mok::test::grads_of(shape, windows, wl, 1),
+                                std::string(c.name) + " windows up to the rows");
+  }
   std::printf("[fp8 backward windows] %s: ring %lld of %lld worst-case rows, %lld rows saved\n", c.name,
               (long long)c.ring, (long long)shape.worst_case_rows(), (long long)windows.resolved_saved_rows(shape));
 }
