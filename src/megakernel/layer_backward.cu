@@ -403,9 +403,15 @@ void Layer::Impl::read_knobs() {
   // The windows' held rows (layer_backward_windows.cu; an experiment knob, the same bits either
   // way): MOK_BWD_HOLD=0 carries every cut expert's sums instead.
   bwd_hold = env_flag("MOK_BWD_HOLD", true);
-  // The windows past the routed rows skipped after a host wait for the row count (a measurement
-  // knob: prices the empty windows, layer_backward_windows.cu; the same bits either way).
-  sync_windows = env_flag("MOK_BWD_SYNC_WINDOWS", false);
+  // The windows past the routed rows skipped after a host wait for the row count (1), or the wait
+  // alone (2, the control): a measurement knob that prices the empty windows
+  // (layer_backward_windows.cu; the same bits either way).
+  sync_windows = 0;
+  if (const char* sw = std::getenv("MOK_BWD_SYNC_WINDOWS")) {
+    const std::string v = sw;
+    MOK_REQUIRE(v == "0" || v == "1" || v == "2", "MOK_BWD_SYNC_WINDOWS", "must be 0, 1 or 2, got '", v, "'");
+    sync_windows = v[0] - '0';
+  }
   // The backward's M-grouped GEMMs (the dgrads, full recompute's FC1) split their raster
   // groups where the expert changes (gemm::Options::group_experts; the same tiles and bits in
   // another order): at DeepSeek-V3 EP 1 FC1's dgrad read 20.0 -> 17.2 GB and took 7.55 -> 6.85 ms

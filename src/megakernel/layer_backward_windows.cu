@@ -108,16 +108,18 @@ bool Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
   const bool called = ahead && while_pulling;
   if (called) while_pulling();
   // The windows cover the worst case: those past the routed rows compute nothing, and the host
-  // never waits for the row count. MOK_BWD_SYNC_WINDOWS=1 (a measurement knob, not under capture;
-  // the same bits) waits for the schedule's padded row count and issues only the windows up to it,
-  // the last of them owning what the last window owns: an A/B against the default prices the
-  // empty windows, most of the windows at EP 8 (notes/memory.md).
+  // never waits for the row count. MOK_BWD_SYNC_WINDOWS (a measurement knob, not under capture;
+  // the same bits) waits on the host for the schedule's padded row count: 1 then issues only the
+  // windows up to it, the last of them owning what the last window owns; 2 waits the same and
+  // issues every window (the control: 2 against 1 prices the empty windows without the wait's own
+  // cost, most of the windows at EP 8: notes/memory.md). The wait needs one host thread per rank
+  // (it waits for the barrier above, which the other ranks' calls complete).
   int64_t end = cap_rows;
-  if (sync_windows && marking) {
+  if (sync_windows > 0 && marking) {
     gpu::ScheduleTotals totals{};
     MOK_CUDA_CHECK(cudaMemcpyAsync(&totals, v.totals, sizeof totals, cudaMemcpyDeviceToHost, stream));
     MOK_CUDA_CHECK(cudaStreamSynchronize(stream));
-    end = std::clamp<int64_t>(totals.total_rows, sched::kBlockM, cap_rows);
+    if (sync_windows == 1) end = std::clamp<int64_t>(totals.total_rows, sched::kBlockM, cap_rows);
   }
   for (int64_t lo = 0, w = 0; lo < end; ++w) {
     const int in = int(w & 1), out = in ^ 1;

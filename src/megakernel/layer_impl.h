@@ -274,7 +274,7 @@ struct Layer::Impl {
       "router-grad + reverse-dispatch push", "wgrad down", "wgrad gate/up", "barrier", "shared expert", "d_x merge"};
   bool profile = false;
   bool bwd_hold = true;  // MOK_BWD_HOLD: the windows hold cut experts' rows (else carry them)
-  bool sync_windows = false;  // MOK_BWD_SYNC_WINDOWS (read_knobs): only the windows up to the routed rows (a host wait)
+  int sync_windows = 0;  // MOK_BWD_SYNC_WINDOWS (read_knobs): 1 only the windows up to the routed rows, 2 all (a host wait)
   bool group_experts = true;  // MOK_GROUP_EXPERTS (read_knobs): the backward's M-grouped GEMMs' groups split at experts
   bool dx_scatter = true;     // MOK_DX_SCATTER (allocate_backward): FC1's dgrad stores the d_x rows into their slots
   SideStream side;       // the weight gradients beside FC1's dgrad (side_stream.h)

@@ -68,11 +68,14 @@ TEST_P(LayerBackwardProgram, BitwiseTheUnfusedBackward) {
     const mok::test::ScopedEnv pushes_beside("MOK_BWD_PUSH_BESIDE", "1");
     expect_same_bits(want, grads_of(shape, unfused, wl, 1), std::string(c.name) + " d_x scatter, pushes beside");
   }
-  {  // only the windows up to the routed rows (MOK_BWD_SYNC_WINDOWS, a measurement knob: the host
-     // waits for the row count; the last window issued owns the empty experts): the same bits
+  {  // only the windows up to the routed rows (MOK_BWD_SYNC_WINDOWS=1, a measurement knob: the host
+     // waits for the row count; the last window issued owns the empty experts), and the wait alone
+     // (2): the same bits
     const mok::test::ScopedEnv sync("MOK_BWD_SYNC_WINDOWS", "1");
     expect_same_bits(want, grads_of(shape, unfused, wl, 1), std::string(c.name) + " windows up to the rows");
     expect_same_bits(want, grads_of(shape, fused, wl, 1), std::string(c.name) + " windows up to the rows, program");
+    const mok::test::ScopedEnv wait_only("MOK_BWD_SYNC_WINDOWS", "2");
+    expect_same_bits(want, grads_of(shape, unfused, wl, 1), std::string(c.name) + " the row count's wait alone");
   }
   // Every ticket order (MOK_BWD_ORDER, read when a layer is built), three backwards each: bitwise
   // equal to each other and to the unfused backward.
