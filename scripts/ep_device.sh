@@ -16,8 +16,11 @@
 #   knobs    the backward's movement beside the GEMMs at EP > 1, alternated (bench/knobs_ab.sh:
 #            MOK_BWD_PULL_AHEAD, MOK_BWD_PUSH_BESIDE off vs the default on), DeepSeek-V3 and
 #            Qwen3-235B at T 8192
+#   windows  the price of the backward's windows past the routed rows (most of them at EP 8:
+#            notes/memory.md), MOK_BWD_SYNC_WINDOWS=2 (a host wait, every window) against =1 (the
+#            same wait, only the windows up to the routed rows), DeepSeek-V3 at T 8192
 # Environment: OUT (default /tmp/ep-device-out; the device sets it), EP_STEPS (default
-# "env tests python main knobs"), EP_BUDGET_S (default 560 s for all of it), EP_STEP_MAX_S (default
+# "env tests python main knobs windows"), EP_BUDGET_S (default 560 s for all of it), EP_STEP_MAX_S (default
 # 240 s: no step takes all that is left), EP_DRY_RUN=1 (print each step's command and run nothing:
 # checked by ctest device_scripts).
 # Writes $OUT/summary.txt (one line per step: exit status, seconds, the tests' tallies), the JSON
@@ -34,10 +37,10 @@ budget="${EP_BUDGET_S:-560}"
 [[ "$budget" =~ ^[1-9][0-9]*$ ]] || { echo "ep_device: EP_BUDGET_S must be a positive whole number, got '$budget'" >&2; exit 2; }
 step_max="${EP_STEP_MAX_S:-240}"
 [[ "$step_max" =~ ^[1-9][0-9]*$ ]] || { echo "ep_device: EP_STEP_MAX_S must be a positive whole number, got '$step_max'" >&2; exit 2; }
-steps="${EP_STEPS:-env tests python main knobs}"
+steps="${EP_STEPS:-env tests python main knobs windows}"
 for s in $steps; do
-  case "$s" in env|tests|python|main|knobs) ;;
-    *) echo "ep_device: unknown step '$s' in EP_STEPS (env tests python main knobs)" >&2; exit 2 ;;
+  case "$s" in env|tests|python|main|knobs|windows) ;;
+    *) echo "ep_device: unknown step '$s' in EP_STEPS (env tests python main knobs windows)" >&2; exit 2 ;;
   esac
 done
 dry="${EP_DRY_RUN:-0}"
@@ -102,6 +105,12 @@ for s in $steps; do
         MODELS=dsv3,qwen3-235b TOKENS=8192 ROUNDS=2 bash bench/knobs_ab.sh
       [ "$dry" = 1 ] || cp "$LOGS/knobs/bwd-movement-ab.json" "$OUT/results/" ||
         echo "knobs: no joined report (see logs/knobs.log)" | tee -a "$summary" ;;
+    windows)
+      step windows env BENCH=devrun/bin/mok_bench OUT="$LOGS/windows" OUT_NAME=bwd-empty-windows-ab FIELD=mok_bwd_ms \
+        VARIANTS="wait:MOK_BWD_SYNC_WINDOWS=2 skip:MOK_BWD_SYNC_WINDOWS=1" MODELS=dsv3 TOKENS=8192 ROUNDS=2 \
+        bash bench/knobs_ab.sh
+      [ "$dry" = 1 ] || cp "$LOGS/windows/bwd-empty-windows-ab.json" "$OUT/results/" ||
+        echo "windows: no joined report (see logs/windows.log)" | tee -a "$summary" ;;
   esac
 done
 if [ "$dry" != 1 ]; then

@@ -68,12 +68,14 @@ OUT="$tmp/kab2" VARIANTS="" expect_refused "set VARIANTS" bash "$root/bench/knob
 # scripts/ep_device.sh (the multi-GPU call) in its dry run: the steps asked for, in order, with the
 # prebuilt binaries (the main job through run.sh's MOK_BENCH, the knobs through knobs_ab.sh's BENCH);
 # bad settings stop it (exit 2).
-if OUT="$tmp/ep" EP_DRY_RUN=1 EP_STEPS="main knobs" bash "$root/scripts/ep_device.sh" >"$tmp/ep.out" 2>&1; then
+if OUT="$tmp/ep" EP_DRY_RUN=1 EP_STEPS="main knobs windows" bash "$root/scripts/ep_device.sh" >"$tmp/ep.out" 2>&1; then
   grep -q '^main: env MOK_BENCH=devrun/bin/mok_bench .*scripts/run.sh --tokens 8192 --routings uniform --no-ablation$' "$tmp/ep/summary.txt" ||
     fail "ep_device.sh: the main step is not run.sh with the prebuilt mok_bench: $(cat "$tmp/ep/summary.txt")"
   grep -q '^knobs: env BENCH=devrun/bin/mok_bench .*MOK_BWD_PULL_AHEAD=0.*bench/knobs_ab.sh$' "$tmp/ep/summary.txt" ||
     fail "ep_device.sh: the knobs step is not knobs_ab.sh: $(cat "$tmp/ep/summary.txt")"
-  [ "$(cut -d: -f1 "$tmp/ep/summary.txt" | tr '\n' ' ')" = "main knobs " ] ||
+  grep -q '^windows: env BENCH=devrun/bin/mok_bench .*MOK_BWD_SYNC_WINDOWS=2.*MOK_BWD_SYNC_WINDOWS=1.*bench/knobs_ab.sh$' "$tmp/ep/summary.txt" ||
+    fail "ep_device.sh: the windows step is not knobs_ab.sh with the sync-windows knob: $(cat "$tmp/ep/summary.txt")"
+  [ "$(cut -d: -f1 "$tmp/ep/summary.txt" | tr '\n' ' ')" = "main knobs windows " ] ||
     fail "ep_device.sh: steps other than those asked for: $(cat "$tmp/ep/summary.txt")"
 else
   fail "ep_device.sh dry run failed: $(cat "$tmp/ep.out")"
