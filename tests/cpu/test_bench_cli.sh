@@ -79,6 +79,7 @@ rc=0
 MOK_BUILD="$tmp/no-build" bash "$root/scripts/run.sh" --cpu -h >"$tmp/help" 2>"$tmp/err" || rc=$?
 [ "$rc" -eq 0 ] || fail "scripts/run.sh --help: exit code $rc: $(cat "$tmp/err")"
 grep -qF -- "--comm-sms N" "$tmp/help" || fail "scripts/run.sh --help lacks mok_bench's options: $(cat "$tmp/help")"
+grep -qF -- "MOK_MAIN_STEP=bench" "$tmp/help" || fail "scripts/run.sh --help does not say how to split the main job"
 [ ! -e "$tmp/no-build" ] || fail "scripts/run.sh --help created its build folder"
 [ ! -s "$tmp/err" ] || fail "scripts/run.sh --help wrote to stderr (built?): $(cat "$tmp/err")"
 # MOK_BENCH: scripts/run.sh runs that binary and builds nothing (a GPU call with prebuilt binaries).
