@@ -114,6 +114,26 @@ struct RowScatter {
   const uint32_t* abort = nullptr;
 };
 
+// Routed rows copied beside a GEMM by the idle warps of its producer warpgroup (warps 1-3 of every
+// CTA; warp 0 issues the GEMM's loads), while its consumers run the MMAs: the layer's backward
+// pulls a window's x rows for dW_gate/up this way beside FC2's dgrad (DgradSwiGLUArgs::pull),
+// instead of in a kernel of their own before it. For every routed row g in [row_begin,
+// min(row_end, *total_rows)) (row_end < 0: to *total_rows): to[g - row_begin] =
+// from[src_rank[g]][src_slot[g] / top_k], n bf16 elements a row (the token's row of its owner's
+// window, maybe a peer's over NVLink), zeros where src_rank[g] < 0 (padding): the bits of
+// mok::gpu::pull_dispatch. Nothing more moves once *abort (optional) is nonzero. The rows are
+// complete when the GEMM's kernel is (stream order). from's rows and `to` 16-byte aligned; n a
+// multiple of 8. (FC2's dgrad only: in the weight gradients the same code made ptxas spill.)
+struct RowPull {
+  const int32_t* src_rank = nullptr;
+  const int32_t* src_slot = nullptr;
+  const int32_t* total_rows = nullptr;  // device: the schedule's padded row count
+  const void* const* from = nullptr;     // device array of the ranks' windows
+  void* to = nullptr;                    // active when given
+  int64_t row_begin = 0, row_end = -1, n = 0, top_k = 1;
+  const uint32_t* abort = nullptr;
+};
+
 struct DgradArgs {
   const void* dy = nullptr;  // [num_m_tiles*128, k]
   const void* w = nullptr;   // [experts, k, n], or with w_up: w_gate [experts, k/2, n]
@@ -149,6 +169,8 @@ struct DgradSwiGLUArgs {
   const float* row_weight = nullptr;
   float* router_partial = nullptr;
   void* h = nullptr;
+  // Optional (pull.to given): rows copied beside this GEMM by its idle producer warps (RowPull).
+  RowPull pull{};
 };
 
 
@@ -272,6 +294,15 @@ struct KernelParams {
   void* const* scatter_to = nullptr;
   const uint32_t* scatter_abort = nullptr;
   int64_t scatter_row_base = 0;
+  // DgradSwiGLU with DgradSwiGLUArgs::pull: the rows the idle producer warps copy, as RowPull.
+  const int32_t* pull_rank = nullptr;
+  const int32_t* pull_slot = nullptr;
+  const int32_t* pull_total = nullptr;
+  const void* const* pull_from = nullptr;
+  void* pull_to = nullptr;
+  const uint32_t* pull_abort = nullptr;
+  int64_t pull_row_begin = 0, pull_row_end = -1;
+  int32_t pull_vecs = 0, pull_top_k = 1;
   unsigned int* error = nullptr;              // bounded waits: error word (nullptr: unbounded)
   unsigned long long wait_limit_ns = 0;
   // Fp8Plain: fp32 scales of A [rows, k_blocks] and of the weights [experts, n / 128, k_blocks]

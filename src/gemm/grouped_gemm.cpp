@@ -218,6 +218,32 @@ void set_dgrad_swiglu(Plan& p, const void* gu, const void* d_gu, const float* ro
   p.params.router_parts = static_cast<int32_t>(router_parts(inter));
 }
 
+namespace {
+// The rows a GEMM's idle producer warps copy beside it (RowPull), checked by name ("<what>.pull").
+void set_row_pull(Plan& p, const RowPull& g, const char* what) {
+  if (g.to == nullptr) return;
+  const std::string w = std::string(what) + ".pull";
+  MOK_REQUIRE(g.src_rank && g.src_slot && g.total_rows && g.from, w,
+              "src_rank, src_slot, total_rows and from must be given with `to`");
+  MOK_REQUIRE(g.n > 0 && g.n % 8 == 0, w + ".n", "a positive multiple of 8, got ", g.n);
+  MOK_REQUIRE(g.top_k >= 1, w + ".top_k", ">= 1, got ", g.top_k);
+  MOK_REQUIRE(g.row_begin >= 0 && (g.row_end < 0 || g.row_end >= g.row_begin), w + ".row_begin",
+              "need 0 <= row_begin <= row_end (or row_end < 0), got ", g.row_begin, ", ", g.row_end);
+  MOK_REQUIRE(reinterpret_cast<uintptr_t>(g.to) % 16 == 0, w + ".to", "16-byte aligned");
+  MOK_REQUIRE(p.grid > 0, w, "needs a launch: the call has no tiles");
+  p.params.pull_rank = g.src_rank;
+  p.params.pull_slot = g.src_slot;
+  p.params.pull_total = g.total_rows;
+  p.params.pull_from = g.from;
+  p.params.pull_to = g.to;
+  p.params.pull_abort = g.abort;
+  p.params.pull_row_begin = g.row_begin;
+  p.params.pull_row_end = g.row_end;
+  p.params.pull_vecs = static_cast<int32_t>(g.n / 8);
+  p.params.pull_top_k = static_cast<int32_t>(g.top_k);
+}
+}  // namespace
+
 Plan plan_dgrad_swiglu(const DgradSwiGLUArgs& a, const Options& o) {
   MOK_REQUIRE(a.dy && a.w_down && a.gu && a.d_gu, "dgrad_swiglu", "dy, w_down, gu and d_gu must be given");
   MOK_REQUIRE(a.inter % kGateUpGroup == 0, "dgrad_swiglu.inter", "multiple of ", kGateUpGroup,
@@ -226,6 +252,7 @@ Plan plan_dgrad_swiglu(const DgradSwiGLUArgs& a, const Options& o) {
   Plan p = m_grouped_plan(Form::DgradSwiGLU, a.hidden, a.inter, a.experts, a.tile_expert, a.num_m_tiles, o,
                           "dgrad_swiglu");
   set_dgrad_swiglu(p, a.gu, a.d_gu, a.row_weight, a.router_partial, a.h, a.inter, rows, "dgrad_swiglu");
+  set_row_pull(p, a.pull, "dgrad_swiglu");
   if (p.grid == 0) return p;
   const auto u = static_cast<uint64_t>(rows);
   p.map_a = make_map_2d(a.dy, u, uint64_t(a.hidden), 128);

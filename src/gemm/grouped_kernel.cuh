@@ -7,6 +7,7 @@
 
 #include <type_traits>
 
+#include "common/row_copy.cuh"
 #include "gemm/engine.cuh"
 #include "mok/gemm.hpp"
 #include "schedule/schedule_math.h"
@@ -289,6 +290,7 @@ template <class C, int kGuAhead = 1>
 struct FormDgradSwiGLU {
   static constexpr bool kAMN = false, kBMN = true, kMaskK = false, kSplitN = false, kGateUpB = false;
   static constexpr bool kCarry = false;
+  static constexpr bool kPullRows = true;  // DgradSwiGLUArgs::pull (pull_rows_beside)
   using Schedule = MGroupedSchedule<C>;
   using PairSchedule = MPairSchedule<C>;
   __device__ __forceinline__ static void epilogue(const Smem<C>& sm, EpiState& es, const Tile& t, int cwg,
@@ -384,6 +386,45 @@ __device__ __forceinline__ bool held_rows_misfit(Tile& t, const KernelParams& p)
   return true;
 }
 
+// Whether a form's producer warpgroup runs KernelParams::pull_* in its idle warps (kPullRows:
+// FC2's dgrad only. In the weight gradients the same code made ptxas spill 16-32 bytes, and with
+// the router weights the dgrad's too, 2026-12-08).
+template <class F, class = void>
+struct PullsRows : std::false_type {};
+template <class F>
+struct PullsRows<F, std::void_t<decltype(F::kPullRows)>> : std::bool_constant<F::kPullRows> {};
+
+// The rows of a RowPull (KernelParams::pull_*) copied by warps 1-3 of every CTA's producer warpgroup, which have nothing else to do (warp 0 issues the
+// loads): one warp per row, the rows strided over the grid's 3 x gridDim.x warps, beside the
+// consumers' MMAs. Within the producer's register budget (kProducerRegs: two 16-byte vectors in
+// flight a lane; four spilled). Stops once the abort word is set (checked every 16 rows of a
+// warp), like the movement kernels.
+__device__ __forceinline__ void pull_rows_beside(const KernelParams& p, uint32_t warp) {
+  // (32-bit row counts, pointers advanced once: the producer's 40 registers; a window's rows fit
+  // int32, as every routed row offset does)
+  const int64_t total = *p.pull_total;  // (written by the schedule's build: a kernel long done)
+  const int64_t end = p.pull_row_end < 0 || p.pull_row_end > total ? total : p.pull_row_end;
+  const int32_t count = end > p.pull_row_begin ? int32_t(end - p.pull_row_begin) : 0;
+  const int32_t* rank = p.pull_rank + p.pull_row_begin;
+  const int32_t* slot_of = p.pull_slot + p.pull_row_begin;
+  const int lane = int(threadIdx.x & 31u);
+  const int32_t warps = int32_t(gridDim.x) * 3;
+  const int vecs = p.pull_vecs;
+  int n = 0;
+  for (int32_t local = int32_t(blockIdx.x) * 3 + int32_t(warp) - 1; local < count; local += warps) {
+    if ((n++ & 15) == 0 && gpu::abort_seen(p.pull_abort)) return;
+    const int src = __ldg(rank + local);
+    uint4* dst = static_cast<uint4*>(p.pull_to) + int64_t(local) * vecs;
+    if (src >= 0) {
+      const int slot = __ldg(slot_of + local);
+      const uint4* row = reinterpret_cast<const uint4* const*>(p.pull_from)[src] + int64_t(slot / p.pull_top_k) * vecs;
+      gpu::copy_row<2>(row, dst, vecs, lane);
+    } else {
+      gpu::zero_row(dst, vecs, lane);
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // The kernel: one CTA per SM, persistent over the form's schedule.
 // ------------------------------------------------------------------------------------------------
@@ -441,6 +482,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       drain_stages(sm, ps, wb);
       if constexpr (kCluster) producer_tail(sm, ps, wb);
+    } else if constexpr (PullsRows<Form>::value) {
+      if (warp != 0 && p.pull_to != nullptr) pull_rows_beside(p, warp);
     }
   } else {
     setmaxnreg_inc<kConsumerRegs>();

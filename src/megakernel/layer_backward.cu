@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <string>
 
@@ -247,8 +248,9 @@ void Layer::Impl::pull_dy_rows(const gpu::MoveArgs& move, cudaStream_t stream, v
 void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const int32_t* tile_expert, int64_t tiles,
                                 int64_t width_tiles, cudaStream_t stream, bool marks, const gemm::WgradArgs* wd,
                                 const gemm::WgradArgs* w1, bool pulled,
-                                const Beside& beside) {
+                                const Beside& beside, const gemm::RowPull* pull) {
   MOK_REQUIRE(beside == nullptr || wd == nullptr, "routed_dgrads", "takes the program's weight gradients or beside's");
+  MOK_REQUIRE(pull == nullptr || wd == nullptr, "routed_dgrads", "pulls rows beside FC2's dgrad kernel, not the program");
   const SideStream::Joiner joiner(side, stream);  // (a host check that throws after the fork)
   float* row_w = row_weights.get<float>();
   float* partial = router_partials.get<float>();
@@ -266,7 +268,7 @@ void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const 
     if (dx_scatter) scatter = row_scatter(move);  // the d_x rows into their slots from FC1's dgrad
     run_dgrads(dy_routed.p, weights.w_down.data, gu_rows, weights.w_gate.data, weights.w_up.data, y.p, I, e_loc,
                tile_expert, tiles, stream, marks ? 4 : -1, width_tiles, row_w, partial, h.p,
-               beside && side.on() ? &side : nullptr, dx_scatter ? &scatter : nullptr);
+               beside && side.on() ? &side : nullptr, dx_scatter ? &scatter : nullptr, pull);
   }
   // The side's work beside FC1's dgrad. At EP 1 it is joined before the pushes: pushed last,
   // their kernel gets every SM at once (behind persistent GEMMs its CTAs would start staggered and
@@ -319,6 +321,22 @@ gemm::RowScatter Layer::Impl::row_scatter(const gpu::MoveArgs& move) const {
   return s;
 }
 
+gemm::RowPull Layer::Impl::x_pull(const gpu::MoveArgs& move) const {
+  static_assert(offsetof(gpu::ScheduleTotals, total_rows) == 0, "RowPull::total_rows points at the totals");
+  gemm::RowPull g;
+  g.src_rank = move.schedule.src_rank;
+  g.src_slot = move.schedule.src_slot;
+  g.total_rows = reinterpret_cast<const int32_t*>(move.schedule.totals);
+  g.from = x_peers.get<const void* const>();
+  g.to = x_rows;
+  g.row_begin = move.row_begin;
+  g.row_end = move.row_end;
+  g.n = H;
+  g.top_k = k;
+  g.abort = move.abort;
+  return g;
+}
+
 // the d_x rows = rnd(d_gu . [w_gate; w_up]) into dx_rows; mark_between >= 0 records that stage mark
 // between, and fork_after_d2 forks there (the weight gradients go to its target()). row_weight /
 // router_partial / h_rows: unweighted dy rows (gemm::DgradSwiGLUArgs).
@@ -326,11 +344,12 @@ void Layer::Impl::run_dgrads(const void* dy, const void* w_down, void* gu_buf, c
                              void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
                              cudaStream_t stream, int mark_between, int64_t width_tiles, const float* row_weight,
                              float* router_partial, void* h_rows, SideStream* fork_after_d2,
-                             const gemm::RowScatter* scatter) {
+                             const gemm::RowScatter* scatter, const gemm::RowPull* pull) {
   gemm::DgradSwiGLUArgs ds;
   gemm::DgradArgs dx;
   dgrad_args(dy, w_down, gu_buf, w_gate, w_up, dx_rows, inter, experts, tile_expert, tiles, row_weight, router_partial,
              h_rows, ds, dx);
+  if (pull != nullptr) ds.pull = *pull;
   gemm::run(gemm::plan_dgrad_swiglu(ds, options_as(width_tiles, inter)), stream);
   if (mark_between >= 0) mark(mark_between, stream);
   if (fork_after_d2 != nullptr) fork_after_d2->fork(stream);
@@ -369,6 +388,7 @@ void Layer::Impl::dgrad_args(const void* dy, const void* w_down, void* gu_buf, c
 // program's tile shape (256 wide, no clusters), the ticket and dependency counters zeroed first.
 void Layer::Impl::run_backward_program(const gemm::DgradSwiGLUArgs& ds, const gemm::DgradArgs& dx,
                                        const gemm::WgradArgs& wd, const gemm::WgradArgs& w1, cudaStream_t stream) {
+  MOK_REQUIRE(ds.pull.to == nullptr, "backward program", "pulls no rows beside its GEMMs");
   MOK_REQUIRE(wd.expert_row_begin == w1.expert_row_begin && wd.expert_rows == w1.expert_rows &&
                   wd.expert_range == w1.expert_range,
               "backward program", "both weight gradients run over the same experts' rows");
@@ -474,6 +494,13 @@ void Layer::Impl::allocate_backward() {
   // consumer warps instead of the pushes' comm SMs beside the weight gradients, not yet measured:
   // MOK_DX_SCATTER=1 there (=0 turns it off anywhere).
   dx_scatter = env_flag("MOK_DX_SCATTER", world == 1);
+  // A window's x rows (only dW_gate/up reads them, on the side stream after FC2's dgrad) copied by
+  // FC2's dgrad's idle producer warps beside its MMAs (gemm::RowPull), instead of with the d_out
+  // rows before it: the copy leaves the critical path (at EP 1 a local copy of T k rows, ~0.18 ms
+  // of Qwen3-30B-A3B's 3.1 ms backward, ~0.35 of Qwen3-235B's 11). Windows inside the activation
+  // budget, bf16, four GEMM kernels, not pulling ahead. An experiment until measured:
+  // MOK_BWD_X_BESIDE=1 turns it on.
+  x_beside = env_flag("MOK_BWD_X_BESIDE", false) && windowed && !fp8 && config.backward_path == BackwardPath::Unfused;
   pull_ahead = env_flag("MOK_BWD_PULL_AHEAD", world > 1) && windowed && !fp8 && config.backward_path == BackwardPath::Unfused && side.on();
   if (pull_ahead) {
     lane.create(comm.device());

@@ -125,6 +125,9 @@ bool Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
     const int in = int(w & 1), out = in ^ 1;
     const int64_t hi = sched::window_end(lo, R, cap_rows, saved_rows);
     const bool from_saved = hi <= saved_rows;
+    // x_beside: a saved window's x rows, which only dW_gate/up reads, pulled by FC2's dgrad's idle
+    // producer warps beside its MMAs (gemm::RowPull) instead of before it with the d_out rows.
+    const bool x_in_d2 = x_beside && from_saved && !ahead;
     const int64_t tiles = (hi - lo) / sched::kBlockM;
     const int32_t* tile_expert = v.tile_expert + lo / sched::kBlockM;
     move.row_begin = lo;
@@ -138,7 +141,7 @@ bool Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
       dy_pulled.wait(stream);
       if (!from_saved) x_pulled.wait(stream);
     } else {
-      pull_dy_rows(move, stream, x_rows);
+      pull_dy_rows(move, stream, x_in_d2 ? nullptr : x_rows);
     }
     win_mark(w, 1, stream);
     // The window's gate/up rows: the forward's (d_gu is written over them: one backward per
@@ -245,7 +248,9 @@ bool Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
           if (next) pull_ahead_rows(hi, next_hi, true);
         }
       };
-      routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false, nullptr, nullptr, true, wgrads);
+      const gemm::RowPull xg = x_pull(move);
+      routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false, nullptr, nullptr, true, wgrads,
+                    x_in_d2 ? &xg : nullptr);
       if (side.on())
         for (int i = 3; i <= 4; ++i) win_mark(w, i, stream);
       win_mark(w, 5, stream);

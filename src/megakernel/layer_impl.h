@@ -277,6 +277,10 @@ struct Layer::Impl {
   int sync_windows = 0;  // MOK_BWD_SYNC_WINDOWS (read_knobs): 1 only the windows up to the routed rows, 2 all (a host wait)
   bool group_experts = true;  // MOK_GROUP_EXPERTS (read_knobs): the backward's M-grouped GEMMs' groups split at experts
   bool dx_scatter = true;     // MOK_DX_SCATTER (allocate_backward): FC1's dgrad stores the d_x rows into their slots
+  // MOK_BWD_X_BESIDE (allocate_backward): a window inside the activation budget has its x rows
+  // pulled by FC2's dgrad's idle producer warps beside its MMAs (gemm::RowPull), not by the
+  // d_out rows' kernel before it (layer_backward_windows.cu).
+  bool x_beside = false;
   SideStream side;       // the weight gradients beside FC1's dgrad (side_stream.h)
   // The pushes beside the weight gradients (EP > 1; MOK_BWD_PUSH_BESIDE=0/1 overrides): on
   // config.bwd_comm_sms CTAs, which the weight gradients then leave free (else after the join).
@@ -408,8 +412,11 @@ struct Layer::Impl {
                   void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
                   cudaStream_t stream, int mark_between = -1, int64_t width_tiles = 0,
                   const float* row_weight = nullptr, float* router_partial = nullptr, void* h_rows = nullptr,
-                  SideStream* fork_after_d2 = nullptr, const gemm::RowScatter* scatter = nullptr);
+                  SideStream* fork_after_d2 = nullptr, const gemm::RowScatter* scatter = nullptr,
+                  const gemm::RowPull* pull = nullptr);
   gemm::RowScatter row_scatter(const gpu::MoveArgs& move) const;
+  // move's window of x rows into x_rows, as pull_dispatch copies them (gemm::RowPull; x_beside).
+  gemm::RowPull x_pull(const gpu::MoveArgs& move) const;
   void dgrad_args(const void* dy, const void* w_down, void* gu_buf, const void* w_gate, const void* w_up,
                   void* dx_rows, int64_t inter, int64_t experts, const int32_t* tile_expert, int64_t tiles,
                   const float* row_weight, float* router_partial, void* h_rows, gemm::DgradSwiGLUArgs& ds,
@@ -417,7 +424,7 @@ struct Layer::Impl {
   void routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const int32_t* tile_expert, int64_t tiles,
                      int64_t width_tiles, cudaStream_t stream, bool marks, const gemm::WgradArgs* wd = nullptr,
                      const gemm::WgradArgs* w1 = nullptr, bool pulled = false,
-                     const Beside& beside = {});
+                     const Beside& beside = {}, const gemm::RowPull* pull = nullptr);
   // The window's d_out rows and router weights pulled (reverse combine) into dy_routed / row_weights,
   // and with x_to its x rows into x_to in the same kernel.
   void pull_dy_rows(const gpu::MoveArgs& move, cudaStream_t stream, void* x_to = nullptr);

@@ -201,4 +201,45 @@ TEST(DgradSwiGLURouter, WeightsAndPartialsComeTogether) {
   }
 }
 
+// The rows pulled beside the GEMM (gemm::RowPull, the backward's x rows) are checked by name: the
+// tables with `to`, whole 16-byte vectors, a row window, an aligned destination. (Their bits are
+// the layer's: LayerBackwardWindows with MOK_BWD_X_BESIDE=1 against the unfused backward.)
+TEST(DgradSwiGLURouter, PulledRowsArgumentsAreNamed) {
+  MOK_REQUIRE_GPUS(1);
+  DevBuf buf(1 << 20), te(64);
+  const auto plan_with = [&](const gemm::RowPull& pull) {
+    gemm::DgradSwiGLUArgs a{.dy = buf.p, .w_down = buf.p, .gu = buf.p, .d_gu = buf.p, .hidden = 64, .inter = 64,
+                            .experts = 1, .tile_expert = te.as<int32_t>(), .num_m_tiles = 1};
+    a.pull = pull;
+    (void)gemm::plan_dgrad_swiglu(a, {});
+  };
+  gemm::RowPull ok;
+  ok.src_rank = ok.src_slot = ok.total_rows = te.as<int32_t>();
+  ok.from = reinterpret_cast<const void* const*>(buf.p);
+  ok.to = buf.p;
+  ok.n = 64;
+  plan_with(ok);  // (accepted)
+  const auto refused = [&](gemm::RowPull p, const char* argument) {
+    try {
+      plan_with(p);
+      ADD_FAILURE() << "accepted a pull that " << argument << " refuses";
+    } catch (const mok::Error& e) {
+      EXPECT_EQ(e.argument(), argument) << e.what();
+    }
+  };
+  gemm::RowPull p = ok;
+  p.from = nullptr;
+  refused(p, "dgrad_swiglu.pull");
+  p = ok;
+  p.n = 12;
+  refused(p, "dgrad_swiglu.pull.n");
+  p = ok;
+  p.row_begin = 256;
+  p.row_end = 128;
+  refused(p, "dgrad_swiglu.pull.row_begin");
+  p = ok;
+  p.to = static_cast<char*>(buf.p) + 8;
+  refused(p, "dgrad_swiglu.pull.to");
+}
+
 }  // namespace

@@ -224,6 +224,10 @@ TEST_P(LayerBackwardWindows, BitwiseTheUnfusedBackward) {
   const auto want = grads_of(shape, unfused, wl, 1);
   const auto got = grads_of(shape, windows, wl, 2);
   expect_same_bits(want, got, c.name);
+  {  // a saved window's x rows pulled by FC2's dgrad's idle producer warps (gemm::RowPull): the same bits
+    const mok::test::ScopedEnv beside("MOK_BWD_X_BESIDE", "1");
+    expect_same_bits(want, grads_of(shape, windows, wl, 2), std::string(c.name) + " x rows beside FC2's dgrad");
+  }
   {  // the pulls a window ahead on the lane with the pushes (the EP > 1 default) at EP 1: the same bits
     const mok::test::ScopedEnv ahead("MOK_BWD_PULL_AHEAD", "1");
     expect_same_bits(want, grads_of(shape, windows, wl, 2), std::string(c.name) + " pulls ahead");
