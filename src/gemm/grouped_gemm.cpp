@@ -225,10 +225,12 @@ void set_row_pull(Plan& p, const RowPull& g, const char* what) {
   const std::string w = std::string(what) + ".pull";
   MOK_REQUIRE(g.src_rank && g.src_slot && g.total_rows && g.from, w,
               "src_rank, src_slot, total_rows and from must be given with `to`");
-  MOK_REQUIRE(g.n > 0 && g.n % 8 == 0, w + ".n", "a positive multiple of 8, got ", g.n);
-  MOK_REQUIRE(g.top_k >= 1, w + ".top_k", ">= 1, got ", g.top_k);
+  MOK_REQUIRE(g.n > 0 && g.n % 8 == 0 && g.n < (int64_t(1) << 31), w + ".n",
+              "a positive multiple of 8 below 2^31, got ", g.n);
+  MOK_REQUIRE(g.top_k >= 1 && g.top_k < (int64_t(1) << 31), w + ".top_k", "in [1, 2^31), got ", g.top_k);
   MOK_REQUIRE(g.row_begin >= 0 && (g.row_end < 0 || g.row_end >= g.row_begin), w + ".row_begin",
-              "need 0 <= row_begin <= row_end (or row_end < 0), got ", g.row_begin, ", ", g.row_end);
+              "need 0 <= row_begin, and row_begin <= row_end unless row_end < 0 (to the rows' end), got ",
+              g.row_begin, ", ", g.row_end);
   MOK_REQUIRE(reinterpret_cast<uintptr_t>(g.to) % 16 == 0, w + ".to", "16-byte aligned");
   MOK_REQUIRE(p.grid > 0, w, "needs a launch: the call has no tiles");
   p.params.pull_rank = g.src_rank;

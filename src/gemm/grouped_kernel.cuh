@@ -410,9 +410,22 @@ __device__ __forceinline__ void pull_rows_beside(const KernelParams& p, uint32_t
   const int lane = int(threadIdx.x & 31u);
   const int32_t warps = int32_t(gridDim.x) * 3;
   const int vecs = p.pull_vecs;
-  int n = 0;
-  for (int32_t local = int32_t(blockIdx.x) * 3 + int32_t(warp) - 1; local < count; local += warps) {
+  // The row a warp copies next, fetched into L2 by one bulk prefetch (TMA) while it copies this
+  // one: three warps an SM keep ~3 KB of loads in flight (two vectors a lane), so each row's loads
+  // find it in L2 instead of paying HBM's (or NVLink's) latency.
+  const auto prefetch = [&](int32_t local) {
+    if (lane != 0 || local >= count) return;
+    const int src = __ldg(rank + local);
+    if (src < 0) return;
+    const uint4* row = reinterpret_cast<const uint4* const*>(p.pull_from)[src] +
+                       int64_t(__ldg(slot_of + local) / p.pull_top_k) * vecs;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row), "r"(uint32_t(vecs) * 16u) : "memory");
+  };
+  int32_t local = int32_t(blockIdx.x) * 3 + int32_t(warp) - 1;
+  prefetch(local);
+  for (int n = 0; local < count; local += warps) {
     if ((n++ & 15) == 0 && gpu::abort_seen(p.pull_abort)) return;
+    prefetch(local + warps);
     const int src = __ldg(rank + local);
     uint4* dst = static_cast<uint4*>(p.pull_to) + int64_t(local) * vecs;
     if (src >= 0) {

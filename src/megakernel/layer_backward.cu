@@ -244,7 +244,8 @@ void Layer::Impl::pull_dy_rows(const gpu::MoveArgs& move, cudaStream_t stream, v
 // weight gradients): enqueued on the stream it is given, the side stream forked after FC2's
 // dgrad and joined before the pushes (side_stream.h), after them where they run beside it (EP >
 // 1, push_beside; or on the lane when pulling ahead, push_on_lane), or the caller's after the
-// pushes without a side stream.
+// pushes without a side stream. pull (x_beside): rows FC2's dgrad's idle producer warps copy
+// beside its MMAs (the window's x rows, which only the weight gradients read).
 void Layer::Impl::routed_dgrads(const gpu::MoveArgs& move, void* gu_rows, const int32_t* tile_expert, int64_t tiles,
                                 int64_t width_tiles, cudaStream_t stream, bool marks, const gemm::WgradArgs* wd,
                                 const gemm::WgradArgs* w1, bool pulled,
@@ -496,10 +497,11 @@ void Layer::Impl::allocate_backward() {
   dx_scatter = env_flag("MOK_DX_SCATTER", world == 1);
   // A window's x rows (only dW_gate/up reads them, on the side stream after FC2's dgrad) copied by
   // FC2's dgrad's idle producer warps beside its MMAs (gemm::RowPull), instead of with the d_out
-  // rows before it: the copy leaves the critical path (at EP 1 a local copy of T k rows, ~0.18 ms
-  // of Qwen3-30B-A3B's 3.1 ms backward, ~0.35 of Qwen3-235B's 11). Windows inside the activation
-  // budget, bf16, four GEMM kernels, not pulling ahead. An experiment until measured:
-  // MOK_BWD_X_BESIDE=1 turns it on.
+  // rows before it: the copy leaves the critical path if it ends before the MMAs do (at EP 1 a
+  // local copy of T k rows, ~0.18 ms of Qwen3-30B-A3B's 3.1 ms backward, ~0.35 of Qwen3-235B's
+  // 11; three warps an SM keep only ~3 KB in flight, with the next row prefetched into L2, so at
+  // small I, where the dgrad is short, it may not). Windows inside the activation budget, bf16,
+  // four GEMM kernels, not pulling ahead. An experiment until measured: MOK_BWD_X_BESIDE=1.
   x_beside = env_flag("MOK_BWD_X_BESIDE", false) && windowed && !fp8 && config.backward_path == BackwardPath::Unfused;
   pull_ahead = env_flag("MOK_BWD_PULL_AHEAD", world > 1) && windowed && !fp8 && config.backward_path == BackwardPath::Unfused && side.on();
   if (pull_ahead) {

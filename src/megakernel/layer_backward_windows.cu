@@ -17,7 +17,8 @@ namespace mok {
 // Window by window (R = the ring's rows, a fixed count of windows covering the worst case: those
 // past the routed rows move and compute nothing, their tiles being -1 and their parts empty, so
 // the host never waits for the row count; the activation budget's end, when inside a window, cuts
-// it in two): the x rows pulled again into the ring with the d_out rows (one kernel); for a
+// it in two): the x rows pulled again into the ring with the d_out rows (one kernel; with
+// MOK_BWD_X_BESIDE a saved window's x rows by FC2's dgrad's idle producer warps instead); for a
 // window inside the budget the saved gate/up rows, past it FC1 run again (gu; without split-N,
 // whose row test is not window-relative: the same sums); FC2's dgrad + SwiGLU' (h from the gate/up
 // rows with FC1's bits, the router-weight gradient), then FC1's dgrad and beside it (the side
@@ -133,8 +134,8 @@ bool Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
     move.row_begin = lo;
     move.row_end = hi;
     win_mark(w, 0, stream);
-    // bf16: the window's x rows and d_out rows in one kernel (FC1 again reads the x rows next);
-    // FP8 pulls its d_y rows (or codes) in fp8_backward_rows.
+    // bf16: the window's x rows and d_out rows in one kernel (FC1 again reads the x rows next;
+    // x_in_d2: the d_out rows alone); FP8 pulls its d_y rows (or codes) in fp8_backward_rows.
     if (fp8) {
       gpu::pull_dispatch(move, x_peers.get<const void* const>(), x_rows, stream);
     } else if (ahead) {  // (pulled on the lane: FC1 again reads the x rows)
@@ -248,7 +249,7 @@ bool Layer::Impl::backward_windows(void* dw_gate, void* dw_up, void* dw_down, cu
           if (next) pull_ahead_rows(hi, next_hi, true);
         }
       };
-      const gemm::RowPull xg = x_pull(move);
+      const gemm::RowPull xg = x_in_d2 ? x_pull(move) : gemm::RowPull{};
       routed_dgrads(move, gu_rows, tile_expert, tiles, all_tiles, stream, false, nullptr, nullptr, true, wgrads,
                     x_in_d2 ? &xg : nullptr);
       if (side.on())
