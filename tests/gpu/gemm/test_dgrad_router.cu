@@ -16,9 +16,12 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "gemm/swiglu_math.cuh"
@@ -26,6 +29,7 @@
 #include "gpu_test_util.h"
 #include "mok/errors.hpp"
 #include "mok/gemm.hpp"
+#include "mok/workload.hpp"
 
 namespace {
 
@@ -75,7 +79,7 @@ struct Case {
     h = download<uint16_t>(dh, size_t(rt.rows * I));
   }
   // One run (poisoned outputs) with the given weights (nullptr: the plain form); block_n, clusters.
-  Outputs run(const std::vector<float>* weights, int block_n, bool cluster) {
+  Outputs run(const std::vector<float>* weights, int block_n, bool cluster, const gemm::RowPull* pull = nullptr) {
     const int64_t rows = rt.rows, n2 = 2 * inter, parts = gemm::router_parts(inter);
     DevBuf dgu(gu.size() * 2), dout(size_t(rows * n2) * 2), dpart(size_t(rows * parts) * 4 + 4), err(4),
         dh(h.size() * 2);
@@ -93,6 +97,7 @@ struct Case {
       a.router_partial = dpart.as<float>();
       a.h = dh.p;
     }
+    if (pull != nullptr) a.pull = *pull;
     gemm::Options o;
     o.block_n = block_n;
     o.cluster = cluster;
@@ -183,6 +188,80 @@ TEST(DgradSwiGLURouter, UnweightedRowsWithTheirWeights) {
   MOK_REQUIRE_GPUS(1);
   check_case({0, 1, 63, 128, 200, 385}, 328, 160, 901);
   check_case({512, 300, 0, 1000, 17}, 1024, 512, 902);
+}
+
+// Rows pulled beside the GEMM by its idle producer warps (gemm::RowPull, the backward's x rows):
+// rows [row_begin, min(row_end, *total_rows)) of the tables land window-relative in `to`, each the
+// token's row (slot / top_k) of its rank's window, zeros for padding rows (rank -1), nothing past
+// the end, nothing at all once the abort word is set; d_gu keeps the bits of the call without.
+// Both tile widths and 2-CTA clusters (the pull runs in every CTA's producer warps).
+TEST(DgradSwiGLURouter, PulledRowsAreTheDispatchPullsRows) {
+  MOK_REQUIRE_GPUS(1);
+  Case c({300, 1, 0, 129, 640}, 256, 128, 911);
+  const Outputs plain = c.run(nullptr, 256, false);
+  constexpr int kRanks = 3;
+  constexpr int64_t kTokens = 200, kTopK = 4, kN = 392;  // (49 vectors a row: not a multiple of 64)
+  const int64_t table_rows = 5000, row_begin = 1280;
+  std::vector<std::vector<uint16_t>> windows;
+  std::vector<std::unique_ptr<DevBuf>> wbufs;
+  std::vector<void*> wptr;
+  for (int r = 0; r < kRanks; ++r) {
+    windows.push_back(random_bf16(size_t(kTokens * kN), 920 + uint64_t(r)));
+    wbufs.push_back(std::make_unique<DevBuf>(windows.back().size() * 2));
+    upload(*wbufs.back(), windows.back());
+    wptr.push_back(wbufs.back()->p);
+  }
+  mok::Rng rng(930);
+  std::vector<int32_t> rank(static_cast<size_t>(table_rows)), slot(static_cast<size_t>(table_rows));
+  for (int64_t g = 0; g < table_rows; ++g) {
+    rank[size_t(g)] = rng.uniform() < 0.1 ? -1 : int32_t(rng.next() % kRanks);
+    slot[size_t(g)] = int32_t(rng.next() % (kTokens * kTopK));
+  }
+  DevBuf drank(rank.size() * 4), dslot(slot.size() * 4), dfrom(kRanks * 8), dtotal(4), dabort(4);
+  upload(drank, rank);
+  upload(dslot, slot);
+  upload(dfrom, wptr);
+  const auto pulled = [&](int32_t total, int64_t row_end, uint32_t abort, int block_n, bool cluster) {
+    upload(dtotal, std::vector<int32_t>{total});
+    upload(dabort, std::vector<uint32_t>{abort});
+    const int64_t span = 3000;
+    DevBuf to(size_t(span * kN) * 2);
+    EXPECT_EQ(cudaSuccess, cudaMemset(to.p, 0x7F, to.bytes));  // poison: left where nothing is pulled
+    gemm::RowPull pull;
+    pull.src_rank = drank.as<int32_t>();
+    pull.src_slot = dslot.as<int32_t>();
+    pull.total_rows = dtotal.as<int32_t>();
+    pull.from = reinterpret_cast<const void* const*>(dfrom.p);
+    pull.to = to.p;
+    pull.row_begin = row_begin;
+    pull.row_end = row_end;
+    pull.n = kN;
+    pull.top_k = kTopK;
+    pull.abort = dabort.as<uint32_t>();
+    const Outputs out = c.run(nullptr, block_n, cluster, &pull);
+    EXPECT_EQ(out.d_gu, plain.d_gu) << "the pull changed d_gu's bits";
+    const std::vector<uint16_t> got = download<uint16_t>(to, size_t(span * kN));
+    const int64_t end = std::min<int64_t>(row_end < 0 ? total : row_end, total);
+    int64_t wrong = 0;
+    for (int64_t l = 0; l < span; ++l) {
+      const int64_t g = row_begin + l;
+      for (int64_t i = 0; i < kN; ++i) {
+        uint16_t want = 0x7F7F;  // (untouched)
+        if (abort == 0 && g < end)
+          want = rank[size_t(g)] < 0 ? uint16_t(0)
+                                     : windows[size_t(rank[size_t(g)])][size_t((slot[size_t(g)] / kTopK) * kN + i)];
+        wrong += got[size_t(l * kN + i)] != want;
+      }
+    }
+    return wrong;
+  };
+  for (const auto& [bn, cl] : {std::pair{256, false}, std::pair{128, false}, std::pair{256, true}}) {
+    SCOPED_TRACE(testing::Message() << "block_n " << bn << (cl ? ", clusters" : ""));
+    EXPECT_EQ(pulled(4000, -1, 0, bn, cl), 0) << "to the schedule's rows";
+    EXPECT_EQ(pulled(4000, 2500, 0, bn, cl), 0) << "to row_end";
+    EXPECT_EQ(pulled(1000, -1, 0, bn, cl), 0) << "no rows (total before row_begin)";
+  }
+  EXPECT_EQ(pulled(4000, -1, 1, 256, false), 0) << "after an abort";
 }
 
 // row_weight without router_partial and h is named.
