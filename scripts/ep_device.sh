@@ -14,8 +14,9 @@
 #            "--tokens 8192 --routings uniform --no-ablation" (MOK_FP8=0 unless set: the FP8 passes
 #            double it)
 #   knobs    the backward's movement beside the GEMMs at EP > 1, alternated (bench/knobs_ab.sh:
-#            MOK_BWD_PULL_AHEAD, MOK_BWD_PUSH_BESIDE off vs the default on), DeepSeek-V3 and
-#            Qwen3-235B at T 8192
+#            MOK_BWD_PULL_AHEAD, MOK_BWD_PUSH_BESIDE off vs the default on; and the x rows pulled by
+#            FC2's dgrad's idle producer warps, MOK_BWD_X_BESIDE=1, instead of ahead on 16 SMs),
+#            DeepSeek-V3 and Qwen3-235B at T 8192
 #   windows  the price of the backward's windows past the routed rows (most of them at EP 8:
 #            notes/memory.md), MOK_BWD_SYNC_WINDOWS=2 (a host wait, every window) against =1 (the
 #            same wait, only the windows up to the routed rows), DeepSeek-V3 at T 8192
@@ -101,7 +102,7 @@ for s in $steps; do
         bash scripts/run.sh "${main_args[@]}" ;;
     knobs)
       step knobs env BENCH=devrun/bin/mok_bench OUT="$LOGS/knobs" OUT_NAME=bwd-movement-ab FIELD=mok_bwd_ms \
-        VARIANTS="default: ahead_off:MOK_BWD_PULL_AHEAD=0 beside_off:MOK_BWD_PUSH_BESIDE=0" \
+        VARIANTS="default: ahead_off:MOK_BWD_PULL_AHEAD=0 beside_off:MOK_BWD_PUSH_BESIDE=0 x_in_d2:MOK_BWD_PULL_AHEAD=0,MOK_BWD_X_BESIDE=1" \
         MODELS=dsv3,qwen3-235b TOKENS=8192 ROUNDS=2 bash bench/knobs_ab.sh
       [ "$dry" = 1 ] || cp "$LOGS/knobs/bwd-movement-ab.json" "$OUT/results/" ||
         echo "knobs: no joined report (see logs/knobs.log)" | tee -a "$summary" ;;
