@@ -1,7 +1,7 @@
-// mok — one row copied by one warp with 16-byte accesses, four (or two) in flight per lane, and the abort
-// word's check: shared by the movement kernels (src/megakernel/move_row.cuh) and the GEMM
-// engine's idle producer warps (grouped_kernel.cuh's row pull), which move routed rows beside
-// a GEMM's MMAs.
+// mok — one row copied by one warp with 16-byte accesses, four (or two) in flight per lane, and
+// the abort word's check: shared by the movement kernels (src/megakernel/move_row.cuh) and the
+// GEMM engine's idle producer warps (grouped_kernel.cuh's row pull), which move routed rows
+// beside a GEMM's MMAs.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -394,11 +394,11 @@ struct PullsRows : std::false_type {};
 template <class F>
 struct PullsRows<F, std::void_t<decltype(F::kPullRows)>> : std::bool_constant<F::kPullRows> {};
 
-// The rows of a RowPull (KernelParams::pull_*) copied by warps 1-3 of every CTA's producer warpgroup, which have nothing else to do (warp 0 issues the
-// loads): one warp per row, the rows strided over the grid's 3 x gridDim.x warps, beside the
-// consumers' MMAs. Within the producer's register budget (kProducerRegs: two 16-byte vectors in
-// flight a lane; four spilled). Stops once the abort word is set (checked every 16 rows of a
-// warp), like the movement kernels.
+// The rows of a RowPull (KernelParams::pull_*) copied by warps 1-3 of every CTA's producer
+// warpgroup, which have nothing else to do (warp 0 issues the loads): one warp per row, the rows
+// strided over the grid's 3 x gridDim.x warps, beside the consumers' MMAs. Within the producer's
+// register budget (kProducerRegs: two 16-byte vectors in flight a lane; four spilled). Stops once
+// the abort word is set (checked every 16 rows of a warp), like the movement kernels.
 __device__ __forceinline__ void pull_rows_beside(const KernelParams& p, uint32_t warp) {
   // (32-bit row counts, pointers advanced once: the producer's 40 registers; a window's rows fit
   // int32, as every routed row offset does)
